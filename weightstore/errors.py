@@ -1,0 +1,58 @@
+"""One exception hierarchy for the whole project.
+
+Every error carries structured context (file, line, key, byte offset, digest, ...) so that the
+command line can print one precise line and tests can assert on fields rather than on prose.
+Each class also derives from the matching built-in so callers can catch ``ValueError`` or
+``FileNotFoundError`` where that is the natural question.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WeightstoreError(Exception):
+    """Base class: a message plus the context that locates the problem."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = {k: v for k, v in context.items() if v is not None}
+
+    def __str__(self) -> str:
+        if not self.context:
+            return self.message
+        where = ", ".join(f"{k}={v}" for k, v in self.context.items())
+        return f"{self.message} ({where})"
+
+
+class RecipeError(WeightstoreError, ValueError):
+    """The recipe file is malformed, invalid, or uses a feature that is not available."""
+
+
+class ModelError(WeightstoreError, ValueError):
+    """A model file is not ONNX, is truncated, or holds something we refuse to process."""
+
+
+class PathEscapeError(ModelError):
+    """A path in a model or recipe resolves outside the folder it must stay in."""
+
+
+class ExternalDataError(ModelError):
+    """External data is missing, unreadable, or its byte range lies outside its file."""
+
+
+class IntegrityError(WeightstoreError, ValueError):
+    """Bytes do not match the digest or size recorded for them."""
+
+
+class StoreError(WeightstoreError, RuntimeError):
+    """The weight store cannot be opened, locked, read or written."""
+
+
+class PackageError(WeightstoreError, RuntimeError):
+    """A package cannot be written, or its output folder holds something else."""
+
+
+class ConversionError(WeightstoreError, ValueError):
+    """A model cannot be converted between inline, external-data and FileConstant forms."""

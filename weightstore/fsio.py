@@ -1,0 +1,127 @@
+"""Crash-safe file primitives: temp file + fsync + atomic rename, and range copies.
+
+Everything the project publishes under a final name goes through :func:`atomic_writer`
+(or :func:`publish_dir` for folders), so a crash leaves either the old content or the new,
+never a partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+COPY_CHUNK = 8 << 20
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Persist a rename or create inside ``path`` (no-op where directories can't be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        fsync_dir(path.parent)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
+    with atomic_writer(path) as f:
+        f.write(data)
+
+
+def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``pwrite`` until every byte is out (a single call may write part of the buffer)."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, length: int) -> None:
+    """Copy ``length`` bytes between descriptors in the kernel where possible.
+
+    ``os.copy_file_range`` lets filesystems that support it share extents (reflink) and
+    avoids user-space buffers elsewhere; a read/write loop is the fallback.
+    """
+    remaining = length
+    use_kernel = hasattr(os, "copy_file_range")
+    while remaining > 0:
+        n = 0
+        if use_kernel:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, min(remaining, 1 << 30),
+                                       src_offset, dst_offset)
+            except OSError:
+                use_kernel = False
+                continue
+            if n == 0:
+                raise EOFError(f"source ended {remaining} bytes early")
+        else:
+            chunk = os.pread(src_fd, min(remaining, COPY_CHUNK), src_offset)
+            if not chunk:
+                raise EOFError(f"source ended {remaining} bytes early")
+            write_all(dst_fd, chunk, dst_offset)
+            n = len(chunk)
+        src_offset += n
+        dst_offset += n
+        remaining -= n
+
+
+def read_exact(fd: int, offset: int, length: int) -> bytes:
+    """Read exactly ``length`` bytes or raise ``EOFError`` (never a silent short read)."""
+    parts = []
+    remaining = length
+    while remaining > 0:
+        chunk = os.pread(fd, min(remaining, 1 << 30), offset)
+        if not chunk:
+            raise EOFError(f"short read: {length - remaining} of {length} bytes at offset "
+                           f"{offset - (length - remaining)}")
+        parts.append(chunk)
+        offset += len(chunk)
+        remaining -= len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
+    """Rename a fully written temp folder into place (replacing an old one, if any)."""
+    fsync_dir(tmp_dir)
+    if final_dir.exists():
+        old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
+        os.replace(final_dir, old)
+        os.replace(tmp_dir, final_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp_dir, final_dir)
+    fsync_dir(final_dir.parent)
+
+
+def align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
