@@ -1,0 +1,42 @@
+"""Write the tiny BERT-like example model (about 1.3 MB).
+
+Usage: python examples/tiny_bert/generate.py [--output PATH] [--seed N]
+
+The output is deterministic: the same seed always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import onnx
+
+HERE = Path(__file__).resolve().parent
+
+try:
+    from weightstore.samples import make_encoder
+except ImportError:  # running from a source checkout without installing
+    sys.path.insert(0, str(HERE.parents[1]))
+    from weightstore.samples import make_encoder
+
+CONFIG = {"vocab": 2000, "hidden": 64, "heads": 4, "layers": 4, "ffn": 256, "max_seq": 64}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Generate the model and save it as a single self-contained file."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=HERE / "model.onnx")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    model = make_encoder(**CONFIG, seed=args.seed, name="tiny-bert")
+    onnx.checker.check_model(model, full_check=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_bytes(model.SerializeToString())
+    print(f"wrote {args.output} ({args.output.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Shared fixtures: an isolated store location per test and cheap sample models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+from weightstore.samples import make_encoder, make_shared_pair
+
+SaveModel = Callable[..., Path]
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point ``WEIGHTSTORE_DIR`` (and the XDG cache) at a fresh temporary folder."""
+    root = tmp_path_factory.mktemp("env")
+    monkeypatch.setenv("WEIGHTSTORE_DIR", str(root / "store"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+    return root
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+@pytest.fixture(scope="session")
+def _encoder_master() -> onnx.ModelProto:
+    return make_encoder()
+
+
+@pytest.fixture(scope="session")
+def _shared_pair_master() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    return make_shared_pair()
+
+
+@pytest.fixture
+def encoder_model(_encoder_master: onnx.ModelProto) -> onnx.ModelProto:
+    """A small encoder from ``make_encoder()`` (a fresh copy, safe to mutate)."""
+    return _copy(_encoder_master)
+
+
+@pytest.fixture
+def shared_pair(
+    _shared_pair_master: tuple[onnx.ModelProto, onnx.ModelProto],
+) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Two encoders sharing embeddings and the first layer (fresh copies)."""
+    first, second = _shared_pair_master
+    return _copy(first), _copy(second)
+
+
+@pytest.fixture
+def save_model(tmp_path: Path) -> SaveModel:
+    """A function ``save(model, path="model.onnx", **kwargs) -> Path``.
+
+    Relative paths land in ``tmp_path``; keyword arguments go to ``onnx.save_model`` (for
+    example ``save_as_external_data=True``).
+    """
+
+    def save(model: onnx.ModelProto, path: str | Path = "model.onnx", **kwargs: Any) -> Path:
+        target = Path(path)
+        if not target.is_absolute():
+            target = tmp_path / target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if kwargs.get("save_as_external_data"):
+            model = _copy(model)  # conversion to external data rewrites the model in place
+        onnx.save_model(model, str(target), **kwargs)
+        return target
+
+    return save

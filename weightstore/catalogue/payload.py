@@ -1,0 +1,190 @@
+"""Payload descriptors: where a tensor's bytes are, without reading them.
+
+A descriptor says which file holds the bytes, at which absolute offset and length, and how
+they are encoded there: ``raw`` little-endian bytes (``raw_data`` or external data), or a
+packed typed field (``float_data``, ``int64_data``, ...) that must be converted.
+Recovering the bytes reads exactly the descriptor's range.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import ExternalDataError, ModelError, PathEscapeError
+from ..fsio import read_exact
+from .reader import Catalogue
+from .sites import TensorSite
+
+_FOUR_BIT = {
+    getattr(onnx.TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1")
+    if hasattr(onnx.TensorProto, n)
+}
+
+
+def expected_nbytes(data_type: int, dims: list[int] | tuple[int, ...]) -> int | None:
+    """Little-endian byte size of a tensor, or None for strings/unknown types."""
+    if data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    count = math.prod(dims)
+    if data_type in _FOUR_BIT:
+        return (count + 1) // 2
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    return count * itemsize
+
+
+@dataclass(frozen=True)
+class PayloadDescriptor:
+    """Where one tensor's payload lives. Identifies bytes; never holds them."""
+
+    file: Path
+    offset: int
+    length: int
+    encoding: str  # "raw", or the typed field name holding the values
+    data_type: int
+    dims: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...] = ()  # typed encodings: field spans, tags included
+    location: str | None = None  # external data: location as written in the model
+    checksum: str | None = None  # external data: "algo:hex" when the model records one
+
+    @property
+    def is_external(self) -> bool:
+        return self.location is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the little-endian bytes this payload recovers to."""
+        if self.encoding == "raw":
+            return self.length
+        n = expected_nbytes(self.data_type, self.dims)
+        return self.length if n is None else n
+
+
+def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def resolve_location(base_dir: Path, location: str, *, where: str) -> Path:
+    """Resolve an external-data location, refusing anything that leaves ``base_dir``."""
+    if not location:
+        raise ExternalDataError("external data has no location", where=where)
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
+        raise PathEscapeError("external data location is absolute", where=where,
+                              location=location)
+    parts = location.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise PathEscapeError("external data location leaves the model's folder",
+                              where=where, location=location)
+    base = base_dir.resolve()
+    target = (base / location).resolve()
+    if base != target and base not in target.parents:
+        raise PathEscapeError("external data location leaves the model's folder",
+                              where=where, location=location)
+    return target
+
+
+def _int_field(info: dict[str, str], key: str, where: str) -> int | None:
+    if key not in info:
+        return None
+    try:
+        value = int(info[key])
+    except ValueError:
+        raise ExternalDataError(f"external data {key} is not an integer", where=where,
+                                value=info[key]) from None
+    if value < 0:
+        raise ExternalDataError(f"external data {key} is negative", where=where, value=value)
+    return value
+
+
+def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadDescriptor | None:
+    """The payload descriptor of ``site``, or None when the tensor carries no payload."""
+    t = site.tensor
+    dims = tuple(t.dims)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        info = external_info(t)
+        location = info.get("location", "")
+        path = resolve_location(base_dir, location, where=site.where)
+        offset = _int_field(info, "offset", site.where) or 0
+        length = _int_field(info, "length", site.where)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise ExternalDataError("external data file is missing", where=site.where,
+                                    location=location) from None
+        if not os.path.isfile(path):
+            raise ExternalDataError("external data is not a regular file", where=site.where,
+                                    location=location)
+        if length is None:
+            length = size - offset
+        if offset + length > size:
+            raise ExternalDataError("external data range lies past the end of its file",
+                                    where=site.where, location=location, offset=offset,
+                                    length=length, file_size=size)
+        expected = expected_nbytes(t.data_type, dims)
+        if expected is not None and expected != length:
+            raise ExternalDataError("external data length disagrees with the tensor's shape",
+                                    where=site.where, location=location, length=length,
+                                    expected=expected)
+        return PayloadDescriptor(path, offset, length, "raw", t.data_type, dims,
+                                 location=location, checksum=info.get("checksum"))
+    inline = catalogue.payloads.get(site.path)
+    if inline is None:
+        return None
+    raw = inline.raw_range
+    if raw is not None:
+        offset, length = raw
+        expected = expected_nbytes(t.data_type, dims)
+        if expected is not None and expected != length:
+            raise ModelError("raw_data length disagrees with the tensor's shape",
+                             where=site.where, length=length, expected=expected,
+                             file=str(catalogue.source))
+        return PayloadDescriptor(catalogue.source, offset, length, "raw", t.data_type, dims)
+    spans = tuple((f.start, f.end) for f in inline.fields)
+    first, last = spans[0][0], spans[-1][1]
+    return PayloadDescriptor(catalogue.source, first, last - first, inline.encoding,
+                             t.data_type, dims, spans=spans)
+
+
+def read_payload(desc: PayloadDescriptor, catalogue: Catalogue | None = None) -> bytes:
+    """Recover exactly the little-endian bytes ``numpy_helper.to_array`` would hold."""
+    if desc.encoding == "raw":
+        if catalogue is not None and desc.file == catalogue.source:
+            return bytes(catalogue.view(desc.offset, desc.length))
+        return read_file_range(desc.file, desc.offset, desc.length)
+    if catalogue is None or desc.file != catalogue.source:
+        raise ModelError("typed payload needs its model's catalogue", file=str(desc.file))
+    tensor = typed_tensor(desc, catalogue)
+    try:
+        array = numpy_helper.to_array(tensor)
+        return numpy_helper.from_array(array).raw_data
+    except (ValueError, TypeError) as exc:
+        raise ModelError(f"typed tensor payload cannot be decoded: {exc}",
+                         file=str(desc.file), offset=desc.offset) from None
+
+
+def typed_tensor(desc: PayloadDescriptor, catalogue: Catalogue) -> onnx.TensorProto:
+    """A TensorProto holding just the typed fields of ``desc`` (exactly as in the file)."""
+    tensor = onnx.TensorProto(data_type=desc.data_type, dims=list(desc.dims))
+    tensor.MergeFromString(b"".join(bytes(catalogue.view(s, e - s)) for s, e in desc.spans))
+    return tensor
+
+
+def read_file_range(path: Path, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return read_exact(fd, offset, length)
+    except EOFError as exc:
+        raise ExternalDataError(f"short read: {exc}", file=str(path), offset=offset,
+                                length=length) from None
+    finally:
+        os.close(fd)

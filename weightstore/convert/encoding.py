@@ -1,0 +1,55 @@
+"""Putting payload bytes back into a TensorProto in the encoding it had originally.
+
+Externalizing turns every payload into little-endian raw bytes; these helpers restore
+``raw_data`` or the typed field (``float_data``, ``int64_data``, ...) so that
+inline -> external -> inline gives back the very same TensorProto.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper, numpy_helper
+
+from ..catalogue.schema import PAYLOAD_FIELDS
+from ..errors import ConversionError
+
+TYPED_FIELDS = frozenset(v for v in PAYLOAD_FIELDS.values() if v != "raw_data")
+
+
+def clear_payload(tensor: onnx.TensorProto) -> None:
+    """Remove payload fields and any external-data reference."""
+    for name in PAYLOAD_FIELDS.values():
+        tensor.ClearField(name)
+    tensor.ClearField("external_data")
+    tensor.ClearField("data_location")
+
+
+def set_payload(tensor: onnx.TensorProto, data: bytes, encoding: str = "raw_data") -> None:
+    """Store little-endian ``data`` in ``tensor`` as ``encoding`` (inline)."""
+    clear_payload(tensor)
+    if encoding == "raw_data":
+        tensor.raw_data = data
+        return
+    if encoding not in TYPED_FIELDS:
+        raise ConversionError("unknown tensor encoding", encoding=encoding, tensor=tensor.name)
+    probe = onnx.TensorProto(data_type=tensor.data_type, dims=list(tensor.dims), raw_data=data)
+    array = numpy_helper.to_array(probe)
+    typed = helper.make_tensor("", tensor.data_type, list(tensor.dims), array.flatten(),
+                               raw=False)
+    values = getattr(typed, encoding, None)
+    if values is None or (len(values) == 0 and array.size):
+        raise ConversionError("tensor type cannot be stored in this field", encoding=encoding,
+                              tensor=tensor.name, data_type=tensor.data_type)
+    getattr(tensor, encoding).extend(values)
+
+
+def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int,
+                 checksum: str) -> None:
+    """Point ``tensor`` at external data with only the keys onnxruntime accepts."""
+    clear_payload(tensor)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)),
+                       ("length", str(length)), ("checksum", checksum)):
+        entry = tensor.external_data.add()
+        entry.key = key
+        entry.value = value

@@ -1,0 +1,49 @@
+"""The ``external-data`` form: standard ONNX external data.
+
+Only the keys ``location``, ``offset``, ``length`` and ``checksum`` are written (onnxruntime
+rejects others). Tensors that were held in typed fields are listed in the model's
+``metadata_props`` under :data:`ENCODINGS_KEY` so that inlining restores them exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import onnx
+
+from .encoding import set_external
+from .placement import ExternalTensor
+
+ENCODINGS_KEY = "weightstore.inline_encodings"
+
+
+def apply_external_data(model: onnx.ModelProto, tensors: Sequence[ExternalTensor]) -> None:
+    """Point every listed tensor at its placement (mutates ``model``)."""
+    typed: dict[str, str] = {}
+    for ext in tensors:
+        p = ext.placement
+        set_external(ext.site.tensor, p.location, p.offset, p.length, p.key)
+        if ext.encoding != "raw_data":
+            typed[ext.site.key] = ext.encoding
+    if typed:
+        set_metadata(model, ENCODINGS_KEY, json.dumps(typed, sort_keys=True))
+
+
+def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    for entry in model.metadata_props:
+        if entry.key == key:
+            entry.value = value
+            return
+    entry = model.metadata_props.add()
+    entry.key = key
+    entry.value = value
+
+
+def pop_metadata(model: onnx.ModelProto, key: str) -> str | None:
+    for i, entry in enumerate(model.metadata_props):
+        if entry.key == key:
+            value = entry.value
+            del model.metadata_props[i]
+            return value
+    return None

@@ -1,0 +1,190 @@
+"""The ``file-constant`` form: GE's Const -> FileConstant conversion.
+
+An externalized Constant node becomes a ``FileConstant`` node in place (same name, same
+output); an externalized initializer becomes a ``FileConstant`` node at the front of its
+graph. Attributes follow GE: ``location``, ``offset``, ``length``, ``dtype``, ``shape``, and
+``file_id`` holds the payload's digest key. A few extra attributes (``origin``,
+``initializer_index``, ``tensor_name``, ``encoding``) make the reverse conversion exact.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import onnx
+from onnx import helper
+
+from ..errors import ConversionError
+from .encoding import set_payload
+from .placement import ExternalTensor
+
+DOMAIN = "weightstore"
+OP_TYPE = "FileConstant"
+OPSET_VERSION = 1
+
+
+def is_file_constant(node: onnx.NodeProto) -> bool:
+    return node.op_type == OP_TYPE and node.domain == DOMAIN
+
+
+def _attributes(ext: ExternalTensor) -> dict[str, object]:
+    t = ext.site.tensor
+    p = ext.placement
+    attrs: dict[str, object] = {
+        "location": p.location,
+        "offset": p.offset,
+        "length": p.length,
+        "dtype": t.data_type,
+        "shape": list(t.dims),
+        "file_id": p.key,
+        "origin": ext.site.role,
+    }
+    if ext.site.role == "initializer":
+        attrs["initializer_index"] = ext.site.index
+    if t.HasField("name"):
+        attrs["tensor_name"] = t.name
+    if ext.encoding != "raw_data":
+        attrs["encoding"] = ext.encoding
+    return attrs
+
+
+def _make_attributes(ext: ExternalTensor) -> list[onnx.AttributeProto]:
+    return [
+        helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS) if k == "shape"
+        else helper.make_attribute(k, v)
+        for k, v in _attributes(ext).items()
+    ]
+
+
+def can_hold(ext_site_tensor: onnx.TensorProto) -> bool:
+    """FileConstant carries name, dtype, shape and payload; nothing else of the tensor."""
+    t = ext_site_tensor
+    return not (t.doc_string or len(t.metadata_props) or t.HasField("segment"))
+
+
+def _import_domain(opsets) -> None:
+    if not any(o.domain == DOMAIN for o in opsets):
+        opsets.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
+
+
+def apply_file_constant(model: onnx.ModelProto, tensors: Sequence[ExternalTensor]) -> None:
+    """Turn every listed Constant node / initializer into a FileConstant node (mutates)."""
+    by_container: dict[int, list[ExternalTensor]] = defaultdict(list)
+    containers = {}
+    for ext in tensors:
+        if ext.site.role not in ("constant", "initializer"):
+            raise ConversionError("only Constant nodes and initializers become FileConstant",
+                                  where=ext.site.where)
+        by_container[id(ext.site.container)].append(ext)
+        containers[id(ext.site.container)] = ext.site.container
+    # Deepest containers first, and every edit in place: rebuilding a repeated field would
+    # copy its nodes and detach the subgraphs that later edits still point at.
+    order = sorted(by_container, key=lambda c: -max(len(e.site.path) for e in by_container[c]))
+    for cid in order:
+        items = by_container[cid]
+        container = containers[cid]
+        for ext in items:
+            if ext.site.role == "constant":
+                node = ext.site.node
+                node.ClearField("attribute")
+                node.op_type = OP_TYPE
+                node.domain = DOMAIN
+                node.attribute.extend(_make_attributes(ext))
+        inits = sorted((e for e in items if e.site.role == "initializer"),
+                       key=lambda e: e.site.index)
+        new_nodes = []
+        for e in inits:
+            node = helper.make_node(OP_TYPE, [], [e.site.tensor.name], name=e.site.tensor.name,
+                                    domain=DOMAIN)
+            node.attribute.extend(_make_attributes(e))
+            new_nodes.append(node)
+        for e in reversed(inits):
+            del container.initializer[e.site.index]
+        for j, node in enumerate(new_nodes):
+            container.node.insert(j, node)
+        if isinstance(container, onnx.FunctionProto):
+            _import_domain(container.opset_import)
+    if tensors:
+        _import_domain(model.opset_import)
+
+
+def restore_constants(model: onnx.ModelProto,
+                      read: Callable[[onnx.NodeProto, str], bytes]) -> int:
+    """Reverse of :func:`apply_file_constant`: FileConstant nodes back to their origin.
+
+    ``read(node, where)`` returns the payload bytes of a FileConstant node. Returns the
+    number of nodes converted.
+    """
+    count = 0
+    for container, where in _containers(model):
+        restored_inits: list[tuple[int, onnx.TensorProto]] = []
+        drop: list[int] = []
+        converted = 0
+        for i, node in enumerate(container.node):
+            if not is_file_constant(node):
+                continue
+            converted += 1
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            node_where = f"{where} node {i} ({OP_TYPE} '{node.name}')"
+            tensor = _tensor(attrs, node, node_where)
+            set_payload(tensor, read(node, node_where), _text(attrs.get("encoding", b"raw_data")))
+            if _text(attrs.get("origin", b"constant")) == "initializer":
+                restored_inits.append((int(attrs.get("initializer_index", 1 << 62)), tensor))
+                drop.append(i)
+                continue
+            node.ClearField("attribute")
+            node.op_type = "Constant"
+            node.domain = ""
+            node.attribute.append(helper.make_attribute("value", tensor))
+        if not converted:
+            continue
+        count += converted
+        for i in reversed(drop):
+            del container.node[i]
+        for index, tensor in sorted(restored_inits, key=lambda x: x[0]):
+            container.initializer.insert(min(index, len(container.initializer)), tensor)
+        if isinstance(container, onnx.FunctionProto):
+            _drop_domain(container.opset_import)
+    if count:
+        _drop_domain(model.opset_import)
+    return count
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _tensor(attrs: dict[str, object], node: onnx.NodeProto, where: str) -> onnx.TensorProto:
+    for required in ("location", "length", "dtype", "shape"):
+        if required not in attrs:
+            raise ConversionError(f"FileConstant lacks attribute '{required}'", where=where)
+    tensor = onnx.TensorProto()
+    if "tensor_name" in attrs:
+        tensor.name = _text(attrs["tensor_name"])
+    elif _text(attrs.get("origin", b"constant")) == "initializer":
+        tensor.name = node.output[0]
+    tensor.data_type = int(attrs["dtype"])
+    tensor.dims.extend(int(d) for d in attrs["shape"])
+    return tensor
+
+
+def _drop_domain(opsets) -> None:
+    for i, o in enumerate(opsets):
+        if o.domain == DOMAIN:
+            del opsets[i]
+            return
+
+
+def _containers(model: onnx.ModelProto):
+    stack: list = [(model.graph, f"graph '{model.graph.name}'")]
+    stack += [(f, f"function {f.domain}:{f.name}") for f in model.functions]
+    while stack:
+        container, where = stack.pop()
+        yield container, where
+        for node in container.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append((attr.g, f"graph '{attr.g.name}'"))
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend((g, f"graph '{g.name}'") for g in attr.graphs)

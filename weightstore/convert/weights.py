@@ -1,0 +1,192 @@
+"""A catalogued model's weights: which tensors leave the model, their bytes and digests.
+
+This is the bridge between the catalogue (metadata + payload descriptors) and the two output
+forms: it selects tensors by size threshold (keeping shape inputs inline), hashes payloads
+straight from their byte ranges on a thread pool, and materializes an output model in which
+selected tensors point at placements and all others are inline exactly as they were.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ..catalogue.payload import PayloadDescriptor, describe, read_payload
+from ..catalogue.reader import Catalogue, read_catalogue
+from ..catalogue.schema import Path as TensorPath
+from ..catalogue.shape_inputs import shape_input_names
+from ..catalogue.sites import TensorSite, iter_tensor_sites
+from ..errors import ConversionError
+from ..hashing import digest_file, make_key, new_hasher
+from .encoding import set_payload
+from .external_data import apply_external_data
+from .file_constant import apply_file_constant, can_hold
+from .placement import ExternalTensor, Placement
+
+Form = str  # "external-data" | "file-constant"
+HASH_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One externalizable tensor: its site, where its bytes are, and their digest key."""
+
+    site: TensorSite
+    payload: PayloadDescriptor
+    key: str = ""
+
+    @property
+    def size(self) -> int:
+        return self.payload.nbytes
+
+    @property
+    def encoding(self) -> str:
+        return "raw_data" if self.payload.encoding == "raw" else self.payload.encoding
+
+
+@dataclass
+class ModelWeights:
+    """Everything needed to write a model in any layout, without holding its payloads."""
+
+    catalogue: Catalogue
+    base_dir: Path
+    descriptors: dict[TensorPath, PayloadDescriptor]
+    sites: list[TensorSite]
+    shape_names: frozenset[str]
+    keys: dict[TensorPath, str] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> ModelWeights:
+        catalogue = read_catalogue(path)
+        try:
+            base_dir = catalogue.source.parent
+            sites = list(iter_tensor_sites(catalogue.model))
+            descriptors = {}
+            for site in sites:
+                desc = describe(site, catalogue, base_dir)
+                if desc is not None:
+                    descriptors[site.path] = desc
+            return cls(catalogue, base_dir, descriptors, sites,
+                       shape_input_names(catalogue.model))
+        except BaseException:
+            catalogue.close()
+            raise
+
+    def close(self) -> None:
+        self.catalogue.close()
+
+    def __enter__(self) -> ModelWeights:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- selection -------------------------------------------------------------------------
+
+    def selectable(self, site: TensorSite, form: Form) -> bool:
+        """Can this tensor leave the model at all (ignoring its size)?"""
+        desc = self.descriptors.get(site.path)
+        if desc is None or site.role not in ("initializer", "constant"):
+            return False
+        if site.tensor.data_type == onnx.TensorProto.STRING:
+            return False
+        if site.value_name and site.value_name in self.shape_names:
+            return False
+        if form == "file-constant" and site.role == "initializer":
+            inputs = site.container.input if isinstance(site.container, onnx.GraphProto) else ()
+            if any(i.name == site.tensor.name for i in inputs):
+                return False  # an initializer doubling as a graph input keeps its slot
+        return not (form == "file-constant" and not can_hold(site.tensor))
+
+    def select(self, threshold: int, form: Form) -> list[Weight]:
+        """Tensors whose payload is at least ``threshold`` bytes, in structural order."""
+        return [
+            Weight(site, self.descriptors[site.path], self.keys.get(site.path, ""))
+            for site in self.sites
+            if self.selectable(site, form) and self.descriptors[site.path].nbytes >= threshold
+        ]
+
+    # -- hashing ---------------------------------------------------------------------------
+
+    def hash(self, weights: Iterable[Weight], algo: str, jobs: int = 4,
+             progress: Callable[[int], None] | None = None) -> list[Weight]:
+        """Digest every payload not digested yet; returns the weights with keys set."""
+        todo = [w for w in weights if w.site.path not in self.keys]
+        unique: dict[TensorPath, Weight] = {w.site.path: w for w in todo}
+
+        def run(w: Weight) -> tuple[TensorPath, str]:
+            hexdigest = self._digest(w.payload, algo)
+            if progress is not None:
+                progress(w.size)
+            return w.site.path, make_key(algo, hexdigest)
+
+        if unique:
+            with ThreadPoolExecutor(max(1, jobs)) as pool:
+                for path, key in pool.map(run, unique.values()):
+                    self.keys[path] = key
+        return [Weight(w.site, w.payload, self.keys[w.site.path]) for w in weights]
+
+    def _digest(self, desc: PayloadDescriptor, algo: str) -> str:
+        if desc.encoding != "raw":
+            h = new_hasher(algo)
+            h.update(read_payload(desc, self.catalogue))
+            return h.hexdigest()
+        if desc.file != self.catalogue.source:
+            return digest_file(algo, desc.file, desc.offset, desc.length)
+        h = new_hasher(algo)
+        for start in range(desc.offset, desc.offset + desc.length, HASH_CHUNK):
+            n = min(HASH_CHUNK, desc.offset + desc.length - start)
+            view = self.catalogue.view(start, n)
+            try:
+                h.update(view)
+            finally:
+                view.release()
+        return h.hexdigest()
+
+    def read(self, weight: Weight) -> bytes:
+        return read_payload(weight.payload, self.catalogue)
+
+    # -- output ----------------------------------------------------------------------------
+
+    def materialize(self, placements: Mapping[TensorPath, Placement], form: Form,
+                    ) -> onnx.ModelProto:
+        """The output model: placed tensors external (in ``form``), all others inline."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.catalogue.model)
+        external: list[ExternalTensor] = []
+        for site in iter_tensor_sites(model):
+            desc = self.descriptors.get(site.path)
+            if desc is None:
+                continue
+            placement = placements.get(site.path)
+            if placement is not None:
+                encoding = "raw_data" if desc.encoding == "raw" else desc.encoding
+                external.append(ExternalTensor(site, placement, encoding))
+            elif desc.is_external:
+                set_payload(site.tensor, read_payload(desc, self.catalogue))
+            else:
+                site.tensor.MergeFromString(
+                    self.catalogue.fragment(self.catalogue.payloads[site.path]))
+        if form == "external-data":
+            apply_external_data(model, external)
+        elif form == "file-constant":
+            apply_file_constant(model, external)
+        else:
+            raise ConversionError("unknown constants form", form=form)
+        return model
+
+
+def unique_payloads(weights: Sequence[Weight]) -> list[Weight]:
+    """First weight of every distinct key, in order: what a layout has to store."""
+    seen: set[str] = set()
+    out = []
+    for w in weights:
+        if w.key not in seen:
+            seen.add(w.key)
+            out.append(w)
+    return out

@@ -1,0 +1,463 @@
+"""Recipe format: pydantic models, a YAML loader that reports precise locations, and the schema.
+
+Every error a user can make in a recipe becomes one :class:`RecipeError` naming the file, the
+1-based line and the dotted key (``layouts[1].alignment``), because the line is what an editor
+jumps to and the key is what a test can assert on. The models double as the JSON Schema, so
+each field carries a ``description`` that editors show as hover help.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from .errors import RecipeError
+from .fsio import atomic_write_bytes
+
+# One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
+# and anything with a separator) can never match. Pydantic checks it with an end-anchored
+# regex engine, so a trailing newline does not slip through either.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+NAME_MAX_LENGTH = 128
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+SCHEMA_TITLE = "weightstore recipe"
+DEFAULT_SCHEMA_PATH = Path("schemas") / "recipe.schema.json"
+
+Loc = tuple[str | int, ...]
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class _Model(BaseModel):
+    """Shared config: unknown keys are errors, values are immutable, YAML types are kept.
+
+    Strict mode stops ``version: 1.0`` or ``alignment: true`` from being coerced silently.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _require_unique_names(items: Iterable[Any], kind: str) -> None:
+    """Raise on the second use of a name; ``index`` lets the loader point at that entry."""
+    first_index: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if item.name in first_index:
+            raise PydanticCustomError(
+                "duplicate_name",
+                "duplicate {kind} name '{name}' (already used by entry {first})",
+                {"kind": kind, "name": item.name, "first": first_index[item.name], "index": index},
+            )
+        first_index[item.name] = index
+
+
+class StoreConfig(_Model):
+    """Where weights are kept and how they are addressed."""
+
+    path: NonEmpty | None = Field(
+        None,
+        description="Folder of the content-addressed weight store, relative to the recipe's "
+        "folder. Omit to use the build command's default.",
+    )
+    hash: Literal["blake3", "sha256"] = Field(
+        "blake3", description="Digest algorithm that names every stored weight blob."
+    )
+
+
+class ScenarioEntry(_Model):
+    """A named variant of a model produced by a list of passes (not supported yet)."""
+
+    name: Name = Field(description="Scenario name; used as a file name component.")
+    passes: list[str] = Field(description="Names of the passes to apply, in order.")
+
+
+class ModelEntry(_Model):
+    """One ONNX model to package."""
+
+    name: Name = Field(description="Model name, unique within the recipe; used as a file name.")
+    source: NonEmpty = Field(
+        description="Path of the ONNX model file, relative to the recipe's folder."
+    )
+    scenarios: list[ScenarioEntry] = Field(
+        default_factory=list,
+        description="Per-scenario variants of this model (not supported yet; leave empty).",
+    )
+
+    @field_validator("scenarios")
+    @classmethod
+    def _unique_scenarios(cls, value: list[ScenarioEntry]) -> list[ScenarioEntry]:
+        _require_unique_names(value, "scenario")
+        return value
+
+
+class Layout(_Model):
+    """How one release lays out model weights on disk."""
+
+    name: Name = Field(description="Layout name, unique within the recipe; used as a folder name.")
+    external_weight: Literal["embedded", "separate", "combined"] = Field(
+        description="Where weights go: 'embedded' inside the model (GE external_weight mode 0), "
+        "'separate' one file per weight (mode 1), 'combined' one shared weight file (mode 2)."
+    )
+    alignment: int = Field(
+        512,
+        ge=1,
+        description="Byte alignment of each weight in external files; a power of two.",
+    )
+    size_threshold: int = Field(
+        1024,
+        ge=0,
+        description="Weights smaller than this many bytes stay inside the model file.",
+    )
+    constants: Literal["external-data", "file-constant"] = Field(
+        "external-data",
+        description="How external weights are referenced: 'external-data' as ONNX external "
+        "data on initializers, 'file-constant' as FileConstant nodes reading the weight file.",
+    )
+    split: Literal["none", "scenario"] = Field(
+        "none",
+        description="'none' packs all weights together; 'scenario' splits them per scenario "
+        "(not supported yet).",
+    )
+
+    @field_validator("alignment")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value < 1 or value & (value - 1):
+            raise ValueError("alignment must be a power of two (1, 2, 4, ... 512, 4096)")
+        return value
+
+
+class Device(_Model):
+    """A deployment target and what it supports (not supported yet)."""
+
+    name: Name = Field(description="Device name, unique within the recipe.")
+    capabilities: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form facts about the device, such as its ops."
+    )
+    scenario: str | None = Field(None, description="Scenario this device runs, if any.")
+
+
+class Recipe(_Model):
+    """A weightstore recipe: which models to package, and in which weight layouts."""
+
+    package: Name = Field(description="Package name; used as a folder name in the output.")
+    version: Name = Field(
+        description="Package version such as \"1.0.0\" (quote it in YAML so it stays a string)."
+    )
+    store: StoreConfig = Field(
+        default_factory=StoreConfig, description="Weight store settings; all keys are optional."
+    )
+    models: list[ModelEntry] = Field(min_length=1, description="Models to package (at least one).")
+    layouts: list[Layout] = Field(
+        min_length=1, description="Weight layouts to build for every model (at least one)."
+    )
+    devices: list[Device] = Field(
+        default_factory=list, description="Deployment targets (not supported yet; leave empty)."
+    )
+    output: NonEmpty = Field(
+        "dist", description="Output folder for built packages, relative to the recipe's folder."
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, value: list[ModelEntry]) -> list[ModelEntry]:
+        _require_unique_names(value, "model")
+        return value
+
+    @field_validator("layouts")
+    @classmethod
+    def _unique_layouts(cls, value: list[Layout]) -> list[Layout]:
+        _require_unique_names(value, "layout")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _unique_devices(cls, value: list[Device]) -> list[Device]:
+        _require_unique_names(value, "device")
+        return value
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    """A validated recipe plus the folder its relative paths are taken from."""
+
+    recipe: Recipe
+    path: Path
+    base_dir: Path
+
+    def resolve(self, p: str) -> Path:
+        """Absolute path for ``p``, relative ones taken from the recipe's folder.
+
+        Normalisation is lexical on purpose: a model that is a symlink into a blob cache must
+        keep its own folder, because ONNX external data is found beside the model file.
+        """
+        return Path(os.path.normpath(self.base_dir / p))
+
+    def model_source(self, model: ModelEntry) -> Path:
+        return self.resolve(model.source)
+
+    def output_dir(self) -> Path:
+        return self.resolve(self.recipe.output)
+
+    def store_path(self) -> Path | None:
+        """The configured store folder, or None to let the caller pick its default."""
+        path = self.recipe.store.path
+        return None if path is None else self.resolve(path)
+
+
+def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
+    """Read, parse and validate a recipe file; every failure is a :class:`RecipeError`."""
+    filename = os.fspath(path)
+    absolute = Path(os.path.abspath(filename))
+    try:
+        data = absolute.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError("recipe file not found", file=filename) from None
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe: {exc.strerror or exc}", file=filename) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError("recipe is not valid UTF-8", file=filename, offset=exc.start) from None
+    recipe = parse_recipe_text(text, filename)
+    return LoadedRecipe(recipe=recipe, path=absolute, base_dir=absolute.parent)
+
+
+def parse_recipe_text(text: str, filename: str) -> Recipe:
+    """Parse recipe YAML (safe tags only) and validate it; ``filename`` is used in errors."""
+    try:
+        loader = yaml.SafeLoader(text)  # the reader rejects control characters up front
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text, filename) from None
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise RecipeError("recipe is empty", file=filename)
+        _reject_duplicate_keys(root, filename)
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        raise _yaml_error(exc, filename) from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"invalid YAML: {' '.join(str(exc).split())}", file=filename) from None
+    except RecursionError:
+        raise RecipeError("recipe is nested too deeply", file=filename) from None
+    finally:
+        loader.dispose()
+
+    if not isinstance(data, dict):
+        found = {list: "a list", str: "a string", type(None): "nothing"}.get(
+            type(data), f"a {type(data).__name__}")
+        raise RecipeError(
+            f"recipe must be a mapping with keys such as package, version, models and layouts; "
+            f"found {found}",
+            file=filename,
+            line=_line(root),
+        )
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, root, filename) from None
+    except RecursionError:
+        raise RecipeError("recipe is nested too deeply", file=filename) from None
+    _refuse_unimplemented(recipe, filename, lambda loc: _locate(root, loc))
+    return recipe
+
+
+def _refuse_unimplemented(recipe: Recipe, filename: str,
+                          locate: Callable[[Loc], int]) -> None:
+    """Reject the parts of the format that the builder does not implement yet.
+
+    The models accept them so the schema documents the whole format, but building without
+    them would silently produce something other than what was asked. Delete an entry here
+    when its feature lands. The earliest offending line in the file is reported.
+    """
+    found: list[tuple[str, Loc]] = []
+    for i, model in enumerate(recipe.models):
+        if model.scenarios:
+            found.append(("per-model scenarios", ("models", i, "scenarios")))
+    for i, layout in enumerate(recipe.layouts):
+        if layout.split == "scenario":
+            found.append(("splitting a layout by scenario", ("layouts", i, "split")))
+    if recipe.devices:
+        found.append(("device targets", ("devices",)))
+    if not found:
+        return
+    feature, loc = min(found, key=lambda item: locate(item[1]))
+    key = _dotted(loc)
+    raise RecipeError(
+        f"{feature} ({key}) is not supported yet; remove it from the recipe",
+        file=filename,
+        line=locate(loc),
+        key=key,
+    )
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _yaml_error(exc: yaml.MarkedYAMLError, filename: str) -> RecipeError:
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or "syntax error"
+    message = f"invalid YAML: {problem}" + (f" ({exc.context})" if exc.context else "")
+    if mark is None:
+        return RecipeError(message, file=filename)
+    return RecipeError(message, file=filename, line=mark.line + 1, column=mark.column + 1)
+
+
+def _reader_error(exc: yaml.reader.ReaderError, text: str, filename: str) -> RecipeError:
+    line = text.count("\n", 0, exc.position) + 1
+    column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+    return RecipeError(f"invalid YAML: unacceptable character #x{exc.character:04x}",
+                       file=filename, line=line, column=column)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _reject_duplicate_keys(root: yaml.Node, filename: str) -> None:
+    """PyYAML keeps the last of two equal keys; a recipe with both is almost surely a mistake."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, Loc]] = [(root, ())]
+    while stack:
+        node, loc = stack.pop()
+        if id(node) in seen:  # anchors and aliases share nodes (and may form cycles)
+            continue
+        seen.add(id(node))
+        children: list[tuple[yaml.Node, Loc]] = []
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    ident = (key_node.tag, key_node.value)
+                    if ident in first_line:
+                        raise RecipeError(
+                            f"duplicate key '{key_node.value}' (first defined on line "
+                            f"{first_line[ident]})",
+                            file=filename,
+                            line=_line(key_node),
+                            key=_dotted((*loc, key_node.value)),
+                        )
+                    first_line[ident] = _line(key_node)
+                    children.append((value_node, (*loc, key_node.value)))
+                else:
+                    children.append((value_node, loc))
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(item, (*loc, i)) for i, item in enumerate(node.value)]
+        stack.extend(reversed(children))  # report the first duplicate in file order
+
+
+def _locate(root: yaml.Node, loc: Sequence[str | int]) -> int:
+    """1-based line for a validation ``loc``: the key's line, or the nearest enclosing node's.
+
+    A missing key stops the walk at its parent mapping, which is the line to fix.
+    """
+    node = root
+    line = _line(root)
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.value == str(part):
+                    line, node = _line(key_node), value_node
+                    break
+            else:
+                return _line(node)
+        elif (isinstance(node, yaml.SequenceNode) and isinstance(part, int)
+              and 0 <= part < len(node.value)):
+            node = node.value[part]
+            line = _line(node)
+        else:
+            return _line(node)
+    return line
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    """``("layouts", 1, "alignment")`` -> ``"layouts[1].alignment"``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _error_loc(error: Any) -> Loc:
+    loc = tuple(error["loc"])
+    if error["type"] == "duplicate_name":
+        loc = (*loc, error["ctx"]["index"], "name")
+    return loc
+
+
+def _describe(error: Any) -> str:
+    """One readable sentence for a pydantic error, naming the offending value where useful."""
+    kind = error["type"]
+    value = error.get("input")
+    if kind == "string_pattern_mismatch":
+        message = ("must be letters, digits, '.', '_' or '-', starting with a letter or digit "
+                   "(it is used as a file name)")
+    else:
+        message = error["msg"].removeprefix("Value error, ")
+    if kind not in ("missing", "extra_forbidden") and (
+            value is None or isinstance(value, (str, int, float, bool))):
+        shown = repr(value)
+        message += f", got {shown if len(shown) <= 60 else shown[:57] + '...'}"
+        if kind == "string_type" and isinstance(value, (int, float)):
+            message += " (quote it to make it a string)"
+    return message
+
+
+def _validation_error(exc: ValidationError, root: yaml.Node, filename: str) -> RecipeError:
+    """Report the error that comes first in the file, and how many others there are."""
+    located = [(_locate(root, _error_loc(e)), _error_loc(e), e)
+               for e in exc.errors(include_url=False)]
+    line, loc, error = min(located, key=lambda item: item[0])
+    message = f"invalid recipe: {_describe(error)}"
+    more = len(located) - 1
+    if more:
+        message += f" (and {more} more error{'s' if more > 1 else ''})"
+    return RecipeError(message, file=filename, line=line, key=_dotted(loc) or None)
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """JSON Schema for recipes, for editors (hover help, completion) and external checkers."""
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = SCHEMA_DIALECT
+    schema["title"] = SCHEMA_TITLE
+    return schema
+
+
+def render_schema() -> str:
+    """The schema as stable JSON text, so the committed file can be compared byte for byte."""
+    return json.dumps(recipe_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_schema(path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> Path:
+    """Write the schema atomically (creating its folder) and return where it went."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(target, render_schema().encode("utf-8"))
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m weightstore.recipe [PATH]``: regenerate the recipe schema."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1 or any(a.startswith("-") for a in args):
+        print("usage: python -m weightstore.recipe [PATH]", file=sys.stderr)
+        return 2
+    print(write_schema(args[0] if args else DEFAULT_SCHEMA_PATH))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
