@@ -4,7 +4,7 @@ An externalized Constant node becomes a ``FileConstant`` node in place (same nam
 output); an externalized initializer becomes a ``FileConstant`` node at the front of its
 graph. Attributes follow GE: ``location``, ``offset``, ``length``, ``dtype``, ``shape``, and
 ``file_id`` holds the payload's digest key. A few extra attributes (``origin``,
-``initializer_index``, ``tensor_name``, ``encoding``) make the reverse conversion exact.
+``initializer_index``, ``constant_domain``, ``tensor_name``, ``encoding``) make the reverse conversion exact.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def _attributes(ext: ExternalTensor) -> dict[str, object]:
     }
     if ext.site.role == "initializer":
         attrs["initializer_index"] = ext.site.index
+    elif ext.site.node is not None and ext.site.node.HasField("domain"):
+        attrs["constant_domain"] = ext.site.node.domain
     if t.HasField("name"):
         attrs["tensor_name"] = t.name
     if ext.encoding != "raw_data":
@@ -87,10 +89,11 @@ def apply_file_constant(model: onnx.ModelProto, tensors: Sequence[ExternalTensor
         for ext in items:
             if ext.site.role == "constant":
                 node = ext.site.node
+                attributes = _make_attributes(ext)  # read the tensor before it is cleared
                 node.ClearField("attribute")
                 node.op_type = OP_TYPE
                 node.domain = DOMAIN
-                node.attribute.extend(_make_attributes(ext))
+                node.attribute.extend(attributes)
         inits = sorted((e for e in items if e.site.role == "initializer"),
                        key=lambda e: e.site.index)
         new_nodes = []
@@ -135,7 +138,10 @@ def restore_constants(model: onnx.ModelProto,
                 continue
             node.ClearField("attribute")
             node.op_type = "Constant"
-            node.domain = ""
+            if "constant_domain" in attrs:
+                node.domain = _text(attrs["constant_domain"])
+            else:
+                node.ClearField("domain")
             node.attribute.append(helper.make_attribute("value", tensor))
         if not converted:
             continue

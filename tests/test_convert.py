@@ -1,0 +1,251 @@
+"""Exact round trips between inline, external-data and FileConstant forms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from weightstore.catalogue.shape_inputs import shape_input_names
+from weightstore.convert import convert_to_external, convert_to_inline
+from weightstore.convert.file_constant import DOMAIN, OP_TYPE
+from weightstore.errors import ExternalDataError, IntegrityError, PathEscapeError
+from weightstore.samples import run_onnxruntime, sample_inputs
+
+FORMS = ("external-data", "file-constant")
+
+
+def _bytes(model: onnx.ModelProto) -> bytes:
+    return model.SerializeToString(deterministic=True)
+
+
+def _all_nodes(model: onnx.ModelProto):
+    stack = [model.graph, *model.functions]
+    while stack:
+        g = stack.pop()
+        for n in g.node:
+            yield n
+            for a in n.attribute:
+                stack.extend([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("threshold", [0, 1024])
+def test_round_trip_is_byte_exact(encoder_model, save_model, tmp_path, form, threshold):
+    src = save_model(encoder_model)
+    out = tmp_path / "out.onnx"
+    report = convert_to_external(src, out, form=form, threshold=threshold)
+    assert report.external_tensors > 0
+    onnx.checker.check_model(str(out), full_check=True)
+    back = tmp_path / "back.onnx"
+    convert_to_inline(out, back)
+    assert back.read_bytes() == _bytes(encoder_model)
+
+
+def test_external_data_runs_bit_identical(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model)
+    out = tmp_path / "ext.onnx"
+    convert_to_external(src, out, threshold=0, alignment=4096)
+    inputs = sample_inputs(encoder_model)
+    for use_pooler in (True, False):
+        inputs["use_pooler"] = np.array(use_pooler)
+        expected = run_onnxruntime(encoder_model, inputs)
+        actual = run_onnxruntime(out, inputs)
+        for e, a in zip(expected, actual, strict=True):
+            assert e.tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize("alignment", [1, 64, 512, 4096])
+def test_offsets_are_aligned(encoder_model, save_model, tmp_path, alignment):
+    out = tmp_path / "ext.onnx"
+    convert_to_external(save_model(encoder_model), out, threshold=0, alignment=alignment)
+    model = onnx.load(str(out), load_external_data=False)
+    offsets = [int(e.value) for i in model.graph.initializer for e in i.external_data
+               if e.key == "offset"]
+    assert offsets and all(o % alignment == 0 for o in offsets)
+
+
+def test_every_place_is_externalized(encoder_model, save_model, tmp_path):
+    """Subgraph initializers and Constants, function Constants, typed-field tensors."""
+    out = tmp_path / "fc.onnx"
+    convert_to_external(save_model(encoder_model), out, form="file-constant", threshold=1024)
+    model = onnx.load(str(out))
+    fc = [n for n in _all_nodes(model) if n.op_type == OP_TYPE and n.domain == DOMAIN]
+    origins = {helper.get_attribute_value(a) for n in fc for a in n.attribute
+               if a.name == "origin"}
+    assert origins == {b"constant", b"initializer"}
+    assert any(n.op_type == OP_TYPE for f in model.functions for n in f.node)
+    assert any(o.domain == DOMAIN for f in model.functions for o in f.opset_import)
+    encodings = {helper.get_attribute_value(a) for n in fc for a in n.attribute
+                 if a.name == "encoding"}
+    assert b"float_data" in encodings
+    for node in fc:
+        attrs = {a.name for a in node.attribute}
+        assert {"location", "offset", "length", "dtype", "shape", "file_id"} <= attrs
+    # every big Constant / initializer left the model
+    for node in _all_nodes(model):
+        if node.op_type == "Constant":
+            t = node.attribute[0].t
+            assert numpy_helper.to_array(t).nbytes < 1024 or node.output[0] in \
+                shape_input_names(model)
+
+
+def test_shape_inputs_stay_inline(encoder_model, save_model, tmp_path):
+    out = tmp_path / "ext.onnx"
+    convert_to_external(save_model(encoder_model), out, threshold=0)
+    model = onnx.load(str(out), load_external_data=False)
+    shapes = shape_input_names(model)
+    assert shapes
+    for node in _all_nodes(model):
+        if node.op_type == "Constant" and node.output[0] in shapes:
+            assert node.attribute[0].t.data_location != TensorProto.EXTERNAL
+
+
+def _typed_model() -> onnx.ModelProto:
+    """One Constant per typed field and element type, each an output of the graph."""
+    rng = np.random.default_rng(3)
+    cases = [
+        (TensorProto.FLOAT, rng.standard_normal(300).astype(np.float32)),
+        (TensorProto.DOUBLE, rng.standard_normal(300)),
+        (TensorProto.INT32, rng.integers(-9, 9, 300, dtype=np.int32)),
+        (TensorProto.INT64, rng.integers(-9, 9, 300, dtype=np.int64)),
+        (TensorProto.INT8, rng.integers(-9, 9, 1500, dtype=np.int8)),
+        (TensorProto.UINT8, rng.integers(0, 255, 1500, dtype=np.uint8)),
+        (TensorProto.INT16, rng.integers(-9, 9, 700, dtype=np.int16)),
+        (TensorProto.FLOAT16, rng.standard_normal(700).astype(np.float16)),
+        (TensorProto.BOOL, rng.integers(0, 2, 1500).astype(bool)),
+        (TensorProto.UINT64, rng.integers(0, 9, 300, dtype=np.uint64)),
+        (TensorProto.UINT32, rng.integers(0, 9, 300, dtype=np.uint32)),
+    ]
+    nodes, outputs = [], []
+    for i, (dtype, values) in enumerate(cases):
+        tensor = helper.make_tensor(f"t{i}", dtype, values.shape, values, raw=False)
+        assert not tensor.raw_data
+        nodes.append(helper.make_node("Constant", [], [f"c{i}"], value=tensor))
+        nodes.append(helper.make_node("Identity", [f"c{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", dtype, values.shape))
+    graph = helper.make_graph(nodes, "typed", [], outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_typed_fields_round_trip_and_run(save_model, tmp_path, form):
+    model = _typed_model()
+    src = save_model(model)
+    out = tmp_path / "out.onnx"
+    report = convert_to_external(src, out, form=form, threshold=1024)
+    assert report.external_tensors == len(model.graph.node) // 2
+    back = tmp_path / "back.onnx"
+    convert_to_inline(out, back)
+    assert back.read_bytes() == _bytes(model)
+    if form == "external-data":
+        for e, a in zip(run_onnxruntime(model, {}), run_onnxruntime(out, {}), strict=True):
+            assert e.dtype == a.dtype and e.tobytes() == a.tobytes()
+
+
+def test_source_with_external_data(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "src/model.onnx", save_as_external_data=True,
+                     all_tensors_to_one_file=True, location="model.data", size_threshold=0)
+    out = tmp_path / "ext.onnx"
+    convert_to_external(src, out, threshold=1024)
+    inputs = sample_inputs(encoder_model)
+    for e, a in zip(run_onnxruntime(encoder_model, inputs), run_onnxruntime(out, inputs),
+                    strict=True):
+        assert e.tobytes() == a.tobytes()
+    back = tmp_path / "inline.onnx"
+    convert_to_inline(src, back)
+    inlined = onnx.load(str(back))
+    for a, b in zip(inlined.graph.initializer, encoder_model.graph.initializer, strict=True):
+        assert np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+
+
+def _one_external(tmp_path: Path) -> tuple[Path, Path]:
+    w = np.arange(1024, dtype=np.float32)
+    init = numpy_helper.from_array(w, "W")
+    graph = helper.make_graph([helper.make_node("Identity", ["W"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])],
+                              [init])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src = tmp_path / "src.onnx"
+    onnx.save(model, str(src))
+    out = tmp_path / "ext.onnx"
+    convert_to_external(src, out, threshold=0)
+    return out, tmp_path / "ext_weight_combined"
+
+
+def test_inline_detects_digest_mismatch(tmp_path):
+    out, data = _one_external(tmp_path)
+    raw = bytearray(data.read_bytes())
+    raw[10] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError) as err:
+        convert_to_inline(out, tmp_path / "back.onnx")
+    assert "W" in err.value.context["where"]
+    assert not (tmp_path / "back.onnx").exists()
+
+
+def test_inline_refuses_range_past_end(tmp_path):
+    out, data = _one_external(tmp_path)
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(ExternalDataError) as err:
+        convert_to_inline(out, tmp_path / "back.onnx")
+    assert err.value.context["location"] == data.name
+
+
+@pytest.mark.parametrize("location", ["../escape.bin", "/etc/passwd", "a/../../x"])
+def test_inline_refuses_escaping_location(tmp_path, location):
+    out, _ = _one_external(tmp_path)
+    model = onnx.load(str(out), load_external_data=False)
+    for e in model.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = location
+    onnx.save(model, str(out))
+    with pytest.raises(PathEscapeError):
+        convert_to_inline(out, tmp_path / "back.onnx")
+
+
+_DTYPES = [
+    (TensorProto.FLOAT, np.float32, "float_data"),
+    (TensorProto.INT64, np.int64, "int64_data"),
+    (TensorProto.INT32, np.int32, "int32_data"),
+    (TensorProto.DOUBLE, np.float64, "double_data"),
+    (TensorProto.FLOAT16, np.float16, "int32_data"),
+    (TensorProto.UINT8, np.uint8, "int32_data"),
+]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(st.tuples(st.sampled_from(range(len(_DTYPES))), st.integers(0, 600),
+                                st.booleans(), st.booleans()), min_size=1, max_size=6),
+       threshold=st.sampled_from([0, 16, 1024]), form=st.sampled_from(FORMS))
+def test_round_trip_property(tmp_path_factory, specs, threshold, form):
+    """Random tensors, dtypes, encodings and roles: external/FileConstant -> inline is exact."""
+    folder = tmp_path_factory.mktemp("prop")
+    rng = np.random.default_rng(len(specs))
+    nodes, inits, outputs = [], [], []
+    for i, (d, n, raw, as_init) in enumerate(specs):
+        dtype, np_type, _ = _DTYPES[d]
+        values = (rng.standard_normal(n) * 100).astype(np_type)
+        tensor = (numpy_helper.from_array(values, f"w{i}") if raw
+                  else helper.make_tensor(f"w{i}", dtype, [n], values, raw=False))
+        if as_init:
+            inits.append(tensor)
+            nodes.append(helper.make_node("Identity", [f"w{i}"], [f"y{i}"]))
+        else:
+            nodes.append(helper.make_node("Constant", [], [f"c{i}"], value=tensor))
+            nodes.append(helper.make_node("Identity", [f"c{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", dtype, [n]))
+    model = helper.make_model(helper.make_graph(nodes, "p", [], outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    src = folder / "src.onnx"
+    onnx.save(model, str(src))
+    convert_to_external(src, folder / "out.onnx", form=form, threshold=threshold)
+    convert_to_inline(folder / "out.onnx", folder / "back.onnx")
+    assert (folder / "back.onnx").read_bytes() == _bytes(model)

@@ -1,0 +1,737 @@
+"""Tests for the content-addressed weight store (layout, dedup, crash safety, verify, stats)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from filelock import FileLock, Timeout
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import weightstore.store.store as store_module
+from weightstore.errors import IntegrityError, StoreError
+from weightstore.fsio import align_up
+from weightstore.hashing import digest_bytes, make_key
+from weightstore.store import (
+    FORMAT_VERSION,
+    BytesPayload,
+    FilePayload,
+    StoredObject,
+    WeightStore,
+    resolve_store_path,
+    user_cache_dir,
+)
+from weightstore.store.index import read_index
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def blob(label: str, size: int) -> bytes:
+    """Deterministic, distinct bytes per label."""
+    seed = label.encode() + b"\x00"
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def payloads(*specs: tuple[str, int], algo: str = "blake3") -> list[BytesPayload]:
+    return [BytesPayload.of(blob(label, size), algo) for label, size in specs]
+
+
+@dataclass
+class FlakyPayload:
+    """A payload whose read() raises: stands in for a crash in the middle of a put."""
+
+    inner: BytesPayload
+    calls: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return self.inner.key
+
+    @property
+    def size(self) -> int:
+        return self.inner.size
+
+    def read(self) -> bytes:
+        self.calls.append(self.key)
+        raise RuntimeError("injected failure")
+
+    def file_range(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class LyingPayload:
+    """Claims a size its read() does not deliver."""
+
+    key: str
+    size: int
+    data: bytes
+
+    def read(self) -> bytes:
+        return self.data
+
+    def file_range(self) -> None:
+        return None
+
+
+def temp_files(root: Path) -> list[str]:
+    return sorted(name for name in os.listdir(root) if name.startswith("."))
+
+
+def assert_index_complete(store: WeightStore) -> None:
+    """Every index entry's bytes are present and hash to its key."""
+    for key, obj in store.index().items():
+        algo, hex_digest = key.split(":")
+        assert digest_bytes(algo, store.read(obj)) == hex_digest
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> WeightStore:
+    return WeightStore(tmp_path / "store")
+
+
+# -- basic layout -------------------------------------------------------------------------
+
+
+def test_root_is_created_with_parents(tmp_path: Path) -> None:
+    s = WeightStore(tmp_path / "a" / "b" / "c")
+    assert s.root.is_dir()
+    assert s.index() == {}
+    assert s.lookup(make_key("blake3", "0" * 64)) is None
+
+
+def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "not_a_dir"
+    f.write_bytes(b"x")
+    with pytest.raises(StoreError) as exc:
+        WeightStore(f)
+    assert exc.value.context["path"] == str(f)
+
+
+def test_put_separate_writes_one_file_per_weight(store: WeightStore) -> None:
+    ps = payloads(("a", 1000), ("b", 3), ("c", 0)) + payloads(("d", 77), algo="sha256")
+    report = store.put(ps, kind="separate")
+    assert report.written_objects == 4
+    assert report.written_bytes == 1080
+    assert (report.reused_objects, report.reused_bytes, report.padding_bytes) == (0, 0, 0)
+    assert list(report.objects) == [p.key for p in ps]
+    for p in ps:
+        obj = report.objects[p.key]
+        assert obj == StoredObject(p.key, "weight_" + p.key.split(":")[1], 0, p.size)
+        assert obj.kind == "separate"
+        assert (store.root / obj.file).read_bytes() == p.data
+        assert store.lookup(p.key) == obj
+        assert store.read(obj) == p.data
+        assert store.path_of(obj) == store.root / obj.file
+    assert temp_files(store.root) == []
+
+
+def test_meta_json_format_is_deterministic_and_relative(store: WeightStore) -> None:
+    ps = payloads(("x", 10), ("y", 600))
+    store.put(ps[:1], kind="separate")
+    store.put(ps[1:], kind="combined", combined_name="enc", alignment=64)
+    raw = store.meta_path.read_bytes()
+    doc = json.loads(raw)
+    assert doc == {
+        "format_version": FORMAT_VERSION,
+        "hash_to_weight_file": {ps[0].key: "weight_" + ps[0].key[7:],
+                                ps[1].key: "enc_weight_combined"},
+        "hash_to_weight_offset": {ps[0].key: 0, ps[1].key: 0},
+        "hash_to_weight_size": {ps[0].key: 10, ps[1].key: 600},
+    }
+    assert raw == (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
+
+
+def test_store_is_relocatable(store: WeightStore, tmp_path: Path) -> None:
+    ps = payloads(("x", 10), ("y", 600))
+    store.put(ps, kind="combined", combined_name="m")
+    moved = WeightStore(shutil.copytree(store.root, tmp_path / "elsewhere"))
+    for p in ps:
+        obj = moved.lookup(p.key)
+        assert obj is not None
+        assert moved.read(obj) == p.data
+    assert moved.verify().ok
+
+
+def test_put_combined_aligns_and_zero_pads(store: WeightStore) -> None:
+    ps = payloads(("a", 100), ("b", 64), ("c", 0), ("d", 1))
+    report = store.put(ps, kind="combined", combined_name="enc", alignment=64)
+    offsets = [report.objects[p.key].offset for p in ps]
+    assert offsets == [0, 128, 192, 192]
+    assert report.padding_bytes == 28
+    data = (store.root / "enc_weight_combined").read_bytes()
+    assert len(data) == 193
+    assert data[100:128] == bytes(28)
+    for p in ps:
+        assert store.read(report.objects[p.key]) == p.data
+    # A second call appends after the current end, aligned again.
+    more = payloads(("e", 5))
+    report2 = store.put(more, kind="combined", combined_name="enc", alignment=64)
+    assert report2.objects[more[0].key].offset == 256
+    assert report2.padding_bytes == 256 - 193
+
+
+def test_empty_payload_at_the_end_lies_inside_the_file(store: WeightStore) -> None:
+    ps = payloads(("a", 3), ("empty", 0))
+    report = store.put(ps, kind="combined", combined_name="m", alignment=512)
+    assert report.objects[ps[1].key].offset == 512
+    assert (store.root / "m_weight_combined").stat().st_size == 512
+    assert store.read(report.objects[ps[1].key]) == b""
+    assert store.put(ps, kind="combined", combined_name="m").written_objects == 0
+    assert store.verify().ok
+
+
+# -- deduplication ------------------------------------------------------------------------
+
+
+def test_duplicates_within_one_call_are_written_once(store: WeightStore) -> None:
+    a, b = payloads(("a", 50), ("b", 70))
+    report = store.put([a, b, a, a, b], kind="combined", combined_name="m", alignment=16)
+    assert report.written_objects == 2
+    assert report.written_bytes == 120
+    assert list(report.objects) == [a.key, b.key]
+    assert (store.root / "m_weight_combined").stat().st_size == 64 + 70
+
+
+@pytest.mark.parametrize("first", ["separate", "combined"])
+@pytest.mark.parametrize("second", ["separate", "combined"])
+def test_present_keys_are_reused_across_calls_and_kinds(store: WeightStore, first: str,
+                                                         second: str) -> None:
+    a, b, c = payloads(("a", 50), ("b", 70), ("c", 90))
+    r1 = store.put([a, b], kind=first, combined_name="m1" if first == "combined" else None)
+    r2 = store.put([b, c, a], kind=second,
+                   combined_name="m2" if second == "combined" else None)
+    assert (r2.written_objects, r2.written_bytes) == (1, 90)
+    assert (r2.reused_objects, r2.reused_bytes) == (2, 120)
+    assert r2.objects[a.key] == r1.objects[a.key]
+    assert r2.objects[b.key] == r1.objects[b.key]
+    assert list(r2.objects) == [b.key, c.key, a.key]
+    assert store.stats().objects == 3
+
+
+def test_separate_results_do_not_depend_on_thread_count(tmp_path: Path) -> None:
+    ps = payloads(*[(f"p{i}", i * 13) for i in range(40)])
+    one, many = WeightStore(tmp_path / "one"), WeightStore(tmp_path / "many")
+    r1 = one.put(ps, kind="separate", jobs=1)
+    r8 = many.put(ps, kind="separate", jobs=8)
+    assert list(r1.objects.items()) == list(r8.objects.items())
+    assert one.meta_path.read_bytes() == many.meta_path.read_bytes()
+
+
+def test_missing_or_damaged_objects_are_written_again(store: WeightStore) -> None:
+    a, b = payloads(("a", 50), ("b", 70))
+    r = store.put([a, b], kind="separate")
+    (store.root / r.objects[a.key].file).unlink()
+    with open(store.root / r.objects[b.key].file, "ab") as f:
+        f.write(b"junk")  # a per-weight object must have exactly its size
+    again = store.put([a, b], kind="separate")
+    assert again.written_objects == 2
+    assert store.verify().ok
+
+    c = payloads(("c", 100))[0]
+    rc = store.put([c], kind="combined", combined_name="m", alignment=8)
+    os.truncate(store.root / "m_weight_combined", 50)
+    again = store.put([c], kind="combined", combined_name="m", alignment=8)
+    assert again.written_objects == 1
+    # Appended past the indexed end, never over bytes an entry may still claim.
+    assert again.objects[c.key].offset >= rc.objects[c.key].end
+    assert store.read(again.objects[c.key]) == c.data
+
+
+def test_file_payloads_are_copied_by_range(store: WeightStore, tmp_path: Path) -> None:
+    src = tmp_path / "model.data"
+    data = blob("big", 5000)
+    src.write_bytes(b"\xaa" * 123 + data + b"\xbb" * 7)
+    key = make_key("sha256", digest_bytes("sha256", data))
+    fp = FilePayload(key=key, size=len(data), path=str(src), offset=123)
+    assert fp.read() == data
+    rs = store.put([fp], kind="separate")
+    assert store.read(rs.objects[key]) == data
+    other = WeightStore(tmp_path / "other")
+    rc = other.put([fp], kind="combined", combined_name="m")
+    assert other.read(rc.objects[key]) == data
+    assert store.verify().ok and other.verify().ok
+
+
+# -- argument and input validation --------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"kind": "combined", "combined_name": "m", "alignment": 3},
+    {"kind": "combined", "combined_name": "m", "alignment": 0},
+    {"kind": "combined", "combined_name": "m", "alignment": -8},
+    {"kind": "combined", "combined_name": "../up"},
+    {"kind": "combined", "combined_name": "a/b"},
+    {"kind": "combined", "combined_name": ".hidden"},
+    {"kind": "combined", "combined_name": ""},
+    {"kind": "combined"},
+    {"kind": "separate", "combined_name": "m"},
+    {"kind": "other"},
+    {"kind": "separate", "jobs": 0},
+])
+def test_bad_arguments_raise_value_error(store: WeightStore, kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        store.put(payloads(("a", 1)), **kwargs)
+    assert os.listdir(store.root) == []
+
+
+def test_malformed_payload_keys_and_sizes(store: WeightStore) -> None:
+    good = payloads(("a", 10))[0]
+    with pytest.raises(IntegrityError):
+        store.put([BytesPayload("blake3:ABC", b"x")], kind="separate")
+    with pytest.raises(IntegrityError):
+        store.put([LyingPayload(good.key, 11, good.data)], kind="separate")
+    with pytest.raises(IntegrityError):
+        store.put([good, LyingPayload(good.key, 11, good.data)], kind="separate")
+    store.put([good], kind="separate")
+    with pytest.raises(IntegrityError):  # same key, different size than what is stored
+        store.put([LyingPayload(good.key, 12, good.data + b"xx")], kind="separate")
+    with pytest.raises(IntegrityError):
+        store.lookup("nope")
+    assert temp_files(store.root) == []
+
+
+def test_short_payload_file_is_an_integrity_error(store: WeightStore, tmp_path: Path) -> None:
+    src = tmp_path / "short.bin"
+    src.write_bytes(b"x" * 10)
+    fp = FilePayload(key=make_key("blake3", "1" * 64), size=100, path=str(src))
+    for kind, name in (("separate", None), ("combined", "m")):
+        with pytest.raises(IntegrityError):
+            store.put([fp], kind=kind, combined_name=name)
+    assert sorted(os.listdir(store.root)) == ["meta.json.lock"]
+
+
+def test_partly_copied_payload_is_cut_off_the_combined_file(store: WeightStore,
+                                                            tmp_path: Path) -> None:
+    src = tmp_path / "short.bin"
+    src.write_bytes(b"x" * 1000)
+    good = payloads(("a", 100), ("b", 300))
+    short = FilePayload(key=make_key("blake3", "1" * 64), size=5000, path=str(src))
+    with pytest.raises(IntegrityError):
+        store.put([*good, short], kind="combined", combined_name="m", alignment=64)
+    index = store.index()
+    assert set(index) == {p.key for p in good}
+    assert (store.root / "m_weight_combined").stat().st_size == 128 + 300
+    assert_index_complete(store)
+    assert store.verify().ok
+
+
+# -- meta.json parsing --------------------------------------------------------------------
+
+
+GOOD_KEY = make_key("blake3", "ab" * 32)
+
+
+def meta(files: object = None, offsets: object = None, sizes: object = None,
+         version: object = 1) -> str:
+    return json.dumps({
+        "format_version": version,
+        "hash_to_weight_file": {GOOD_KEY: "weight_" + "ab" * 32} if files is None else files,
+        "hash_to_weight_offset": {GOOD_KEY: 0} if offsets is None else offsets,
+        "hash_to_weight_size": {GOOD_KEY: 4} if sizes is None else sizes,
+    })
+
+
+@pytest.mark.parametrize("text", [
+    "{",
+    "[]",
+    "\xff",
+    json.dumps({"format_version": 1}),
+    meta(version=2),
+    meta(version="1"),
+    meta(version=0),
+    meta(offsets={GOOD_KEY: "0"}),
+    meta(offsets={GOOD_KEY: -1}),
+    meta(sizes={GOOD_KEY: True}),
+    meta(sizes={GOOD_KEY: 1.5}),
+    meta(files={GOOD_KEY: 7}),
+    meta(files={GOOD_KEY: "../escape"}),
+    meta(files={GOOD_KEY: "/abs/path"}),
+    meta(files=[]),
+    meta(sizes={}),
+    meta(files={"blake3:AB": "x"}, offsets={"blake3:AB": 0}, sizes={"blake3:AB": 1}),
+    meta(files={"md5:" + "0" * 32: "x"}, offsets={"md5:" + "0" * 32: 0},
+         sizes={"md5:" + "0" * 32: 1}),
+])
+def test_malformed_meta_json_is_a_store_error(store: WeightStore, text: str) -> None:
+    store.meta_path.write_bytes(text.encode("latin-1"))
+    for call in (store.index, store.stats, store.verify,
+                 lambda: store.put(payloads(("a", 1)), kind="separate")):
+        with pytest.raises(StoreError) as exc:
+            call()
+        assert exc.value.context["path"] == str(store.meta_path)
+    assert [n for n in os.listdir(store.root) if n.startswith("weight_")] == []
+
+
+def test_newer_format_version_says_so(store: WeightStore) -> None:
+    store.meta_path.write_text(meta(version=FORMAT_VERSION + 1))
+    with pytest.raises(StoreError, match="newer"):
+        store.index()
+
+
+def test_well_formed_meta_json_parses(store: WeightStore) -> None:
+    store.meta_path.write_text(meta())
+    assert read_index(store.meta_path) == {
+        GOOD_KEY: StoredObject(GOOD_KEY, "weight_" + "ab" * 32, 0, 4)}
+
+
+# -- locking ------------------------------------------------------------------------------
+
+
+def lock_is_held(path: Path) -> bool:
+    probe = FileLock(path, timeout=0)
+    try:
+        probe.acquire()
+    except Timeout:
+        return True
+    probe.release()
+    return False
+
+
+def test_lock_is_held_while_the_index_is_read(store: WeightStore,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+
+    def spying_read_index(path: Path) -> dict[str, StoredObject]:
+        seen.append(lock_is_held(store.lock_path))
+        return read_index(path)
+
+    monkeypatch.setattr(store_module, "read_index", spying_read_index)
+    store.put(payloads(("a", 10)), kind="separate")
+    store.put(payloads(("b", 10)), kind="combined", combined_name="m")
+    store.verify()
+    assert seen == [True, True, True]
+    assert not lock_is_held(store.lock_path)
+
+
+def test_lock_timeout_is_a_store_error(tmp_path: Path) -> None:
+    s = WeightStore(tmp_path / "s", lock_timeout=0.05)
+    other = FileLock(s.lock_path)
+    with other:
+        with pytest.raises(StoreError) as exc:
+            s.put(payloads(("a", 1)), kind="separate")
+        assert exc.value.context["lock"] == str(s.lock_path)
+        with pytest.raises(StoreError):
+            s.verify()
+        # Readers need no lock.
+        assert s.index() == {}
+    assert s.put(payloads(("a", 1)), kind="separate").written_objects == 1
+
+
+# -- crash safety -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("jobs", [1, 4])
+def test_failure_mid_put_separate_leaves_only_complete_objects(store: WeightStore,
+                                                               jobs: int) -> None:
+    ps = payloads(*[(f"p{i}", 100 + i) for i in range(12)])
+    store.put(ps[:2], kind="separate")
+    before = store.index()
+    flaky = FlakyPayload(ps[6])
+    with pytest.raises(RuntimeError, match="injected"):
+        store.put([*ps[:6], flaky, *ps[7:]], kind="separate", jobs=jobs)
+    assert flaky.calls == [ps[6].key]
+    assert temp_files(store.root) == []
+    after = store.index()
+    assert ps[6].key not in after
+    assert not (store.root / ("weight_" + ps[6].key[7:])).exists()
+    assert before.items() <= after.items()
+    assert_index_complete(store)
+    report = store.verify()
+    assert report.ok and report.warnings == ()
+    # A retry writes exactly what is missing.
+    retry = store.put(ps, kind="separate", jobs=jobs)
+    assert retry.written_objects == 12 - len(after)
+    assert store.verify().ok
+
+
+@pytest.mark.parametrize("fail_at", [0, 3, 7])
+def test_failure_mid_put_combined_leaves_only_complete_objects(store: WeightStore,
+                                                               fail_at: int) -> None:
+    ps = payloads(*[(f"p{i}", 100 + i) for i in range(8)])
+    bad = [*ps[:fail_at], FlakyPayload(ps[fail_at]), *ps[fail_at + 1:]]
+    with pytest.raises(RuntimeError, match="injected"):
+        store.put(bad, kind="combined", combined_name="m", alignment=64)
+    index = store.index()
+    assert set(index) == {p.key for p in ps[:fail_at]}
+    assert_index_complete(store)
+    assert temp_files(store.root) == []
+    combined = store.root / "m_weight_combined"
+    if fail_at == 0:
+        assert not combined.exists()
+        assert not store.meta_path.exists()
+    else:
+        # Cut back to the last complete object: nothing half-written remains.
+        assert combined.stat().st_size == max(o.end for o in index.values())
+    assert store.verify().ok
+    retry = store.put(ps, kind="combined", combined_name="m", alignment=64)
+    assert retry.written_objects == 8 - fail_at
+    assert all(o.offset % 64 == 0 for o in retry.objects.values())
+    assert_index_complete(store)
+
+
+def test_failure_while_publishing_the_index_keeps_the_old_index(
+        store: WeightStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    ps = payloads(("a", 10), ("b", 20), ("c", 30))
+    store.put(ps[:1], kind="separate")
+    old = store.meta_path.read_bytes()
+
+    def broken_write_index(path: Path, index: dict[str, StoredObject]) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store_module, "write_index", broken_write_index)
+    with pytest.raises(OSError, match="disk full"):
+        store.put(ps, kind="separate")
+    with pytest.raises(OSError, match="disk full"):
+        store.put(ps, kind="combined", combined_name="m")
+    monkeypatch.undo()
+    assert store.meta_path.read_bytes() == old
+    assert temp_files(store.root) == []
+    report = store.verify()
+    assert report.ok
+    assert {w.kind for w in report.warnings} == {"orphan_file"}
+    retry = store.put(ps, kind="combined", combined_name="m", alignment=512)
+    assert retry.written_objects == 2
+    # The unindexed bytes from the failed append are skipped, not reused.
+    assert all(o.offset >= 512 for o in retry.objects.values() if o.kind == "combined")
+    assert store.verify().ok
+
+
+def test_garbage_from_a_crashed_append_is_skipped(store: WeightStore) -> None:
+    a, b = payloads(("a", 100), ("b", 100))
+    store.put([a], kind="combined", combined_name="m", alignment=64)
+    with open(store.root / "m_weight_combined", "ab") as f:
+        f.write(b"\x99" * 50)  # a crashed append: bytes on disk, never indexed
+    r = store.put([b], kind="combined", combined_name="m", alignment=64)
+    assert r.objects[b.key].offset == align_up(150, 64)
+    assert r.padding_bytes == 192 - 150
+    assert store.verify().ok
+    stats = store.stats()
+    assert stats.bytes_on_disk == stats.payload_bytes + stats.padding_bytes
+    assert stats.padding_bytes == 192 - 100
+
+
+def test_stray_temp_files_and_orphans_are_warnings(store: WeightStore) -> None:
+    store.put(payloads(("a", 10)), kind="separate")
+    (store.root / ".weight_deadbeef.k2j3.tmp").write_bytes(b"partial")
+    (store.root / ("weight_" + "cd" * 32)).write_bytes(b"orphan")
+    report = store.verify()
+    assert report.ok
+    assert [(w.kind, w.file) for w in report.warnings] == [
+        ("temp_file", ".weight_deadbeef.k2j3.tmp"), ("orphan_file", "weight_" + "cd" * 32)]
+    stats = store.stats()
+    assert stats.orphan_files == 1
+    assert stats.unreferenced_bytes == 6
+
+
+# -- verify -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def filled(store: WeightStore) -> tuple[WeightStore, list[BytesPayload]]:
+    ps = payloads(("s0", 300), ("s1", 5), ("c0", 200), ("c1", 1000), ("c2", 64))
+    store.put(ps[:2], kind="separate")
+    store.put(ps[2:], kind="combined", combined_name="m", alignment=128)
+    assert store.verify().ok
+    return store, ps
+
+
+def only_problem(store: WeightStore) -> tuple[str, str, str | None]:
+    report = store.verify(jobs=2)
+    assert not report.ok
+    assert len(report.problems) == 1, report.problems
+    p = report.problems[0]
+    json.dumps(report.to_dict())
+    assert report.to_dict()["problems"][0] == {"kind": p.kind, "file": p.file, "key": p.key,
+                                              "detail": p.detail}
+    return p.kind, p.file, p.key
+
+
+def test_verify_detects_flipped_bytes(filled: tuple[WeightStore, list[BytesPayload]]) -> None:
+    store, ps = filled
+    sep = store.lookup(ps[0].key)
+    assert sep is not None
+    flip_byte(store.path_of(sep), 17)
+    assert only_problem(store) == ("digest_mismatch", sep.file, sep.key)
+    flip_byte(store.path_of(sep), 17)
+    comb = store.lookup(ps[3].key)
+    assert comb is not None
+    flip_byte(store.path_of(comb), comb.offset + comb.size - 1)
+    assert only_problem(store) == ("digest_mismatch", comb.file, comb.key)
+
+
+def test_verify_detects_truncation(filled: tuple[WeightStore, list[BytesPayload]]) -> None:
+    store, ps = filled
+    sep = store.lookup(ps[0].key)
+    assert sep is not None
+    os.truncate(store.path_of(sep), 299)
+    assert only_problem(store) == ("size_mismatch", sep.file, sep.key)
+    with pytest.raises(IntegrityError):
+        store.read(sep)
+    store.path_of(sep).write_bytes(ps[0].data)
+    last = store.lookup(ps[4].key)
+    assert last is not None
+    os.truncate(store.path_of(last), last.end - 1)
+    assert only_problem(store) == ("short_file", last.file, last.key)
+    with pytest.raises(IntegrityError):
+        store.read(last)
+
+
+def test_verify_detects_deletion(filled: tuple[WeightStore, list[BytesPayload]]) -> None:
+    store, ps = filled
+    sep = store.lookup(ps[1].key)
+    assert sep is not None
+    store.path_of(sep).unlink()
+    assert only_problem(store) == ("missing_file", sep.file, sep.key)
+    with pytest.raises(IntegrityError):
+        store.read(sep)
+    (store.root / "m_weight_combined").unlink()
+    report = store.verify()
+    assert sorted(p.kind for p in report.problems) == ["missing_file"] * 4
+
+
+def test_verify_detects_misnamed_and_overlapping_entries(store: WeightStore) -> None:
+    a, b = payloads(("a", 100), ("b", 100))
+    store.put([a, b], kind="combined", combined_name="m", alignment=1)
+    wrong_name = "weight_" + "0" * 64
+    (store.root / wrong_name).write_bytes(a.data)
+    doc = json.loads(store.meta_path.read_text())
+    doc["hash_to_weight_offset"][b.key] = 50  # overlaps a's [0, 100)
+    doc["hash_to_weight_file"][a.key] = wrong_name
+    store.meta_path.write_text(json.dumps(doc))
+    report = store.verify()
+    kinds = {(p.kind, p.key) for p in report.problems}
+    assert ("name_mismatch", a.key) in kinds
+    assert ("digest_mismatch", b.key) in kinds
+    assert not any(p.kind == "overlap" for p in report.problems)  # a moved to its own file
+    doc["hash_to_weight_file"][a.key] = "m_weight_combined"
+    store.meta_path.write_text(json.dumps(doc))
+    report = store.verify()
+    assert ("overlap", "m_weight_combined", b.key) in {(p.kind, p.file, p.key)
+                                                       for p in report.problems}
+    assert report.to_dict()["ok"] is False
+
+
+# -- stats --------------------------------------------------------------------------------
+
+
+def test_stats_two_models_sharing_payloads_in_one_combined_store(store: WeightStore) -> None:
+    shared = payloads(("emb", 1000), ("norm", 64))
+    model_a = [*payloads(("a0", 300), ("a1", 0)), *shared]
+    model_b = [*shared, *payloads(("b0", 513), ("b1", 1))]
+    ra = store.put(model_a, kind="combined", combined_name="m", alignment=512)
+    rb = store.put(model_b, kind="combined", combined_name="m", alignment=512)
+    # a0 [0,300) a1 @512 (empty) emb [512,1512) norm [1536,1600) b0 [2048,2561) b1 [3072,3073)
+    assert [ra.objects[p.key].offset for p in model_a] == [0, 512, 512, 1536]
+    assert [rb.objects[p.key].offset for p in model_b[2:]] == [2048, 3072]
+    assert (rb.reused_objects, rb.reused_bytes) == (2, 1064)
+    unique = 300 + 0 + 1000 + 64 + 513 + 1
+    padding = (512 - 300) + (1536 - 1512) + (2048 - 1600) + (3072 - 2561)
+    assert ra.padding_bytes + rb.padding_bytes == padding
+    assert ra.written_bytes + rb.written_bytes == unique
+    stats = store.stats()
+    assert stats.to_dict() == {
+        "root": str(store.root),
+        "objects": 6,
+        "separate_objects": 0,
+        "combined_objects": 6,
+        "payload_bytes": unique,
+        "bytes_on_disk": unique + padding,
+        "padding_bytes": padding,
+        "unreferenced_bytes": 0,
+        "files": 1,
+        "separate_files": 0,
+        "combined_files": 1,
+        "orphan_files": 0,
+        "missing_files": 0,
+    }
+    assert (store.root / "m_weight_combined").stat().st_size == 3073
+
+
+def test_stats_counts_kinds_and_files(store: WeightStore) -> None:
+    store.put(payloads(("s0", 10), ("s1", 20)), kind="separate")
+    store.put(payloads(("c0", 10)), kind="combined", combined_name="x")
+    store.put(payloads(("c1", 10)), kind="combined", combined_name="y")
+    (store.root / "y_weight_combined").unlink()
+    s = store.stats()
+    assert (s.objects, s.separate_objects, s.combined_objects) == (4, 2, 2)
+    assert (s.files, s.separate_files, s.combined_files) == (3, 2, 1)
+    assert (s.missing_files, s.orphan_files) == (1, 0)
+    assert s.bytes_on_disk == 40
+    json.dumps(s.to_dict())
+
+
+# -- store location -----------------------------------------------------------------------
+
+
+def test_resolve_store_path_priority(tmp_path: Path) -> None:
+    env = {"WEIGHTSTORE_DIR": str(tmp_path / "env"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    recipe = tmp_path / "recipe_store"
+    assert resolve_store_path(str(tmp_path / "flag"), recipe, env) == tmp_path / "flag"
+    assert resolve_store_path(None, recipe, env) == recipe
+    assert resolve_store_path(None, None, env) == tmp_path / "env"
+    del env["WEIGHTSTORE_DIR"]
+    assert resolve_store_path(None, None, env) == user_cache_dir(env)
+    assert resolve_store_path("rel", None, env) == Path.cwd() / "rel"
+
+
+def test_user_cache_dir_per_platform() -> None:
+    home = "/home/u"
+    assert user_cache_dir({"HOME": home, "XDG_CACHE_HOME": "/c"}, "linux") == Path(
+        "/c/weightstore")
+    assert user_cache_dir({"HOME": home, "XDG_CACHE_HOME": "rel"}, "linux") == Path(
+        "/home/u/.cache/weightstore")
+    assert user_cache_dir({"HOME": home}, "linux") == Path("/home/u/.cache/weightstore")
+    assert user_cache_dir({"HOME": home}, "darwin") == Path(
+        "/home/u/Library/Caches/weightstore")
+    win = user_cache_dir({"LOCALAPPDATA": "C:/Users/u/AppData/Local"}, "win32")
+    assert win == Path("C:/Users/u/AppData/Local") / "weightstore"
+
+
+# -- property -----------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pool=st.lists(st.binary(max_size=300), min_size=1, max_size=6),
+    picks=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["blake3", "sha256"])),
+                   max_size=12),
+    kind=st.sampled_from(["separate", "combined"]),
+    alignment=st.sampled_from([1, 2, 16, 64, 512, 4096]),
+    split=st.integers(0, 12),
+)
+def test_property_put_then_read_round_trips(pool: list[bytes], picks: list[tuple[int, str]],
+                                            kind: str, alignment: int, split: int) -> None:
+    batch = [BytesPayload.of(pool[i % len(pool)], algo) for i, algo in picks]
+    expected = {p.key: p.data for p in batch}
+    with tempfile.TemporaryDirectory() as tmp:
+        s = WeightStore(tmp)
+        name = "m" if kind == "combined" else None
+        r1 = s.put(batch[:split], kind=kind, combined_name=name, alignment=alignment)
+        r2 = s.put(batch, kind=kind, combined_name=name, alignment=alignment, jobs=3)
+        assert r1.written_objects + r2.written_objects == len(expected)
+        assert r2.reused_objects == len(r1.objects)
+        for key, data in expected.items():
+            obj = s.lookup(key)
+            assert obj is not None and obj == r2.objects[key]
+            assert s.read(obj) == data
+            if obj.kind == "combined":
+                assert obj.offset % alignment == 0
+        stats = s.stats()
+        assert stats.payload_bytes == sum(len(d) for d in expected.values())
+        assert stats.bytes_on_disk == stats.payload_bytes + stats.padding_bytes
+        assert s.verify(jobs=2).ok

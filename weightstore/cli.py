@@ -1,0 +1,175 @@
+"""The ``weightstore`` command. Errors print one line and exit with code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .errors import WeightstoreError
+
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+
+
+def _jobs(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="weightstore", description=__doc__)
+    p.add_argument("--version", action="version", version=f"weightstore {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("build", help="build every layout of a recipe into packages")
+    b.add_argument("recipe", help="the recipe YAML file")
+    b.add_argument("--store", help="store folder (beats the recipe, $WEIGHTSTORE_DIR and the "
+                                   "user cache folder)")
+    b.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4),
+                   help="worker threads for hashing and copying")
+    b.add_argument("--force", action="store_true",
+                   help="replace a package folder that holds a different build")
+    b.add_argument("--json", action="store_true", help="print the build summaries as JSON")
+
+    s = sub.add_parser("store", help="inspect the weight store")
+    ssub = s.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    for name, text in (("stats", "object counts and sizes"),
+                       ("verify", "re-hash every object; exit 1 on any mismatch")):
+        sp = ssub.add_parser(name, help=text)
+        sp.add_argument("--store", help="store folder (beats $WEIGHTSTORE_DIR and the user "
+                                        "cache folder)")
+        sp.add_argument("--json", action="store_true", help="print JSON")
+        if name == "verify":
+            sp.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4))
+
+    c = sub.add_parser("convert", help="convert one model between weight forms")
+    c.add_argument("direction", choices=("to-external", "to-file-constant", "to-inline"))
+    c.add_argument("input")
+    c.add_argument("output")
+    c.add_argument("--threshold", type=int, default=1024,
+                   help="payloads of at least this many bytes move out (default 1024)")
+    c.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")
+    c.add_argument("--alignment", type=int, default=512)
+    c.add_argument("--json", action="store_true", help="print JSON")
+
+    sc = sub.add_parser("schema", help="write the recipe JSON Schema")
+    sc.add_argument("--output", default="schemas/recipe.schema.json")
+    return p
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .build import BuildOptions, build
+
+    result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
+                                             force=args.force))
+    if args.json:
+        _print_json(result.to_dict())
+        return EXIT_OK
+    r = result.store_report
+    if r:
+        print(f"store {result.store}: wrote {r['written_objects']} objects "
+              f"({_mb(r['written_bytes'])}), reused {r['reused_objects']} "
+              f"({_mb(r['reused_bytes'])})")
+    for p in result.packages:
+        t = p.summary["totals"]
+        print(f"{p.status:>10} {p.layout}: {p.path} — {t['models']} model(s), "
+              f"{t['external_weights']} external weights in {t['weight_files']} file(s), "
+              f"{_mb(t['weight_file_bytes'])} weights, dedup saved "
+              f"{_mb(t['dedup_saved_bytes'])}")
+    return EXIT_OK
+
+
+def _open_store(args: argparse.Namespace):
+    from .store import WeightStore, resolve_store_path
+
+    return WeightStore(resolve_store_path(args.store, None))
+
+
+def _cmd_store(args: argparse.Namespace) -> int:
+    store = _open_store(args)
+    if args.store_command == "stats":
+        stats = store.stats()
+        if args.json:
+            _print_json(stats.to_dict())
+        else:
+            for k, v in stats.to_dict().items():
+                print(f"{k:>20}: {v}")
+        return EXIT_OK
+    report = store.verify(jobs=args.jobs)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        for problem in report.problems:
+            print(f"problem: {problem.kind}: {problem.key or ''} {problem.file or ''} "
+                  f"{problem.detail}".rstrip())
+        for warning in report.warnings:
+            print(f"warning: {warning.kind}: {warning.file or ''} {warning.detail}".rstrip())
+        state = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+        print(f"verified {report.objects} objects ({_mb(report.bytes_hashed)}): {state}")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert_to_external, convert_to_inline
+
+    if args.direction == "to-inline":
+        report = convert_to_inline(args.input, args.output)
+    else:
+        form = "file-constant" if args.direction == "to-file-constant" else "external-data"
+        report = convert_to_external(args.input, args.output, form=form,
+                                     threshold=args.threshold, algo=args.hash,
+                                     alignment=args.alignment)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        extra = f" + {report.data_file.name}" if report.data_file else ""
+        print(f"wrote {report.output}{extra} ({report.external_tensors} external tensors)")
+    return EXIT_OK
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from .recipe import write_schema
+
+    print(f"wrote {write_schema(args.output)}")
+    return EXIT_OK
+
+
+COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
+            "schema": _cmd_schema}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except WeightstoreError as exc:
+        print(f"weightstore: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except ValueError as exc:  # argument values the parser cannot judge (e.g. alignment)
+        print(f"weightstore: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"weightstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("weightstore: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Where the weight store lives when nobody says otherwise.
+
+The store is shared by every build of a user, so its default home is the per-user cache
+folder of the platform: losing it costs only a rebuild, and it stays out of source trees.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV_VAR = "WEIGHTSTORE_DIR"
+APP_NAME = "weightstore"
+
+
+def resolve_store_path(flag: str | None, recipe_path: Path | None,
+                       env: Mapping[str, str] = os.environ) -> Path:
+    """Pick the store root: ``--store`` flag > recipe ``store.path`` > ``$WEIGHTSTORE_DIR`` >
+    the user's cache folder.
+
+    ``recipe_path`` is taken as given: the recipe loader has already made it absolute
+    relative to the recipe file, which the current directory knows nothing about.
+    """
+    if flag:
+        return Path(flag).expanduser().absolute()
+    if recipe_path is not None:
+        return recipe_path
+    value = env.get(ENV_VAR)
+    if value:
+        return Path(value).expanduser().absolute()
+    return user_cache_dir(env)
+
+
+def user_cache_dir(env: Mapping[str, str] = os.environ, platform: str = sys.platform) -> Path:
+    """The platform's per-user cache folder for this project."""
+    if platform.startswith("win"):
+        local = env.get("LOCALAPPDATA")
+        if local:
+            return Path(local) / APP_NAME
+        return _home(env, "USERPROFILE") / "AppData" / "Local" / APP_NAME
+    if platform == "darwin":
+        return _home(env, "HOME") / "Library" / "Caches" / APP_NAME
+    xdg = env.get("XDG_CACHE_HOME")
+    # The XDG spec says relative values are invalid and must be ignored.
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / APP_NAME
+    return _home(env, "HOME") / ".cache" / APP_NAME
+
+
+def _home(env: Mapping[str, str], var: str) -> Path:
+    value = env.get(var)
+    return Path(value) if value else Path.home()

@@ -1,0 +1,35 @@
+"""The store's single writer lock.
+
+Every reader of ``meta.json`` that is about to decide something (which keys are missing,
+which objects to check) holds this lock first; otherwise two builds could both see a key as
+missing and write it twice, or verify could judge a half-published append.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from ..errors import StoreError
+from .layout import LOCK_NAME
+
+
+@contextlib.contextmanager
+def store_lock(root: Path, timeout: float) -> Iterator[Path]:
+    """Hold ``<root>/meta.json.lock`` exclusively (negative timeout: wait forever)."""
+    path = root / LOCK_NAME
+    lock = FileLock(path, timeout=timeout)
+    try:
+        lock.acquire()
+    except Timeout as exc:
+        raise StoreError("timed out waiting for the store lock; another build is writing",
+                         lock=str(path), timeout=timeout) from exc
+    except OSError as exc:
+        raise StoreError(f"cannot open the store lock: {exc.strerror}", lock=str(path)) from exc
+    try:
+        yield path
+    finally:
+        lock.release()

@@ -1,0 +1,155 @@
+"""Checking that every indexed object still holds the bytes its key names.
+
+A content-addressed store is only as good as the claim that the bytes behind a key hash to
+that key. Verification re-hashes everything (on a thread pool: both digests release the GIL)
+and also checks the structure the writers promise: per-weight files named by their digest
+and sized exactly, combined ranges inside their file and disjoint. Leftovers that harm
+nothing (unindexed object files, temp files of an interrupted write) are warnings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import IntegrityError
+from ..hashing import digest_file, split_key
+from .index import StoredObject
+from .layout import scan, separate_file_name
+
+ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mismatch",
+                      "name_mismatch", "overlap", "unreadable", "orphan_file", "temp_file"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding; ``key`` is None for files the index does not mention."""
+
+    kind: ProblemKind
+    file: str
+    key: str | None
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "file": self.file, "key": self.key, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Problems make the store untrustworthy; warnings only waste space."""
+
+    root: str
+    objects: int
+    bytes_hashed: int
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "ok": self.ok,
+            "objects": self.objects,
+            "bytes_hashed": self.bytes_hashed,
+            "problems": [p.to_dict() for p in self.problems],
+            "warnings": [w.to_dict() for w in self.warnings],
+        }
+
+
+def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int) -> VerifyReport:
+    """Check ``index`` against the files under ``root`` (caller holds the store lock)."""
+    problems: list[Problem] = []
+    sizes: dict[str, int | None] = {}
+    to_hash: list[StoredObject] = []
+    for obj in index.values():
+        if obj.file not in sizes:
+            sizes[obj.file] = _size(root / obj.file)
+        problems.extend(_check_shape(obj, sizes[obj.file]))
+        file_size = sizes[obj.file]
+        if file_size is not None and obj.end <= file_size:
+            to_hash.append(obj)
+    problems.extend(_overlaps(index.values()))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        problems.extend(p for p in pool.map(lambda o: _check_digest(root, o), to_hash)
+                        if p is not None)
+    listing = scan(root)
+    referenced = {obj.file for obj in index.values()}
+    warnings = [Problem("orphan_file", name, None, f"{size} bytes no index entry refers to")
+                for name, size in listing.objects.items() if name not in referenced]
+    warnings += [Problem("temp_file", name, None, "temp file left by an interrupted write")
+                 for name in listing.temps]
+    return VerifyReport(root=str(root), objects=len(index),
+                        bytes_hashed=sum(o.size for o in to_hash),
+                        problems=tuple(sorted(problems, key=_order)),
+                        warnings=tuple(sorted(warnings, key=_order)))
+
+
+def _check_shape(obj: StoredObject, file_size: int | None) -> list[Problem]:
+    if file_size is None:
+        return [Problem("missing_file", obj.file, obj.key, "file does not exist")]
+    found: list[Problem] = []
+    if obj.kind == "separate":
+        expected = separate_file_name(obj.key)
+        if obj.file != expected:
+            found.append(Problem("name_mismatch", obj.file, obj.key,
+                                 f"per-weight file for this key must be named {expected}"))
+        if obj.offset != 0 or file_size != obj.size:
+            found.append(Problem("size_mismatch", obj.file, obj.key,
+                                 f"file has {file_size} bytes; index says {obj.size} bytes "
+                                 f"at offset {obj.offset}"))
+    elif obj.end > file_size:
+        found.append(Problem("short_file", obj.file, obj.key,
+                             f"file has {file_size} bytes; range [{obj.offset}, {obj.end}) "
+                             f"runs past its end"))
+    return found
+
+
+def _overlaps(objects: Iterable[StoredObject]) -> list[Problem]:
+    """Non-empty ranges of one file that share bytes (the writers never produce these)."""
+    by_file: dict[str, list[StoredObject]] = defaultdict(list)
+    for obj in objects:
+        if obj.size:
+            by_file[obj.file].append(obj)
+    found: list[Problem] = []
+    for file, objs in by_file.items():
+        objs.sort(key=lambda o: (o.offset, o.end, o.key))
+        reach: StoredObject | None = None
+        for obj in objs:
+            if reach is not None and obj.offset < reach.end:
+                found.append(Problem("overlap", file, obj.key,
+                                     f"range [{obj.offset}, {obj.end}) overlaps "
+                                     f"[{reach.offset}, {reach.end}) of {reach.key}"))
+            if reach is None or obj.end > reach.end:
+                reach = obj
+    return found
+
+
+def _check_digest(root: Path, obj: StoredObject) -> Problem | None:
+    algo, expected = split_key(obj.key)
+    try:
+        actual = digest_file(algo, root / obj.file, obj.offset, obj.size)
+    except (OSError, IntegrityError) as exc:
+        return Problem("unreadable", obj.file, obj.key, f"cannot read the range: {exc}")
+    if actual != expected:
+        return Problem("digest_mismatch", obj.file, obj.key,
+                       f"bytes [{obj.offset}, {obj.end}) hash to {algo}:{actual}")
+    return None
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def _order(p: Problem) -> tuple[str, str, str]:
+    return (p.file, p.key or "", p.kind)

@@ -1,0 +1,146 @@
+"""Writing payload bytes into the store, crash-safely.
+
+Layout of a store root::
+
+    <store root>/
+      meta.json                 index (format_version 1), replaced atomically
+      meta.json.lock            lock file held by every writer and by verify
+      weight_<hex>              per-weight object ("separate" kind): exactly the payload bytes
+      <name>_weight_combined    combined file: payloads appended, each starting at a multiple
+                                of the alignment, zero-padded between
+      .<final name>.XXXX.tmp    temp file of a write in progress (stray only after a crash)
+
+Both writers run with the store lock held and publish nothing to ``meta.json`` themselves:
+they return the objects whose bytes are complete and durable, and the caller indexes exactly
+those. A per-weight object appears under its final name only by ``os.replace`` of a fsynced
+temp file. A combined file only grows at its end, past every byte that is already there, so
+a crashed append leaves garbage that nothing references and the next append skips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import IntegrityError
+from ..fsio import align_up, atomic_writer, copy_range, fsync_dir, write_all
+from .index import StoredObject
+from .layout import separate_file_name
+from .payload import PayloadSource
+
+_O_BINARY = getattr(os, "O_BINARY", 0)
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    """Objects now complete on disk (input order), and the error that stopped the rest."""
+
+    objects: tuple[StoredObject, ...]
+    written_bytes: int
+    padding_bytes: int
+    error: BaseException | None = None
+
+
+def write_separate(root: Path, sources: Sequence[PayloadSource], jobs: int) -> WriteOutcome:
+    """Write each source to ``weight_<hex>`` on a thread pool (file I/O releases the GIL)."""
+    done: dict[str, StoredObject] = {}
+    error: BaseException | None = None
+    if sources:
+        with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+            futures: list[Future[StoredObject]] = [
+                pool.submit(_write_one, root, src) for src in sources]
+            try:
+                for fut in as_completed(futures):
+                    try:
+                        obj = fut.result()
+                    except BaseException as exc:
+                        if error is None:
+                            error = exc
+                            for other in futures:
+                                other.cancel()
+                        continue
+                    done[obj.key] = obj
+            except BaseException:
+                for other in futures:
+                    other.cancel()
+                raise
+    # Input order, so the result never depends on which thread finished first.
+    objects = tuple(done[src.key] for src in sources if src.key in done)
+    return WriteOutcome(objects=objects, written_bytes=sum(o.size for o in objects),
+                        padding_bytes=0, error=error)
+
+
+def _write_one(root: Path, src: PayloadSource) -> StoredObject:
+    name = separate_file_name(src.key)
+    with atomic_writer(root / name) as f:
+        copy_payload(src, f.fileno(), 0)
+    return StoredObject(key=src.key, file=name, offset=0, size=src.size)
+
+
+def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], alignment: int,
+                    indexed_end: int) -> WriteOutcome:
+    """Append sources to ``file`` in order, each at an aligned offset past the current end.
+
+    The current end is the file's actual size (or the end of the last indexed range, should
+    the file have shrunk), so bytes from an interrupted append are skipped, never reused.
+    On error the file is cut back to the last complete object and fsynced, so the objects
+    returned are durable and nothing half-written remains past them.
+    """
+    path = root / file
+    existed = path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        end = max(start, indexed_end)
+        objects: list[StoredObject] = []
+        padding = 0
+        error: BaseException | None = None
+        try:
+            for src in sources:
+                offset = align_up(end, alignment)
+                copy_payload(src, fd, offset)
+                if src.size == 0 and os.fstat(fd).st_size < offset:
+                    os.ftruncate(fd, offset)  # the empty object still lies inside the file
+                objects.append(StoredObject(key=src.key, file=file, offset=offset,
+                                            size=src.size))
+                padding += offset - end
+                end = offset + src.size
+        except BaseException as exc:
+            error = exc
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, objects[-1].end if objects else start)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if not existed and not objects:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    fsync_dir(root)
+    return WriteOutcome(objects=tuple(objects), written_bytes=sum(o.size for o in objects),
+                        padding_bytes=padding, error=error)
+
+
+def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
+    """Put exactly ``src.size`` bytes at ``offset`` of ``fd``, in the kernel when possible."""
+    where = src.file_range()
+    if where is not None:
+        src_path, src_offset = where
+        src_fd = os.open(src_path, os.O_RDONLY | _O_BINARY)
+        try:
+            copy_range(src_fd, src_offset, fd, offset, src.size)
+        except EOFError as exc:
+            raise IntegrityError("payload file ends before the payload does", key=src.key,
+                                 path=src_path, offset=src_offset, size=src.size) from exc
+        finally:
+            os.close(src_fd)
+        return
+    data = src.read()
+    got = memoryview(data).nbytes
+    if got != src.size:
+        raise IntegrityError("payload source returned the wrong number of bytes",
+                             key=src.key, expected=src.size, got=got)
+    write_all(fd, data, offset)

@@ -1,0 +1,104 @@
+"""The package summary (``summary.json``): GE's ExternalWeightDesc list plus totals.
+
+Everything in it derives from the recipe and the source bytes (no time, no absolute path,
+no store state), so it is byte-identical across rebuilds and is part of the package.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from . import __version__
+from .layout.plan import LayoutPlan
+from .recipe import Layout
+
+SUMMARY_NAME = "summary.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ExternalWeightDesc:
+    """One external tensor of a packaged model (GE's ``ExternalWeightDesc``)."""
+
+    id: str  # payload digest key
+    name: str
+    where: str
+    location: str
+    offset: int
+    size: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "where": self.where,
+                "location": self.location, "offset": self.offset, "size": self.size,
+                "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str
+    file: str
+    model_bytes: int
+    source_digest: str
+    inline_tensors: int
+    inline_bytes: int
+    external: tuple[ExternalWeightDesc, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "file": self.file,
+            "model_bytes": self.model_bytes,
+            "source_digest": self.source_digest,
+            "inline_tensors": self.inline_tensors,
+            "inline_bytes": self.inline_bytes,
+            "external_weights": [w.to_dict() for w in self.external],
+        }
+
+
+def dtype_name(data_type: int) -> str:
+    return onnx.TensorProto.DataType.Name(data_type)
+
+
+def package_summary(*, package: str, version: str, layout: Layout, hash_algo: str,
+                    fingerprint: str, models: Sequence[ModelSummary],
+                    plan: LayoutPlan) -> dict[str, Any]:
+    referenced = sum(w.size for m in models for w in m.external)
+    unique = {p.key: p.size for f in plan.files for p in f.payloads}
+    stored = sum(p.size for f in plan.files for p in f.payloads)
+    return {
+        "format_version": FORMAT_VERSION,
+        "generator": f"weightstore {__version__}",
+        "package": package,
+        "version": version,
+        "layout": layout.model_dump(mode="json"),
+        "hash": hash_algo,
+        "fingerprint": fingerprint,
+        "models": [m.to_dict() for m in models],
+        "files": [{"name": f.name, "size": f.size, "payloads": len(f.payloads),
+                   "padding": f.padding} for f in plan.files],
+        "totals": {
+            "models": len(models),
+            "external_weights": sum(len(m.external) for m in models),
+            "referenced_bytes": referenced,
+            "unique_payloads": len(unique),
+            "unique_payload_bytes": sum(unique.values()),
+            "stored_payload_bytes": stored,
+            "dedup_saved_bytes": referenced - stored,
+            "padding_bytes": plan.padding,
+            "weight_files": len(plan.files),
+            "weight_file_bytes": sum(f.size for f in plan.files),
+            "model_bytes": sum(m.model_bytes for m in models),
+            "inline_tensors": sum(m.inline_tensors for m in models),
+        },
+    }
+
+
+def render(summary: dict[str, Any]) -> bytes:
+    return (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
