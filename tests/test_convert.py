@@ -221,7 +221,8 @@ _DTYPES = [
 ]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(specs=st.lists(st.tuples(st.sampled_from(range(len(_DTYPES))), st.integers(0, 600),
                                 st.booleans(), st.booleans()), min_size=1, max_size=6),
        threshold=st.sampled_from([0, 16, 1024]), form=st.sampled_from(FORMS))

@@ -4,7 +4,8 @@ An externalized Constant node becomes a ``FileConstant`` node in place (same nam
 output); an externalized initializer becomes a ``FileConstant`` node at the front of its
 graph. Attributes follow GE: ``location``, ``offset``, ``length``, ``dtype``, ``shape``, and
 ``file_id`` holds the payload's digest key. A few extra attributes (``origin``,
-``initializer_index``, ``constant_domain``, ``tensor_name``, ``encoding``) make the reverse conversion exact.
+``initializer_index``, ``constant_domain``, ``tensor_name``, ``encoding``) make the reverse
+conversion exact.
 """
 
 from __future__ import annotations
