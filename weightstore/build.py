@@ -49,7 +49,7 @@ from .summary import (
 class BuildOptions:
     store: str | None = None  # --store flag; highest priority
     jobs: int = min(8, os.cpu_count() or 4)
-    force: bool = False  # replace a package folder that holds a different build
+    force: bool = False  # rebuild and replace packages, even up-to-date or different ones
     progress: bool | None = None  # None: only on an interactive terminal
 
 
@@ -164,9 +164,10 @@ def _open_sources(loaded: LoadedRecipe) -> list[_Source]:
 def _existing_summary(target: Path, fingerprint: str, force: bool) -> dict[str, Any] | None:
     """The summary of an intact package built from the same inputs, else None.
 
-    A folder holding anything else is refused unless ``force`` is set.
+    A folder holding anything else is refused; ``force`` rebuilds and replaces whatever
+    is there.
     """
-    if not target.exists():
+    if force or not target.exists():
         return None
     summary_path = target / SUMMARY_NAME
     try:
@@ -176,8 +177,6 @@ def _existing_summary(target: Path, fingerprint: str, force: bool) -> dict[str, 
         summary, same = None, False
     if same and _intact(target, summary):
         return summary
-    if force:
-        return None
     what = "a different build" if summary is not None else "something that is not a package"
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",
                        folder=str(target))

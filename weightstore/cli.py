@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4),
                    help="worker threads for hashing and copying")
     b.add_argument("--force", action="store_true",
-                   help="replace a package folder that holds a different build")
+                   help="rebuild and replace package folders, even up-to-date or different ones")
     b.add_argument("--json", action="store_true", help="print the build summaries as JSON")
 
     s = sub.add_parser("store", help="inspect the weight store")

@@ -166,5 +166,6 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
             raise ModelError("not an ONNX model: no graph or ir_version", file=str(source))
         return Catalogue(source, model, stripper.payloads, size, buf)
     except BaseException:
-        buf.close()
+        with contextlib.suppress(BufferError):  # views held by the traceback: GC closes it
+            buf.close()
         raise

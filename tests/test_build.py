@@ -1,0 +1,270 @@
+"""`weightstore build` end to end: packages run bit-identically, dedup, determinism."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from weightstore.build import BuildOptions, build
+from weightstore.convert import convert_to_inline
+from weightstore.errors import PackageError
+from weightstore.samples import run_onnxruntime, sample_inputs
+from weightstore.store import WeightStore
+
+ALL_LAYOUTS = """
+  - {name: embedded, external_weight: embedded}
+  - {name: separate, external_weight: separate, size_threshold: 1024}
+  - {name: combined, external_weight: combined, alignment: 512, size_threshold: 1024}
+  - {name: combined-4k, external_weight: combined, alignment: 4096, size_threshold: 0}
+  - {name: ge-separate, external_weight: separate, constants: file-constant}
+  - {name: ge-combined, external_weight: combined, constants: file-constant}
+"""
+
+
+def write_recipe(folder: Path, models: dict[str, Path], layouts: str = ALL_LAYOUTS,
+                 extra: str = "") -> Path:
+    lines = ["package: pkg", 'version: "1.0.0"', "store: {hash: blake3}", "models:"]
+    lines += [f"  - {{name: {n}, source: {p}}}" for n, p in models.items()]
+    text = "\n".join(lines) + "\nlayouts:" + layouts + "output: out\n" + extra
+    path = folder / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def runnable(package_dir: Path, model_file: str, tmp_path: Path) -> Path:
+    """FileConstant packages are for GE-like runtimes: inline them to run in onnxruntime."""
+    path = package_dir / model_file
+    model = onnx.load(str(path), load_external_data=False)
+    if any(o.domain == "weightstore" for o in model.opset_import):
+        inlined = tmp_path / f"{package_dir.name}-{model_file}"
+        convert_to_inline(path, inlined)
+        return inlined
+    return path
+
+
+@pytest.fixture
+def built(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src})
+    result = build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=2))
+    return result, encoder_model
+
+
+def test_every_layout_runs_bit_identical(built, tmp_path):
+    result, model = built
+    assert [p.status for p in result.packages] == ["built"] * 6
+    for use_pooler in (True, False):
+        inputs = sample_inputs(model, seed=7)
+        inputs["use_pooler"] = np.array(use_pooler)
+        expected = run_onnxruntime(model, inputs)
+        for package in result.packages:
+            actual = run_onnxruntime(runnable(package.path, "encoder.onnx", tmp_path), inputs)
+            for e, a in zip(expected, actual, strict=True):
+                assert e.tobytes() == a.tobytes(), package.layout
+
+
+def test_checker_and_alignment(built):
+    result, _ = built
+    for package in result.packages:
+        path = package.path / "encoder.onnx"
+        onnx.checker.check_model(str(path), full_check=True)
+        layout = package.summary["layout"]
+        weights = package.summary["models"][0]["external_weights"]
+        if layout["external_weight"] == "embedded":
+            assert weights == [] and sorted(os.listdir(package.path)) == [
+                "encoder.onnx", "summary.json"]
+            continue
+        assert weights
+        for w in weights:
+            data = (package.path / w["location"]).read_bytes()
+            assert len(data) >= w["offset"] + w["size"]
+            if layout["external_weight"] == "combined":
+                assert w["offset"] % layout["alignment"] == 0
+                assert w["location"] == "encoder_weight_combined"
+            else:
+                assert w["location"] == "weight_" + w["id"].split(":")[1] and w["offset"] == 0
+        for f in package.summary["files"]:
+            assert (package.path / f["name"]).stat().st_size == f["size"]
+
+
+def test_weight_files_are_real_files(built):
+    result, _ = built
+    for package in result.packages:
+        for p in package.path.iterdir():
+            assert p.is_file() and not p.is_symlink() and p.stat().st_nlink == 1
+
+
+def test_summary_totals(built):
+    result, _ = built
+    package = next(p for p in result.packages if p.layout == "combined-4k")
+    s = package.summary
+    on_disk = json.loads((package.path / "summary.json").read_text())
+    assert on_disk == s and s["format_version"] == 1
+    t = s["totals"]
+    weights = s["models"][0]["external_weights"]
+    assert t["external_weights"] == len(weights)
+    assert t["referenced_bytes"] == sum(w["size"] for w in weights)
+    assert t["unique_payloads"] == len({w["id"] for w in weights})
+    assert t["weight_file_bytes"] == t["stored_payload_bytes"] + t["padding_bytes"]
+    assert t["dedup_saved_bytes"] == t["referenced_bytes"] - t["stored_payload_bytes"]
+
+
+def test_rebuild_is_up_to_date_and_byte_identical(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src})
+    first = build(recipe, BuildOptions(store=str(tmp_path / "s1"), jobs=1))
+    before = tree(tmp_path / "out")
+    again = build(recipe, BuildOptions(store=str(tmp_path / "s1"), jobs=1))
+    assert all(p.status == "up-to-date" for p in again.packages)
+    assert again.store_report == {}
+    assert tree(tmp_path / "out") == before
+    # a warm store, more threads, another output: the same bytes
+    os.rename(tmp_path / "out", tmp_path / "out-first")
+    build(recipe, BuildOptions(store=str(tmp_path / "s1"), jobs=4, force=True))
+    assert tree(tmp_path / "out") == before
+    # a cold store in another place: the same bytes
+    os.rename(tmp_path / "out", tmp_path / "out-second")
+    build(recipe, BuildOptions(store=str(tmp_path / "s2"), jobs=3))
+    assert tree(tmp_path / "out") == before
+    assert first.packages[0].summary == json.loads(
+        (tmp_path / "out/pkg/1.0.0/embedded/summary.json").read_text())
+
+
+def test_changed_source_refuses_then_force(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src})
+    build(recipe, BuildOptions(jobs=1))
+    before = tree(tmp_path / "out")
+    encoder_model.graph.initializer[0].raw_data = bytes(
+        len(encoder_model.graph.initializer[0].raw_data))
+    save_model(encoder_model, "models/encoder.onnx")
+    with pytest.raises(PackageError) as err:
+        build(recipe, BuildOptions(jobs=1))
+    assert "different build" in str(err.value)
+    assert tree(tmp_path / "out") == before
+    result = build(recipe, BuildOptions(jobs=1, force=True))
+    assert all(p.status == "built" for p in result.packages)
+    assert tree(tmp_path / "out") != before
+
+
+def test_damaged_package_is_rebuilt_only_with_force(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src})
+    build(recipe, BuildOptions(jobs=1))
+    victim = tmp_path / "out/pkg/1.0.0/combined/encoder_weight_combined"
+    victim.write_bytes(victim.read_bytes()[:100])
+    with pytest.raises(PackageError):
+        build(recipe, BuildOptions(jobs=1))
+    build(recipe, BuildOptions(jobs=1, force=True))
+    assert victim.stat().st_size > 100
+
+
+def test_dedup_across_models_and_builds(shared_pair, save_model, tmp_path):
+    a, b = shared_pair
+    paths = {"a": save_model(a, "a.onnx"), "b": save_model(b, "b.onnx")}
+    layouts = "\n  - {name: c, external_weight: combined, alignment: 512}\n"
+    recipe = write_recipe(tmp_path, paths, layouts)
+    store_dir = tmp_path / "store"
+    result = build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    summary = result.packages[0].summary
+    ids = {m["name"]: {w["id"]: w["size"] for w in m["external_weights"]}
+           for m in summary["models"]}
+    shared = ids["a"].keys() & ids["b"].keys()
+    assert shared and ids["a"].keys() != ids["b"].keys()
+    unique = {**ids["a"], **ids["b"]}
+    stats = WeightStore(store_dir).stats()
+    assert stats.objects == len(unique)
+    assert stats.payload_bytes == sum(unique.values())
+    assert stats.bytes_on_disk == stats.payload_bytes + stats.padding_bytes
+    report = result.store_report
+    assert report["written_objects"] == len(unique)
+    assert report["reused_objects"] == len(shared)  # b's shared payloads were already in
+    # a second recipe over the same store writes nothing new
+    other = tmp_path / "again"
+    other.mkdir()
+    recipe2 = write_recipe(other, paths, layouts.replace("name: c", "name: d"))
+    again = build(recipe2, BuildOptions(store=str(store_dir), jobs=2))
+    assert again.store_report["written_objects"] == 0
+    assert WeightStore(store_dir).verify().ok
+
+
+def test_separate_layout_shares_files_between_models(shared_pair, save_model, tmp_path):
+    a, b = shared_pair
+    paths = {"a": save_model(a, "a.onnx"), "b": save_model(b, "b.onnx")}
+    recipe = write_recipe(tmp_path, paths, "\n  - {name: s, external_weight: separate}\n")
+    summary = build(recipe, BuildOptions(jobs=2)).packages[0].summary
+    t = summary["totals"]
+    assert t["dedup_saved_bytes"] > 0
+    assert t["weight_files"] == t["unique_payloads"]
+
+
+def _build_in_process(args: tuple[str, str]) -> dict:
+    recipe, store = args
+    return build(recipe, BuildOptions(store=store, jobs=2)).store_report
+
+
+def test_concurrent_processes_share_one_store(shared_pair, save_model, tmp_path):
+    a, b = shared_pair
+    recipes = []
+    for i in range(4):
+        folder = tmp_path / f"r{i}"
+        folder.mkdir()
+        model = save_model(a if i % 2 else b, f"r{i}/m.onnx")
+        kind = "combined" if i < 2 else "separate"
+        recipes.append(str(write_recipe(folder, {"m": model},
+                                        f"\n  - {{name: l, external_weight: {kind}}}\n")))
+    store = tmp_path / "store"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        reports = pool.map(_build_in_process, [(r, str(store)) for r in recipes])
+    ws = WeightStore(store)
+    index = ws.index()
+    for recipe in recipes:
+        summary = json.loads((Path(recipe).parent / "out/pkg/1.0.0/l/summary.json").read_text())
+        for w in summary["models"][0]["external_weights"]:
+            assert w["id"] in index
+    assert sum(r["written_objects"] for r in reports) == len(index)
+    assert ws.verify().ok
+
+
+def test_packages_identical_to_store_bytes(built):
+    result, _ = built
+    store = WeightStore(result.store)
+    package = next(p for p in result.packages if p.layout == "separate")
+    for w in package.summary["models"][0]["external_weights"]:
+        obj = store.lookup(w["id"])
+        assert store.read(obj) == (package.path / w["location"]).read_bytes()
+
+
+def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_path,
+                                                monkeypatch):
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src})
+    import weightstore.build as build_module
+
+    calls = {"n": 0}
+    real = build_module.save_model
+
+    def failing(model, path):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device", str(path))
+        return real(model, path)
+
+    monkeypatch.setattr(build_module, "save_model", failing)
+    with pytest.raises(OSError):
+        build(recipe, BuildOptions(jobs=1))
+    version_dir = tmp_path / "out/pkg/1.0.0"
+    names = sorted(os.listdir(version_dir))
+    assert names == ["embedded", "separate"]  # the third package never appeared
+    assert not any(n.startswith(".") for n in names)
