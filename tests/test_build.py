@@ -268,3 +268,17 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
     names = sorted(os.listdir(version_dir))
     assert names == ["embedded", "separate"]  # the third package never appeared
     assert not any(n.startswith(".") for n in names)
+
+
+def test_embedded_refuses_models_over_protobuf_limit(encoder_model, save_model, tmp_path,
+                                                     monkeypatch):
+    import weightstore.model_io as model_io
+
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src},
+                          "\n  - {name: e, external_weight: embedded}\n")
+    monkeypatch.setattr(model_io, "PROTOBUF_LIMIT", 100_000)  # stands for 2 GiB
+    with pytest.raises(PackageError) as err:
+        build(recipe, BuildOptions(jobs=1))
+    assert "2 GiB" in str(err.value)
+    assert not (tmp_path / "out/pkg/1.0.0/e").exists()

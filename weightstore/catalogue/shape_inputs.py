@@ -7,9 +7,9 @@ size. The table is by (domain, op_type) -> input positions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import onnx
+
+from .graphs import iter_nodes
 
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,),
@@ -52,21 +52,6 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
 }
 
 
-def _nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    stack: list = [model.graph, *model.functions]
-    for info in model.training_info:
-        stack.extend([info.initialization, info.algorithm])
-    while stack:
-        container = stack.pop()
-        for node in container.node:
-            yield node
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    stack.append(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(attr.graphs)
-
-
 def shape_input_names(model: onnx.ModelProto) -> frozenset[str]:
     """Names of every value consumed at a shape-like input anywhere in the model.
 
@@ -74,7 +59,7 @@ def shape_input_names(model: onnx.ModelProto) -> frozenset[str]:
     shadowed, and keeping one extra tensor inline is the safe side.
     """
     names: set[str] = set()
-    for node in _nodes(model):
+    for node in iter_nodes(model):
         if node.domain not in ("", "ai.onnx"):
             continue
         for i in SHAPE_INPUTS.get(node.op_type, ()):

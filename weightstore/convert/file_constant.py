@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import onnx
 from onnx import helper
 
+from ..catalogue.graphs import iter_containers
 from ..errors import ConversionError
 from .encoding import set_payload
 from .placement import ExternalTensor
@@ -121,7 +122,7 @@ def restore_constants(model: onnx.ModelProto,
     number of nodes converted.
     """
     count = 0
-    for container, where in _containers(model):
+    for container, where in iter_containers(model):
         restored_inits: list[tuple[int, onnx.TensorProto]] = []
         drop: list[int] = []
         converted = 0
@@ -181,17 +182,3 @@ def _drop_domain(opsets) -> None:
         if o.domain == DOMAIN:
             del opsets[i]
             return
-
-
-def _containers(model: onnx.ModelProto):
-    stack: list = [(model.graph, f"graph '{model.graph.name}'")]
-    stack += [(f, f"function {f.domain}:{f.name}") for f in model.functions]
-    while stack:
-        container, where = stack.pop()
-        yield container, where
-        for node in container.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    stack.append((attr.g, f"graph '{attr.g.name}'"))
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend((g, f"graph '{g.name}'") for g in attr.graphs)

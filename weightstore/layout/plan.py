@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..fsio import align_up
-from ..hashing import split_key
+from ..store.layout import combined_file_name, separate_file_name
 
 Mode = Literal["embedded", "separate", "combined"]
 
@@ -47,14 +47,6 @@ class LayoutPlan:
     @property
     def padding(self) -> int:
         return sum(f.padding for f in self.files)
-
-
-def separate_file_name(key: str) -> str:
-    return f"weight_{split_key(key)[1]}"
-
-
-def combined_file_name(stem: str) -> str:
-    return f"{stem}_weight_combined"
 
 
 def check_alignment(alignment: int) -> None:
