@@ -7,19 +7,83 @@ are deliberately left out: they never change what a package holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
+from .fsio import atomic_write_bytes
 from .hashing import digest_bytes, digest_file, make_key
-from .recipe import Layout
+
+if TYPE_CHECKING:
+    from .recipe import Layout
 
 FINGERPRINT_ALGO = "blake3"
+CACHE_NAME = "source-digests.json"
+CACHE_FORMAT_VERSION = 1
+CACHE_LIMIT = 10_000
+RACY_SECONDS = 2
 
 
-def file_digest(path) -> str:
-    return make_key(FINGERPRINT_ALGO, digest_file(FINGERPRINT_ALGO, path))
+class FileDigests:
+    """Content digests of source files, each hashed at most once per build.
+
+    With a cache file, a digest is reused across builds while the file's size, inode,
+    mtime and ctime are unchanged (ctime cannot be set back by users, so any rewrite is
+    seen). As git does for its index, a file modified within the last
+    :data:`RACY_SECONDS` is not cached: timestamps are too coarse to trust for it.
+    """
+
+    def __init__(self, cache_file: Path | None = None) -> None:
+        self._cache: dict[Path, str] = {}
+        self._file = cache_file
+        self._saved: dict[str, dict[str, Any]] = _load_cache(cache_file)
+        self._fresh: dict[str, dict[str, Any]] = {}
+
+    def of(self, path: Path) -> str:
+        path = Path(path).resolve()
+        if path in self._cache:
+            return self._cache[path]
+        st = os.stat(path)
+        stamp = {"size": st.st_size, "ino": st.st_ino, "dev": st.st_dev,
+                 "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+        entry = self._saved.get(str(path))
+        if entry is not None and all(entry.get(k) == v for k, v in stamp.items()):
+            digest = entry["digest"]
+        else:
+            digest = make_key(FINGERPRINT_ALGO, digest_file(FINGERPRINT_ALGO, path))
+            if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_SECONDS * 10**9:
+                self._fresh[str(path)] = {**stamp, "digest": digest}
+        self._cache[path] = digest
+        return digest
+
+    def save(self) -> None:
+        """Write new entries to the cache file (last writer wins: it is only a cache)."""
+        if self._file is None or not self._fresh or not self._file.parent.is_dir():
+            return
+        entries = {**_load_cache(self._file), **self._fresh}
+        if len(entries) > CACHE_LIMIT:
+            entries = {k: v for k, v in entries.items() if os.path.exists(k)}
+        doc = {"format_version": CACHE_FORMAT_VERSION, "entries": entries}
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(self._file, json.dumps(doc, sort_keys=True).encode())
+
+
+def _load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
+    if path is None:
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format_version") == CACHE_FORMAT_VERSION and isinstance(
+                doc.get("entries"), dict):
+            return doc["entries"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
 
 
 def layout_fingerprint(*, package: str, version: str, hash_algo: str, layout: Layout,

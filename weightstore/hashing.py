@@ -17,7 +17,7 @@ from .errors import IntegrityError
 Algorithm = Literal["blake3", "sha256"]
 ALGORITHMS: tuple[str, ...] = ("blake3", "sha256")
 HEX_LENGTH = {"blake3": 64, "sha256": 64}
-CHUNK = 8 << 20
+CHUNK = 16 << 20
 
 
 class Hasher(Protocol):
@@ -42,20 +42,26 @@ def digest_bytes(algo: str, data: bytes | bytearray | memoryview) -> str:
 
 def digest_file(algo: str, path: str | os.PathLike[str], offset: int = 0,
                 length: int | None = None) -> str:
-    """Hex digest of ``length`` bytes of ``path`` starting at ``offset`` (to EOF if None)."""
+    """Hex digest of ``length`` bytes of ``path`` starting at ``offset`` (to EOF if None).
+
+    Reads into one reusable buffer: memory stays at one chunk whatever the range's size,
+    and the page cache (not this process) holds the file.
+    """
     h = new_hasher(algo)
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
         if length is None:
             length = os.fstat(f.fileno()).st_size - offset
         f.seek(offset)
+        buf = bytearray(min(CHUNK, max(length, 1)))
+        view = memoryview(buf)
         remaining = length
         while remaining > 0:
-            chunk = f.read(min(CHUNK, remaining))
-            if not chunk:
+            n = f.readinto(view[:min(len(buf), remaining)])
+            if not n:
                 raise IntegrityError("file is shorter than the range being hashed",
                                      path=os.fspath(path), offset=offset, length=length)
-            h.update(chunk)
-            remaining -= len(chunk)
+            h.update(view[:n])
+            remaining -= n
     return h.hexdigest()
 
 

@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import onnx
-
 from . import __version__
 from .layout.plan import LayoutPlan
 from .recipe import Layout
@@ -46,6 +44,7 @@ class ModelSummary:
     file: str
     model_bytes: int
     source_digest: str
+    external_sources: dict[str, str]  # external data location in the source -> digest
     inline_tensors: int
     inline_bytes: int
     external: tuple[ExternalWeightDesc, ...]
@@ -56,14 +55,11 @@ class ModelSummary:
             "file": self.file,
             "model_bytes": self.model_bytes,
             "source_digest": self.source_digest,
+            "external_sources": dict(sorted(self.external_sources.items())),
             "inline_tensors": self.inline_tensors,
             "inline_bytes": self.inline_bytes,
             "external_weights": [w.to_dict() for w in self.external],
         }
-
-
-def dtype_name(data_type: int) -> str:
-    return onnx.TensorProto.DataType.Name(data_type)
 
 
 def package_summary(*, package: str, version: str, layout: Layout, hash_algo: str,

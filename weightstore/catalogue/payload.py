@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..errors import ExternalDataError, ModelError, PathEscapeError
+from ..errors import ExternalDataError, ModelError
 from ..fsio import read_exact
+from .locations import resolve_location
 from .reader import Catalogue
 from .sites import TensorSite
 
@@ -72,25 +73,6 @@ class PayloadDescriptor:
 
 def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in tensor.external_data}
-
-
-def resolve_location(base_dir: Path, location: str, *, where: str) -> Path:
-    """Resolve an external-data location, refusing anything that leaves ``base_dir``."""
-    if not location:
-        raise ExternalDataError("external data has no location", where=where)
-    if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
-        raise PathEscapeError("external data location is absolute", where=where,
-                              location=location)
-    parts = location.replace("\\", "/").split("/")
-    if ".." in parts:
-        raise PathEscapeError("external data location leaves the model's folder",
-                              where=where, location=location)
-    base = base_dir.resolve()
-    target = (base / location).resolve()
-    if base != target and base not in target.parents:
-        raise PathEscapeError("external data location leaves the model's folder",
-                              where=where, location=location)
-    return target
 
 
 def _int_field(info: dict[str, str], key: str, where: str) -> int | None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from ..catalogue.payload import describe, read_file_range, read_payload, resolve_location
+from ..catalogue.locations import resolve_location
+from ..catalogue.payload import describe, read_file_range, read_payload
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError, ExternalDataError, IntegrityError

@@ -29,7 +29,6 @@ from .file_constant import apply_file_constant, can_hold
 from .placement import ExternalTensor, Placement
 
 Form = str  # "external-data" | "file-constant"
-HASH_CHUNK = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -132,20 +131,10 @@ class ModelWeights:
         return [Weight(w.site, w.payload, self.keys[w.site.path]) for w in weights]
 
     def _digest(self, desc: PayloadDescriptor, algo: str) -> str:
-        if desc.encoding != "raw":
-            h = new_hasher(algo)
-            h.update(read_payload(desc, self.catalogue))
-            return h.hexdigest()
-        if desc.file != self.catalogue.source:
+        if desc.encoding == "raw":  # streamed by pread: the mapping's pages stay untouched
             return digest_file(algo, desc.file, desc.offset, desc.length)
         h = new_hasher(algo)
-        for start in range(desc.offset, desc.offset + desc.length, HASH_CHUNK):
-            n = min(HASH_CHUNK, desc.offset + desc.length - start)
-            view = self.catalogue.view(start, n)
-            try:
-                h.update(view)
-            finally:
-                view.release()
+        h.update(read_payload(desc, self.catalogue))
         return h.hexdigest()
 
     def read(self, weight: Weight) -> bytes:

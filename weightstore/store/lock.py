@@ -11,8 +11,6 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from ..errors import StoreError
 from .layout import LOCK_NAME
 
@@ -20,6 +18,8 @@ from .layout import LOCK_NAME
 @contextlib.contextmanager
 def store_lock(root: Path, timeout: float) -> Iterator[Path]:
     """Hold ``<root>/meta.json.lock`` exclusively (negative timeout: wait forever)."""
+    from filelock import FileLock, Timeout  # imported on first use: it costs ~35 ms
+
     path = root / LOCK_NAME
     lock = FileLock(path, timeout=timeout)
     try:

@@ -1,0 +1,1 @@
+"""Metadata-only reading of ONNX models: structure and payload locations, no bytes."""

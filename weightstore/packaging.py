@@ -1,0 +1,205 @@
+"""Writing packages: catalogued sources -> store -> one folder per layout.
+
+Everything here needs onnx and the catalogue; :mod:`weightstore.build` imports this module
+only when some package actually has to be written, so an up-to-date rebuild stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from .catalogue.payload import expected_nbytes
+from .catalogue.schema import Path as TensorPath
+from .convert.placement import Placement
+from .convert.weights import ModelWeights, Weight
+from .errors import StoreError
+from .fsio import publish_dir
+from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_layout
+from .layout.writer import FileRange, write_plan
+from .model_io import save_model
+from .progress import Progress
+from .recipe import Layout, Recipe
+from .store import PayloadSource, WeightStore
+from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
+
+
+@dataclass
+class Source:
+    """One recipe model, catalogued, with the identity that enters the fingerprint."""
+
+    name: str
+    weights: ModelWeights
+    identity: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def external_files(self) -> list[tuple[str, Path]]:
+        """``(location, path)`` of every external data file the source model references."""
+        return sorted({(d.location, d.file) for d in self.weights.descriptors.values()
+                       if d.location is not None})
+
+
+def open_sources(models: list[tuple[str, Path]]) -> list[Source]:
+    """Catalogue every model (metadata only); closes what it opened on failure."""
+    sources: list[Source] = []
+    try:
+        for name, path in models:
+            sources.append(Source(name, ModelWeights.open(path)))
+    except BaseException:
+        close_sources(sources)
+        raise
+    return sources
+
+
+def close_sources(sources: list[Source]) -> None:
+    for s in sources:
+        s.weights.close()
+
+
+class _WeightPayload:
+    """A catalogued weight handed to the store (a :class:`PayloadSource`)."""
+
+    def __init__(self, mw: ModelWeights, weight: Weight) -> None:
+        self._mw = mw
+        self._w = weight
+        self.key = weight.key
+        self.size = weight.size
+
+    def read(self) -> bytes:
+        return self._mw.read(self._w)
+
+    def file_range(self) -> tuple[str, int] | None:
+        p = self._w.payload
+        return (str(p.file), p.offset) if p.encoding == "raw" else None
+
+
+def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout], algo: str,
+               jobs: int, progress: bool | None) -> dict[str, int]:
+    """Hash every payload some layout externalizes and put it into the store once."""
+    combined = any(layout.external_weight == "combined" for layout in layouts)
+    per_model: list[tuple[Source, list[Weight]]] = []
+    for s in sources:
+        chosen: dict[TensorPath, Weight] = {}
+        for layout in layouts:
+            for w in s.weights.select(layout.size_threshold, layout.constants):
+                chosen.setdefault(w.site.path, w)
+        per_model.append((s, [w for site in s.weights.sites if (w := chosen.get(site.path))]))
+    total = sum(w.size for _, ws in per_model for w in ws)
+    report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
+                            "reused_bytes", "padding_bytes"), 0)
+    with Progress("hashing", total, enabled=progress) as bar:
+        hashed = [(s, s.weights.hash(ws, algo, jobs, bar.advance)) for s, ws in per_model]
+    with Progress("storing", total, enabled=progress) as bar:
+        for s, ws in hashed:
+            payloads: list[PayloadSource] = [_WeightPayload(s.weights, w) for w in ws]
+            put = store.put(payloads, kind="combined" if combined else "separate",
+                            combined_name=s.name if combined else None,
+                            alignment=max(layout.alignment for layout in layouts), jobs=jobs)
+            for k, v in put.to_dict().items():
+                report[k] += v
+            bar.advance(sum(w.size for w in ws))
+    return report
+
+
+def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
+                 ) -> tuple[LayoutPlan, dict[str, dict[str, PlannedPayload]]]:
+    """One plan for the package folder, and each model's key -> planned payload map.
+
+    Separate files are shared by every model of the package; combined files are per model.
+    """
+    mode = layout.external_weight
+    if mode == "separate":
+        everything = [(w.key, w.size) for _, ws in per_model for w in ws]
+        plan = plan_layout("", everything, mode, layout.alignment)
+        where = plan.placement()
+        return plan, {s.name: where for s, _ in per_model}
+    files: list[PlannedFile] = []
+    maps: dict[str, dict[str, PlannedPayload]] = {}
+    for s, ws in per_model:
+        plan = plan_layout(s.name, [(w.key, w.size) for w in ws], mode, layout.alignment)
+        files.extend(plan.files)
+        maps[s.name] = plan.placement()
+    return LayoutPlan(mode, layout.alignment, tuple(files)), maps
+
+
+def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str,
+                  sources: list[Source], store: WeightStore, jobs: int,
+                  progress: bool | None) -> dict[str, Any]:
+    """Build one layout's folder under a temp name and rename it into place."""
+    per_model = []
+    for s in sources:
+        ws: list[Weight] = []
+        if layout.external_weight != "embedded":
+            ws = s.weights.hash(s.weights.select(layout.size_threshold, layout.constants),
+                                recipe.store.hash, jobs)
+        per_model.append((s, ws))
+    plan, maps = _layout_plan(layout, per_model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp: Path | None = Path(tempfile.mkdtemp(prefix=f".{layout.name}.", suffix=".tmp",
+                                             dir=target.parent))
+    try:
+        def locate(key: str) -> FileRange:
+            obj = store.lookup(key)
+            if obj is None:
+                raise StoreError("payload vanished from the store", key=key,
+                                 store=str(store.root))
+            return FileRange(store.path_of(obj), obj.offset)
+
+        with Progress(f"packaging {layout.name}", sum(f.size for f in plan.files),
+                      enabled=progress) as bar:
+            write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance)
+        models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout)
+                  for s, ws in per_model]
+        summary = package_summary(package=recipe.package, version=recipe.version,
+                                  layout=layout, hash_algo=recipe.store.hash,
+                                  fingerprint=fingerprint, models=models, plan=plan)
+        (tmp / SUMMARY_NAME).write_bytes(render(summary))
+        for f in tmp.iterdir():
+            _fsync_file(f)
+        publish_dir(tmp, target)
+        tmp = None
+        return summary
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_model(folder: Path, source: Source, weights: list[Weight],
+                 where: dict[str, PlannedPayload], layout: Layout) -> ModelSummary:
+    placements = {
+        w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)
+        for w in weights
+    }
+    model = source.weights.materialize(placements, layout.constants)
+    file_name = f"{source.name}.onnx"
+    size = save_model(model, folder / file_name)
+    inline = [d for p, d in source.weights.descriptors.items() if p not in placements]
+    external = tuple(
+        ExternalWeightDesc(
+            id=w.key, name=w.site.value_name, where=w.site.where,
+            location=placements[w.site.path].location,
+            offset=placements[w.site.path].offset, size=w.size,
+            dtype=onnx.TensorProto.DataType.Name(w.site.tensor.data_type),
+            shape=tuple(w.site.tensor.dims))
+        for w in weights)
+    return ModelSummary(
+        name=source.name, file=file_name, model_bytes=size,
+        source_digest=source.identity["source_digest"],
+        external_sources=source.identity["external"],
+        inline_tensors=len(inline),
+        inline_bytes=sum(expected_nbytes(d.data_type, d.dims) or d.length for d in inline),
+        external=external)
