@@ -7,8 +7,10 @@ from ``os.wait4``; interpreter start-up is therefore part of every variant alike
 cache cannot be dropped without root, so each variant gets one untimed warm-up run and all
 of them see a warm cache; ``os.sync()`` runs (untimed) before every run so that writeback
 left over from the previous one does not land on the next. fsync calls made by the measured
-program stay in: they are part of its real cost. Repetitions are interleaved (round 1 of
-every variant, then round 2, ...) so that machine noise spreads evenly.
+program stay in: they are part of its real cost. Children keep compiled bytecode in the
+workdir, so imports cost what they cost for an installed package. Repetitions are
+interleaved (round 1 of every variant, then round 2, ...) so that machine noise spreads
+evenly.
 
 Variants:
 
@@ -22,8 +24,9 @@ This is a measurement, not a gate: the exit code is 0 whatever the figures (2 on
 measured command fails, since then there is nothing to report).
 
 The parent process never imports onnx or numpy, and the model is generated in a subprocess:
-on Linux a child's ``ru_maxrss`` starts from the RSS of the process that spawned it, so a
-large parent would inflate every figure.
+on Linux a child's ``ru_maxrss`` starts from the peak RSS of the process that spawned it, so
+a large parent would inflate every figure. That peak is printed as the RSS floor: a figure
+equal to it means "at most this much".
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,6 +48,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 1_000_000
+RSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: KiB on Linux, bytes on macOS
 PACKAGE, VERSION, LAYOUT, MODEL_NAME = "bench", "1.0.0", "release", "large"
 
 RECIPE = """\
@@ -84,10 +88,6 @@ import shutil, sys
 shutil.copyfile(sys.argv[1], sys.argv[2])
 """
 
-STATUS_LINE = re.compile(rf"^\s*(built|up-to-date) {LAYOUT}:", re.MULTILINE)
-WROTE = re.compile(r"wrote (\d+) objects")
-
-
 class BenchError(Exception):
     """A measured command failed or did not do what its variant expects."""
 
@@ -113,18 +113,23 @@ class Variant:
                 "max_s": max(times), "peak_rss_bytes": rss, "max_peak_rss_bytes": max(rss)}
 
 
-def _env() -> dict[str, str]:
-    """The environment for children: this checkout first on the import path."""
+def child_env(workdir: Path) -> dict[str, str]:
+    """The environment for children: this checkout first on the import path, and a bytecode
+    cache in the workdir, so that no variant recompiles its modules on every run (as an
+    installed package would not) even where ``PYTHONDONTWRITEBYTECODE`` is set."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
     return env
 
 
 def measure(argv: list[str], log: Path) -> Run:
     """Run ``argv`` in a fresh process; wall time around it and its peak RSS."""
+    env = child_env(log.parent)
     with open(log, "w+b") as out:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_env(),
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
@@ -133,8 +138,12 @@ def measure(argv: list[str], log: Path) -> Run:
         text = out.read().decode("utf-8", "replace")
     if proc.returncode != 0:
         raise BenchError(f"{' '.join(argv)} exited with {proc.returncode}:\n{text}")
-    scale = 1 if sys.platform == "darwin" else 1024  # Linux reports KiB, macOS bytes
-    return Run(seconds, usage.ru_maxrss * scale, text)
+    return Run(seconds, usage.ru_maxrss * RSS_UNIT, text)
+
+
+def rss_floor() -> int:
+    """This process's peak RSS: the lowest peak any child can report."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * RSS_UNIT
 
 
 def _rm(path: Path) -> None:
@@ -164,15 +173,18 @@ def make_inputs(workdir: Path, size_mb: int) -> tuple[Path, Path]:
 
 def _expect(status: str, wrote: Callable[[int], bool] | None = None,
             ) -> Callable[[str], str | None]:
-    """A check that the build printed ``status`` for the layout (and a plausible store line)."""
+    """A check of ``build --json`` output: the layout's status, and the objects written."""
     def check(out: str) -> str | None:
-        found = STATUS_LINE.findall(out)
+        try:
+            result = json.loads(out)
+            found = [p["status"] for p in result["packages"] if p["layout"] == LAYOUT]
+            written = result.get("store_report", {}).get("written_objects")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "build printed no readable JSON"
         if found != [status]:
-            return f"expected '{status}', build printed {found or 'no status'}"
-        if wrote is not None:
-            m = WROTE.search(out)
-            if m is None or not wrote(int(m.group(1))):
-                return f"unexpected store report: {m.group(0) if m else 'none'}"
+            return f"expected '{status}', build reported {found or 'no package'}"
+        if wrote is not None and not (isinstance(written, int) and wrote(written)):
+            return f"unexpected number of objects written to the store: {written}"
         return None
     return check
 
@@ -184,7 +196,8 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
     onnx_dir, copy_path = workdir / "onnx-out", workdir / "copy.onnx"
 
     def build(store: Path) -> list[str]:
-        return [sys.executable, "-m", "weightstore", "build", str(recipe), "--store", str(store)]
+        return [sys.executable, "-m", "weightstore", "build", str(recipe), "--store", str(store),
+                "--json"]
 
     def untimed_build(store: Path) -> None:
         measure(build(store), workdir / "setup.log")
@@ -263,7 +276,8 @@ def report(variants: list[Variant], found: list[Ratio], model: str, model_bytes:
            runs: int) -> str:
     lines = [
         f"model {model}: {model_bytes / MB:.1f} MB, {runs} run(s) per variant, "
-        f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}",
+        f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, "
+        f"RSS floor {rss_floor() / MB:.1f} MB",
         "",
         f"{'variant':<11}{'median s':>10}{'min s':>9}{'max s':>9}{'peak RSS MB':>13}",
     ]
@@ -294,6 +308,7 @@ def as_json(variants: list[Variant], found: list[Ratio], model: str, model_bytes
         "runs": runs,
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
+        "rss_floor_bytes": rss_floor(),
         "variants": {v.name: v.figures() for v in variants},
         "ratios": [{"name": r.name, "value": r.value, "target": r.target, "pass": r.passed}
                    for r in found],
@@ -313,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1 or args.size_mb < 1:
         p.error("--runs and --size-mb must be at least 1")
+    if args.size_mb < 200:
+        _log("note: below 200 MB, interpreter start-up and imports dominate every ratio")
 
     temp = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="weightstore-bench-")) if temp else args.workdir

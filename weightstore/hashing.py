@@ -7,6 +7,7 @@ hashing on a thread pool runs in parallel.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from typing import Literal, Protocol
 
@@ -17,7 +18,7 @@ from .errors import IntegrityError
 Algorithm = Literal["blake3", "sha256"]
 ALGORITHMS: tuple[str, ...] = ("blake3", "sha256")
 HEX_LENGTH = {"blake3": 64, "sha256": 64}
-CHUNK = 16 << 20
+WINDOW = 64 << 20
 
 
 class Hasher(Protocol):
@@ -42,26 +43,38 @@ def digest_bytes(algo: str, data: bytes | bytearray | memoryview) -> str:
 
 def digest_file(algo: str, path: str | os.PathLike[str], offset: int = 0,
                 length: int | None = None) -> str:
-    """Hex digest of ``length`` bytes of ``path`` starting at ``offset`` (to EOF if None).
-
-    Reads into one reusable buffer: memory stays at one chunk whatever the range's size,
-    and the page cache (not this process) holds the file.
-    """
-    h = new_hasher(algo)
-    with open(path, "rb", buffering=0) as f:
+    """Hex digest of ``length`` bytes of ``path`` starting at ``offset`` (to EOF if None)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
         if length is None:
-            length = os.fstat(f.fileno()).st_size - offset
-        f.seek(offset)
-        buf = bytearray(min(CHUNK, max(length, 1)))
-        view = memoryview(buf)
-        remaining = length
-        while remaining > 0:
-            n = f.readinto(view[:min(len(buf), remaining)])
-            if not n:
-                raise IntegrityError("file is shorter than the range being hashed",
-                                     path=os.fspath(path), offset=offset, length=length)
-            h.update(view[:n])
-            remaining -= n
+            length = os.fstat(fd).st_size - offset
+        return digest_fd(algo, fd, offset, length, name=os.fspath(path))
+    finally:
+        os.close(fd)
+
+
+def digest_fd(algo: str, fd: int, offset: int, length: int, *, name: str = "") -> str:
+    """Hex digest of a byte range of an open file.
+
+    The range is mapped one window at a time and each window unmapped before the next:
+    hashing reads straight from the page cache (no copy into Python), and the process's
+    resident memory stays at one window whatever the range's size.
+    """
+    if offset < 0 or length < 0 or offset + length > os.fstat(fd).st_size:
+        raise IntegrityError("file is shorter than the range being hashed", path=name,
+                             offset=offset, length=length)
+    h = new_hasher(algo)
+    pos, end = offset, offset + length
+    while pos < end:
+        start = pos - pos % mmap.ALLOCATIONGRANULARITY
+        size = min(WINDOW, end - start)
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ, offset=start) as window:
+            view = memoryview(window)
+            try:
+                h.update(view[pos - start:])
+            finally:
+                view.release()
+        pos = start + size
     return h.hexdigest()
 
 

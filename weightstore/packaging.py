@@ -17,10 +17,12 @@ import onnx
 
 from .catalogue.payload import expected_nbytes
 from .catalogue.schema import Path as TensorPath
+from .catalogue.schema import path_str
 from .convert.placement import Placement
 from .convert.weights import ModelWeights, Weight
 from .errors import StoreError
 from .fsio import publish_dir
+from .keycache import PayloadKeyCache
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_layout
 from .layout.writer import FileRange, write_plan
 from .model_io import save_model
@@ -90,7 +92,17 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             for w in s.weights.select(layout.size_threshold, layout.constants):
                 chosen.setdefault(w.site.path, w)
         per_model.append((s, [w for site in s.weights.sites if (w := chosen.get(site.path))]))
-    total = sum(w.size for _, ws in per_model for w in ws)
+    cache = PayloadKeyCache(store.root)
+    index = store.index()
+    for s, ws in per_model:
+        cached = cache.load(s.identity, algo)
+        for w in ws:
+            key = cached.get(path_str(w.site.path))
+            obj = index.get(key) if key else None
+            if obj is not None and obj.size == w.size:
+                s.weights.keys.setdefault(w.site.path, key)
+    total = sum(w.size for _, ws in per_model for w in ws
+                if w.site.path not in s.weights.keys)
     report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
                             "reused_bytes", "padding_bytes"), 0)
     with Progress("hashing", total, enabled=progress) as bar:
@@ -104,6 +116,7 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             for k, v in put.to_dict().items():
                 report[k] += v
             bar.advance(sum(w.size for w in ws))
+            cache.save(s.identity, algo, {path_str(w.site.path): w.key for w in ws})
     return report
 
 

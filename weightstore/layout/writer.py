@@ -15,10 +15,8 @@ from pathlib import Path
 
 from ..errors import IntegrityError
 from ..fsio import atomic_writer, copy_range, write_all
-from ..hashing import new_hasher, split_key
+from ..hashing import digest_fd, split_key
 from .plan import LayoutPlan, PlannedFile
-
-VERIFY_CHUNK = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -70,16 +68,7 @@ def _write_file(planned: PlannedFile, path: Path, locate: PayloadLocator) -> Non
 
 def _verify(fd: int, key: str, offset: int, size: int, path: Path) -> None:
     algo, expected = split_key(key)
-    h = new_hasher(algo)
-    end = offset + size
-    pos = offset
-    while pos < end:
-        chunk = os.pread(fd, min(VERIFY_CHUNK, end - pos), pos)
-        if not chunk:
-            break
-        h.update(chunk)
-        pos += len(chunk)
-    actual = h.hexdigest()
-    if pos != end or actual != expected:
+    actual = digest_fd(algo, fd, offset, size, name=path.name)
+    if actual != expected:
         raise IntegrityError("written payload does not match its digest", key=key,
                              actual=f"{algo}:{actual}", file=path.name, offset=offset)

@@ -1,16 +1,30 @@
 """Content-addressed weight store: payload bytes keyed by digest, deduplicated across builds.
 
-See :mod:`weightstore.store.writer` for the on-disk layout.
+See :mod:`weightstore.store.writer` for the on-disk layout. Names are loaded on first use
+(PEP 562), so that resolving the store's location does not import the writer, the
+verifier and the lock: an up-to-date ``weightstore build`` needs none of them.
 """
 
 from __future__ import annotations
 
-from .index import FORMAT_VERSION, StoredObject
-from .location import ENV_VAR, resolve_store_path, user_cache_dir
-from .payload import BytesPayload, FilePayload, PayloadSource
-from .stats import StoreStats
-from .store import PutReport, WeightStore
-from .verify import Problem, VerifyReport
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "ENV_VAR": "location",
+    "resolve_store_path": "location",
+    "user_cache_dir": "location",
+    "FORMAT_VERSION": "index",
+    "StoredObject": "index",
+    "BytesPayload": "payload",
+    "FilePayload": "payload",
+    "PayloadSource": "payload",
+    "StoreStats": "stats",
+    "PutReport": "store",
+    "WeightStore": "store",
+    "Problem": "verify",
+    "VerifyReport": "verify",
+}
 
 __all__ = [
     "ENV_VAR",
@@ -27,3 +41,24 @@ __all__ = [
     "resolve_store_path",
     "user_cache_dir",
 ]
+
+if TYPE_CHECKING:
+    from .index import FORMAT_VERSION, StoredObject
+    from .location import ENV_VAR, resolve_store_path, user_cache_dir
+    from .payload import BytesPayload, FilePayload, PayloadSource
+    from .stats import StoreStats
+    from .store import PutReport, WeightStore
+    from .verify import Problem, VerifyReport
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
