@@ -6,7 +6,6 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from .catalogue.schema import path_str
 from .convert.placement import Placement
 from .convert.weights import ModelWeights, Weight
 from .errors import StoreError
-from .fsio import publish_dir
+from .fsio import atomic_write_bytes, publish_dir
 from .keycache import PayloadKeyCache
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_layout
 from .layout.writer import FileRange, write_plan
@@ -172,23 +171,13 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan)
-        (tmp / SUMMARY_NAME).write_bytes(render(summary))
-        for f in tmp.iterdir():
-            _fsync_file(f)
+        atomic_write_bytes(tmp / SUMMARY_NAME, render(summary))  # every file is fsynced
         publish_dir(tmp, target)
         tmp = None
         return summary
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_model(folder: Path, source: Source, weights: list[Weight],
