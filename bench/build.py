@@ -1,6 +1,6 @@
 """Benchmark ``weightstore build`` against ``onnx.save_model`` and a plain file copy.
 
-Usage: ``python bench/build.py [--size-mb 256] [--runs 5] [--workdir DIR] [--keep] [--json]``
+Usage: ``python bench/build.py [--size-mb 256,1024] [--runs 5] [--workdir DIR] [--keep] [--json]``
 
 Every measured run is a fresh subprocess, timed around the process, with its peak RSS taken
 from ``os.wait4``; interpreter start-up is therefore part of every variant alike. The page
@@ -315,37 +315,58 @@ def as_json(variants: list[Variant], found: list[Ratio], model: str, model_bytes
     }
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("a comma-separated list of sizes in MB") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("sizes must be at least 1 MB")
+    return sizes
+
+
+def bench_size(size_mb: int, runs: int, workdir: Path) -> tuple[list[Variant], list[Ratio],
+                                                                 Path, int]:
+    model, recipe = make_inputs(workdir, size_mb)
+    model_bytes = model.stat().st_size
+    variants = make_variants(workdir, model, recipe)
+    _log("warm-up (untimed): " + ", ".join(v.name for v in variants))
+    for v in variants:
+        run_once(v, workdir)
+    for i in range(runs):
+        _log(f"{size_mb} MB: round {i + 1}/{runs}")
+        for v in variants:
+            v.runs.append(run_once(v, workdir))
+    return variants, ratios({v.name: v for v in variants}, model_bytes), model, model_bytes
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size-mb", type=int, default=256,
-                   help="weights in the generated model, in MB of 10^6 bytes (default 256)")
+    p.add_argument("--size-mb", type=_sizes, default=[256, 1024],
+                   help="weights in the generated model(s), in MB of 10^6 bytes, comma-"
+                        "separated; each size is a separate table (default 256,1024)")
     p.add_argument("--runs", type=int, default=5, help="timed runs per variant (default 5)")
     p.add_argument("--workdir", type=Path,
-                   help="folder for the model, stores and outputs; kept, and the model is "
+                   help="folder for the models, stores and outputs; kept, and the models are "
                         "reused by later runs (default: a temp folder)")
     p.add_argument("--keep", action="store_true", help="keep the temp folder")
     p.add_argument("--json", action="store_true", help="print all figures as JSON")
     args = p.parse_args(argv)
-    if args.runs < 1 or args.size_mb < 1:
-        p.error("--runs and --size-mb must be at least 1")
-    if args.size_mb < 200:
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    if min(args.size_mb) < 200:
         _log("note: below 200 MB, interpreter start-up and imports dominate every ratio")
 
     temp = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="weightstore-bench-")) if temp else args.workdir
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    results = []
     try:
-        model, recipe = make_inputs(workdir, args.size_mb)
-        model_bytes = model.stat().st_size
-        variants = make_variants(workdir, model, recipe)
-        _log("warm-up (untimed): " + ", ".join(v.name for v in variants))
-        for v in variants:
-            run_once(v, workdir)
-        for i in range(args.runs):
-            _log(f"round {i + 1}/{args.runs}")
-            for v in variants:
-                v.runs.append(run_once(v, workdir))
+        for size in args.size_mb:
+            sub = workdir / f"{size}mb"
+            sub.mkdir(exist_ok=True)
+            results.append(bench_size(size, args.runs, sub))
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
@@ -355,11 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         elif temp:
             _log(f"kept {workdir}")
 
-    found = ratios({v.name: v for v in variants}, model_bytes)
     if args.json:
-        print(json.dumps(as_json(variants, found, model.name, model_bytes, args.runs), indent=2))
+        print(json.dumps([as_json(v, f, m.name, b, args.runs) for v, f, m, b in results],
+                         indent=2))
     else:
-        print(report(variants, found, model.name, model_bytes, args.runs))
+        print("\n\n".join(report(v, f, m.name, b, args.runs) for v, f, m, b in results))
     return 0
 
 

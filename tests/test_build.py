@@ -282,3 +282,24 @@ def test_embedded_refuses_models_over_protobuf_limit(encoder_model, save_model, 
         build(recipe, BuildOptions(jobs=1))
     assert "2 GiB" in str(err.value)
     assert not (tmp_path / "out/pkg/1.0.0/e").exists()
+
+
+def test_sha256_store_and_packages(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src},
+                          "\n  - {name: c, external_weight: combined}\n")
+    recipe.write_text(recipe.read_text().replace("hash: blake3", "hash: sha256"))
+    result = build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=2))
+    summary = result.packages[0].summary
+    assert summary["hash"] == "sha256"
+    ids = [w["id"] for w in summary["models"][0]["external_weights"]]
+    assert ids and all(i.startswith("sha256:") for i in ids)
+    model = onnx.load(str(result.packages[0].path / "encoder.onnx"), load_external_data=False)
+    checksums = {e.value for t in model.graph.initializer for e in t.external_data
+                 if e.key == "checksum"}
+    assert checksums <= set(ids) and checksums
+    assert all(k.startswith("sha256:") for k in WeightStore(result.store).index())
+    inputs = sample_inputs(encoder_model)
+    expected = run_onnxruntime(encoder_model, inputs)
+    actual = run_onnxruntime(result.packages[0].path / "encoder.onnx", inputs)
+    assert all(e.tobytes() == a.tobytes() for e, a in zip(expected, actual, strict=True))
