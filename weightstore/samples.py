@@ -406,15 +406,9 @@ def make_shared_pair(seed: int = 0) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     return first, second
 
 
-def make_large_model(
-    total_bytes: int, *, seed: int = 0, tensor_bytes: int = 16 << 20
-) -> onnx.ModelProto:
-    """A valid chain whose raw_data initializers add up to about ``total_bytes``.
-
-    Input ``x`` float [1, width]; each table T [rows, width] contributes
-    ``x = tanh(x + mean(Gemm(x, T, transB=1)))``; output ``y`` [1, width]. Every table is at
-    most ``tensor_bytes`` and the total is exact to within one row (4 * width bytes).
-    """
+def _large_chain(total_bytes: int, seed: int, tensor_bytes: int,
+                 ) -> tuple[onnx.ModelProto, list[Callable[[], np.ndarray]]]:
+    """The chain model with empty tables, and one generator of each table's values."""
     if total_bytes < 4:
         raise ValueError(f"total_bytes must be at least 4, got {total_bytes}")
     if tensor_bytes < 4:
@@ -424,15 +418,22 @@ def make_large_model(
     rows_per_tensor = tensor_bytes // row_bytes
     total_rows = max(1, round(total_bytes / row_bytes))
     b = _Builder(lambda _name: seed, prefix="chain_")
+    makers: list[Callable[[], np.ndarray]] = []
     x = "x"
     index = 0
     while total_rows > 0:
         rows = min(rows_per_tensor, total_rows)
         total_rows -= rows
         name = f"chain.{index}.weight"
-        table = _rng(seed, name).standard_normal((rows, width), dtype=np.float32)
-        table *= np.float32(WEIGHT_STD)
-        b.init(name, table)
+
+        def table(name: str = name, rows: int = rows) -> np.ndarray:
+            values = _rng(seed, name).standard_normal((rows, width), dtype=np.float32)
+            values *= np.float32(WEIGHT_STD)
+            return values
+
+        makers.append(table)
+        b.initializers.append(TensorProto(name=name, data_type=TensorProto.FLOAT,
+                                          dims=[rows, width]))
         proj = b.node("Gemm", [x, name], transB=1)
         mean = b.node("ReduceMean", [proj], axes=[1], keepdims=1)
         x = b.node("Tanh", [b.node("Add", [x, mean])])
@@ -445,12 +446,75 @@ def make_large_model(
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])],
         initializer=b.initializers,
     )
-    return helper.make_model(
+    model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
         ir_version=IR_VERSION,
         producer_name=PRODUCER,
     )
+    return model, makers
+
+
+def make_large_model(
+    total_bytes: int, *, seed: int = 0, tensor_bytes: int = 16 << 20
+) -> onnx.ModelProto:
+    """A valid chain whose raw_data initializers add up to about ``total_bytes``.
+
+    Input ``x`` float [1, width]; each table T [rows, width] contributes
+    ``x = tanh(x + mean(Gemm(x, T, transB=1)))``; output ``y`` [1, width]. Every table is at
+    most ``tensor_bytes`` and the total is exact to within one row (4 * width bytes).
+    """
+    model, makers = _large_chain(total_bytes, seed, tensor_bytes)
+    for tensor, make in zip(model.graph.initializer, makers, strict=True):
+        tensor.raw_data = make().tobytes()
+    return model
+
+
+def _tag(number: int, wire_type: int = 2) -> bytes:
+    return _varint((number << 3) | wire_type)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def write_large_single_file(path: str | Path, total_bytes: int, *, seed: int = 0,
+                            tensor_bytes: int = 64 << 20) -> Path:
+    """Write :func:`make_large_model`'s chain as ONE file with inline weights, any size.
+
+    protobuf cannot serialize a message over 2 GiB, so the file is composed at the wire
+    level: the model without its tables is serialized by protobuf, then the graph field is
+    written with its true length and the tables are streamed in as ``initializer`` fields
+    holding ``raw_data``. Memory stays at one table.
+    """
+    model, makers = _large_chain(total_bytes, seed, tensor_bytes)
+    headers = [t.SerializeToString() for t in model.graph.initializer]
+    sizes = [t.dims[0] * t.dims[1] * 4 for t in model.graph.initializer]
+    graph = onnx.GraphProto()
+    graph.CopyFrom(model.graph)
+    del graph.initializer[:]
+    graph_bytes = graph.SerializeToString()
+    model.ClearField("graph")
+    tensor_lengths = [len(h) + len(_tag(9)) + len(_varint(n)) + n
+                      for h, n in zip(headers, sizes, strict=True)]
+    graph_length = len(graph_bytes) + sum(len(_tag(5)) + len(_varint(n)) + n
+                                          for n in tensor_lengths)
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+        f.write(_tag(7) + _varint(graph_length) + graph_bytes)
+        for header, n, length, make in zip(headers, sizes, tensor_lengths, makers,
+                                           strict=True):
+            f.write(_tag(5) + _varint(length) + header + _tag(9) + _varint(n))
+            data = make()
+            f.write(memoryview(data).cast("B"))
+            del data
+    return path
 
 
 def _gather_table_rows(model: onnx.ModelProto, input_name: str) -> int | None:

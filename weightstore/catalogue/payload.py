@@ -89,9 +89,16 @@ def _int_field(info: dict[str, str], key: str, where: str) -> int | None:
 
 
 def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadDescriptor | None:
-    """The payload descriptor of ``site``, or None when the tensor carries no payload."""
+    """The payload descriptor of ``site``.
+
+    None only for tensors whose values stay in the metadata model (strings) or have no
+    type. A genuinely empty tensor (a dimension of 0) gets a descriptor of length 0 and is
+    never confused with an omitted payload; a non-empty tensor with no data is an error.
+    """
     t = site.tensor
     dims = tuple(t.dims)
+    if any(d < 0 for d in dims):
+        raise ModelError("tensor has a negative dimension", where=site.where, dims=list(dims))
     if t.data_location == onnx.TensorProto.EXTERNAL:
         info = external_info(t)
         location = info.get("location", "")
@@ -121,7 +128,13 @@ def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadD
                                  location=location, checksum=info.get("checksum"))
     inline = catalogue.payloads.get(site.path)
     if inline is None:
-        return None
+        expected = expected_nbytes(t.data_type, dims)
+        if expected is None:
+            return None
+        if expected:
+            raise ModelError("tensor has no data", where=site.where, dims=list(dims),
+                             file=str(catalogue.source))
+        return PayloadDescriptor(catalogue.source, 0, 0, "raw", t.data_type, dims)
     raw = inline.raw_range
     if raw is not None:
         offset, length = raw

@@ -90,7 +90,7 @@ class ModelWeights:
     def selectable(self, site: TensorSite, form: Form) -> bool:
         """Can this tensor leave the model at all (ignoring its size)?"""
         desc = self.descriptors.get(site.path)
-        if desc is None or site.role not in ("initializer", "constant"):
+        if desc is None or desc.nbytes == 0 or site.role not in ("initializer", "constant"):
             return False
         if site.tensor.data_type == onnx.TensorProto.STRING:
             return False
@@ -158,7 +158,7 @@ class ModelWeights:
                 external.append(ExternalTensor(site, placement, encoding))
             elif desc.is_external:
                 set_payload(site.tensor, read_payload(desc, self.catalogue))
-            else:
+            elif site.path in self.catalogue.payloads:
                 site.tensor.MergeFromString(
                     self.catalogue.fragment(self.catalogue.payloads[site.path]))
         if form == "external-data":
