@@ -58,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--alignment", type=int, default=512)
     c.add_argument("--json", action="store_true", help="print JSON")
 
+    i = sub.add_parser("inspect", help="list every weight of a model without reading payloads")
+    i.add_argument("model")
+    i.add_argument("--json", action="store_true", help="print JSON")
+
     sc = sub.add_parser("schema", help="write the recipe JSON Schema")
     sc.add_argument("--output", default="schemas/recipe.schema.json")
     return p
@@ -141,6 +145,17 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspect import inspect_model, render_table
+
+    report = inspect_model(args.model)
+    if args.json:
+        _print_json(report)
+    else:
+        print(render_table(report))
+    return EXIT_OK
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     from .recipe import write_schema
 
@@ -149,7 +164,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
-            "schema": _cmd_schema}
+            "inspect": _cmd_inspect, "schema": _cmd_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

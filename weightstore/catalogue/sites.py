@@ -24,6 +24,7 @@ class TensorSite:
     container: onnx.GraphProto | onnx.FunctionProto | None
     index: int  # initializer index or node index in the container
     node: onnx.NodeProto | None = None
+    scope: tuple[str, ...] = ()  # graphs from the root to the container, readable
 
     @property
     def value_name(self) -> str:
@@ -38,6 +39,22 @@ class TensorSite:
     def key(self) -> str:
         return path_str(self.path)
 
+    @property
+    def function(self) -> str | None:
+        """``domain:name`` of the model-local function holding the tensor, if any."""
+        if isinstance(self.container, onnx.FunctionProto):
+            return f"{self.container.domain}:{self.container.name}"
+        return None
+
+
+@dataclass(frozen=True)
+class _Context:
+    container: Message | None = None
+    node: onnx.NodeProto | None = None
+    index: int = -1
+    role: Role | None = None
+    scope: tuple[str, ...] = ()
+
 
 def _describe(container: Message) -> str:
     if isinstance(container, onnx.FunctionProto):
@@ -47,18 +64,18 @@ def _describe(container: Message) -> str:
 
 def iter_tensor_sites(model: onnx.ModelProto) -> Iterator[TensorSite]:
     """Yield every tensor in ``model``, depth first, in file-independent structural order."""
-    yield from _walk(model, Kind.MODEL, (), None, None, -1, None)
+    yield from _walk(model, Kind.MODEL, (), _Context())
 
 
-def _walk(msg: Message, kind: Kind, path: Path, container: Message | None,
-          node: onnx.NodeProto | None, index: int, role: Role | None) -> Iterator[TensorSite]:
+def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[TensorSite]:
     if kind is Kind.TENSOR:
-        where = _describe(container) if container is not None else "model"
-        if role == "initializer":
+        where = _describe(ctx.container) if ctx.container is not None else "model"
+        if ctx.role == "initializer":
             where += f" initializer '{msg.name}'"
-        elif node is not None:
-            where += f" node {index} ({node.op_type} '{node.name}')"
-        yield TensorSite(path, msg, role or "attribute", where, container, index, node)
+        elif ctx.node is not None:
+            where += f" node {ctx.index} ({ctx.node.op_type} '{ctx.node.name}')"
+        yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container, ctx.index,
+                         ctx.node, ctx.scope)
         return
     for number, (child_kind, repeated) in CHILDREN[kind].items():
         fd = msg.DESCRIPTOR.fields_by_number[number]
@@ -70,20 +87,32 @@ def _walk(msg: Message, kind: Kind, path: Path, container: Message | None,
             values = []
         for i, value in enumerate(values):
             sub = (*path, (number, i))
-            if child_kind in (Kind.GRAPH, Kind.FUNCTION):
-                yield from _walk(value, child_kind, sub, value, None, -1, None)
-            elif child_kind is Kind.NODE:
-                yield from _walk(value, child_kind, sub, container, value, i, None)
-            elif child_kind is Kind.TENSOR:
-                if kind is Kind.GRAPH:
-                    sub_role, sub_index = "initializer", i
-                elif kind is Kind.SPARSE:
-                    sub_role, sub_index = "sparse", index
-                elif (kind is Kind.ATTRIBUTE and node is not None and node.op_type == "Constant"
-                      and node.domain in ("", "ai.onnx") and msg.name == "value"):
-                    sub_role, sub_index = "constant", index
-                else:
-                    sub_role, sub_index = "attribute", index
-                yield from _walk(value, child_kind, sub, container, node, sub_index, sub_role)
-            else:
-                yield from _walk(value, child_kind, sub, container, node, index, role)
+            yield from _walk(value, child_kind, sub, _child(ctx, msg, kind, child_kind, value, i,
+                                                            repeated))
+
+
+def _child(ctx: _Context, msg: Message, kind: Kind, child_kind: Kind, value: Message, i: int,
+           repeated: bool) -> _Context:
+    """The context of the ``i``-th ``child_kind`` value found in ``msg`` (of ``kind``)."""
+    if child_kind in (Kind.GRAPH, Kind.FUNCTION):
+        if kind is Kind.ATTRIBUTE and ctx.node is not None:
+            label = f"{ctx.node.op_type} '{ctx.node.name}' {msg.name}"
+            label += f"[{i}]" if repeated else ""
+        elif kind is Kind.TRAINING:
+            label = f"training {value.name or 'graph'}"
+        else:
+            label = _describe(value)
+        return _Context(value, None, -1, None, (*ctx.scope, label))
+    if child_kind is Kind.NODE:
+        return _Context(ctx.container, value, i, None, ctx.scope)
+    if child_kind is Kind.TENSOR:
+        if kind is Kind.GRAPH:
+            return _Context(ctx.container, None, i, "initializer", ctx.scope)
+        if kind is Kind.SPARSE:
+            return _Context(ctx.container, ctx.node, ctx.index, "sparse", ctx.scope)
+        node = ctx.node
+        if (kind is Kind.ATTRIBUTE and node is not None and node.op_type == "Constant"
+                and node.domain in ("", "ai.onnx") and msg.name == "value"):
+            return _Context(ctx.container, node, ctx.index, "constant", ctx.scope)
+        return _Context(ctx.container, node, ctx.index, "attribute", ctx.scope)
+    return ctx
