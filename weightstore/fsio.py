@@ -8,6 +8,7 @@ never a partial file.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -32,12 +33,49 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+@functools.cache
+def _umask() -> int:
+    """The process umask, read without changing it where the system allows."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore once, before any worker thread
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """What ``open()`` would give a new file: temp files start private (0600)."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    return 0o777 & ~_umask()
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A temp folder beside its final place, with the permissions of an ordinary mkdir."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+    os.chmod(path, dir_mode())
+    return path
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[BinaryIO]:
-    """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``."""
+    """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``.
+
+    The file gets the mode an ordinary ``open()`` would give it (0666 less the umask), so
+    published packages and shared stores are readable by others as usual.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, file_mode())
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -7,7 +7,6 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from .catalogue.schema import path_str
 from .convert.placement import Placement
 from .convert.weights import ModelWeights, Weight
 from .errors import StoreError
-from .fsio import atomic_write_bytes, publish_dir
+from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
 from .keycache import PayloadKeyCache
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_layout
 from .layout.writer import FileRange, write_plan
@@ -153,8 +152,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
         per_model.append((s, ws))
     plan, maps = _layout_plan(layout, per_model)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp: Path | None = Path(tempfile.mkdtemp(prefix=f".{layout.name}.", suffix=".tmp",
-                                             dir=target.parent))
+    tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
         def locate(key: str) -> FileRange:
             obj = store.lookup(key)
