@@ -12,9 +12,15 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from weightstore.catalogue.shape_inputs import shape_input_names
+from weightstore.catalogue.wire import encode_varint
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.convert.file_constant import DOMAIN, OP_TYPE
-from weightstore.errors import ExternalDataError, IntegrityError, PathEscapeError
+from weightstore.errors import (
+    ConversionError,
+    ExternalDataError,
+    IntegrityError,
+    PathEscapeError,
+)
 from weightstore.samples import run_onnxruntime, sample_inputs
 
 FORMS = ("external-data", "file-constant")
@@ -250,3 +256,42 @@ def test_round_trip_property(tmp_path_factory, specs, threshold, form):
     convert_to_external(src, folder / "out.onnx", form=form, threshold=threshold)
     convert_to_inline(folder / "out.onnx", folder / "back.onnx")
     assert (folder / "back.onnx").read_bytes() == _bytes(model)
+
+
+def test_refuses_to_overwrite_what_the_input_reads(tmp_path):
+    w = np.arange(256, dtype=np.float32)
+    graph = helper.make_graph([helper.make_node("Identity", ["W"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src), save_as_external_data=True, location="out_weight_combined",
+              size_threshold=0)
+    before = (tmp_path / "out_weight_combined").read_bytes()
+    with pytest.raises(ConversionError, match="overwrite"):
+        convert_to_external(src, tmp_path / "out.onnx", threshold=0)
+    with pytest.raises(ConversionError, match="overwrite"):
+        convert_to_inline(src, tmp_path / "out_weight_combined")
+    with pytest.raises(ConversionError, match="overwrite"):
+        convert_to_inline(src, src)
+    assert (tmp_path / "out_weight_combined").read_bytes() == before
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_signalling_nan_survives_typed_round_trip(tmp_path):
+    bits = np.array([0x7FA00001, 0x3F800000] * 200, dtype="<u4")
+    tensor = helper.make_tensor("w", TensorProto.FLOAT, [400], [0.0] * 400, raw=False)
+    tensor.ClearField("float_data")
+    tensor.MergeFromString(b"\x22" + encode_varint(1600) + bits.tobytes())  # packed float_data
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Constant", [], ["c"], value=tensor)], "g", [],
+                          [helper.make_tensor_value_info("c", TensorProto.FLOAT, [400])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    for form in FORMS:
+        convert_to_external(src, tmp_path / "o.onnx", form=form, threshold=0)
+        data = (tmp_path / "o_weight_combined").read_bytes()
+        assert data[:1600] == bits.tobytes()
+        convert_to_inline(tmp_path / "o.onnx", tmp_path / "b.onnx")
+        assert (tmp_path / "b.onnx").read_bytes() == _bytes(model)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..errors import ExternalDataError, ModelError
 from ..fsio import read_exact
+from . import typed_fields
 from .locations import resolve_location
 from .reader import Catalogue
 from .sites import TensorSite
@@ -154,24 +154,13 @@ def read_payload(desc: PayloadDescriptor, catalogue: Catalogue | None = None) ->
     """Recover exactly the little-endian bytes ``numpy_helper.to_array`` would hold."""
     if desc.encoding == "raw":
         if catalogue is not None and desc.file == catalogue.source:
-            return bytes(catalogue.view(desc.offset, desc.length))
+            return catalogue.read(desc.offset, desc.length)
         return read_file_range(desc.file, desc.offset, desc.length)
     if catalogue is None or desc.file != catalogue.source:
         raise ModelError("typed payload needs its model's catalogue", file=str(desc.file))
-    tensor = typed_tensor(desc, catalogue)
-    try:
-        array = numpy_helper.to_array(tensor)
-        return numpy_helper.from_array(array).raw_data
-    except (ValueError, TypeError) as exc:
-        raise ModelError(f"typed tensor payload cannot be decoded: {exc}",
-                         file=str(desc.file), offset=desc.offset) from None
-
-
-def typed_tensor(desc: PayloadDescriptor, catalogue: Catalogue) -> onnx.TensorProto:
-    """A TensorProto holding just the typed fields of ``desc`` (exactly as in the file)."""
-    tensor = onnx.TensorProto(data_type=desc.data_type, dims=list(desc.dims))
-    tensor.MergeFromString(b"".join(bytes(catalogue.view(s, e - s)) for s, e in desc.spans))
-    return tensor
+    fragment = b"".join(catalogue.read(s, e - s) for s, e in desc.spans)
+    return typed_fields.decode(fragment, desc.encoding, desc.data_type, desc.dims,
+                               where=f"{desc.file.name}@{desc.offset}")
 
 
 def read_file_range(path: Path, offset: int, length: int) -> bytes:

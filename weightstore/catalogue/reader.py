@@ -1,6 +1,6 @@
 """Metadata-only reading of ONNX models (the seed's ``ParseOptions.skip_raw_data``).
 
-The model file is memory-mapped and its protobuf framing walked just deep enough to find
+The model file's protobuf framing is walked (by positional reads) just deep enough to find
 tensor payload fields. Those fields are left out of a *metadata model*, which onnx's own
 ``ModelProto`` then parses; each left-out payload is recorded as an :class:`InlinePayload`
 holding exact byte offsets into the file, so the bytes can be recovered later without ever
@@ -9,8 +9,6 @@ holding the whole model in memory. Works for files above protobuf's 2 GiB limit.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -19,6 +17,8 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
+from ..fsio import read_exact
+from .filebytes import FileBytes
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
 from .wire import LEN, Field, encode_varint, iter_fields
 
@@ -56,32 +56,50 @@ class InlinePayload:
 
 @dataclass
 class Catalogue:
-    """A model's metadata plus the location of every payload left out of it."""
+    """A model's metadata plus the location of every payload left out of it.
+
+    Holds the model file open; :meth:`read` and :meth:`fragment` use positional reads and
+    are safe to call from several threads.
+    """
 
     source: FsPath
     model: onnx.ModelProto
     payloads: dict[Path, InlinePayload]
     file_size: int
-    _buf: mmap.mmap | None = field(default=None, repr=False)
+    _fd: int | None = field(default=None, repr=False)
 
-    def view(self, offset: int, length: int) -> memoryview:
-        """Zero-copy view of ``length`` bytes of the model file at ``offset``."""
-        if self._buf is None:
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes of the model file at ``offset``."""
+        if self._fd is None:
             raise ModelError("catalogue is closed", file=str(self.source))
         if offset < 0 or length < 0 or offset + length > self.file_size:
             raise ModelError("byte range outside the model file", file=str(self.source),
                              offset=offset, length=length)
-        return memoryview(self._buf)[offset:offset + length]
+        try:
+            return read_exact(self._fd, offset, length)
+        except (EOFError, OSError) as exc:
+            raise ModelError(f"cannot read the model file: {exc}", file=str(self.source),
+                             offset=offset) from None
 
     def fragment(self, payload: InlinePayload) -> bytes:
         """The payload's fields as serialized TensorProto bytes (tags included)."""
-        return b"".join(bytes(self.view(f.start, f.end - f.start)) for f in payload.fields)
+        return b"".join(self.read(f.start, f.end - f.start) for f in payload.fields)
+
+    def restore(self, tensor: onnx.TensorProto, path: Path, where: str = "") -> None:
+        """Put the payload fields left out at ``path`` back into ``tensor``, as they were."""
+        payload = self.payloads.get(path)
+        if payload is None:
+            return
+        try:
+            tensor.MergeFromString(self.fragment(payload))
+        except DecodeError:
+            raise ModelError("malformed tensor payload", where=where, file=str(self.source),
+                             offset=payload.fields[0].start) from None
 
     def close(self) -> None:
-        if self._buf is not None:
-            with contextlib.suppress(BufferError):  # a live view keeps the mapping
-                self._buf.close()
-            self._buf = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> Catalogue:
         return self
@@ -91,7 +109,7 @@ class Catalogue:
 
 
 class _Stripper:
-    def __init__(self, buf: memoryview) -> None:
+    def __init__(self, buf: FileBytes) -> None:
         self.buf = buf
         self.payloads: dict[Path, InlinePayload] = {}
 
@@ -133,39 +151,32 @@ class _Stripper:
 def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
     """Catalogue ``path``: the metadata model and the byte range of every payload."""
     source = FsPath(path)
+    if source.is_dir():
+        raise ModelError("model path is a folder", file=str(source))
     try:
-        f = open(source, "rb")  # noqa: SIM115 - closed right after mapping
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise ModelError("model file not found", file=str(source)) from None
-    except IsADirectoryError:
-        raise ModelError("model path is a folder", file=str(source)) from None
     except OSError as exc:
         raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
+    try:
+        size = os.fstat(fd).st_size
         if size == 0:
             raise ModelError("model file is empty", file=str(source))
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        view = memoryview(buf)
-        stripper = _Stripper(view)
+        stripper = _Stripper(FileBytes(fd, size))
         try:
-            chunks = stripper.message(Kind.MODEL, 0, size, (), 0)
-            metadata = b"".join(chunks)
+            metadata = b"".join(stripper.message(Kind.MODEL, 0, size, (), 0))
         except ModelError as exc:
             exc.context.setdefault("file", str(source))
             raise
-        finally:
-            del view
         model = onnx.ModelProto()
         try:
             model.ParseFromString(metadata)
-        except DecodeError as exc:
+        except Exception as exc:  # protobuf's DecodeError, or its depth and size limits
             raise ModelError(f"not an ONNX model: {exc}", file=str(source)) from None
         if not model.HasField("graph") or not model.ir_version:
             raise ModelError("not an ONNX model: no graph or ir_version", file=str(source))
-        return Catalogue(source, model, stripper.payloads, size, buf)
+        return Catalogue(source, model, stripper.payloads, size, fd)
     except BaseException:
-        with contextlib.suppress(BufferError):  # views held by the traceback: GC closes it
-            buf.close()
+        os.close(fd)
         raise

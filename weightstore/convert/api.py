@@ -8,11 +8,13 @@ from pathlib import Path
 
 import onnx
 
+from ..catalogue.descriptors import weight_descriptors
 from ..catalogue.reader import read_catalogue
 from ..errors import ConversionError
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..model_io import save_model
+from ..store.layout import combined_file_name
 from .inline import inline_model
 from .placement import Placement
 from .weights import ModelWeights, Weight
@@ -36,11 +38,18 @@ class ConvertReport:
         }
 
 
-def _check_output(src: Path, dst: Path) -> None:
-    if dst.resolve() == src.resolve():
-        raise ConversionError("output would overwrite the input model", file=str(dst))
-    if not dst.parent.is_dir():
-        raise ConversionError("output folder does not exist", folder=str(dst.parent))
+def _check_outputs(src: Path, inputs: set[Path], outputs: list[Path]) -> None:
+    """Refuse outputs that would overwrite anything the input model is read from."""
+    for out in outputs:
+        if not out.parent.is_dir():
+            raise ConversionError("output folder does not exist", folder=str(out.parent))
+        if out.resolve() in inputs:
+            raise ConversionError("output would overwrite a file the input model reads",
+                                  input=str(src), output=str(out))
+
+
+def _input_files(src: Path, data_files: set[Path]) -> set[Path]:
+    return {src.resolve(), *(p.resolve() for p in data_files)}
 
 
 def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
@@ -49,8 +58,10 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                         jobs: int = 4) -> ConvertReport:
     """Move payloads of at least ``threshold`` bytes into ``<dst stem>_weight_combined``."""
     src, dst = Path(src), Path(dst)
-    _check_output(src, dst)
     with ModelWeights.open(src) as mw:
+        data_file = dst.parent / combined_file_name(dst.stem)
+        inputs = _input_files(src, {d.file for d in mw.descriptors.values()})
+        _check_outputs(src, inputs, [dst, data_file])
         weights = mw.hash(mw.select(threshold, form), algo, jobs)
         plan = plan_layout(dst.stem, [(w.key, w.size) for w in weights], "combined",
                            alignment)
@@ -79,8 +90,9 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
 def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> ConvertReport:
     """Bring every external payload and FileConstant back into the model, verified."""
     src, dst = Path(src), Path(dst)
-    _check_output(src, dst)
     with read_catalogue(src) as catalogue:
+        files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
+        _check_outputs(src, _input_files(src, files), [dst])
         model: onnx.ModelProto = inline_model(catalogue)
     save_model(model, dst)
     return ConvertReport(dst, None, 0, 0, 0)

@@ -8,10 +8,10 @@ inline -> external -> inline gives back the very same TensorProto.
 from __future__ import annotations
 
 import onnx
-from onnx import helper, numpy_helper
 
+from ..catalogue import typed_fields
 from ..catalogue.schema import PAYLOAD_FIELDS
-from ..errors import ConversionError
+from ..errors import ConversionError, ModelError
 
 TYPED_FIELDS = frozenset(v for v in PAYLOAD_FIELDS.values() if v != "raw_data")
 
@@ -32,15 +32,10 @@ def set_payload(tensor: onnx.TensorProto, data: bytes, encoding: str = "raw_data
         return
     if encoding not in TYPED_FIELDS:
         raise ConversionError("unknown tensor encoding", encoding=encoding, tensor=tensor.name)
-    probe = onnx.TensorProto(data_type=tensor.data_type, dims=list(tensor.dims), raw_data=data)
-    array = numpy_helper.to_array(probe)
-    typed = helper.make_tensor("", tensor.data_type, list(tensor.dims), array.flatten(),
-                               raw=False)
-    values = getattr(typed, encoding, None)
-    if values is None or (len(values) == 0 and array.size):
-        raise ConversionError("tensor type cannot be stored in this field", encoding=encoding,
-                              tensor=tensor.name, data_type=tensor.data_type)
-    getattr(tensor, encoding).extend(values)
+    try:
+        typed_fields.encode(tensor, encoding, data)
+    except ModelError as exc:
+        raise ConversionError(exc.message, encoding=encoding, tensor=tensor.name) from None
 
 
 def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int,

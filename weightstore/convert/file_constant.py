@@ -4,8 +4,8 @@ An externalized Constant node becomes a ``FileConstant`` node in place (same nam
 output); an externalized initializer becomes a ``FileConstant`` node at the front of its
 graph. Attributes follow GE: ``location``, ``offset``, ``length``, ``dtype``, ``shape``, and
 ``file_id`` holds the payload's digest key. A few extra attributes (``origin``,
-``initializer_index``, ``constant_domain``, ``tensor_name``, ``encoding``) make the reverse
-conversion exact.
+``initializer_index``, ``constant_domain``, ``value_doc_string``, ``tensor_name``,
+``encoding``) make the reverse conversion exact.
 """
 
 from __future__ import annotations
@@ -44,8 +44,12 @@ def _attributes(ext: ExternalTensor) -> dict[str, object]:
     }
     if ext.site.role == "initializer":
         attrs["initializer_index"] = ext.site.index
-    elif ext.site.node is not None and ext.site.node.HasField("domain"):
-        attrs["constant_domain"] = ext.site.node.domain
+    elif ext.site.node is not None:
+        if ext.site.node.HasField("domain"):
+            attrs["constant_domain"] = ext.site.node.domain
+        value = next(a for a in ext.site.node.attribute if a.name == "value")
+        if value.doc_string:
+            attrs["value_doc_string"] = value.doc_string
     if t.HasField("name"):
         attrs["tensor_name"] = t.name
     if ext.encoding != "raw_data":
@@ -144,7 +148,9 @@ def restore_constants(model: onnx.ModelProto,
                 node.domain = _text(attrs["constant_domain"])
             else:
                 node.ClearField("domain")
-            node.attribute.append(helper.make_attribute("value", tensor))
+            node.attribute.append(helper.make_attribute(
+                "value", tensor, doc_string=_text(attrs["value_doc_string"])
+                if "value_doc_string" in attrs else None))
         if not converted:
             continue
         count += converted

@@ -54,8 +54,8 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None) -> onnx.Mod
             data = read_payload(desc, catalogue)
             check_digest(data, desc.checksum, where=site.where, location=desc.location)
             set_payload(site.tensor, data, encodings.get(site.key, "raw_data"))
-        elif site.path in catalogue.payloads:
-            site.tensor.MergeFromString(catalogue.fragment(catalogue.payloads[site.path]))
+        else:
+            catalogue.restore(site.tensor, site.path, site.where)
 
     def read(node: onnx.NodeProto, where: str) -> bytes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}

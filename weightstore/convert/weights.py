@@ -158,9 +158,8 @@ class ModelWeights:
                 external.append(ExternalTensor(site, placement, encoding))
             elif desc.is_external:
                 set_payload(site.tensor, read_payload(desc, self.catalogue))
-            elif site.path in self.catalogue.payloads:
-                site.tensor.MergeFromString(
-                    self.catalogue.fragment(self.catalogue.payloads[site.path]))
+            else:
+                self.catalogue.restore(site.tensor, site.path, site.where)
         if form == "external-data":
             apply_external_data(model, external)
         elif form == "file-constant":

@@ -1,0 +1,115 @@
+"""TensorProto's typed value fields <-> little-endian raw bytes, bit-exact.
+
+``float_data`` and ``double_data`` are fixed-width on the wire: their packed content *is*
+the little-endian bytes, so they are copied, never converted through Python floats (which
+would quiet signalling NaNs). The varint fields (``int32_data``, ``int64_data``,
+``uint64_data``) are decoded by protobuf and narrowed with numpy to the element type's
+storage width. Element counts are checked against the shape first, so a hostile shape
+cannot make anything allocate more than the payload's own size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from ..errors import ModelError
+from .wire import I32, I64, LEN, encode_varint, iter_fields
+
+T = onnx.TensorProto
+FOUR_BIT = {getattr(T, n) for n in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(T, n)}
+_EIGHT_BIT_FLOATS = {getattr(T, n) for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+                                             "FLOAT8E5M2FNUZ", "FLOAT8E8M0") if hasattr(T, n)}
+
+# (field, data type) -> (numpy storage dtype of one value, values per element)
+_LAYOUT: dict[tuple[str, int], tuple[str, float]] = {
+    ("float_data", T.FLOAT): ("<f4", 1),
+    ("float_data", T.COMPLEX64): ("<f4", 2),
+    ("double_data", T.DOUBLE): ("<f8", 1),
+    ("double_data", T.COMPLEX128): ("<f8", 2),
+    ("int64_data", T.INT64): ("<i8", 1),
+    ("uint64_data", T.UINT64): ("<u8", 1),
+    ("uint64_data", T.UINT32): ("<u4", 1),
+    ("int32_data", T.INT32): ("<i4", 1),
+    ("int32_data", T.INT16): ("<i2", 1),
+    ("int32_data", T.INT8): ("i1", 1),
+    ("int32_data", T.UINT16): ("<u2", 1),
+    ("int32_data", T.UINT8): ("u1", 1),
+    ("int32_data", T.BOOL): ("u1", 1),
+    ("int32_data", T.FLOAT16): ("<u2", 1),
+    ("int32_data", T.BFLOAT16): ("<u2", 1),
+    **{("int32_data", t): ("u1", 1) for t in _EIGHT_BIT_FLOATS},
+    **{("int32_data", t): ("u1", 0.5) for t in FOUR_BIT},
+}
+_FIELD_NUMBER = {"float_data": 4, "int32_data": 5, "int64_data": 7, "double_data": 10,
+                 "uint64_data": 11}
+
+
+def _layout(encoding: str, data_type: int, where: str) -> tuple[np.dtype, float]:
+    layout = _LAYOUT.get((encoding, data_type))
+    if layout is None:
+        name = T.DataType.Name(data_type) if data_type in T.DataType.values() else data_type
+        raise ModelError(f"{encoding} cannot hold {name} values", where=where)
+    return np.dtype(layout[0]), layout[1]
+
+
+def expected_values(encoding: str, data_type: int, dims: Sequence[int], where: str) -> int:
+    """How many values the typed field must hold for this shape."""
+    _, per = _layout(encoding, data_type, where)
+    return math.ceil(math.prod(dims) * per)
+
+
+def decode(fragment: bytes, encoding: str, data_type: int, dims: Sequence[int],
+           where: str) -> bytes:
+    """The little-endian bytes held by ``fragment``: serialized occurrences of the field."""
+    storage, _ = _layout(encoding, data_type, where)
+    count = expected_values(encoding, data_type, dims, where)
+    if encoding in ("float_data", "double_data"):
+        width = storage.itemsize
+        chunks = []
+        view = memoryview(fragment)
+        for f in iter_fields(view, 0, len(fragment)):
+            packed = f.wire_type == LEN and f.length % width == 0
+            if packed or f.wire_type == (I32 if width == 4 else I64):
+                chunks.append(view[f.value:f.end])
+            else:
+                raise ModelError(f"malformed {encoding}", where=where)
+        data = b"".join(chunks)
+        if len(data) != count * width:
+            raise ModelError(f"{encoding} holds {len(data) // width} values, the shape "
+                             f"needs {count}", where=where)
+        return data
+    if count > len(fragment):  # every varint takes at least one byte
+        raise ModelError(f"{encoding} is too short for the shape", where=where, values=count)
+    tensor = T()
+    try:
+        tensor.MergeFromString(fragment)
+    except DecodeError:
+        raise ModelError(f"malformed {encoding}", where=where) from None
+    values = getattr(tensor, encoding)
+    if len(values) != count:
+        raise ModelError(f"{encoding} holds {len(values)} values, the shape needs {count}",
+                         where=where)
+    wide = np.array(values, dtype=np.uint64 if encoding == "uint64_data" else np.int64)
+    if data_type == T.BOOL:
+        wide = wide != 0
+    return wide.astype(storage).tobytes()
+
+
+def encode(tensor: onnx.TensorProto, encoding: str, data: bytes) -> None:
+    """Store little-endian ``data`` in ``tensor``'s typed field ``encoding`` (bit-exact)."""
+    where = f"tensor '{tensor.name}'"
+    storage, _ = _layout(encoding, tensor.data_type, where)
+    if len(data) % storage.itemsize:
+        raise ModelError("payload size is not a whole number of values", where=where)
+    if encoding in ("float_data", "double_data"):
+        tag = encode_varint((_FIELD_NUMBER[encoding] << 3) | LEN)
+        tensor.MergeFromString(tag + encode_varint(len(data)) + bytes(data))
+        return
+    values = np.frombuffer(data, dtype=storage)
+    wide = values.astype(np.uint64 if encoding == "uint64_data" else np.int64)
+    getattr(tensor, encoding).extend(wide.tolist())
