@@ -265,9 +265,8 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
     with pytest.raises(OSError):
         build(recipe, BuildOptions(jobs=1))
     version_dir = tmp_path / "out/pkg/1.0.0"
-    names = sorted(os.listdir(version_dir))
+    names = sorted(n for n in os.listdir(version_dir) if not n.endswith(".lock"))
     assert names == ["embedded", "separate"]  # the third package never appeared
-    assert not any(n.startswith(".") for n in names)
 
 
 def test_embedded_refuses_models_over_protobuf_limit(encoder_model, save_model, tmp_path,
@@ -279,9 +278,20 @@ def test_embedded_refuses_models_over_protobuf_limit(encoder_model, save_model, 
                           "\n  - {name: e, external_weight: embedded}\n")
     monkeypatch.setattr(model_io, "PROTOBUF_LIMIT", 100_000)  # stands for 2 GiB
     with pytest.raises(PackageError) as err:
-        build(recipe, BuildOptions(jobs=1))
-    assert "2 GiB" in str(err.value)
-    assert not (tmp_path / "out/pkg/1.0.0/e").exists()
+        build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    assert "2 GiB" in str(err.value) and err.value.context["layout"] == "e"
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+    assert not (tmp_path / "store").exists()
+
+
+def test_embedded_layouts_need_no_store(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src},
+                          "\n  - {name: e, external_weight: embedded}\n")
+    result = build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    assert result.store_report["written_objects"] == 0
+    assert not any((tmp_path / "store").glob("weight_*"))
+    assert not any((tmp_path / "store").glob("*_weight_combined"))
 
 
 def test_sha256_store_and_packages(encoder_model, save_model, tmp_path):

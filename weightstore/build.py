@@ -164,6 +164,8 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                    store_root: Path, digests: FileDigests, options: BuildOptions,
                    result: BuildResult) -> None:
     from . import packaging  # onnx and the catalogue: only when something must be built
+    from .locking import target_lock
+    from .model_io import PROTOBUF_LIMIT
     from .store import WeightStore
 
     recipe = loaded.recipe
@@ -180,21 +182,40 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         for layout, target, existing in pending:
             fp = _fingerprint(loaded, layout, identities)
             if existing is not None and not options.force:
-                what = ("a different build" if existing.get("fingerprint") != fp
-                        else "a damaged package")
-                raise PackageError(f"output folder already holds {what}; pass --force to "
-                                   "replace it", folder=str(target))
+                _refuse(target, existing, fp)
+            for s in sources:
+                size = packaging.estimated_model_bytes(s, layout)
+                if size > PROTOBUF_LIMIT:
+                    raise PackageError("model would exceed protobuf's 2 GiB limit; use an "
+                                       "external weight layout or a lower size_threshold",
+                                       model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
         store = WeightStore(store_root)
         result.store_report = packaging.fill_store(
             store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
             options.jobs, options.progress)
         for layout, target, fp in todo:
-            summary = packaging.write_package(recipe, layout, target, fp, sources, store,
-                                              options.jobs, options.progress)
+            with target_lock(target):
+                # another build may have published here since the first look
+                existing = _existing_summary(target, options.force)
+                if existing is not None and not options.force:
+                    if existing.get("fingerprint") == fp and _intact(target, existing):
+                        result.packages.append(
+                            PackageResult(layout.name, target, "up-to-date", existing))
+                        continue
+                    _refuse(target, existing, fp)
+                summary = packaging.write_package(recipe, layout, target, fp, sources, store,
+                                                  options.jobs, options.progress)
             result.packages.append(PackageResult(layout.name, target, "built", summary))
     finally:
         packaging.close_sources(sources)
+
+
+def _refuse(target: Path, existing: dict[str, Any], fingerprint: str) -> None:
+    what = ("a different build" if existing.get("fingerprint") != fingerprint
+            else "a damaged package")
+    raise PackageError(f"output folder already holds {what}; pass --force to replace it",
+                       folder=str(target))
 
 
 __all__ = ["BuildOptions", "BuildResult", "PackageResult", "build"]

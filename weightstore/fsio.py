@@ -8,10 +8,14 @@ never a partial file.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import functools
 import os
 import shutil
+import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -148,17 +152,63 @@ def read_exact(fd: int, offset: int, length: int) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+@functools.cache
+def _renameat2():
+    """glibc's renameat2, or None where the system has none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                     ctypes.c_uint]
+    return func
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``RENAME_EXCHANGE``); False where unsupported."""
+    func = _renameat2()
+    if func is None:
+        return False
+    if func(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False  # the filesystem cannot exchange
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
-    """Rename a fully written temp folder into place (replacing an old one, if any)."""
+    """Put a fully written temp folder in place of ``final_dir``, atomically where possible.
+
+    An existing folder is swapped out in one step (``RENAME_EXCHANGE``), so readers see the
+    old package or the new one, never none. Where the system cannot exchange, the old
+    folder is renamed aside first. Leftovers of earlier crashed publishes of the same
+    folder (``.<name>.*.tmp``, ``.<name>.old-*``) are removed: the caller holds the
+    folder's lock, so no other publish of it is in progress.
+    """
     fsync_dir(tmp_dir)
+    parent, name = final_dir.parent, final_dir.name
     if final_dir.exists():
-        old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
-        os.replace(final_dir, old)
-        os.replace(tmp_dir, final_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        if exchange(tmp_dir, final_dir):
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        else:
+            old = parent / f".{name}.old-{uuid.uuid4().hex}"
+            os.replace(final_dir, old)
+            os.replace(tmp_dir, final_dir)
+            shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp_dir, final_dir)
-    fsync_dir(final_dir.parent)
+    fsync_dir(parent)
+    for stale in [*parent.glob(f".{name}.*.tmp"), *parent.glob(f".{name}.old-*")]:
+        if stale.is_dir() and stale != tmp_dir:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def align_up(value: int, alignment: int) -> int:

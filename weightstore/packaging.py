@@ -81,7 +81,15 @@ class _WeightPayload:
 
 def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout], algo: str,
                jobs: int, progress: bool | None) -> dict[str, int]:
-    """Hash every payload some layout externalizes and put it into the store once."""
+    """Hash every payload some layout externalizes and put it into the store once.
+
+    Embedded layouts keep every weight inline and need nothing from the store.
+    """
+    layouts = [layout for layout in layouts if layout.external_weight != "embedded"]
+    report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
+                            "reused_bytes", "padding_bytes"), 0)
+    if not layouts:
+        return report
     combined = any(layout.external_weight == "combined" for layout in layouts)
     per_model: list[tuple[Source, list[Weight]]] = []
     for s in sources:
@@ -99,10 +107,7 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             obj = index.get(key) if key else None
             if obj is not None and obj.size == w.size:
                 s.weights.keys.setdefault(w.site.path, key)
-    total = sum(w.size for _, ws in per_model for w in ws
-                if w.site.path not in s.weights.keys)
-    report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
-                            "reused_bytes", "padding_bytes"), 0)
+    total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
     with Progress("hashing", total, enabled=progress) as bar:
         hashed = [(s, s.weights.hash(ws, algo, jobs, bar.advance)) for s, ws in per_model]
     with Progress("storing", total, enabled=progress) as bar:
@@ -139,6 +144,26 @@ def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     return LayoutPlan(mode, layout.alignment, tuple(files)), maps
 
 
+def estimated_model_bytes(source: Source, layout: Layout) -> int:
+    """An upper bound on the size of ``source``'s packaged model in ``layout``.
+
+    Lets the 2 GiB protobuf limit be checked before the store or the output is touched.
+    """
+    mw = source.weights
+    external: set[TensorPath] = set()
+    if layout.external_weight != "embedded":
+        external = {w.site.path for w in mw.select(layout.size_threshold, layout.constants)}
+    size = mw.catalogue.model.ByteSize()
+    for path, desc in mw.descriptors.items():
+        if path in external:
+            size += 256  # an external_data reference or a FileConstant node
+        elif path in mw.catalogue.payloads:
+            size += mw.catalogue.payloads[path].stored_bytes
+        else:
+            size += desc.nbytes + 16  # external in the source, inline in the package
+    return size
+
+
 def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str,
                   sources: list[Source], store: WeightStore, jobs: int,
                   progress: bool | None) -> dict[str, Any]:
@@ -154,8 +179,10 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
+        index = store.index() if plan.files else {}  # one snapshot: objects never move
+
         def locate(key: str) -> FileRange:
-            obj = store.lookup(key)
+            obj = index.get(key)
             if obj is None:
                 raise StoreError("payload vanished from the store", key=key,
                                  store=str(store.root))

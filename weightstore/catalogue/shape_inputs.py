@@ -2,10 +2,16 @@
 
 onnxruntime refuses to load a model whose shape-like input (Reshape's ``shape``, Slice's
 ``starts``, ...) is external data, so tensors feeding such inputs stay inline whatever their
-size. The table is by (domain, op_type) -> input positions.
+size. The table is by op_type (standard domain) -> input positions.
+
+A value also reaches a shape-like input when it is passed to a model-local function whose
+body (or a function it calls, or a subgraph inside either) uses that formal input at a
+shape-like position; the actual arguments at such positions are collected too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import onnx
 
@@ -49,20 +55,116 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "HammingWindow": (0,),
     "MelWeightMatrix": (0, 1, 2, 3, 4),
     "Loop": (0, 1),
+    # not shape-like, but onnxruntime's constant folding of an If resolves an external
+    # condition against the working directory instead of the model's folder
+    "If": (0,),
 }
+
+
+FunctionKey = tuple[str, str, str]  # (domain, name, overload)
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def _function_key(f: onnx.FunctionProto) -> FunctionKey:
+    return _domain(f.domain), f.name, getattr(f, "overload", "")
+
+
+def _call_key(node: onnx.NodeProto) -> FunctionKey:
+    return _domain(node.domain), node.op_type, getattr(node, "overload", "")
+
+
+def _direct(node: onnx.NodeProto) -> Iterator[str]:
+    """Names a standard node consumes at its shape-like positions."""
+    if node.domain in ("", "ai.onnx"):
+        for i in SHAPE_INPUTS.get(node.op_type, ()):
+            if i < len(node.input) and node.input[i]:
+                yield node.input[i]
+
+
+def _body_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a function body, including those of its subgraphs at any depth."""
+    stack: list[onnx.FunctionProto | onnx.GraphProto] = [function]
+    while stack:
+        container = stack.pop()
+        for node in container.node:
+            yield node
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(attr.graphs)
+
+
+def function_shape_positions(model: onnx.ModelProto) -> dict[FunctionKey, frozenset[int]]:
+    """For each model-local function, the formal input positions that reach a shape-like input.
+
+    A position counts when the body uses the formal input at a shape-like position of a
+    standard node, in a subgraph of the body included, or passes it to another local
+    function at a position that counts (a fixpoint, so recursion terminates). Functions
+    sharing a key are merged, a subgraph input shadowing a formal input's name is ignored:
+    both only err towards keeping a tensor inline.
+    """
+    keys = [_function_key(f) for f in model.functions]
+    # per function: names of its body reaching a shape-like input, formal name -> positions
+    reaching: list[set[str]] = []
+    formals: list[dict[str, list[int]]] = []
+    # callee key -> (calling function index, actual arguments) for every call in a body
+    callers: dict[FunctionKey, list[tuple[int, list[str]]]] = {key: [] for key in keys}
+    for index, function in enumerate(model.functions):
+        names: set[str] = set()
+        for node in _body_nodes(function):
+            names.update(_direct(node))
+            sites = callers.get(_call_key(node))
+            if sites is not None:
+                sites.append((index, list(node.input)))
+        reaching.append(names)
+        positions: dict[str, list[int]] = {}
+        for i, name in enumerate(function.input):
+            positions.setdefault(name, []).append(i)
+        formals.append(positions)
+
+    result: dict[FunctionKey, set[int]] = {key: set() for key in keys}
+    work: list[tuple[FunctionKey, int]] = []
+
+    def reach(index: int, name: str) -> None:
+        if not name or name in reaching[index]:
+            return
+        reaching[index].add(name)
+        mark(index, name)
+
+    def mark(index: int, name: str) -> None:
+        for i in formals[index].get(name, ()):
+            if i not in result[keys[index]]:
+                result[keys[index]].add(i)
+                work.append((keys[index], i))
+
+    for index, names in enumerate(reaching):
+        for name in names:
+            mark(index, name)
+    while work:
+        key, i = work.pop()
+        for index, args in callers[key]:
+            if i < len(args):
+                reach(index, args[i])
+    return {key: frozenset(positions) for key, positions in result.items() if positions}
 
 
 def shape_input_names(model: onnx.ModelProto) -> frozenset[str]:
     """Names of every value consumed at a shape-like input anywhere in the model.
 
-    Names are collected across all graphs and functions: scoping could only make a name
-    shadowed, and keeping one extra tensor inline is the safe side.
+    That is, at a shape-like position of a standard node, or passed to a model-local
+    function at a position that reaches one (see :func:`function_shape_positions`). Names
+    are collected across all graphs and functions: scoping could only make a name shadowed,
+    and keeping one extra tensor inline is the safe side.
     """
+    positions = function_shape_positions(model) if len(model.functions) else {}
     names: set[str] = set()
     for node in iter_nodes(model):
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        for i in SHAPE_INPUTS.get(node.op_type, ()):
+        names.update(_direct(node))
+        for i in positions.get(_call_key(node), ()):
             if i < len(node.input) and node.input[i]:
                 names.add(node.input[i])
     return frozenset(names)

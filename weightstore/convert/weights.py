@@ -58,6 +58,7 @@ class ModelWeights:
     sites: list[TensorSite]
     shape_names: frozenset[str]
     keys: dict[TensorPath, str] = field(default_factory=dict)
+    _inputs: dict[int, frozenset[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ModelWeights:
@@ -87,6 +88,14 @@ class ModelWeights:
 
     # -- selection -------------------------------------------------------------------------
 
+    def _graph_inputs(self, container: object) -> frozenset[str]:
+        if not isinstance(container, onnx.GraphProto):
+            return frozenset()
+        key = id(container)
+        if key not in self._inputs:
+            self._inputs[key] = frozenset(i.name for i in container.input)
+        return self._inputs[key]
+
     def selectable(self, site: TensorSite, form: Form) -> bool:
         """Can this tensor leave the model at all (ignoring its size)?"""
         desc = self.descriptors.get(site.path)
@@ -96,10 +105,9 @@ class ModelWeights:
             return False
         if site.value_name and site.value_name in self.shape_names:
             return False
-        if form == "file-constant" and site.role == "initializer":
-            inputs = site.container.input if isinstance(site.container, onnx.GraphProto) else ()
-            if any(i.name == site.tensor.name for i in inputs):
-                return False  # an initializer doubling as a graph input keeps its slot
+        if (form == "file-constant" and site.role == "initializer"
+                and site.tensor.name in self._graph_inputs(site.container)):
+            return False  # an initializer doubling as a graph input keeps its slot
         return not (form == "file-constant" and not can_hold(site.tensor))
 
     def select(self, threshold: int, form: Form) -> list[Weight]:

@@ -1,0 +1,227 @@
+"""Shape-like inputs reached through model-local functions stay inline."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from weightstore.catalogue.shape_inputs import function_shape_positions, shape_input_names
+from weightstore.convert import convert_to_external
+from weightstore.samples import run_onnxruntime
+
+LOCAL = "local"
+OPSETS = [helper.make_opsetid("", 18), helper.make_opsetid(LOCAL, 1)]
+BODY_OPSETS = [helper.make_opsetid("", 18)]
+
+
+def _function(name: str, inputs: list[str], outputs: list[str],
+              nodes: list[onnx.NodeProto], overload: str | None = None) -> onnx.FunctionProto:
+    opsets = [*BODY_OPSETS, helper.make_opsetid(LOCAL, 1)]
+    return helper.make_function(LOCAL, name, inputs, outputs, nodes, opsets, overload=overload)
+
+
+def _call(name: str, inputs: list[str], outputs: list[str], **kwargs) -> onnx.NodeProto:
+    return helper.make_node(name, inputs, outputs, domain=LOCAL, **kwargs)
+
+
+def _reshape_function(name: str = "R") -> onnx.FunctionProto:
+    """``R(X, shp) = Reshape(X, shp)``."""
+    return _function(name, ["X", "shp"], ["Y"], [helper.make_node("Reshape", ["X", "shp"], ["Y"])])
+
+
+def _model(nodes: list[onnx.NodeProto], functions: list[onnx.FunctionProto],
+           initializers: list[onnx.TensorProto], inputs: list[onnx.ValueInfoProto],
+           outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "main", inputs, outputs, initializers)
+    model = helper.make_model(graph, opset_imports=OPSETS, functions=functions)
+    model.ir_version = 10
+    return model
+
+
+def _weights() -> tuple[onnx.TensorProto, onnx.TensorProto]:
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.standard_normal((2, 6)).astype(np.float32), "W")
+    s = numpy_helper.from_array(np.array([3, 4], dtype=np.int64), "S")
+    return w, s
+
+
+def _io() -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    return ([helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 6])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 4])])
+
+
+def _reshape_model() -> onnx.ModelProto:
+    """``Y = R(X + W, S)`` with ``R(X, shp) = Reshape(X, shp)``."""
+    nodes = [helper.make_node("Add", ["X", "W"], ["A"]), _call("R", ["A", "S"], ["Y"])]
+    return _model(nodes, [_reshape_function()], list(_weights()), *_io())
+
+
+def _nested_model() -> onnx.ModelProto:
+    """``Y = A(X + W, S)``; ``A(P, Q) = B(P, Q)``; ``B(U, V) = Reshape(U, V)``."""
+    a = _function("A", ["P", "Q"], ["O"], [_call("B", ["P", "Q"], ["O"])])
+    b = _function("B", ["U", "V"], ["O"], [helper.make_node("Reshape", ["U", "V"], ["O"])])
+    nodes = [helper.make_node("Add", ["X", "W"], ["T"]), _call("A", ["T", "S"], ["Y"])]
+    return _model(nodes, [a, b], list(_weights()), *_io())
+
+
+def _if_model() -> onnx.ModelProto:
+    """``F(X, shp, c)`` reshapes ``X`` by ``shp`` inside both branches of an ``If``."""
+    out = helper.make_tensor_value_info("Z", TensorProto.FLOAT, [3, 4])
+    then = helper.make_graph([helper.make_node("Reshape", ["X", "shp"], ["Z"])], "then", [],
+                             [out])
+    other = helper.make_graph([helper.make_node("Neg", ["X"], ["N"]),
+                               helper.make_node("Reshape", ["N", "shp"], ["Z"])], "else", [],
+                              [out])
+    f = _function("F", ["X", "shp", "c"], ["O"], [
+        helper.make_node("If", ["c"], ["O"], then_branch=then, else_branch=other)])
+    w, s = _weights()
+    c = numpy_helper.from_array(np.array(True), "C")
+    nodes = [helper.make_node("Add", ["X", "W"], ["T"]), _call("F", ["T", "S", "C"], ["Y"])]
+    return _model(nodes, [f], [w, s, c], *_io())
+
+
+def _assert_runs_identically(model: onnx.ModelProto, save_model, tmp_path) -> onnx.ModelProto:
+    onnx.checker.check_model(model, full_check=True)
+    src = save_model(model)
+    out = tmp_path / "ext.onnx"
+    convert_to_external(src, out, threshold=0)
+    converted = onnx.load(str(out), load_external_data=False)
+    inputs = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
+    expected = run_onnxruntime(model, inputs)
+    actual = run_onnxruntime(out, inputs)
+    assert len(expected) == len(actual)
+    for e, a in zip(expected, actual, strict=True):
+        assert e.shape == a.shape
+        assert e.tobytes() == a.tobytes()
+    return converted
+
+
+def _external(model: onnx.ModelProto) -> set[str]:
+    return {t.name for t in model.graph.initializer
+            if t.data_location == TensorProto.EXTERNAL}
+
+
+def test_function_argument_reaching_reshape():
+    model = _reshape_model()
+    assert function_shape_positions(model) == {(LOCAL, "R", ""): frozenset({1})}
+    names = shape_input_names(model)
+    assert "S" in names
+    assert "A" not in names and "W" not in names
+
+
+def test_function_argument_stays_inline_and_runs(save_model, tmp_path):
+    converted = _assert_runs_identically(_reshape_model(), save_model, tmp_path)
+    assert _external(converted) == {"W"}
+
+
+def test_nested_functions():
+    model = _nested_model()
+    assert function_shape_positions(model) == {(LOCAL, "A", ""): frozenset({1}),
+                                               (LOCAL, "B", ""): frozenset({1})}
+    names = shape_input_names(model)
+    assert {"S", "Q", "V"} <= names
+    assert not {"T", "W", "P", "U"} & names
+
+
+def test_nested_functions_run(save_model, tmp_path):
+    converted = _assert_runs_identically(_nested_model(), save_model, tmp_path)
+    assert _external(converted) == {"W"}
+
+
+def test_constant_in_function_body_passed_on():
+    """A Constant inside one function, passed to another that reshapes with it."""
+    shape = numpy_helper.from_array(np.array([3, 4], dtype=np.int64), "k")
+    outer = _function("Outer", ["P"], ["O"], [
+        helper.make_node("Constant", [], ["k"], value=shape),
+        _call("R", ["P", "k"], ["O"]),
+    ])
+    nodes = [helper.make_node("Add", ["X", "W"], ["T"]), _call("Outer", ["T"], ["Y"])]
+    model = _model(nodes, [outer, _reshape_function()], [_weights()[0]], *_io())
+    assert "k" in shape_input_names(model)
+    assert (LOCAL, "Outer", "") not in function_shape_positions(model)
+
+
+def test_formal_input_used_in_subgraph():
+    model = _if_model()
+    # shp: used by name inside both branches; c: the If condition
+    assert function_shape_positions(model) == {(LOCAL, "F", ""): frozenset({1, 2})}
+    names = shape_input_names(model)
+    assert {"S", "C"} <= names
+    assert not {"T", "W"} & names
+
+
+def test_formal_input_used_in_subgraph_runs(save_model, tmp_path):
+    converted = _assert_runs_identically(_if_model(), save_model, tmp_path)
+    assert _external(converted) == {"W"}
+
+
+def test_if_condition_stays_inline_and_runs(save_model, tmp_path):
+    """onnxruntime folds an If on a constant condition but cannot read it as external data."""
+    out = helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, 6])
+    then = helper.make_graph([helper.make_node("Add", ["X", "W"], ["Z"])], "then", [], [out])
+    other = helper.make_graph([helper.make_node("Sub", ["X", "W"], ["Z"])], "else", [], [out])
+    nodes = [helper.make_node("If", ["C"], ["Y"], then_branch=then, else_branch=other)]
+    c = numpy_helper.from_array(np.array(True), "C")
+    model = _model(nodes, [], [_weights()[0], c], _io()[0],
+                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 6])])
+    assert shape_input_names(model) == {"C"}
+    converted = _assert_runs_identically(model, save_model, tmp_path)
+    assert _external(converted) == {"W"}
+
+
+def test_call_inside_subgraph_of_main_graph():
+    out = helper.make_tensor_value_info("Z", TensorProto.FLOAT, [3, 4])
+    branch = helper.make_graph([_call("R", ["X", "S"], ["Z"])], "branch", [], [out])
+    nodes = [helper.make_node("If", ["C"], ["Y"], then_branch=branch, else_branch=branch)]
+    model = _model(nodes, [_reshape_function()], list(_weights()), *_io())
+    assert "S" in shape_input_names(model)
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_recursion_terminates(order):
+    """Self- and mutually recursive functions (not runnable, but must not hang)."""
+    self_call = _function("Self", ["X", "s"], ["Y"], [_call("Self", ["X", "s"], ["Y"])])
+    # F passes its inputs swapped to G; G reshapes with its 2nd input and passes its 1st
+    # back to F's 1st, which reaches G's 2nd.
+    f = _function("F", ["a", "b"], ["Y"], [_call("G", ["b", "a"], ["Y"])])
+    g = _function("G", ["p", "q"], ["Y"], [
+        helper.make_node("Reshape", ["p", "q"], ["Z"]),
+        _call("F", ["p", "Z"], ["Y"]),
+    ])
+    functions = [self_call, f, g] if order == 0 else [g, f, self_call]
+    nodes = [_call("Self", ["X", "S1"], ["Y1"]), _call("F", ["X", "S2"], ["Y2"]),
+             _call("G", ["X", "S3"], ["Y"])]
+    model = _model(nodes, functions, [], *_io())
+    positions = function_shape_positions(model)
+    assert (LOCAL, "Self", "") not in positions
+    # G: q directly, p through F's 1st; F: a through G's 2nd, b through G's 1st.
+    assert positions[(LOCAL, "G", "")] == frozenset({0, 1})
+    assert positions[(LOCAL, "F", "")] == frozenset({0, 1})
+    names = shape_input_names(model)
+    assert {"S2", "S3", "X"} <= names
+    assert "S1" not in names
+
+
+def test_unrelated_names_stay_out():
+    add = _function("Plus", ["X", "Y"], ["O"], [helper.make_node("Add", ["X", "Y"], ["O"])])
+    # same name in another domain, and another overload of R: not the reshaping function
+    nodes = [
+        _call("Plus", ["X", "W"], ["P"]),
+        _call("R", ["P", "S"], ["Q"]),
+        helper.make_node("R", ["Q", "U"], ["V"], domain="elsewhere"),
+        _call("R", ["V", "K"], ["Y"], overload="flat"),
+    ]
+    flat = _function("R", ["X", "shp"], ["Y"], [helper.make_node("Flatten", ["X"], ["Y"])],
+                     overload="flat")
+    model = _model(nodes, [add, _reshape_function(), flat], [], *_io())
+    assert function_shape_positions(model) == {(LOCAL, "R", ""): frozenset({1})}
+    names = shape_input_names(model)
+    assert names == {"S", "shp"}  # shp: R's own Reshape
+
+
+def test_model_without_functions_unchanged(encoder_model):
+    direct = {n.input[1] for g in [encoder_model.graph] for n in g.node
+              if n.op_type == "Reshape"}
+    assert direct <= shape_input_names(encoder_model)
