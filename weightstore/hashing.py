@@ -18,7 +18,7 @@ from .errors import IntegrityError
 Algorithm = Literal["blake3", "sha256"]
 ALGORITHMS: tuple[str, ...] = ("blake3", "sha256")
 HEX_LENGTH = {"blake3": 64, "sha256": 64}
-WINDOW = 64 << 20
+WINDOW = 16 << 20  # per hashing thread: bounds resident memory at jobs x WINDOW
 
 
 class Hasher(Protocol):
