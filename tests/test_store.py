@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import weightstore.store.store as store_module
+from weightstore import fsio
+from weightstore.cli import main
 from weightstore.errors import IntegrityError, StoreError
 from weightstore.fsio import align_up
 from weightstore.hashing import digest_bytes, make_key
@@ -28,6 +30,8 @@ from weightstore.store import (
     user_cache_dir,
 )
 from weightstore.store.index import read_index
+
+from .test_build import write_recipe
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -80,6 +84,26 @@ class LyingPayload:
         return None
 
 
+@dataclass(frozen=True)
+class ImpostorPayload:
+    """The right key and size, other bytes: a source that changed after it was hashed."""
+
+    key: str
+    size: int
+    data: bytes
+
+    @classmethod
+    def of(cls, real: BytesPayload) -> ImpostorPayload:
+        other = bytes(b ^ 0x5A for b in real.data)
+        return cls(key=real.key, size=real.size, data=other)
+
+    def read(self) -> bytes:
+        return self.data
+
+    def file_range(self) -> None:
+        return None
+
+
 def temp_files(root: Path) -> list[str]:
     return sorted(name for name in os.listdir(root) if name.startswith("."))
 
@@ -107,11 +131,43 @@ def store(tmp_path: Path) -> WeightStore:
 # -- basic layout -------------------------------------------------------------------------
 
 
-def test_root_is_created_with_parents(tmp_path: Path) -> None:
+def test_root_is_created_with_parents_by_the_first_put(tmp_path: Path) -> None:
     s = WeightStore(tmp_path / "a" / "b" / "c")
-    assert s.root.is_dir()
+    assert not (tmp_path / "a").exists()
     assert s.index() == {}
     assert s.lookup(make_key("blake3", "0" * 64)) is None
+    s.put(payloads(("a", 10)), kind="separate")
+    assert s.root.is_dir()
+    assert s.verify().ok
+
+
+def test_reading_a_missing_store_creates_nothing(tmp_path: Path) -> None:
+    s = WeightStore(tmp_path / "typo" / "a" / "b")
+    for call in (s.stats, s.verify, s.repair):
+        with pytest.raises(StoreError, match="no store") as exc:
+            call()
+        assert exc.value.context["path"] == str(s.root)
+    assert s.index() == {}
+    assert os.listdir(tmp_path) == []
+    # Nor does verifying a folder no writer ever touched (no index, no lock file).
+    (tmp_path / "empty").mkdir()
+    e = WeightStore(tmp_path / "empty")
+    assert e.verify().ok and e.stats().objects == 0
+    assert os.listdir(e.root) == []
+
+
+def test_empty_put_creates_the_root(tmp_path: Path) -> None:
+    s = WeightStore(tmp_path / "s")
+    assert s.put([], kind="separate").written_objects == 0
+    assert s.root.is_dir() and os.listdir(s.root) == []
+
+
+def test_root_under_a_file_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    s = WeightStore(tmp_path / "f" / "store")
+    with pytest.raises(StoreError) as exc:
+        s.put(payloads(("a", 1)), kind="separate")
+    assert exc.value.context["path"] == str(s.root)
 
 
 def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
@@ -286,7 +342,7 @@ def test_file_payloads_are_copied_by_range(store: WeightStore, tmp_path: Path) -
 def test_bad_arguments_raise_value_error(store: WeightStore, kwargs: dict) -> None:
     with pytest.raises(ValueError):
         store.put(payloads(("a", 1)), **kwargs)
-    assert os.listdir(store.root) == []
+    assert not store.root.exists()
 
 
 def test_malformed_payload_keys_and_sizes(store: WeightStore) -> None:
@@ -368,8 +424,9 @@ def meta(files: object = None, offsets: object = None, sizes: object = None,
          sizes={"md5:" + "0" * 32: 1}),
 ])
 def test_malformed_meta_json_is_a_store_error(store: WeightStore, text: str) -> None:
+    store.root.mkdir()
     store.meta_path.write_bytes(text.encode("latin-1"))
-    for call in (store.index, store.stats, store.verify,
+    for call in (store.index, store.stats, store.verify, store.repair,
                  lambda: store.put(payloads(("a", 1)), kind="separate")):
         with pytest.raises(StoreError) as exc:
             call()
@@ -378,12 +435,14 @@ def test_malformed_meta_json_is_a_store_error(store: WeightStore, text: str) -> 
 
 
 def test_newer_format_version_says_so(store: WeightStore) -> None:
+    store.root.mkdir()
     store.meta_path.write_text(meta(version=FORMAT_VERSION + 1))
     with pytest.raises(StoreError, match="newer"):
         store.index()
 
 
 def test_well_formed_meta_json_parses(store: WeightStore) -> None:
+    store.root.mkdir()
     store.meta_path.write_text(meta())
     assert read_index(store.meta_path) == {
         GOOD_KEY: StoredObject(GOOD_KEY, "weight_" + "ab" * 32, 0, 4)}
@@ -414,7 +473,8 @@ def test_lock_is_held_while_the_index_is_read(store: WeightStore,
     store.put(payloads(("a", 10)), kind="separate")
     store.put(payloads(("b", 10)), kind="combined", combined_name="m")
     store.verify()
-    assert seen == [True, True, True]
+    store.repair()
+    assert seen == [True, True, True, True]
     assert not lock_is_held(store.lock_path)
 
 
@@ -427,6 +487,8 @@ def test_lock_timeout_is_a_store_error(tmp_path: Path) -> None:
         assert exc.value.context["lock"] == str(s.lock_path)
         with pytest.raises(StoreError):
             s.verify()
+        with pytest.raises(StoreError):
+            s.repair()
         # Readers need no lock.
         assert s.index() == {}
     assert s.put(payloads(("a", 1)), kind="separate").written_objects == 1
@@ -538,6 +600,77 @@ def test_stray_temp_files_and_orphans_are_warnings(store: WeightStore) -> None:
     assert stats.unreferenced_bytes == 6
 
 
+# -- verify on write ----------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {name: (root / name).read_bytes() for name in sorted(os.listdir(root))
+            if name != "meta.json.lock"}
+
+
+@pytest.mark.parametrize("jobs", [1, 4])
+@pytest.mark.parametrize("kind", ["separate", "combined"])
+def test_bytes_that_do_not_match_their_key_are_never_indexed(store: WeightStore, kind: str,
+                                                             jobs: int) -> None:
+    name = "m" if kind == "combined" else None
+    ps = payloads(*[(f"p{i}", 100 + i) for i in range(6)])
+    store.put(ps[:2], kind=kind, combined_name=name, alignment=64)
+    before = snapshot(store.root)
+    impostor = ImpostorPayload.of(ps[2])
+    with pytest.raises(IntegrityError) as exc:
+        store.put([impostor], kind=kind, combined_name=name, alignment=64, jobs=jobs)
+    assert exc.value.context["key"] == ps[2].key
+    assert exc.value.context["source"] == "ImpostorPayload in memory"
+    assert exc.value.context["got"] == BytesPayload.of(impostor.data).key
+    assert snapshot(store.root) == before  # index, objects and combined file unchanged
+    assert temp_files(store.root) == []
+    # Such a source among good ones: what precedes it is kept (in a combined file, nothing
+    # after it: the append is cut back to the end of the last verified object).
+    with pytest.raises(IntegrityError) as exc:
+        store.put([ps[2], ps[3], ImpostorPayload.of(ps[4]), ps[5]], kind=kind,
+                  combined_name=name, alignment=64, jobs=jobs)
+    assert exc.value.context["key"] == ps[4].key
+    index = store.index()
+    assert ps[2].key in index and ps[3].key in index and ps[4].key not in index
+    if kind == "combined":
+        assert ps[5].key not in index
+        assert (store.root / "m_weight_combined").stat().st_size == index[ps[3].key].end
+    else:
+        assert not (store.root / separate_name(ps[4].key)).exists()
+    assert temp_files(store.root) == []
+    assert_index_complete(store)
+    report = store.verify()
+    assert report.ok and report.warnings == ()
+    # The correct bytes go in on the next put.
+    retry = store.put(ps, kind=kind, combined_name=name, alignment=64, jobs=jobs)
+    assert retry.reused_objects + retry.written_objects == 6
+    assert set(store.index()) == {p.key for p in ps}
+    assert_index_complete(store)
+    assert store.verify().ok
+
+
+@pytest.mark.parametrize("kind", ["separate", "combined"])
+def test_source_file_changed_after_hashing_is_refused(store: WeightStore, tmp_path: Path,
+                                                      kind: str) -> None:
+    src = tmp_path / "model.data"
+    data = blob("weights", 3000)
+    src.write_bytes(b"\0" * 10 + data)
+    key = make_key("blake3", digest_bytes("blake3", data))
+    fp = FilePayload(key=key, size=len(data), path=str(src), offset=10)
+    src.write_bytes(b"\0" * 10 + blob("rewritten", 3000))  # same size, other bytes
+    name = "m" if kind == "combined" else None
+    with pytest.raises(IntegrityError) as exc:
+        store.put([fp], kind=kind, combined_name=name)
+    assert exc.value.context["key"] == key
+    assert exc.value.context["source"] == f"{src} at offset 10"
+    assert store.index() == {}
+    assert sorted(os.listdir(store.root)) == ["meta.json.lock"]
+    src.write_bytes(b"\0" * 10 + data)
+    assert store.put([fp], kind=kind, combined_name=name).written_objects == 1
+    assert store.read(store.index()[key]) == data
+    assert store.verify().ok
+
+
 # -- verify -------------------------------------------------------------------------------
 
 
@@ -624,6 +757,168 @@ def test_verify_detects_misnamed_and_overlapping_entries(store: WeightStore) -> 
     assert ("overlap", "m_weight_combined", b.key) in {(p.kind, p.file, p.key)
                                                        for p in report.problems}
     assert report.to_dict()["ok"] is False
+
+
+# -- repair -------------------------------------------------------------------------------
+
+
+def damage(store: WeightStore, ps: list[BytesPayload]) -> dict[str, str]:
+    """Damage three objects of ``filled`` in three ways; return key -> expected problem."""
+    flipped, deleted, short = (store.lookup(ps[i].key) for i in (0, 1, 4))
+    assert flipped is not None and deleted is not None and short is not None
+    flip_byte(store.path_of(flipped), 3)
+    store.path_of(deleted).unlink()
+    os.truncate(store.path_of(short), short.end - 1)
+    return {flipped.key: "digest_mismatch", deleted.key: "missing_file",
+            short.key: "short_file"}
+
+
+def test_repair_drops_damaged_entries_and_the_next_put_rewrites_them(
+        filled: tuple[WeightStore, list[BytesPayload]]) -> None:
+    store, ps = filled
+    expected = damage(store, ps)
+    # c1 sits in the same combined file as the short c2: flip one of its bytes too.
+    c1 = store.lookup(ps[3].key)
+    assert c1 is not None
+    flip_byte(store.path_of(c1), c1.offset)
+    expected[c1.key] = "digest_mismatch"
+    combined_size = (store.root / "m_weight_combined").stat().st_size
+    report = store.repair(jobs=2)
+    assert {(p.key, p.kind) for p in report.found.problems} == set(expected.items())
+    assert {o.key for o in report.dropped} == set(expected)
+    # Per-weight files are deleted; combined ranges are only unindexed.
+    assert report.deleted_files == (separate_name(ps[0].key),)
+    assert not (store.root / separate_name(ps[0].key)).exists()
+    assert (store.root / "m_weight_combined").stat().st_size == combined_size
+    assert report.ok and report.remaining.objects == 1
+    assert report.remaining.bytes_hashed == 0  # kept bytes were hashed once, not twice
+    assert set(store.index()) == {ps[2].key}
+    json.dumps(report.to_dict())
+    assert report.to_dict()["dropped"][0].keys() == {"key", "file", "offset", "size"}
+    assert store.verify().ok
+    # A second repair finds nothing and rewrites nothing.
+    meta_before = store.meta_path.read_bytes()
+    again = store.repair()
+    assert (again.dropped, again.deleted_files, again.found.problems) == ((), (), ())
+    assert store.meta_path.read_bytes() == meta_before
+    # The next put writes the dropped payloads again, past the damaged bytes.
+    retry = store.put(ps[:2], kind="separate")
+    retry_c = store.put(ps[2:], kind="combined", combined_name="m", alignment=128)
+    assert retry.written_objects + retry_c.written_objects == 4
+    assert all(retry_c.objects[p.key].offset >= combined_size for p in ps[3:])
+    assert_index_complete(store)
+    assert store.verify().ok
+
+
+def separate_name(key: str) -> str:
+    return "weight_" + key.split(":")[1]
+
+
+def test_repair_deletes_only_per_weight_files_nothing_else_uses(store: WeightStore) -> None:
+    a, b, c = payloads(("a", 100), ("b", 100), ("c", 100))
+    store.put([a, b, c], kind="separate")
+    (store.root / "source-digests.json").write_bytes(b"{}")
+    doc = json.loads(store.meta_path.read_text())
+    # b's entry names a's (sound) file, c's names a file that is not an object at all.
+    doc["hash_to_weight_file"][b.key] = separate_name(a.key)
+    doc["hash_to_weight_file"][c.key] = "source-digests.json"
+    store.meta_path.write_text(json.dumps(doc))
+    report = store.repair()
+    assert {o.key for o in report.dropped} == {b.key, c.key}
+    assert report.deleted_files == ()
+    assert (store.root / separate_name(a.key)).read_bytes() == a.data
+    assert (store.root / "source-digests.json").read_bytes() == b"{}"
+    assert report.ok
+    assert {(w.kind, w.file) for w in report.remaining.warnings} == {
+        ("orphan_file", separate_name(b.key)), ("orphan_file", separate_name(c.key))}
+    assert set(store.index()) == {a.key}
+
+
+def test_cli_verify_repair(filled: tuple[WeightStore, list[BytesPayload]],
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    store, ps = filled
+    expected = damage(store, ps)
+    root = str(store.root)
+    assert main(["store", "verify", "--store", root]) == 1
+    capsys.readouterr()
+    assert main(["store", "verify", "--repair", "--store", root, "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    for key in expected:
+        assert f"dropped: {key} " in out
+    assert f"deleted: {separate_name(ps[0].key)}" in out
+    assert out.rstrip().endswith("dropped 3, 2 left: ok")
+    assert main(["store", "verify", "--store", root]) == 0
+    capsys.readouterr()
+    assert main(["store", "verify", "--repair", "--json", "--store", root]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["dropped"] == [] and doc["remaining"]["objects"] == 2
+
+
+@pytest.mark.parametrize("argv", [["store", "stats"], ["store", "stats", "--json"],
+                                  ["store", "verify"], ["store", "verify", "--repair"]])
+def test_cli_on_a_missing_store_exits_2_and_creates_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    missing = tmp_path / "typo" / "a" / "b"
+    assert main([*argv, "--store", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: no store") and str(missing) in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_repair_lets_the_next_build_recover(encoder_model, save_model, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src},
+                          "\n  - {name: l, external_weight: combined}\n")
+    root = tmp_path / "store"
+    assert main(["build", str(recipe), "--store", str(root)]) == 0
+    store = WeightStore(root)
+    objects = store.stats().objects
+    victim = max(store.index().values(), key=lambda o: o.size)
+    flip_byte(store.path_of(victim), victim.offset)
+    capsys.readouterr()
+    # The damaged range is indexed and sized right: every build copying it fails.
+    assert main(["build", str(recipe), "--store", str(root), "--force"]) == 2
+    assert main(["store", "verify", "--repair", "--store", str(root)]) == 0
+    assert f"dropped: {victim.key} " in capsys.readouterr().out
+    assert victim.key not in store.index()
+    assert main(["build", str(recipe), "--store", str(root), "--force"]) == 0
+    assert store.stats().objects == objects
+    assert store.lookup(victim.key) is not None
+    assert store.verify().ok
+
+
+# -- permissions --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def group_umask():
+    """umask 002, as for a store shared by a group (restored afterwards)."""
+    old = os.umask(0o002)
+    fsio._umask.cache_clear()
+    try:
+        yield 0o002
+    finally:
+        os.umask(old)
+        fsio._umask.cache_clear()
+
+
+def test_store_files_get_the_umask_mode(tmp_path: Path, group_umask: int) -> None:
+    store = WeightStore(tmp_path / "shared")
+    store.put(payloads(("a", 10), ("b", 20)), kind="separate")
+    store.put(payloads(("c", 30)), kind="combined", combined_name="m")
+    a = store.lookup(payloads(("a", 10))[0].key)
+    assert a is not None
+    flip_byte(store.path_of(a), 0)
+    store.repair()  # rewrites meta.json
+    store.put(payloads(("a", 10)), kind="separate")
+    names = sorted(os.listdir(store.root))
+    assert names == sorted(["meta.json", "meta.json.lock", "m_weight_combined",
+                            *(separate_name(p.key) for p in payloads(("a", 10), ("b", 20)))])
+    for name in names:
+        mode = (store.root / name).stat().st_mode & 0o777
+        assert mode == 0o666 & ~group_umask, (name, oct(mode))
+    assert store.root.stat().st_mode & 0o777 == 0o777 & ~group_umask
 
 
 # -- stats --------------------------------------------------------------------------------

@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true", help="print JSON")
         if name == "verify":
             sp.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4))
+            sp.add_argument("--repair", action="store_true",
+                            help="drop damaged objects from the index (and delete their "
+                                 "per-weight files) so the next build writes them again; "
+                                 "exit 0 when everything left is sound")
 
     c = sub.add_parser("convert", help="convert one model between weight forms")
     c.add_argument("direction", choices=("to-external", "to-file-constant", "to-inline"))
@@ -113,18 +117,42 @@ def _cmd_store(args: argparse.Namespace) -> int:
             for k, v in stats.to_dict().items():
                 print(f"{k:>20}: {v}")
         return EXIT_OK
+    if args.repair:
+        return _cmd_store_repair(store, args)
     report = store.verify(jobs=args.jobs)
     if args.json:
         _print_json(report.to_dict())
     else:
-        for problem in report.problems:
-            print(f"problem: {problem.kind}: {problem.key or ''} {problem.file or ''} "
-                  f"{problem.detail}".rstrip())
-        for warning in report.warnings:
-            print(f"warning: {warning.kind}: {warning.file or ''} {warning.detail}".rstrip())
+        _print_findings(report.problems, report.warnings)
         state = "ok" if report.ok else f"{len(report.problems)} problem(s)"
         print(f"verified {report.objects} objects ({_mb(report.bytes_hashed)}): {state}")
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _cmd_store_repair(store: Any, args: argparse.Namespace) -> int:
+    report = store.repair(jobs=args.jobs)
+    if args.json:
+        _print_json(report.to_dict())
+        return EXIT_OK if report.ok else EXIT_FAILED
+    _print_findings(report.found.problems, ())
+    for obj in report.dropped:
+        print(f"dropped: {obj.key} {obj.file} [{obj.offset}, {obj.end})")
+    for name in report.deleted_files:
+        print(f"deleted: {name}")
+    left = report.remaining
+    _print_findings(left.problems, left.warnings)
+    state = "ok" if report.ok else f"{len(left.problems)} problem(s)"
+    print(f"verified {report.found.objects} objects ({_mb(report.found.bytes_hashed)}), "
+          f"dropped {len(report.dropped)}, {left.objects} left: {state}")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _print_findings(problems: Sequence[Any], warnings: Sequence[Any]) -> None:
+    for problem in problems:
+        print(f"problem: {problem.kind}: {problem.key or ''} {problem.file or ''} "
+              f"{problem.detail}".rstrip())
+    for warning in warnings:
+        print(f"warning: {warning.kind}: {warning.file or ''} {warning.detail}".rstrip())
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ _EXPORTS = {
     "BytesPayload": "payload",
     "FilePayload": "payload",
     "PayloadSource": "payload",
+    "RepairReport": "repair",
     "StoreStats": "stats",
     "PutReport": "store",
     "WeightStore": "store",
@@ -34,6 +35,7 @@ __all__ = [
     "PayloadSource",
     "Problem",
     "PutReport",
+    "RepairReport",
     "StoreStats",
     "StoredObject",
     "VerifyReport",
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from .index import FORMAT_VERSION, StoredObject
     from .location import ENV_VAR, resolve_store_path, user_cache_dir
     from .payload import BytesPayload, FilePayload, PayloadSource
+    from .repair import RepairReport
     from .stats import StoreStats
     from .store import PutReport, WeightStore
     from .verify import Problem, VerifyReport

@@ -12,16 +12,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import StoreError
+from ..fsio import file_mode
 from .layout import LOCK_NAME
 
 
 @contextlib.contextmanager
 def store_lock(root: Path, timeout: float) -> Iterator[Path]:
-    """Hold ``<root>/meta.json.lock`` exclusively (negative timeout: wait forever)."""
+    """Hold ``<root>/meta.json.lock`` exclusively (negative timeout: wait forever).
+
+    The lock file gets the mode of any other store file (0666 less the umask), so every
+    user who may write a shared store can also lock it.
+    """
     from filelock import FileLock, Timeout  # imported on first use: it costs ~35 ms
 
     path = root / LOCK_NAME
-    lock = FileLock(path, timeout=timeout)
+    lock = FileLock(path, timeout=timeout, mode=file_mode())
     try:
         lock.acquire()
     except Timeout as exc:

@@ -3,7 +3,11 @@
 Writers serialise on one lock and decide what is missing only while holding it, so a payload
 is written once no matter how many builds race to add it. Readers (``lookup``, ``index``,
 ``stats``, ``read``) need no lock: ``meta.json`` is only ever replaced whole, and an object is
-indexed only after its bytes are durable. See :mod:`weightstore.store.writer` for the layout.
+indexed only after its bytes are durable and hash to its key. See
+:mod:`weightstore.store.writer` for the layout.
+
+The root folder is created by the first write (``put``), never by reading: ``stats``,
+``verify`` and ``repair`` of a folder that does not exist are a :class:`StoreError`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .index import StoredObject, read_index, write_index
 from .layout import LOCK_NAME, META_NAME, combined_file_name, is_safe_component
 from .lock import store_lock
 from .payload import PayloadSource
+from .repair import RepairReport, drop_damaged
 from .stats import StoreStats, compute_stats
 from .verify import VerifyReport, verify_objects
 from .writer import WriteOutcome, append_combined, write_separate
@@ -50,18 +55,16 @@ class PutReport:
 
 
 class WeightStore:
-    """A store root on disk; cheap to construct, holds no open files between calls."""
+    """A store root on disk; cheap to construct, holds no open files between calls.
+
+    Constructing one creates nothing: the root folder is made by the first ``put``.
+    """
 
     def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = 600.0) -> None:
         self.root = Path(root).absolute()
         self.lock_timeout = lock_timeout
         if self.root.exists() and not self.root.is_dir():
             raise StoreError("store root exists and is not a folder", path=str(self.root))
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the store root: {exc.strerror}",
-                             path=str(self.root)) from exc
 
     def __repr__(self) -> str:
         return f"WeightStore({str(self.root)!r})"
@@ -81,11 +84,16 @@ class WeightStore:
             jobs: int = 4) -> PutReport:
         """Store the payloads that are not already present; report where every key lives.
 
+        Every object written is re-hashed and compared with its key before it is indexed;
+        bytes that do not match (a source changed after it was hashed) raise
+        :class:`IntegrityError` naming the key and the source, and are not indexed.
         On an exception the objects completed so far are still indexed (their bytes are
-        durable), nothing partial remains under a final name, and the exception propagates.
+        durable and verified), nothing partial remains under a final name, and the exception
+        propagates. Creates the root folder if needed.
         """
         combined_file = _check_put_args(kind, combined_name, alignment, jobs)
         wanted = _collapse(payloads)
+        self._make_root()
         if not wanted:
             return PutReport({}, 0, 0, 0, 0, 0)
         with store_lock(self.root, self.lock_timeout):
@@ -98,7 +106,7 @@ class WeightStore:
                 indexed_end = max((o.end for o in index.values() if o.file == combined_file),
                                   default=0)
                 outcome = append_combined(self.root, combined_file, missing, alignment,
-                                          indexed_end)
+                                          indexed_end, jobs)
             _publish(self.meta_path, index, outcome)
         written = {obj.key: obj for obj in outcome.objects}
         located = {**present, **written}
@@ -113,7 +121,11 @@ class WeightStore:
 
     def _present(self, index: dict[str, StoredObject],
                  wanted: dict[str, PayloadSource]) -> dict[str, StoredObject]:
-        """Indexed keys whose bytes are really there (a crash or a user may remove files)."""
+        """Indexed keys whose bytes are really there (a crash or a user may remove files).
+
+        Only sizes are checked here; bytes damaged on disk after they were written are found
+        by :meth:`verify` and dropped from the index by :meth:`repair`.
+        """
         sizes: dict[str, int | None] = {}
         present: dict[str, StoredObject] = {}
         for key, src in wanted.items():
@@ -173,12 +185,51 @@ class WeightStore:
             os.close(fd)
 
     def stats(self) -> StoreStats:
+        self._require_root()
         return compute_stats(self.root, read_index(self.meta_path))
 
     def verify(self, *, jobs: int = 4) -> VerifyReport:
-        """Re-hash every object under the lock, so no append is judged half-published."""
+        """Re-hash every object under the lock, so no append is judged half-published.
+
+        A folder no writer ever touched (no index, no lock file) is verified as an empty
+        store without taking the lock, so that verifying creates nothing.
+        """
+        self._require_root()
+        if not self.meta_path.exists() and not self.lock_path.exists():
+            return verify_objects(self.root, {}, jobs)
         with store_lock(self.root, self.lock_timeout):
             return verify_objects(self.root, read_index(self.meta_path), jobs)
+
+    def repair(self, *, jobs: int = 4) -> RepairReport:
+        """Verify under the lock and drop every entry whose bytes are damaged.
+
+        Entries with a missing, short, resized, misnamed, overlapping, unreadable or
+        mismatching range leave the index (``meta.json`` is replaced atomically); the
+        per-weight files only they referred to are then deleted, while ranges of combined
+        files are only unindexed. The next ``put`` of those keys writes them again. The
+        report's ``remaining`` re-checks what is left (structure only: the bytes kept were
+        hashed moments ago under the same lock).
+        """
+        self._require_root()
+        with store_lock(self.root, self.lock_timeout):
+            return drop_damaged(self.root, self.meta_path, read_index(self.meta_path), jobs)
+
+    # -- the root folder ---------------------------------------------------------------
+
+    def _require_root(self) -> None:
+        """Reading commands never create the store: a missing root is an error."""
+        if not self.root.is_dir():
+            raise StoreError("no store at this path", path=str(self.root))
+
+    def _make_root(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as exc:
+            raise StoreError("store root exists and is not a folder",
+                             path=str(self.root)) from exc
+        except OSError as exc:
+            raise StoreError(f"cannot create the store root: {exc.strerror}",
+                             path=str(self.root)) from exc
 
 
 def _check_put_args(kind: str, combined_name: str | None, alignment: int,

@@ -5,13 +5,14 @@ that key. Verification re-hashes everything (on a thread pool: both digests rele
 and also checks the structure the writers promise: per-weight files named by their digest
 and sized exactly, combined ranges inside their file and disjoint. Leftovers that harm
 nothing (unindexed object files, temp files of an interrupted write) are warnings.
+:mod:`weightstore.store.repair` drops the entries behind the problems from the index.
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +65,12 @@ class VerifyReport:
         }
 
 
-def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int) -> VerifyReport:
-    """Check ``index`` against the files under ``root`` (caller holds the store lock)."""
+def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
+                   trusted: Collection[str] = ()) -> VerifyReport:
+    """Check ``index`` against the files under ``root`` (caller holds the store lock).
+
+    Keys in ``trusted`` get every check but the re-hash (their bytes were just hashed).
+    """
     problems: list[Problem] = []
     sizes: dict[str, int | None] = {}
     to_hash: list[StoredObject] = []
@@ -74,7 +79,7 @@ def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int) -> Ver
             sizes[obj.file] = _size(root / obj.file)
         problems.extend(_check_shape(obj, sizes[obj.file]))
         file_size = sizes[obj.file]
-        if file_size is not None and obj.end <= file_size:
+        if file_size is not None and obj.end <= file_size and obj.key not in trusted:
             to_hash.append(obj)
     problems.extend(_overlaps(index.values()))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

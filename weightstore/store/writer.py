@@ -11,23 +11,28 @@ Layout of a store root::
       .<final name>.XXXX.tmp    temp file of a write in progress (stray only after a crash)
 
 Both writers run with the store lock held and publish nothing to ``meta.json`` themselves:
-they return the objects whose bytes are complete and durable, and the caller indexes exactly
-those. A per-weight object appears under its final name only by ``os.replace`` of a fsynced
-temp file. A combined file only grows at its end, past every byte that is already there, so
-a crashed append leaves garbage that nothing references and the next append skips.
+they return the objects whose bytes are complete, durable and verified, and the caller
+indexes exactly those. Every object is re-hashed from the file it was written to and
+compared with its key before it counts as complete: a source that changed after the caller
+hashed it (same size, other bytes) is an :class:`IntegrityError`, never an index entry. A
+per-weight object appears under its final name only by ``os.replace`` of a fsynced,
+verified temp file. A combined file only grows at its end, past every byte that is already
+there, so a crashed append leaves garbage that nothing references and the next append skips.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError
-from ..fsio import align_up, atomic_writer, copy_range, fsync_dir, write_all
+from ..fsio import align_up, atomic_writer, copy_range, file_mode, fsync_dir, write_all
+from ..hashing import digest_fd, make_key, split_key
 from .index import StoredObject
 from .layout import separate_file_name
 from .payload import PayloadSource
@@ -76,41 +81,57 @@ def write_separate(root: Path, sources: Sequence[PayloadSource], jobs: int) -> W
 
 def _write_one(root: Path, src: PayloadSource) -> StoredObject:
     name = separate_file_name(src.key)
-    with atomic_writer(root / name) as f:
+    with atomic_writer(root / name) as f:  # a failed check removes the temp file
         copy_payload(src, f.fileno(), 0)
+        check_written(src, f.fileno(), 0)
     return StoredObject(key=src.key, file=name, offset=0, size=src.size)
 
 
 def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], alignment: int,
-                    indexed_end: int) -> WriteOutcome:
+                    indexed_end: int, jobs: int = 1) -> WriteOutcome:
     """Append sources to ``file`` in order, each at an aligned offset past the current end.
 
     The current end is the file's actual size (or the end of the last indexed range, should
     the file have shrunk), so bytes from an interrupted append are skipped, never reused.
-    On error the file is cut back to the last complete object and fsynced, so the objects
-    returned are durable and nothing half-written remains past them.
+    Each range is re-hashed on a pool of ``jobs`` threads while the next ones are copied.
+    On error (a failed copy or a range whose bytes do not match its key) the file is cut
+    back to the end of the last object before the first failure and fsynced, so the objects
+    returned are durable and verified, and nothing unverified remains past them.
     """
     path = root / file
     existed = path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY, file_mode())
     try:
         start = os.fstat(fd).st_size
-        end = max(start, indexed_end)
-        objects: list[StoredObject] = []
-        padding = 0
+        base_end = end = max(start, indexed_end)
+        placed: list[StoredObject] = []
+        checks: list[Future[None]] = []
+        failed = threading.Event()
         error: BaseException | None = None
-        try:
-            for src in sources:
-                offset = align_up(end, alignment)
-                copy_payload(src, fd, offset)
-                if src.size == 0 and os.fstat(fd).st_size < offset:
-                    os.ftruncate(fd, offset)  # the empty object still lies inside the file
-                objects.append(StoredObject(key=src.key, file=file, offset=offset,
-                                            size=src.size))
-                padding += offset - end
-                end = offset + src.size
-        except BaseException as exc:
-            error = exc
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            try:
+                for src in sources:
+                    if failed.is_set():
+                        break  # a range already failed its check: everything after is cut
+                    offset = align_up(end, alignment)
+                    copy_payload(src, fd, offset)
+                    if src.size == 0 and os.fstat(fd).st_size < offset:
+                        os.ftruncate(fd, offset)  # the empty object still lies inside the file
+                    checks.append(pool.submit(_check_flagged, failed, src, fd, offset))
+                    placed.append(StoredObject(key=src.key, file=file, offset=offset,
+                                               size=src.size))
+                    end = offset + src.size
+            except BaseException as exc:
+                error = exc
+        # Every check has finished; keep the objects before the first one that failed.
+        objects: list[StoredObject] = []
+        for obj, check in zip(placed, checks, strict=True):
+            exc = check.exception()
+            if exc is not None:
+                error = exc  # the earliest failure, whatever stopped the copying later
+                break
+            objects.append(obj)
+        if error is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, objects[-1].end if objects else start)
         os.fsync(fd)
@@ -120,8 +141,36 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     fsync_dir(root)
-    return WriteOutcome(objects=tuple(objects), written_bytes=sum(o.size for o in objects),
-                        padding_bytes=padding, error=error)
+    written = sum(o.size for o in objects)
+    padding = objects[-1].end - base_end - written if objects else 0
+    return WriteOutcome(objects=tuple(objects), written_bytes=written, padding_bytes=padding,
+                        error=error)
+
+
+def _check_flagged(failed: threading.Event, src: PayloadSource, fd: int, offset: int) -> None:
+    try:
+        check_written(src, fd, offset)
+    except BaseException:
+        failed.set()
+        raise
+
+
+def check_written(src: PayloadSource, fd: int, offset: int) -> None:
+    """Re-hash the ``src.size`` bytes just written at ``offset`` of ``fd`` against the key."""
+    algo, expected = split_key(src.key)
+    actual = digest_fd(algo, fd, offset, src.size)
+    if actual != expected:
+        raise IntegrityError("payload bytes do not match their key (did the source change "
+                             "after it was hashed?)", key=src.key, source=describe(src),
+                             got=make_key(algo, actual))
+
+
+def describe(src: PayloadSource) -> str:
+    """Where a payload's bytes come from, for error messages."""
+    where = src.file_range()
+    if where is not None:
+        return f"{where[0]} at offset {where[1]}"
+    return f"{type(src).__name__} in memory"
 
 
 def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
