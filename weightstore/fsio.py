@@ -8,14 +8,12 @@ never a partial file.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import functools
 import os
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -161,6 +159,8 @@ def _renameat2():
     """glibc's renameat2, or None where the system has none."""
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         func = libc.renameat2
@@ -178,6 +178,8 @@ def exchange(a: Path, b: Path) -> bool:
         return False
     if func(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
+    import ctypes
+
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
         return False  # the filesystem cannot exchange
@@ -199,7 +201,7 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
         if exchange(tmp_dir, final_dir):
             shutil.rmtree(tmp_dir, ignore_errors=True)
         else:
-            old = parent / f".{name}.old-{uuid.uuid4().hex}"
+            old = parent / f".{name}.old-{os.urandom(8).hex()}"
             os.replace(final_dir, old)
             os.replace(tmp_dir, final_dir)
             shutil.rmtree(old, ignore_errors=True)
