@@ -8,7 +8,7 @@ Layout of a store root::
       weight_<hex>              per-weight object ("separate" kind): exactly the payload bytes
       <name>_weight_combined    combined file: payloads appended, each starting at a multiple
                                 of the alignment, zero-padded between
-      .<final name>.XXXX.tmp    temp file of a write in progress (stray only after a crash)
+      .<final name>.<random>.tmp    temp file of a write in progress (stray only after a crash)
 
 Both writers run with the store lock held and publish nothing to ``meta.json`` themselves:
 they return the objects whose bytes are complete, durable and verified, and the caller
