@@ -34,21 +34,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-MB = 1_000_000
-RSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: KiB on Linux, bytes on macOS
+import harness
+from harness import MB, BenchError, Process, Target
+
 PACKAGE, VERSION, LAYOUT, MODEL_NAME = "bench", "1.0.0", "release", "large"
 
 RECIPE = """\
@@ -88,23 +84,12 @@ import shutil, sys
 shutil.copyfile(sys.argv[1], sys.argv[2])
 """
 
-class BenchError(Exception):
-    """A measured command failed or did not do what its variant expects."""
-
-
-@dataclass
-class Run:
-    seconds: float
-    peak_rss: int  # bytes
-    output: str
-
-
 @dataclass
 class Variant:
     name: str
     prepare: Callable[[], list[str]]  # untimed set-up; returns the command to measure
     check: Callable[[str], str | None] = lambda _out: None  # problem text, or None
-    runs: list[Run] = field(default_factory=list)
+    runs: list[Process] = field(default_factory=list)
 
     def figures(self) -> dict[str, Any]:
         times = [r.seconds for r in self.runs]
@@ -113,37 +98,10 @@ class Variant:
                 "max_s": max(times), "peak_rss_bytes": rss, "max_peak_rss_bytes": max(rss)}
 
 
-def child_env(workdir: Path) -> dict[str, str]:
-    """The environment for children: this checkout first on the import path, and a bytecode
-    cache in the workdir, so that no variant recompiles its modules on every run (as an
-    installed package would not) even where ``PYTHONDONTWRITEBYTECODE`` is set."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
-    return env
-
-
-def measure(argv: list[str], log: Path) -> Run:
-    """Run ``argv`` in a fresh process; wall time around it and its peak RSS."""
-    env = child_env(log.parent)
-    with open(log, "w+b") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        text = out.read().decode("utf-8", "replace")
-    if proc.returncode != 0:
-        raise BenchError(f"{' '.join(argv)} exited with {proc.returncode}:\n{text}")
-    return Run(seconds, usage.ru_maxrss * RSS_UNIT, text)
-
-
-def rss_floor() -> int:
-    """This process's peak RSS: the lowest peak any child can report."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * RSS_UNIT
+def measure(argv: list[str], workdir: Path, log_name: str) -> Process:
+    """Run ``argv`` in a fresh process; wall time around it and its peak RSS. Its stdout and
+    stderr together are its output, kept in ``<log_name>.log`` in the workdir."""
+    return harness.run_process(argv, workdir, log_name, merge_stderr=True)
 
 
 def _rm(path: Path) -> None:
@@ -153,18 +111,14 @@ def _rm(path: Path) -> None:
         path.unlink()
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def make_inputs(workdir: Path, size_mb: int) -> tuple[Path, Path]:
     """The model (generated once, cached by size) and the recipe that builds it."""
     model = workdir / f"model-{size_mb}mb.onnx"
     if not model.exists():
-        _log(f"generating a {size_mb} MB model in {model} ...")
+        harness.log(f"generating a {size_mb} MB model in {model} ...")
         run = measure([sys.executable, "-c", GENERATE, str(model), str(size_mb * MB)],
-                      workdir / "generate.log")
-        _log(f"  done in {run.seconds:.1f} s")
+                      workdir, "generate")
+        harness.log(f"  done in {run.seconds:.1f} s")
     recipe = workdir / "recipe.yaml"
     recipe.write_text(RECIPE.format(package=PACKAGE, version=VERSION, layout=LAYOUT,
                                     model_name=MODEL_NAME, source=model.name))
@@ -200,7 +154,7 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
                 "--json"]
 
     def untimed_build(store: Path) -> None:
-        measure(build(store), workdir / "setup.log")
+        measure(build(store), workdir, "setup")
 
     def cold() -> list[str]:
         _rm(out)
@@ -239,45 +193,34 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
     ]
 
 
-def run_once(variant: Variant, workdir: Path) -> Run:
+def run_once(variant: Variant, workdir: Path) -> Process:
     argv = variant.prepare()
     os.sync()
-    run = measure(argv, workdir / f"{variant.name}.log")
+    run = measure(argv, workdir, variant.name)
     problem = variant.check(run.output)
     if problem:
         raise BenchError(f"{variant.name}: {problem}\n{run.output}")
     return run
 
 
-@dataclass(frozen=True)
-class Ratio:
-    name: str
-    value: float
-    target: float | None  # upper bound; None: shown for scale only
-
-    @property
-    def passed(self) -> bool | None:
-        return None if self.target is None else self.value <= self.target
-
-
-def ratios(variants: dict[str, Variant], model_bytes: int) -> list[Ratio]:
+def ratios(variants: dict[str, Variant], model_bytes: int) -> list[Target]:
     med = {name: statistics.median(r.seconds for r in v.runs) for name, v in variants.items()}
     cold_rss = max(r.peak_rss for r in variants["cold"].runs)
     return [
-        Ratio("warm / onnx", med["warm"] / med["onnx"], 0.8),
-        Ratio("cold / onnx", med["cold"] / med["onnx"], 1.5),
-        Ratio("unchanged / cold", med["unchanged"] / med["cold"], 0.2),
-        Ratio("cold peak RSS / model size", cold_rss / model_bytes, 1.5),
-        Ratio("copy / onnx", med["copy"] / med["onnx"], None),
+        Target("warm / onnx", med["warm"] / med["onnx"], 0.8),
+        Target("cold / onnx", med["cold"] / med["onnx"], 1.5),
+        Target("unchanged / cold", med["unchanged"] / med["cold"], 0.2),
+        Target("cold peak RSS / model size", cold_rss / model_bytes, 1.5),
+        Target("copy / onnx", med["copy"] / med["onnx"], None),
     ]
 
 
-def report(variants: list[Variant], found: list[Ratio], model: str, model_bytes: int,
+def report(variants: list[Variant], found: list[Target], model: str, model_bytes: int,
            runs: int) -> str:
     lines = [
         f"model {model}: {model_bytes / MB:.1f} MB, {runs} run(s) per variant, "
         f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, "
-        f"RSS floor {rss_floor() / MB:.1f} MB",
+        f"RSS floor {harness.rss_floor() / MB:.1f} MB",
         "",
         f"{'variant':<11}{'median s':>10}{'min s':>9}{'max s':>9}{'peak RSS MB':>13}",
     ]
@@ -285,33 +228,20 @@ def report(variants: list[Variant], found: list[Ratio], model: str, model_bytes:
         f = v.figures()
         lines.append(f"{v.name:<11}{f['median_s']:>10.3f}{f['min_s']:>9.3f}{f['max_s']:>9.3f}"
                      f"{f['max_peak_rss_bytes'] / MB:>13.1f}")
-    lines += ["", f"{'ratio':<28}{'value':>7}{'target':>10}  result"]
-    for r in found:
-        target = "(scale)" if r.target is None else f"<= {r.target:g}"
-        verdict = "" if r.passed is None else "PASS" if r.passed else "MISS"
-        lines.append(f"{r.name:<28}{r.value:>7.2f}{target:>10}  {verdict}".rstrip())
-    misses = [r for r in found if r.passed is False]
-    if misses:
-        lines.append("")
-        for r in misses:
-            assert r.target is not None
-            over = (r.value / r.target - 1) * 100
-            lines.append(f"MISS: {r.name} = {r.value:.2f}, target <= {r.target:g} "
-                         f"({over:.0f}% over)")
+    lines += ["", *harness.target_table(found, "ratio", 28, 7)]
     return "\n".join(lines)
 
 
-def as_json(variants: list[Variant], found: list[Ratio], model: str, model_bytes: int,
+def as_json(variants: list[Variant], found: list[Target], model: str, model_bytes: int,
             runs: int) -> dict[str, Any]:
     return {
         "model": {"file": model, "bytes": model_bytes},
         "runs": runs,
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
-        "rss_floor_bytes": rss_floor(),
+        "rss_floor_bytes": harness.rss_floor(),
         "variants": {v.name: v.figures() for v in variants},
-        "ratios": [{"name": r.name, "value": r.value, "target": r.target, "pass": r.passed}
-                   for r in found],
+        "ratios": [r.as_json() for r in found],
     }
 
 
@@ -325,19 +255,30 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def bench_size(size_mb: int, runs: int, workdir: Path) -> tuple[list[Variant], list[Ratio],
-                                                                 Path, int]:
+def bench_size(size_mb: int, runs: int,
+               workdir: Path) -> tuple[list[Variant], list[Target], Path, int]:
     model, recipe = make_inputs(workdir, size_mb)
     model_bytes = model.stat().st_size
     variants = make_variants(workdir, model, recipe)
-    _log("warm-up (untimed): " + ", ".join(v.name for v in variants))
+    harness.log("warm-up (untimed): " + ", ".join(v.name for v in variants))
     for v in variants:
         run_once(v, workdir)
     for i in range(runs):
-        _log(f"{size_mb} MB: round {i + 1}/{runs}")
+        harness.log(f"{size_mb} MB: round {i + 1}/{runs}")
         for v in variants:
             v.runs.append(run_once(v, workdir))
     return variants, ratios({v.name: v for v in variants}, model_bytes), model, model_bytes
+
+
+def run_all(sizes: list[int], runs: int,
+            workdir: Path) -> list[tuple[list[Variant], list[Target], Path, int]]:
+    """Every size in turn, each in its own subfolder of the workdir."""
+    results = []
+    for size in sizes:
+        sub = workdir / f"{size}mb"
+        sub.mkdir(exist_ok=True)
+        results.append(bench_size(size, runs, sub))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,36 +287,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="weights in the generated model(s), in MB of 10^6 bytes, comma-"
                         "separated; each size is a separate table (default 256,1024)")
     p.add_argument("--runs", type=int, default=5, help="timed runs per variant (default 5)")
-    p.add_argument("--workdir", type=Path,
-                   help="folder for the models, stores and outputs; kept, and the models are "
-                        "reused by later runs (default: a temp folder)")
-    p.add_argument("--keep", action="store_true", help="keep the temp folder")
-    p.add_argument("--json", action="store_true", help="print all figures as JSON")
+    harness.add_common_arguments(p, "the models, stores and outputs")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
     if min(args.size_mb) < 200:
-        _log("note: below 200 MB, interpreter start-up and imports dominate every ratio")
+        harness.log("note: below 200 MB, interpreter start-up and imports dominate every ratio")
 
-    temp = args.workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix="weightstore-bench-")) if temp else args.workdir
-    workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    results = []
-    try:
-        for size in args.size_mb:
-            sub = workdir / f"{size}mb"
-            sub.mkdir(exist_ok=True)
-            results.append(bench_size(size, args.runs, sub))
-    except BenchError as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
+    results = harness.in_workdir(args.workdir, args.keep,
+                                 lambda workdir: run_all(args.size_mb, args.runs, workdir))
+    if results is None:
         return 2
-    finally:
-        if temp and not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        elif temp:
-            _log(f"kept {workdir}")
-
     if args.json:
         print(json.dumps([as_json(v, f, m.name, b, args.runs) for v, f, m, b in results],
                          indent=2))

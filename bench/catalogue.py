@@ -52,23 +52,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-MB = 1_000_000
+import harness
+from harness import MB, BenchError, Target
+
 GIB = 1 << 30
-RSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: KiB on Linux, bytes on macOS
 PROTOBUF_LIMIT = (1 << 31) - 1
 FAILURE_TIMEOUT_S = 120.0
 
@@ -172,10 +167,6 @@ print(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak,
 """
 
 
-class BenchError(Exception):
-    """A measured command failed or did not do what its variant expects."""
-
-
 @dataclass
 class Run:
     seconds: float  # the operation alone, timed in the child
@@ -208,67 +199,12 @@ class Variant:
                 "rss_increase_bytes": increases, "max_rss_increase_bytes": max(increases)}
 
 
-def child_env(workdir: Path) -> dict[str, str]:
-    """The environment for children: this checkout first on the import path, and a bytecode
-    cache in the workdir, so that no run recompiles its modules (as an installed package
-    would not) even where ``PYTHONDONTWRITEBYTECODE`` is set."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
-    return env
-
-
-@dataclass
-class Process:
-    seconds: float  # wall time around the whole process
-    peak_rss: int  # bytes
-    output: str  # stdout
-    killed: bool = False  # ran past its timeout
-
-
-def run_process(argv: list[str], workdir: Path, log_name: str,
-                timeout: float | None = None) -> Process:
-    """Run ``argv`` in a fresh process; its stdout, wall time and peak RSS. Stderr goes to
-    ``<log_name>.log`` in the workdir and is quoted when the process fails."""
-    log = workdir / f"{log_name}.log"
-    with open(log, "w+b") as err, tempfile.TemporaryFile(dir=workdir) as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=child_env(workdir),
-                                stdin=subprocess.DEVNULL)
-        expired = threading.Event()
-
-        def kill() -> None:
-            expired.set()
-            proc.kill()
-
-        timer = None
-        if timeout is not None:
-            timer = threading.Timer(timeout, kill)
-            timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            if timer is not None:
-                timer.cancel()
-        seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        text = out.read().decode("utf-8", "replace")
-        err.seek(0)
-        errors = err.read().decode("utf-8", "replace")
-    killed = expired.is_set() and proc.returncode < 0
-    if proc.returncode != 0 and not killed:
-        raise BenchError(f"{' '.join(argv)} exited with {proc.returncode}:\n{text}{errors}")
-    return Process(seconds, usage.ru_maxrss * RSS_UNIT, text, killed)
-
-
 def measure(variant: str, model: Path, workdir: Path,
             timeout: float | None = None) -> Run | None:
     """One run of ``variant`` on ``model``; None if it was killed at ``timeout``."""
     os.sync()
-    proc = run_process([sys.executable, "-c", OPERATION, variant, str(model)], workdir,
-                       variant, timeout)
+    proc = harness.run_process([sys.executable, "-c", OPERATION, variant, str(model)],
+                               workdir, variant, timeout)
     if proc.killed:
         return None
     try:
@@ -279,21 +215,13 @@ def measure(variant: str, model: Path, workdir: Path,
                result.get("tensors"), result.get("payload_bytes"), result.get("error"))
 
 
-def rss_floor() -> int:
-    """This process's peak RSS: the lowest peak any child can report."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * RSS_UNIT
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _generate(path: Path, script: str, args: list[str], workdir: Path, what: str) -> None:
     if path.exists():
         return
-    _log(f"generating {what} in {path} ...")
-    proc = run_process([sys.executable, "-c", script, str(path), *args], workdir, "generate")
-    _log(f"  done in {proc.seconds:.1f} s")
+    harness.log(f"generating {what} in {path} ...")
+    proc = harness.run_process([sys.executable, "-c", script, str(path), *args], workdir,
+                               "generate")
+    harness.log(f"  done in {proc.seconds:.1f} s")
     os.sync()
 
 
@@ -319,18 +247,6 @@ def make_big_model(workdir: Path, gib: float) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    value: float
-    target: float | None  # upper bound; None: shown for scale only
-    digits: int = 2
-
-    @property
-    def passed(self) -> bool | None:
-        return None if self.target is None else self.value <= self.target
-
-
 def _ratio(a: float, b: float) -> float:
     return a / b if b else float("inf")
 
@@ -342,7 +258,7 @@ class Result:
     model_bytes: int
     runs: int
     variants: list[Variant]
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Target] = field(default_factory=list)
     tensors: int | None = None
     payload_bytes: int | None = None
     load_once: Run | None = None  # the single onnx.load attempt on the big model
@@ -352,11 +268,11 @@ class Result:
 def bench_model(title: str, model: Path, names: list[str], runs: int,
                 workdir: Path) -> Result:
     variants = [Variant(n) for n in names]
-    _log(f"{model.name}: warm-up (untimed): " + ", ".join(names))
+    harness.log(f"{model.name}: warm-up (untimed): " + ", ".join(names))
     for v in variants:
         _checked(measure(v.name, model, workdir), v.name)
     for i in range(runs):
-        _log(f"{model.name}: round {i + 1}/{runs}")
+        harness.log(f"{model.name}: round {i + 1}/{runs}")
         for v in variants:
             v.runs.append(_checked(measure(v.name, model, workdir), v.name))
     result = Result(title, model, model.stat().st_size, runs, variants)
@@ -384,31 +300,31 @@ def _checked(run: Run | None, name: str) -> Run:
     return run
 
 
-def encoder_checks(result: Result) -> list[Check]:
+def encoder_checks(result: Result) -> list[Target]:
     v = {x.name: x.figures() for x in result.variants}
     cat, load, read = v["catalogue"], v["onnx.load"], v["read"]
     return [
-        Check("catalogue / onnx.load time", _ratio(cat["median_s"], load["median_s"]), 0.5),
-        Check("catalogue / onnx.load +RSS", _ratio(cat["max_rss_increase_bytes"],
-                                                   load["max_rss_increase_bytes"]), 0.1),
-        Check("catalogue / onnx.load peak RSS", _ratio(cat["max_peak_rss_bytes"],
-                                                       load["max_peak_rss_bytes"]), None),
-        Check("catalogue / read time", _ratio(cat["median_s"], read["median_s"]), None),
+        Target("catalogue / onnx.load time", _ratio(cat["median_s"], load["median_s"]), 0.5),
+        Target("catalogue / onnx.load +RSS", _ratio(cat["max_rss_increase_bytes"],
+                                                    load["max_rss_increase_bytes"]), 0.1),
+        Target("catalogue / onnx.load peak RSS", _ratio(cat["max_peak_rss_bytes"],
+                                                        load["max_peak_rss_bytes"]), None),
+        Target("catalogue / read time", _ratio(cat["median_s"], read["median_s"]), None),
     ]
 
 
-def big_checks(result: Result) -> list[Check]:
+def big_checks(result: Result) -> list[Target]:
     v = {x.name: x.figures() for x in result.variants}
     cat, read = v["catalogue"], v["read"]
     return [
-        Check("catalogue peak RSS (MB)", cat["max_peak_rss_bytes"] / MB, 256, 1),
-        Check("catalogue / read time", _ratio(cat["median_s"], read["median_s"]), 1.0),
-        Check("catalogue +RSS (MB)", cat["max_rss_increase_bytes"] / MB, None, 1),
+        Target("catalogue peak RSS (MB)", cat["max_peak_rss_bytes"] / MB, 256, 1),
+        Target("catalogue / read time", _ratio(cat["median_s"], read["median_s"]), 1.0),
+        Target("catalogue +RSS (MB)", cat["max_rss_increase_bytes"] / MB, None, 1),
     ]
 
 
 def try_onnx_load(result: Result, workdir: Path) -> None:
-    _log(f"{result.model.name}: onnx.load, once (expected to fail)")
+    harness.log(f"{result.model.name}: onnx.load, once (expected to fail)")
     run = measure("onnx.load", result.model, workdir, timeout=FAILURE_TIMEOUT_S)
     result.load_once, result.load_killed = run, run is None
 
@@ -441,7 +357,7 @@ def report(result: Result) -> str:
         f"model {result.model.name}: {size}, {result.tensors} tensors, "
         f"{(result.payload_bytes or 0) / MB:.1f} MB of payload; {result.runs} run(s) per "
         f"variant, {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, "
-        f"RSS floor {rss_floor() / MB:.1f} MB",
+        f"RSS floor {harness.rss_floor() / MB:.1f} MB",
         "",
         f"{'variant':<11}{'median s':>10}{'min s':>9}{'max s':>9}{'imports MB':>12}"
         f"{'+RSS MB':>9}{'peak RSS MB':>13}",
@@ -456,19 +372,7 @@ def report(result: Result) -> str:
               "increase the operation caused; peak RSS MB: the whole process)"]
     if result.title == "big":
         lines += ["", onnx_load_line(result)]
-    lines += ["", f"{'check':<32}{'value':>8}{'target':>10}  result"]
-    for c in result.checks:
-        target = "(scale)" if c.target is None else f"<= {c.target:g}"
-        verdict = "" if c.passed is None else "PASS" if c.passed else "MISS"
-        lines.append(f"{c.name:<32}{c.value:>8.{c.digits}f}{target:>10}  {verdict}".rstrip())
-    misses = [c for c in result.checks if c.passed is False]
-    if misses:
-        lines.append("")
-        for c in misses:
-            assert c.target is not None
-            over = (c.value / c.target - 1) * 100
-            lines.append(f"MISS: {c.name} = {c.value:.{c.digits}f}, target <= {c.target:g} "
-                         f"({over:.0f}% over)")
+    lines += ["", *harness.target_table(result.checks, "check", 32, 8)]
     return "\n".join(lines)
 
 
@@ -478,8 +382,7 @@ def as_json(result: Result) -> dict[str, Any]:
                   "tensors": result.tensors, "payload_bytes": result.payload_bytes},
         "runs": result.runs,
         "variants": {v.name: v.figures() for v in result.variants},
-        "checks": [{"name": c.name, "value": c.value, "target": c.target, "pass": c.passed}
-                   for c in result.checks],
+        "checks": [c.as_json() for c in result.checks],
     }
     if result.title == "big":
         run = result.load_once
@@ -494,7 +397,7 @@ def run_all(runs: int, big_gib: float, workdir: Path) -> list[Result]:
     results = []
     encoder = make_encoder_model(workdir)
     big = make_big_model(workdir, big_gib)
-    steps: list[tuple[str, Path, list[str], Callable[[Result], list[Check]]]] = [
+    steps: list[tuple[str, Path, list[str], Callable[[Result], list[Target]]]] = [
         ("encoder", encoder, ["catalogue", "onnx.load", "read"], encoder_checks),
         ("big", big, ["catalogue", "read"], big_checks),
     ]
@@ -513,38 +416,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-gib", type=float, default=2.5,
                    help="weights in the big single-file model, in GiB (default 2.5; above 2 "
                         "onnx.load cannot open it)")
-    p.add_argument("--workdir", type=Path,
-                   help="folder for the models and logs; kept, and the models are reused by "
-                        "later runs (default: a temp folder)")
-    p.add_argument("--keep", action="store_true", help="keep the temp folder")
-    p.add_argument("--json", action="store_true", help="print all figures as JSON")
+    harness.add_common_arguments(p, "the models and logs")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
     if args.big_gib <= 0:
         p.error("--big-gib must be positive")
     if args.big_gib * GIB <= PROTOBUF_LIMIT:
-        _log(f"note: {args.big_gib:g} GiB is below protobuf's 2 GiB limit; onnx.load may "
-             "open the big model")
+        harness.log(f"note: {args.big_gib:g} GiB is below protobuf's 2 GiB limit; onnx.load "
+                    "may open the big model")
 
-    temp = args.workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix="weightstore-bench-")) if temp else args.workdir
-    workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        results = run_all(args.runs, args.big_gib, workdir)
-    except BenchError as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
+    results = harness.in_workdir(args.workdir, args.keep,
+                                 lambda workdir: run_all(args.runs, args.big_gib, workdir))
+    if results is None:
         return 2
-    finally:
-        if temp and not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        elif temp:
-            _log(f"kept {workdir}")
-
     if args.json:
         print(json.dumps({"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                          "rss_floor_bytes": rss_floor(),
+                          "rss_floor_bytes": harness.rss_floor(),
                           "models": [as_json(r) for r in results]}, indent=2))
     else:
         print("\n\n".join(report(r) for r in results))
