@@ -66,6 +66,33 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("model")
     i.add_argument("--json", action="store_true", help="print JSON")
 
+    scen = sub.add_parser("scenario", help="modification scenarios stored in a model")
+    ssc = scen.add_subparsers(dest="scenario_command", required=True, metavar="ACTION")
+    sl = ssc.add_parser("list", help="the scenarios of a model")
+    sl.add_argument("model")
+    sl.add_argument("--json", action="store_true", help="print JSON")
+    ss = ssc.add_parser("show", help="the records of one scenario")
+    ss.add_argument("model")
+    ss.add_argument("name")
+    ss.add_argument("--json", action="store_true", help="print JSON")
+    sa = ssc.add_parser("add", help="run passes on the model's metadata and store the "
+                                    "records as a scenario")
+    sa.add_argument("model")
+    sa.add_argument("name")
+    sa.add_argument("--passes", required=True,
+                    help="comma-separated passes, in order (e.g. fuse-qkv,cleanup)")
+    sa.add_argument("--output", help="write here instead of replacing MODEL in place")
+    sa.add_argument("--replace", action="store_true", help="replace a scenario of that name")
+    sa.add_argument("--digest", choices=("blake3", "sha256"), default="blake3")
+    sr = ssc.add_parser("remove", help="remove one scenario")
+    sr.add_argument("model")
+    sr.add_argument("name")
+    sr.add_argument("--output", help="write here instead of replacing MODEL in place")
+    sp = ssc.add_parser("replay", help="write the scenario's model, runnable, weights inline")
+    sp.add_argument("model")
+    sp.add_argument("name")
+    sp.add_argument("--output", required=True)
+
     sc = sub.add_parser("schema", help="write the recipe JSON Schema")
     sc.add_argument("--output", default="schemas/recipe.schema.json")
     return p
@@ -184,6 +211,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_scenario(args: argparse.Namespace) -> int:
+    from .scenarios import commands
+
+    return commands.run(args)
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     from .recipe import write_schema
 
@@ -192,7 +225,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
-            "inspect": _cmd_inspect, "schema": _cmd_schema}
+            "inspect": _cmd_inspect, "scenario": _cmd_scenario, "schema": _cmd_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -56,3 +56,7 @@ class PackageError(WeightstoreError, RuntimeError):
 
 class ConversionError(WeightstoreError, ValueError):
     """A model cannot be converted between inline, external-data and FileConstant forms."""
+
+
+class ScenarioError(WeightstoreError, ValueError):
+    """A modification scenario is unknown, malformed, or does not fit the model."""

@@ -16,6 +16,15 @@ from ..errors import ConversionError, ModelError
 TYPED_FIELDS = frozenset(v for v in PAYLOAD_FIELDS.values() if v != "raw_data")
 
 
+def has_payload(tensor: onnx.TensorProto) -> bool:
+    """Is the tensor's value present inline, rather than omitted or external?"""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return False
+    if tensor.raw_data or any(len(getattr(tensor, f)) for f in TYPED_FIELDS):
+        return True
+    return len(tensor.string_data) > 0 or 0 in tensor.dims
+
+
 def clear_payload(tensor: onnx.TensorProto) -> None:
     """Remove payload fields and any external-data reference."""
     for name in PAYLOAD_FIELDS.values():

@@ -150,6 +150,23 @@ class ModelWeights:
 
     # -- output ----------------------------------------------------------------------------
 
+    def metadata_model(self, small_limit: int) -> onnx.ModelProto:
+        """The model with payloads of at most ``small_limit`` bytes inline, others omitted.
+
+        What rewrite passes see: enough to read an If condition or a shape, never a weight.
+        """
+        model = onnx.ModelProto()
+        model.CopyFrom(self.catalogue.model)
+        for site in iter_tensor_sites(model):
+            desc = self.descriptors.get(site.path)
+            if desc is None or desc.nbytes > small_limit:
+                continue
+            if desc.is_external:
+                set_payload(site.tensor, read_payload(desc, self.catalogue))
+            else:
+                self.catalogue.restore(site.tensor, site.path, site.where)
+        return model
+
     def materialize(self, placements: Mapping[TensorPath, Placement], form: Form,
                     ) -> onnx.ModelProto:
         """The output model: placed tensors external (in ``form``), all others inline."""

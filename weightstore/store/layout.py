@@ -51,7 +51,7 @@ def is_safe_component(name: str) -> bool:
 
 
 def is_temp_name(name: str) -> bool:
-    """Temp files from :func:`weightstore.fsio.atomic_writer` look like ``.<final>.<random>.tmp``."""
+    """Temp files from :func:`weightstore.fsio.atomic_writer`: ``.<final>.<random>.tmp``."""
     return name.startswith(".") and name.endswith(".tmp")
 
 

@@ -1,0 +1,1 @@
+"""Rewrite passes: each turns a metadata model into LocalRewriting records."""

@@ -1,0 +1,76 @@
+"""The pass framework: passes propose records, the engine normalizes and chains them.
+
+A pass sees a *metadata model*: structure, names, types and shapes, with payloads omitted.
+Tensors up to :data:`SMALL_VALUE_LIMIT` bytes are inline, so a pass may read small
+constants (an If condition, a Reshape shape) with :func:`small_value`, never a large
+weight: a payload-dependent result is declared as a
+:class:`~weightstore.catalogue.descriptors.DerivedWeightRecipe` over source initializers
+and materialized only when a package is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..convert.encoding import has_payload
+from ..errors import ScenarioError
+from ..scenarios.rewriting import LocalRewriting, normalize
+
+SMALL_VALUE_LIMIT = 4096  # bytes: tensors up to this size are inline in a pass's model
+
+
+def small_value(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """The value of a small inline tensor; None for an omitted or external payload."""
+    if not has_payload(tensor):
+        return None
+    return numpy_helper.to_array(tensor)
+
+
+@dataclass
+class PassContext:
+    """What a pass may know besides the model's structure (room for device facts later)."""
+
+    small_value_limit: int = SMALL_VALUE_LIMIT
+
+
+class RewritePass(Protocol):
+    name: str
+
+    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+        """Records for one batch, in the coordinates of ``model``."""
+        ...
+
+
+@dataclass
+class PassResult:
+    """Records of every pass, in order, and the model they produce."""
+
+    rewrites: list[LocalRewriting] = field(default_factory=list)
+    model: onnx.ModelProto | None = None
+
+
+def run_passes(model: onnx.ModelProto, passes: Sequence[RewritePass],
+               ctx: PassContext | None = None) -> PassResult:
+    """Run ``passes`` in order, each on the model the previous ones produced."""
+    ctx = ctx or PassContext()
+    current = model
+    result = PassResult()
+    for number, rewrite_pass in enumerate(passes):
+        records = [_in_batch(r, number) for r in rewrite_pass(current, ctx)]
+        if records:
+            _, current = normalize(current, records)
+        result.rewrites.extend(records)
+    result.model = current
+    return result
+
+
+def _in_batch(record: LocalRewriting, number: int) -> LocalRewriting:
+    if not isinstance(record, LocalRewriting):
+        raise ScenarioError("a pass returned something that is not a LocalRewriting")
+    return replace(record, batch=number)

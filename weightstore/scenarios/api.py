@@ -1,0 +1,179 @@
+"""Registering and replaying modification scenarios (the seed's Registration API).
+
+``add_modification_scenario`` validates and normalizes a pass's records and appends them
+to the model as a ``ModelModificationScenarioProto``; ``replay_modification_scenario``
+reproduces the rewritten graph from that record alone. Neither reads a payload byte, and
+every refusal happens before any payload would be selected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from .._proto import weightstore_pb2 as pb
+from ..catalogue.payload import expected_nbytes
+from ..catalogue.sites import iter_tensor_sites
+from ..convert.encoding import clear_payload, has_payload
+from ..errors import ScenarioError
+from .digest import base_graph_digest
+from .rewriting import LocalRewriting, apply_record, normalize
+from .storage import read_scenarios, write_scenarios
+
+REPLAY_FORMAT_VERSION = 1
+DIGEST_ALGORITHMS = ("blake3", "sha256")
+
+
+@dataclass(frozen=True)
+class AddModificationScenarioOptions:
+    digest_algorithm: str = "blake3"
+    replay_format_version: int = REPLAY_FORMAT_VERSION
+    replace_existing: bool = False
+
+
+def scenario_names(model: onnx.ModelProto) -> list[str]:
+    return [s.scenario for s in read_scenarios(model)]
+
+
+def find_scenario(model: onnx.ModelProto, name: str) -> pb.ModelModificationScenarioProto:
+    """The scenario called ``name``; unknown or ambiguous names are errors."""
+    matches = [s for s in read_scenarios(model) if s.scenario == name]
+    if not matches:
+        raise ScenarioError("unknown scenario", scenario=name,
+                            known=", ".join(scenario_names(model)) or "none")
+    if len(matches) > 1:
+        raise ScenarioError("scenario name appears more than once", scenario=name)
+    return matches[0]
+
+
+def add_modification_scenario(model: onnx.ModelProto, scenario: str,
+                              rewrites: Sequence[LocalRewriting],
+                              options: AddModificationScenarioOptions | None = None,
+                              ) -> pb.ModelModificationScenarioProto:
+    """Append ``scenario`` (made of ``rewrites``) to ``model`` in place; returns the record.
+
+    Writes no weight file: weights are partitioned once, when a package is written.
+    """
+    options = options or AddModificationScenarioOptions()
+    if not scenario:
+        raise ScenarioError("scenario name is empty")
+    if options.digest_algorithm not in DIGEST_ALGORITHMS:
+        raise ScenarioError("unsupported digest algorithm", scenario=scenario,
+                            algorithm=options.digest_algorithm)
+    if options.replay_format_version != REPLAY_FORMAT_VERSION:
+        raise ScenarioError("unsupported replay format version", scenario=scenario,
+                            version=options.replay_format_version)
+    existing = read_scenarios(model)
+    if any(s.scenario == scenario for s in existing) and not options.replace_existing:
+        raise ScenarioError("scenario already exists (replace_existing is off)",
+                            scenario=scenario)
+    base = strip_scenarios(model)
+    try:
+        records, result = normalize(base, rewrites)
+        structural_check(result)
+    except ScenarioError as exc:
+        exc.context.setdefault("scenario", scenario)
+        raise
+    proto = pb.ModelModificationScenarioProto(
+        scenario=scenario,
+        base_graph_digest=base_graph_digest(base, algo=options.digest_algorithm),
+        digest_algorithm=options.digest_algorithm,
+        replay_format_version=options.replay_format_version)
+    proto.rewrites.extend(records)
+    kept = [s for s in existing if s.scenario != scenario]
+    if len(kept) == len(existing):
+        write_scenarios(model, [*existing, proto])
+    else:  # replaced in place, keeping the others' order
+        write_scenarios(model, [proto if s.scenario == scenario else s for s in existing])
+    return proto
+
+
+def remove_modification_scenario(model: onnx.ModelProto, scenario: str) -> None:
+    find_scenario(model, scenario)
+    write_scenarios(model, [s for s in read_scenarios(model) if s.scenario != scenario])
+
+
+def strip_scenarios(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` without its scenarios."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    write_scenarios(out, [])
+    return out
+
+
+def check_scenarios(model: onnx.ModelProto) -> list[pb.ModelModificationScenarioProto]:
+    """All scenarios, after the checks that need no replay: names and versions."""
+    scenarios = read_scenarios(model)
+    seen: set[str] = set()
+    for s in scenarios:
+        if not s.scenario:
+            raise ScenarioError("a scenario has an empty name")
+        if s.scenario in seen:
+            raise ScenarioError("scenario name appears more than once", scenario=s.scenario)
+        seen.add(s.scenario)
+        if s.replay_format_version != REPLAY_FORMAT_VERSION:
+            raise ScenarioError("unsupported replay format version", scenario=s.scenario,
+                                version=s.replay_format_version)
+    return scenarios
+
+
+def replay_modification_scenario(model: onnx.ModelProto,
+                                 scenario: str | pb.ModelModificationScenarioProto,
+                                 ) -> onnx.ModelProto:
+    """The model as ``scenario`` rewrites it, without scenarios, from metadata alone.
+
+    Returns a whole ModelProto (its ``graph`` is the seed's replayed GraphProto) because
+    records may also rewrite model-local functions. Added initializers whose bytes derive
+    from other weights carry no payload here; their recipes are in the records' metadata.
+    """
+    check_scenarios(model)
+    record = find_scenario(model, scenario) if isinstance(scenario, str) else scenario
+    name = record.scenario
+    if record.replay_format_version != REPLAY_FORMAT_VERSION:
+        raise ScenarioError("unsupported replay format version", scenario=name,
+                            version=record.replay_format_version)
+    if record.digest_algorithm not in DIGEST_ALGORITHMS:
+        raise ScenarioError("unsupported digest algorithm", scenario=name,
+                            algorithm=record.digest_algorithm)
+    base = strip_scenarios(model)
+    if base_graph_digest(base, algo=record.digest_algorithm) != record.base_graph_digest:
+        raise ScenarioError("base graph digest mismatch: the scenario was made for another "
+                            "graph", scenario=name)
+    for index, rewrite in enumerate(record.rewrites):
+        try:
+            apply_record(base, rewrite)
+        except ScenarioError as exc:
+            exc.context.setdefault("scenario", name)
+            exc.context.setdefault("record", index)
+            exc.context.setdefault("operation", rewrite.operation_name)
+            raise
+    return base
+
+
+def structural_check(model: onnx.ModelProto) -> None:
+    """onnx's checker on a rewritten metadata model.
+
+    The checker wants every tensor to hold its values, which a metadata model does not:
+    for the check only, each omitted payload is stood in for by a one-element tensor of
+    the same type. Without ``full_check`` the checker does not infer shapes, so this judges
+    the graph's structure (topology, operators, attributes, scoping), not its weights.
+    """
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    write_scenarios(probe, [])
+    for site in iter_tensor_sites(probe):
+        t = site.tensor
+        if has_payload(t) or t.data_type in (onnx.TensorProto.STRING,
+                                             onnx.TensorProto.UNDEFINED):
+            continue
+        clear_payload(t)
+        del t.dims[:]
+        t.dims.append(1)
+        t.raw_data = bytes(expected_nbytes(t.data_type, [1]) or 1)
+    try:
+        onnx.checker.check_model(probe)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ScenarioError(f"rewritten graph fails onnx's checker: {first}") from None

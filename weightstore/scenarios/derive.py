@@ -1,0 +1,285 @@
+"""Computing derived weights: the bytes a scenario's recipes stand for.
+
+A pass never reads a large payload: it declares a new initializer (name, type, dims, no
+bytes) and a :class:`~weightstore.catalogue.descriptors.DerivedWeightRecipe` over source
+weights named as in the model the pass received. Only when a runnable model or a package
+is written are the bytes computed here, from the *base* model's values.
+
+Operations (attributes are strings, as the recipe stores them):
+
+=========================  =========================================  ====================
+operation                  sources                                    attributes
+=========================  =========================================  ====================
+``concat``                 2 or more arrays                           ``axis``
+``cast``                   1 array                                    ``to`` (onnx dtype)
+``transpose``              1 array                                    ``perm`` (JSON list)
+``copy``                   1 array (a weight renamed while moving)    none
+``fold-batchnorm-weight``  W, scale, var                              ``epsilon``
+``fold-batchnorm-bias``    [B,] scale, bias, mean, var                ``epsilon``
+=========================  =========================================  ====================
+
+Results are computed deterministically (fixed operation order, float64 for the batch-norm
+folds, numpy's round-to-nearest-even casts), so the same base gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..catalogue.descriptors import DerivedWeightRecipe
+from ..convert.encoding import clear_payload
+from ..errors import ScenarioError
+from ..passes.base import has_payload
+
+SourceValue = Callable[[str], np.ndarray]
+
+__all__ = ["OPERATIONS", "base_values", "compute", "materialize"]
+
+
+def _attrs(recipe: DerivedWeightRecipe, required: tuple[str, ...]) -> dict[str, str]:
+    attrs = dict(recipe.attributes)
+    if sorted(attrs) != sorted(required):
+        raise ScenarioError("derived weight attributes do not fit its operation",
+                            operation=recipe.operation, attributes=sorted(attrs),
+                            expected=list(required))
+    return attrs
+
+
+def _int(value: str, what: str, recipe: DerivedWeightRecipe) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ScenarioError("derived weight attribute is not an integer",
+                            operation=recipe.operation, attribute=what, value=value) from None
+
+
+def _float(value: str, what: str, recipe: DerivedWeightRecipe) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ScenarioError("derived weight attribute is not a number",
+                            operation=recipe.operation, attribute=what, value=value) from None
+
+
+def _concat(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    axis = _int(_attrs(recipe, ("axis",))["axis"], "axis", recipe)
+    first = src[0]
+    if any(a.dtype != first.dtype or a.ndim != first.ndim for a in src):
+        raise ScenarioError("concat sources differ in type or rank",
+                            shapes=[a.shape for a in src])
+    if not -first.ndim <= axis < first.ndim:
+        raise ScenarioError("concat axis out of range", axis=axis, rank=first.ndim)
+    axis %= first.ndim
+    others = [tuple(d for i, d in enumerate(a.shape) if i != axis) for a in src]
+    if len(set(others)) != 1:
+        raise ScenarioError("concat sources differ in shape off the axis",
+                            shapes=[a.shape for a in src], axis=axis)
+    return np.concatenate(src, axis=axis)
+
+
+def _cast(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    to = _int(_attrs(recipe, ("to",))["to"], "to", recipe)
+    try:
+        dtype = helper.tensor_dtype_to_np_dtype(to)
+    except (KeyError, ValueError):
+        raise ScenarioError("cast to an unknown onnx type", to=to) from None
+    return src[0].astype(dtype)
+
+
+def _transpose(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    raw = _attrs(recipe, ("perm",))["perm"]
+    try:
+        perm = json.loads(raw)
+    except ValueError:
+        perm = None
+    if (not isinstance(perm, list) or not all(isinstance(p, int) for p in perm)
+            or sorted(perm) != list(range(src[0].ndim))):
+        raise ScenarioError("transpose perm is not a permutation of the source's axes",
+                            perm=raw, rank=src[0].ndim)
+    return np.ascontiguousarray(np.transpose(src[0], perm))
+
+
+def _copy(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    _attrs(recipe, ())
+    return src[0]
+
+
+def _bn_factor(recipe: DerivedWeightRecipe, scale: np.ndarray, var: np.ndarray,
+               channels: int) -> np.ndarray:
+    eps = _float(_attrs(recipe, ("epsilon",))["epsilon"], "epsilon", recipe)
+    if scale.shape != (channels,) or var.shape != (channels,):
+        raise ScenarioError("batch-norm parameters do not match the channels",
+                            channels=channels, scale=scale.shape, var=var.shape)
+    return scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
+
+
+def _fold_weight(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    w, scale, var = src
+    if w.ndim < 1:
+        raise ScenarioError("a convolution weight has at least one axis", shape=w.shape)
+    factor = _bn_factor(recipe, scale, var, w.shape[0])
+    folded = w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))
+    return folded.astype(w.dtype)
+
+
+def _fold_bias(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    conv_bias = src[0] if len(src) == 5 else None
+    scale, bias, mean, var = src[-4:]
+    channels = scale.shape[0] if scale.ndim == 1 else -1
+    factor = _bn_factor(recipe, scale, var, channels)
+    for label, a in (("bias", bias), ("mean", mean), ("conv bias", conv_bias)):
+        if a is not None and a.shape != (channels,):
+            raise ScenarioError("batch-norm parameters do not match the channels",
+                                parameter=label, channels=channels, shape=a.shape)
+    start = conv_bias.astype(np.float64) if conv_bias is not None else 0.0
+    folded = (start - mean.astype(np.float64)) * factor + bias.astype(np.float64)
+    return folded.astype((conv_bias if conv_bias is not None else scale).dtype)
+
+
+Operation = Callable[[DerivedWeightRecipe, list[np.ndarray]], np.ndarray]
+
+# operation -> (function, allowed source counts)
+OPERATIONS: dict[str, tuple[Operation, Callable[[int], bool]]] = {
+    "concat": (_concat, lambda n: n >= 2),
+    "cast": (_cast, lambda n: n == 1),
+    "transpose": (_transpose, lambda n: n == 1),
+    "copy": (_copy, lambda n: n == 1),
+    "fold-batchnorm-weight": (_fold_weight, lambda n: n == 3),
+    "fold-batchnorm-bias": (_fold_bias, lambda n: n in (4, 5)),
+}
+
+
+def compute(recipe: DerivedWeightRecipe, sources: list[np.ndarray]) -> np.ndarray:
+    """The array ``recipe`` produces from ``sources`` (in the recipe's source order)."""
+    if recipe.operation not in OPERATIONS:
+        raise ScenarioError("unknown derived weight operation", operation=recipe.operation)
+    function, count_ok = OPERATIONS[recipe.operation]
+    if len(sources) != len(recipe.sources) or not count_ok(len(sources)):
+        raise ScenarioError("wrong number of sources for a derived weight",
+                            operation=recipe.operation, sources=len(sources))
+    return function(recipe, [np.asarray(s) for s in sources])
+
+
+# -- filling a model ------------------------------------------------------------------------
+
+def _graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
+    stack: list[onnx.GraphProto | onnx.FunctionProto] = [model.graph, *model.functions]
+    while stack:
+        g = stack.pop(0)
+        yield g
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+
+
+def _value_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(value name, tensor) for every initializer and Constant ``value`` in every graph."""
+    for g in _graphs(model):
+        for t in getattr(g, "initializer", ()):
+            yield t.name, t
+        for node in g.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+                for a in node.attribute:
+                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        yield node.output[0], a.t
+
+
+def base_values(model: onnx.ModelProto) -> SourceValue:
+    """A ``source_value`` reading ``model``'s initializers and Constant tensors by value name.
+
+    A name that two different tensors carry (in different scopes) is refused when asked
+    for, rather than answered with either of them.
+    """
+    index: dict[str, list[onnx.TensorProto]] = {}
+    for name, tensor in _value_tensors(model):
+        index.setdefault(name, []).append(tensor)
+
+    def source_value(name: str) -> np.ndarray:
+        found = index.get(name)
+        if not found:
+            raise ScenarioError("no weight of the base model has this name", source=name)
+        if any(t.SerializeToString() != found[0].SerializeToString() for t in found[1:]):
+            raise ScenarioError("several weights of the base model have this name",
+                                source=name, count=len(found))
+        if not has_payload(found[0]):
+            raise ScenarioError("the base model holds no payload for this weight", source=name)
+        return numpy_helper.to_array(found[0])
+
+    return source_value
+
+
+def _fill(tensor: onnx.TensorProto, array: np.ndarray, name: str) -> None:
+    expected = tuple(int(d) for d in tensor.dims)
+    try:
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    except (KeyError, ValueError):
+        raise ScenarioError("derived weight has an unsupported type", name=name,
+                            data_type=tensor.data_type) from None
+    if array.dtype != dtype:
+        raise ScenarioError("derived weight type differs from its declaration", name=name,
+                            declared=onnx.TensorProto.DataType.Name(tensor.data_type),
+                            computed=str(array.dtype))
+    if tuple(array.shape) != expected:
+        raise ScenarioError("derived weight shape differs from its declaration", name=name,
+                            declared=list(expected), computed=list(array.shape))
+    encoded = numpy_helper.from_array(np.ascontiguousarray(array))
+    clear_payload(tensor)
+    tensor.raw_data = encoded.raw_data
+
+
+def materialize(model: onnx.ModelProto, derivations: Mapping[str, DerivedWeightRecipe],
+                source_value: SourceValue, *, strict: bool = True) -> None:
+    """Give every omitted payload of ``model`` its bytes, in place.
+
+    A tensor named in ``derivations`` (an initializer in any graph, or a Constant's value)
+    is computed by its recipe; a source that is itself derived (a later pass building on an
+    earlier one's result) is computed first, any other from ``source_value`` (the base
+    model's values). A tensor without payload and without recipe is a weight that moved
+    under its own name (a folded If's branch weights) and is read from ``source_value``.
+
+    With ``strict``, a recipe whose tensor is not in ``model`` and that no other recipe
+    needs is an error: the records and the model disagree.
+    """
+    targets: dict[str, list[onnx.TensorProto]] = {}
+    for name, tensor in _value_tensors(model):
+        if not has_payload(tensor):
+            targets.setdefault(name, []).append(tensor)
+    needed = {s for r in derivations.values() for s in r.sources}
+    for name in sorted(derivations):
+        if name not in targets and strict and name not in needed:
+            raise ScenarioError("derived weight is not in the model", name=name)
+    cache: dict[str, np.ndarray] = {}
+    active: list[str] = []
+
+    def value(name: str) -> np.ndarray:
+        if name in cache:
+            return cache[name]
+        if name in active:
+            raise ScenarioError("derived weights depend on each other in a cycle",
+                                names=[*active, name])
+        recipe = derivations.get(name)
+        if recipe is None:
+            return source_value(name)
+        active.append(name)
+        try:
+            sources = [source_value(s) if s == name else value(s) for s in recipe.sources]
+            result = compute(recipe, sources)
+        except ScenarioError as exc:
+            exc.context.setdefault("name", name)
+            raise
+        finally:
+            active.pop()
+        cache[name] = result
+        return result
+
+    for name in sorted(targets):
+        for tensor in targets[name]:
+            _fill(tensor, value(name), name)
