@@ -339,17 +339,20 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
         layouts:
           - {name: l, external_weight: combined, alignment: 3, size_threshold: -5}
         """, {"line": 4, "key": "models[0].extra"}, "(and 2 more errors)"),
-    ("scenarios-not-supported", MINIMAL.replace(
+    ("unknown-pass", MINIMAL.replace(
         "    source: m.onnx\n",
         "    source: m.onnx\n    scenarios:\n      - {name: s, passes: [fold]}\n"),
-     {"line": 6, "key": "models[0].scenarios"}, "not supported yet"),
+     {"line": 7, "key": "models[0].scenarios[0].passes[0]"}, "fuse-qkv"),
+    ("no-passes", MINIMAL.replace(
+        "    source: m.onnx\n", "    source: m.onnx\n    scenarios: [{name: s, passes: []}]\n"),
+     {"line": 6, "key": "models[0].scenarios[0].passes"}, "at least 1"),
     ("devices-not-supported", MINIMAL + "devices:\n  - {name: npu, scenario: s}\n",
      {"line": 9, "key": "devices"}, "not supported yet"),
     ("split-scenario-not-supported", MINIMAL + "  - {name: l2, external_weight: combined, "
                                                "split: scenario}\n",
      {"line": 9, "key": "layouts[1].split"}, "not supported yet"),
-    ("earliest-unsupported-reported", "devices: [{name: npu}]\n" + MINIMAL.replace(
-        "    source: m.onnx\n", "    source: m.onnx\n    scenarios: [{name: s, passes: []}]\n"),
+    ("earliest-unsupported-reported", "devices: [{name: npu}]\n" + MINIMAL + "  - {name: l2, "
+     "external_weight: combined, split: scenario}\n",
      {"line": 1, "key": "devices"}, "not supported yet"),
     ("validation-before-unsupported", MINIMAL + "    alignment: 3\ndevices: [{name: npu}]\n",
      {"line": 9, "key": "layouts[0].alignment"}, "power of two"),
@@ -376,7 +379,7 @@ def test_unsupported_features_are_accepted_by_the_models() -> None:
     data = {
         "package": "p", "version": "1",
         "models": [{"name": "m", "source": "m.onnx",
-                    "scenarios": [{"name": "s", "passes": ["fold"]}]}],
+                    "scenarios": [{"name": "s", "passes": ["fuse-qkv"]}]}],
         "layouts": [{"name": "l", "external_weight": "combined", "split": "scenario"}],
         "devices": [{"name": "npu", "capabilities": {"fp16": True}, "scenario": "s"}],
     }

@@ -28,7 +28,7 @@ from typing import Any
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, StoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
-from .recipe import Layout, LoadedRecipe, load_recipe
+from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
 from .store.location import resolve_store_path
 from .summary import SUMMARY_NAME
 
@@ -142,8 +142,7 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
             for location in previous.get("external_sources", {}):
                 external[location] = digests.of(resolve_location(source.parent, location,
                                                                  where=entry.name))
-            identities.append({"name": entry.name, "source_digest": digests.of(source),
-                               "external": external})
+            identities.append(_identity(entry, digests.of(source), external))
     except (KeyError, TypeError, AttributeError, OSError, ExternalDataError):
         return False
     if _fingerprint(loaded, layout, identities) != summary.get("fingerprint"):
@@ -166,17 +165,17 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     from . import packaging  # onnx and the catalogue: only when something must be built
     from .locking import target_lock
     from .model_io import PROTOBUF_LIMIT
+    from .scenarios.package import prepare_scenarios
     from .store import WeightStore
 
     recipe = loaded.recipe
     sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in recipe.models])
     try:
-        for s in sources:
-            s.identity = {
-                "name": s.name,
-                "source_digest": digests.of(s.weights.catalogue.source),
-                "external": {loc: digests.of(path) for loc, path in s.external_files},
-            }
+        for s, entry in zip(sources, recipe.models, strict=True):
+            s.identity = _identity(
+                entry, digests.of(s.weights.catalogue.source),
+                {loc: digests.of(path) for loc, path in s.external_files})
+            s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         identities = [s.identity for s in sources]
         todo = []
         for layout, target, existing in pending:
@@ -209,6 +208,13 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             result.packages.append(PackageResult(layout.name, target, "built", summary))
     finally:
         packaging.close_sources(sources)
+
+
+def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
+              ) -> dict[str, Any]:
+    """What a model contributes to a package's fingerprint."""
+    return {"name": entry.name, "source_digest": source_digest, "external": external,
+            "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
 
 
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str) -> None:

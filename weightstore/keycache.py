@@ -33,8 +33,8 @@ class PayloadKeyCache:
         self.folder = Path(store_root) / FOLDER
 
     def _path(self, identity: Mapping[str, Any], algo: str) -> Path:
-        text = json.dumps({k: v for k, v in identity.items() if k != "name"},
-                          sort_keys=True).encode()
+        content = {k: identity[k] for k in ("source_digest", "external") if k in identity}
+        text = json.dumps(content, sort_keys=True).encode()
         return self.folder / f"{digest_bytes('blake3', text)}.{algo}.json"
 
     def load(self, identity: Mapping[str, Any], algo: str) -> dict[str, str]:

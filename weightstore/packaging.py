@@ -7,6 +7,7 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,14 @@ from .layout.writer import FileRange, write_plan
 from .model_io import save_model
 from .progress import Progress
 from .recipe import Layout, Recipe
-from .store import PayloadSource, WeightStore
+from .scenarios.package import (
+    AddedWeight,
+    PackagedScenario,
+    attach,
+    externalized,
+    hash_added,
+)
+from .store import BytesPayload, PayloadSource, WeightStore
 from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
 
 
@@ -37,6 +45,13 @@ class Source:
     name: str
     weights: ModelWeights
     identity: dict[str, Any] = field(default_factory=dict)
+    scenarios: list[PackagedScenario] = field(default_factory=list)
+
+    def added_weights(self, layout: Layout) -> list[AddedWeight]:
+        """Weights the scenarios add that ``layout`` puts in its weight files."""
+        embedded = layout.external_weight == "embedded"
+        return [w for sc in self.scenarios for w in sc.added
+                if externalized(w, layout.size_threshold, embedded)]
 
     @property
     def external_files(self) -> list[tuple[str, Path]]:
@@ -120,25 +135,36 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                 report[k] += v
             bar.advance(sum(w.size for w in ws))
             cache.save(s.identity, algo, {path_str(w.site.path): w.key for w in ws})
+            for weight, data in hash_added(s.scenarios, algo):  # one at a time: bounded
+                if not any(externalized(weight, layout.size_threshold, False)
+                           for layout in layouts):
+                    continue
+                put = store.put([BytesPayload(weight.key, data)],
+                                kind="combined" if combined else "separate",
+                                combined_name=s.name if combined else None,
+                                alignment=max(layout.alignment for layout in layouts),
+                                jobs=1)
+                for k, v in put.to_dict().items():
+                    report[k] += v
     return report
 
 
-def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
+def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[tuple[str, int]]]],
                  ) -> tuple[LayoutPlan, dict[str, dict[str, PlannedPayload]]]:
     """One plan for the package folder, and each model's key -> planned payload map.
 
-    Separate files are shared by every model of the package; combined files are per model.
+    ``per_model`` lists each model's ``(key, size)`` payloads in first-use order. Separate
+    files are shared by every model of the package; combined files are per model.
     """
     mode = layout.external_weight
     if mode == "separate":
-        everything = [(w.key, w.size) for _, ws in per_model for w in ws]
-        plan = plan_layout("", everything, mode, layout.alignment)
+        plan = plan_layout("", [p for _, ps in per_model for p in ps], mode, layout.alignment)
         where = plan.placement()
         return plan, {s.name: where for s, _ in per_model}
     files: list[PlannedFile] = []
     maps: dict[str, dict[str, PlannedPayload]] = {}
-    for s, ws in per_model:
-        plan = plan_layout(s.name, [(w.key, w.size) for w in ws], mode, layout.alignment)
+    for s, ps in per_model:
+        plan = plan_layout(s.name, ps, mode, layout.alignment)
         files.extend(plan.files)
         maps[s.name] = plan.placement()
     return LayoutPlan(mode, layout.alignment, tuple(files)), maps
@@ -175,11 +201,14 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             ws = s.weights.hash(s.weights.select(layout.size_threshold, layout.constants),
                                 recipe.store.hash, jobs)
         per_model.append((s, ws))
-    plan, maps = _layout_plan(layout, per_model)
+    plan, maps = _layout_plan(layout, [
+        (s, [(w.key, w.size) for w in ws] + [(w.key, w.size) for w in s.added_weights(layout)])
+        for s, ws in per_model])
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
-        index = store.index() if plan.files else {}  # one snapshot: objects never move
+        # one snapshot: objects never move
+        index = store.index() if plan.files or any(s.scenarios for s in sources) else {}
 
         def locate(key: str) -> FileRange:
             obj = index.get(key)
@@ -191,7 +220,11 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
         with Progress(f"packaging {layout.name}", sum(f.size for f in plan.files),
                       enabled=progress) as bar:
             write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance)
-        models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout)
+        def read_added(weight: AddedWeight) -> bytes:
+            obj = index.get(weight.key) if weight.key else None
+            return store.read(obj) if obj is not None else weight.compute()
+
+        models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout, read_added)
                   for s, ws in per_model]
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
@@ -206,12 +239,19 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
 
 
 def _write_model(folder: Path, source: Source, weights: list[Weight],
-                 where: dict[str, PlannedPayload], layout: Layout) -> ModelSummary:
+                 where: dict[str, PlannedPayload], layout: Layout,
+                 read_added: Callable[[AddedWeight], bytes]) -> ModelSummary:
     placements = {
         w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)
         for w in weights
     }
     model = source.weights.materialize(placements, layout.constants)
+    added = source.added_weights(layout)
+    if source.scenarios:
+        placed = {id(w) for w in added}
+        attach(model, source.scenarios,
+               lambda w: (where[w.key].file, where[w.key].offset) if id(w) in placed else None,
+               read_added)
     file_name = f"{source.name}.onnx"
     size = save_model(model, folder / file_name)
     inline = [d for p, d in source.weights.descriptors.items() if p not in placements]
@@ -223,10 +263,18 @@ def _write_model(folder: Path, source: Source, weights: list[Weight],
             dtype=onnx.TensorProto.DataType.Name(w.site.tensor.data_type),
             shape=tuple(w.site.tensor.dims))
         for w in weights)
+    external += tuple(
+        ExternalWeightDesc(
+            id=w.key, name=w.name, where=w.where, location=where[w.key].file,
+            offset=where[w.key].offset, size=w.size,
+            dtype=onnx.TensorProto.DataType.Name(w.data_type), shape=w.dims,
+            scenario=w.scenario)
+        for w in added)
     return ModelSummary(
         name=source.name, file=file_name, model_bytes=size,
         source_digest=source.identity["source_digest"],
         external_sources=source.identity["external"],
         inline_tensors=len(inline),
         inline_bytes=sum(expected_nbytes(d.data_type, d.dims) or d.length for d in inline),
-        external=external)
+        external=external,
+        scenarios=tuple(sc.name for sc in source.scenarios))

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from .errors import RecipeError
@@ -73,11 +80,18 @@ class StoreConfig(_Model):
     )
 
 
+PassName = Literal["fuse-qkv", "cast-fp16", "gemm-transpose-b", "fold-batchnorm",
+                   "fold-constant-if", "cleanup"]
+
+
 class ScenarioEntry(_Model):
-    """A named variant of a model produced by a list of passes (not supported yet)."""
+    """A named variant of a model: the records of a list of rewrite passes, stored in it."""
 
     name: Name = Field(description="Scenario name; used as a file name component.")
-    passes: list[str] = Field(description="Names of the passes to apply, in order.")
+    passes: list[PassName] = Field(
+        min_length=1,
+        description="Rewrite passes to run, in order, on the model's metadata; the records "
+                    "they produce are stored in the packaged model and replayed by name.")
 
 
 class ModelEntry(_Model):
@@ -185,6 +199,20 @@ class Recipe(_Model):
         _require_unique_names(value, "device")
         return value
 
+    @model_validator(mode="after")
+    def _scenarios_need_external_data(self) -> Recipe:
+        # Scenario records name nodes and initializers of the base graph by position;
+        # FileConstant nodes change that graph, so the records could not be replayed.
+        if any(m.scenarios for m in self.models):
+            for layout in self.layouts:
+                if layout.constants == "file-constant":
+                    raise PydanticCustomError(
+                        "scenarios_file_constant",
+                        "layout '{layout}' uses constants: file-constant, which changes the "
+                        "graph that scenario records refer to; use external-data for models "
+                        "with scenarios", {"layout": layout.name})
+        return self
+
 
 @dataclass(frozen=True)
 class LoadedRecipe:
@@ -281,9 +309,6 @@ def _refuse_unimplemented(recipe: Recipe, filename: str,
     when its feature lands. The earliest offending line in the file is reported.
     """
     found: list[tuple[str, Loc]] = []
-    for i, model in enumerate(recipe.models):
-        if model.scenarios:
-            found.append(("per-model scenarios", ("models", i, "scenarios")))
     for i, layout in enumerate(recipe.layouts):
         if layout.split == "scenario":
             found.append(("splitting a layout by scenario", ("layouts", i, "split")))

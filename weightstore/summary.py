@@ -31,11 +31,15 @@ class ExternalWeightDesc:
     size: int
     dtype: str
     shape: tuple[int, ...]
+    scenario: str | None = None  # added by this scenario's records, not in the base graph
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "where": self.where,
-                "location": self.location, "offset": self.offset, "size": self.size,
-                "dtype": self.dtype, "shape": list(self.shape)}
+        out = {"id": self.id, "name": self.name, "where": self.where,
+               "location": self.location, "offset": self.offset, "size": self.size,
+               "dtype": self.dtype, "shape": list(self.shape)}
+        if self.scenario is not None:
+            out["scenario"] = self.scenario
+        return out
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class ModelSummary:
     inline_tensors: int
     inline_bytes: int
     external: tuple[ExternalWeightDesc, ...]
+    scenarios: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +64,7 @@ class ModelSummary:
             "inline_tensors": self.inline_tensors,
             "inline_bytes": self.inline_bytes,
             "external_weights": [w.to_dict() for w in self.external],
+            "scenarios": list(self.scenarios),
         }
 
 

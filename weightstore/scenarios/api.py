@@ -70,12 +70,7 @@ def add_modification_scenario(model: onnx.ModelProto, scenario: str,
         raise ScenarioError("scenario already exists (replace_existing is off)",
                             scenario=scenario)
     base = strip_scenarios(model)
-    try:
-        records, result = normalize(base, rewrites)
-        structural_check(result)
-    except ScenarioError as exc:
-        exc.context.setdefault("scenario", scenario)
-        raise
+    records, _ = prepare_records(base, scenario, rewrites)
     proto = pb.ModelModificationScenarioProto(
         scenario=scenario,
         base_graph_digest=base_graph_digest(base, algo=options.digest_algorithm),
@@ -88,6 +83,19 @@ def add_modification_scenario(model: onnx.ModelProto, scenario: str,
     else:  # replaced in place, keeping the others' order
         write_scenarios(model, [proto if s.scenario == scenario else s for s in existing])
     return proto
+
+
+def prepare_records(base: onnx.ModelProto, scenario: str,
+                    rewrites: Sequence[LocalRewriting],
+                    ) -> tuple[list[pb.LocalRewritingProto], onnx.ModelProto]:
+    """Normalize ``rewrites`` on ``base`` and check the result: (records, rewritten model)."""
+    try:
+        records, result = normalize(base, rewrites)
+        structural_check(result)
+    except ScenarioError as exc:
+        exc.context.setdefault("scenario", scenario)
+        raise
+    return records, result
 
 
 def remove_modification_scenario(model: onnx.ModelProto, scenario: str) -> None:
@@ -130,6 +138,12 @@ def replay_modification_scenario(model: onnx.ModelProto,
     """
     check_scenarios(model)
     record = find_scenario(model, scenario) if isinstance(scenario, str) else scenario
+    verify_base(model, record)
+    return apply_scenario(model, record)
+
+
+def verify_base(model: onnx.ModelProto, record: pb.ModelModificationScenarioProto) -> None:
+    """Refuse a record whose version, algorithm or base graph digest does not fit ``model``."""
     name = record.scenario
     if record.replay_format_version != REPLAY_FORMAT_VERSION:
         raise ScenarioError("unsupported replay format version", scenario=name,
@@ -141,11 +155,21 @@ def replay_modification_scenario(model: onnx.ModelProto,
     if base_graph_digest(base, algo=record.digest_algorithm) != record.base_graph_digest:
         raise ScenarioError("base graph digest mismatch: the scenario was made for another "
                             "graph", scenario=name)
+
+
+def apply_scenario(model: onnx.ModelProto, record: pb.ModelModificationScenarioProto,
+                   ) -> onnx.ModelProto:
+    """Apply a verified scenario's records to a copy of ``model`` (without scenarios).
+
+    Callers verify the record first (:func:`verify_base`), possibly on another form of the
+    same graph: the catalogued model, before its payloads were inlined.
+    """
+    base = strip_scenarios(model)
     for index, rewrite in enumerate(record.rewrites):
         try:
             apply_record(base, rewrite)
         except ScenarioError as exc:
-            exc.context.setdefault("scenario", name)
+            exc.context.setdefault("scenario", record.scenario)
             exc.context.setdefault("record", index)
             exc.context.setdefault("operation", rewrite.operation_name)
             raise

@@ -109,7 +109,7 @@ def _add(args: argparse.Namespace) -> int:
     passes = [p.strip() for p in args.passes.split(",") if p.strip()]
     out = _output(args)
     with ModelWeights.open(args.model) as mw:
-        rewrites = scenario_rewrites(mw, passes)
+        rewrites, _ = scenario_rewrites(mw, passes)
         model = mw.catalogue.model
         check_scenarios(model)
         add_modification_scenario(model, args.name, rewrites, AddModificationScenarioOptions(

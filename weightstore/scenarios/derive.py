@@ -256,6 +256,16 @@ def materialize(model: onnx.ModelProto, derivations: Mapping[str, DerivedWeightR
     for name in sorted(derivations):
         if name not in targets and strict and name not in needed:
             raise ScenarioError("derived weight is not in the model", name=name)
+    value = resolver(derivations, source_value)
+    for name in sorted(targets):
+        for tensor in targets[name]:
+            _fill(tensor, value(name), name)
+
+
+def resolver(derivations: Mapping[str, DerivedWeightRecipe], source_value: SourceValue,
+             ) -> SourceValue:
+    """The value of any weight by name: derived ones computed (sources first, each once),
+    any other read from ``source_value`` (the base model's values)."""
     cache: dict[str, np.ndarray] = {}
     active: list[str] = []
 
@@ -280,6 +290,4 @@ def materialize(model: onnx.ModelProto, derivations: Mapping[str, DerivedWeightR
         cache[name] = result
         return result
 
-    for name in sorted(targets):
-        for tensor in targets[name]:
-            _fill(tensor, value(name), name)
+    return value

@@ -1,0 +1,118 @@
+"""Recipes with scenarios: records stored in packaged models, added weights stored like any."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from weightstore.build import BuildOptions, build
+from weightstore.hashing import digest_bytes
+from weightstore.samples import run_onnxruntime, sample_inputs
+from weightstore.scenarios.api import replay_modification_scenario, scenario_names
+from weightstore.scenarios.variants import runnable_variant
+from weightstore.store import WeightStore
+
+from .test_build import tree, write_recipe
+
+LAYOUTS = """
+  - {name: embedded, external_weight: embedded}
+  - {name: separate, external_weight: separate, size_threshold: 1024}
+  - {name: combined, external_weight: combined, size_threshold: 1024}
+  - {name: tight, external_weight: combined, size_threshold: 0, alignment: 64}
+"""
+SCENARIOS = ("    scenarios:\n"
+             "      - {name: fused, passes: [fuse-qkv, cleanup]}\n"
+             "      - {name: half, passes: [cast-fp16, cleanup]}\n")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from weightstore.samples import make_encoder
+
+    folder = tmp_path_factory.mktemp("scen")
+    model = make_encoder()
+    src = folder / "encoder.onnx"
+    onnx.save(model, str(src))
+    recipe = write_recipe(folder, {"encoder": src}, LAYOUTS)
+    text = recipe.read_text().replace(f"  - {{name: encoder, source: {src}}}\n",
+                                      f"  - name: encoder\n    source: {src}\n" + SCENARIOS)
+    recipe.write_text(text)
+    store = folder / "store"
+    result = build(recipe, BuildOptions(store=str(store), jobs=2))
+    return folder, model, result, recipe, store
+
+
+def test_packages_carry_scenarios(built):
+    _, _, result, _, _ = built
+    for package in result.packages:
+        model = onnx.load(str(package.path / "encoder.onnx"), load_external_data=False)
+        assert scenario_names(model) == ["fused", "half"]
+        assert package.summary["models"][0]["scenarios"] == ["fused", "half"]
+        for name in ("fused", "half"):
+            replayed = replay_modification_scenario(model, name)  # metadata only
+            assert len(replayed.graph.node) != len(model.graph.node) or name == "half"
+
+
+@pytest.mark.parametrize("layout", ["embedded", "separate", "combined"])
+def test_every_scenario_runs_from_the_package(built, layout):
+    _, model, result, _, _ = built
+    package = next(p for p in result.packages if p.layout == layout)
+    inputs = sample_inputs(model, seed=4)
+    expected = run_onnxruntime(model, inputs)
+    base = run_onnxruntime(package.path / "encoder.onnx", inputs)
+    assert all(e.tobytes() == a.tobytes() for e, a in zip(expected, base, strict=True))
+    for name, rtol in (("fused", 1e-5), ("half", 1e-2)):
+        variant = runnable_variant(package.path / "encoder.onnx", name)
+        actual = run_onnxruntime(variant, inputs)
+        for e, a in zip(expected, actual, strict=True):
+            np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * 1e-1)
+
+
+def test_added_weights_are_stored_and_placed(built):
+    _, _, result, _, store = built
+    index = WeightStore(store).index()
+    package = next(p for p in result.packages if p.layout == "combined")
+    added = [w for w in package.summary["models"][0]["external_weights"] if "scenario" in w]
+    assert {w["scenario"] for w in added} == {"fused", "half"}
+    for w in added:
+        assert w["id"] in index
+        data = (package.path / w["location"]).read_bytes()[w["offset"]:w["offset"] + w["size"]]
+        algo, hexdigest = w["id"].split(":")
+        assert digest_bytes(algo, data) == hexdigest
+        assert w["offset"] % 512 == 0
+    model = onnx.load(str(package.path / "encoder.onnx"), load_external_data=False)
+    from weightstore.scenarios.storage import read_scenarios
+
+    fused = next(s for s in read_scenarios(model) if s.scenario == "fused")
+    tensors = [t for r in fused.rewrites for t in r.added_initializers]
+    big = [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert big and all({e.key for e in t.external_data} ==
+                       {"location", "offset", "length", "checksum"} for t in big)
+
+
+def test_rebuild_is_identical_and_up_to_date(built, tmp_path):
+    folder, _, _, recipe, store = built
+    before = tree(folder / "out")
+    again = build(recipe, BuildOptions(store=str(store), jobs=2))
+    assert all(p.status == "up-to-date" for p in again.packages)
+    rebuilt = build(recipe, BuildOptions(store=str(tmp_path / "cold"), jobs=1, force=True))
+    assert all(p.status == "built" for p in rebuilt.packages)
+    assert tree(folder / "out") == before
+
+
+def test_changing_scenarios_changes_the_fingerprint(built):
+    _, _, result, recipe, store = built
+    text = recipe.read_text()
+    recipe.write_text(text.replace("[cast-fp16, cleanup]", "[cast-fp16]"))
+    try:
+        from weightstore.errors import PackageError
+
+        with pytest.raises(PackageError, match="different build"):
+            build(recipe, BuildOptions(store=str(store), jobs=1))
+    finally:
+        recipe.write_text(text)
+    summary = json.loads((result.packages[0].path / "summary.json").read_text())
+    assert summary["fingerprint"] == result.packages[0].summary["fingerprint"]

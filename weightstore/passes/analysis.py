@@ -1,0 +1,267 @@
+"""Graph facts the passes share: scopes, who reads a value, names, small constants.
+
+ONNX subgraphs (If/Loop/Scan bodies) read values of their enclosing graphs by name, so
+"who uses this initializer" must count a node whose subgraph captures it, and a name
+defined inside a subgraph hides an outer one. These helpers answer such questions once,
+for graphs and model-local functions alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..scenarios.graphpath import Container, function_hop, node_hop
+from .base import small_value
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A graph (or function body) with its graph path and its enclosing scope."""
+
+    path: tuple[str, ...]
+    container: Container
+    parent: Scope | None = None
+
+    @property
+    def is_function(self) -> bool:
+        return isinstance(self.container, onnx.FunctionProto)
+
+
+def node_subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
+    """(graph-path hop relative to the node's position, graph) for each subgraph; the hop
+    is completed with the node's position by :func:`child_scopes`."""
+    out: list[tuple[str, onnx.GraphProto]] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append((a.name, a.g))
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend((f"{a.name}:{k}", g) for k, g in enumerate(a.graphs))
+    return out
+
+
+def child_scopes(scope: Scope, index: int) -> list[Scope]:
+    """The subgraphs of the node at ``index`` of ``scope``."""
+    node = scope.container.node[index]
+    out = []
+    for hop, g in node_subgraphs(node):
+        attribute, _, k = hop.partition(":")
+        out.append(Scope((*scope.path, node_hop(index, attribute, int(k) if k else None)),
+                         g, scope))
+    return out
+
+
+def iter_scopes(model: onnx.ModelProto, *, functions: bool = True) -> Iterator[Scope]:
+    """Every graph, depth first (each graph before its subgraphs), then every function."""
+    roots = [Scope((), model.graph)]
+    if functions:
+        roots += [Scope((function_hop(f),), f) for f in model.functions]
+    for root in roots:
+        stack = [root]
+        while stack:
+            scope = stack.pop()
+            yield scope
+            children = [c for i in range(len(scope.container.node))
+                        for c in child_scopes(scope, i)]
+            stack.extend(reversed(children))
+
+
+# -- names ----------------------------------------------------------------------------------
+
+def input_names(c: Container) -> list[str]:
+    return list(c.input) if isinstance(c, onnx.FunctionProto) else [i.name for i in c.input]
+
+
+def output_names(c: Container) -> list[str]:
+    return list(c.output) if isinstance(c, onnx.FunctionProto) else [o.name for o in c.output]
+
+
+def initializers(c: Container) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in getattr(c, "initializer", ())}
+
+
+def defined_names(c: Container) -> set[str]:
+    """Names this graph defines itself: inputs, initializers and node outputs."""
+    out = set(input_names(c)) | set(initializers(c))
+    out |= {o for n in c.node for o in n.output if o}
+    return out
+
+
+def free_names(g: Container) -> set[str]:
+    """Names ``g`` reads from enclosing scopes (its nodes, nested subgraphs and outputs)."""
+    used = set(output_names(g))
+    for node in g.node:
+        used |= node_reads(node)
+    return used - defined_names(g)
+
+
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads: its inputs and what its subgraphs capture."""
+    out = {i for i in node.input if i}
+    for _, g in node_subgraphs(node):
+        out |= free_names(g)
+    return out
+
+
+def readers(c: Container) -> dict[str, list[int]]:
+    """Value name -> positions of the nodes of ``c`` reading it (directly or by capture)."""
+    out: dict[str, list[int]] = {}
+    for i, node in enumerate(c.node):
+        for name in sorted(node_reads(node)):
+            out.setdefault(name, []).append(i)
+    return out
+
+
+def producers(c: Container) -> dict[str, int]:
+    """Value name -> position of the node of ``c`` producing it."""
+    return {o: i for i, n in enumerate(c.node) for o in n.output if o}
+
+
+def model_names(model: onnx.ModelProto) -> set[str]:
+    """Every value name anywhere in the model, for choosing names that collide with none."""
+    out: set[str] = set()
+    for scope in iter_scopes(model):
+        c = scope.container
+        out |= set(input_names(c)) | set(output_names(c)) | set(initializers(c))
+        for node in c.node:
+            out |= set(node.input) | set(node.output)
+        out |= {v.name for v in getattr(c, "value_info", ())}
+    out.discard("")
+    return out
+
+
+def node_names(model: onnx.ModelProto) -> set[str]:
+    return {n.name for s in iter_scopes(model) for n in s.container.node if n.name}
+
+
+def tensor_name_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many initializers and Constant tensors carry each value name, model-wide.
+
+    A derived weight's sources are looked up by name in the base model, so a pass only
+    names sources whose name is carried by exactly one tensor.
+    """
+    counts: dict[str, int] = {}
+    for scope in iter_scopes(model):
+        for name in initializers(scope.container):
+            counts[name] = counts.get(name, 0) + 1
+        for node in scope.container.node:
+            if is_constant(node) and node.output:
+                counts[node.output[0]] = counts.get(node.output[0], 0) + 1
+    return counts
+
+
+class NameAllocator:
+    """Fresh names: the wanted one if free, else ``<wanted>.<k>`` for the first free k."""
+
+    def __init__(self, taken: Iterable[str]) -> None:
+        self.taken = set(taken)
+
+    def fresh(self, wanted: str) -> str:
+        name, k = wanted, 0
+        while name in self.taken or not name:
+            k += 1
+            name = f"{wanted}.{k}"
+        self.taken.add(name)
+        return name
+
+
+# -- facts about nodes and values -----------------------------------------------------------
+
+def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
+    """The model's opset for ``domain`` ("" and "ai.onnx" are the same); 0 if absent."""
+    wanted = STANDARD_DOMAINS if domain in STANDARD_DOMAINS else (domain,)
+    return max((o.version for o in model.opset_import if o.domain in wanted), default=0)
+
+
+def is_standard(node: onnx.NodeProto, op_type: str) -> bool:
+    return node.op_type == op_type and node.domain in STANDARD_DOMAINS
+
+
+def is_constant(node: onnx.NodeProto) -> bool:
+    return is_standard(node, "Constant")
+
+
+def attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a Constant node when it is small and inline; None otherwise."""
+    for a in node.attribute:
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+            return small_value(a.t)
+        if a.name in ("value_float", "value_int"):
+            return np.array(onnx.helper.get_attribute_value(a))
+        if a.name in ("value_floats", "value_ints"):
+            return np.array(list(onnx.helper.get_attribute_value(a)))
+    return None
+
+
+def known_value(scope: Scope | None, name: str) -> np.ndarray | None:
+    """The value of ``name`` as seen from ``scope`` when it is a small known constant.
+
+    Looks in the innermost scope defining ``name`` (a local definition hides outer ones): an
+    initializer that is not also a graph input (which a caller could override), or the
+    output of a Constant node. Anything else is unknown.
+    """
+    while scope is not None:
+        c = scope.container
+        if name in input_names(c):
+            return None
+        inits = initializers(c)
+        if name in inits:
+            return small_value(inits[name])
+        for node in c.node:
+            if name in node.output:
+                return constant_node_value(node) if is_constant(node) else None
+        scope = scope.parent
+    return None
+
+
+def weight(c: Container, name: str) -> onnx.TensorProto | None:
+    """The initializer ``name`` of ``c`` when it is a fixed weight (not an overridable input)."""
+    if name in input_names(c):
+        return None
+    return initializers(c).get(name)
+
+
+def removable_initializers(c: Container, names: Iterable[str], removed: Iterable[int],
+                           reads: dict[str, list[int]]) -> tuple[str, ...]:
+    """Those of ``names`` that no node but the ``removed`` ones reads: safe to drop together.
+
+    Graph outputs and graph inputs are kept. Two records of one batch never both drop a
+    name this way, since each needs every reader among its own removed nodes.
+    """
+    gone = set(removed)
+    keep = set(output_names(c)) | set(input_names(c))
+    inits = initializers(c)
+    out: list[str] = []
+    for name in names:
+        if name in inits and name not in keep and name not in out and set(
+                reads.get(name, ())) <= gone:
+            out.append(name)
+    return tuple(out)
+
+
+def without_payload(tensor: onnx.TensorProto, name: str | None = None,
+                    data_type: int | None = None,
+                    dims: Iterable[int] | None = None) -> onnx.TensorProto:
+    """A declaration of a tensor: name, type and dims only (its bytes come from a recipe)."""
+    out = onnx.TensorProto(name=tensor.name if name is None else name,
+                           data_type=tensor.data_type if data_type is None else data_type)
+    out.dims.extend(tensor.dims if dims is None else list(dims))
+    return out
+
+
+def int64_initializer(name: str, values: Iterable[int]) -> onnx.TensorProto:
+    """A small int64 vector, inline (split sizes and the like)."""
+    return numpy_helper.from_array(np.array(list(values), dtype=np.int64), name)

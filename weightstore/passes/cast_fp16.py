@@ -1,0 +1,110 @@
+"""cast-fp16: store large float32 weights as float16, cast back to float32 when read.
+
+Halves the bytes a package stores and loads for a device that computes in float32 anyway
+(or fuses the Cast into its kernel). The float16 copy is declared with a ``cast`` recipe;
+a ``Cast(to=FLOAT)`` node outputs the original name, so every reader is unchanged and no
+value is renamed. The float32 initializer goes in the same record.
+
+Which weights: float32 initializers of at least 2 dims or at least
+:data:`MIN_ELEMENTS` elements (matrices, embeddings, conv kernels: the bytes that matter;
+biases and norm scales stay exact), that are not graph inputs or outputs, not captured by a
+subgraph, and read only where a value is numeric data (:data:`DATA_INPUTS`), never as a
+threshold, an index or a shape. Runs in every graph; functions hold no initializers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import TensorProto, helper
+
+from ..catalogue.descriptors import DerivedWeightRecipe
+from ..scenarios.rewriting import LocalRewriting
+from .analysis import (
+    STANDARD_DOMAINS,
+    NameAllocator,
+    Scope,
+    free_names,
+    input_names,
+    iter_scopes,
+    model_names,
+    node_names,
+    node_subgraphs,
+    output_names,
+    tensor_name_counts,
+    without_payload,
+)
+from .base import PassContext
+
+MIN_ELEMENTS = 1024
+
+# op -> input positions that read numeric data (None: every input)
+DATA_INPUTS: dict[str, tuple[int, ...] | None] = {
+    "MatMul": None, "Gemm": None, "Conv": (1, 2), "ConvTranspose": (1, 2),
+    "Add": None, "Sub": None, "Mul": None, "Div": None, "Concat": None, "Einsum": None,
+    "Gather": (0,), "GatherElements": (0,), "GatherND": (0,),
+    "LayerNormalization": (1, 2), "BatchNormalization": (1, 2, 3, 4),
+    "InstanceNormalization": (1, 2), "GroupNormalization": (1, 2), "PRelu": (1,),
+    "LSTM": (1, 2, 3), "GRU": (1, 2, 3), "RNN": (1, 2, 3),
+    "Transpose": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
+    "Identity": (0,),
+}
+
+
+class CastFP16:
+    """The ``cast-fp16`` pass."""
+
+    name = "cast-fp16"
+
+    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+        values = NameAllocator(model_names(model))
+        nodes = NameAllocator(node_names(model))
+        counts = tensor_name_counts(model)
+        records = []
+        for scope in iter_scopes(model, functions=False):
+            records += self._graph(scope, counts, values, nodes)
+        return records
+
+    def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
+               nodes: NameAllocator) -> list[LocalRewriting]:
+        g = scope.container
+        data_readers: dict[str, list[int]] = {}
+        # graph inputs and outputs, names read as non-data, names captured by subgraphs
+        keep = set(input_names(g)) | set(output_names(g))
+        for i, node in enumerate(g.node):
+            for j, name in enumerate(node.input):
+                if name and _reads_data(node, j):
+                    data_readers.setdefault(name, []).append(i)
+                elif name:
+                    keep.add(name)
+            for _, sub in node_subgraphs(node):
+                keep |= free_names(sub)
+        records = []
+        for t in g.initializer:
+            users = data_readers.get(t.name, [])
+            if (t.data_type != TensorProto.FLOAT or t.name in keep or not users
+                    or counts.get(t.name, 0) != 1
+                    or (len(t.dims) < 2 and math.prod(t.dims) < MIN_ELEMENTS)):
+                continue
+            half = values.fresh(f"{t.name}.fp16")
+            cast = helper.make_node("Cast", [half], [t.name], to=TensorProto.FLOAT,
+                                    name=nodes.fresh(f"{t.name}.cast_fp32"))
+            records.append(LocalRewriting(
+                operation_name=self.name,
+                graph_path=scope.path,
+                added_nodes=(cast,),
+                insert_at=min(users),
+                added_initializers=(without_payload(t, half, TensorProto.FLOAT16),),
+                removed_initializers=(t.name,),
+                derivations={half: DerivedWeightRecipe(
+                    "cast", (t.name,), (("to", str(TensorProto.FLOAT16)),))},
+            ))
+        return records
+
+
+def _reads_data(node: onnx.NodeProto, position: int) -> bool:
+    if node.domain not in STANDARD_DOMAINS or node.op_type not in DATA_INPUTS:
+        return False
+    allowed = DATA_INPUTS[node.op_type]
+    return allowed is None or position in allowed

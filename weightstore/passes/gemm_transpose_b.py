@@ -1,0 +1,83 @@
+"""gemm-transpose-b: Gemm with ``transB=1`` reads a pre-transposed copy of its weight.
+
+Exported linear layers store B as [N, K] and ask Gemm to transpose it at every run; kernels
+that want [K, N] then repack it. Storing B' = B^T (a ``transpose`` recipe, perm [1, 0])
+lets the Gemm run with ``transB=0``. The Gemm is replaced in place (same position, same
+outputs). Several such Gemms reading one B share one B'; B is removed by the record of its
+last reader once no other node reads it.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from ..catalogue.descriptors import DerivedWeightRecipe
+from ..scenarios.rewriting import LocalRewriting
+from .analysis import (
+    NameAllocator,
+    Scope,
+    attribute,
+    is_standard,
+    iter_scopes,
+    model_names,
+    readers,
+    removable_initializers,
+    tensor_name_counts,
+    weight,
+    without_payload,
+)
+from .base import PassContext
+
+
+class GemmTransposeB:
+    """The ``gemm-transpose-b`` pass."""
+
+    name = "gemm-transpose-b"
+
+    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+        values = NameAllocator(model_names(model))
+        counts = tensor_name_counts(model)
+        records = []
+        for scope in iter_scopes(model, functions=False):
+            records += self._graph(scope, counts, values)
+        return records
+
+    def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
+               ) -> list[LocalRewriting]:
+        g = scope.container
+        matches: dict[str, list[int]] = {}
+        for i, node in enumerate(g.node):
+            if not is_standard(node, "Gemm") or len(node.input) < 2 or attribute(
+                    node, "transB", 0) != 1:
+                continue
+            b = weight(g, node.input[1])
+            if b is None or len(b.dims) != 2 or counts.get(b.name, 0) != 1:
+                continue
+            matches.setdefault(b.name, []).append(i)
+        reads = readers(g)
+        records = []
+        for b_name, positions in matches.items():
+            b = weight(g, b_name)
+            assert b is not None
+            transposed = values.fresh(f"{b_name}.transposed")
+            removable = removable_initializers(g, [b_name], positions, reads)
+            for k, i in enumerate(positions):
+                first, last = k == 0, k == len(positions) - 1
+                gemm = onnx.NodeProto()
+                gemm.CopyFrom(g.node[i])
+                gemm.input[1] = transposed
+                kept = [a for a in gemm.attribute if a.name != "transB"]
+                del gemm.attribute[:]
+                gemm.attribute.extend(kept)
+                records.append(LocalRewriting(
+                    operation_name=self.name,
+                    graph_path=scope.path,
+                    removed_nodes=(i,),
+                    added_nodes=(gemm,),
+                    added_initializers=(without_payload(b, transposed, dims=b.dims[::-1]),)
+                    if first else (),
+                    removed_initializers=removable if last else (),
+                    derivations={transposed: DerivedWeightRecipe(
+                        "transpose", (b_name,), (("perm", "[1, 0]"),))} if first else {},
+                ))
+        return records
