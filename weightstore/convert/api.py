@@ -14,6 +14,8 @@ from ..errors import ConversionError
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..model_io import save_model
+from ..scenarios.api import has_external_added_weights, rebase_scenarios
+from ..scenarios.storage import read_scenarios
 from ..store.layout import combined_file_name
 from .inline import inline_model
 from .placement import Placement
@@ -48,6 +50,19 @@ def _check_outputs(src: Path, inputs: set[Path], outputs: list[Path]) -> None:
                                   input=str(src), output=str(out))
 
 
+def _check_scenarios(model: onnx.ModelProto, src: Path, dst: Path, form: str) -> None:
+    """Scenarios survive a change of form, not a change of graph or of folder."""
+    if not read_scenarios(model):
+        return
+    if form == "file-constant":
+        raise ConversionError("the model has modification scenarios; FileConstant nodes "
+                              "would change the graph their records refer to", file=str(src))
+    if (has_external_added_weights(model)
+            and dst.resolve().parent != src.resolve().parent):
+        raise ConversionError("scenario weights are external files beside the model; "
+                              "convert it within its folder", file=str(src))
+
+
 def _input_files(src: Path, data_files: set[Path]) -> set[Path]:
     return {src.resolve(), *(p.resolve() for p in data_files)}
 
@@ -62,6 +77,7 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         data_file = dst.parent / combined_file_name(dst.stem)
         inputs = _input_files(src, {d.file for d in mw.descriptors.values()})
         _check_outputs(src, inputs, [dst, data_file])
+        _check_scenarios(mw.catalogue.model, src, dst, form)
         weights = mw.hash(mw.select(threshold, form), algo, jobs)
         plan = plan_layout(dst.stem, [(w.key, w.size) for w in weights], "combined",
                            alignment)
@@ -81,7 +97,9 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
             w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)
             for w in weights
         }
-        save_model(mw.materialize(placements, form), dst)
+        model = mw.materialize(placements, form)
+        rebase_scenarios(mw.catalogue.model, model)
+        save_model(model, dst)
     data = dst.parent / plan.files[0].name if plan.files else None
     return ConvertReport(dst, data, len(weights), len(by_key),
                          sum(p.size for p in where.values()))
@@ -93,6 +111,8 @@ def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) 
     with read_catalogue(src) as catalogue:
         files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
         _check_outputs(src, _input_files(src, files), [dst])
+        _check_scenarios(catalogue.model, src, dst, "inline")
         model: onnx.ModelProto = inline_model(catalogue)
+        rebase_scenarios(catalogue.model, model)
     save_model(model, dst)
     return ConvertReport(dst, None, 0, 0, 0)

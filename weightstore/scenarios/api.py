@@ -176,6 +176,33 @@ def apply_scenario(model: onnx.ModelProto, record: pb.ModelModificationScenarioP
     return base
 
 
+def rebase_scenarios(source: onnx.ModelProto, target: onnx.ModelProto) -> int:
+    """Carry ``source``'s scenarios over to ``target``, the same graph in another form.
+
+    Each scenario is verified against ``source`` first; its digest is then taken on
+    ``target`` (whose tensors may carry checksums where ``source`` had inline payloads).
+    Returns how many scenarios were carried.
+    """
+    records = check_scenarios(source)
+    rebased = []
+    for record in records:
+        verify_base(source, record)
+        copy = pb.ModelModificationScenarioProto()
+        copy.CopyFrom(record)
+        copy.base_graph_digest = base_graph_digest(strip_scenarios(target),
+                                                   algo=record.digest_algorithm)
+        rebased.append(copy)
+    write_scenarios(target, rebased)
+    return len(rebased)
+
+
+def has_external_added_weights(model: onnx.ModelProto) -> bool:
+    """Do scenario records point at weight files (relative to the model's folder)?"""
+    return any(t.data_location == onnx.TensorProto.EXTERNAL
+               for s in read_scenarios(model) for r in s.rewrites
+               for t in r.added_initializers)
+
+
 def structural_check(model: onnx.ModelProto) -> None:
     """onnx's checker on a rewritten metadata model.
 

@@ -1,0 +1,105 @@
+"""``weightstore scenario`` and conversions of models that carry scenarios."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from weightstore.cli import main
+from weightstore.samples import run_onnxruntime, sample_inputs
+from weightstore.scenarios.api import replay_modification_scenario, scenario_names
+from weightstore.scenarios.variants import runnable_variant
+
+
+@pytest.fixture
+def model_path(encoder_model, save_model):
+    return save_model(encoder_model, "m.onnx")
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_add_list_show_replay_remove(model_path, encoder_model, tmp_path, capsys):
+    m = str(model_path)
+    before = model_path.read_bytes()
+    code, out, _ = _run(capsys, "scenario", "add", m, "fused", "--passes", "fuse-qkv,cleanup")
+    assert code == 0 and "fused" in out
+    after = model_path.read_bytes()
+    assert after != before and after.startswith(before)  # in place: records appended
+    code, out, _ = _run(capsys, "scenario", "add", m, "half", "--passes", "cast-fp16")
+    assert code == 0
+    code, out, _ = _run(capsys, "scenario", "list", m, "--json")
+    listed = json.loads(out)
+    assert [s["name"] for s in listed] == ["fused", "half"]
+    assert "fuse-qkv" in listed[0]["operations"]
+    code, out, _ = _run(capsys, "scenario", "show", m, "fused", "--json")
+    shown = json.loads(out)
+    fused_inits = [i for r in shown["rewrites"] for i in r["added_initializers"]
+                   if i["derived"]]
+    assert fused_inits and fused_inits[0]["derived"]["operation"] == "concat"
+    out_path = tmp_path / "fused.onnx"
+    code, out, _ = _run(capsys, "scenario", "replay", m, "fused", "--output", str(out_path))
+    assert code == 0
+    inputs = sample_inputs(encoder_model, seed=2)
+    expected = run_onnxruntime(encoder_model, inputs)
+    actual = run_onnxruntime(out_path, inputs)
+    for e, a in zip(expected, actual, strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    assert len(onnx.load(str(out_path)).graph.node) < len(encoder_model.graph.node)
+    code, _, _ = _run(capsys, "scenario", "remove", m, "half")
+    assert code == 0
+    assert scenario_names(onnx.load(str(model_path))) == ["fused"]
+    # the base model is untouched by all this: same outputs, bit for bit
+    base = run_onnxruntime(model_path, inputs)
+    assert all(e.tobytes() == a.tobytes() for e, a in zip(expected, base, strict=True))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["scenario", "add", "{m}", "s", "--passes", "no-such-pass"], "unknown pass"),
+    (["scenario", "show", "{m}", "nope"], "unknown scenario"),
+    (["scenario", "replay", "{m}", "nope", "--output", "{o}"], "unknown scenario"),
+    (["scenario", "remove", "{m}", "nope"], "unknown scenario"),
+    (["scenario", "list", "{missing}"], "not found"),
+])
+def test_errors_are_one_line(model_path, tmp_path, capsys, args, fragment):
+    filled = [a.format(m=model_path, o=tmp_path / "o.onnx", missing=tmp_path / "x.onnx")
+              for a in args]
+    before = model_path.read_bytes()
+    code, _, err = _run(capsys, *filled)
+    assert code == 2 and fragment in err and err.count("\n") == 1
+    assert model_path.read_bytes() == before
+
+
+def test_duplicate_needs_replace(model_path, capsys):
+    m = str(model_path)
+    assert _run(capsys, "scenario", "add", m, "s", "--passes", "cleanup,fuse-qkv")[0] == 0
+    code, _, err = _run(capsys, "scenario", "add", m, "s", "--passes", "fuse-qkv")
+    assert code == 2 and "already exists" in err
+    assert _run(capsys, "scenario", "add", m, "s", "--passes", "fuse-qkv",
+                "--replace")[0] == 0
+    assert scenario_names(onnx.load(str(model_path))) == ["s"]
+
+
+def test_conversions_carry_scenarios(model_path, encoder_model, tmp_path, capsys):
+    m = str(model_path)
+    assert _run(capsys, "scenario", "add", m, "fused", "--passes", "fuse-qkv,cleanup")[0] == 0
+    ext = tmp_path / "ext.onnx"
+    assert _run(capsys, "convert", "to-external", m, str(ext), "--threshold", "0")[0] == 0
+    converted = onnx.load(str(ext), load_external_data=False)
+    replay_modification_scenario(converted, "fused")  # digest rebased on the new form
+    inputs = sample_inputs(encoder_model, seed=3)
+    expected = run_onnxruntime(encoder_model, inputs)
+    actual = run_onnxruntime(runnable_variant(ext, "fused"), inputs)
+    for e, a in zip(expected, actual, strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    back = tmp_path / "back.onnx"
+    assert _run(capsys, "convert", "to-inline", str(ext), str(back))[0] == 0
+    assert back.read_bytes() == model_path.read_bytes()  # scenarios included, byte for byte
+    code, _, err = _run(capsys, "convert", "to-file-constant", m, str(tmp_path / "fc.onnx"))
+    assert code == 2 and "scenarios" in err
