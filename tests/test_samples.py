@@ -303,3 +303,13 @@ def test_encoder_rejects_bad_head_count() -> None:
 def test_store_dir_is_isolated(isolated_env: Path) -> None:
     assert Path(os.environ["WEIGHTSTORE_DIR"]).parent == isolated_env
     assert Path(os.environ["XDG_CACHE_HOME"]).parent == isolated_env
+
+
+def test_example_recipes_are_valid() -> None:
+    from weightstore.recipe import load_recipe
+
+    root = Path(__file__).resolve().parents[1]
+    for recipe in sorted((root / "recipes").glob("*.yaml")):
+        loaded = load_recipe(recipe)
+        for model in loaded.recipe.models:
+            assert loaded.model_source(model).is_file(), recipe
