@@ -346,15 +346,21 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("no-passes", MINIMAL.replace(
         "    source: m.onnx\n", "    source: m.onnx\n    scenarios: [{name: s, passes: []}]\n"),
      {"line": 6, "key": "models[0].scenarios[0].passes"}, "at least 1"),
-    ("devices-not-supported", MINIMAL + "devices:\n  - {name: npu, scenario: s}\n",
-     {"line": 9, "key": "devices"}, "not supported yet"),
-    ("split-scenario-not-supported", MINIMAL + "  - {name: l2, external_weight: combined, "
-                                               "split: scenario}\n",
-     {"line": 9, "key": "layouts[1].split"}, "not supported yet"),
-    ("earliest-unsupported-reported", "devices: [{name: npu}]\n" + MINIMAL + "  - {name: l2, "
-     "external_weight: combined, split: scenario}\n",
-     {"line": 1, "key": "devices"}, "not supported yet"),
-    ("validation-before-unsupported", MINIMAL + "    alignment: 3\ndevices: [{name: npu}]\n",
+    ("device-unknown-scenario", MINIMAL + "devices:\n  - {name: npu, scenario: s}\n",
+     {"line": 10, "key": "devices[0].scenario"}, "which no model defines"),
+    ("split-embedded", MINIMAL + "  - {name: l2, external_weight: embedded, "
+                                 "split: scenario}\n",
+     {"line": 9, "key": "layouts[1].split"}, "keeps them embedded"),
+    ("reserved-scenario-name", MINIMAL.replace(
+        "    source: m.onnx\n",
+        "    source: m.onnx\n    scenarios:\n      - {name: common, passes: [cleanup]}\n"),
+     {"line": 7, "key": "models[0].scenarios[0].name"}, "reserved"),
+    ("scenarios-with-file-constant", MINIMAL.replace(
+        "    source: m.onnx\n",
+        "    source: m.onnx\n    scenarios:\n      - {name: s, passes: [cleanup]}\n")
+     + "  - {name: g, external_weight: combined, constants: file-constant}\n",
+     {"line": 11, "key": "layouts[1].constants"}, "file-constant"),
+    ("field-errors-first", MINIMAL + "    alignment: 3\ndevices: [{name: npu, scenario: x}]\n",
      {"line": 9, "key": "layouts[0].alignment"}, "power of two"),
     ("bad-scenario-entry", MINIMAL.replace(
         "    source: m.onnx\n", "    source: m.onnx\n    scenarios:\n      - {name: s}\n"),

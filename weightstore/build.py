@@ -100,7 +100,8 @@ def _fingerprint(loaded: LoadedRecipe, layout: Layout, identities: list[dict[str
                  ) -> str:
     r = loaded.recipe
     return layout_fingerprint(package=r.package, version=r.version, hash_algo=r.store.hash,
-                              layout=layout, models=identities)
+                              layout=layout, models=identities,
+                              devices=[d.model_dump(mode="json") for d in r.devices])
 
 
 def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:

@@ -93,6 +93,24 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("--output", required=True)
 
+    ck = sub.add_parser("check", help="resolve a package for a scenario or device and check "
+                                      "the files its live weights need")
+    ck.add_argument("package", help="a package folder (holding summary.json)")
+    which = ck.add_mutually_exclusive_group()
+    which.add_argument("--scenario", help="resolve this scenario (default: the base graph)")
+    which.add_argument("--device", help="resolve the scenario this device runs")
+    ck.add_argument("--verify", action="store_true",
+                    help="also re-hash every live payload against its checksum")
+    ck.add_argument("--json", action="store_true", help="print JSON")
+
+    bd = sub.add_parser("bundle", help="assemble a device's self-contained folder from a "
+                                       "package: its models and only the files they need")
+    bd.add_argument("package")
+    bd.add_argument("device")
+    bd.add_argument("--output", required=True)
+    bd.add_argument("--no-verify", action="store_true",
+                    help="skip re-hashing the copied live payloads")
+
     sc = sub.add_parser("schema", help="write the recipe JSON Schema")
     sc.add_argument("--output", default="schemas/recipe.schema.json")
     return p
@@ -217,6 +235,34 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     return commands.run(args)
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .package_check import check_package
+
+    report = check_package(args.package, scenario=args.scenario, device=args.device,
+                           verify=args.verify)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        for m in report.models:
+            print(f"{m['file']}: scenario {m['scenario'] or '(default)'}, "
+                  f"{m['live_weights']} live weights ({_mb(m['live_bytes'])}) in "
+                  f"{', '.join(m['files']) or 'no files'}")
+        print("ok" if report.ok else f"{len(report.problems)} problem(s)")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _cmd_bundle(args: argparse.Namespace) -> int:
+    from .bundles import assemble
+
+    record = assemble(args.package, args.device, args.output, verify=not args.no_verify)
+    files = ", ".join(f["name"] for f in record["files"]) or "no weight files"
+    print(f"assembled {args.device} in {args.output}: "
+          f"{', '.join(m['file'] for m in record['models'])} + {files}")
+    return EXIT_OK
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     from .recipe import write_schema
 
@@ -225,7 +271,8 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
-            "inspect": _cmd_inspect, "scenario": _cmd_scenario, "schema": _cmd_schema}
+            "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
+            "bundle": _cmd_bundle, "schema": _cmd_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

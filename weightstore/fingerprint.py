@@ -87,7 +87,8 @@ def _load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
 
 
 def layout_fingerprint(*, package: str, version: str, hash_algo: str, layout: Layout,
-                       models: Sequence[Mapping[str, Any]]) -> str:
+                       models: Sequence[Mapping[str, Any]],
+                       devices: Sequence[Mapping[str, Any]] = ()) -> str:
     """``models``: ``{"name", "source_digest", "external": {location: digest}}`` each."""
     doc = {
         "generator": __version__,
@@ -96,6 +97,7 @@ def layout_fingerprint(*, package: str, version: str, hash_algo: str, layout: La
         "hash": hash_algo,
         "layout": layout.model_dump(mode="json"),
         "models": list(models),
+        "devices": list(devices),
     }
     text = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     return make_key(FINGERPRINT_ALGO, digest_bytes(FINGERPRINT_ALGO, text))

@@ -14,6 +14,7 @@ from typing import Any
 
 import onnx
 
+from .bundles import select_scenario, write_device
 from .catalogue.payload import expected_nbytes
 from .catalogue.schema import Path as TensorPath
 from .catalogue.schema import path_str
@@ -22,7 +23,7 @@ from .convert.weights import ModelWeights, Weight
 from .errors import StoreError
 from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
 from .keycache import PayloadKeyCache
-from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_layout
+from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from .layout.writer import FileRange, write_plan
 from .model_io import save_model
 from .progress import Progress
@@ -34,8 +35,12 @@ from .scenarios.package import (
     externalized,
     hash_added,
 )
+from .scenarios.resolve import live_payloads, variant
 from .store import BytesPayload, PayloadSource, WeightStore
 from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
+
+COMMON_GROUP = "common"
+DEFAULT_GROUP = "default"
 
 
 @dataclass
@@ -201,9 +206,13 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             ws = s.weights.hash(s.weights.select(layout.size_threshold, layout.constants),
                                 recipe.store.hash, jobs)
         per_model.append((s, ws))
-    plan, maps = _layout_plan(layout, [
+    payloads = [
         (s, [(w.key, w.size) for w in ws] + [(w.key, w.size) for w in s.added_weights(layout)])
-        for s, ws in per_model])
+        for s, ws in per_model]
+    if layout.split == "scenario":
+        plan, maps = _split_plan(layout, per_model, payloads, recipe.package, store)
+    else:
+        plan, maps = _layout_plan(layout, payloads)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
@@ -226,6 +235,8 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
 
         models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout, read_added)
                   for s, ws in per_model]
+        if layout.external_weight != "embedded":
+            _write_devices(tmp, recipe, sources)
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan)
@@ -238,28 +249,105 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_model(folder: Path, source: Source, weights: list[Weight],
-                 where: dict[str, PlannedPayload], layout: Layout,
-                 read_added: Callable[[AddedWeight], bytes]) -> ModelSummary:
+def _package_model(source: Source, weights: list[Weight], where: dict[str, PlannedPayload],
+                   layout: Layout, read_added: Callable[[AddedWeight], bytes],
+                   ) -> onnx.ModelProto:
+    """The packaged model: weights at their planned places, scenarios attached."""
     placements = {
         w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)
         for w in weights
     }
     model = source.weights.materialize(placements, layout.constants)
-    added = source.added_weights(layout)
     if source.scenarios:
-        placed = {id(w) for w in added}
+        placed = {id(w) for w in source.added_weights(layout)}
         attach(model, source.scenarios,
                lambda w: (where[w.key].file, where[w.key].offset) if id(w) in placed else None,
                read_added)
+    return model
+
+
+def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
+                payloads: list[tuple[Source, list[tuple[str, int]]]], prefix: str,
+                store: WeightStore) -> tuple[LayoutPlan, dict[str, dict[str, PlannedPayload]]]:
+    """The seed's kSplitCommonDefaultAndScenario: one group per set of users.
+
+    Every variant (the default graph and each scenario, across the package's models) is
+    resolved from metadata; ``users(W)`` is the set of variants in which payload W is live.
+    Only the default graph -> ``<prefix>.default.data``; only scenario S ->
+    ``<prefix>.S.data``; otherwise ``<prefix>.common.data``. A payload live nowhere still
+    belongs to the base graph, so it goes to the default file.
+    """
+    users: dict[str, set[str]] = {}
+    index = store.index()
+
+    def read_added(weight: AddedWeight) -> bytes:
+        obj = index.get(weight.key) if weight.key else None
+        return store.read(obj) if obj is not None else weight.compute()
+
+    pending = {key: PlannedPayload(key, size, "pending", 0)
+               for _, ps in payloads for key, size in ps}
+    scenario_order: list[str] = []
+    for s, ws in per_model:
+        model = _package_model(s, ws, pending, layout, read_added)
+        for sc in s.scenarios:
+            if sc.name not in scenario_order:
+                scenario_order.append(sc.name)
+        for name in [None, *(sc.name for sc in s.scenarios)]:
+            for p in live_payloads(variant(model, name), name):
+                users.setdefault(p.checksum or "", set()).add(name or DEFAULT_GROUP)
+
+    def group(key: str) -> str:
+        u = users.get(key, {DEFAULT_GROUP})
+        return next(iter(u)) if len(u) == 1 else COMMON_GROUP
+
+    order: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for _, ps in payloads:
+        for key, size in ps:
+            if key not in seen:
+                seen.add(key)
+                order.append((key, size))
+    suffix = ".data" if layout.external_weight == "combined" else ""  # separate: folders
+    groups = [(f"{prefix}.{g}{suffix}", [(k, n) for k, n in order if group(k) == g])
+              for g in (COMMON_GROUP, DEFAULT_GROUP, *scenario_order)]
+    plan = plan_groups([g for g in groups if g[1]], layout.external_weight, layout.alignment)
+    where = plan.placement()
+    return plan, {s.name: where for s, _ in per_model}
+
+
+def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> None:
+    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.bundles`)."""
+    if not recipe.devices:
+        return
+    entries = {m.name: m for m in recipe.models}
+    offered = []
+    for m in recipe.models:
+        for sc in m.scenarios:
+            if sc.name not in [n for n, _ in offered]:
+                offered.append((sc.name, sc.requires))
+    models = []
+    for s in sources:
+        model = onnx.load(str(folder / f"{s.name}.onnx"), load_external_data=False)
+        models.append((s.name, model, {sc.name for sc in entries[s.name].scenarios}))
+    for device in recipe.devices:
+        chosen = select_scenario(device, offered)
+        write_device(folder, device, [(name, model, chosen if chosen in names else None)
+                                      for name, model, names in models])
+
+
+def _write_model(folder: Path, source: Source, weights: list[Weight],
+                 where: dict[str, PlannedPayload], layout: Layout,
+                 read_added: Callable[[AddedWeight], bytes]) -> ModelSummary:
+    model = _package_model(source, weights, where, layout, read_added)
+    added = source.added_weights(layout)
     file_name = f"{source.name}.onnx"
     size = save_model(model, folder / file_name)
-    inline = [d for p, d in source.weights.descriptors.items() if p not in placements]
+    placed = {w.site.path for w in weights}
+    inline = [d for p, d in source.weights.descriptors.items() if p not in placed]
     external = tuple(
         ExternalWeightDesc(
             id=w.key, name=w.site.value_name, where=w.site.where,
-            location=placements[w.site.path].location,
-            offset=placements[w.site.path].offset, size=w.size,
+            location=where[w.key].file, offset=where[w.key].offset, size=w.size,
             dtype=onnx.TensorProto.DataType.Name(w.site.tensor.data_type),
             shape=tuple(w.site.tensor.dims))
         for w in weights)

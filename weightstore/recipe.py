@@ -23,7 +23,6 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
-    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -80,6 +79,8 @@ class StoreConfig(_Model):
     )
 
 
+RESERVED_SCENARIO_NAMES = frozenset({"auto", "common", "default"})
+
 PassName = Literal["fuse-qkv", "cast-fp16", "gemm-transpose-b", "fold-batchnorm",
                    "fold-constant-if", "cleanup"]
 
@@ -87,7 +88,13 @@ PassName = Literal["fuse-qkv", "cast-fp16", "gemm-transpose-b", "fold-batchnorm"
 class ScenarioEntry(_Model):
     """A named variant of a model: the records of a list of rewrite passes, stored in it."""
 
-    name: Name = Field(description="Scenario name; used as a file name component.")
+    name: Name = Field(description="Scenario name; used as a file name component. 'auto', "
+                                   "'common' and 'default' are reserved.")
+    requires: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Device capabilities this scenario needs, for devices whose scenario is "
+                    "'auto': each key must be among the device's capabilities with an equal "
+                    "value, or (for a list capability) a value the list contains.")
     passes: list[PassName] = Field(
         min_length=1,
         description="Rewrite passes to run, in order, on the model's metadata; the records "
@@ -151,13 +158,18 @@ class Layout(_Model):
 
 
 class Device(_Model):
-    """A deployment target and what it supports (not supported yet)."""
+    """A deployment target: what it supports, and which scenario it runs."""
 
     name: Name = Field(description="Device name, unique within the recipe.")
     capabilities: dict[str, Any] = Field(
-        default_factory=dict, description="Free-form facts about the device, such as its ops."
-    )
-    scenario: str | None = Field(None, description="Scenario this device runs, if any.")
+        default_factory=dict,
+        description="Facts about the target: processor and features, accelerator kind, "
+                    "memory, supported kernel ABIs or packed formats (free-form keys).")
+    scenario: str | None = Field(
+        None,
+        description="The scenario the device runs: a scenario name, null for the default "
+                    "graph, or 'auto' for the first scenario (in recipe order) whose "
+                    "'requires' the capabilities satisfy (the default graph if none does).")
 
 
 class Recipe(_Model):
@@ -198,20 +210,6 @@ class Recipe(_Model):
     def _unique_devices(cls, value: list[Device]) -> list[Device]:
         _require_unique_names(value, "device")
         return value
-
-    @model_validator(mode="after")
-    def _scenarios_need_external_data(self) -> Recipe:
-        # Scenario records name nodes and initializers of the base graph by position;
-        # FileConstant nodes change that graph, so the records could not be replayed.
-        if any(m.scenarios for m in self.models):
-            for layout in self.layouts:
-                if layout.constants == "file-constant":
-                    raise PydanticCustomError(
-                        "scenarios_file_constant",
-                        "layout '{layout}' uses constants: file-constant, which changes the "
-                        "graph that scenario records refer to; use external-data for models "
-                        "with scenarios", {"layout": layout.name})
-        return self
 
 
 @dataclass(frozen=True)
@@ -296,34 +294,37 @@ def parse_recipe_text(text: str, filename: str) -> Recipe:
         raise _validation_error(exc, root, filename) from None
     except RecursionError:
         raise RecipeError("recipe is nested too deeply", file=filename) from None
-    _refuse_unimplemented(recipe, filename, lambda loc: _locate(root, loc))
+    _check_references(recipe, filename, lambda loc: _locate(root, loc))
     return recipe
 
 
-def _refuse_unimplemented(recipe: Recipe, filename: str,
-                          locate: Callable[[Loc], int]) -> None:
-    """Reject the parts of the format that the builder does not implement yet.
+def _check_references(recipe: Recipe, filename: str,
+                      locate: Callable[[Loc], int]) -> None:
+    """Rules that relate several parts of a recipe, reported at the key that breaks them."""
+    def fail(message: str, loc: Loc) -> None:
+        raise RecipeError(message, file=filename, line=locate(loc), key=_dotted(loc))
 
-    The models accept them so the schema documents the whole format, but building without
-    them would silently produce something other than what was asked. Delete an entry here
-    when its feature lands. The earliest offending line in the file is reported.
-    """
-    found: list[tuple[str, Loc]] = []
+    known = set()
+    for i, model in enumerate(recipe.models):
+        for j, sc in enumerate(model.scenarios):
+            if sc.name in RESERVED_SCENARIO_NAMES:
+                fail(f"scenario name '{sc.name}' is reserved",
+                     ("models", i, "scenarios", j, "name"))
+            known.add(sc.name)
+    for i, device in enumerate(recipe.devices):
+        if device.scenario not in (None, "auto") and device.scenario not in known:
+            fail(f"device '{device.name}' names scenario '{device.scenario}', which no model "
+                 "defines", ("devices", i, "scenario"))
     for i, layout in enumerate(recipe.layouts):
-        if layout.split == "scenario":
-            found.append(("splitting a layout by scenario", ("layouts", i, "split")))
-    if recipe.devices:
-        found.append(("device targets", ("devices",)))
-    if not found:
-        return
-    feature, loc = min(found, key=lambda item: locate(item[1]))
-    key = _dotted(loc)
-    raise RecipeError(
-        f"{feature} ({key}) is not supported yet; remove it from the recipe",
-        file=filename,
-        line=locate(loc),
-        key=key,
-    )
+        if layout.split == "scenario" and layout.external_weight == "embedded":
+            fail(f"layout '{layout.name}' splits weights by scenario but keeps them embedded",
+                 ("layouts", i, "split"))
+        if known and layout.constants == "file-constant":
+            # Scenario records name nodes and initializers of the base graph by position;
+            # FileConstant nodes change that graph, so the records could not be replayed.
+            fail(f"layout '{layout.name}' uses constants: file-constant, which changes the "
+                 "graph that scenario records refer to; use external-data for models with "
+                 "scenarios", ("layouts", i, "constants"))
 
 
 def _line(node: yaml.Node) -> int:

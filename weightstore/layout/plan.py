@@ -80,3 +80,27 @@ def plan_layout(stem: str, payloads: Sequence[tuple[str, int]], mode: Mode,
         files = (PlannedFile(name, end, tuple(entries)),) if entries else ()
         return LayoutPlan(mode, alignment, files)
     raise ValueError(f"unknown layout mode {mode!r}")
+
+
+def plan_groups(groups: Sequence[tuple[str, Sequence[tuple[str, int]]]], mode: Mode,
+                alignment: int = 512) -> LayoutPlan:
+    """Plan named file groups (split layouts): each group is one combined file called by
+    its name, or (separate mode) a folder of that name holding ``weight_<hex>`` files."""
+    check_alignment(alignment)
+    files: list[PlannedFile] = []
+    for group, payloads in groups:
+        if mode == "combined":
+            sub = plan_layout("group", payloads, "combined", alignment)
+            for f in sub.files:
+                entries = tuple(PlannedPayload(p.key, p.size, group, p.offset)
+                                for p in f.payloads)
+                files.append(PlannedFile(group, f.size, entries))
+        elif mode == "separate":
+            sub = plan_layout("", payloads, "separate", alignment)
+            for f in sub.files:
+                name = f"{group}/{f.name}"
+                files.append(PlannedFile(name, f.size, (PlannedPayload(
+                    f.payloads[0].key, f.payloads[0].size, name, 0),)))
+        else:
+            raise ValueError(f"mode {mode!r} has no weight files to split")
+    return LayoutPlan(mode, alignment, tuple(files))

@@ -40,6 +40,8 @@ def write_plan(plan: LayoutPlan, folder: Path, locate: PayloadLocator, *, jobs: 
     Work is spread by payload, not by file, so one big combined file keeps every worker
     busy as well as many separate files do. Files are opened a batch at a time.
     """
+    for parent in sorted({(folder / f.name).parent for f in plan.files}):
+        parent.mkdir(parents=True, exist_ok=True)  # split separate layouts: group folders
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         for i in range(0, len(plan.files), OPEN_FILES):
             _write_batch(plan.files[i:i + OPEN_FILES], folder, locate, pool, progress)

@@ -1,0 +1,168 @@
+"""Device bundles: which scenario a device runs, and only the files it needs.
+
+A package folder holds, per device, ``devices/<device>/``: each model as the device runs it
+(its scenario replayed and cleaned up: an ordinary ONNX file) and ``bundle.json``, which
+lists the package weight files those models reference. Weight files are not copied
+there: onnx and onnxruntime refuse external data outside a model's folder, through ``..``,
+symlinks or hard links, so a folder that shared the package's files could not load, and
+copies would store every common file once per device. ``weightstore bundle`` assembles a
+device's self-contained folder on request instead, copying only the files it lists.
+
+Scenario selection is metadata only: an explicit scenario, null (the default graph), or
+``auto``: the first scenario, in recipe order, whose ``requires`` the capabilities satisfy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from .errors import PackageError
+from .fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
+from .model_io import save_model
+from .recipe import Device
+from .scenarios.resolve import live_payloads, variant
+
+BUNDLE_NAME = "bundle.json"
+FORMAT_VERSION = 1
+DEVICES = "devices"
+
+
+def satisfies(capabilities: Mapping[str, Any], requires: Mapping[str, Any]) -> bool:
+    """Does a device with ``capabilities`` meet every requirement?"""
+    for key, wanted in requires.items():
+        if key not in capabilities:
+            return False
+        have = capabilities[key]
+        if isinstance(have, list) and not isinstance(wanted, list):
+            if wanted not in have:
+                return False
+        elif have != wanted:
+            return False
+    return True
+
+
+def select_scenario(device: Device, scenarios: Sequence[tuple[str, Mapping[str, Any]]],
+                    ) -> str | None:
+    """The scenario ``device`` runs among ``(name, requires)`` in recipe order, or None."""
+    if device.scenario != "auto":
+        return device.scenario
+    for name, requires in scenarios:
+        if satisfies(device.capabilities, requires):
+            return name
+    return None
+
+
+def write_device(folder: Path, device: Device, models: Sequence[tuple[str, onnx.ModelProto,
+                                                                       str | None]],
+                 ) -> dict[str, Any]:
+    """Write ``devices/<device>/`` in a package being built; returns its bundle record.
+
+    ``models`` are ``(model name, packaged model, scenario)``; a model without that
+    scenario runs its default graph.
+    """
+    out = folder / DEVICES / device.name
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    files: dict[str, int] = {}
+    for name, model, scenario in models:
+        resolved = variant(model, scenario)
+        live = live_payloads(resolved, scenario)
+        size = save_model(resolved, out / f"{name}.onnx")
+        for p in live:
+            files[p.location] = max(files.get(p.location, 0), p.offset + p.length)
+        entries.append({"name": name, "file": f"{name}.onnx", "scenario": scenario,
+                        "model_bytes": size, "live_weights": len(live),
+                        "live_bytes": sum(p.length for p in live)})
+    record = {
+        "format_version": FORMAT_VERSION,
+        "device": device.name,
+        "capabilities": device.capabilities,
+        "scenario_rule": device.scenario,
+        "models": entries,
+        "files": [{"name": n, "size": (folder / n).stat().st_size}
+                  for n in sorted(files)],
+    }
+    atomic_write_bytes(out / BUNDLE_NAME,
+                       (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    return record
+
+
+def read_bundle(package: Path, device: str) -> dict[str, Any]:
+    path = package / DEVICES / device / BUNDLE_NAME
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        known = sorted(p.name for p in (package / DEVICES).glob("*")) if (
+            package / DEVICES).is_dir() else []
+        raise PackageError("no such device in the package", device=device,
+                           package=str(package), known=", ".join(known) or "none") from None
+    except (OSError, ValueError) as exc:
+        raise PackageError(f"unreadable bundle record: {exc}", file=str(path)) from None
+    if record.get("format_version") != FORMAT_VERSION:
+        raise PackageError("unsupported bundle format version", file=str(path),
+                           version=record.get("format_version"))
+    return record
+
+
+def assemble(package: str | os.PathLike[str], device: str,
+             output: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
+    """Copy ``device``'s models and only the weight files they need into ``output``.
+
+    The result loads directly in onnxruntime. With ``verify``, every live payload is
+    re-hashed against its checksum. ``output`` is written as a temp folder and renamed.
+    """
+    package, output = Path(package), Path(output)
+    record = read_bundle(package, device)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output.exists() and any(output.iterdir()):
+        raise PackageError("output folder is not empty", folder=str(output))
+    tmp: Path | None = make_temp_dir(output.parent, f".{output.name}.")
+    try:
+        source = package / DEVICES / device
+        for entry in record["models"]:
+            shutil.copyfile(source / entry["file"], tmp / entry["file"])
+        for f in record["files"]:
+            _copy_file(package / f["name"], tmp / f["name"], f["size"])
+        if verify:
+            for entry in record["models"]:
+                check_live(tmp / entry["file"], entry["scenario"], verify=True)
+        if output.exists():
+            output.rmdir()
+        publish_dir(tmp, output)
+        tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def _copy_file(src: Path, dst: Path, size: int) -> None:
+    try:
+        actual = src.stat().st_size
+    except FileNotFoundError:
+        raise PackageError("a weight file the device needs is missing",
+                           file=src.name, package=str(src.parent)) from None
+    if actual != size:
+        raise PackageError("a weight file the device needs has another size than recorded",
+                           file=src.name, size=actual, expected=size)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        copy_range(fin.fileno(), 0, fout.fileno(), 0, size)
+        os.fsync(fout.fileno())
+
+
+def check_live(model_path: Path, scenario: str | None, *, verify: bool) -> list[str]:
+    """Problems with the files a resolved (device) model needs; see :mod:`package_check`."""
+    from .package_check import check_files
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    return check_files(model_path.parent, live_payloads(model, scenario), scenario,
+                       verify=verify, strict=True)
+

@@ -1,0 +1,79 @@
+"""Resolving a variant from metadata: select, replay, clean up, and list its live payloads.
+
+The seed's order: parse metadata and verify the selected scenario record; replay it
+without dereferencing payloads; clean up and compute final liveness; collect payload
+descriptors from the live initializers. Nothing here opens a weight file: checking the
+files that hold the live payloads is a separate, later step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from ..catalogue.payload import expected_nbytes, external_info
+from ..catalogue.sites import iter_tensor_sites
+from ..errors import ScenarioError
+from ..passes.base import run_passes
+from ..passes.cleanup import Cleanup, prune
+from .api import apply_scenario, check_scenarios, find_scenario, strip_scenarios, verify_base
+
+
+@dataclass(frozen=True)
+class LivePayload:
+    """One external payload a resolved variant needs, located but not read."""
+
+    name: str
+    where: str
+    location: str
+    offset: int
+    length: int
+    checksum: str | None
+
+
+def variant(model: onnx.ModelProto, scenario: str | None) -> onnx.ModelProto:
+    """The selected variant of ``model`` (default graph when ``scenario`` is None), with
+    dead nodes, initializers, value_info and functions removed. Metadata only."""
+    if scenario is None:
+        resolved = strip_scenarios(model)
+    else:
+        check_scenarios(model)
+        record = find_scenario(model, scenario)
+        verify_base(model, record)
+        resolved = apply_scenario(model, record)
+    cleaned = run_passes(resolved, [Cleanup()]).model
+    prune(cleaned)
+    return cleaned
+
+
+def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None,
+                  ) -> list[LivePayload]:
+    """Every external payload of a resolved variant, in structural order.
+
+    Every tensor must hold exactly one eligible payload: inline values, or external data
+    with a location and a length that fits its type and shape.
+    """
+    out = []
+    for site in iter_tensor_sites(resolved):
+        t = site.tensor
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = external_info(t)
+        name = site.value_name or t.name
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise ScenarioError("live weight has a malformed external data range",
+                                scenario=scenario, initializer=name) from None
+        expected = expected_nbytes(t.data_type, list(t.dims))
+        if length is None:
+            length = expected
+        if not info.get("location") or length is None or (
+                expected is not None and length != expected):
+            raise ScenarioError("live weight has no eligible payload", scenario=scenario,
+                                initializer=name, location=info.get("location"))
+        out.append(LivePayload(name, site.where, info["location"], offset, length,
+                               info.get("checksum")))
+    return out
