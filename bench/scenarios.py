@@ -25,7 +25,7 @@ alone (untimed set-up). Then, per scenario:
 * ``re-run``: what adding the scenario costs minus the digest: ``run_passes`` on the
   metadata model (payloads up to ``SMALL_VALUE_LIMIT`` inline, as passes see it) with fresh
   pass instances, then ``prepare_records`` (normalization and the structural check) on the
-  catalogued model without scenarios; shown split into ``passes`` and ``normalize``;
+  catalogued model without scenarios; the table also gives its first part, the passes;
 * ``onnx.load``: ``onnx.load(path, load_external_data=False)`` of the scenario's model file,
   for scale.
 
@@ -40,8 +40,9 @@ every scenario and operation, then round 2, ...) and the table gives medians. Af
 warm-up the replayed model is checked to be, byte for byte, the model the re-run produces.
 
 Target: replay / re-run <= 0.2 for every scenario; replay / onnx.load is shown for scale.
-With ``--profile``, each scenario that misses the target is replayed again under cProfile
-and the time spent in ``weightstore.scenarios`` is printed per function.
+With ``--profile``, each scenario that misses the target is replayed again, step by step
+(each step of ``replay_modification_scenario`` timed alone) and then under cProfile, and
+the time spent in ``weightstore.scenarios`` is printed per step and per function.
 
 This is a measurement, not a gate: the exit code is 0 whatever the figures (2 only when a
 measurement fails, since then there is nothing to report).
@@ -395,8 +396,8 @@ SCENARIO_CODE = os.sep + os.path.join("weightstore", "scenarios") + os.sep
 
 
 def replay_phases(s: Scenario, runs: int) -> list[tuple[str, float]]:
-    """The steps ``replay_modification_scenario`` takes, each timed alone without a
-    profiler: (step, median ms). Their sum is checked against the measured replay."""
+    """The steps ``replay_modification_scenario`` takes, taken one by one and each timed
+    without a profiler: (step, median ms). Their sum is printed next to the measured replay."""
     phases: dict[str, list[float]] = {}
     for _ in range(runs):
         model = _copy(s.catalogued)

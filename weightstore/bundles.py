@@ -41,9 +41,12 @@ def satisfies(capabilities: Mapping[str, Any], requires: Mapping[str, Any]) -> b
             return False
         have = capabilities[key]
         if isinstance(have, list) and not isinstance(wanted, list):
-            if wanted not in have:
-                return False
-        elif have != wanted:
+            ok = wanted in have  # the device offers several: the one wanted among them
+        elif isinstance(wanted, list) and not isinstance(have, list):
+            ok = have in wanted  # the scenario accepts several: the device's among them
+        else:
+            ok = have == wanted
+        if not ok:
             return False
     return True
 

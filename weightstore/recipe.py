@@ -94,7 +94,8 @@ class ScenarioEntry(_Model):
         default_factory=dict,
         description="Device capabilities this scenario needs, for devices whose scenario is "
                     "'auto': each key must be among the device's capabilities with an equal "
-                    "value, or (for a list capability) a value the list contains.")
+                    "value; a list on one side means 'any of' (the device offers several, or "
+                    "the scenario accepts several).")
     passes: list[PassName] = Field(
         min_length=1,
         description="Rewrite passes to run, in order, on the model's metadata; the records "

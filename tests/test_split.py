@@ -1,0 +1,253 @@
+"""Scenario-split packages, device bundles and post-replay validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from weightstore.build import BuildOptions, build
+from weightstore.bundles import assemble, satisfies
+from weightstore.cli import main
+from weightstore.errors import ExternalDataError, PackageError, ScenarioError
+from weightstore.package_check import check_files, check_package
+from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
+from weightstore.scenarios.resolve import live_payloads, variant
+from weightstore.scenarios.variants import runnable_variant
+
+from .test_build import tree
+
+RECIPE = """\
+package: pk
+version: "1"
+store: {{path: {store}}}
+models:
+  - name: encoder
+    source: {src}
+    scenarios:
+      - {{name: fused, passes: [fuse-qkv, cleanup], requires: {{cpu: true}}}}
+      - {{name: half, passes: [cast-fp16, cleanup], requires: {{accelerator: [npu, gpu]}}}}
+      - {{name: both, passes: [fuse-qkv, cast-fp16, cleanup]}}
+layouts:
+  - {{name: split, external_weight: combined, split: scenario, alignment: 4096}}
+  - {{name: split-sep, external_weight: separate, split: scenario}}
+devices:
+  - {{name: npu, capabilities: {{accelerator: npu}}, scenario: auto}}
+  - {{name: cpu, capabilities: {{cpu: true}}, scenario: auto}}
+  - {{name: plain, scenario: null}}
+  - {{name: anything, scenario: auto}}
+  - {{name: pinned, scenario: both}}
+output: {out}
+"""
+
+
+def _write(folder, model):
+    src = folder / "encoder.onnx"
+    onnx.save(model, str(src))
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(RECIPE.format(store=folder / "store", src=src, out=folder / "out"))
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("split")
+    model = make_encoder()
+    recipe = _write(folder, model)
+    result = build(recipe, BuildOptions(jobs=2))
+    return folder, model, recipe, {p.layout: p for p in result.packages}
+
+
+def _locations(model: onnx.ModelProto) -> dict[str, str]:
+    """checksum -> location of every external tensor, base and scenario-added."""
+    from weightstore.catalogue.sites import iter_tensor_sites
+    from weightstore.scenarios.storage import read_scenarios
+
+    out = {}
+    tensors = [s.tensor for s in iter_tensor_sites(model)]
+    tensors += [t for s in read_scenarios(model) for r in s.rewrites
+                for t in r.added_initializers]
+    for t in tensors:
+        info = {e.key: e.value for e in t.external_data}
+        if "checksum" in info:
+            out[info["checksum"]] = info["location"]
+    return out
+
+
+def test_file_membership_is_reconstructible_from_external_data(package):
+    _, _, _, packages = package
+    path = packages["split"].path
+    model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
+    users: dict[str, set[str]] = {}
+    for name in (None, "fused", "half", "both"):
+        for p in live_payloads(variant(model, name), name):
+            users.setdefault(p.checksum, set()).add(name or "default")
+    where = _locations(model)
+    for key, location in where.items():
+        u = users.get(key, {"default"})
+        expected = next(iter(u)) if len(u) == 1 else "common"
+        assert location == f"pk.{expected}.data", (key, u)
+    # each payload once in the package, at aligned offsets
+    summary = packages["split"].summary
+    ids = [(w["location"], w["id"]) for w in summary["models"][0]["external_weights"]]
+    assert len({i for _, i in ids}) == len(set(ids))
+    assert all(w["offset"] % 4096 == 0 for w in summary["models"][0]["external_weights"])
+    assert {f["name"] for f in summary["files"]} == {
+        "pk.common.data", "pk.default.data", "pk.fused.data", "pk.half.data", "pk.both.data"}
+
+
+def test_group_rules(package):
+    _, _, _, packages = package
+    model = onnx.load(str(packages["split"].path / "encoder.onnx"), load_external_data=False)
+    names = {p.name: p.location for p in live_payloads(variant(model, None))}
+    # the Q/K/V weights are fused (or cast) by every scenario: only the default graph
+    assert names["encoder.layer.0.attention.self.query.weight"] == "pk.default.data"
+    fused = {p.name: p.location for p in live_payloads(variant(model, "fused"), "fused")}
+    both = {p.name: p.location for p in live_payloads(variant(model, "both"), "both")}
+    # the fused fp32 weight is used by one scenario only
+    fused_name = next(n for n in fused if n.endswith(".fused_qkv"))
+    assert fused[fused_name] == "pk.fused.data"
+    # something the fp16 scenarios share with nothing else lives in common only if two use it
+    shared = set(fused) & set(both)
+    assert shared and all(fused[n] == "pk.common.data" for n in shared
+                          if fused[n] == both[n] and n in names)
+
+
+def test_scenario_weights_shared_by_two_scenarios_go_to_common(package):
+    _, _, _, packages = package
+    model = onnx.load(str(packages["split"].path / "encoder.onnx"), load_external_data=False)
+    half = {p.checksum: p for p in live_payloads(variant(model, "half"), "half")}
+    both = {p.checksum: p for p in live_payloads(variant(model, "both"), "both")}
+    default = {p.checksum for p in live_payloads(variant(model, None))}
+    two_scenarios = (set(half) & set(both)) - default
+    assert two_scenarios  # fp16 copies of weights both cast scenarios keep
+    assert all(half[k].location == "pk.common.data" for k in two_scenarios)
+
+
+@pytest.mark.parametrize("layout", ["split", "split-sep"])
+def test_bundles_run_like_the_replayed_model(package, tmp_path, layout):
+    _, model, _, packages = package
+    path = packages[layout].path
+    inputs = sample_inputs(model, seed=9)
+    expected = {s: run_onnxruntime(runnable_variant(path / "encoder.onnx", s), inputs)
+                for s in (None, "fused", "half", "both")}
+    # auto: the first scenario whose requirements hold; "both" requires nothing
+    chosen = {"npu": "half", "cpu": "fused", "plain": None, "anything": "both",
+              "pinned": "both"}
+    for device, scenario in chosen.items():
+        record = json.loads((path / "devices" / device / "bundle.json").read_text())
+        assert record["models"][0]["scenario"] == scenario
+        out = tmp_path / layout / device
+        assemble(path, device, out)
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            {"encoder.onnx", *(f["name"].split("/")[0] for f in record["files"])})
+        actual = run_onnxruntime(out / "encoder.onnx", inputs)
+        for e, a in zip(expected[scenario], actual, strict=True):
+            assert e.tobytes() == a.tobytes(), (device, scenario)
+
+
+def test_missing_default_file_only_matters_to_the_default_graph(package, tmp_path):
+    _, model, _, packages = package
+    path = tmp_path / "copy"
+    shutil.copytree(packages["split"].path, path)
+    os.remove(path / "pk.default.data")
+    assert check_package(path, scenario="half").ok
+    assert check_package(path, device="cpu").ok
+    report = check_package(path)
+    assert not report.ok
+    assert all("scenario=(default)" in p and "location=pk.default.data" in p
+               for p in report.problems)
+    assemble(path, "npu", tmp_path / "npu")
+    inputs = sample_inputs(model, seed=1)
+    for e, a in zip(run_onnxruntime(model, inputs),
+                    run_onnxruntime(tmp_path / "npu" / "encoder.onnx", inputs), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-2, atol=1e-3)
+    with pytest.raises(PackageError, match="missing"):
+        assemble(path, "plain", tmp_path / "plain")
+
+
+def test_missing_scenario_file_fails_only_that_scenario(package, tmp_path):
+    _, _, _, packages = package
+    path = tmp_path / "copy"
+    shutil.copytree(packages["split"].path, path)
+    os.remove(path / "pk.fused.data")
+    assert check_package(path).ok and check_package(path, scenario="half").ok
+    report = check_package(path, scenario="fused")
+    assert not report.ok
+    assert all("scenario=fused" in p and "location=pk.fused.data" in p and "initializer=" in p
+               for p in report.problems)
+    model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
+    live = live_payloads(variant(model, "fused"), "fused")
+    with pytest.raises(ExternalDataError) as err:
+        check_files(path, live, "fused", verify=False, strict=True)
+    assert err.value.context["scenario"] == "fused"
+    assert err.value.context["location"] == "pk.fused.data"
+
+
+def test_truncated_file_and_corrupt_bytes(package, tmp_path):
+    _, _, _, packages = package
+    path = tmp_path / "copy"
+    shutil.copytree(packages["split"].path, path)
+    half = path / "pk.half.data"
+    data = bytearray(half.read_bytes())
+    data[5000] ^= 0xFF
+    half.write_bytes(bytes(data))
+    assert check_package(path, scenario="half").ok  # sizes and ranges are fine
+    assert not check_package(path, scenario="half", verify=True).ok
+    half.write_bytes(bytes(data[:1000]))
+    report = check_package(path, scenario="half")
+    assert report.problems and "outside its file" in report.problems[0]
+
+
+def test_unknown_scenario_and_device(package, capsys):
+    _, _, _, packages = package
+    path = packages["split"].path
+    with pytest.raises(ScenarioError, match="unknown scenario"):
+        check_package(path, scenario="nope")
+    assert main(["check", str(path), "--device", "nope"]) == 2
+    assert "no such device" in capsys.readouterr().err
+    assert main(["check", str(path), "--scenario", "half"]) == 0
+    assert main(["bundle", str(path), "nope", "--output", "/nonexistent/x"]) == 2
+
+
+def test_split_packages_are_deterministic(package, tmp_path):
+    folder, _, recipe, _ = package
+    before = tree(folder / "out")
+    again = build(recipe, BuildOptions(store=str(tmp_path / "cold"), jobs=1, force=True))
+    assert all(p.status == "built" for p in again.packages)
+    assert tree(folder / "out") == before
+
+
+def test_capability_rules():
+    assert satisfies({"accelerator": "npu", "mem": 8}, {"accelerator": "npu"})
+    assert not satisfies({"accelerator": "gpu"}, {"accelerator": "npu"})
+    assert satisfies({"abi": ["v1", "v2"]}, {"abi": "v2"})
+    assert not satisfies({}, {"cpu": True})
+    assert satisfies({"x": [1, 2]}, {"x": [1, 2]})
+    assert satisfies({"accelerator": "gpu"}, {"accelerator": ["npu", "gpu"]})
+    assert not satisfies({"accelerator": "cpu"}, {"accelerator": ["npu", "gpu"]})
+
+
+def test_two_models_share_a_file_group(shared_pair, save_model, tmp_path):
+    a, b = shared_pair
+    pa, pb = save_model(a, "a.onnx"), save_model(b, "b.onnx")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"""\
+package: two
+version: "1"
+models:
+  - {{name: a, source: {pa}, scenarios: [{{name: fused, passes: [fuse-qkv, cleanup]}}]}}
+  - {{name: b, source: {pb}, scenarios: [{{name: fused, passes: [fuse-qkv, cleanup]}}]}}
+layouts:
+  - {{name: s, external_weight: combined, split: scenario}}
+output: {tmp_path / 'out'}
+""")
+    summary = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=2)).packages[0].summary
+    stored = {(w["location"], w["id"]) for m in summary["models"] for w in m["external_weights"]}
+    ids = [i for _, i in stored]
+    assert len(ids) == len(set(ids))  # a payload shared by both models is stored once
+    assert summary["totals"]["dedup_saved_bytes"] > 0
