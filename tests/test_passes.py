@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from tests import passes_models as pm
+from weightstore._proto import weightstore_pb2 as pb
 from weightstore.catalogue.descriptors import DerivedWeightRecipe
 from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.errors import ScenarioError
@@ -26,8 +27,11 @@ from weightstore.passes.base import SMALL_VALUE_LIMIT, has_payload, run_passes
 from weightstore.passes.cleanup import prune
 from weightstore.passes.registry import PASSES, get_pass
 from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
+from weightstore.scenarios.api import replay_modification_scenario, strip_scenarios
 from weightstore.scenarios.derive import base_values, compute, materialize
-from weightstore.scenarios.rewriting import LocalRewriting, apply_record, normalize
+from weightstore.scenarios.digest import base_graph_digest
+from weightstore.scenarios.rewriting import LocalRewriting, derivations_of, normalize
+from weightstore.scenarios.storage import read_scenarios, write_scenarios
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -147,6 +151,22 @@ def test_gemm_transpose_b() -> None:
     assert [n.input[1] for n in gemms] == ["l1.weight.transposed", "l2.weight.transposed",
                                             "l2.weight.transposed", "l3.weight"]
     assert_same_outputs(model, full, inputs, **EXACT)
+
+
+@pytest.mark.parametrize("inputs", [["w", "w"], ["x", "w", "w"]], ids=["as-A", "as-C"])
+def test_gemm_transpose_b_keeps_b_read_as_another_input(inputs: list[str]) -> None:
+    """B also read by its own Gemm as A or C stays: only its B use moves to B'."""
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", inputs, ["y"], transB=1, alpha=0.5, name="g")], "g",
+        [pm._vi("x", TensorProto.FLOAT, [40, 40])], [pm._vi("y", TensorProto.FLOAT, [40, 40])],
+        initializer=[pm._init("w", [40, 40])])
+    model = pm._model(graph)
+    records, full = rewrite(model, ["gemm-transpose-b"])
+    assert [r.removed_initializers for r in records] == [()]
+    assert init_names(full.graph) == {"w", "w.transposed"}
+    gemm, = full.graph.node
+    assert list(gemm.input) == [("w.transposed" if i == 1 else n) for i, n in enumerate(inputs)]
+    assert_same_outputs(model, full, [{"x": pm._rand([40, 40])}], **EXACT)
 
 
 # -- fold-batchnorm -------------------------------------------------------------------------
@@ -416,6 +436,40 @@ def test_materialize_checks_declarations_and_chains() -> None:
         materialize(_declared("h", TensorProto.FLOAT16, [3, 4]), cycle, values)
 
 
+def test_cast_to_float16_refuses_finite_values_out_of_range() -> None:
+    half = DerivedWeightRecipe("cast", ("mask",), (("to", str(TensorProto.FLOAT16)),))
+    mask = np.triu(np.full((4, 4), -1e5, np.float32), 1)
+    with pytest.raises(ScenarioError, match="out of the target type's range") as err:
+        compute(half, [mask])
+    assert err.value.context["source"] == "mask"
+    # through a model: the error names the derived weight too
+    values: Callable[[str], np.ndarray] = {"mask": mask}.__getitem__
+    with pytest.raises(ScenarioError, match="overflow") as err:
+        materialize(_declared("mask.fp16", TensorProto.FLOAT16, [4, 4]),
+                    {"mask.fp16": half}, values)
+    assert err.value.context["name"] == "mask.fp16"
+    # the largest finite float16 fits; infinities and NaNs stay what they are
+    edge = np.array([65504.0, -65504.0, np.inf, -np.inf, np.nan, 1.0], np.float32)
+    got = compute(half, [edge])
+    np.testing.assert_array_equal(got, edge.astype(np.float16))
+    assert np.isfinite(got[:2]).all() and np.isnan(got[4])
+    # the same values cast to float32 are fine
+    assert compute(DerivedWeightRecipe("cast", ("mask",), (("to", "1"),)),
+                   [mask.astype(np.float64)]).dtype == np.float32
+
+
+def test_cast_fp16_pass_on_a_large_mask_fails_at_materialization() -> None:
+    """A -1e5 attention mask in float16 would be -inf (and inf * 0 = NaN downstream)."""
+    mask = numpy_helper.from_array(np.triu(np.full((32, 32), -1e5, np.float32), 1), "mask")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["s", "mask"], ["y"])], "g",
+        [pm._vi("s", TensorProto.FLOAT, [32, 32])], [pm._vi("y", TensorProto.FLOAT, [32, 32])],
+        initializer=[mask])
+    with pytest.raises(ScenarioError, match="overflow") as err:
+        rewrite(pm._model(graph), ["cast-fp16"])
+    assert err.value.context["source"] == "mask"
+
+
 def test_base_values_refuses_ambiguous_names() -> None:
     model, _ = pm.constant_if_model()
     values = base_values(model)
@@ -466,20 +520,34 @@ _FIXED_POOLER: list[onnx.ModelProto] = []
 @settings(max_examples=10, deadline=None)
 @given(st.lists(st.sampled_from(sorted(PASSES)), min_size=1, max_size=4))
 def test_any_pass_chain_replays(chain: list[str]) -> None:
-    """Any chain: sequential records replay to normalize's model, and the result runs."""
+    """Any chain, stored as a scenario, serialized, parsed back and replayed from the
+    stored records alone, runs like the original model."""
     if not _FIXED_POOLER:
         _FIXED_POOLER.append(pm.encoder_with_fixed_pooler())
     model = _FIXED_POOLER[0]
     meta = pm.metadata_copy(model)
     records = run_passes(meta, [get_pass(n) for n in chain]).rewrites
-    protos, expected = normalize(meta, records)
-    replayed = pm.copy_model(meta)
-    for proto in protos:
-        apply_record(replayed, proto)
-    assert replayed.SerializeToString() == expected.SerializeToString()
-    full = pm.runnable(model, protos)
+    protos, _ = normalize(meta, records)
+    scenario = pb.ModelModificationScenarioProto(
+        scenario="chain", base_graph_digest=base_graph_digest(model),
+        digest_algorithm="blake3", replay_format_version=1)
+    scenario.rewrites.extend(protos)
+    stored = pm.copy_model(model)
+    write_scenarios(stored, [scenario])
+    loaded = onnx.ModelProto()
+    loaded.ParseFromString(stored.SerializeToString())
+    replayed = replay_modification_scenario(loaded, "chain")
+    (back,) = read_scenarios(loaded)
+    derivations = {}
+    for proto in back.rewrites:
+        derivations.update(derivations_of(proto))
+    prune(replayed)
+    materialize(replayed, derivations, base_values(strip_scenarios(loaded)))
+    onnx.checker.check_model(replayed)
     feed = sample_inputs(model)
-    for e, a in zip(run_onnxruntime(model, feed), run_onnxruntime(full, feed), strict=True):
+    for e, a in zip(run_onnxruntime(model, feed), run_onnxruntime(replayed, feed),
+                    strict=True):
+        assert e.shape == a.shape and e.dtype == a.dtype
         limit = 1e-2 * np.abs(e).max() if "cast-fp16" in chain else 1e-5 * np.abs(e).max()
         assert np.abs(a - e).max() <= limit
 

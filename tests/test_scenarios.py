@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from weightstore._proto import weightstore_pb2 as pb
 from weightstore.catalogue.descriptors import DerivedWeightRecipe
+from weightstore.catalogue.payload import SMALL_VALUE_LIMIT
 from weightstore.catalogue.reader import read_catalogue
 from weightstore.errors import ScenarioError
 from weightstore.scenarios.api import (
@@ -24,6 +25,7 @@ from weightstore.scenarios.api import (
 from weightstore.scenarios.digest import base_graph_digest
 from weightstore.scenarios.rewriting import LocalRewriting, derivations_of, normalize
 from weightstore.scenarios.storage import read_scenarios, write_scenarios
+from weightstore.scenarios.variants import metadata_of
 
 F = TensorProto.FLOAT
 
@@ -134,13 +136,29 @@ def test_replay_needs_metadata_only(tmp_path):
     onnx.save(model, str(path))
     data = bytearray(path.read_bytes())
     with read_catalogue(path) as catalogue:
-        for payload in catalogue.payloads.values():  # garbage over every payload byte
+        garbled = 0
+        for payload in catalogue.payloads.values():  # garbage over every weight's bytes
             for f in payload.fields:
-                data[f.value:f.end] = b"\xee" * (f.end - f.value)
+                if f.end - f.value > SMALL_VALUE_LIMIT:
+                    data[f.value:f.end] = b"\xee" * (f.end - f.value)
+                    garbled += 1
+    assert garbled
     path.write_bytes(bytes(data))
-    with read_catalogue(path) as catalogue:
-        replayed = replay_modification_scenario(catalogue.model, "s")
+    replayed = replay_modification_scenario(metadata_of(path), "s")
     assert replayed.graph.node[0].name == "n0b"
+
+
+def test_digest_binds_small_values():
+    """A scenario decided on a small constant must not replay on another value."""
+    model = _chain_model()
+    add_modification_scenario(model, "s", [LocalRewriting(
+        "swap", removed_nodes=(0,), added_nodes=(_relu("x", "v0", "n0b"),))])
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    changed.graph.initializer[0].raw_data = np.full(2, 4, np.float32).tobytes()
+    replay_modification_scenario(model, "s")
+    with pytest.raises(ScenarioError, match="digest mismatch"):
+        replay_modification_scenario(changed, "s")
 
 
 def _one_record_model():
@@ -208,7 +226,9 @@ def test_add_rules():
     assert replay_modification_scenario(model, "t").graph.node[1].name == "n1b"
     remove_modification_scenario(model, "s")
     assert scenario_names(model) == ["t"]
-    broken = [LocalRewriting("break", removed_nodes=(0,))]  # v0 is left without producer
+    # reads a value nothing defines: only onnx's checker sees it
+    broken = [LocalRewriting("break", removed_nodes=(0,),
+                             added_nodes=(_relu("nowhere", "v0", "n0b"),))]
     with pytest.raises(ScenarioError, match="checker") as err:
         add_modification_scenario(model, "u", broken)
     assert err.value.context["scenario"] == "u"
@@ -329,3 +349,122 @@ def test_random_rewrites_replay_exactly(spec):
     replayed = replay_modification_scenario(reparsed, "p")
     assert replayed.graph.SerializeToString(deterministic=True) == \
         in_memory.graph.SerializeToString(deterministic=True)
+
+
+# -- consumer rewiring within a batch, rename chains, values left without producer ---------
+
+def _rewire_model() -> onnx.ModelProto:
+    """Cast(c) -> a; Identity(a) -> b; If(b) {then: Neg(x), dead Abs(x); else: Identity(x)}."""
+    then = helper.make_graph([helper.make_node("Neg", ["x"], ["t"], name="neg"),
+                              helper.make_node("Abs", ["x"], ["u"], name="dead")],
+                             "then", [], [helper.make_tensor_value_info("t", F, [2])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"], name="else_id")],
+                              "else", [], [helper.make_tensor_value_info("e", F, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["c"], ["a"], to=TensorProto.BOOL, name="cast"),
+         helper.make_node("Identity", ["a"], ["b"], name="id"),
+         helper.make_node("If", ["b"], ["y"], then_branch=then, else_branch=other, name="if")],
+        "g", [helper.make_tensor_value_info("x", F, [2]),
+              helper.make_tensor_value_info("c", F, [])],
+        [helper.make_tensor_value_info("y", F, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+_DROP_IDENTITY = LocalRewriting("drop-identity", removed_nodes=(1,), value_renames={"b": "a"})
+_DEAD_IN_BRANCH = LocalRewriting("cleanup", graph_path=("2:then_branch",), removed_nodes=(1,))
+
+
+def test_rewired_consumer_keeps_its_batch_identity():
+    model = _rewire_model()
+    # a later record of the batch enters the subgraph of the node an earlier one rewired
+    protos, result = normalize(model, [_DROP_IDENTITY, _DEAD_IN_BRANCH])
+    assert _names(result.graph) == ["cast", "if"]
+    assert result.graph.node[1].input[0] == "a"
+    then = next(a.g for a in result.graph.node[1].attribute if a.name == "then_branch")
+    assert _names(then) == ["neg"]
+    # sequentially, the rewired If is removed and added back at its own position
+    assert list(protos[0].removed_nodes) == [1, 2]
+    assert list(protos[0].added_nodes_positions) == [1]
+    assert list(protos[1].graph_path) == ["1:then_branch"]
+    # the other order gives the same graph
+    _, reverse = normalize(model, [_DEAD_IN_BRANCH, _DROP_IDENTITY])
+    assert reverse.graph.SerializeToString(deterministic=True) == \
+        result.graph.SerializeToString(deterministic=True)
+    # a later record of the batch removes the rewired node itself
+    swap = LocalRewriting("swap-if", removed_nodes=(2,),
+                          added_nodes=(helper.make_node("Identity", ["x"], ["y"], name="y"),))
+    protos, result = normalize(model, [_DROP_IDENTITY, swap])
+    assert _names(result.graph) == ["cast", "y"]
+    assert [list(p.removed_nodes) for p in protos] == [[1, 2], [1]]
+    # and an insertion anchored at the rewired node goes before it
+    front = LocalRewriting("front", added_nodes=(_relu("x", "z", "z"),), insert_at=2)
+    _, result = normalize(model, [_DROP_IDENTITY, front])
+    assert _names(result.graph) == ["cast", "z", "if"]
+
+
+def _identity_chain() -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Identity", ["a"], ["b"], name="id1"),
+             helper.make_node("Identity", ["b"], ["c"], name="id2"),
+             helper.make_node("Neg", ["c"], ["y"], name="neg")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2])],
+                              [helper.make_tensor_value_info("y", F, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("renames", [{"c": "b", "b": "a"}, {"b": "a", "c": "b"}])
+def test_rename_chains_resolve_transitively(renames):
+    record = LocalRewriting("drop-identities", removed_nodes=(1, 2), value_renames=renames)
+    _, result = normalize(_identity_chain(), [record])
+    assert [(n.name, list(n.input)) for n in result.graph.node] == [("relu", ["x"]),
+                                                                   ("neg", ["a"])]
+    model = _identity_chain()
+    add_modification_scenario(model, "s", [record])
+    assert replay_modification_scenario(model, "s").graph.node[1].input[0] == "a"
+
+
+@pytest.mark.parametrize("renames", [{"b": "c", "c": "b"}, {"c": "c"}])
+def test_rename_cycles_are_rejected(renames):
+    record = LocalRewriting("loop", removed_nodes=(1, 2), value_renames=renames)
+    with pytest.raises(ScenarioError, match="cycle") as err:
+        normalize(_identity_chain(), [record])
+    assert err.value.context["record"] == 0
+
+
+@pytest.mark.parametrize("record, message", [
+    # neg still reads c, which only the removed id2 produced
+    (LocalRewriting("drop", removed_nodes=(2,)), "removed nodes produced"),
+    # renamed to a value the same record removes
+    (LocalRewriting("drop", removed_nodes=(1, 2), value_renames={"c": "b"}),
+     "removed nodes produced"),
+    # the graph output's producer goes with no replacement
+    (LocalRewriting("drop", removed_nodes=(3,)), "graph output"),
+])
+def test_records_leaving_removed_values_unproduced_are_rejected(record, message):
+    with pytest.raises(ScenarioError, match=message) as err:
+        normalize(_identity_chain(), [record])
+    assert err.value.context["record"] == 0
+
+
+def test_removed_values_may_come_back():
+    """An added node or initializer producing the removed node's output is fine."""
+    model = _identity_chain()
+    by_node = LocalRewriting("swap", removed_nodes=(2,),
+                             added_nodes=(helper.make_node("Relu", ["b"], ["c"], name="r"),))
+    by_init = LocalRewriting("fold", removed_nodes=(0,), added_initializers=(
+        numpy_helper.from_array(np.ones(2, np.float32), "a"),))
+    _, result = normalize(model, [by_node, by_init])
+    assert _names(result.graph) == ["id1", "r", "neg"]
+    # a nested capture of a removed value counts as a read
+    inner = helper.make_graph([helper.make_node("Identity", ["c"], ["t"])], "t", [],
+                              [helper.make_tensor_value_info("t", F, [2])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "e", [],
+                              [helper.make_tensor_value_info("e", F, [2])])
+    model.graph.node.append(helper.make_node("If", ["flag"], ["z"], then_branch=inner,
+                                             else_branch=other, name="if"))
+    model.graph.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    record = LocalRewriting("drop", removed_nodes=(2, 3),
+                            added_nodes=(helper.make_node("Neg", ["b"], ["y"], name="n"),))
+    with pytest.raises(ScenarioError, match="removed nodes produced") as err:
+        normalize(model, [record])
+    assert err.value.context["node"] == "if" and err.value.context["value"] == "c"

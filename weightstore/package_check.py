@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from .catalogue.locations import resolve_location
-from .catalogue.reader import read_catalogue
 from .errors import ExternalDataError, IntegrityError, PackageError, ScenarioError
 from .hashing import ALGORITHMS, digest_file
 from .scenarios.resolve import LivePayload, live_payloads, variant
 from .scenarios.storage import read_scenarios
+from .scenarios.variants import metadata_of
 from .summary import SUMMARY_NAME
 
 
@@ -100,8 +100,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     report = CheckReport(str(folder), scenario, device)
     metadata = []
     for file in models:
-        with read_catalogue(folder / file) as catalogue:
-            metadata.append((file, catalogue.model))
+        metadata.append((file, metadata_of(folder / file)))
     if scenario is not None and not any(
             any(s.scenario == scenario for s in read_scenarios(m)) for _, m in metadata):
         raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder))

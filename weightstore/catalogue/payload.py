@@ -23,6 +23,8 @@ from .locations import resolve_location
 from .reader import Catalogue
 from .sites import TensorSite
 
+SMALL_VALUE_LIMIT = 4096  # bytes: values this small are metadata (shapes, conditions)
+
 _FOUR_BIT = {
     getattr(onnx.TensorProto, n)
     for n in ("INT4", "UINT4", "FLOAT4E2M1")

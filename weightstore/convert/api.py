@@ -9,13 +9,16 @@ from pathlib import Path
 import onnx
 
 from ..catalogue.descriptors import weight_descriptors
+from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
 from ..errors import ConversionError
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..model_io import save_model
-from ..scenarios.api import has_external_added_weights, rebase_scenarios
+from ..outputs import check_outputs, files_read, scenario_locations
+from ..scenarios.api import rebase_scenarios
 from ..scenarios.storage import read_scenarios
+from ..scenarios.variants import metadata_of
 from ..store.layout import combined_file_name
 from .inline import inline_model
 from .placement import Placement
@@ -40,16 +43,6 @@ class ConvertReport:
         }
 
 
-def _check_outputs(src: Path, inputs: set[Path], outputs: list[Path]) -> None:
-    """Refuse outputs that would overwrite anything the input model is read from."""
-    for out in outputs:
-        if not out.parent.is_dir():
-            raise ConversionError("output folder does not exist", folder=str(out.parent))
-        if out.resolve() in inputs:
-            raise ConversionError("output would overwrite a file the input model reads",
-                                  input=str(src), output=str(out))
-
-
 def _check_scenarios(model: onnx.ModelProto, src: Path, dst: Path, form: str) -> None:
     """Scenarios survive a change of form, not a change of graph or of folder."""
     if not read_scenarios(model):
@@ -57,14 +50,9 @@ def _check_scenarios(model: onnx.ModelProto, src: Path, dst: Path, form: str) ->
     if form == "file-constant":
         raise ConversionError("the model has modification scenarios; FileConstant nodes "
                               "would change the graph their records refer to", file=str(src))
-    if (has_external_added_weights(model)
-            and dst.resolve().parent != src.resolve().parent):
+    if scenario_locations(model) and dst.resolve().parent != src.resolve().parent:
         raise ConversionError("scenario weights are external files beside the model; "
                               "convert it within its folder", file=str(src))
-
-
-def _input_files(src: Path, data_files: set[Path]) -> set[Path]:
-    return {src.resolve(), *(p.resolve() for p in data_files)}
 
 
 def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
@@ -75,9 +63,10 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     src, dst = Path(src), Path(dst)
     with ModelWeights.open(src) as mw:
         data_file = dst.parent / combined_file_name(dst.stem)
-        inputs = _input_files(src, {d.file for d in mw.descriptors.values()})
-        _check_outputs(src, inputs, [dst, data_file])
-        _check_scenarios(mw.catalogue.model, src, dst, form)
+        source_meta = mw.metadata_model(SMALL_VALUE_LIMIT)
+        inputs = files_read(src, source_meta, {d.file for d in mw.descriptors.values()})
+        check_outputs(src, inputs, [dst, data_file])
+        _check_scenarios(source_meta, src, dst, form)
         weights = mw.hash(mw.select(threshold, form), algo, jobs)
         plan = plan_layout(dst.stem, [(w.key, w.size) for w in weights], "combined",
                            alignment)
@@ -98,7 +87,7 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
             for w in weights
         }
         model = mw.materialize(placements, form)
-        rebase_scenarios(mw.catalogue.model, model)
+        rebase_scenarios(source_meta, model)
         save_model(model, dst)
     data = dst.parent / plan.files[0].name if plan.files else None
     return ConvertReport(dst, data, len(weights), len(by_key),
@@ -110,9 +99,10 @@ def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) 
     src, dst = Path(src), Path(dst)
     with read_catalogue(src) as catalogue:
         files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
-        _check_outputs(src, _input_files(src, files), [dst])
-        _check_scenarios(catalogue.model, src, dst, "inline")
+        source_meta = metadata_of(src)
+        check_outputs(src, files_read(src, source_meta, files), [dst])
+        _check_scenarios(source_meta, src, dst, "inline")
         model: onnx.ModelProto = inline_model(catalogue)
-        rebase_scenarios(catalogue.model, model)
+        rebase_scenarios(source_meta, model)
     save_model(model, dst)
     return ConvertReport(dst, None, 0, 0, 0)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import onnx
 
+from ..catalogue.metadata import metadata_model
 from ..catalogue.payload import PayloadDescriptor, describe, read_payload
 from ..catalogue.reader import Catalogue, read_catalogue
 from ..catalogue.schema import Path as TensorPath
@@ -151,21 +152,8 @@ class ModelWeights:
     # -- output ----------------------------------------------------------------------------
 
     def metadata_model(self, small_limit: int) -> onnx.ModelProto:
-        """The model with payloads of at most ``small_limit`` bytes inline, others omitted.
-
-        What rewrite passes see: enough to read an If condition or a shape, never a weight.
-        """
-        model = onnx.ModelProto()
-        model.CopyFrom(self.catalogue.model)
-        for site in iter_tensor_sites(model):
-            desc = self.descriptors.get(site.path)
-            if desc is None or desc.nbytes > small_limit:
-                continue
-            if desc.is_external:
-                set_payload(site.tensor, read_payload(desc, self.catalogue))
-            else:
-                self.catalogue.restore(site.tensor, site.path, site.where)
-        return model
+        """Structure and small values, weights omitted (see :mod:`catalogue.metadata`)."""
+        return metadata_model(self.catalogue, small_limit)
 
     def materialize(self, placements: Mapping[TensorPath, Placement], form: Form,
                     ) -> onnx.ModelProto:

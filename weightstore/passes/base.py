@@ -18,11 +18,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
 from ..scenarios.rewriting import LocalRewriting, normalize
-
-SMALL_VALUE_LIMIT = 4096  # bytes: tensors up to this size are inline in a pass's model
 
 
 def small_value(tensor: onnx.TensorProto) -> np.ndarray | None:

@@ -4,7 +4,8 @@ Exported linear layers store B as [N, K] and ask Gemm to transpose it at every r
 that want [K, N] then repack it. Storing B' = B^T (a ``transpose`` recipe, perm [1, 0])
 lets the Gemm run with ``transB=0``. The Gemm is replaced in place (same position, same
 outputs). Several such Gemms reading one B share one B'; B is removed by the record of its
-last reader once no other node reads it.
+last reader once nothing reads it after the rewrite (no other node, and none of these
+Gemms as its A or C input).
 """
 
 from __future__ import annotations
@@ -60,7 +61,12 @@ class GemmTransposeB:
             b = weight(g, b_name)
             assert b is not None
             transposed = values.fresh(f"{b_name}.transposed")
-            removable = removable_initializers(g, [b_name], positions, reads)
+            # B goes only when its Gemms read it as B alone: one that also reads it as A or
+            # C (``Gemm(w, w)``, B as bias) still reads it after the rewrite
+            also_read = any(name == b_name for i in positions
+                            for j, name in enumerate(g.node[i].input) if j != 1)
+            removable = () if also_read else removable_initializers(
+                g, [b_name], positions, reads)
             for k, i in enumerate(positions):
                 first, last = k == 0, k == len(positions) - 1
                 gemm = onnx.NodeProto()

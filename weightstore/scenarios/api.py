@@ -196,13 +196,6 @@ def rebase_scenarios(source: onnx.ModelProto, target: onnx.ModelProto) -> int:
     return len(rebased)
 
 
-def has_external_added_weights(model: onnx.ModelProto) -> bool:
-    """Do scenario records point at weight files (relative to the model's folder)?"""
-    return any(t.data_location == onnx.TensorProto.EXTERNAL
-               for s in read_scenarios(model) for r in s.rewrites
-               for t in r.added_initializers)
-
-
 def structural_check(model: onnx.ModelProto) -> None:
     """onnx's checker on a rewritten metadata model.
 

@@ -10,11 +10,11 @@ from typing import Any
 import onnx
 
 from .._proto import weightstore_pb2 as pb
-from ..catalogue.descriptors import weight_descriptors
+from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
 from ..convert.weights import ModelWeights
-from ..errors import ScenarioError
 from ..model_io import save_model
+from ..outputs import check_outputs, files_read, scenario_locations
 from .api import (
     AddModificationScenarioOptions,
     add_modification_scenario,
@@ -94,23 +94,28 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _output(args: argparse.Namespace) -> Path:
-    out = Path(args.output) if args.output else Path(args.model)
-    if out.resolve().parent != Path(args.model).resolve().parent:
-        with read_catalogue(args.model) as catalogue:
-            external = any(w.is_external for w in weight_descriptors(catalogue))
-        if external:
-            raise ScenarioError("a model with external data must stay in its folder",
-                                model=args.model, output=str(out))
+def _output(args: argparse.Namespace, *, replaces_input: bool) -> Path:
+    """Where the command writes; refuses to overwrite what the input model reads (the
+    model itself only when the command rewrites it in place by design)."""
+    src = Path(args.model)
+    out = Path(args.output) if args.output else src
+    with ModelWeights.open(src) as mw:
+        meta = mw.metadata_model(SMALL_VALUE_LIMIT)
+        inputs = files_read(src, meta, {d.file for d in mw.descriptors.values()})
+        external = any(d.is_external for d in mw.descriptors.values())
+    if replaces_input:
+        inputs.discard(src.resolve())
+    check_outputs(src, inputs, [out],
+                  keeps_folder=replaces_input and (external or bool(scenario_locations(meta))))
     return out
 
 
 def _add(args: argparse.Namespace) -> int:
     passes = [p.strip() for p in args.passes.split(",") if p.strip()]
-    out = _output(args)
+    out = _output(args, replaces_input=True)
     with ModelWeights.open(args.model) as mw:
         rewrites, _ = scenario_rewrites(mw, passes)
-        model = mw.catalogue.model
+        model = mw.metadata_model(SMALL_VALUE_LIMIT)
         check_scenarios(model)
         add_modification_scenario(model, args.name, rewrites, AddModificationScenarioOptions(
             digest_algorithm=args.digest, replace_existing=args.replace))
@@ -122,7 +127,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    out = _output(args)
+    out = _output(args, replaces_input=True)
     with read_catalogue(args.model) as catalogue:
         model = catalogue.model
         remove_modification_scenario(model, args.name)
@@ -133,6 +138,7 @@ def _remove(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    _output(args, replaces_input=False)
     model = runnable_variant(args.model, args.name)
     size = save_model(model, Path(args.output))
     print(f"wrote {args.output} ({size} bytes), scenario {args.name} replayed")

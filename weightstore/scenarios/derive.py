@@ -88,7 +88,25 @@ def _cast(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
         dtype = helper.tensor_dtype_to_np_dtype(to)
     except (KeyError, ValueError):
         raise ScenarioError("cast to an unknown onnx type", to=to) from None
+    _check_range(recipe, src[0], np.dtype(dtype))
     return src[0].astype(dtype)
+
+
+def _check_range(recipe: DerivedWeightRecipe, source: np.ndarray, target: np.dtype) -> None:
+    """Refuse a float cast that would turn a finite value into inf (a -1e5 attention mask
+    cast to float16); infinities and NaNs of the source stay as they are."""
+    if target.kind != "f" or source.dtype.kind not in "iuf" or not source.size:
+        return
+    limit = float(np.finfo(target).max)
+    if source.dtype.kind == "f" and float(np.finfo(source.dtype).max) <= limit:
+        return  # every finite source value fits
+    wide = source.astype(np.float64)
+    over = np.isfinite(wide) & (np.abs(wide) > limit)
+    if over.any():
+        raise ScenarioError("cast would overflow: a finite value is out of the target "
+                            "type's range", operation=recipe.operation,
+                            source=recipe.sources[0], to=target.name, limit=limit,
+                            value=float(wide[over][0]), count=int(over.sum()))
 
 
 def _transpose(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:

@@ -23,25 +23,30 @@ when byte identity matters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import onnx
 
-from ..catalogue.payload import expected_nbytes, external_info
+from ..catalogue.payload import SMALL_VALUE_LIMIT, expected_nbytes, external_info
 from ..catalogue.schema import PAYLOAD_FIELDS
 from ..catalogue.sites import TensorSite, iter_tensor_sites
+from ..convert.encoding import has_payload
 from ..errors import ScenarioError
-from ..hashing import ALGORITHMS, Hasher, new_hasher
+from ..hashing import ALGORITHMS, Hasher, digest_bytes, new_hasher
 
 PayloadIdentity = Callable[[TensorSite], str]
+_PAYLOAD_NAMES = frozenset(PAYLOAD_FIELDS.values())
 
 # Versioned domain separation: a change to what is covered must change every digest.
-_DOMAIN = b"weightstore.base_graph_digest.v1\x00"
+_DOMAIN = b"weightstore.base_graph_digest.v2\x00"
 
 
 def default_payload_identity(site: TensorSite) -> str:
-    """The recorded checksum, else the payload's size from dtype and dims (metadata only)."""
-    tensor = site.tensor
+    """What stands for a tensor's payload in the digest (see the module doc)."""
+    return _identity(site.tensor, site.where)
+
+
+def _identity(tensor: onnx.TensorProto, where: str) -> str:
     checksum = external_info(tensor).get("checksum")
     if checksum:
         return checksum
@@ -49,7 +54,50 @@ def default_payload_identity(site: TensorSite) -> str:
         return "strings"  # string_data stays in the digested graph itself
     dims = tuple(tensor.dims)
     nbytes = expected_nbytes(tensor.data_type, dims) if all(d >= 0 for d in dims) else None
+    external = tensor.data_location == onnx.TensorProto.EXTERNAL
+    if nbytes is not None and 0 < nbytes <= SMALL_VALUE_LIMIT and not external:
+        # small values are metadata: passes decide on them (an If condition, a shape)
+        if not has_payload(tensor):
+            raise ScenarioError("a small tensor's value is missing: digest the metadata "
+                                "model with small values inline", where=where,
+                                name=tensor.name)
+        values = onnx.TensorProto()
+        values.CopyFrom(tensor)
+        for field, _ in values.ListFields():
+            if field.name not in _PAYLOAD_NAMES:
+                values.ClearField(field.name)
+        return "value:" + digest_bytes("blake3", values.SerializeToString(deterministic=True))
     return f"size:{'unknown' if nbytes is None else nbytes}"
+
+
+def _tensors(view: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of the view, in the catalogue's structural order (a lean walk)."""
+    def graph(g: onnx.GraphProto | onnx.FunctionProto) -> Iterator[onnx.TensorProto]:
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                if attr.HasField("g"):
+                    yield from graph(attr.g)
+                yield from attr.tensors
+                for sub in attr.graphs:
+                    yield from graph(sub)
+                if attr.HasField("sparse_tensor"):
+                    yield attr.sparse_tensor.values
+                    yield attr.sparse_tensor.indices
+                for sp in attr.sparse_tensors:
+                    yield sp.values
+                    yield sp.indices
+        if isinstance(g, onnx.GraphProto):
+            yield from g.initializer
+            for sp in g.sparse_initializer:
+                yield sp.values
+                yield sp.indices
+
+    if view.HasField("graph"):
+        yield from graph(view.graph)
+    for f in view.functions:
+        yield from graph(f)
 
 
 def _payload_free_view(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -85,12 +133,15 @@ def base_graph_digest(model: onnx.ModelProto,
     if algo not in ALGORITHMS:
         raise ScenarioError("unknown digest algorithm", algorithm=algo,
                             known=", ".join(ALGORITHMS))
-    identify = payload_identity or default_payload_identity
     view = _payload_free_view(model)
-    sites = list(iter_tensor_sites(view))
-    identities = [(site.key, identify(site)) for site in sites]
-    for site in sites:
-        tensor = site.tensor
+    if payload_identity is None:
+        tensors = list(_tensors(view))
+        identities = [(str(i), _identity(t, t.name)) for i, t in enumerate(tensors)]
+    else:
+        sites = list(iter_tensor_sites(view))
+        tensors = [site.tensor for site in sites]
+        identities = [(site.key, payload_identity(site)) for site in sites]
+    for tensor in tensors:
         for name in PAYLOAD_FIELDS.values():
             tensor.ClearField(name)
         tensor.ClearField("external_data")

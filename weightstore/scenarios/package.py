@@ -17,7 +17,6 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .._proto import weightstore_pb2 as pb
-from ..catalogue.payload import read_payload
 from ..catalogue.shape_inputs import shape_input_names
 from ..convert.encoding import has_payload, set_external, set_payload
 from ..convert.weights import ModelWeights
@@ -29,7 +28,7 @@ from .derive import resolver
 from .digest import base_graph_digest
 from .rewriting import derivations_of
 from .storage import write_scenarios
-from .variants import scenario_rewrites
+from .variants import catalogue_values, scenario_rewrites
 
 DIGEST_ALGORITHM = "blake3"
 
@@ -70,7 +69,7 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
     they stay inline in every layout, so every variant loads in onnxruntime.
     """
     out = []
-    values = _source_values(mw)
+    values = catalogue_values(mw.catalogue, mw.base_dir)
     for entry in entries:
         rewrites, base = scenario_rewrites(mw, entry.passes)
         records, variant = prepare_records(base, entry.name, rewrites)
@@ -106,26 +105,6 @@ def _bytes_of(tensor: onnx.TensorProto, value: Callable[[str], np.ndarray],
         return numpy_helper.from_array(array).raw_data
 
     return compute
-
-
-def _source_values(mw: ModelWeights) -> Callable[[str], np.ndarray]:
-    """Base-model values by value name (initializers and Constants), read when asked."""
-    by_name: dict[str, list] = {}
-    for site in mw.sites:
-        if site.role in ("initializer", "constant") and site.path in mw.descriptors:
-            by_name.setdefault(site.value_name, []).append(site)
-
-    def value(name: str) -> np.ndarray:
-        sites = by_name.get(name, [])
-        if len(sites) != 1:
-            raise ScenarioError("a derived weight's source must name exactly one weight of "
-                                "the base model", source=name, found=len(sites))
-        site = sites[0]
-        data = read_payload(mw.descriptors[site.path], mw.catalogue)
-        return numpy_helper.to_array(onnx.TensorProto(
-            data_type=site.tensor.data_type, dims=list(site.tensor.dims), raw_data=data))
-
-    return value
 
 
 def hash_added(scenarios: Sequence[PackagedScenario], algo: str) -> Iterator[

@@ -5,7 +5,9 @@ position refers to the graph as it was when the batch started, like a pattern en
 matches. :func:`normalize` turns an ordered list of them into sequential
 ``LocalRewritingProto`` transitions (each position refers to the graph immediately before
 or after that one transition), resolving insertion anchors into exact positions and
-turning value renames into explicit consumer replacements. :func:`apply_record` replays
+turning value renames (chains resolved) into explicit consumer replacements; a record that
+would leave a value its removed nodes produced without producer is refused. A rewired
+consumer keeps its batch identity. :func:`apply_record` replays
 one sequential transition; it needs metadata only.
 """
 
@@ -181,29 +183,36 @@ def _normalize_one(work: onnx.ModelProto, rw: LocalRewriting,
                             "or out of range)", nodes=list(rw.removed_nodes)) from None
     if len(set(removed_now)) != len(removed_now):
         raise ScenarioError("removed node positions repeat", nodes=list(rw.removed_nodes))
-    rewired = _rewire_consumers(g, rw, set(removed_now))
-    # the new identity list: survivors, rewired consumers in place, added nodes at the anchor
     gone = set(removed_now)
+    rewired = _rewire_consumers(g, rw, gone)
+    _check_no_dangling(g, rw, gone, rewired)
+    # the new identity list: survivors and rewired consumers in place (a rewired consumer
+    # is the same node, so it keeps its identity: later records of the batch may still
+    # remove it or enter its subgraphs), added nodes at the anchor
     new_ids: list[tuple] = []
+    slots: dict[int, int] = {}  # rewired position -> its place among the survivors
     anchor = None
     first_removed = min(removed_now) if removed_now else None
     for pos, ident in enumerate(current):
         if anchor is None and _is_anchor(ident, pos, rw, first_removed):
             anchor = len(new_ids)
+        if pos in gone:
+            continue
         if pos in rewired:
-            new_ids.append(("rewired", index, pos))
-        elif pos not in gone:
-            new_ids.append(ident)
+            slots[pos] = len(new_ids)
+        new_ids.append(ident)
     if anchor is None:
         anchor = len(new_ids)
-    added_ids = [("added", index, j) for j in range(len(rw.added_nodes))]
-    new_ids[anchor:anchor] = added_ids
+    added_count = len(rw.added_nodes)
+    new_ids[anchor:anchor] = [("added", index, j) for j in range(added_count)]
     added_nodes: list[onnx.NodeProto] = list(rw.added_nodes)
-    added_positions = [new_ids.index(i) for i in added_ids]
+    added_positions = list(range(anchor, anchor + added_count))
+    # sequentially, a rewired consumer is removed and added back at its own position
     removed_all = sorted(gone | set(rewired))
     for pos, node in sorted(rewired.items()):
         added_nodes.append(node)
-        added_positions.append(new_ids.index(("rewired", index, pos)))
+        slot = slots[pos]
+        added_positions.append(slot + added_count if slot >= anchor else slot)
     ids[rw.graph_path] = new_ids
 
     names = [t.name for t in getattr(g, "initializer", ())]
@@ -245,7 +254,7 @@ def _rewire_consumers(g: Container, rw: LocalRewriting, removed: set[int],
     produced_by_survivors = {o for i, n in enumerate(g.node) if i not in removed
                              for o in n.output}
     rewired: dict[int, onnx.NodeProto] = {}
-    for old, new in rw.value_renames.items():
+    for old, new in _resolve_renames(rw.value_renames).items():
         if old in outputs:
             raise ScenarioError("rename would rename a graph output", value=old)
         if old in inputs:
@@ -267,6 +276,51 @@ def _rewire_consumers(g: Container, rw: LocalRewriting, removed: set[int],
                         copy.input[j] = new
                 rewired[pos] = copy
     return rewired
+
+
+def _resolve_renames(renames: Mapping[str, str]) -> dict[str, str]:
+    """Each renamed value mapped to the end of its chain (``c -> b -> a`` gives ``c -> a``
+    and ``b -> a``); a chain that comes back to itself is an error."""
+    out = {}
+    for old in sorted(renames):
+        chain = [old]
+        new = renames[old]
+        while new in renames:
+            if new in chain:
+                raise ScenarioError("value renames form a cycle", values=[*chain, new])
+            chain.append(new)
+            new = renames[new]
+        out[old] = new
+    return out
+
+
+def _check_no_dangling(g: Container, rw: LocalRewriting, gone: set[int],
+                       rewired: Mapping[int, onnx.NodeProto]) -> None:
+    """Refuse a record after which a node or graph output reads a value that only the
+    record's removed nodes produced (a local check: what the record touches, not the
+    whole graph)."""
+    lost = {o for pos in gone for o in g.node[pos].output if o}
+    if not lost:
+        return
+    nodes = [rewired.get(pos, node) for pos, node in enumerate(g.node) if pos not in gone]
+    nodes += rw.added_nodes
+    lost -= {o for node in nodes for o in node.output}
+    if isinstance(g, onnx.GraphProto):
+        inputs, outputs = {i.name for i in g.input}, [o.name for o in g.output]
+    else:
+        inputs, outputs = set(g.input), list(g.output)
+    lost -= inputs
+    lost -= {t.name for t in getattr(g, "initializer", ())
+             if t.name not in rw.removed_initializers}
+    lost -= {t.name for t in rw.added_initializers}
+    for name in sorted(lost):
+        if name in outputs:
+            raise ScenarioError("record leaves a graph output without producer", value=name)
+        for node in nodes:
+            if name in node.input or _captures(node, name):
+                raise ScenarioError("record leaves a value its removed nodes produced "
+                                    "without producer", value=name,
+                                    node=node.name or node.op_type)
 
 
 def _captures(node: onnx.NodeProto, name: str) -> bool:
