@@ -19,8 +19,8 @@ For each scenario the passes run on the model's metadata, the records are added 
 ``add_modification_scenario`` and saved into a copy of the model holding that scenario
 alone (untimed set-up). Then, per scenario:
 
-* ``replay``: ``replay_modification_scenario(model, name)`` on the model as catalogued
-  (``read_catalogue(path).model``, every payload left out, the catalogue closed before any
+* ``replay``: ``replay_modification_scenario(model, name)`` on the model's metadata
+  (``metadata_of(path)``: weights left out, small values inline, the catalogue closed before any
   replay, so no payload byte can be read);
 * ``re-run``: what adding the scenario costs minus the digest: ``run_passes`` on the
   metadata model (payloads up to ``SMALL_VALUE_LIMIT`` inline, as passes see it) with fresh
@@ -81,7 +81,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from weightstore.catalogue.reader import read_catalogue
 from weightstore.catalogue.schema import PAYLOAD_FIELDS
 from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.convert.weights import ModelWeights
@@ -101,7 +100,7 @@ from weightstore.scenarios.digest import base_graph_digest
 from weightstore.scenarios.files import rewrite_scenarios_file
 from weightstore.scenarios.rewriting import apply_record
 from weightstore.scenarios.storage import read_scenarios
-from weightstore.scenarios.variants import scenario_rewrites
+from weightstore.scenarios.variants import metadata_of, scenario_rewrites
 
 ENCODER = {"vocab": 30522, "hidden": 256, "heads": 4, "ffn": 1024, "max_seq": 512}
 DEFAULT_LAYERS = 22  # about 790 nodes and 100 MB of weights
@@ -250,11 +249,13 @@ def make_model(workdir: Path, layers: int) -> Path:
 # -- set-up -----------------------------------------------------------------------------------
 
 def _payload_bytes(model: onnx.ModelProto) -> int:
-    """Payload bytes present in ``model`` (0 for a catalogued model)."""
+    """Payload bytes present in ``model`` above the small-value limit (0 for a metadata
+    model: small values, such as shapes and If conditions, are metadata)."""
     total = 0
     for site in iter_tensor_sites(model):
         t = site.tensor
-        total += sum(len(getattr(t, name)) for name in PAYLOAD_FIELDS.values())
+        size = sum(len(getattr(t, name)) for name in PAYLOAD_FIELDS.values())
+        total += size if size > SMALL_VALUE_LIMIT else 0
     return total
 
 
@@ -294,8 +295,7 @@ class Scenario:
 def read_inputs(model: Path) -> Inputs:
     with ModelWeights.open(model) as mw:
         metadata = strip_scenarios(mw.metadata_model(SMALL_VALUE_LIMIT))
-        catalogued = strip_scenarios(mw.catalogue.model)
-    return Inputs(metadata, catalogued)
+    return Inputs(metadata, _copy(metadata))
 
 
 def add_scenario(model: Path, name: str, passes: tuple[str, ...], workdir: Path) -> Scenario:
@@ -303,16 +303,15 @@ def add_scenario(model: Path, name: str, passes: tuple[str, ...], workdir: Path)
     path = workdir / f"{model.stem}.{name}.onnx"
     with ModelWeights.open(model) as mw:
         rewrites, _ = scenario_rewrites(mw, passes)
-        catalogued = mw.catalogue.model
-        add_modification_scenario(catalogued, name, rewrites)
-        stored = read_scenarios(catalogued)
+        base = mw.metadata_model(SMALL_VALUE_LIMIT)
+        add_modification_scenario(base, name, rewrites)
+        stored = read_scenarios(base)
     rewrite_scenarios_file(model, path, stored)
-    catalogue = read_catalogue(path)
-    catalogue.close()  # nothing can read the file from here on
-    if _payload_bytes(catalogue.model):
-        raise BenchError(f"{name}: the catalogued model holds payload bytes")
-    records = len(find_scenario(catalogue.model, name).rewrites)
-    return Scenario(name, passes, path, catalogue.model, records)
+    catalogued = metadata_of(path)  # the catalogue is closed: nothing can read weights
+    if _payload_bytes(catalogued):
+        raise BenchError(f"{name}: the metadata model holds weight bytes")
+    records = len(find_scenario(catalogued, name).rewrites)
+    return Scenario(name, passes, path, catalogued, records)
 
 
 # -- the operations ---------------------------------------------------------------------------

@@ -27,15 +27,17 @@ from collections.abc import Callable, Iterator
 
 import onnx
 
+from ..catalogue import typed_fields
 from ..catalogue.payload import SMALL_VALUE_LIMIT, expected_nbytes, external_info
 from ..catalogue.schema import PAYLOAD_FIELDS
 from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
-from ..hashing import ALGORITHMS, Hasher, digest_bytes, new_hasher
+from ..hashing import ALGORITHMS, digest_bytes, new_hasher
 
 PayloadIdentity = Callable[[TensorSite], str]
 _PAYLOAD_NAMES = frozenset(PAYLOAD_FIELDS.values())
+_TYPED = tuple(n for n in PAYLOAD_FIELDS.values() if n != "raw_data")
 
 # Versioned domain separation: a change to what is covered must change every digest.
 _DOMAIN = b"weightstore.base_graph_digest.v2\x00"
@@ -116,12 +118,6 @@ def _payload_free_view(model: onnx.ModelProto) -> onnx.ModelProto:
     return view
 
 
-def _frame(hasher: Hasher, data: bytes) -> None:
-    """Length-prefixed, so no two sequences of parts hash alike."""
-    hasher.update(len(data).to_bytes(8, "little"))
-    hasher.update(data)
-
-
 def base_graph_digest(model: onnx.ModelProto,
                       payload_identity: PayloadIdentity | None = None,
                       algo: str = "blake3") -> bytes:
@@ -134,25 +130,69 @@ def base_graph_digest(model: onnx.ModelProto,
         raise ScenarioError("unknown digest algorithm", algorithm=algo,
                             known=", ".join(ALGORITHMS))
     view = _payload_free_view(model)
+    identities: list[tuple[str, str]] = []
     if payload_identity is None:
-        tensors = list(_tensors(view))
-        identities = [(str(i), _identity(t, t.name)) for i, t in enumerate(tensors)]
+        # Fast path: small inline values stay in the serialized view (that binds them);
+        # only external references and large inline payloads give way to an identity.
+        for i, tensor in enumerate(_tensors(view)):
+            if _stays_inline(tensor):
+                _as_raw(tensor)
+                continue
+            identities.append((str(i), _identity(tensor, tensor.name)))
+            _clear_payload(tensor)
     else:
-        sites = list(iter_tensor_sites(view))
-        tensors = [site.tensor for site in sites]
-        identities = [(site.key, payload_identity(site)) for site in sites]
-    for tensor in tensors:
-        for name in PAYLOAD_FIELDS.values():
-            tensor.ClearField(name)
-        tensor.ClearField("external_data")
-        tensor.ClearField("data_location")
-    hasher = new_hasher(algo)
-    hasher.update(_DOMAIN)
-    _frame(hasher, view.SerializeToString(deterministic=True))
+        for site in iter_tensor_sites(view):
+            identities.append((site.key, payload_identity(site)))
+            _clear_payload(site.tensor)
+    parts = [_DOMAIN, view.SerializeToString(deterministic=True)]
     for key, identity in identities:
         if not isinstance(identity, str):
             raise ScenarioError("payload identity is not a string", path=key,
                                 type=type(identity).__name__)
-        _frame(hasher, key.encode())
-        _frame(hasher, identity.encode())
+        parts += [key.encode(), identity.encode()]
+    hasher = new_hasher(algo)
+    hasher.update(b"".join(len(p).to_bytes(8, "little") + p for p in parts))
     return bytes.fromhex(hasher.hexdigest())
+
+
+def _stays_inline(tensor: onnx.TensorProto) -> bool:
+    """A small inline value, or strings: digested as serialized, with the graph."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return False
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return True
+    dims = list(tensor.dims)
+    nbytes = expected_nbytes(tensor.data_type, dims) if all(d >= 0 for d in dims) else None
+    return nbytes is not None and nbytes <= SMALL_VALUE_LIMIT and (
+        nbytes == 0 or has_payload(tensor) or _missing(tensor))
+
+
+def _as_raw(tensor: onnx.TensorProto) -> None:
+    """Typed fields to raw little-endian bytes (bit-exact), so the encoding a tool chose
+    (onnx stores ``float_data`` as ``raw_data`` when it externalizes) does not count."""
+    tensor.ClearField("data_location")  # DEFAULT, set or not: physical, not covered
+    tensor.ClearField("external_data")
+    if tensor.raw_data or tensor.data_type == onnx.TensorProto.STRING:
+        return
+    for name in _TYPED:
+        values = getattr(tensor, name)
+        if len(values):
+            fragment = onnx.TensorProto()
+            getattr(fragment, name).extend(values)
+            raw = typed_fields.decode(fragment.SerializeToString(), name, tensor.data_type,
+                                      list(tensor.dims), where=tensor.name)
+            tensor.ClearField(name)
+            tensor.raw_data = raw
+            return
+
+
+def _missing(tensor: onnx.TensorProto) -> bool:
+    raise ScenarioError("a small tensor's value is missing: digest the metadata model with "
+                        "small values inline", name=tensor.name)
+
+
+def _clear_payload(tensor: onnx.TensorProto) -> None:
+    for name in PAYLOAD_FIELDS.values():
+        tensor.ClearField(name)
+    tensor.ClearField("external_data")
+    tensor.ClearField("data_location")

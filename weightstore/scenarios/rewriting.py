@@ -97,12 +97,13 @@ def _apply_nodes(g: Container, removed: list[int], added: list[onnx.NodeProto],
     if len(set(positions)) != len(positions) or any(not 0 <= p < m for p in positions):
         raise ScenarioError("added node positions out of range or repeated",
                             positions=positions, size=m)
-    gone = set(removed)
-    survivors = iter([_copy(node) for i, node in enumerate(g.node) if i not in gone])
-    placed = dict(zip(positions, added, strict=True))
-    result = [_copy(placed[i]) if i in placed else next(survivors) for i in range(m)]
-    del g.node[:]
-    g.node.extend(result)
+    # In place: survivors are never copied (a record touches a few nodes of a large graph).
+    # Deleting from the highest position leaves lower ones valid; inserting in ascending
+    # order of final position puts each added node where every earlier slot is settled.
+    for r in sorted(removed, reverse=True):
+        del g.node[r]
+    for p, node in sorted(zip(positions, added, strict=True), key=lambda item: item[0]):
+        g.node.insert(p, node)
 
 
 def _apply_initializers(g: Container, removed: list[int],
