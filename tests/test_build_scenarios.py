@@ -116,3 +116,74 @@ def test_changing_scenarios_changes_the_fingerprint(built):
         recipe.write_text(text)
     summary = json.loads((result.packages[0].path / "summary.json").read_text())
     assert summary["fingerprint"] == result.packages[0].summary["fingerprint"]
+
+
+def _recipe(folder, src, scenarios: str, layouts: str = "  - {name: c, external_weight: "
+            "combined, size_threshold: 0}\n", devices: str = "") -> object:
+    path = folder / "r.yaml"
+    path.write_text(f"package: p\nversion: '1'\nstore: {{path: {folder / 'store'}}}\n"
+                    f"models:\n  - name: m\n    source: {src}\n{scenarios}"
+                    f"layouts:\n{layouts}{devices}output: {folder / 'out'}\n")
+    return path
+
+
+def test_source_scenarios_are_verified_rebased_and_kept(encoder_model, save_model, tmp_path,
+                                                        capsys):
+    from weightstore.cli import main
+
+    src = save_model(encoder_model, "m.onnx")
+    assert main(["scenario", "add", str(src), "fused", "--passes", "fuse-qkv,cleanup"]) == 0
+    recipe = _recipe(tmp_path, src, "    scenarios:\n      - {name: half, passes: "
+                                    "[cast-fp16, cleanup]}\n")
+    package = build(recipe, BuildOptions(jobs=2)).packages[0]
+    model = onnx.load(str(package.path / "m.onnx"), load_external_data=False)
+    assert scenario_names(model) == ["fused", "half"]
+    inputs = sample_inputs(encoder_model, seed=5)
+    expected = run_onnxruntime(encoder_model, inputs)
+    for name in ("fused", "half"):
+        actual = run_onnxruntime(runnable_variant(package.path / "m.onnx", name), inputs)
+        for e, a in zip(expected, actual, strict=True):
+            np.testing.assert_allclose(a, e, rtol=1e-2, atol=1e-3)
+    clash = _recipe(tmp_path, src, "    scenarios:\n      - {name: fused, passes: [cleanup]}\n")
+    assert main(["build", str(clash), "--force"]) == 2
+    assert "already holds a scenario" in capsys.readouterr().err
+
+
+def test_dead_added_weights_are_not_packaged(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "m.onnx")
+    recipe = _recipe(tmp_path, src, "    scenarios:\n      - {name: both, passes: "
+                                    "[fuse-qkv, cast-fp16, cleanup]}\n")
+    summary = build(recipe, BuildOptions(jobs=2)).packages[0].summary
+    added = [w for w in summary["models"][0]["external_weights"] if "scenario" in w]
+    assert added and all(w["dtype"] == "FLOAT16" or not w["name"].endswith(".fused_qkv")
+                         for w in added)
+    assert not any(w["name"].endswith(".fused_qkv") and w["dtype"] == "FLOAT" for w in added)
+
+
+def test_moved_constants_are_packaged_and_run(tmp_path, save_model):
+    """fold-constant-if moves a branch's weights into the parent graph: a device model,
+    replayed from metadata, loads them from the package files."""
+    from weightstore.bundles import assemble
+    from weightstore.samples import make_encoder
+
+    model = make_encoder()
+    # the pooler switch becomes a Constant, so the If folds
+    for node in model.graph.node:
+        if node.op_type == "If":
+            cond = node.input[0]
+    model.graph.input.remove(next(i for i in model.graph.input if i.name == cond))
+    model.graph.node.insert(0, onnx.helper.make_node(
+        "Constant", [], [cond], value=onnx.numpy_helper.from_array(np.array(True))))
+    src = save_model(model, "m.onnx")
+    recipe = _recipe(tmp_path, src, "    scenarios:\n      - {name: folded, passes: "
+                                    "[fold-constant-if, cleanup]}\n",
+                     devices="devices:\n  - {name: d, scenario: folded}\n")
+    package = build(recipe, BuildOptions(jobs=2)).packages[0]
+    added = [w for w in package.summary["models"][0]["external_weights"] if "scenario" in w]
+    assert added  # the moved branch weights are stored, not left without bytes
+    assemble(package.path, "d", tmp_path / "bundle")
+    inputs = sample_inputs(model, seed=3)
+    inputs.pop(cond, None)
+    expected = run_onnxruntime(model, inputs)
+    actual = run_onnxruntime(tmp_path / "bundle" / "m.onnx", inputs)
+    assert all(e.tobytes() == a.tobytes() for e, a in zip(expected, actual, strict=True))

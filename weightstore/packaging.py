@@ -192,6 +192,11 @@ def estimated_model_bytes(source: Source, layout: Layout) -> int:
             size += mw.catalogue.payloads[path].stored_bytes
         else:
             size += desc.nbytes + 16  # external in the source, inline in the package
+    embedded = layout.external_weight == "embedded"
+    for scenario in source.scenarios:  # what the records keep inline
+        size += sum(w.nbytes + 16 for w in scenario.added
+                    if embedded or w.shape_input or w.nbytes < layout.size_threshold)
+        size += sum(r.ByteSize() for r in scenario.records)
     return size
 
 
@@ -231,7 +236,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance)
         def read_added(weight: AddedWeight) -> bytes:
             obj = index.get(weight.key) if weight.key else None
-            return store.read(obj) if obj is not None else weight.compute()
+            return store.read(obj) if obj is not None else weight.bytes()
 
         models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout, read_added)
                   for s, ws in per_model]
@@ -282,7 +287,7 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
 
     def read_added(weight: AddedWeight) -> bytes:
         obj = index.get(weight.key) if weight.key else None
-        return store.read(obj) if obj is not None else weight.compute()
+        return store.read(obj) if obj is not None else weight.bytes()
 
     pending = {key: PlannedPayload(key, size, "pending", 0)
                for _, ps in payloads for key, size in ps}

@@ -11,21 +11,33 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from .._proto import weightstore_pb2 as pb
+from ..catalogue.locations import resolve_location
+from ..catalogue.payload import (
+    SMALL_VALUE_LIMIT,
+    expected_nbytes,
+    external_info,
+    read_file_range,
+)
 from ..catalogue.shape_inputs import shape_input_names
-from ..convert.encoding import has_payload, set_external, set_payload
+from ..convert.encoding import clear_payload, has_payload, set_external, set_payload
+from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights
-from ..errors import ScenarioError
+from ..errors import ScenarioError, WeightstoreError
 from ..hashing import digest_bytes, make_key
+from ..passes.base import run_passes
+from ..passes.cleanup import Cleanup, prune
 from ..recipe import ScenarioEntry
-from .api import prepare_records
+from .api import apply_scenario, check_scenarios, prepare_records, strip_scenarios, verify_base
 from .derive import resolver
 from .digest import base_graph_digest
+from .resolve import live_value_names
 from .rewriting import derivations_of
 from .storage import write_scenarios
 from .variants import catalogue_values, scenario_rewrites
@@ -35,11 +47,13 @@ DIGEST_ALGORITHM = "blake3"
 
 @dataclass
 class AddedWeight:
-    """One initializer a scenario record adds, and how to get its bytes."""
+    """A weight a scenario record adds (an initializer, or a Constant node's value) that
+    is live in the scenario's final graph, and how to get its bytes."""
 
     scenario: str
     record: int
-    index: int  # in the record's added_initializers
+    kind: str  # "initializer": added_initializers[index]; "node": inside added_nodes
+    index: tuple  # where in the record (see _added_tensors)
     name: str
     data_type: int
     dims: tuple[int, ...]
@@ -50,58 +64,151 @@ class AddedWeight:
 
     @property
     def where(self) -> str:
-        return (f"scenario '{self.scenario}' record {self.record} "
-                f"initializer '{self.name}'")
+        return f"scenario '{self.scenario}' record {self.record} {self.kind} '{self.name}'"
+
+    @property
+    def nbytes(self) -> int:
+        """Size from type and shape, known before the bytes are computed."""
+        return expected_nbytes(self.data_type, self.dims) or 0
+
+    def bytes(self) -> bytes:
+        try:
+            return self.compute()
+        except WeightstoreError as exc:
+            exc.context.setdefault("scenario", self.scenario)
+            exc.context.setdefault("record", self.record)
+            exc.context.setdefault("weight", self.name)
+            raise
+
+    def tensor_in(self, record: pb.LocalRewritingProto) -> onnx.TensorProto:
+        return _follow(record, self.kind, self.index)
 
 
 @dataclass
 class PackagedScenario:
     name: str
     records: list[pb.LocalRewritingProto]
-    added: list[AddedWeight]
+    added: list[AddedWeight]  # live ones only: a weight a later record drops is not stored
+
+
+def _node_tensors(node: onnx.NodeProto, path: tuple):
+    """(path, value name, tensor) for every tensor inside ``node``, subgraphs included.
+
+    A path step is ``(attribute name, k)`` then ``("i", j)`` for a graph's initializer or
+    ``("n", j)`` for a graph's node; ``k`` is -1 for a single-graph or tensor attribute.
+    """
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            name = node.output[0] if node.op_type == "Constant" and node.output else ""
+            yield (*path, (attr.name, -1)), name, attr.t
+        graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+        for k, g in enumerate(graphs):
+            step = (attr.name, -1 if attr.HasField("g") else k)
+            for j, t in enumerate(g.initializer):
+                yield (*path, step, ("i", j)), t.name, t
+            for j, sub in enumerate(g.node):
+                yield from _node_tensors(sub, (*path, step, ("n", j)))
+
+
+def _added_tensors(records: Sequence[pb.LocalRewritingProto]):
+    """(record, kind, index, value name, tensor) for every tensor the records add."""
+    for r, record in enumerate(records):
+        for j, t in enumerate(record.added_initializers):
+            yield r, "initializer", (j,), t.name, t
+        for k, node in enumerate(record.added_nodes):
+            for path, name, t in _node_tensors(node, ()):
+                yield r, "node", (k, *path), name, t
+
+
+def _follow(record: pb.LocalRewritingProto, kind: str, index: tuple) -> onnx.TensorProto:
+    if kind == "initializer":
+        return record.added_initializers[index[0]]
+    node = record.added_nodes[index[0]]
+    steps = list(index[1:])
+    while True:
+        attr_name, k = steps.pop(0)
+        attr = next(a for a in node.attribute if a.name == attr_name)
+        if not steps:
+            return attr.t
+        g = attr.g if k == -1 else attr.graphs[k]
+        what, j = steps.pop(0)
+        if what == "i":
+            return g.initializer[j]
+        node = g.node[j]
 
 
 def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
                       ) -> list[PackagedScenario]:
-    """Run each entry's passes on the model's metadata and normalize the records.
+    """The scenarios a packaged model carries: those its source already holds (verified
+    against it), then the recipe's (passes run on the model's metadata), in order.
 
-    Also marks, in ``mw``, the base weights that a scenario feeds to shape-like inputs:
-    they stay inline in every layout, so every variant loads in onnxruntime.
+    Also marks, in ``mw``, the base weights a scenario feeds to shape-like inputs: they
+    stay inline in every layout, so every variant loads in onnxruntime.
     """
-    out = []
-    values = catalogue_values(mw.catalogue, mw.base_dir)
+    meta = mw.metadata_model(SMALL_VALUE_LIMIT)
+    plans: list[tuple[str, list[pb.LocalRewritingProto]]] = []
+    for record in check_scenarios(meta):
+        verify_base(meta, record)
+        plans.append((record.scenario, list(record.rewrites)))
+    base = strip_scenarios(meta)
     for entry in entries:
-        rewrites, base = scenario_rewrites(mw, entry.passes)
-        records, variant = prepare_records(base, entry.name, rewrites)
-        shapes = shape_input_names(variant)
+        if any(name == entry.name for name, _ in plans):
+            raise ScenarioError("the source model already holds a scenario of this name",
+                                scenario=entry.name, model=str(mw.catalogue.source))
+        rewrites, _ = scenario_rewrites(mw, entry.passes)
+        records, _ = prepare_records(base, entry.name, rewrites)
+        plans.append((entry.name, records))
+    values = catalogue_values(mw.catalogue, mw.base_dir)
+    out = []
+    for name, records in plans:
+        final = _final_variant(base, name, records)
+        shapes = shape_input_names(final)
         mw.shape_names = mw.shape_names | shapes
+        live = live_value_names(final)
         derivations: dict = {}
         for record in records:
             derivations.update(derivations_of(record))
         value = resolver(derivations, values)
-        added = []
-        for r, record in enumerate(records):
-            for j, tensor in enumerate(record.added_initializers):
-                added.append(AddedWeight(
-                    entry.name, r, j, tensor.name, tensor.data_type, tuple(tensor.dims),
-                    tensor.name in shapes, _bytes_of(tensor, value)))
-        out.append(PackagedScenario(entry.name, records, added))
+        added = [
+            AddedWeight(name, r, kind, index, value_name, t.data_type, tuple(t.dims),
+                        value_name in shapes, _bytes_of(t, value_name, value, mw.base_dir))
+            for r, kind, index, value_name, t in _added_tensors(records)
+            if value_name in live and (kind == "initializer" or not has_payload(t))
+            and t.data_type != onnx.TensorProto.STRING]
+        out.append(PackagedScenario(name, records, added))
     return out
 
 
-def _bytes_of(tensor: onnx.TensorProto, value: Callable[[str], np.ndarray],
-              ) -> Callable[[], bytes]:
+def _final_variant(base: onnx.ModelProto, name: str,
+                   records: Sequence[pb.LocalRewritingProto]) -> onnx.ModelProto:
+    record = pb.ModelModificationScenarioProto(scenario=name)
+    record.rewrites.extend(records)
+    cleaned = run_passes(apply_scenario(base, record), [Cleanup()]).model
+    prune(cleaned)
+    return cleaned
+
+
+def _bytes_of(tensor: onnx.TensorProto, name: str, value: Callable[[str], np.ndarray],
+              base_dir: Path) -> Callable[[], bytes]:
     if has_payload(tensor):
         data = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
         return lambda: data
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:  # a source scenario's stored bytes
+        def stored() -> bytes:
+            info = external_info(tensor)
+            path = resolve_location(base_dir, info.get("location", ""), where=name)
+            data = read_file_range(path, int(info.get("offset", "0")),
+                                   int(info.get("length", "0")))
+            check_digest(data, info.get("checksum"), where=name)
+            return data
+        return stored
 
     def compute() -> bytes:
-        array = np.ascontiguousarray(value(tensor.name))
+        array = np.ascontiguousarray(value(name))
         expected = helper.tensor_dtype_to_np_dtype(tensor.data_type)
         if array.dtype != expected or tuple(array.shape) != tuple(tensor.dims):
             raise ScenarioError("computed weight differs from its declaration",
-                                name=tensor.name, dtype=str(array.dtype),
-                                shape=list(array.shape))
+                                name=name, dtype=str(array.dtype), shape=list(array.shape))
         return numpy_helper.from_array(array).raw_data
 
     return compute
@@ -112,7 +219,7 @@ def hash_added(scenarios: Sequence[PackagedScenario], algo: str) -> Iterator[
     """Compute each added weight once, set its key and size, and yield it with its bytes."""
     for scenario in scenarios:
         for weight in scenario.added:
-            data = weight.compute()
+            data = weight.bytes()
             weight.key = make_key(algo, digest_bytes(algo, data))
             weight.size = len(data)
             yield weight, data
@@ -139,8 +246,13 @@ def attach(model: onnx.ModelProto, scenarios: Sequence[PackagedScenario],
             digest_algorithm=DIGEST_ALGORITHM, replay_format_version=1)
         for record in scenario.records:
             proto.rewrites.add().CopyFrom(record)
+        listed = {(w.record, w.kind, w.index) for w in scenario.added}
+        for r, kind, index, _, tensor in _added_tensors(proto.rewrites):
+            if (r, kind, index) not in listed and tensor.data_location == \
+                    onnx.TensorProto.EXTERNAL:
+                clear_payload(tensor)  # dead in the scenario: never read, not packaged
         for weight in scenario.added:
-            tensor = proto.rewrites[weight.record].added_initializers[weight.index]
+            tensor = weight.tensor_in(proto.rewrites[weight.record])
             where = place(weight)
             if where is None:
                 set_payload(tensor, read(weight))

@@ -77,3 +77,9 @@ def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None,
         out.append(LivePayload(name, site.where, info["location"], offset, length,
                                info.get("checksum")))
     return out
+
+
+def live_value_names(resolved: onnx.ModelProto) -> set[str]:
+    """Names of the weights (initializers, Constant values) a resolved variant keeps."""
+    return {site.value_name for site in iter_tensor_sites(resolved)
+            if site.role in ("initializer", "constant") and site.value_name}
