@@ -166,7 +166,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     from . import packaging  # onnx and the catalogue: only when something must be built
     from .locking import target_lock
     from .model_io import PROTOBUF_LIMIT
-    from .scenarios.package import prepare_scenarios
+    from .scenarios.storage import read_scenarios
     from .store import WeightStore
 
     recipe = loaded.recipe
@@ -176,7 +176,10 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             s.identity = _identity(
                 entry, digests.of(s.weights.catalogue.source),
                 {loc: digests.of(path) for loc, path in s.external_files})
-            s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
+            if entry.scenarios or read_scenarios(s.weights.catalogue.model):
+                from .scenarios.package import prepare_scenarios
+
+                s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         identities = [s.identity for s in sources]
         todo = []
         for layout, target, existing in pending:

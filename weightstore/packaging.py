@@ -10,11 +10,10 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from .bundles import select_scenario, write_device
 from .catalogue.payload import expected_nbytes
 from .catalogue.schema import Path as TensorPath
 from .catalogue.schema import path_str
@@ -28,16 +27,11 @@ from .layout.writer import FileRange, write_plan
 from .model_io import save_model
 from .progress import Progress
 from .recipe import Layout, Recipe
-from .scenarios.package import (
-    AddedWeight,
-    PackagedScenario,
-    attach,
-    externalized,
-    hash_added,
-)
-from .scenarios.resolve import live_payloads, variant
 from .store import BytesPayload, PayloadSource, WeightStore
 from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
+
+if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that use them
+    from .scenarios.package import AddedWeight, PackagedScenario
 
 COMMON_GROUP = "common"
 DEFAULT_GROUP = "default"
@@ -54,6 +48,10 @@ class Source:
 
     def added_weights(self, layout: Layout) -> list[AddedWeight]:
         """Weights the scenarios add that ``layout`` puts in its weight files."""
+        if not self.scenarios:
+            return []
+        from .scenarios.package import externalized
+
         embedded = layout.external_weight == "embedded"
         return [w for sc in self.scenarios for w in sc.added
                 if externalized(w, layout.size_threshold, embedded)]
@@ -140,6 +138,10 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                 report[k] += v
             bar.advance(sum(w.size for w in ws))
             cache.save(s.identity, algo, {path_str(w.site.path): w.key for w in ws})
+            if not s.scenarios:
+                continue
+            from .scenarios.package import externalized, hash_added
+
             for weight, data in hash_added(s.scenarios, algo):  # one at a time: bounded
                 if not any(externalized(weight, layout.size_threshold, False)
                            for layout in layouts):
@@ -264,6 +266,8 @@ def _package_model(source: Source, weights: list[Weight], where: dict[str, Plann
     }
     model = source.weights.materialize(placements, layout.constants)
     if source.scenarios:
+        from .scenarios.package import attach
+
         placed = {id(w) for w in source.added_weights(layout)}
         attach(model, source.scenarios,
                lambda w: (where[w.key].file, where[w.key].offset) if id(w) in placed else None,
@@ -282,6 +286,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     ``<prefix>.S.data``; otherwise ``<prefix>.common.data``. A payload live nowhere still
     belongs to the base graph, so it goes to the default file.
     """
+    from .scenarios.resolve import live_payloads, variant
+
     users: dict[str, set[str]] = {}
     index = store.index()
 
@@ -324,6 +330,8 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> None:
     """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.bundles`)."""
     if not recipe.devices:
         return
+    from .bundles import select_scenario, write_device
+
     entries = {m.name: m for m in recipe.models}
     offered = []
     for m in recipe.models:
