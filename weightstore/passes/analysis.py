@@ -8,7 +8,7 @@ for graphs and model-local functions alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -265,3 +265,15 @@ def without_payload(tensor: onnx.TensorProto, name: str | None = None,
 def int64_initializer(name: str, values: Iterable[int]) -> onnx.TensorProto:
     """A small int64 vector, inline (split sizes and the like)."""
     return numpy_helper.from_array(np.array(list(values), dtype=np.int64), name)
+
+
+def per_graph(model: onnx.ModelProto,
+              visit: Callable[[Scope, dict[str, int], NameAllocator], list]) -> list:
+    """Records of ``visit(scope, name counts, value-name allocator)`` over every graph
+    (not functions), in model order: the loop every graph-local pass shares."""
+    values = NameAllocator(model_names(model))
+    counts = tensor_name_counts(model)
+    records: list = []
+    for scope in iter_scopes(model, functions=False):
+        records += visit(scope, counts, values)
+    return records

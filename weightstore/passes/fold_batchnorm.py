@@ -24,12 +24,10 @@ from .analysis import (
     Scope,
     attribute,
     is_standard,
-    iter_scopes,
-    model_names,
     output_names,
+    per_graph,
     readers,
     removable_initializers,
-    tensor_name_counts,
     weight,
     without_payload,
 )
@@ -44,12 +42,7 @@ class FoldBatchNorm:
     name = "fold-batchnorm"
 
     def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
-        values = NameAllocator(model_names(model))
-        counts = tensor_name_counts(model)
-        records = []
-        for scope in iter_scopes(model, functions=False):
-            records += self._graph(scope, counts, values)
-        return records
+        return per_graph(model, self._graph)
 
     def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
                ) -> list[LocalRewriting]:

@@ -19,11 +19,9 @@ from .analysis import (
     Scope,
     attribute,
     is_standard,
-    iter_scopes,
-    model_names,
+    per_graph,
     readers,
     removable_initializers,
-    tensor_name_counts,
     weight,
     without_payload,
 )
@@ -36,12 +34,7 @@ class GemmTransposeB:
     name = "gemm-transpose-b"
 
     def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
-        values = NameAllocator(model_names(model))
-        counts = tensor_name_counts(model)
-        records = []
-        for scope in iter_scopes(model, functions=False):
-            records += self._graph(scope, counts, values)
-        return records
+        return per_graph(model, self._graph)
 
     def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
                ) -> list[LocalRewriting]:
