@@ -346,8 +346,6 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("no-passes", MINIMAL.replace(
         "    source: m.onnx\n", "    source: m.onnx\n    scenarios: [{name: s, passes: []}]\n"),
      {"line": 6, "key": "models[0].scenarios[0].passes"}, "at least 1"),
-    ("device-unknown-scenario", MINIMAL + "devices:\n  - {name: npu, scenario: s}\n",
-     {"line": 10, "key": "devices[0].scenario"}, "which no model defines"),
     ("split-embedded", MINIMAL + "  - {name: l2, external_weight: embedded, "
                                  "split: scenario}\n",
      {"line": 9, "key": "layouts[1].split"}, "keeps them embedded"),

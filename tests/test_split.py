@@ -13,7 +13,7 @@ import pytest
 from weightstore.build import BuildOptions, build
 from weightstore.bundles import assemble, satisfies
 from weightstore.cli import main
-from weightstore.errors import ExternalDataError, PackageError, ScenarioError
+from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package_check import check_files, check_package
 from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
 from weightstore.scenarios.resolve import live_payloads, variant
@@ -251,3 +251,142 @@ output: {tmp_path / 'out'}
     ids = [i for _, i in stored]
     assert len(ids) == len(set(ids))  # a payload shared by both models is stored once
     assert summary["totals"]["dedup_saved_bytes"] > 0
+
+
+def test_auto_without_a_match_runs_the_default_graph():
+    from weightstore.bundles import select_scenario
+    from weightstore.recipe import Device
+
+    offered = [("half", {"accelerator": "npu"}), ("fused", {"kernels": ["fa"]})]
+    assert select_scenario(Device(name="d", capabilities={"cpu": True}, scenario="auto"),
+                           offered) is None
+    assert select_scenario(Device(name="d", capabilities={"kernels": ["x", "fa"]},
+                                  scenario="auto"), offered) == "fused"
+    assert satisfies({"abi": ["v1", "v2"]}, {"abi": ["v2", "v3"]})  # lists: any overlap
+
+
+def _two_models(tmp_path, shared_pair, save_model, extra=""):
+    a, b = shared_pair
+    pa, pb = save_model(a, "a.onnx"), save_model(b, "b.onnx")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"""\
+package: two
+version: "1"
+models:
+  - {{name: a, source: {pa}, scenarios: [{{name: fused, passes: [fuse-qkv, cleanup]}}]}}
+  - {{name: b, source: {pb}}}
+layouts:
+  - {{name: s, external_weight: combined, split: scenario}}
+devices:
+  - {{name: d, scenario: fused}}
+{extra}output: {tmp_path / 'out'}
+""")
+    return recipe
+
+
+def test_a_model_without_the_scenario_runs_its_default_in_that_variant(
+        shared_pair, save_model, tmp_path):
+    recipe = _two_models(tmp_path, shared_pair, save_model)
+    package = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=2)).packages[0]
+    b = onnx.load(str(package.path / "b.onnx"), load_external_data=False)
+    # b's weights are live in the default variant and (as b's default) in "fused"
+    assert {p.location for p in live_payloads(variant(b, None))} <= {"two.common.data"}
+    os.remove(package.path / "two.default.data")
+    assert check_package(package.path, scenario="fused").ok
+    assemble(package.path, "d", tmp_path / "bundle")
+
+
+def test_scenario_names_from_sources_are_checked(encoder_model, save_model, tmp_path, capsys):
+    from weightstore._proto import weightstore_pb2 as pb
+    from weightstore.scenarios.storage import read_scenarios, write_scenarios
+
+    src = save_model(encoder_model, "m.onnx")
+    assert main(["scenario", "add", str(src), "default", "--passes", "cleanup"]) == 2
+    assert "not usable" in capsys.readouterr().err
+    assert main(["scenario", "add", str(src), "ok", "--passes", "fuse-qkv"]) == 0
+    model = onnx.load(str(src))
+    (record,) = read_scenarios(model)
+    evil = pb.ModelModificationScenarioProto()
+    evil.CopyFrom(record)
+    evil.scenario = "../../evil"
+    write_scenarios(model, [evil])
+    onnx.save(model, str(src))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"package: p\nversion: '1'\nmodels: [{{name: m, source: {src}}}]\n"
+                      "layouts: [{name: s, external_weight: combined, split: scenario}]\n"
+                      f"output: {tmp_path / 'out'}\n")
+    assert main(["build", str(recipe), "--store", str(tmp_path / "st")]) == 2
+    assert "not usable" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*evil*"))
+
+
+def test_hostile_bundle_records_are_refused(package, tmp_path):
+    _, _, _, packages = package
+    path = tmp_path / "copy"
+    shutil.copytree(packages["split"].path, path)
+    record_path = path / "devices" / "npu" / "bundle.json"
+    record = json.loads(record_path.read_text())
+    record["files"].append({"name": "../secret.txt", "size": 1})
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(PathEscapeError):
+        assemble(path, "npu", tmp_path / "out")
+    record_path.write_text(json.dumps({"format_version": 1}))
+    with pytest.raises(PackageError, match="malformed"):
+        assemble(path, "npu", tmp_path / "out2")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_devices_can_run_scenarios_the_source_holds(encoder_model, save_model, tmp_path):
+    src = save_model(encoder_model, "m.onnx")
+    assert main(["scenario", "add", str(src), "held", "--passes", "fuse-qkv,cleanup"]) == 0
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"""\
+package: p
+version: "1"
+models:
+  - {{name: m, source: {src}, scenarios: [{{name: half, passes: [cast-fp16],
+      requires: {{accelerator: npu}}}}]}}
+layouts: [{{name: s, external_weight: combined, split: scenario}}]
+devices:
+  - {{name: pinned, scenario: held}}
+  - {{name: npu, capabilities: {{accelerator: npu}}, scenario: auto}}
+  - {{name: other, capabilities: {{cpu: true}}, scenario: auto}}
+output: {tmp_path / 'out'}
+""")
+    package = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=2)).packages[0]
+    chosen = {d["name"]: d["scenario"] for d in package.summary["devices"]}
+    # recipe scenarios are offered first; "held" requires nothing, so it matches "other"
+    assert chosen == {"pinned": "held", "npu": "half", "other": "held"}
+    bad = recipe.read_text().replace("scenario: held}", "scenario: nope}")
+    recipe.write_text(bad)
+    with pytest.raises(Exception, match="no model defines or holds"):
+        build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=2, force=True))
+
+
+def test_deleted_device_folder_is_not_up_to_date(package):
+    _, _, recipe, packages = package
+    path = packages["split"].path
+    saved = path.parent / "devices-saved"
+    shutil.move(str(path / "devices"), saved)
+    try:
+        with pytest.raises(PackageError, match="damaged"):
+            build(recipe, BuildOptions(jobs=1))
+    finally:
+        shutil.move(str(saved), path / "devices")
+    assert all(p.status == "up-to-date" for p in build(recipe, BuildOptions(jobs=1)).packages)
+
+
+def test_file_constant_packages_list_and_check_their_files(encoder_model, save_model,
+                                                           tmp_path):
+    src = save_model(encoder_model, "m.onnx")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"package: p\nversion: '1'\nmodels: [{{name: m, source: {src}}}]\n"
+                      "layouts: [{name: g, external_weight: combined, "
+                      "constants: file-constant}]\n"
+                      f"devices: [{{name: d}}]\noutput: {tmp_path / 'out'}\n")
+    package = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=1)).packages[0]
+    record = json.loads((package.path / "devices/d/bundle.json").read_text())
+    assert [f["name"] for f in record["files"]] == ["m_weight_combined"]
+    os.remove(package.path / "m_weight_combined")
+    report = check_package(package.path)
+    assert not report.ok and "model=m.onnx" in report.problems[0]

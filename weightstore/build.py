@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .catalogue.locations import resolve_location
-from .errors import ExternalDataError, PackageError, StoreError
+from .errors import ExternalDataError, PackageError, RecipeError, StoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
 from .store.location import resolve_store_path
@@ -155,7 +155,9 @@ def _intact(target: Path, summary: dict[str, Any]) -> bool:
     try:
         expected = [(m["file"], m["model_bytes"]) for m in summary["models"]]
         expected += [(f["name"], f["size"]) for f in summary["files"]]
-        return all((target / name).stat().st_size == size for name, size in expected)
+        devices = [name for d in summary.get("devices", []) for name in d["files"]]
+        return (all((target / name).stat().st_size == size for name, size in expected)
+                and all((target / name).is_file() for name in devices))
     except (OSError, KeyError, TypeError):
         return False
 
@@ -180,6 +182,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 from .scenarios.package import prepare_scenarios
 
                 s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
+        _check_devices(loaded, sources)
         identities = [s.identity for s in sources]
         todo = []
         for layout, target, existing in pending:
@@ -212,6 +215,16 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             result.packages.append(PackageResult(layout.name, target, "built", summary))
     finally:
         packaging.close_sources(sources)
+
+
+def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
+    """A device may name a scenario the recipe defines or a source model already holds."""
+    known = {sc.name for s in sources for sc in s.scenarios}
+    for i, device in enumerate(loaded.recipe.devices):
+        if device.scenario not in (None, "auto") and device.scenario not in known:
+            raise RecipeError(f"device '{device.name}' names scenario '{device.scenario}', "
+                              "which no model defines or holds", file=str(loaded.path),
+                              key=f"devices[{i}].scenario")
 
 
 def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],

@@ -23,6 +23,7 @@ from typing import Any
 
 import onnx
 
+from .catalogue.locations import resolve_location
 from .errors import PackageError
 from .fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
 from .model_io import save_model
@@ -40,13 +41,9 @@ def satisfies(capabilities: Mapping[str, Any], requires: Mapping[str, Any]) -> b
         if key not in capabilities:
             return False
         have = capabilities[key]
-        if isinstance(have, list) and not isinstance(wanted, list):
-            ok = wanted in have  # the device offers several: the one wanted among them
-        elif isinstance(wanted, list) and not isinstance(have, list):
-            ok = have in wanted  # the scenario accepts several: the device's among them
-        else:
-            ok = have == wanted
-        if not ok:
+        offered = have if isinstance(have, list) else [have]
+        accepted = wanted if isinstance(wanted, list) else [wanted]
+        if not any(value in accepted for value in offered):  # a list means "any of"
             return False
     return True
 
@@ -108,9 +105,19 @@ def read_bundle(package: Path, device: str) -> dict[str, Any]:
                            package=str(package), known=", ".join(known) or "none") from None
     except (OSError, ValueError) as exc:
         raise PackageError(f"unreadable bundle record: {exc}", file=str(path)) from None
-    if record.get("format_version") != FORMAT_VERSION:
+    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
         raise PackageError("unsupported bundle format version", file=str(path),
-                           version=record.get("format_version"))
+                           version=record.get("format_version") if isinstance(record, dict)
+                           else None)
+    try:
+        models = [(str(m["file"]), m.get("scenario")) for m in record["models"]]
+        files = [(str(f["name"]), int(f["size"])) for f in record["files"]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise PackageError("malformed bundle record", file=str(path)) from None
+    for name, _ in models:  # names stay inside their folders, whoever wrote the record
+        resolve_location(path.parent, name, where=str(path))
+    for name, _ in files:
+        resolve_location(package, name, where=str(path))
     return record
 
 

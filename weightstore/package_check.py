@@ -42,7 +42,7 @@ class CheckReport:
 
 
 def check_files(folder: Path, live: list[LivePayload], scenario: str | None, *,
-                verify: bool, strict: bool) -> list[str]:
+                verify: bool, strict: bool, model: str | None = None) -> list[str]:
     """Problems with the files holding ``live`` payloads (empty when all is well).
 
     With ``strict`` the first problem raises instead, naming the scenario, the
@@ -51,8 +51,8 @@ def check_files(folder: Path, live: list[LivePayload], scenario: str | None, *,
     problems: list[str] = []
     sizes: dict[str, int | None] = {}
     for p in live:
-        context = {"scenario": scenario or "(default)", "initializer": p.name,
-                   "location": p.location}
+        context = {"model": model, "scenario": scenario or "(default)",
+                   "initializer": p.name, "location": p.location}
         try:
             path = resolve_location(folder, p.location, where=p.where)
             if p.location not in sizes:
@@ -65,10 +65,12 @@ def check_files(folder: Path, live: list[LivePayload], scenario: str | None, *,
                 raise ExternalDataError("live weight's byte range lies outside its file",
                                         offset=p.offset, length=p.length, file_size=size,
                                         **context)
-            if verify and p.checksum:
-                algo, _, expected = p.checksum.partition(":")
-                if algo in ALGORITHMS and digest_file(algo, path, p.offset,
-                                                      p.length) != expected:
+            if verify:
+                algo, _, expected = (p.checksum or "").partition(":")
+                if algo not in ALGORITHMS:
+                    raise IntegrityError("live weight has no checksum this tool can verify",
+                                         checksum=p.checksum, **context)
+                if digest_file(algo, path, p.offset, p.length) != expected:
                     raise IntegrityError("live weight's bytes do not match their checksum",
                                          checksum=p.checksum, **context)
         except (ExternalDataError, IntegrityError) as exc:
@@ -104,13 +106,25 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     if scenario is not None and not any(
             any(s.scenario == scenario for s in read_scenarios(m)) for _, m in metadata):
         raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder))
+    # every selection, replay and liveness first; files only after all of them
+    resolved = []
     for file, model in metadata:
         names = {s.scenario for s in read_scenarios(model)}
         selected = chosen.get(file) if device is not None else (
             scenario if scenario in names else None)
-        resolved = variant(model, selected)
-        live = live_payloads(resolved, selected)
-        problems = check_files(folder, live, selected, verify=verify, strict=False)
+        live: list[LivePayload] = []
+        problems: list[str] = []
+        try:
+            live = live_payloads(variant(model, selected), selected)
+        except ScenarioError as exc:
+            if "eligible payload" not in exc.message:
+                raise
+            exc.context.setdefault("model", file)
+            problems.append(str(exc))
+        resolved.append((file, selected, live, problems))
+    for file, selected, live, problems in resolved:
+        problems += check_files(folder, live, selected, verify=verify, strict=False,
+                                model=file)
         report.problems.extend(problems)
         report.models.append({"file": file, "scenario": selected, "live_weights": len(live),
                               "live_bytes": sum(p.length for p in live),

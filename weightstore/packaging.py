@@ -242,11 +242,12 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
 
         models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout, read_added)
                   for s, ws in per_model]
-        if layout.external_weight != "embedded":
-            _write_devices(tmp, recipe, sources)
+        devices = (_write_devices(tmp, recipe, sources)
+                   if layout.external_weight != "embedded" else [])
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
-                                  fingerprint=fingerprint, models=models, plan=plan)
+                                  fingerprint=fingerprint, models=models, plan=plan,
+                                  devices=devices)
         atomic_write_bytes(tmp / SUMMARY_NAME, render(summary))  # every file is fsynced
         publish_dir(tmp, target)
         tmp = None
@@ -297,15 +298,19 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
 
     pending = {key: PlannedPayload(key, size, "pending", 0)
                for _, ps in payloads for key, size in ps}
-    scenario_order: list[str] = []
+    scenario_order = package_scenarios(per_model)
     for s, ws in per_model:
         model = _package_model(s, ws, pending, layout, read_added)
-        for sc in s.scenarios:
-            if sc.name not in scenario_order:
-                scenario_order.append(sc.name)
-        for name in [None, *(sc.name for sc in s.scenarios)]:
-            for p in live_payloads(variant(model, name), name):
-                users.setdefault(p.checksum or "", set()).add(name or DEFAULT_GROUP)
+        own = {sc.name for sc in s.scenarios}
+        resolved: dict[str | None, set[str]] = {}
+        for name in [None, *scenario_order]:
+            # a model without scenario S runs its default graph in variant S
+            selected = name if name in own else None
+            if selected not in resolved:
+                resolved[selected] = {p.checksum or "" for p in
+                                      live_payloads(variant(model, selected), selected)}
+            for key in resolved[selected]:
+                users.setdefault(key, set()).add(name or DEFAULT_GROUP)
 
     def group(key: str) -> str:
         u = users.get(key, {DEFAULT_GROUP})
@@ -326,26 +331,50 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     return plan, {s.name: where for s, _ in per_model}
 
 
-def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> None:
-    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.bundles`)."""
-    if not recipe.devices:
-        return
-    from .bundles import select_scenario, write_device
+def package_scenarios(per_model) -> list[str]:
+    """Every scenario name of the package's models, in first-seen order."""
+    names: list[str] = []
+    for s, _ in per_model:
+        for sc in s.scenarios:
+            if sc.name not in names:
+                names.append(sc.name)
+    return names
 
-    entries = {m.name: m for m in recipe.models}
-    offered = []
+
+def offered_scenarios(recipe: Recipe, sources: list[Source]) -> list[tuple[str, dict]]:
+    """What 'auto' devices choose from, in order: the recipe's scenarios, then those the
+    source models already held, each with its requirements."""
+    offered: dict[str, dict] = {}
     for m in recipe.models:
         for sc in m.scenarios:
-            if sc.name not in [n for n, _ in offered]:
-                offered.append((sc.name, sc.requires))
+            offered.setdefault(sc.name, dict(sc.requires))
+    for s in sources:
+        for sc in s.scenarios:
+            offered.setdefault(sc.name, sc.requires)
+    return list(offered.items())
+
+
+def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> list[dict]:
+    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.bundles`);
+    returns what the summary records of them."""
+    if not recipe.devices:
+        return []
+    from .bundles import select_scenario, write_device
+
+    offered = offered_scenarios(recipe, sources)
     models = []
     for s in sources:
         model = onnx.load(str(folder / f"{s.name}.onnx"), load_external_data=False)
-        models.append((s.name, model, {sc.name for sc in entries[s.name].scenarios}))
+        models.append((s.name, model, {sc.name for sc in s.scenarios}))
+    out = []
     for device in recipe.devices:
         chosen = select_scenario(device, offered)
-        write_device(folder, device, [(name, model, chosen if chosen in names else None)
-                                      for name, model, names in models])
+        record = write_device(folder, device, [(name, model, chosen if chosen in names else None)
+                                               for name, model, names in models])
+        out.append({"name": device.name, "scenario": chosen,
+                    "files": [f"devices/{device.name}/{m['file']}" for m in record["models"]]
+                    + [f"devices/{device.name}/bundle.json"]})
+    return out
 
 
 def _write_model(folder: Path, source: Source, weights: list[Weight],

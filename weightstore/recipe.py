@@ -312,10 +312,6 @@ def _check_references(recipe: Recipe, filename: str,
                 fail(f"scenario name '{sc.name}' is reserved",
                      ("models", i, "scenarios", j, "name"))
             known.add(sc.name)
-    for i, device in enumerate(recipe.devices):
-        if device.scenario not in (None, "auto") and device.scenario not in known:
-            fail(f"device '{device.name}' names scenario '{device.scenario}', which no model "
-                 "defines", ("devices", i, "scenario"))
     for i, layout in enumerate(recipe.layouts):
         if layout.split == "scenario" and layout.external_weight == "embedded":
             fail(f"layout '{layout.name}' splits weights by scenario but keeps them embedded",

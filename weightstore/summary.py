@@ -70,7 +70,7 @@ class ModelSummary:
 
 def package_summary(*, package: str, version: str, layout: Layout, hash_algo: str,
                     fingerprint: str, models: Sequence[ModelSummary],
-                    plan: LayoutPlan) -> dict[str, Any]:
+                    plan: LayoutPlan, devices: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
@@ -85,6 +85,7 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
         "models": [m.to_dict() for m in models],
         "files": [{"name": f.name, "size": f.size, "payloads": len(f.payloads),
                    "padding": f.padding} for f in plan.files],
+        "devices": list(devices),
         "totals": {
             "models": len(models),
             "external_weights": sum(len(m.external) for m in models),

@@ -23,6 +23,7 @@ from .api import (
     remove_modification_scenario,
 )
 from .files import rewrite_scenarios_file
+from .package import check_name
 from .rewriting import derivations_of
 from .storage import read_scenarios
 from .variants import runnable_variant, scenario_rewrites
@@ -112,6 +113,7 @@ def _output(args: argparse.Namespace, *, replaces_input: bool) -> Path:
 
 def _add(args: argparse.Namespace) -> int:
     passes = [p.strip() for p in args.passes.split(",") if p.strip()]
+    check_name(args.name, args.model)
     out = _output(args, replaces_input=True)
     with ModelWeights.open(args.model) as mw:
         rewrites, _ = scenario_rewrites(mw, passes)

@@ -9,6 +9,8 @@ then point at them through ordinary external data, or hold them inline when smal
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +35,7 @@ from ..errors import ScenarioError, WeightstoreError
 from ..hashing import digest_bytes, make_key
 from ..passes.base import run_passes
 from ..passes.cleanup import Cleanup, prune
-from ..recipe import ScenarioEntry
+from ..recipe import NAME_MAX_LENGTH, NAME_PATTERN, RESERVED_SCENARIO_NAMES, ScenarioEntry
 from .api import apply_scenario, check_scenarios, prepare_records, strip_scenarios, verify_base
 from .derive import resolver
 from .digest import base_graph_digest
@@ -89,6 +91,32 @@ class PackagedScenario:
     name: str
     records: list[pb.LocalRewritingProto]
     added: list[AddedWeight]  # live ones only: a weight a later record drops is not stored
+    requires: dict = field(default_factory=dict)  # device capabilities, for 'auto' devices
+
+
+REQUIRES_KEY = "weightstore.requires"
+
+
+def _requires_of(record: pb.ModelModificationScenarioProto) -> dict:
+    for entry in record.metadata_props:
+        if entry.key == REQUIRES_KEY:
+            try:
+                value = json.loads(entry.value)
+            except ValueError:
+                value = None
+            if not isinstance(value, dict):
+                raise ScenarioError("malformed scenario requirements", scenario=record.scenario)
+            return value
+    return {}
+
+
+def check_name(name: str, where: str) -> None:
+    """Scenario names become file names in packages: same rule as recipe names."""
+    if (not re.fullmatch(NAME_PATTERN, name) or len(name) > NAME_MAX_LENGTH
+            or name in RESERVED_SCENARIO_NAMES):
+        raise ScenarioError("scenario name is not usable in a package (letters, digits, '.', "
+                            "'_', '-'; not common, default or auto)", scenario=name,
+                            model=where)
 
 
 def _node_tensors(node: onnx.NodeProto, path: tuple):
@@ -146,21 +174,22 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
     stay inline in every layout, so every variant loads in onnxruntime.
     """
     meta = mw.metadata_model(SMALL_VALUE_LIMIT)
-    plans: list[tuple[str, list[pb.LocalRewritingProto]]] = []
+    plans: list[tuple[str, list[pb.LocalRewritingProto], dict]] = []
     for record in check_scenarios(meta):
+        check_name(record.scenario, str(mw.catalogue.source))
         verify_base(meta, record)
-        plans.append((record.scenario, list(record.rewrites)))
+        plans.append((record.scenario, list(record.rewrites), _requires_of(record)))
     base = strip_scenarios(meta)
     for entry in entries:
-        if any(name == entry.name for name, _ in plans):
+        if any(name == entry.name for name, _, _ in plans):
             raise ScenarioError("the source model already holds a scenario of this name",
                                 scenario=entry.name, model=str(mw.catalogue.source))
         rewrites, _ = scenario_rewrites(mw, entry.passes)
         records, _ = prepare_records(base, entry.name, rewrites)
-        plans.append((entry.name, records))
+        plans.append((entry.name, records, dict(entry.requires)))
     values = catalogue_values(mw.catalogue, mw.base_dir)
     out = []
-    for name, records in plans:
+    for name, records, requires in plans:
         final = _final_variant(base, name, records)
         shapes = shape_input_names(final)
         mw.shape_names = mw.shape_names | shapes
@@ -175,7 +204,7 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
             for r, kind, index, value_name, t in _added_tensors(records)
             if value_name in live and (kind == "initializer" or not has_payload(t))
             and t.data_type != onnx.TensorProto.STRING]
-        out.append(PackagedScenario(name, records, added))
+        out.append(PackagedScenario(name, records, added, requires))
     return out
 
 
@@ -246,6 +275,9 @@ def attach(model: onnx.ModelProto, scenarios: Sequence[PackagedScenario],
             digest_algorithm=DIGEST_ALGORITHM, replay_format_version=1)
         for record in scenario.records:
             proto.rewrites.add().CopyFrom(record)
+        if scenario.requires:
+            proto.metadata_props.add(key=REQUIRES_KEY,
+                                     value=json.dumps(scenario.requires, sort_keys=True))
         listed = {(w.record, w.kind, w.index) for w in scenario.added}
         for r, kind, index, _, tensor in _added_tensors(proto.rewrites):
             if (r, kind, index) not in listed and tensor.data_location == \

@@ -54,7 +54,7 @@ def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None,
     Every tensor must hold exactly one eligible payload: inline values, or external data
     with a location and a length that fits its type and shape.
     """
-    out = []
+    out = _file_constants(resolved, scenario)
     for site in iter_tensor_sites(resolved):
         t = site.tensor
         if t.data_location != onnx.TensorProto.EXTERNAL:
@@ -83,3 +83,27 @@ def live_value_names(resolved: onnx.ModelProto) -> set[str]:
     """Names of the weights (initializers, Constant values) a resolved variant keeps."""
     return {site.value_name for site in iter_tensor_sites(resolved)
             if site.role in ("initializer", "constant") and site.value_name}
+
+
+def _file_constants(resolved: onnx.ModelProto, scenario: str | None) -> list[LivePayload]:
+    """The payloads of FileConstant nodes (the file-constant form) of a resolved model."""
+    from onnx import helper
+
+    from ..catalogue.graphs import iter_containers
+    from ..convert.file_constant import is_file_constant
+
+    out = []
+    for container, where in iter_containers(resolved):
+        for node in container.node:
+            if not is_file_constant(node):
+                continue
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+            name = node.output[0] if node.output else node.name
+            if not text.get("location") or "length" not in text:
+                raise ScenarioError("live FileConstant has no eligible payload",
+                                    scenario=scenario, initializer=name)
+            out.append(LivePayload(name, f"{where} node '{node.name}'", text["location"],
+                                   int(text.get("offset", 0)), int(text["length"]),
+                                   text.get("file_id")))
+    return out
