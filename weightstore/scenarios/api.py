@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import onnx
+from google.protobuf import unknown_fields
 
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.payload import expected_nbytes
@@ -20,7 +21,7 @@ from ..convert.encoding import clear_payload, has_payload
 from ..errors import ScenarioError
 from .digest import base_graph_digest
 from .rewriting import LocalRewriting, apply_record, normalize
-from .storage import read_scenarios, write_scenarios
+from .storage import FIELD, read_scenarios, write_scenarios
 
 REPLAY_FORMAT_VERSION = 1
 DIGEST_ALGORITHMS = ("blake3", "sha256")
@@ -104,8 +105,18 @@ def remove_modification_scenario(model: onnx.ModelProto, scenario: str) -> None:
 
 
 def strip_scenarios(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` without its scenarios."""
+    """A copy of ``model`` without its scenarios (every other field kept)."""
     out = onnx.ModelProto()
+    if all(f.field_number == FIELD for f in unknown_fields.UnknownFieldSet(model)):
+        for descriptor, value in model.ListFields():  # known fields only: no re-parse
+            target = getattr(out, descriptor.name)
+            if descriptor.is_repeated:
+                target.extend(value)
+            elif descriptor.message_type is not None:
+                target.CopyFrom(value)
+            else:
+                setattr(out, descriptor.name, value)
+        return out
     out.CopyFrom(model)
     write_scenarios(out, [])
     return out
@@ -138,12 +149,15 @@ def replay_modification_scenario(model: onnx.ModelProto,
     """
     check_scenarios(model)
     record = find_scenario(model, scenario) if isinstance(scenario, str) else scenario
-    verify_base(model, record)
-    return apply_scenario(model, record)
+    base = strip_scenarios(model)  # one copy: verified, then rewritten in place
+    verify_base(base, record, stripped=True)
+    return _apply_records(base, record)
 
 
-def verify_base(model: onnx.ModelProto, record: pb.ModelModificationScenarioProto) -> None:
-    """Refuse a record whose version, algorithm or base graph digest does not fit ``model``."""
+def verify_base(model: onnx.ModelProto, record: pb.ModelModificationScenarioProto, *,
+                stripped: bool = False) -> None:
+    """Refuse a record whose version, algorithm or base graph digest does not fit ``model``
+    (``stripped``: ``model`` is already a copy without scenarios)."""
     name = record.scenario
     if record.replay_format_version != REPLAY_FORMAT_VERSION:
         raise ScenarioError("unsupported replay format version", scenario=name,
@@ -151,7 +165,7 @@ def verify_base(model: onnx.ModelProto, record: pb.ModelModificationScenarioProt
     if record.digest_algorithm not in DIGEST_ALGORITHMS:
         raise ScenarioError("unsupported digest algorithm", scenario=name,
                             algorithm=record.digest_algorithm)
-    base = strip_scenarios(model)
+    base = model if stripped else strip_scenarios(model)
     if base_graph_digest(base, algo=record.digest_algorithm) != record.base_graph_digest:
         raise ScenarioError("base graph digest mismatch: the scenario was made for another "
                             "graph", scenario=name)
@@ -164,7 +178,11 @@ def apply_scenario(model: onnx.ModelProto, record: pb.ModelModificationScenarioP
     Callers verify the record first (:func:`verify_base`), possibly on another form of the
     same graph: the catalogued model, before its payloads were inlined.
     """
-    base = strip_scenarios(model)
+    return _apply_records(strip_scenarios(model), record)
+
+
+def _apply_records(base: onnx.ModelProto, record: pb.ModelModificationScenarioProto,
+                   ) -> onnx.ModelProto:
     for index, rewrite in enumerate(record.rewrites):
         try:
             apply_record(base, rewrite)
