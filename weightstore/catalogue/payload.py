@@ -8,6 +8,7 @@ Recovering the bytes reads exactly the descriptor's range.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -34,16 +35,26 @@ _FOUR_BIT = {
 
 def expected_nbytes(data_type: int, dims: list[int] | tuple[int, ...]) -> int | None:
     """Little-endian byte size of a tensor, or None for strings/unknown types."""
-    if data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+    itemsize = _itemsize(data_type)
+    if itemsize is None:
         return None
     count = math.prod(dims)
-    if data_type in _FOUR_BIT:
+    if itemsize == 0:  # 4-bit types: two values per byte
         return (count + 1) // 2
+    return count * itemsize
+
+
+@functools.cache
+def _itemsize(data_type: int) -> int | None:
+    """Bytes per element (0 for 4-bit types), None for strings and unknown types."""
+    if data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    if data_type in _FOUR_BIT:
+        return 0
     try:
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
     except (KeyError, TypeError, ValueError):
         return None
-    return count * itemsize
 
 
 @dataclass(frozen=True)
