@@ -111,7 +111,8 @@ class ModelEntry(_Model):
     )
     scenarios: list[ScenarioEntry] = Field(
         default_factory=list,
-        description="Per-scenario variants of this model (not supported yet; leave empty).",
+        description="Alternative graphs of this model, stored in the packaged model as "
+                    "rewrite records and replayed by name.",
     )
 
     @field_validator("scenarios")
@@ -146,8 +147,8 @@ class Layout(_Model):
     )
     split: Literal["none", "scenario"] = Field(
         "none",
-        description="'none' packs all weights together; 'scenario' splits them per scenario "
-        "(not supported yet).",
+        description="'none' packs all weights together; 'scenario' groups weight files by "
+        "the variants that use them: common, default, and one per scenario.",
     )
 
     @field_validator("alignment")
@@ -188,7 +189,9 @@ class Recipe(_Model):
         min_length=1, description="Weight layouts to build for every model (at least one)."
     )
     devices: list[Device] = Field(
-        default_factory=list, description="Deployment targets (not supported yet; leave empty)."
+        default_factory=list,
+        description="Deployment targets: each gets a devices/<name>/ folder in every package "
+                    "with the models it runs and the weight files they need."
     )
     output: NonEmpty = Field(
         "dist", description="Output folder for built packages, relative to the recipe's folder."
