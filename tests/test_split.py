@@ -111,10 +111,12 @@ def test_group_rules(package):
     # the fused fp32 weight is used by one scenario only
     fused_name = next(n for n in fused if n.endswith(".fused_qkv"))
     assert fused[fused_name] == "pk.fused.data"
-    # something the fp16 scenarios share with nothing else lives in common only if two use it
-    shared = set(fused) & set(both)
-    assert shared and all(fused[n] == "pk.common.data" for n in shared
-                          if fused[n] == both[n] and n in names)
+    # a payload live in the default graph and in a scenario is shared: common
+    default_keys = {p.checksum: p.location for p in live_payloads(variant(model, None))}
+    fused_keys = {p.checksum for p in live_payloads(variant(model, "fused"), "fused")}
+    shared = set(default_keys) & fused_keys
+    assert shared and {default_keys[k] for k in shared} == {"pk.common.data"}
+    assert both  # the third scenario resolves too
 
 
 def test_scenario_weights_shared_by_two_scenarios_go_to_common(package):
@@ -233,19 +235,7 @@ def test_capability_rules():
 
 
 def test_two_models_share_a_file_group(shared_pair, save_model, tmp_path):
-    a, b = shared_pair
-    pa, pb = save_model(a, "a.onnx"), save_model(b, "b.onnx")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"""\
-package: two
-version: "1"
-models:
-  - {{name: a, source: {pa}, scenarios: [{{name: fused, passes: [fuse-qkv, cleanup]}}]}}
-  - {{name: b, source: {pb}, scenarios: [{{name: fused, passes: [fuse-qkv, cleanup]}}]}}
-layouts:
-  - {{name: s, external_weight: combined, split: scenario}}
-output: {tmp_path / 'out'}
-""")
+    recipe = _two_models(tmp_path, shared_pair, save_model, b_scenarios=True)
     summary = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=2)).packages[0].summary
     stored = {(w["location"], w["id"]) for m in summary["models"] for w in m["external_weights"]}
     ids = [i for _, i in stored]
@@ -265,21 +255,24 @@ def test_auto_without_a_match_runs_the_default_graph():
     assert satisfies({"abi": ["v1", "v2"]}, {"abi": ["v2", "v3"]})  # lists: any overlap
 
 
-def _two_models(tmp_path, shared_pair, save_model, extra=""):
+def _two_models(tmp_path, shared_pair, save_model, *, b_scenarios=False):
+    """A package of two models sharing weights; only ``a`` has scenario "fused" unless
+    ``b_scenarios``; a device pinned to "fused"."""
     a, b = shared_pair
     pa, pb = save_model(a, "a.onnx"), save_model(b, "b.onnx")
+    fused = ", scenarios: [{name: fused, passes: [fuse-qkv, cleanup]}]"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"""\
 package: two
 version: "1"
 models:
-  - {{name: a, source: {pa}, scenarios: [{{name: fused, passes: [fuse-qkv, cleanup]}}]}}
-  - {{name: b, source: {pb}}}
+  - {{name: a, source: {pa}{fused}}}
+  - {{name: b, source: {pb}{fused if b_scenarios else ""}}}
 layouts:
   - {{name: s, external_weight: combined, split: scenario}}
 devices:
   - {{name: d, scenario: fused}}
-{extra}output: {tmp_path / 'out'}
+output: {tmp_path / 'out'}
 """)
     return recipe
 

@@ -9,7 +9,7 @@ selected tensors point at placements and all others are inline exactly as they w
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +43,6 @@ class Weight:
     @property
     def size(self) -> int:
         return self.payload.nbytes
-
-    @property
-    def encoding(self) -> str:
-        return "raw_data" if self.payload.encoding == "raw" else self.payload.encoding
 
 
 @dataclass
@@ -140,7 +136,7 @@ class ModelWeights:
         return [Weight(w.site, w.payload, self.keys[w.site.path]) for w in weights]
 
     def _digest(self, desc: PayloadDescriptor, algo: str) -> str:
-        if desc.encoding == "raw":  # streamed by pread: the mapping's pages stay untouched
+        if desc.encoding == "raw":  # hashed from the file range, a window at a time
             return digest_file(algo, desc.file, desc.offset, desc.length)
         h = new_hasher(algo)
         h.update(read_payload(desc, self.catalogue))
@@ -180,14 +176,3 @@ class ModelWeights:
         else:
             raise ConversionError("unknown constants form", form=form)
         return model
-
-
-def unique_payloads(weights: Sequence[Weight]) -> list[Weight]:
-    """First weight of every distinct key, in order: what a layout has to store."""
-    seen: set[str] = set()
-    out = []
-    for w in weights:
-        if w.key not in seen:
-            seen.add(w.key)
-            out.append(w)
-    return out

@@ -1,6 +1,6 @@
-"""Scenarios of a model *file*, read and rewritten without loading its payloads.
+"""Scenarios of a model *file*, rewritten without loading its payloads.
 
-Reading uses the catalogue (metadata only). Rewriting streams the file's top-level fields
+Rewriting streams the file's top-level fields
 to a temp file beside the destination, in the kernel where possible, leaving out the old
 field-20000 entries and appending the new ones, then renames it into place: a model of
 any size (over 2 GiB too) gets new scenarios in one sequential copy.
@@ -14,16 +14,10 @@ from pathlib import Path
 
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.filebytes import FileBytes
-from ..catalogue.reader import read_catalogue
 from ..catalogue.wire import iter_fields
 from ..errors import ModelError
 from ..fsio import atomic_writer, copy_range, write_all
-from .storage import FIELD, read_scenarios
-
-
-def scenarios_of_file(path: str | os.PathLike[str]) -> list[pb.ModelModificationScenarioProto]:
-    with read_catalogue(path) as catalogue:
-        return read_scenarios(catalogue.model)
+from .storage import FIELD
 
 
 def rewrite_scenarios_file(src: str | os.PathLike[str], dst: str | os.PathLike[str],
