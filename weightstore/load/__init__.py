@@ -1,0 +1,11 @@
+"""Loading a resolved model: exactly its manifest's payloads, verified, into onnxruntime."""
+
+from __future__ import annotations
+
+from .manager import WEIGHTS, WeightManager
+from .plan import CHUNK, ReadPlan, plan_reads
+from .reader import FileReader, Reader, RecordingReader
+from .session import LoadReport, load
+
+__all__ = ["CHUNK", "WEIGHTS", "FileReader", "LoadReport", "ReadPlan", "Reader",
+           "RecordingReader", "WeightManager", "load", "plan_reads"]

@@ -1,0 +1,200 @@
+"""``weightstore.load``: a frozen ResolvedModel -> an onnxruntime InferenceSession.
+
+Only active manifest entries are read, each once (or taken from the process's weight
+manager when another session already holds the same digest). The bytes reach onnxruntime
+from memory by file name (``add_external_initializers_from_files_in_memory``): every live
+tensor whose payload the resolved graph omits is pointed at an in-memory file named after
+its manifest entry, so onnxruntime opens no file itself. Load-time derivations are
+computed from their sources' bytes, which are read once.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..catalogue.descriptors import DerivedWeightRecipe
+from ..catalogue.sites import iter_tensor_sites
+from ..convert.encoding import has_payload
+from ..convert.file_constant import is_file_constant
+from ..errors import LoadError
+from ..passes.analysis import is_constant, iter_scopes
+from ..resolve.manifest import ACTIVE, ManifestEntry
+from ..resolve.model import ResolvedModel
+from ..scenarios.derive import resolver
+from .executor import execute, verify
+from .manager import WEIGHTS, WeightManager
+from .plan import plan_reads
+from .reader import FileReader, Reader
+
+MEMORY_PREFIX = "weightstore-memory-"
+
+
+@dataclass
+class LoadReport:
+    """What one load did: bytes read, entries shared from the manager, fallbacks."""
+
+    read_bytes: int = 0
+    live_bytes: int = 0
+    entries_read: int = 0
+    entries_shared: int = 0
+    fell_back: dict[str, str] = field(default_factory=dict)
+
+
+def _array(entry: ManifestEntry, data: memoryview) -> np.ndarray:
+    dtype = helper.tensor_dtype_to_np_dtype(entry.dtype)
+    return np.frombuffer(data, dtype=dtype).reshape(entry.dims)
+
+
+def _point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", name), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+def _constants_to_initializers(model: onnx.ModelProto) -> None:
+    """onnxruntime's checker wants a Constant node's external data in a real file: a main
+    graph Constant whose payload is omitted becomes an initializer (same value name)."""
+    for g in (model.graph,):
+        kept = []
+        for node in g.node:
+            t = next((a.t for a in node.attribute if a.name == "value"
+                      and a.type == onnx.AttributeProto.TENSOR), None)
+            if (is_constant(node) and t is not None and not has_payload(t)
+                    and len(node.output) == 1):
+                init = g.initializer.add()
+                init.CopyFrom(t)
+                init.name = node.output[0]
+                continue
+            kept.append(node)
+        if len(kept) != len(g.node):
+            del g.node[:]
+            g.node.extend(kept)
+
+
+def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
+         reader: Reader | None = None, jobs: int = 4, manager: WeightManager = WEIGHTS,
+         providers: Sequence[str] = ("CPUExecutionProvider",),
+         session_options: Any = None, report: LoadReport | None = None) -> Any:
+    """An onnxruntime session of ``resolved``, reading exactly its active payloads."""
+    import onnxruntime as ort
+
+    model = resolved.frozen_model()
+    if any(is_file_constant(n) for s in iter_scopes(model) for n in s.container.node):
+        raise LoadError("FileConstant nodes do not run in onnxruntime: load an "
+                        "external-data layout", model=resolved.source.name)
+    manifest = resolved.payload_manifest
+    report = report if report is not None else LoadReport()
+    entries = {e.id: e for e in manifest.entries}
+    active = [e for e in manifest.entries if e.status == ACTIVE]
+    views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
+    data: dict[str, memoryview] = {}
+    held: list[str] = []
+    to_read = []
+    for e in active:
+        shared = manager.acquire(e.source.checksum) if e.source.checksum else None
+        if shared is not None:
+            data[e.id] = shared
+            held.append(e.source.checksum)  # type: ignore[arg-type]
+            report.entries_shared += 1
+        else:
+            to_read.append(e)
+    own_reader = reader is None
+    reader = reader or FileReader()
+    try:
+        plan = plan_reads(to_read, resolved.source.folder, resolved.source.path,
+                          buffers={k: len(v) for k, v in views.items()},
+                          store=resolved.source.store)
+
+        def fallback(entry: ManifestEntry) -> memoryview:
+            for dormant in manifest.fallbacks_of(entry.id):
+                sub = plan_reads([dormant], resolved.source.folder, resolved.source.path,
+                                 store=resolved.source.store)
+                got = execute(sub, entries, reader, jobs=jobs,
+                              scenario=resolved.selected_scenario)
+                if verify(dormant, got.data[dormant.id]):
+                    report.read_bytes += sub.read_bytes
+                    return got.data[dormant.id]
+            raise LoadError("a weight failed its checksum and has no sound fallback",
+                            initializer=entry.values[0], location=entry.source.file)
+
+        result = execute(plan, entries, reader, buffers=views, jobs=jobs, fallback=fallback,
+                         scenario=resolved.selected_scenario)
+    finally:
+        if own_reader:
+            reader.close()  # type: ignore[union-attr]
+    report.read_bytes += plan.read_bytes
+    report.entries_read += len(to_read)
+    report.live_bytes = manifest.active_bytes
+    report.fell_back.update(result.fell_back)
+    for e in to_read:
+        view = result.data[e.id]
+        if e.source.checksum:
+            data[e.id] = manager.publish(e.source.checksum, view)
+            held.append(e.source.checksum)
+        else:
+            data[e.id] = view
+    return _session(ort, model, resolved, entries, data, views, held, manager, providers,
+                    session_options)
+
+
+def _session(ort: Any, model: onnx.ModelProto, resolved: ResolvedModel,
+             entries: Mapping[str, ManifestEntry], data: Mapping[str, memoryview],
+             views: Mapping[str, memoryview], held: list[str], manager: WeightManager,
+             providers: Sequence[str], session_options: Any) -> Any:
+    manifest = resolved.payload_manifest
+    by_value = {v: e for e in manifest.entries if e.status == ACTIVE for v in e.values}
+    files: dict[str, memoryview] = {}
+
+    def value(name: str) -> np.ndarray:
+        e = by_value.get(name)
+        if e is None:
+            raise LoadError("a derivation source is not in the manifest", source=name)
+        return _array(e, data[e.id])
+
+    recipes = {d.value: DerivedWeightRecipe(d.operation, d.sources, d.attributes)
+               for d in manifest.derivations}
+    derived = resolver(recipes, value)
+    _constants_to_initializers(model)
+    for site in iter_tensor_sites(model):
+        t = site.tensor
+        name = site.value_name or t.name
+        if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
+            continue
+        e = by_value.get(name)
+        if e is not None and e.source.file in views:
+            continue  # the caller's buffer under the model's own file name
+        if e is not None and site.container is not model.graph:
+            # onnxruntime takes in-memory external data for main-graph initializers only
+            t.ClearField("external_data")
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = bytes(data[e.id])
+        elif e is not None:
+            file = MEMORY_PREFIX + e.id
+            files[file] = data[e.id]
+            _point_at(t, file, 0, len(data[e.id]))
+        elif name in recipes:
+            array = np.ascontiguousarray(derived(name))
+            file = MEMORY_PREFIX + "derived-" + str(len(files))
+            files[file] = memoryview(array).cast("B")
+            _point_at(t, file, 0, array.nbytes)
+        elif t.data_location == onnx.TensorProto.EXTERNAL or any(t.dims):
+            raise LoadError("a live weight has no manifest entry", initializer=name)
+    for name, view in views.items():
+        files[name] = view
+    options = session_options or ort.SessionOptions()
+    names = sorted(files)
+    options.add_external_initializers_from_files_in_memory(
+        names, [files[n] for n in names], [len(files[n]) for n in names])
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=list(providers))
+    weakref.finalize(session, manager.release, list(held))
+    return session
