@@ -170,16 +170,16 @@ SHAPE_OPS = ("Shape", "Size")  # need only their input's static shape, not its v
 
 
 class ConstantResults:
-    """The classification of every value of every graph of a model (functions' values
-    stay dynamic: their inputs come from each call site)."""
+    """The classification of every value of every graph of a model, by graph path
+    (functions' values stay dynamic: their inputs come from each call site)."""
 
-    def __init__(self, tables: dict[int, dict[str, ValueResult]]) -> None:
+    def __init__(self, tables: dict[tuple[str, ...], dict[str, ValueResult]]) -> None:
         self._tables = tables
 
     def result(self, scope: Scope | None, name: str) -> ValueResult:
         """What ``name`` is as seen from ``scope`` (innermost definition wins)."""
         while scope is not None:
-            table = self._tables.get(id(scope.container))
+            table = self._tables.get(scope.path)
             if table is not None and name in table:
                 return table[name]
             scope = scope.parent
@@ -231,12 +231,12 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 def analyze(model: onnx.ModelProto, limit: int = SMALL_VALUE_LIMIT) -> ConstantResults:
     """Classify every value of ``model``'s graphs, outer graphs before their subgraphs."""
     shapes = static_shapes(model)
-    tables: dict[int, dict[str, ValueResult]] = {}
+    tables: dict[tuple[str, ...], dict[str, ValueResult]] = {}
     results = ConstantResults(tables)
     for scope in iter_scopes(model, functions=False):
         g = scope.container
         table: dict[str, ValueResult] = {}
-        tables[id(g)] = table
+        tables[scope.path] = table
         dims = shapes.get(scope.path, {})
         for name in input_names(g):
             table[name] = DYNAMIC
