@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from ..catalogue import typed_fields
-from ..errors import IntegrityError, LoadError
+from ..errors import IntegrityError
 from ..hashing import ALGORITHMS, digest_bytes
 from ..resolve.manifest import ManifestEntry
 from .plan import BUFFER, ReadPlan
@@ -52,7 +52,7 @@ def _decode(entry: ManifestEntry, raw: memoryview) -> memoryview:
 
 def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader, *,
             buffers: Mapping[str, memoryview] | None = None, jobs: int = 4,
-            fallback: Callable[[ManifestEntry], memoryview] | None = None,
+            fallback: Callable[[ManifestEntry], memoryview | None] | None = None,
             scenario: str | None = None) -> ReadResult:
     """Read every planned chunk once, verify each entry, and return their bytes."""
     result = ReadResult()
@@ -100,14 +100,12 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
             assert buffers is not None and p.name is not None
             settle(entries[p.entry], buffers[p.name][p.offset:p.offset + p.length])
     for entry in bad:
-        where = {"scenario": scenario or "(default)", "initializer": entry.values[0],
-                 "location": entry.source.file or "(model file)",
-                 "offset": entry.source.offset, "checksum": entry.source.checksum}
-        if fallback is None:
-            raise IntegrityError("a live weight's bytes do not match their checksum", **where)
-        try:
-            result.data[entry.id] = fallback(entry)
-        except LoadError:
-            raise
-        result.fell_back[entry.id] = entry.id
+        replacement = fallback(entry) if fallback is not None else None
+        if replacement is None:
+            raise IntegrityError("a live weight's bytes do not match their checksum",
+                                 scenario=scenario or "(default)", initializer=entry.values[0],
+                                 location=entry.source.file or "(model file)",
+                                 offset=entry.source.offset, checksum=entry.source.checksum)
+        result.data[entry.id] = replacement
+        result.fell_back[entry.id] = entry.values[0]
     return result
