@@ -9,7 +9,7 @@ verified in turn); otherwise the load fails naming the initializer and location.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -53,8 +53,12 @@ def _decode(entry: ManifestEntry, raw: memoryview) -> memoryview:
 def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader, *,
             buffers: Mapping[str, memoryview] | None = None, jobs: int = 4,
             fallback: Callable[[ManifestEntry], memoryview | None] | None = None,
-            scenario: str | None = None) -> ReadResult:
-    """Read every planned chunk once, verify each entry, and return their bytes."""
+            scenario: str | None = None, tolerate: Collection[str] = ()) -> ReadResult:
+    """Read every planned chunk once, verify each entry, and return their bytes.
+
+    An entry in ``tolerate`` that fails its checksum is left out of the result (its
+    caller has a fallback of its own) instead of raising.
+    """
     result = ReadResult()
     result.runs = [bytearray(run.length) for run in plan.runs]
     left = [0] * len(plan.runs)
@@ -100,6 +104,9 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
             assert buffers is not None and p.name is not None
             settle(entries[p.entry], buffers[p.name][p.offset:p.offset + p.length])
     for entry in bad:
+        if entry.id in tolerate:
+            result.fell_back[entry.id] = "portable"
+            continue
         replacement = fallback(entry) if fallback is not None else None
         if replacement is None:
             raise IntegrityError("a live weight's bytes do not match their checksum",

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..catalogue.locations import resolve_location
 from ..errors import LoadError
 from ..resolve.locator import StoreLocator
-from ..resolve.manifest import ManifestEntry
+from ..resolve.manifest import STORE_ONLY, ManifestEntry
 
 CHUNK = 10 << 20  # bytes: GE copies weights in 10 MB chunks
 
@@ -70,6 +70,12 @@ def place(entry: ManifestEntry, folder: Path, model_file: Path,
           located: Mapping[str, object]) -> Placement:
     """The source of one entry's bytes, by priority (caller buffer > folder > store)."""
     s = entry.source
+    if entry.origin in STORE_ONLY:  # packed payloads live in the store only
+        hit = located.get(s.store_key) if s.store_key else None
+        if hit is None:
+            raise LoadError("a prepared payload is missing from the store",
+                            initializer=entry.values[0], store_key=s.store_key)
+        return Placement(entry.id, STORE, hit.path, None, hit.offset, hit.length)  # type: ignore[attr-defined]
     if s.file and s.file in buffers:
         size = buffers[s.file]
         if s.offset + s.length > size:
@@ -95,8 +101,9 @@ def plan_reads(entries: Sequence[ManifestEntry], folder: Path, model_file: Path,
     one store lookup for the entries the folder lacks)."""
     buffers = buffers or {}
     missing = [e.source.store_key for e in entries
-               if e.source.store_key and e.source.file and e.source.file not in buffers
-               and not (folder / e.source.file).is_file()]
+               if e.source.store_key and (e.origin in STORE_ONLY or (
+                   e.source.file and e.source.file not in buffers
+                   and not (folder / e.source.file).is_file()))]
     located = store.locate(missing) if store is not None and missing else {}
     placements = tuple(place(e, folder, model_file, buffers, store, located)
                        for e in entries)

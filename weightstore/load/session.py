@@ -28,7 +28,7 @@ from ..passes.analysis import is_constant, iter_scopes
 from ..resolve.manifest import ACTIVE, ManifestEntry
 from ..resolve.model import ResolvedModel
 from ..scenarios.derive import resolver
-from .executor import execute, verify
+from .executor import execute
 from .manager import WEIGHTS, WeightManager
 from .plan import plan_reads
 from .reader import FileReader, Reader
@@ -80,26 +80,17 @@ def _constants_to_initializers(model: onnx.ModelProto) -> None:
             g.node.extend(kept)
 
 
-def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
-         reader: Reader | None = None, jobs: int = 4, manager: WeightManager = WEIGHTS,
-         providers: Sequence[str] = ("CPUExecutionProvider",),
-         session_options: Any = None, report: LoadReport | None = None) -> Any:
-    """An onnxruntime session of ``resolved``, reading exactly its active payloads."""
-    import onnxruntime as ort
-
-    model = resolved.frozen_model()
-    if any(is_file_constant(n) for s in iter_scopes(model) for n in s.container.node):
-        raise LoadError("FileConstant nodes do not run in onnxruntime: load an "
-                        "external-data layout", model=resolved.source.name)
+def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
+                reader: Reader | None, jobs: int, manager: WeightManager,
+                report: LoadReport) -> tuple[dict[str, memoryview], list[str]]:
+    """The bytes of every active entry (entry id -> bytes), verified, and the digests this
+    load holds in the weight manager. Entries the manager already holds are not read."""
     manifest = resolved.payload_manifest
-    report = report if report is not None else LoadReport()
     entries = {e.id: e for e in manifest.entries}
-    active = [e for e in manifest.entries if e.status == ACTIVE]
-    views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
     data: dict[str, memoryview] = {}
     held: list[str] = []
     to_read = []
-    for e in active:
+    for e in manifest.active:
         shared = manager.acquire(e.source.checksum) if e.source.checksum else None
         if shared is not None:
             data[e.id] = shared
@@ -111,7 +102,7 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
     reader = reader or FileReader()
     try:
         plan = plan_reads(to_read, resolved.source.folder, resolved.source.path,
-                          buffers={k: len(v) for k, v in views.items()},
+                          buffers={k: len(v) for k, v in buffers.items()},
                           store=resolved.source.store)
 
         def fallback(entry: ManifestEntry) -> memoryview | None:
@@ -125,8 +116,9 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
                     return got.data[dormant.id]
             return None
 
-        result = execute(plan, entries, reader, buffers=views, jobs=jobs, fallback=fallback,
-                         scenario=resolved.selected_scenario)
+        result = execute(plan, entries, reader, buffers=buffers, jobs=jobs,
+                         fallback=fallback, scenario=resolved.selected_scenario,
+                         tolerate=resolved.tolerated_failures)
     finally:
         if own_reader:
             reader.close()  # type: ignore[union-attr]
@@ -135,20 +127,65 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
     report.live_bytes = manifest.active_bytes
     report.fell_back.update(result.fell_back)
     for e in to_read:
+        if e.id not in result.data:
+            continue  # a tolerated failure: the caller falls back
         view = result.data[e.id]
         if e.source.checksum:
             data[e.id] = manager.publish(e.source.checksum, view)
             held.append(e.source.checksum)
         else:
             data[e.id] = view
-    return _session(ort, model, resolved, entries, data, views, held, manager, providers,
-                    session_options)
+    return data, held
 
 
-def _session(ort: Any, model: onnx.ModelProto, resolved: ResolvedModel,
-             entries: Mapping[str, ManifestEntry], data: Mapping[str, memoryview],
-             views: Mapping[str, memoryview], held: list[str], manager: WeightManager,
-             providers: Sequence[str], session_options: Any) -> Any:
+def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
+         reader: Reader | None = None, jobs: int = 4, manager: WeightManager = WEIGHTS,
+         providers: Sequence[str] = ("CPUExecutionProvider",),
+         session_options: Any = None, report: LoadReport | None = None) -> Any:
+    """An onnxruntime session of ``resolved``, reading exactly its active payloads.
+
+    With prepared weights bound (``weightstore prepare``), the session is created from the
+    prepared companion; a packed payload failing its checksum makes it fall back to the
+    portable weights (read anyway: onnxruntime checks packed weights against them).
+    """
+    import onnxruntime as ort
+
+    model = resolved.frozen_model()
+    if any(is_file_constant(n) for s in iter_scopes(model) for n in s.container.node):
+        raise LoadError("FileConstant nodes do not run in onnxruntime: load an "
+                        "external-data layout", model=resolved.source.name)
+    report = report if report is not None else LoadReport()
+    views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
+    data, held = read_active(resolved, buffers=views, reader=reader, jobs=jobs,
+                             manager=manager, report=report)
+    if resolved.prepared_graph is not None:
+        from .prepared import prepared_session
+
+        packed = [e for e in resolved.payload_manifest.active if e.origin == "prepared"]
+        if all(e.id in data for e in packed):
+            session = prepared_session(ort, resolved, data, providers, session_options)
+            weakref.finalize(session, manager.release, list(held))
+            return session
+        for e in packed:
+            if e.id not in data:
+                report.fell_back[e.id] = "portable"
+    files = bind_payloads(model, resolved, data, views)
+    options = session_options or ort.SessionOptions()
+    names = sorted(files)
+    options.add_external_initializers_from_files_in_memory(
+        names, [files[n] for n in names], [len(files[n]) for n in names])
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=list(providers))
+    weakref.finalize(session, manager.release, list(held))
+    return session
+
+
+def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
+                  data: Mapping[str, memoryview], views: Mapping[str, memoryview],
+                  ) -> dict[str, memoryview]:
+    """Point every live tensor of ``model`` whose payload is omitted at its bytes: an
+    in-memory file per manifest entry (main graph) or inline (subgraphs, functions).
+    Returns the in-memory files by name (caller buffers included)."""
     manifest = resolved.payload_manifest
     by_value = {v: e for e in manifest.entries if e.status == ACTIVE for v in e.values}
     files: dict[str, memoryview] = {}
@@ -189,11 +226,4 @@ def _session(ort: Any, model: onnx.ModelProto, resolved: ResolvedModel,
             t.raw_data = bytes(payload)
     for name, view in views.items():
         files[name] = view
-    options = session_options or ort.SessionOptions()
-    names = sorted(files)
-    options.add_external_initializers_from_files_in_memory(
-        names, [files[n] for n in names], [len(files[n]) for n in names])
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=list(providers))
-    weakref.finalize(session, manager.release, list(held))
-    return session
+    return files

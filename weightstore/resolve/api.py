@@ -97,7 +97,8 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
                               model=str(src.path), known=", ".join(names) or "none")
     parse_seconds = time.perf_counter() - start
     kind, kernels = catalogue_for(caps)
-    state = ResolutionState(src, meta, scenario, kind, kernels, transformations, prepared)
+    state = ResolutionState(src, meta, scenario, kind, kernels, transformations, prepared,
+                            target=device)
     report = run_pipeline(state, [p() for p in DEFAULT_PHASES] if phases is None
                           else phases)
     from .phases import PhaseReport, TransformationReport
@@ -113,4 +114,6 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
         placement=MappingProxyType(dict(state.placement)),
         prepared_requirements=state.requirements, bindings=state.bindings,
         payload_manifest=RequiredPayloadManifest(state.entries, state.load_derivations),
-        transformations=report, source=src)
+        transformations=report, source=src,
+        prepared_graph=None if state.companion is None
+        else state.companion.companion().SerializeToString())

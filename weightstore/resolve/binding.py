@@ -17,6 +17,7 @@ from .prepared import (
     RESIDENT,
     PreparedBinding,
     PreparedKey,
+    PreparedOptions,
 )
 
 if TYPE_CHECKING:
@@ -69,8 +70,7 @@ def value_digests(state: ResolutionState) -> dict[str, str]:
 
 
 def prepared_key(req: PreparedRequirement, lineage: tuple[str, ...],
-                 state: ResolutionState) -> PreparedKey:
-    opts = state.prepared
+                 opts: PreparedOptions) -> PreparedKey:
     return PreparedKey(
         lineage=lineage, device=req.device, provider=req.provider,
         runtime=opts.runtime or runtime_version(),
@@ -93,7 +93,7 @@ def bind_prepared(state: ResolutionState) -> tuple[PreparedBinding, ...]:
             rejected += [(RESIDENT, why), (PERSISTED, why)]
             key = None
         else:
-            key = prepared_key(req, (digest,), state)
+            key = prepared_key(req, (digest,), state.prepared)
             resident = state.prepared.resident or {}
             if key.digest in resident:
                 out.append(PreparedBinding(req.value, key, RESIDENT, reason,
@@ -112,4 +112,13 @@ def bind_prepared(state: ResolutionState) -> tuple[PreparedBinding, ...]:
             continue
         rejected.append((DERIVED, "not a derived weight"))
         out.append(PreparedBinding(req.value, key, PORTABLE, reason, None, tuple(rejected)))
+    main = [b for b, r in zip(out, state.requirements, strict=True) if not r.in_subgraph]
+    if any(b.selected == PERSISTED for b in out) and not all(
+            b.selected == PERSISTED for b in main):
+        # one prepared companion graph holds the main graph's packed objects (onnxruntime
+        # packs subgraph weights at session creation): all of them or none
+        out = [b if b.selected != PERSISTED else PreparedBinding(
+            b.value, b.key, PORTABLE, b.reason, None,
+            (*b.rejected, (PERSISTED, "the prepared companion lacks other requirements")))
+            for b in out]
     return tuple(out)

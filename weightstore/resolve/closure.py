@@ -32,7 +32,7 @@ from ..convert.encoding import has_payload
 from ..errors import ExternalDataError, ResolutionError, ScenarioError
 from ..passes.analysis import iter_scopes, node_reads
 from ..scenarios.resolve import live_payloads
-from .manifest import ACTIVE, DORMANT, Derivation, ManifestEntry, PayloadSource
+from .manifest import ACTIVE, DORMANT, STORE_ONLY, Derivation, ManifestEntry, PayloadSource
 from .prepared import PreparedBinding
 
 
@@ -143,14 +143,23 @@ class _Builder:
 def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
                     derivations: Mapping, scenario: str | None,
                     store_keys: Mapping[tuple[str, int], str] | None = None,
-                    bindings: Sequence[PreparedBinding] = (),
+                    bindings: Sequence[PreparedBinding] = (), keeps_source: bool = False,
+                    runtime_values: Mapping[str, Mapping] | None = None,
                     ) -> tuple[tuple[ManifestEntry, ...], tuple[Derivation, ...]]:
-    """Manifest entries and load-time derivations for the live weights of ``model``."""
+    """Manifest entries and load-time derivations for the live weights of ``model``.
+
+    A bound packed payload is active; its portable source is a dormant fallback, or stays
+    active when the runtime reads it anyway (``keeps_source``). ``runtime_values`` are
+    initializers a prepared companion graph holds that the runtime created (store keys).
+    """
     base = base_sources(catalogue)
     why = consumers(model)
     builder = _Builder(store_keys or {})
     derived: dict[str, Derivation] = {}
-    bound = {b.value: b for b in bindings}
+    bound: dict[str, PreparedBinding] = {}
+    for b in bindings:
+        bound.setdefault(b.value, b)
+    extra = [b for b in bindings if b.active is not None and bound[b.value] is not b]
 
     def portable(name: str, ws: WeightSource | None, reasons: Sequence[str],
                  origin: str) -> None:
@@ -173,8 +182,12 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
         if binding is not None and binding.active is not None:
             active = builder.add(binding.active, name, [*reasons, binding.reason],
                                  origin="prepared")
-            builder.add(ws, name, [*reasons, f"fallback of {binding.reason}"],
-                        origin=origin, status=DORMANT, fallback_for=active)
+            if keeps_source:
+                builder.add(ws, name, [*reasons, f"source of {binding.reason}, which the "
+                                       "runtime checks against it"], origin=origin)
+            else:
+                builder.add(ws, name, [*reasons, f"fallback of {binding.reason}"],
+                            origin=origin, status=DORMANT, fallback_for=active)
             return
         builder.add(ws, name, reasons, origin=origin)
 
@@ -213,6 +226,14 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
             portable(name, ws, reasons, "portable")
         else:
             portable(name, None, reasons, "portable")
+    for b in extra:  # a second packed form of one weight (Gemm with another transB)
+        builder.add(b.active, b.value, [b.reason], origin="prepared")
+    for name, v in sorted((runtime_values or {}).items()):
+        builder.add(WeightSource(PayloadSource("", 0, int(v["length"]),
+                                               checksum=v["store_key"],
+                                               store_key=v["store_key"]),
+                                 int(v["dtype"]), tuple(v["dims"]), name), name,
+                    ["created by the runtime in the prepared companion"], origin="runtime")
     for p in external.values():  # FileConstant nodes
         if p.name not in {n for _, n in live_sites}:
             builder.add(WeightSource(PayloadSource(p.location, p.offset, p.length,
@@ -230,8 +251,8 @@ def check_active_files(folder: Path, entries: Sequence[ManifestEntry], model_fil
     """
     sizes: dict[str, int | None] = {}
     for e in entries:
-        if e.status != ACTIVE:
-            continue
+        if e.status != ACTIVE or e.origin in STORE_ONLY:
+            continue  # prepared objects were located in the store when they were bound
         s = e.source
         if not s.file:
             size = model_file.stat().st_size

@@ -17,7 +17,7 @@ closure; each lists every node that consumes it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import onnx
@@ -47,6 +47,7 @@ class PreparedRequirement:
     dtype: int
     dims: tuple[int, ...]
     consumers: tuple[str, ...]  # nodes reading the prepared object
+    in_subgraph: bool = False  # read inside an If/Loop/Scan body
 
     @property
     def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
@@ -56,7 +57,7 @@ class PreparedRequirement:
         return {"value": self.value, "kernel": self.kernel, "form": dict(self.form),
                 "device": self.device, "provider": self.provider,
                 "dtype": onnx.TensorProto.DataType.Name(self.dtype), "dims": list(self.dims),
-                "consumers": list(self.consumers)}
+                "consumers": list(self.consumers), "in_subgraph": self.in_subgraph}
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class WeightInfo:
 
 class KernelCatalogue(Protocol):
     provider: str
+    keeps_source: bool  # the runtime still reads a weight's source next to its packed form
 
     def requests(self, node: onnx.NodeProto, weights: Mapping[str, WeightInfo],
                  ) -> list[tuple[int, tuple[tuple[str, str], ...]]]:
@@ -78,9 +80,14 @@ class KernelCatalogue(Protocol):
 
 
 class CpuKernels:
-    """onnxruntime's CPU execution provider and what its kernels prepack."""
+    """onnxruntime's CPU execution provider and what its kernels prepack.
+
+    onnxruntime checks a loaded packed weight against its own packing of the source and
+    keeps the source tensor, so a prepared object does not make its source dead here.
+    """
 
     provider = "CPUExecutionProvider"
+    keeps_source = True
 
     def requests(self, node: onnx.NodeProto, weights: Mapping[str, WeightInfo],
                  ) -> list[tuple[int, tuple[tuple[str, str], ...]]]:
@@ -110,6 +117,7 @@ def catalogue_for(capabilities: Mapping[str, Any]) -> tuple[str, KernelCatalogue
 
 class _NoPrepacking:
     provider = "CPUExecutionProvider"
+    keeps_source = True
 
     def requests(self, node, weights):
         return []
@@ -153,11 +161,11 @@ def select_kernels(model: onnx.ModelProto, device: str, kernels: KernelCatalogue
             for position, form in kernels.requests(node, weights):
                 w = weights[node.input[position]]
                 req = PreparedRequirement(w.name, node.op_type, form, device,
-                                          kernels.provider, w.dtype, w.dims, (label,))
+                                          kernels.provider, w.dtype, w.dims, (label,),
+                                          bool(scope.path))
                 old = found.get(req.key)
                 if old is not None:
-                    req = PreparedRequirement(*[getattr(old, f) for f in (
-                        "value", "kernel", "form", "device", "provider", "dtype", "dims")],
-                        consumers=(*old.consumers, label))
+                    req = replace(old, consumers=(*old.consumers, label),
+                                  in_subgraph=old.in_subgraph and req.in_subgraph)
                 found[req.key] = req
     return placement, tuple(found[k] for k in sorted(found))

@@ -18,13 +18,15 @@ from typing import Any
 
 ACTIVE = "active"
 DORMANT = "dormant"
+STORE_ONLY = ("prepared", "runtime")  # origins whose bytes live in the weight store only
 
 
 @dataclass(frozen=True)
 class PayloadSource:
     """Where the bytes of one entry are: a file range, and optionally a store key."""
 
-    file: str  # location relative to the model's folder ("" for the model file itself)
+    file: str  # location relative to the model's folder ("" for the model file itself, or
+    #            for a store-only object such as a packed payload: see store_key)
     offset: int
     length: int
     encoding: str = "raw"  # "raw", or the typed field (float_data, ...) of an inline payload
@@ -34,7 +36,8 @@ class PayloadSource:
 
     @property
     def range_key(self) -> tuple[str, int, int, str]:
-        return self.file, self.offset, self.length, self.encoding
+        where = self.file if self.file or not self.store_key else f"store:{self.store_key}"
+        return where, self.offset, self.length, self.encoding
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class ManifestEntry:
 
     id: str
     status: str  # ACTIVE | DORMANT
-    origin: str  # "portable" | "prepared" | "derived-source"
+    origin: str  # "portable" | "derived-source" | "prepared" (packed) | "runtime" (made by
+    #              the runtime in a prepared companion)
     source: PayloadSource
     values: tuple[str, ...]  # graph values whose bytes these are (tied weights: several)
     reasons: tuple[str, ...]  # consuming nodes, requirements, recipes

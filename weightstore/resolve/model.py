@@ -44,6 +44,15 @@ class ResolvedModel:
     payload_manifest: RequiredPayloadManifest
     transformations: TransformationReport
     source: ModelSource = field(repr=False, compare=False)
+    prepared_graph: bytes | None = field(default=None, repr=False)  # prepared companion
+
+    @property
+    def tolerated_failures(self) -> frozenset[str]:
+        """Active entries whose checksum failure falls back rather than fails: the packed
+        payloads of a prepared companion (the portable weights are read anyway)."""
+        if self.prepared_graph is None:
+            return frozenset()
+        return frozenset(e.id for e in self.payload_manifest.active if e.origin == "prepared")
 
     @property
     def metadata_model(self) -> onnx.ModelProto:

@@ -53,6 +53,8 @@ class ResolutionState:
     bindings: tuple[PreparedBinding, ...] = ()
     entries: tuple[ManifestEntry, ...] = ()
     load_derivations: tuple[Derivation, ...] = ()
+    target: str | None = None  # the device name, for its prepared records
+    companion: Any = None  # the prepared record whose companion graph is used
     fresh: set[str] = field(default_factory=set)  # analyses that are up to date
 
 
@@ -228,9 +230,25 @@ class PreparedResolution(_Base):
                                   stale=", ".join(sorted(set(ANALYSES) - state.fresh)))
 
     def run(self, state: ResolutionState) -> bool:
-        from .binding import bind_prepared
+        from dataclasses import replace
 
+        from .binding import PERSISTED, bind_prepared
+        from .model import graph_digest
+        from .prepared_cache import RecordCache, read_record
+
+        record = None
+        if (state.prepared.records and state.prepared.cache is None
+                and state.source.package is not None and state.requirements):
+            record = read_record(state.source.package, state.target, state.source.name)
+            if record is not None and record.graph_digest != graph_digest(
+                    state.model.SerializeToString()):
+                record = None  # prepared for another graph (scenario, transformations)
+            if record is not None:
+                state.prepared = replace(state.prepared,
+                                         cache=RecordCache(record, state.source.store))
         state.bindings = bind_prepared(state)
+        if record is not None and any(b.selected == PERSISTED for b in state.bindings):
+            state.companion = record
         return False
 
 
@@ -245,10 +263,12 @@ class Closure(_Base):
 
     def run(self, state: ResolutionState) -> bool:
         from .closure import check_active_files, payload_closure
+        runtime = state.companion.runtime_values if state.companion is not None else {}
         state.entries, state.load_derivations = payload_closure(
             state.model, state.source.catalogue, derivations=state.derivations,
             scenario=state.scenario, store_keys=state.source.store_keys,
-            bindings=state.bindings)
+            bindings=state.bindings, keeps_source=state.kernels.keeps_source,
+            runtime_values=runtime)
         check_active_files(state.source.folder, state.entries, state.source.path,
                            state.scenario, store=state.source.store)
         return False

@@ -95,3 +95,4 @@ class PreparedOptions:
     cpu_features: tuple[str, ...] | None = None  # defaults to this machine's
     optimization_level: str = "extended"
     resident: Mapping[str, Any] | None = None  # key digest -> resident object
+    records: bool = True  # look up the package's prepared records (``weightstore prepare``)
