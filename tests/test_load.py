@@ -13,21 +13,16 @@ import pytest
 import weightstore
 from tests import passes_models as pm
 from tests import resolve_models as rm
-from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, LoadError
 from weightstore.load import CHUNK, LoadReport, RecordingReader, WeightManager, plan_reads
-from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
+from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.scenarios.variants import runnable_variant
 
-from .test_split import _write
 
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("load")
-    build(_write(folder, make_encoder()), BuildOptions(jobs=2))
-    return folder
+@pytest.fixture
+def built(split_build):
+    return split_build
 
 
 @pytest.fixture

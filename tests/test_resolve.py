@@ -12,27 +12,22 @@ import pytest
 import weightstore
 from tests import passes_models as pm
 from tests import resolve_models as rm
-from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import ResolutionError
 from weightstore.load import RecordingReader
 from weightstore.passes.analysis import Scope
 from weightstore.resolve.constants import ValueKind, analyze
 from weightstore.resolve.source import open_source
-from weightstore.samples import make_encoder, run_onnxruntime
-
-from .test_split import _write
+from weightstore.samples import run_onnxruntime
 
 SEED_ORDER = ["parse", "replay", "transform", "cleanup", "inference", "fold-known",
               "placement", "prepared", "closure"]
 
 
-@pytest.fixture(scope="module")
-def split(tmp_path_factory):
+@pytest.fixture
+def split(split_build):
     """The split-layout package of the sample encoder with three scenarios and devices."""
-    folder = tmp_path_factory.mktemp("resolve")
-    build(_write(folder, make_encoder()), BuildOptions(jobs=2))
-    return folder / "out" / "pk" / "1" / "split"
+    return split_build / "out" / "pk" / "1" / "split"
 
 
 def _files(folder) -> set[str]:

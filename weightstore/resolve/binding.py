@@ -106,7 +106,7 @@ def bind_prepared(state: ResolutionState) -> tuple[PreparedBinding, ...]:
                                            tuple(rejected)))
                 continue
             rejected.append((PERSISTED, "no compatible persisted payload"))
-        if req.value in state.derivations:
+        if req.value in state.derivations and digest is None:  # computed at load
             out.append(PreparedBinding(req.value, key, DERIVED, reason, None,
                                        tuple(rejected)))
             continue
