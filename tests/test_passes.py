@@ -586,7 +586,9 @@ def test_any_pass_chain_replays(chain: list[str]) -> None:
     for proto in back.rewrites:
         derivations.update(derivations_of(proto))
     prune(replayed)
-    materialize(replayed, derivations, base_values(strip_scenarios(loaded)))
+    # not strict: a later pass may drop a weight an earlier one derived (cast-fp16 of a
+    # branch weight, then fold-constant-if dropping that branch)
+    materialize(replayed, derivations, base_values(strip_scenarios(loaded)), strict=False)
     onnx.checker.check_model(replayed)
     feed = sample_inputs(model)
     for e, a in zip(run_onnxruntime(model, feed), run_onnxruntime(replayed, feed),

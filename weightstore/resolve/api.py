@@ -10,6 +10,7 @@ scenario fails before any weight file is looked at.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -22,7 +23,14 @@ from .kernels import catalogue_for
 from .locator import StoreLocator, WeightStoreLocator
 from .manifest import RequiredPayloadManifest
 from .model import ResolvedModel, graph_digest
-from .phases import DEFAULT_PHASES, Phase, ResolutionState, run_pipeline
+from .phases import (
+    DEFAULT_PHASES,
+    Phase,
+    PhaseReport,
+    ResolutionState,
+    TransformationReport,
+    run_pipeline,
+)
 from .prepared import PreparedOptions
 from .source import ModelSource, open_source
 
@@ -69,8 +77,6 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
              transformations: Sequence[RewritePass | str], prepared: PreparedOptions,
              store: str | os.PathLike[str] | StoreLocator | None,
              phases: Sequence[Phase] | None) -> ResolvedModel:
-    import time
-
     start = time.perf_counter()
     if store is not None:
         src.store = store if hasattr(store, "locate") else WeightStoreLocator(store)  # type: ignore[arg-type]
@@ -101,8 +107,6 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
                             target=device)
     report = run_pipeline(state, [p() for p in DEFAULT_PHASES] if phases is None
                           else phases)
-    from .phases import PhaseReport, TransformationReport
-
     report = TransformationReport((PhaseReport(PARSE, parse_seconds, False),
                                    *report.phases), report.rewrites)
     data = state.model.SerializeToString()

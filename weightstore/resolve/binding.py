@@ -28,8 +28,11 @@ PACKED_FORMAT = "onnxruntime-prepacked-v1"
 
 
 def runtime_version() -> str:
+    import sys
     from importlib.metadata import PackageNotFoundError, version
 
+    if "onnxruntime" in sys.modules:
+        return f"onnxruntime {sys.modules['onnxruntime'].__version__}"
     try:
         return f"onnxruntime {version('onnxruntime')}"
     except PackageNotFoundError:

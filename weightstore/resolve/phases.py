@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import onnx
 
 from ..errors import ResolutionError, WeightstoreError
-from ..passes.base import RewritePass, run_passes
+from ..passes.base import PassContext, RewritePass, run_passes
 from ..passes.cleanup import Cleanup, prune
 from ..passes.fold_constant_if import FoldConstantIf
 from ..passes.registry import get_pass
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
+from .binding import PERSISTED, bind_prepared
+from .closure import check_active_files, payload_closure
 from .constants import ConstantResults, analyze
 from .kernels import KernelCatalogue, PreparedRequirement, select_kernels
 from .manifest import Derivation, ManifestEntry
 from .prepared import PreparedBinding, PreparedOptions
+from .prepared_cache import RecordCache, read_record
 from .source import ModelSource
 
 ANALYSES = ("cleanup", "inference", "placement")
@@ -117,8 +120,6 @@ class _Base:
 
 
 def _apply(state: ResolutionState, passes: Sequence[RewritePass], **known: Any) -> bool:
-    from ..passes.base import PassContext
-
     result = run_passes(state.model, passes, PassContext(**known))
     if not result.rewrites:
         return False
@@ -230,11 +231,7 @@ class PreparedResolution(_Base):
                                   stale=", ".join(sorted(set(ANALYSES) - state.fresh)))
 
     def run(self, state: ResolutionState) -> bool:
-        from dataclasses import replace
-
-        from .binding import PERSISTED, bind_prepared
-        from .model import graph_digest
-        from .prepared_cache import RecordCache, read_record
+        from .model import graph_digest  # imported by now: model imports this module
 
         record = None
         if (state.prepared.records and state.prepared.cache is None
@@ -262,7 +259,6 @@ class Closure(_Base):
             raise ResolutionError("closure needs a fresh liveness")
 
     def run(self, state: ResolutionState) -> bool:
-        from .closure import check_active_files, payload_closure
         runtime = state.companion.runtime_values if state.companion is not None else {}
         state.entries, state.load_derivations = payload_closure(
             state.model, state.source.catalogue, derivations=state.derivations,

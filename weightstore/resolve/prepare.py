@@ -60,6 +60,16 @@ class PrepareResult:
                 f"{self.runtime}; record {self.record}")
 
 
+def _requirement(candidates: list, kernel: str) -> Any:
+    """The requirement a packed blob of ``kernel`` satisfies: the one of that kernel, else
+    the weight's only one (onnxruntime may fuse, e.g. MatMul + Add into Gemm, and pack
+    for the fused kernel)."""
+    same = [r for r in candidates if r.kernel == kernel]
+    if len(same) == 1:
+        return same[0]
+    return candidates[0] if len(candidates) == 1 and not same else None
+
+
 def _ort_optimize(source: Path, out: Path, level: str) -> None:
     import onnxruntime as ort
 
@@ -101,7 +111,9 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
         files = bind_payloads(graph, resolved, data, {})
         digest_of = {v: e.source.checksum or make_key(algo, digest_bytes(algo, data[e.id]))
                      for e in resolved.payload_manifest.active for v in e.values}
-        requirements = {(r.value, r.kernel): r for r in resolved.prepared_requirements}
+        requirements: dict[str, list] = {}
+        for r in resolved.prepared_requirements:
+            requirements.setdefault(r.value, []).append(r)
         tmp = Path(tempfile.mkdtemp(prefix="weightstore-prepare-"))
         try:
             for name, view in files.items():
@@ -144,7 +156,7 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
                 packed_key = make_key(algo, digest_bytes(algo, packed))
                 payloads.append(BytesPayload(packed_key, packed))
                 kernel = identity.split("+", 1)[0]
-                req = requirements.get((name, kernel))
+                req = _requirement(requirements.get(name, []), kernel)
                 if req is None or name not in digest_of:
                     continue  # a packing the catalogue does not ask for: not recorded
                 pkey = prepared_key(req, (digest_of[name],), options)
