@@ -53,6 +53,19 @@ def test_resolved_model_is_frozen_and_owns_its_source(split):
     assert r.source.catalogue._fd is None
 
 
+def test_changing_the_graph_after_resolution_is_rejected(split):
+    with weightstore.resolve(split) as r:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            r.model_bytes = b""  # type: ignore[misc]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            r.payload_manifest.entries = ()  # type: ignore[misc]
+        edited = r.metadata_model
+        del edited.graph.node[0]
+        object.__setattr__(r, "model_bytes", edited.SerializeToString())  # forced past it
+        with pytest.raises(ResolutionError, match="changed after it was frozen"):
+            weightstore.load(r)
+
+
 def test_transformation_report_names_stale_analyses_and_reruns(tmp_path):
     path = rm.save_package_model(rm.not_if_model(), tmp_path)
     with weightstore.resolve(path) as r:

@@ -148,7 +148,11 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
     prepared companion; a packed payload failing its checksum makes it fall back to the
     portable weights (read anyway: onnxruntime checks packed weights against them).
     """
-    import onnxruntime as ort
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise LoadError("loading needs onnxruntime: pip install 'weightstore[runtime]'",
+                        model=resolved.source.name) from None
 
     model = resolved.frozen_model()
     if any(is_file_constant(n) for s in iter_scopes(model) for n in s.container.node):
