@@ -9,9 +9,11 @@ verified in turn); otherwise the load fails naming the initializer and location.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..catalogue import typed_fields
 from ..errors import IntegrityError
@@ -27,7 +29,7 @@ class ReadResult:
 
     data: dict[str, memoryview] = field(default_factory=dict)
     fell_back: dict[str, str] = field(default_factory=dict)  # failed entry -> fallback used
-    runs: list[bytearray] = field(default_factory=list)  # keep the buffers alive
+    runs: list[memoryview] = field(default_factory=list)  # keep the buffers alive
 
 
 def verify(entry: ManifestEntry, data: memoryview) -> bool:
@@ -53,14 +55,17 @@ def _decode(entry: ManifestEntry, raw: memoryview) -> memoryview:
 def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader, *,
             buffers: Mapping[str, memoryview] | None = None, jobs: int = 4,
             fallback: Callable[[ManifestEntry], memoryview | None] | None = None,
-            scenario: str | None = None, tolerate: Collection[str] = ()) -> ReadResult:
+            scenario: str | None = None, tolerate: Collection[str] = (),
+            run_buffers: Sequence[memoryview] | None = None) -> ReadResult:
     """Read every planned chunk once, verify each entry, and return their bytes.
 
     An entry in ``tolerate`` that fails its checksum is left out of the result (its
-    caller has a fallback of its own) instead of raising.
+    caller has a fallback of its own) instead of raising. ``run_buffers`` are where the
+    runs go (e.g. slices of a mapped file); by default fresh, uninitialized memory.
     """
     result = ReadResult()
-    result.runs = [bytearray(run.length) for run in plan.runs]
+    result.runs = list(run_buffers) if run_buffers is not None else [
+        memoryview(np.empty(run.length, dtype=np.uint8)) for run in plan.runs]
     left = [0] * len(plan.runs)
     for c in plan.chunks:
         left[c.run] += 1
@@ -76,15 +81,14 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
                 bad.append(entry)
 
     def finish_run(i: int) -> None:
-        view = memoryview(result.runs[i])
+        view = result.runs[i]
         for entry_id, offset, length in plan.runs[i].entries:
             settle(entries[entry_id], view[offset:offset + length])
 
     def read_chunk(c) -> None:
         run = plan.runs[c.run]
         start = c.offset - run.offset
-        reader.read_into(run.path, c.offset, memoryview(result.runs[c.run])[
-            start:start + c.length])
+        reader.read_into(run.path, c.offset, result.runs[c.run][start:start + c.length])
         with lock:
             left[c.run] -= 1
             done = left[c.run] == 0

@@ -1,18 +1,21 @@
-"""A session from a prepared companion: onnxruntime maps packed weights from files.
+"""A session from a prepared companion: onnxruntime maps packed weights from a file.
 
 onnxruntime uses serialized pre-packed weights only when it reads external data from
-files itself (from memory, it packs again), so the verified bytes are written to one
-private, 4096-aligned data file in a temporary folder, next to the companion graph whose
-``location`` and ``prepacked_N`` entries are pointed at it. The folder is removed once the
-session exists (onnxruntime has mapped what it needs).
+files itself (from memory, it packs again). So the active entries are read straight into
+one private file, memory-mapped, in a temporary folder (on ``/dev/shm`` where there is
+one): each coalesced run lands at a 4096-aligned slot, checksums are verified from the
+mapping, and the companion graph's ``location`` and ``prepacked_N`` entries are pointed at
+the slots. onnxruntime then maps the same pages: the bytes are in memory once. The folder
+is removed once the session exists.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,73 +24,110 @@ import onnx
 from ..catalogue.payload import external_info
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import LoadError
-from ..fsio import align_up, write_all
+from ..fsio import align_up
 from ..resolve.model import ResolvedModel
 from ..resolve.prepare import VALUE_PREFIX
+from .executor import execute
+from .plan import plan_reads
+from .reader import FileReader, Reader
 
 ALIGN = 4096
 DATA = "prepared.data"
+SHM = Path("/dev/shm")
 
 
-def prepared_session(ort: Any, resolved: ResolvedModel, data: Mapping[str, memoryview],
-                     providers: Sequence[str], session_options: Any) -> Any:
+def _temp_dir() -> Path:
+    parent = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="weightstore-load-", dir=parent))
+
+
+def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None, jobs: int,
+                     report: Any, providers: Sequence[str], session_options: Any) -> Any:
+    """The session, or None when a packed payload failed its checksum (the caller then
+    loads the portable weights)."""
     assert resolved.prepared_graph is not None
-    companion = onnx.load_from_string(resolved.prepared_graph)
-    by_value: dict[str, memoryview] = {}
-    by_key: dict[str, memoryview] = {}
-    for e in resolved.payload_manifest.active:
-        if e.id not in data:
-            continue
-        if e.source.store_key:
-            by_key[e.source.store_key] = data[e.id]
-        if e.origin == "prepared":
-            continue  # a packed form, not the value itself
-        for v in e.values:
-            by_value.setdefault(v, data[e.id])
-    tmp = Path(tempfile.mkdtemp(prefix="weightstore-load-"))
+    manifest = resolved.payload_manifest
+    entries = {e.id: e for e in manifest.entries}
+    active = list(manifest.active)
+    plan = plan_reads(active, resolved.source.folder, resolved.source.path,
+                      store=resolved.source.store)
+    slots, end = [], 0
+    for run in plan.runs:
+        slots.append(align_up(end, ALIGN))
+        end = slots[-1] + run.length
+    tmp = _temp_dir()
+    own_reader = reader is None
+    reader = reader or FileReader()
     try:
-        fd = os.open(tmp / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(tmp / DATA, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            end = 0
-
-            def put(view: memoryview) -> tuple[int, int]:
-                nonlocal end
-                offset = align_up(end, ALIGN)
-                write_all(fd, view, offset)
-                end = offset + len(view)
-                return offset, len(view)
-
-            for site in iter_tensor_sites(companion):
-                t = site.tensor
-                if t.data_location != onnx.TensorProto.EXTERNAL:
-                    continue
-                info = external_info(t)
-                value = info.get("location", "").removeprefix(VALUE_PREFIX)
-                own = by_value.get(value)
-                if own is None:
-                    raise LoadError("the prepared graph needs a weight the manifest lacks",
-                                    initializer=value)
-                offset, length = put(own)
-                entries = [("location", DATA), ("offset", str(offset)),
-                           ("length", str(length))]
-                for k, v in info.items():
-                    if k.startswith("prepacked"):
-                        identity, _, key = v.partition("|")
-                        if key not in by_key:
-                            raise LoadError("a packed weight is not in the manifest",
-                                            initializer=value, store_key=key)
-                        p_off, p_len = put(by_key[key])
-                        entries.append((k, f"{identity}|{p_off};{p_len};0"))
-                del t.external_data[:]
-                for k, v in entries:
-                    item = t.external_data.add()
-                    item.key, item.value = k, v
+            os.ftruncate(fd, max(end, 1))
+            mapped = mmap.mmap(fd, max(end, 1))
         finally:
             os.close(fd)
+        try:
+            view = memoryview(mapped)
+            result = execute(plan, entries, reader, jobs=jobs, scenario=resolved.selected_scenario,
+                             tolerate=resolved.tolerated_failures,
+                             run_buffers=[view[s:s + r.length] for s, r in zip(
+                                 slots, plan.runs, strict=True)])
+            report.read_bytes += plan.read_bytes
+            report.entries_read += len(active)
+            report.live_bytes = manifest.active_bytes
+            report.fell_back.update(result.fell_back)
+            del result
+            view.release()
+        finally:
+            mapped.close()
+        if any(e.id in report.fell_back for e in active):
+            return None
+        where = {e: slots[i] + off for i, run in enumerate(plan.runs)
+                 for e, off, _ in run.entries}
+        companion = _point(onnx.load_from_string(resolved.prepared_graph), manifest, where)
         (tmp / "prepared.onnx").write_bytes(companion.SerializeToString())
         options = session_options or ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         return ort.InferenceSession(str(tmp / "prepared.onnx"), options,
                                     providers=list(providers))
     finally:
+        if own_reader:
+            reader.close()  # type: ignore[union-attr]
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _point(companion: onnx.ModelProto, manifest: Any, where: dict[str, int],
+           ) -> onnx.ModelProto:
+    """Point the companion's tensors and packed entries at their slots in the data file."""
+    by_value: dict[str, tuple[int, int]] = {}
+    by_key: dict[str, tuple[int, int]] = {}
+    for e in manifest.active:
+        place = (where[e.id], e.source.length)
+        if e.source.store_key:
+            by_key[e.source.store_key] = place
+        if e.origin != "prepared":  # a packed form is not the value itself
+            for v in e.values:
+                by_value.setdefault(v, place)
+    for site in iter_tensor_sites(companion):
+        t = site.tensor
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = external_info(t)
+        value = info.get("location", "").removeprefix(VALUE_PREFIX)
+        if value not in by_value:
+            raise LoadError("the prepared graph needs a weight the manifest lacks",
+                            initializer=value)
+        offset, length = by_value[value]
+        items = [("location", DATA), ("offset", str(offset)), ("length", str(length))]
+        for k, v in info.items():
+            if k.startswith("prepacked"):
+                identity, _, key = v.partition("|")
+                if key not in by_key:
+                    raise LoadError("a packed weight is not in the manifest",
+                                    initializer=value, store_key=key)
+                p_off, p_len = by_key[key]
+                items.append((k, f"{identity}|{p_off};{p_len};0"))
+        del t.external_data[:]
+        for k, v in items:
+            entry = t.external_data.add()
+            entry.key, entry.value = k, v
+    return companion

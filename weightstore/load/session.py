@@ -159,20 +159,17 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
         raise LoadError("FileConstant nodes do not run in onnxruntime: load an "
                         "external-data layout", model=resolved.source.name)
     report = report if report is not None else LoadReport()
+    if resolved.prepared_graph is not None and not buffers:
+        from .prepared import prepared_session
+
+        session = prepared_session(ort, resolved, reader=reader, jobs=jobs, report=report,
+                                   providers=providers, session_options=session_options)
+        if session is not None:
+            return session
+        resolved = resolved.without_prepared()  # a packed payload failed: portable weights
     views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
     data, held = read_active(resolved, buffers=views, reader=reader, jobs=jobs,
                              manager=manager, report=report)
-    if resolved.prepared_graph is not None:
-        from .prepared import prepared_session
-
-        packed = [e for e in resolved.payload_manifest.active if e.origin == "prepared"]
-        if all(e.id in data for e in packed):
-            session = prepared_session(ort, resolved, data, providers, session_options)
-            weakref.finalize(session, manager.release, list(held))
-            return session
-        for e in packed:
-            if e.id not in data:
-                report.fell_back[e.id] = "portable"
     files = bind_payloads(model, resolved, data, views)
     options = session_options or ort.SessionOptions()
     names = sorted(files)

@@ -66,6 +66,19 @@ class ResolvedModel:
                                   scenario=self.selected_scenario or "(default)")
         return onnx.load_from_string(self.model_bytes)
 
+    def without_prepared(self) -> ResolvedModel:
+        """This resolution with its prepared objects given up: packed and runtime-made
+        entries dropped, their dormant portable fallbacks activated (what a load does when
+        a packed payload fails its checksum)."""
+        from dataclasses import replace
+
+        from .manifest import ACTIVE, STORE_ONLY
+
+        entries = tuple(replace(e, status=ACTIVE, fallback_for=None)
+                        for e in self.payload_manifest.entries if e.origin not in STORE_ONLY)
+        manifest = replace(self.payload_manifest, entries=entries)
+        return replace(self, prepared_graph=None, payload_manifest=manifest, bindings=())
+
     def close(self) -> None:
         self.source.close()
 
