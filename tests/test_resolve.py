@@ -271,3 +271,43 @@ def test_source_opens_package_models_by_name(split, tmp_path):
         open_source(split, model="decoder")
     with pytest.raises(ResolutionError, match="no such model file"):
         open_source(tmp_path / "missing.onnx")
+
+
+def test_metadata_only_evaluators_cover_shape_arithmetic():
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+            np.array(value, dtype=np.int64), name))
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),                      # [2, 3, 5]
+        const("one", [1]), const("three", [3]), const("zero", [0]), const("axes", [0]),
+        helper.make_node("Slice", ["s", "one", "three", "zero"], ["tail"]),  # [3, 5]
+        helper.make_node("Concat", ["tail", "one"], ["cat"], axis=0),         # [3, 5, 1]
+        helper.make_node("Unsqueeze", ["cat", "axes"], ["u"]),               # [[3, 5, 1]]
+        helper.make_node("Squeeze", ["u", "axes"], ["sq"]),                  # [3, 5, 1]
+        helper.make_node("Cast", ["sq"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Size", ["x"], ["n"]),                              # 30
+        helper.make_node("Mul", ["tail", "three"], ["m"]),                   # [9, 15]
+        helper.make_node("Sub", ["m", "one"], ["d"]),                        # [8, 14]
+        helper.make_node("Add", ["d", "one"], ["a"]),                        # [9, 15]
+        helper.make_node("Reshape", ["x", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [pm._vi("x", TensorProto.FLOAT, [2, 3, 5])],
+                              [pm._vi("y", TensorProto.FLOAT, [2, 3, 5]),
+                               pm._vi("f", TensorProto.FLOAT, [3]),
+                               pm._vi("n", TensorProto.INT64, []),
+                               pm._vi("a", TensorProto.INT64, [2])])
+    model = pm._model(graph)
+    results = analyze(model)
+    root = Scope((), model.graph)
+    assert results.known(root, "tail").tolist() == [3, 5]
+    assert results.known(root, "cat").tolist() == [3, 5, 1]
+    assert results.known(root, "u").tolist() == [[3, 5, 1]]
+    assert results.known(root, "sq").tolist() == [3, 5, 1]
+    assert results.known(root, "f").dtype == np.float32
+    assert int(results.known(root, "n")) == 30
+    assert results.known(root, "a").tolist() == [9, 15]
+    assert results.result(root, "y").kind == ValueKind.DYNAMIC
+    assert results.counts()["known"] >= 12
