@@ -7,25 +7,41 @@ function of that content. The cache lives in the store, beside ``meta.json``::
     <store root>/payload-keys/<blake3 of the identity>.<algo>.json
         {"format_version": 1, "keys": {"<tensor path>": "<algo>:<hex>", ...}}
 
-A cached key is used only when the store holds an object of the payload's exact size under
-it; the package writer then re-hashes every byte it copies, so a stale entry cannot
-publish a wrong payload of another size or corrupt bytes.
+The file sits in a store a group may share, so nothing in it is believed unchecked. A
+cached key is used only when the store holds an object of the payload's exact size under
+it whose sampled bytes (:func:`sample_ranges`) equal the source's at the same places: a
+few pages per tensor, against a full read for hashing. One mismatch drops the whole entry
+and the source is hashed again. That check is cheap, not complete, so the package writer
+copies every payload whose key came from here out of the source itself (not the store)
+and re-hashes what it wrote, as it does anyway: each cached key is proven against the
+source's bytes at no extra read. Tensors sharing a cached key are hashed (only duplicates
+cost a read). A key that fails there raises :class:`StaleKeyError`; the build drops the
+entry and starts over with every key hashed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import IntegrityError
 from .fsio import atomic_write_bytes
 from .hashing import digest_bytes, split_key
 
+if TYPE_CHECKING:
+    from .store.index import StoredObject
+
 FOLDER = "payload-keys"
 FORMAT_VERSION = 1
+SAMPLE = 4096  # bytes per sampled page
+
+
+class StaleKeyError(IntegrityError):
+    """A cached payload key does not match the source bytes it was cached for."""
 
 
 class PayloadKeyCache:
@@ -46,6 +62,11 @@ class PayloadKeyCache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
             return {}
 
+    def drop(self, identity: Mapping[str, Any], algo: str) -> None:
+        """Forget a source's entry (it proved wrong)."""
+        with contextlib.suppress(OSError):
+            self._path(identity, algo).unlink()
+
     def save(self, identity: Mapping[str, Any], algo: str, keys: Mapping[str, str]) -> None:
         """Merge ``keys`` into the entry (a cache: failures to write are ignored)."""
         merged = {**self.load(identity, algo), **keys}
@@ -54,3 +75,45 @@ class PayloadKeyCache:
             self.folder.mkdir(exist_ok=True)
             atomic_write_bytes(self._path(identity, algo),
                                json.dumps(doc, indent=0, sort_keys=True).encode())
+
+
+def sample_ranges(size: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` pages compared before a cached key is believed: the whole
+    payload when small, else its first, middle and last page."""
+    if size <= 3 * SAMPLE:
+        return [(0, size)]
+    return [(0, SAMPLE), ((size - SAMPLE) // 2 // SAMPLE * SAMPLE, SAMPLE),
+            (size - SAMPLE, SAMPLE)]
+
+
+RangeReader = Callable[[int, int], bytes]
+
+
+def samples_agree(source: RangeReader, stored: RangeReader, size: int) -> bool:
+    """Do two payloads of ``size`` bytes hold the same bytes at every sampled page?"""
+    try:
+        return all(source(off, n) == stored(off, n) for off, n in sample_ranges(size))
+    except (OSError, EOFError, IntegrityError):
+        return False
+
+
+class ObjectReader:
+    """Reads ranges of store objects, one open file per store file."""
+
+    def __init__(self, path_of: Callable[[StoredObject], Path]) -> None:
+        self._path_of = path_of
+        self._fds: dict[Path, int] = {}
+
+    def reader(self, obj: StoredObject) -> RangeReader:
+        def read(offset: int, length: int) -> bytes:
+            path = self._path_of(obj)
+            if path not in self._fds:
+                self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            return os.pread(self._fds[path], length, obj.offset + offset)
+        return read
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
@@ -135,6 +135,10 @@ class ModelWeights:
                     self.keys[path] = key
         return [Weight(w.site, w.payload, self.keys[w.site.path]) for w in weights]
 
+    def digest(self, weight: Weight, algo: str) -> str:
+        """Hex digest of one payload, always computed (never from :attr:`keys`)."""
+        return self._digest(weight.payload, algo)
+
     def _digest(self, desc: PayloadDescriptor, algo: str) -> str:
         if desc.encoding == "raw":  # hashed from the file range, a window at a time
             return digest_file(algo, desc.file, desc.offset, desc.length)
@@ -144,6 +148,16 @@ class ModelWeights:
 
     def read(self, weight: Weight) -> bytes:
         return read_payload(weight.payload, self.catalogue)
+
+    def range_reader(self, weight: Weight) -> Callable[[int, int], bytes]:
+        """Reads ``(offset, length)`` parts of a payload: from its file range when raw,
+        else from the payload decoded once."""
+        p = weight.payload
+        if p.encoding == "raw":
+            return lambda off, n: read_payload(
+                replace(p, offset=p.offset + off, length=n), self.catalogue)
+        data = self.read(weight)
+        return lambda off, n: data[off:off + n]
 
     # -- output ----------------------------------------------------------------------------
 
