@@ -9,14 +9,15 @@ function of that content. The cache lives in the store, beside ``meta.json``::
 
 The file sits in a store a group may share, so nothing in it is believed unchecked. A
 cached key is used only when the store holds an object of the payload's exact size under
-it whose sampled bytes (:func:`sample_ranges`) equal the source's at the same places: a
-few pages per tensor, against a full read for hashing. One mismatch drops the whole entry
-and the source is hashed again. That check is cheap, not complete, so the package writer
-copies every payload whose key came from here out of the source itself (not the store)
-and re-hashes what it wrote, as it does anyway: each cached key is proven against the
-source's bytes at no extra read. Tensors sharing a cached key are hashed (only duplicates
-cost a read). A key that fails there raises :class:`StaleKeyError`; the build drops the
-entry and starts over with every key hashed.
+it whose sampled bytes (:func:`sample_ranges`) equal the source's at the same place: one
+page per tensor, against a full read for hashing (payloads held in typed fields are
+decoded for it, as the package writer decodes them anyway). One
+mismatch drops the whole entry and the source is hashed again. That check is cheap, not
+complete, so the package writer copies every payload whose key came from here out of the
+source itself (not the store) and re-hashes what it wrote, as it re-hashes every copy:
+each cached key is proven against the source's bytes at no extra read. Tensors sharing a
+cached key are hashed (only duplicates cost a read). A key that fails there raises
+:class:`StaleKeyError`; the build drops the entry and starts over with every key hashed.
 """
 
 from __future__ import annotations
@@ -24,16 +25,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import IntegrityError
 from .fsio import atomic_write_bytes
 from .hashing import digest_bytes, split_key
-
-if TYPE_CHECKING:
-    from .store.index import StoredObject
 
 FOLDER = "payload-keys"
 FORMAT_VERSION = 1
@@ -78,42 +76,51 @@ class PayloadKeyCache:
 
 
 def sample_ranges(size: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` pages compared before a cached key is believed: the whole
-    payload when small, else its first, middle and last page."""
-    if size <= 3 * SAMPLE:
+    """``(offset, length)`` of what is compared before a cached key is believed: the
+    payload's middle page (one read a side per tensor; the whole payload when smaller)."""
+    if size <= SAMPLE:
         return [(0, size)]
-    return [(0, SAMPLE), ((size - SAMPLE) // 2 // SAMPLE * SAMPLE, SAMPLE),
-            (size - SAMPLE, SAMPLE)]
+    return [((size - SAMPLE) // 2, SAMPLE)]
 
 
-RangeReader = Callable[[int, int], bytes]
+class RangeReader:
+    """Positional reads of byte ranges, one open descriptor per file."""
 
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
 
-def samples_agree(source: RangeReader, stored: RangeReader, size: int) -> bool:
-    """Do two payloads of ``size`` bytes hold the same bytes at every sampled page?"""
-    try:
-        return all(source(off, n) == stored(off, n) for off, n in sample_ranges(size))
-    except (OSError, EOFError, IntegrityError):
-        return False
-
-
-class ObjectReader:
-    """Reads ranges of store objects, one open file per store file."""
-
-    def __init__(self, path_of: Callable[[StoredObject], Path]) -> None:
-        self._path_of = path_of
-        self._fds: dict[Path, int] = {}
-
-    def reader(self, obj: StoredObject) -> RangeReader:
-        def read(offset: int, length: int) -> bytes:
-            path = self._path_of(obj)
-            if path not in self._fds:
-                self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-            return os.pread(self._fds[path], length, obj.offset + offset)
-        return read
+    def read(self, path: str | os.PathLike[str], offset: int, length: int) -> bytes:
+        name = os.fspath(path)
+        fd = self._fds.get(name)
+        if fd is None:
+            fd = self._fds[name] = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return os.pread(fd, length, offset)
 
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
 
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def samples_agree(files: RangeReader, source: tuple[str, int] | bytes,
+                  stored: tuple[str, int], size: int) -> bool:
+    """Do ``size`` bytes at ``source`` (``(path, offset)``, or the payload itself) and at
+    ``stored`` hold the same bytes at every sampled page? Unreadable counts as no."""
+    b, b_off = stored
+    try:
+        for off, n in sample_ranges(size):
+            if isinstance(source, bytes):
+                mine = source[off:off + n]
+            else:
+                mine = files.read(source[0], source[1] + off, n)
+            if mine != files.read(b, b_off + off, n):
+                return False
+        return True
+    except OSError:
+        return False

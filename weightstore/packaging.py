@@ -22,7 +22,7 @@ from .convert.weights import ModelWeights, Weight
 from .errors import IntegrityError, StoreError
 from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
 from .hashing import split_key
-from .keycache import ObjectReader, PayloadKeyCache, StaleKeyError, samples_agree
+from .keycache import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from .layout.writer import FileRange, write_plan
 from .model_io import save_model
@@ -162,8 +162,8 @@ def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weig
     """
     cache = PayloadKeyCache(store.root)
     index = store.index()
-    objects = ObjectReader(store.path_of)
-    try:
+    store_files: dict[str, str] = {}
+    with RangeReader() as files:
         for s, ws in per_model:
             cached = cache.load(s.identity, algo)
             found: dict[TensorPath, str] = {}
@@ -172,8 +172,12 @@ def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weig
                 obj = index.get(key) if key else None
                 if obj is None:
                     continue  # not cached, or gone from the store: hashed
+                if obj.file not in store_files:
+                    store_files[obj.file] = str(store.path_of(obj))
+                p = w.payload
+                mine = (str(p.file), p.offset) if p.encoding == "raw" else s.weights.read(w)
                 if obj.size != w.size or not samples_agree(
-                        s.weights.range_reader(w), objects.reader(obj), w.size):
+                        files, mine, (store_files[obj.file], obj.offset), w.size):
                     cache.drop(s.identity, algo)
                     found = {}
                     break
@@ -182,8 +186,6 @@ def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weig
                 if path not in s.weights.keys:
                     s.weights.keys[path] = key
                     s.unverified.add(path)
-    finally:
-        objects.close()
 
 
 def distrust_cached_keys(sources: list[Source], store: WeightStore, algo: str) -> None:

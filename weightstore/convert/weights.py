@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -149,15 +149,6 @@ class ModelWeights:
     def read(self, weight: Weight) -> bytes:
         return read_payload(weight.payload, self.catalogue)
 
-    def range_reader(self, weight: Weight) -> Callable[[int, int], bytes]:
-        """Reads ``(offset, length)`` parts of a payload: from its file range when raw,
-        else from the payload decoded once."""
-        p = weight.payload
-        if p.encoding == "raw":
-            return lambda off, n: read_payload(
-                replace(p, offset=p.offset + off, length=n), self.catalogue)
-        data = self.read(weight)
-        return lambda off, n: data[off:off + n]
 
     # -- output ----------------------------------------------------------------------------
 
