@@ -218,3 +218,15 @@ def test_run_command(split, tmp_path, capsys):
     (tmp_path / "bad.npz").write_bytes(b"nope")
     assert main(["run", str(split), "--inputs", str(tmp_path / "bad.npz")]) == 2
     assert "cannot read the inputs" in capsys.readouterr().err
+
+
+def test_file_constant_models_resolve_but_do_not_load_in_onnxruntime(tmp_path):
+    from weightstore.convert.api import convert_to_external
+
+    model, _ = pm.gemm_model()
+    onnx.save(model, str(tmp_path / "in.onnx"))
+    convert_to_external(tmp_path / "in.onnx", tmp_path / "fc.onnx", form="file-constant")
+    with weightstore.resolve(tmp_path / "fc.onnx") as r:
+        assert r.payload_manifest.active  # FileConstant payloads are in the manifest
+        with pytest.raises(LoadError, match="FileConstant"):
+            weightstore.load(r, manager=WeightManager())
