@@ -201,3 +201,14 @@ def test_prepare_refuses_what_it_cannot_prepare(prepared, tmp_path, capsys):
         prepare(path.parent, store=store)
     assert main(["prepare", str(package), "--device", "nope", "--store", str(store)]) == 2
     assert "no such device" in capsys.readouterr().err
+
+
+def test_resident_prepared_object_comes_first(prepared):
+    package, store = prepared
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        persisted = {b.key.digest: b.active for b in r.bindings}
+    options = PreparedOptions(resident=persisted)
+    with weightstore.resolve(package, device="cpu", store=store, prepared=options) as r:
+        assert {b.selected for b in r.bindings} == {"resident"}
+        assert all(not b.rejected for b in r.bindings)
+        _outputs_match(r, weightstore.load(r, manager=WeightManager()), package)

@@ -25,7 +25,7 @@ from ..convert.encoding import has_payload
 from ..convert.file_constant import is_file_constant
 from ..errors import LoadError
 from ..passes.analysis import is_constant, iter_scopes
-from ..resolve.manifest import ACTIVE, ManifestEntry
+from ..resolve.manifest import ACTIVE, STORE_ONLY, ManifestEntry
 from ..resolve.model import ResolvedModel
 from ..scenarios.derive import resolver
 from .executor import execute
@@ -188,7 +188,8 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
     in-memory file per manifest entry (main graph) or inline (subgraphs, functions).
     Returns the in-memory files by name (caller buffers included)."""
     manifest = resolved.payload_manifest
-    by_value = {v: e for e in manifest.entries if e.status == ACTIVE for v in e.values}
+    by_value = {v: e for e in manifest.entries if e.status == ACTIVE
+                and e.origin not in STORE_ONLY for v in e.values}  # values, not packed forms
     files: dict[str, memoryview] = {}
 
     def value(name: str) -> np.ndarray:

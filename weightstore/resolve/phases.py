@@ -25,7 +25,7 @@ from ..passes.fold_constant_if import FoldConstantIf
 from ..passes.registry import get_pass
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
-from .binding import PERSISTED, bind_prepared
+from .binding import PERSISTED, RESIDENT, bind_prepared
 from .closure import check_active_files, payload_closure
 from .constants import ConstantResults, analyze
 from .kernels import KernelCatalogue, PreparedRequirement, select_kernels
@@ -244,7 +244,8 @@ class PreparedResolution(_Base):
                 state.prepared = replace(state.prepared,
                                          cache=RecordCache(record, state.source.store))
         state.bindings = bind_prepared(state)
-        if record is not None and any(b.selected == PERSISTED for b in state.bindings):
+        if record is not None and any(b.selected in (PERSISTED, RESIDENT)
+                                      for b in state.bindings):
             state.companion = record
         return False
 
