@@ -62,6 +62,8 @@ def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None
         fd = os.open(tmp / DATA, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, max(end, 1))
+            if hasattr(os, "posix_fallocate"):  # pages allocated in one call, not per fault
+                os.posix_fallocate(fd, 0, max(end, 1))
             mapped = mmap.mmap(fd, max(end, 1))
         finally:
             os.close(fd)
