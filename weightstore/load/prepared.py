@@ -30,6 +30,7 @@ from ..resolve.prepare import VALUE_PREFIX
 from .executor import execute
 from .plan import plan_reads
 from .reader import FileReader, Reader
+from .session import point_at
 
 ALIGN = 4096
 DATA = "prepared.data"
@@ -119,7 +120,7 @@ def _point(companion: onnx.ModelProto, manifest: Any, where: dict[str, int],
             raise LoadError("the prepared graph needs a weight the manifest lacks",
                             initializer=value)
         offset, length = by_value[value]
-        items = [("location", DATA), ("offset", str(offset)), ("length", str(length))]
+        packed = []
         for k, v in info.items():
             if k.startswith("prepacked"):
                 identity, _, key = v.partition("|")
@@ -127,9 +128,6 @@ def _point(companion: onnx.ModelProto, manifest: Any, where: dict[str, int],
                     raise LoadError("a packed weight is not in the manifest",
                                     initializer=value, store_key=key)
                 p_off, p_len = by_key[key]
-                items.append((k, f"{identity}|{p_off};{p_len};0"))
-        del t.external_data[:]
-        for k, v in items:
-            entry = t.external_data.add()
-            entry.key, entry.value = k, v
+                packed.append((k, f"{identity}|{p_off};{p_len};0"))
+        point_at(t, DATA, offset, length, packed)
     return companion

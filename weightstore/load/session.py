@@ -5,7 +5,9 @@ manager when another session already holds the same digest). The bytes reach onn
 from memory by file name (``add_external_initializers_from_files_in_memory``): every live
 tensor whose payload the resolved graph omits is pointed at an in-memory file named after
 its manifest entry, so onnxruntime opens no file itself. Load-time derivations are
-computed from their sources' bytes, which are read once.
+computed from their sources' bytes, which are read once. A resolution bound to prepared
+weights loads through :mod:`.prepared` instead (onnxruntime maps packed weights only from
+files).
 """
 
 from __future__ import annotations
@@ -52,10 +54,13 @@ def _array(entry: ManifestEntry, data: memoryview) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(entry.dims)
 
 
-def _point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int) -> None:
+def point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int,
+             extra: Sequence[tuple[str, str]] = ()) -> None:
+    """Make ``tensor``'s payload ``length`` bytes of file ``name`` at ``offset``."""
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", name), ("offset", str(offset)), ("length", str(length))):
+    for key, value in (("location", name), ("offset", str(offset)), ("length", str(length)),
+                       *extra):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
 
@@ -63,21 +68,20 @@ def _point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int) -> 
 def _constants_to_initializers(model: onnx.ModelProto) -> None:
     """onnxruntime's checker wants a Constant node's external data in a real file: a main
     graph Constant whose payload is omitted becomes an initializer (same value name)."""
-    for g in (model.graph,):
-        kept = []
-        for node in g.node:
-            t = next((a.t for a in node.attribute if a.name == "value"
-                      and a.type == onnx.AttributeProto.TENSOR), None)
-            if (is_constant(node) and t is not None and not has_payload(t)
-                    and len(node.output) == 1):
-                init = g.initializer.add()
-                init.CopyFrom(t)
-                init.name = node.output[0]
-                continue
-            kept.append(node)
-        if len(kept) != len(g.node):
-            del g.node[:]
-            g.node.extend(kept)
+    g = model.graph
+    kept = []
+    for node in g.node:
+        t = next((a.t for a in node.attribute if a.name == "value"
+                  and a.type == onnx.AttributeProto.TENSOR), None)
+        if is_constant(node) and t is not None and not has_payload(t) and len(node.output) == 1:
+            init = g.initializer.add()
+            init.CopyFrom(t)
+            init.name = node.output[0]
+            continue
+        kept.append(node)
+    if len(kept) != len(g.node):
+        del g.node[:]
+        g.node.extend(kept)
 
 
 def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
@@ -221,7 +225,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
             continue
         if site.container is model.graph:
             files[file] = payload
-            _point_at(t, file, 0, len(payload))
+            point_at(t, file, 0, len(payload))
         else:  # onnxruntime takes in-memory external data for main-graph tensors only
             t.ClearField("external_data")
             t.data_location = onnx.TensorProto.DEFAULT
