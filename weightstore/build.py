@@ -28,6 +28,7 @@ from typing import Any
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
+from .outputs import check_output_folder
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
 from .store.location import resolve_store_path
 from .summary import SUMMARY_NAME
@@ -77,6 +78,7 @@ def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = No
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)
+        check_output_folder(target)
         existing = _existing_summary(target, options.force)
         if (existing is not None and not options.force
                 and _up_to_date(loaded, layout, target, existing, digests)):

@@ -12,6 +12,7 @@ import errno
 import functools
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +20,33 @@ from pathlib import Path
 from typing import BinaryIO
 
 COPY_CHUNK = 8 << 20
+
+
+class NotRegularFileError(OSError):
+    """The path is a FIFO, a device, a socket or a folder: reading it could block forever
+    or mean nothing, so it is refused before any read."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """Open ``path`` for reading, refusing anything but a regular file.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once (a plain open would wait for a
+    writer), so the check on the opened descriptor never races with the path.
+    """
+    flags = (os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_NOCTTY", 0))
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise NotRegularFileError(f"{kind} (a FIFO, device or socket is never read)"
+                                  if kind != "a folder" else kind)
+    return fd
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -18,10 +18,10 @@ from .catalogue.payload import expected_nbytes
 from .catalogue.schema import Path as TensorPath
 from .catalogue.schema import path_str
 from .convert.placement import Placement
-from .convert.weights import ModelWeights, Weight
+from .convert.weights import ModelWeights, Weight, declared_checksum
 from .errors import IntegrityError, StoreError
 from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
-from .hashing import split_key
+from .hashing import make_key, split_key
 from .keycache import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from .layout.writer import FileRange, write_plan
@@ -170,8 +170,9 @@ def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weig
             for w in ws:
                 key = cached.get(path_str(w.site.path))
                 obj = index.get(key) if key else None
-                if obj is None:
-                    continue  # not cached, or gone from the store: hashed
+                declared = declared_checksum(w.payload)
+                if obj is None or (declared is not None and make_key(*declared) != key):
+                    continue  # not cached, gone from the store, or a checksum to verify
                 if obj.file not in store_files:
                     store_files[obj.file] = str(store.path_of(obj))
                 p = w.payload

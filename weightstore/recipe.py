@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import RecipeError
-from .fsio import atomic_write_bytes
+from .fsio import NotRegularFileError, atomic_write_bytes, open_regular
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
 # and anything with a separator) can never match. Pydantic checks it with an end-anchored
@@ -249,11 +249,18 @@ def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
     filename = os.fspath(path)
     absolute = Path(os.path.abspath(filename))
     try:
-        data = absolute.read_bytes()
+        with os.fdopen(open_regular(absolute), "rb") as f:
+            data = f.read(RECIPE_SIZE_LIMIT + 1)
     except FileNotFoundError:
         raise RecipeError("recipe file not found", file=filename) from None
-    except OSError as exc:
-        raise RecipeError(f"cannot read recipe: {exc.strerror or exc}", file=filename) from None
+    except NotRegularFileError as exc:
+        raise RecipeError(f"recipe path is {exc}", file=filename) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise RecipeError(f"cannot read recipe: {reason}", file=filename) from None
+    if len(data) > RECIPE_SIZE_LIMIT:
+        raise RecipeError(f"recipe is larger than {RECIPE_SIZE_LIMIT >> 20} MiB",
+                          file=filename)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -264,6 +271,9 @@ def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
 
 def parse_recipe_text(text: str, filename: str) -> Recipe:
     """Parse recipe YAML (safe tags only) and validate it; ``filename`` is used in errors."""
+    if len(text) > RECIPE_SIZE_LIMIT:
+        raise RecipeError(f"recipe is larger than {RECIPE_SIZE_LIMIT >> 20} MiB",
+                          file=filename)
     try:
         loader = yaml.SafeLoader(text)  # the reader rejects control characters up front
     except yaml.reader.ReaderError as exc:
@@ -273,6 +283,7 @@ def parse_recipe_text(text: str, filename: str) -> Recipe:
         if root is None:
             raise RecipeError("recipe is empty", file=filename)
         _reject_duplicate_keys(root, filename)
+        _reject_alias_bombs(root, filename)
         data = loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
         raise _yaml_error(exc, filename) from None
@@ -348,6 +359,47 @@ def _reader_error(exc: yaml.reader.ReaderError, text: str, filename: str) -> Rec
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+RECIPE_SIZE_LIMIT = 1 << 20  # bytes: a recipe is a page of YAML; this is far beyond any
+EXPANDED_LIMIT = 1 << 20  # nodes plus scalar characters, once every alias is expanded
+
+
+def _reject_alias_bombs(root: yaml.Node, filename: str) -> None:
+    """Refuse a document whose aliases expand it past :data:`EXPANDED_LIMIT`.
+
+    Anchors and aliases are useful (one layout reused with ``<<: *base``), but nested
+    aliases grow exponentially: a few hundred bytes can stand for gigabytes once parsed
+    and validated. The expanded size is computed on the node graph, each shared node once
+    (a recursive alias counts as one node; validation reports it).
+    """
+    size: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        kids = _kids(node)
+        if finished:
+            active.discard(key)
+            own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+            size[key] = min(EXPANDED_LIMIT + 1,
+                            1 + own + sum(size.get(id(k), 1) for k in kids))
+            continue
+        if key in size or key in active:
+            continue
+        active.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in size and id(k) not in active)
+    if size[id(root)] > EXPANDED_LIMIT:
+        raise RecipeError("recipe expands past the size limit through its aliases "
+                          f"(more than {EXPANDED_LIMIT} values and characters)", file=filename)
+
+
+def _kids(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _reject_duplicate_keys(root: yaml.Node, filename: str) -> None:

@@ -17,8 +17,9 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
-from ..fsio import read_exact
+from ..fsio import NotRegularFileError, open_regular, read_exact
 from .filebytes import FileBytes
+from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
 from .wire import LEN, Field, encode_varint, iter_fields
 
@@ -154,9 +155,13 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
     if source.is_dir():
         raise ModelError("model path is a folder", file=str(source))
     try:
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        fd = open_regular(source)
     except FileNotFoundError:
         raise ModelError("model file not found", file=str(source)) from None
+    except NotRegularFileError as exc:
+        raise ModelError(f"model path is {exc}", file=str(source)) from None
+    except ValueError:  # a NUL byte in the path
+        raise ModelError("model path contains a NUL byte", file=repr(str(source))) from None
     except OSError as exc:
         raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
     try:
@@ -176,7 +181,31 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
             raise ModelError(f"not an ONNX model: {exc}", file=str(source)) from None
         if not model.HasField("graph") or not model.ir_version:
             raise ModelError("not an ONNX model: no graph or ir_version", file=str(source))
+        _refuse_ambiguous(model, stripper.payloads, source)
         return Catalogue(source, model, stripper.payloads, size, fd)
     except BaseException:
         os.close(fd)
         raise
+
+
+def _refuse_ambiguous(model: onnx.ModelProto, payloads: dict[Path, InlinePayload],
+                      source: FsPath) -> None:
+    """Refuse what a runtime would have to guess: two initializers of one name in one
+    graph, or a tensor holding its data both inline and as external data."""
+    from .sites import iter_tensor_sites
+
+    for container, where in iter_containers(model):
+        if not isinstance(container, onnx.GraphProto):
+            continue
+        seen: set[str] = set()
+        names = [t.name for t in container.initializer]
+        names += [s.values.name for s in container.sparse_initializer]
+        for name in names:
+            if name in seen:
+                raise ModelError("two initializers share a name in one graph", where=where,
+                                 initializer=name, file=str(source))
+            seen.add(name)
+    for site in iter_tensor_sites(model):
+        if site.tensor.data_location == onnx.TensorProto.EXTERNAL and site.path in payloads:
+            raise ModelError("tensor holds its data both inline and as external data",
+                             where=site.where, file=str(source))
