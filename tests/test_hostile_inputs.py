@@ -261,3 +261,73 @@ def test_output_through_a_file_is_refused_before_the_store(encoder_model, save_m
     assert err.value.context["blocked_by"] == str(tmp_path / "out")
     assert not store.exists()
 
+
+
+def test_io_errors_name_their_path(tmp_path, monkeypatch):
+    import errno
+
+    from weightstore import fsio
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fsio.os, "fsync", full)
+    target = tmp_path / "out.bin"
+    with pytest.raises(OSError) as err:
+        fsio.atomic_write_bytes(target, b"x")
+    assert err.value.filename == str(target)
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_packaging_names_the_package_file(encoder_model, save_model,
+                                                             tmp_path, monkeypatch, capsys):
+    import errno
+
+    import weightstore.layout.writer as writer
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer, "copy_range", full)
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")}, LAYOUT)
+    assert main(["build", str(recipe), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: No space left on device: ")
+    assert "m_weight_combined" in err and str(tmp_path / "out") in err
+
+
+def _built_store(encoder_model, save_model, tmp_path):
+    layout = "\n  - {name: s, external_weight: separate}\n"
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")}, layout)
+    store = tmp_path / "store"
+    build(recipe, BuildOptions(store=str(store)))
+    victim = max(store.glob("weight_*"), key=lambda p: p.stat().st_size)
+    return recipe, store, victim
+
+
+def test_a_symlinked_store_object_is_damage(encoder_model, save_model, tmp_path):
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(victim.read_bytes())  # even with the very same bytes
+    victim.unlink()
+    victim.symlink_to(elsewhere)
+    with pytest.raises(IntegrityError, match="symbolic link") as err:
+        build(recipe, BuildOptions(store=str(store), force=True))
+    assert err.value.context["file"] == str(victim)
+    assert "store verify --repair" in err.value.context["hint"]
+
+
+def test_a_damaged_store_object_names_its_file_offset_and_the_repair(
+        encoder_model, save_model, tmp_path):
+    import shutil
+
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    shutil.rmtree(store / "payload-keys")  # no cache: the payload is copied from the store
+    with pytest.raises(IntegrityError, match="does not match its digest") as err:
+        build(recipe, BuildOptions(store=str(store), force=True))
+    assert err.value.context["source"] == str(victim)
+    assert err.value.context["source_offset"] == 0
+    assert "store verify --repair" in err.value.context["hint"]

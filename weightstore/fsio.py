@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 COPY_CHUNK = 8 << 20
+# errors that concern the file being written, whatever else the operation touched
+WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS")
+                         if hasattr(errno, n))
 
 
 class NotRegularFileError(OSError):
@@ -102,7 +105,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bi
     published packages and shared stores are readable by others as usual.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _with_path(exc, path.parent) from None
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
@@ -113,10 +119,22 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bi
         os.replace(tmp, path)
         tmp = None
         fsync_dir(path.parent)
+    except OSError as exc:
+        if exc.filename is None and exc.errno in WRITE_ERRNOS:
+            raise _with_path(exc, path) from None
+        raise
     finally:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def _with_path(exc: OSError, path: Path) -> OSError:
+    """The same error, naming ``path`` when it named no file (``No space left on device``
+    alone does not say which disk)."""
+    if exc.filename is not None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -> None:

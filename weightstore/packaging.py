@@ -311,7 +311,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             if obj is None:
                 raise StoreError("payload vanished from the store", key=key,
                                  store=str(store.root))
-            return FileRange(store.path_of(obj), obj.offset)
+            return FileRange(store.path_of(obj), obj.offset, stored=True)
 
         with Progress(f"packaging {layout.name}", sum(f.size for f in plan.files),
                       enabled=progress) as bar:
