@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="payloads of at least this many bytes move out (default 1024)")
     c.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")
     c.add_argument("--alignment", type=int, default=512)
+    c.add_argument("--value-bins", action="append", default=[], metavar="ID=PATH",
+                   help="to-inline: the file a GE FileConstant's file_id names (GE's "
+                        "ge.exec.value_bins); repeatable")
     c.add_argument("--json", action="store_true", help="print JSON")
 
     i = sub.add_parser("inspect", help="list every weight of a model without reading payloads")
@@ -202,9 +205,11 @@ def _print_findings(problems: Sequence[Any], warnings: Sequence[Any]) -> None:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert_to_external, convert_to_inline
+    from .convert.api import parse_value_bins
 
     if args.direction == "to-inline":
-        report = convert_to_inline(args.input, args.output)
+        report = convert_to_inline(args.input, args.output,
+                                   value_bins=parse_value_bins(args.value_bins))
     else:
         form = "file-constant" if args.direction == "to-file-constant" else "external-data"
         report = convert_to_external(args.input, args.output, form=form,
