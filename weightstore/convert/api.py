@@ -114,10 +114,12 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
 def data_stem(stem: str, payloads: list[tuple[str, int]], alignment: int) -> str:
     """``<stem>.<tag>``: the tag digests everything that decides the data file's bytes
     (the unique payloads in order, and the alignment), so equal content gets an equal
-    name and different content a different one."""
+    name and different content a different one. Characters a store file name may not
+    hold become ``_``."""
     unique = list(dict.fromkeys(payloads))
     text = json.dumps([alignment, unique], separators=(",", ":")).encode()
-    return f"{stem}.{digest_bytes('blake3', text)[:16]}"
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip(".") or "model"
+    return f"{plain}.{digest_bytes('blake3', text)[:16]}"
 
 
 def _data_files_of(dst: Path) -> set[Path]:
@@ -125,7 +127,9 @@ def _data_files_of(dst: Path) -> set[Path]:
     conversion to ``dst`` wrote (named after its stem); empty when there is none."""
     if not dst.is_file():
         return set()
-    ours = re.compile(re.escape(dst.stem) + r"(\.[0-9a-f]{16})?" + re.escape(COMBINED_SUFFIX))
+    stem = re.escape(data_stem(dst.stem, [], 1).rsplit(".", 1)[0])
+    ours = re.compile(f"({re.escape(dst.stem)}|{stem})" + r"(\.[0-9a-f]{16})?"
+                      + re.escape(COMBINED_SUFFIX))
     try:
         with read_catalogue(dst) as catalogue:
             files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
