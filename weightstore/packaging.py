@@ -157,15 +157,18 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
 
 
 def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[tuple[str, int]]]],
-                 ) -> tuple[LayoutPlan, dict[str, dict[str, PlannedPayload]]]:
+                 package: str) -> tuple[LayoutPlan, dict[str, dict[str, PlannedPayload]]]:
     """One plan for the package folder, and each model's key -> planned payload map.
 
     ``per_model`` lists each model's ``(key, size)`` payloads in first-use order. Separate
-    files are shared by every model of the package; combined files are per model.
+    files, and the one ``<package>_weight_combined`` of a ``combined: shared`` layout, are
+    shared by every model of the package (each payload once, in recipe then structural
+    order); other combined files are per model.
     """
     mode = layout.external_weight
-    if mode == "separate":
-        plan = plan_layout("", [p for _, ps in per_model for p in ps], mode, layout.alignment)
+    if mode == "separate" or layout.combined == "shared":
+        plan = plan_layout(package, [p for _, ps in per_model for p in ps], mode,
+                           layout.alignment)
         where = plan.placement()
         return plan, {s.name: where for s, _ in per_model}
     files: list[PlannedFile] = []
@@ -219,7 +222,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
     if layout.split == "scenario":
         plan, maps = _split_plan(layout, per_model, payloads, recipe.package, store)
     else:
-        plan, maps = _layout_plan(layout, payloads)
+        plan, maps = _layout_plan(layout, payloads, recipe.package)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
