@@ -181,7 +181,8 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             if entry.scenarios or read_scenarios(s.weights.catalogue.model):
                 from .scenarios.package import prepare_scenarios
 
-                s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
+                with s.weights.opened():
+                    s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         _check_devices(loaded, sources)
         identities = [s.identity for s in sources]
         todo = []

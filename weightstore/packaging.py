@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import onnx
 
@@ -64,11 +64,18 @@ class Source:
 
 
 def open_sources(models: list[tuple[str, Path]]) -> list[Source]:
-    """Catalogue every model (metadata only); closes what it opened on failure."""
+    """Catalogue every model (metadata only); closes what it opened on failure.
+
+    Each model file is parked once catalogued: a step that reads payloads opens one
+    model at a time (``with source.weights.opened():``), so a recipe of hundreds of
+    models needs a handful of file descriptors, not one per model.
+    """
     sources: list[Source] = []
     try:
         for name, path in models:
-            sources.append(Source(name, ModelWeights.open(path)))
+            weights = ModelWeights.open(path)
+            weights.park()
+            sources.append(Source(name, weights))
     except BaseException:
         close_sources(sources)
         raise
@@ -108,7 +115,6 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                             "reused_bytes", "padding_bytes"), 0)
     if not layouts:
         return report
-    combined = any(layout.external_weight == "combined" for layout in layouts)
     per_model: list[tuple[Source, list[Weight]]] = []
     for s in sources:
         chosen: dict[TensorPath, Weight] = {}
@@ -126,34 +132,43 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             if obj is not None and obj.size == w.size:
                 s.weights.keys.setdefault(w.site.path, key)
     total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
+    hashed = []
     with Progress("hashing", total, enabled=progress) as bar:
-        hashed = [(s, s.weights.hash(ws, algo, jobs, bar.advance)) for s, ws in per_model]
+        for s, ws in per_model:
+            with s.weights.opened():  # one model file open at a time
+                hashed.append((s, s.weights.hash(ws, algo, jobs, bar.advance)))
     with Progress("storing", total, enabled=progress) as bar:
         for s, ws in hashed:
-            payloads: list[PayloadSource] = [_WeightPayload(s.weights, w) for w in ws]
-            put = store.put(payloads, kind="combined" if combined else "separate",
-                            combined_name=s.name if combined else None,
-                            alignment=max(layout.alignment for layout in layouts), jobs=jobs)
-            for k, v in put.to_dict().items():
-                report[k] += v
+            with s.weights.opened():
+                _store_model(store, s, ws, layouts, algo, jobs, report)
             bar.advance(sum(w.size for w in ws))
             cache.save(s.identity, algo, {path_str(w.site.path): w.key for w in ws})
-            if not s.scenarios:
-                continue
-            from .scenarios.package import externalized, hash_added
-
-            for weight, data in hash_added(s.scenarios, algo):  # one at a time: bounded
-                if not any(externalized(weight, layout.size_threshold, False)
-                           for layout in layouts):
-                    continue
-                put = store.put([BytesPayload(weight.key, data)],
-                                kind="combined" if combined else "separate",
-                                combined_name=s.name if combined else None,
-                                alignment=max(layout.alignment for layout in layouts),
-                                jobs=1)
-                for k, v in put.to_dict().items():
-                    report[k] += v
     return report
+
+
+def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[Layout],
+                 algo: str, jobs: int, report: dict[str, int]) -> None:
+    """Put one model's payloads, then the weights its scenarios add, into the store."""
+    combined = any(layout.external_weight == "combined" for layout in layouts)
+    kind: Literal["combined", "separate"] = "combined" if combined else "separate"
+    alignment = max(layout.alignment for layout in layouts)
+    payloads: list[PayloadSource] = [_WeightPayload(s.weights, w) for w in ws]
+    put = store.put(payloads, kind=kind, combined_name=s.name if combined else None,
+                    alignment=alignment, jobs=jobs)
+    for k, v in put.to_dict().items():
+        report[k] += v
+    if not s.scenarios:
+        return
+    from .scenarios.package import externalized, hash_added
+
+    for weight, data in hash_added(s.scenarios, algo):  # one at a time: bounded
+        if not any(externalized(weight, layout.size_threshold, False) for layout in layouts):
+            continue
+        put = store.put([BytesPayload(weight.key, data)], kind=kind,
+                        combined_name=s.name if combined else None, alignment=alignment,
+                        jobs=1)
+        for k, v in put.to_dict().items():
+            report[k] += v
 
 
 def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[tuple[str, int]]]],
@@ -243,8 +258,11 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             obj = index.get(weight.key) if weight.key else None
             return store.read(obj) if obj is not None else weight.bytes()
 
-        models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout, read_added)
-                  for s, ws in per_model]
+        models = []
+        for s, ws in per_model:
+            with s.weights.opened():
+                models.append(_write_model(tmp, s, ws, maps.get(s.name, {}), layout,
+                                           read_added))
         devices = (_write_devices(tmp, recipe, sources)
                    if layout.external_weight != "embedded" else [])
         summary = package_summary(package=recipe.package, version=recipe.version,
@@ -303,7 +321,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
                for _, ps in payloads for key, size in ps}
     scenario_order = package_scenarios(per_model)
     for s, ws in per_model:
-        model = _package_model(s, ws, pending, layout, read_added)
+        with s.weights.opened():
+            model = _package_model(s, ws, pending, layout, read_added)
         own = {sc.name for sc in s.scenarios}
         resolved: dict[str | None, set[str]] = {}
         for name in [None, *scenario_order]:

@@ -9,7 +9,9 @@ holding the whole model in memory. Works for files above protobuf's 2 GiB limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 
@@ -59,7 +61,9 @@ class Catalogue:
     """A model's metadata plus the location of every payload left out of it.
 
     Holds the model file open; :meth:`read` and :meth:`fragment` use positional reads and
-    are safe to call from several threads.
+    are safe to call from several threads. A build of many models :meth:`park` s each
+    catalogue (the file is closed, the metadata kept) and reads it only inside
+    :meth:`opened`, so it holds one model file open at a time, not one per model.
     """
 
     source: FsPath
@@ -67,11 +71,14 @@ class Catalogue:
     payloads: dict[Path, InlinePayload]
     file_size: int
     _fd: int | None = field(default=None, repr=False)
+    _stamp: tuple[int, ...] = field(default=(), repr=False)  # what the offsets are valid for
+    _parked: bool = field(default=False, repr=False)
 
     def read(self, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes of the model file at ``offset``."""
         if self._fd is None:
-            raise ModelError("catalogue is closed", file=str(self.source))
+            state = "parked (read it inside opened())" if self._parked else "closed"
+            raise ModelError(f"catalogue is {state}", file=str(self.source))
         if offset < 0 or length < 0 or offset + length > self.file_size:
             raise ModelError("byte range outside the model file", file=str(self.source),
                              offset=offset, length=length)
@@ -97,9 +104,39 @@ class Catalogue:
                              offset=payload.fields[0].start) from None
 
     def close(self) -> None:
+        self._parked = False
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def park(self) -> None:
+        """Close the model file but keep the metadata; :meth:`opened` reopens it."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._parked = True
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[Catalogue]:
+        """The model file open for the block: reopened if parked (and parked again after),
+        as is otherwise. A file replaced or rewritten since it was catalogued is refused,
+        since every byte range recorded for it would be wrong."""
+        if not self._parked:
+            yield self
+            return
+        fd = _open_model(self.source)
+        try:
+            if _stamp(os.fstat(fd)) != self._stamp:
+                raise ModelError("model file changed since the build catalogued it",
+                                 file=str(self.source))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._parked = fd, False
+        try:
+            yield self
+        finally:
+            self.park()
 
     def __enter__(self) -> Catalogue:
         return self
@@ -153,14 +190,10 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
     source = FsPath(path)
     if source.is_dir():
         raise ModelError("model path is a folder", file=str(source))
+    fd = _open_model(source)
     try:
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise ModelError("model file not found", file=str(source)) from None
-    except OSError as exc:
-        raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
-    try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         if size == 0:
             raise ModelError("model file is empty", file=str(source))
         stripper = _Stripper(FileBytes(fd, size))
@@ -176,7 +209,21 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
             raise ModelError(f"not an ONNX model: {exc}", file=str(source)) from None
         if not model.HasField("graph") or not model.ir_version:
             raise ModelError("not an ONNX model: no graph or ir_version", file=str(source))
-        return Catalogue(source, model, stripper.payloads, size, fd)
+        return Catalogue(source, model, stripper.payloads, size, fd, _stamp(st))
     except BaseException:
         os.close(fd)
         raise
+
+
+def _open_model(source: FsPath) -> int:
+    try:
+        return os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise ModelError("model file not found", file=str(source)) from None
+    except OSError as exc:
+        raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    """The file's identity and version: a rewrite or a replacement changes it."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
