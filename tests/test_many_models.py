@@ -18,6 +18,8 @@ from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.samples import run_onnxruntime
 
+from .test_build import tree
+
 HIDDEN = 24  # 24 x 24 float32: 2304 bytes, above the default size threshold
 
 
@@ -68,16 +70,18 @@ LIMITED_BUILD = textwrap.dedent("""
 
 @pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_NOFILE is POSIX")
 def test_200_models_build_under_64_open_files(tmp_path):
-    recipe = write_many(tmp_path, 200, MANY_LAYOUTS)
+    recipe = write_many(tmp_path, 200, MANY_LAYOUTS.replace(
+        "\n  - {name: separate, external_weight: separate}", ""))
     done = subprocess.run([sys.executable, "-c", LIMITED_BUILD, str(recipe)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     packages = {p["layout"]: p for p in json.loads(done.stdout)["packages"]}
-    assert [p["status"] for p in packages.values()] == ["built"] * 3
+    assert [p["status"] for p in packages.values()] == ["built"] * 2
     per_model = packages["per-model"]["summary"]["totals"]
     shared = packages["shared"]["summary"]["totals"]
     assert per_model["weight_files"] == 200 and shared["weight_files"] == 1
-    assert per_model["unique_payloads"] == shared["unique_payloads"] == 1 + 200  # w0 shared, w1 each; biases stay inline
+    # w0 is shared, w1 differs; biases stay inline
+    assert per_model["unique_payloads"] == shared["unique_payloads"] == 1 + 200
     # a few packaged models run, straight from their folders
     x = {"x": np.random.default_rng(0).standard_normal((2, HIDDEN), dtype=np.float32)}
     for i in (0, 117, 199):
@@ -113,3 +117,133 @@ def test_parked_catalogue_reads_only_inside_opened(tmp_path):
     mw.close()
     with pytest.raises(ModelError, match="closed"):
         mw.read(weight)
+
+
+class HashedBytes:
+    """Bytes hashed from each source file: payload keys and whole-file content digests."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import weightstore.convert.weights as weights_module
+        import weightstore.fingerprint as fingerprint_module
+
+        self.payloads: dict[str, int] = {}
+        self.files: dict[str, int] = {}
+        self.derived: list[str] = []
+        digest, file_digest = weights_module.ModelWeights._digest, fingerprint_module.digest_file
+
+        def payload(mw, desc, algo):
+            name = Path(desc.file).name
+            self.payloads[name] = self.payloads.get(name, 0) + desc.length
+            return digest(mw, desc, algo)
+
+        def whole_file(algo, path, *args):
+            name = Path(path).name
+            self.files[name] = self.files.get(name, 0) + Path(path).stat().st_size
+            return file_digest(algo, path, *args)
+
+        monkeypatch.setattr(weights_module.ModelWeights, "_digest", payload)
+        monkeypatch.setattr(fingerprint_module, "digest_file", whole_file)
+
+    def reset(self) -> None:
+        self.payloads.clear()
+        self.files.clear()
+        self.derived.clear()
+
+
+def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
+    import weightstore.fingerprint as fingerprint_module
+
+    # source files just written are too fresh for the digest cache (timestamps could miss
+    # a rewrite within the same tick); this test rewrites files seconds apart by design
+    monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
+    recipe = write_many(tmp_path, 5, MANY_LAYOUTS)
+    hashed = HashedBytes(monkeypatch)
+    build(recipe, BuildOptions(jobs=2))
+    every = {f"m{i:03d}.onnx" for i in range(5)}
+    assert set(hashed.payloads) == set(hashed.files) == every
+    hashed.reset()
+    onnx.save(small_model(99), str(tmp_path / "models" / "m002.onnx"))
+    result = build(recipe, BuildOptions(jobs=2, force=True))
+    assert [p.status for p in result.packages] == ["built"] * 3
+    assert set(hashed.files) == {"m002.onnx"}
+    assert hashed.payloads == {"m002.onnx": 2 * HIDDEN * HIDDEN * 4}  # w0 and w1, once
+    hashed.reset()
+    again = build(recipe, BuildOptions(jobs=2))
+    assert [p.status for p in again.packages] == ["up-to-date"] * 3
+    assert hashed.payloads == hashed.files == {}
+
+
+def test_changed_model_alone_recomputes_its_scenario_weights(tmp_path, monkeypatch):
+    """Weights a scenario derives (fp16 copies here) are found again by key for the models
+    that did not change; the package equals one built from an empty store."""
+    import weightstore.fingerprint as fingerprint_module
+    import weightstore.scenarios.package as scenario_module
+
+    monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
+    computed: list[str] = []
+    compute = scenario_module.AddedWeight.bytes
+
+    def counting(weight):
+        computed.append(weight.name)
+        return compute(weight)
+
+    monkeypatch.setattr(scenario_module.AddedWeight, "bytes", counting)
+    scenario = ", scenarios: [{name: half, passes: [cast-fp16, cleanup]}]}"
+    layouts = ("\n  - {name: shared, external_weight: combined, combined: shared}"
+               "\n  - {name: split, external_weight: combined, split: scenario}\n")
+    recipe = write_many(tmp_path, 4, layouts)
+    recipe.write_text(recipe.read_text().replace(".onnx}", ".onnx" + scenario))
+    hashed = HashedBytes(monkeypatch)
+    build(recipe, BuildOptions(jobs=2))
+    assert len(computed) == 4 * 2  # w0 and w1 of each model in fp16
+    computed.clear()
+    hashed.reset()
+    onnx.save(small_model(77), str(tmp_path / "models" / "m001.onnx"))
+    build(recipe, BuildOptions(jobs=2, force=True))
+    assert sorted(computed) == ["w0.fp16", "w1.fp16"]
+    assert set(hashed.payloads) == set(hashed.files) == {"m001.onnx"}
+    rebuilt = tree(tmp_path / "out")
+    fresh = build(recipe, BuildOptions(store=str(tmp_path / "empty"), jobs=2, force=True))
+    assert [p.status for p in fresh.packages] == ["built"] * 2
+    assert tree(tmp_path / "out") == rebuilt
+
+
+def test_build_part_of_a_recipe(tmp_path, capsys):
+    recipe = write_many(tmp_path, 4, MANY_LAYOUTS)
+    out = tmp_path / "out" / "many" / "1"
+    assert main(["build", str(recipe), "--layout", "shared", "--model", "m003",
+                 "--model", "m001", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [p["layout"] for p in report["packages"]] == ["shared"]
+    summary = report["packages"][0]["summary"]
+    assert [m["name"] for m in summary["models"]] == ["m001", "m003"]  # recipe order
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["shared"]
+    assert sorted(p.name for p in (out / "shared").glob("*.onnx")) == ["m001.onnx",
+                                                                      "m003.onnx"]
+    # the other layouts, every model: the selected package stays as it was
+    assert main(["build", str(recipe), "--layout", "per-model", "--layout",
+                 "separate"]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["per-model", "separate",
+                                                                   "shared"]
+    assert len(list((out / "per-model").glob("*.onnx"))) == 4
+    capsys.readouterr()
+    # the whole recipe is another build than the selection: replaced only with --force
+    assert main(["build", str(recipe)]) == 2
+    assert "different build" in capsys.readouterr().err
+    assert main(["build", str(recipe), "--force"]) == 0
+    assert len(list((out / "shared").glob("*.onnx"))) == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "m01"], "--model 'm01' names no model of the recipe (4 models); "
+                         "did you mean 'm001'?"),
+    (["--layout", "release"], "--layout 'release' names no layout of the recipe (3 layouts)"),
+    (["--model", "m000", "--layout", "nope"], "--layout 'nope' names no layout"),
+])
+def test_unknown_selection_is_a_one_line_error(tmp_path, capsys, args, message):
+    recipe = write_many(tmp_path, 4, MANY_LAYOUTS)
+    assert main(["build", str(recipe), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: ") and message in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists() and not (tmp_path / "store").exists()

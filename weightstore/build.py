@@ -29,6 +29,7 @@ from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
+from .selection import select_part
 from .store.location import resolve_store_path
 from .summary import SUMMARY_NAME
 
@@ -39,6 +40,8 @@ class BuildOptions:
     jobs: int = min(8, os.cpu_count() or 4)
     force: bool = False  # rebuild and replace packages, even up-to-date or different ones
     progress: bool | None = None  # None: only on an interactive terminal
+    models: tuple[str, ...] = ()  # --model: package only these (all when empty)
+    layouts: tuple[str, ...] = ()  # --layout: build only these (all when empty)
 
 
 @dataclass
@@ -67,7 +70,7 @@ class BuildResult:
 def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = None,
           ) -> BuildResult:
     options = options or BuildOptions()
-    loaded = load_recipe(recipe_path)
+    loaded = select_part(load_recipe(recipe_path), options.models, options.layouts)
     recipe = loaded.recipe
     store_root = resolve_store_path(options.store, loaded.store_path())
     if store_root.exists() and not store_root.is_dir():

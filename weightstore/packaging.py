@@ -131,6 +131,11 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             obj = index.get(key) if key else None
             if obj is not None and obj.size == w.size:
                 s.weights.keys.setdefault(w.site.path, key)
+        for path, added in _added_ids(s):  # derived weights: found again, not recomputed
+            key = cached.get(path)
+            obj = index.get(key) if key else None
+            if obj is not None and obj.size == added.nbytes:
+                added.key, added.size = key, obj.size
     total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
     hashed = []
     with Progress("hashing", total, enabled=progress) as bar:
@@ -142,8 +147,19 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             with s.weights.opened():
                 _store_model(store, s, ws, layouts, algo, jobs, report)
             bar.advance(sum(w.size for w in ws))
-            cache.save(s.identity, algo, {path_str(w.site.path): w.key for w in ws})
+            keys = {path_str(w.site.path): w.key for w in ws}
+            keys.update((path, added.key) for path, added in _added_ids(s) if added.key)
+            cache.save(s.identity, algo, keys)
     return report
+
+
+def _added_ids(s: Source) -> list[tuple[str, AddedWeight]]:
+    """Each weight the scenarios of ``s`` add, under its name in the payload-key cache."""
+    if not s.scenarios:
+        return []
+    from .scenarios.package import added_weight_ids
+
+    return [pair for sc in s.scenarios for pair in added_weight_ids(sc)]
 
 
 def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[Layout],
@@ -161,7 +177,8 @@ def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[
         return
     from .scenarios.package import externalized, hash_added
 
-    for weight, data in hash_added(s.scenarios, algo):  # one at a time: bounded
+    todo = [w for sc in s.scenarios for w in sc.added if not w.key]  # the rest are stored
+    for weight, data in hash_added(todo, algo):  # one at a time: bounded
         if not any(externalized(weight, layout.size_threshold, False) for layout in layouts):
             continue
         put = store.put([BytesPayload(weight.key, data)], kind=kind,
