@@ -14,6 +14,7 @@ Package tree (one folder per layout)::
         <model>.onnx                 one per model, external data relative to this folder
         weight_<hex>                 separate layout: one file per distinct payload
         <model>_weight_combined      combined layout: payloads at aligned offsets
+        <package>_weight_combined    combined: shared: one file for all models instead
         summary.json                 ExternalWeightDesc list, totals, fingerprint
 """
 
