@@ -247,3 +247,24 @@ def test_unknown_selection_is_a_one_line_error(tmp_path, capsys, args, message):
     assert err.startswith("weightstore: error: ") and message in err
     assert err.count("\n") == 1
     assert not (tmp_path / "out").exists() and not (tmp_path / "store").exists()
+
+
+def test_part_of_a_recipe_runs_on_devices_as_the_whole_would(tmp_path):
+    """A device naming a scenario only a left-out model defines runs the default graph of
+    the packaged models, as in the build of the whole recipe."""
+    recipe = write_many(tmp_path, 2, "\n  - {name: c, external_weight: combined}\n")
+    text = recipe.read_text().replace(
+        "m000.onnx}", "m000.onnx, scenarios: [{name: half, passes: [cast-fp16, cleanup]}]}")
+    recipe.write_text(text + "devices:\n  - {name: npu, scenario: half}\n"
+                      "  - {name: any, scenario: auto}\n")
+    part = build(recipe, BuildOptions(jobs=2, models=("m001",))).packages[0]
+    device_part = {n: (part.path / "devices" / n / "m001.onnx").read_bytes()
+                   for n in ("npu", "any")}
+    bundle = json.loads((part.path / "devices/npu/bundle.json").read_text())
+    assert [(m["name"], m["scenario"]) for m in bundle["models"]] == [("m001", None)]
+    whole = build(recipe, BuildOptions(jobs=2, force=True)).packages[0]
+    assert [m["name"] for m in whole.summary["models"]] == ["m000", "m001"]
+    for name, data in device_part.items():
+        assert (whole.path / "devices" / name / "m001.onnx").read_bytes() == data
+    assert json.loads((whole.path / "devices/any/bundle.json").read_text())[
+        "models"][0]["scenario"] == "half"

@@ -138,7 +138,7 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
     try:
         listed = {m["name"]: m for m in summary["models"]}
         identities = []
-        for entry in loaded.recipe.models:
+        for entry in loaded.models():
             previous = listed.get(entry.name)
             if previous is None:
                 return False
@@ -176,9 +176,10 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     from .store import WeightStore
 
     recipe = loaded.recipe
-    sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in recipe.models])
+    models = loaded.models()
+    sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in models])
     try:
-        for s, entry in zip(sources, recipe.models, strict=True):
+        for s, entry in zip(sources, models, strict=True):
             s.identity = _identity(
                 entry, digests.of(s.weights.catalogue.source),
                 {loc: digests.of(path) for loc, path in s.external_files})
@@ -223,8 +224,13 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
 
 
 def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
-    """A device may name a scenario the recipe defines or a source model already holds."""
+    """A device may name a scenario the recipe defines or a source model already holds.
+
+    Building part of a recipe, a scenario of a model left out still counts: the models
+    packaged run their default graph there, as in a build of the whole recipe.
+    """
     known = {sc.name for s in sources for sc in s.scenarios}
+    known |= {sc.name for m in loaded.recipe.models for sc in m.scenarios}
     for i, device in enumerate(loaded.recipe.devices):
         if device.scenario not in (None, "auto") and device.scenario not in known:
             raise RecipeError(f"device '{device.name}' names scenario '{device.scenario}', "

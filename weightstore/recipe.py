@@ -247,6 +247,14 @@ class LoadedRecipe:
     recipe: Recipe
     path: Path
     base_dir: Path
+    selected: frozenset[str] | None = None  # build --model: the models to package
+
+    def models(self) -> list[ModelEntry]:
+        """The models to package, in recipe order: all, or those ``build --model`` chose.
+
+        Everything else (devices, the scenarios they may name) stays the whole recipe's.
+        """
+        return [m for m in self.recipe.models if self.selected is None or m.name in self.selected]
 
     def resolve(self, p: str) -> Path:
         """Absolute path for ``p``, relative ones taken from the recipe's folder.

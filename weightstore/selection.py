@@ -1,9 +1,11 @@
 """Building part of a recipe: ``weightstore build --model NAME --layout NAME``.
 
-A selection narrows the recipe before anything is read: only the named layouts are built,
-and their packages hold only the named models. Such a package is a build of its own (its
-fingerprint covers the models it holds), so it replaces a package of the whole recipe, or
-is replaced by one, only with ``--force``.
+A selection is made before anything is read: only the named layouts are built, and their
+packages hold only the named models. Devices, and the scenarios they may name or choose
+from, stay the whole recipe's, so each packaged model runs on a device as it would in a
+build of the whole recipe. Such a package is a build of its own (its fingerprint covers
+the models it holds), so it replaces a package of the whole recipe, or is replaced by
+one, only with ``--force``.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ def select_part(loaded: LoadedRecipe, models: Sequence[str] = (),
     known name.
     """
     recipe = loaded.recipe
-    update = {}
     if models:
-        update["models"] = _pick(recipe.models, models, "model", loaded)
+        chosen = _pick(recipe.models, models, "model", loaded)
+        loaded = dataclasses.replace(loaded, selected=frozenset(m.name for m in chosen))
     if layouts:
-        update["layouts"] = _pick(recipe.layouts, layouts, "layout", loaded)
-    if not update:
-        return loaded
-    return dataclasses.replace(loaded, recipe=recipe.model_copy(update=update))
+        chosen = _pick(recipe.layouts, layouts, "layout", loaded)
+        loaded = dataclasses.replace(loaded, recipe=recipe.model_copy(
+            update={"layouts": chosen}))
+    return loaded
 
 
 def _pick(items: Sequence, names: Sequence[str], kind: str, loaded: LoadedRecipe) -> list:
