@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from weightstore.build import BuildOptions, build
-from weightstore.errors import RecipeError
+from weightstore.errors import PackageError, RecipeError
 from weightstore.fingerprint import layout_fingerprint
 from weightstore.recipe import Layout, parse_recipe_text
 from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
@@ -152,3 +152,18 @@ def test_split_layout_accepts_shared(tmp_path, save_model):
     files = [{k: v for k, v in tree(p.path).items() if k.endswith(".data")} for p in outs]
     assert files[0] == files[1] and files[0]
     assert json.loads((outs[1].path / "summary.json").read_text())["format_version"] == 2
+
+
+def test_package_of_a_newer_format_is_refused(pair_build):
+    packages, _, recipe = pair_build
+    summary_path = packages["shared"].path / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["format_version"] = 3
+    summary_path.write_text(json.dumps(summary))
+    store = str(Path(recipe).parent / "store")
+    with pytest.raises(PackageError, match="format this weightstore does not know") as info:
+        build(recipe, BuildOptions(store=store, jobs=2))
+    assert info.value.context["format_version"] == 3
+    again = build(recipe, BuildOptions(store=store, jobs=2, force=True))
+    assert {p.layout: p.status for p in again.packages}["shared"] == "built"
+    assert json.loads(summary_path.read_text())["format_version"] == 2

@@ -32,6 +32,7 @@ from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
 from .selection import select_part
 from .store.location import resolve_store_path
+from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from .summary import SUMMARY_NAME
 
 
@@ -124,6 +125,13 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
             return None
         raise PackageError("output folder already holds something that is not a package; "
                            "pass --force to replace it", folder=str(target)) from None
+    version = summary.get("format_version")
+    if not isinstance(version, int) or version > SUMMARY_FORMAT_VERSION:
+        if force:
+            return None
+        raise PackageError("output folder holds a package of a format this weightstore "
+                           "does not know; pass --force to replace it", folder=str(target),
+                           format_version=version)
     return summary
 
 
