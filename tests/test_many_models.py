@@ -23,10 +23,12 @@ from .test_build import tree
 HIDDEN = 24  # 24 x 24 float32: 2304 bytes, above the default size threshold
 
 
-def small_model(i: int) -> onnx.ModelProto:
-    """Two MatMuls and a bias; the first weight is the same in every model."""
+def small_model(i: int, *, shared_weight: bool = True) -> onnx.ModelProto:
+    """Two MatMuls and a bias; the first weight is the same in every model unless not
+    ``shared_weight``."""
     rng = np.random.default_rng(i)
-    shared = np.random.default_rng(10_000).standard_normal((HIDDEN, HIDDEN), dtype=np.float32)
+    first = np.random.default_rng(10_000 if shared_weight else 20_000 + i)
+    shared = first.standard_normal((HIDDEN, HIDDEN), dtype=np.float32)
     inits = [numpy_helper.from_array(shared, "w0"),
              numpy_helper.from_array(rng.standard_normal((HIDDEN, HIDDEN), dtype=np.float32),
                                      "w1"),
@@ -40,13 +42,14 @@ def small_model(i: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def write_many(folder: Path, count: int, layouts: str) -> Path:
+def write_many(folder: Path, count: int, layouts: str, *, shared_weight: bool = True,
+               ) -> Path:
     models = folder / "models"
     models.mkdir(parents=True, exist_ok=True)
     lines = ["package: many", 'version: "1"', f"store: {{path: {folder / 'store'}}}",
              "models:"]
     for i in range(count):
-        onnx.save(small_model(i), str(models / f"m{i:03d}.onnx"))
+        onnx.save(small_model(i, shared_weight=shared_weight), str(models / f"m{i:03d}.onnx"))
         lines.append(f"  - {{name: m{i:03d}, source: models/m{i:03d}.onnx}}")
     recipe = folder / "recipe.yaml"
     recipe.write_text("\n".join(lines) + "\nlayouts:" + layouts + "output: out\n")
@@ -91,7 +94,7 @@ def test_200_models_build_under_64_open_files(tmp_path):
             assert expected.tobytes() == actual.tobytes()
 
 
-def test_parked_catalogue_reads_only_inside_opened(tmp_path):
+def test_parked_catalogue_reads_a_file_it_checks(tmp_path):
     from weightstore.convert.weights import ModelWeights
     from weightstore.errors import ModelError
 
@@ -102,18 +105,20 @@ def test_parked_catalogue_reads_only_inside_opened(tmp_path):
     weight = mw.select(1024, "external-data")[0]
     expected = mw.read(weight)
     mw.park()
-    with pytest.raises(ModelError, match="parked"):
-        mw.read(weight)
+    assert mw.catalogue._fd is None
+    assert mw.read(weight) == expected  # opened for this read alone
     with mw.opened():
+        fd = mw.catalogue._fd
         with mw.opened():  # nested blocks share the open file
-            assert mw.read(weight) == expected
+            assert mw.read(weight) == expected and mw.catalogue._fd == fd
         assert mw.read(weight) == expected
-    with pytest.raises(ModelError, match="parked"):
-        mw.read(weight)
+    assert mw.catalogue._fd is None
     onnx.save(small_model(2), str(path))  # replaced: the recorded byte ranges are stale
     with pytest.raises(ModelError, match="changed since the build catalogued it"), \
             mw.opened():
         pass
+    with pytest.raises(ModelError, match="changed since the build catalogued it"):
+        mw.read(weight)
     mw.close()
     with pytest.raises(ModelError, match="closed"):
         mw.read(weight)
@@ -150,19 +155,36 @@ class HashedBytes:
         self.derived.clear()
 
 
+def count_derivations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the scenario-derived weights computed from now on, one per compute."""
+    import weightstore.scenarios.package as scenario_module
+
+    names: list[str] = []
+    compute = scenario_module.AddedWeight.bytes
+
+    def counting(weight):
+        names.append(weight.name)
+        return compute(weight)
+
+    monkeypatch.setattr(scenario_module.AddedWeight, "bytes", counting)
+    return names
+
+
 def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
     import weightstore.fingerprint as fingerprint_module
 
     # source files just written are too fresh for the digest cache (timestamps could miss
     # a rewrite within the same tick); this test rewrites files seconds apart by design
     monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
-    recipe = write_many(tmp_path, 5, MANY_LAYOUTS)
+    # no payload shared between models: the payload-key cache proves a key two models
+    # claim by hashing the second claim (see weightstore.keycache)
+    recipe = write_many(tmp_path, 5, MANY_LAYOUTS, shared_weight=False)
     hashed = HashedBytes(monkeypatch)
     build(recipe, BuildOptions(jobs=2))
     every = {f"m{i:03d}.onnx" for i in range(5)}
     assert set(hashed.payloads) == set(hashed.files) == every
     hashed.reset()
-    onnx.save(small_model(99), str(tmp_path / "models" / "m002.onnx"))
+    onnx.save(small_model(99, shared_weight=False), str(tmp_path / "models" / "m002.onnx"))
     result = build(recipe, BuildOptions(jobs=2, force=True))
     assert [p.status for p in result.packages] == ["built"] * 3
     assert set(hashed.files) == {"m002.onnx"}
@@ -177,28 +199,20 @@ def test_changed_model_alone_recomputes_its_scenario_weights(tmp_path, monkeypat
     """Weights a scenario derives (fp16 copies here) are found again by key for the models
     that did not change; the package equals one built from an empty store."""
     import weightstore.fingerprint as fingerprint_module
-    import weightstore.scenarios.package as scenario_module
 
     monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
-    computed: list[str] = []
-    compute = scenario_module.AddedWeight.bytes
-
-    def counting(weight):
-        computed.append(weight.name)
-        return compute(weight)
-
-    monkeypatch.setattr(scenario_module.AddedWeight, "bytes", counting)
+    computed = count_derivations(monkeypatch)
     scenario = ", scenarios: [{name: half, passes: [cast-fp16, cleanup]}]}"
     layouts = ("\n  - {name: shared, external_weight: combined, combined: shared}"
                "\n  - {name: split, external_weight: combined, split: scenario}\n")
-    recipe = write_many(tmp_path, 4, layouts)
+    recipe = write_many(tmp_path, 4, layouts, shared_weight=False)
     recipe.write_text(recipe.read_text().replace(".onnx}", ".onnx" + scenario))
     hashed = HashedBytes(monkeypatch)
     build(recipe, BuildOptions(jobs=2))
     assert len(computed) == 4 * 2  # w0 and w1 of each model in fp16
     computed.clear()
     hashed.reset()
-    onnx.save(small_model(77), str(tmp_path / "models" / "m001.onnx"))
+    onnx.save(small_model(77, shared_weight=False), str(tmp_path / "models" / "m001.onnx"))
     build(recipe, BuildOptions(jobs=2, force=True))
     assert sorted(computed) == ["w0.fp16", "w1.fp16"]
     assert set(hashed.payloads) == set(hashed.files) == {"m001.onnx"}

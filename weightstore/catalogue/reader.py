@@ -62,8 +62,9 @@ class Catalogue:
 
     Holds the model file open; :meth:`read` and :meth:`fragment` use positional reads and
     are safe to call from several threads. A build of many models :meth:`park` s each
-    catalogue (the file is closed, the metadata kept) and reads it only inside
-    :meth:`opened`, so it holds one model file open at a time, not one per model.
+    catalogue (the file is closed, the metadata kept) and reads it in :meth:`opened`
+    blocks, so it holds one model file open at a time, not one per model; a read outside
+    them opens the file for that read alone.
     """
 
     source: FsPath
@@ -76,14 +77,20 @@ class Catalogue:
 
     def read(self, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes of the model file at ``offset``."""
-        if self._fd is None:
-            state = "parked (read it inside opened())" if self._parked else "closed"
-            raise ModelError(f"catalogue is {state}", file=str(self.source))
         if offset < 0 or length < 0 or offset + length > self.file_size:
             raise ModelError("byte range outside the model file", file=str(self.source),
                              offset=offset, length=length)
+        fd = self._fd
+        if fd is None and not self._parked:
+            raise ModelError("catalogue is closed", file=str(self.source))
         try:
-            return read_exact(self._fd, offset, length)
+            if fd is not None:
+                return read_exact(fd, offset, length)
+            fd = self._reopen()  # parked: this read alone (thread-safe, nothing shared)
+            try:
+                return read_exact(fd, offset, length)
+            finally:
+                os.close(fd)
         except (EOFError, OSError) as exc:
             raise ModelError(f"cannot read the model file: {exc}", file=str(self.source),
                              offset=offset) from None
@@ -119,11 +126,19 @@ class Catalogue:
     @contextlib.contextmanager
     def opened(self) -> Iterator[Catalogue]:
         """The model file open for the block: reopened if parked (and parked again after),
-        as is otherwise. A file replaced or rewritten since it was catalogued is refused,
-        since every byte range recorded for it would be wrong."""
+        as is otherwise. A file replaced or rewritten since it was catalogued is refused."""
         if not self._parked:
             yield self
             return
+        self._fd, self._parked = self._reopen(), False
+        try:
+            yield self
+        finally:
+            self.park()
+
+    def _reopen(self) -> int:
+        """A new descriptor of the model file, refused if the file is not the one
+        catalogued (every byte range recorded for it would be wrong)."""
         fd = _open_model(self.source)
         try:
             if _stamp(os.fstat(fd)) != self._stamp:
@@ -132,11 +147,7 @@ class Catalogue:
         except BaseException:
             os.close(fd)
             raise
-        self._fd, self._parked = fd, False
-        try:
-            yield self
-        finally:
-            self.park()
+        return fd
 
     def __enter__(self) -> Catalogue:
         return self
