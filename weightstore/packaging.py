@@ -162,13 +162,16 @@ def _added_ids(s: Source) -> list[tuple[str, AddedWeight]]:
 def _use_derived_keys(store: WeightStore, sources: list[Source], algo: str) -> None:
     """Keys of derived weights remembered for an unchanged source and scenario, taken
     when the store holds them at the weight's size: those are not computed again."""
+    if not any(s.scenarios for s in sources):
+        return
     cache = DerivedKeyCache(store.root)
+    index = store.index()
     for s in sources:
         ids = _added_ids(s)
         known = cache.load(s.identity, algo) if ids else {}
         for weight_id, weight in ids:
             key = known.get(weight_id)
-            obj = store.lookup(key) if key else None
+            obj = index.get(key) if key else None
             if obj is not None and obj.size == weight.nbytes:
                 weight.key, weight.size = key, obj.size
 
