@@ -167,3 +167,21 @@ def test_package_of_a_newer_format_is_refused(pair_build):
     again = build(recipe, BuildOptions(store=store, jobs=2, force=True))
     assert {p.layout: p.status for p in again.packages}["shared"] == "built"
     assert json.loads(summary_path.read_text())["format_version"] == 2
+
+
+def test_family_example_writes_the_documented_bytes(tmp_path):
+    """recipes/tiny-bert-family.yaml, built from a copy pointing at the example models:
+    the figures the README quotes for it."""
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "recipes" / "tiny-bert-family.yaml").read_text()
+    text = text.replace("../examples/", f"{repo / 'examples'}/")
+    text = text.replace("output: ../dist", f"output: {tmp_path / 'dist'}")
+    recipe = tmp_path / "family.yaml"
+    recipe.write_text(text)
+    result = build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=2))
+    totals = {p.layout: p.summary["totals"] for p in result.packages}
+    assert totals["release"]["weight_file_bytes"] == 2_738_176
+    assert totals["shared"]["weight_file_bytes"] == 1_615_872
+    assert totals["shared"]["unique_payload_bytes"] == 1_615_872
+    readme = (repo / "README.md").read_text()
+    assert "2,738,176" in readme and "1,615,872" in readme
