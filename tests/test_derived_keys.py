@@ -35,9 +35,11 @@ def built(tmp_path, computed):
 def test_unchanged_sources_reuse_their_derived_keys(built, computed, tmp_path):
     recipe, before, entries = built
     assert len(entries) == 2  # one per source
+    written = {e: e.stat().st_ino for e in entries}
     build(recipe, BuildOptions(jobs=2, force=True))
     assert computed == []
     assert tree(tmp_path / "out") == before
+    assert {e: e.stat().st_ino for e in entries} == written  # nothing new: not rewritten
 
 
 @pytest.mark.parametrize("damage", ["swap", "no-mac", "other-secret", "garbage"])

@@ -53,7 +53,10 @@ class DerivedKeyCache:
     def save(self, identity: Mapping[str, Any], algo: str, keys: Mapping[str, str]) -> None:
         """Merge ``keys`` into the entry; nothing is written without the user's secret (a
         cache: failures to write are ignored)."""
-        merged = dict(sorted({**self.load(identity, algo), **keys}.items()))
+        known = self.load(identity, algo)
+        merged = dict(sorted({**known, **keys}.items()))
+        if merged == known:
+            return  # a rebuild of unchanged sources writes nothing
         mac = entry_mac(_signed(identity, algo, merged))
         if mac is None:
             return
