@@ -20,7 +20,6 @@ import onnx
 from ..catalogue.metadata import metadata_model
 from ..catalogue.reader import Catalogue, read_catalogue
 from ..errors import PackageError, ResolutionError
-from ..summary import SUMMARY_NAME
 
 
 @dataclass
@@ -49,6 +48,8 @@ class ModelSource:
 
 
 def _summary(folder: Path) -> dict[str, Any]:
+    from ..summary import SUMMARY_NAME  # loads the recipe machinery: only for packages
+
     try:
         summary = json.loads((folder / SUMMARY_NAME).read_text())
         summary["models"][0]["file"]
