@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .layout.plan import LayoutPlan
-from .recipe import LAYOUT_KEYS_SINCE, Layout
+
+if TYPE_CHECKING:  # summary.json's name and format are read by up-to-date checks: stay light
+    from .layout.plan import LayoutPlan
+    from .recipe import Layout
 
 SUMMARY_NAME = "summary.json"
 FORMAT_VERSION = 2  # the newest this code writes and reads
@@ -107,6 +109,8 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
 def package_format_version(settings: dict[str, Any]) -> int:
     """The oldest package format that holds these layout settings: a package written
     without the keys a later format added stays readable by format-1 readers."""
+    from .recipe import LAYOUT_KEYS_SINCE
+
     return max((LAYOUT_KEYS_SINCE[k] for k in settings if k in LAYOUT_KEYS_SINCE), default=1)
 
 
