@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import build_stamp
+from .callable_module import make_callable
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
@@ -358,3 +359,5 @@ def _refuse(target: Path, existing: dict[str, Any], fingerprint: str) -> None:
 
 
 __all__ = ["BuildOptions", "BuildResult", "PackageResult", "build"]
+
+make_callable(__name__, "build")  # weightstore.build(recipe) is the function
