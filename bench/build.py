@@ -122,9 +122,12 @@ identity = {{"source_digest": digests.of(model),
 assert not digests._fresh, "the source digest was not served from the cache"
 keys = PayloadKeyCache(store_root).load(identity, "blake3")
 index = store.index()
-pairs = [((str(w.payload.file), w.payload.offset),
-          (str(store.path_of(index[keys[path_str(w.site.path)]])),
-           index[keys[path_str(w.site.path)]].offset), w.size) for w in ws]
+def source_of(w):  # as the build samples it: typed fields (float_data, ...) re-encoded
+    p = w.payload
+    return (str(p.file), p.offset) if p.encoding == "raw" else s.weights.read(w)
+with s.weights.opened():
+    pairs = [(source_of(w), (str(store.path_of(index[keys[path_str(w.site.path)]])),
+                             index[keys[path_str(w.site.path)]].offset), w.size) for w in ws]
 def digest_check():
     FileDigests(store_root / CACHE_NAME).of(model)
 def samples():
