@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true",
                    help="rebuild and replace package folders, even up-to-date or different ones")
     b.add_argument("--json", action="store_true", help="print the build summaries as JSON")
+    b.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="package only this model (repeatable; default: every model)")
+    b.add_argument("--layout", action="append", default=[], metavar="NAME",
+                   help="build only this layout (repeatable; default: every layout)")
 
     s = sub.add_parser("store", help="inspect the weight store")
     ssub = s.add_subparsers(dest="store_command", required=True, metavar="ACTION")
@@ -149,7 +153,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .build import BuildOptions, build
 
     result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
-                                             force=args.force,
+                                             force=args.force, models=tuple(args.model),
+                                             layouts=tuple(args.layout),
                                              progress=False if args.quiet else None))
     if args.json:
         _print_json(result.to_dict())

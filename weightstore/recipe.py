@@ -122,6 +122,10 @@ class ModelEntry(_Model):
         return value
 
 
+# Layout keys added after package format 1, with the package format that introduced them.
+LAYOUT_KEYS_SINCE = {"combined": 2}
+
+
 class Layout(_Model):
     """How one release lays out model weights on disk."""
 
@@ -150,6 +154,26 @@ class Layout(_Model):
         description="'none' packs all weights together; 'scenario' groups weight files by "
         "the variants that use them: common, default, and one per scenario.",
     )
+    combined: Literal["per-model", "shared"] = Field(
+        "per-model",
+        description="Combined layouts only: 'per-model' writes one <model>_weight_combined "
+        "per model (GE's mode 2, a payload two models use is written twice); 'shared' "
+        "writes one <package>_weight_combined for all models, each payload once. Split "
+        "layouts always share their group files between models, so 'per-model' is refused "
+        "there.",
+    )
+
+    def record(self) -> dict[str, Any]:
+        """The settings a package records (summary, fingerprint).
+
+        Keys added after package format 1 appear only when set away from their default, so
+        a package that does not use them keeps its format-1 bytes and fingerprint.
+        """
+        out = self.model_dump(mode="json")
+        for name in LAYOUT_KEYS_SINCE:
+            if out[name] == type(self).model_fields[name].default:
+                del out[name]
+        return out
 
     @field_validator("alignment")
     @classmethod
@@ -223,6 +247,14 @@ class LoadedRecipe:
     recipe: Recipe
     path: Path
     base_dir: Path
+    selected: frozenset[str] | None = None  # build --model: the models to package
+
+    def models(self) -> list[ModelEntry]:
+        """The models to package, in recipe order: all, or those ``build --model`` chose.
+
+        Everything else (devices, the scenarios they may name) stays the whole recipe's.
+        """
+        return [m for m in self.recipe.models if self.selected is None or m.name in self.selected]
 
     def resolve(self, p: str) -> Path:
         """Absolute path for ``p``, relative ones taken from the recipe's folder.
@@ -330,12 +362,25 @@ def _check_references(recipe: Recipe, filename: str,
         if layout.split == "scenario" and layout.external_weight == "embedded":
             fail(f"layout '{layout.name}' splits weights by scenario but keeps them embedded",
                  ("layouts", i, "split"))
+        if "combined" in layout.model_fields_set:
+            _check_combined(layout, ("layouts", i, "combined"), fail)
         if known and layout.constants == "file-constant":
             # Scenario records name nodes and initializers of the base graph by position;
             # FileConstant nodes change that graph, so the records could not be replayed.
             fail(f"layout '{layout.name}' uses constants: file-constant, which changes the "
                  "graph that scenario records refer to; use external-data for models with "
                  "scenarios", ("layouts", i, "constants"))
+
+
+def _check_combined(layout: Layout, loc: Loc, fail: Callable[[str, Loc], None]) -> None:
+    """``combined`` chooses between files per model and one file for all models, which
+    only combined layouts have; split layouts' group files are shared by construction."""
+    if layout.external_weight != "combined":
+        fail(f"layout '{layout.name}' sets combined, which applies only to "
+             f"external_weight: combined (not {layout.external_weight})", loc)
+    if layout.split == "scenario" and layout.combined == "per-model":
+        fail(f"layout '{layout.name}' splits weights by scenario into group files that all "
+             "models share; combined: per-model cannot apply (omit it or use shared)", loc)
 
 
 def _line(node: yaml.Node) -> int:

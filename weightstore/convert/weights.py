@@ -8,6 +8,7 @@ selected tensors point at placements and all others are inline exactly as they w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +86,14 @@ class ModelWeights:
 
     def close(self) -> None:
         self.catalogue.close()
+
+    def park(self) -> None:
+        """Close the model file, keep everything catalogued (see :meth:`opened`)."""
+        self.catalogue.park()
+
+    def opened(self) -> contextlib.AbstractContextManager[Catalogue]:
+        """The model file open for a block, if parked; payloads are read only inside."""
+        return self.catalogue.opened()
 
     def __enter__(self) -> ModelWeights:
         return self

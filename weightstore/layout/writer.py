@@ -20,12 +20,23 @@ from ..fsio import WRITE_ERRNOS, atomic_writer, copy_range, write_all
 from ..hashing import digest_fd, split_key
 from .plan import LayoutPlan, PlannedFile, PlannedPayload
 
-OPEN_FILES = 64
+OPEN_FILES = 64  # weight files written at once, at most
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-
 REPAIR_HINT = "run `weightstore store verify --repair`"
+
+
+def files_per_batch() -> int:
+    """How many weight files a batch holds open: :data:`OPEN_FILES`, or a quarter of the
+    process's open-file limit when that is lower (a build under ``ulimit -n 64`` leaves
+    the rest to payload sources, the store, its locks and the interpreter)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return OPEN_FILES
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return OPEN_FILES
+    return max(1, min(OPEN_FILES, soft // 4))
 
 
 @dataclass(frozen=True)
@@ -50,9 +61,10 @@ def write_plan(plan: LayoutPlan, folder: Path, locate: PayloadLocator, *, jobs: 
     """
     for parent in sorted({(folder / f.name).parent for f in plan.files}):
         parent.mkdir(parents=True, exist_ok=True)  # split separate layouts: group folders
+    batch = files_per_batch()
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        for i in range(0, len(plan.files), OPEN_FILES):
-            _write_batch(plan.files[i:i + OPEN_FILES], folder, locate, pool, progress)
+        for i in range(0, len(plan.files), batch):
+            _write_batch(plan.files[i:i + batch], folder, locate, pool, progress)
 
 
 def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLocator,
