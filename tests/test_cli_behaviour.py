@@ -102,3 +102,25 @@ def test_store_commands_find_the_recipes_store(encoder_model, save_model, tmp_pa
     assert json.loads(capsys.readouterr().out)["objects"] > 0
     assert main(["store", "verify", "--recipe", str(recipe)]) == 0
     assert Path(tmp_path / "my-store").is_dir()
+
+
+def test_refusing_a_different_build_names_what_changed(encoder_model, shared_pair,
+                                                        save_model, tmp_path):
+    import pytest
+
+    from weightstore.build import BuildOptions, build
+    from weightstore.errors import PackageError
+
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n")
+    build(recipe, BuildOptions(store=str(tmp_path / "s")))
+    recipe.write_text(recipe.read_text().replace("external_weight: combined}",
+                                                 "external_weight: combined, "
+                                                 "size_threshold: 4096}"))
+    with pytest.raises(PackageError, match="different build") as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "s")))
+    assert err.value.context["changed"] == "layout size_threshold"
+    onnx.save(shared_pair[1], str(src))
+    with pytest.raises(PackageError) as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "s")))
+    assert err.value.context["changed"] == "source of model 'm', layout size_threshold"

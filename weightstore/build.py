@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
@@ -204,7 +205,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         for layout, target, existing in pending:
             fp = _fingerprint(loaded, layout, identities)
             if existing is not None and not options.force:
-                _refuse(target, existing, fp)
+                _refuse(target, existing, fp, layout, identities)
             for s in sources:
                 size = packaging.estimated_model_bytes(s, layout)
                 if size > PROTOBUF_LIMIT:
@@ -248,7 +249,7 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                         PackageResult(layout.name, target, "up-to-date", existing))
                     todo.pop(0)
                     continue
-                _refuse(target, existing, fp)
+                _refuse(target, existing, fp, layout, [s.identity for s in sources])
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress)
         result.packages.append(PackageResult(layout.name, target, "built", summary))
@@ -277,11 +278,43 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
             "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
 
 
-def _refuse(target: Path, existing: dict[str, Any], fingerprint: str) -> None:
-    what = ("a different build" if existing.get("fingerprint") != fingerprint
-            else "a damaged package")
+def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
+            layout: Layout | None = None, identities: list[dict[str, Any]] | None = None,
+            ) -> None:
+    different = existing.get("fingerprint") != fingerprint
+    what = "a different build" if different else "a damaged package"
+    changed = (_what_changed(existing, layout, identities)
+               if different and layout is not None and identities is not None else None)
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",
-                       folder=str(target))
+                       folder=str(target), changed=changed)
+
+
+def _what_changed(existing: dict[str, Any], layout: Layout,
+                  identities: list[dict[str, Any]]) -> str:
+    """Which sources or settings differ from the build in the folder, in words."""
+    out: list[str] = []
+    try:
+        before = {m["name"]: m for m in existing.get("models", [])}
+        now = {i["name"]: i for i in identities}
+        out += [f"model '{n}' added" for n in now if n not in before]
+        out += [f"model '{n}' removed" for n in before if n not in now]
+        for name, ident in now.items():
+            old = before.get(name)
+            if old is None:
+                continue
+            if old.get("source_digest") != ident["source_digest"]:
+                out.append(f"source of model '{name}'")
+            if old.get("external_sources", {}) != ident["external"]:
+                out.append(f"external data of model '{name}'")
+        settings = layout.model_dump(mode="json")
+        old_settings = existing.get("layout", {})
+        out += [f"layout {k}" for k in sorted(settings)
+                if k in old_settings and old_settings[k] != settings[k]]
+        if existing.get("generator") != f"weightstore {__version__}":
+            out.append(f"generator ({existing.get('generator')})")
+    except (AttributeError, TypeError, KeyError):
+        pass
+    return ", ".join(out) or "scenarios, devices or package settings"
 
 
 __all__ = ["BuildOptions", "BuildResult", "PackageResult", "build"]
