@@ -124,3 +124,30 @@ def test_refusing_a_different_build_names_what_changed(encoder_model, shared_pai
     with pytest.raises(PackageError) as err:
         build(recipe, BuildOptions(store=str(tmp_path / "s")))
     assert err.value.context["changed"] == "source of model 'm', layout size_threshold"
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(encoder_model, save_model, tmp_path,
+                                                     capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}"
+                          "\n  - {name: e, external_weight: embedded}\n")
+    store = tmp_path / "s"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["build", str(recipe), "--store", str(store), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no store, no output
+    assert "build c:" in out and "build e:" in out
+    assert "would write" in out and "reuse 0 (0.0 MB)" in out
+    assert main(["build", str(recipe), "--store", str(store), "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    stored = built["store_report"]["written_bytes"]
+    (tmp_path / "out/pkg/1.0.0/c/summary.json").unlink()  # c must be rebuilt, e is up to date
+    import shutil
+
+    shutil.rmtree(tmp_path / "out/pkg/1.0.0/c")
+    assert main(["build", str(recipe), "--store", str(store), "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["status"] for p in plan["packages"]] == ["would-build", "up-to-date"]
+    assert plan["store_report"]["written_bytes"] == 0
+    assert plan["store_report"]["reused_bytes"] == stored
+    assert not (tmp_path / "out/pkg/1.0.0/c").exists()

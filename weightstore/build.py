@@ -46,13 +46,14 @@ class BuildOptions:
     progress: bool | None = None  # None: only on an interactive terminal
     models: tuple[str, ...] = ()  # --model: package only these (all when empty)
     layouts: tuple[str, ...] = ()  # --layout: build only these (all when empty)
+    dry_run: bool = False  # report what would be built, written and reused; write nothing
 
 
 @dataclass
 class PackageResult:
     layout: str
     path: Path
-    status: str  # "built" | "up-to-date"
+    status: str  # "built" | "up-to-date" | "would-build" (dry run)
     summary: dict[str, Any]
 
 
@@ -93,7 +94,8 @@ def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = No
             pending.append((layout, target, existing))
     if pending:
         _build_pending(loaded, pending, store_root, digests, options, result)
-    digests.save()
+    if not options.dry_run:
+        digests.save()
     order = {layout.name: i for i, layout in enumerate(recipe.layouts)}
     result.packages.sort(key=lambda p: order[p.layout])
     return result
@@ -214,6 +216,13 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                                        model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
         store = WeightStore(store_root)
+        if options.dry_run:
+            result.store_report = packaging.plan_store(
+                store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
+                options.jobs, options.progress)
+            result.packages += [PackageResult(layout.name, target, "would-build", {})
+                                for layout, target, _ in todo]
+            return
         try:
             _fill_and_write(loaded, todo, sources, store, options, result)
         except StaleKeyError:

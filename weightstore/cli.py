@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true",
                    help="rebuild and replace package folders, even up-to-date or different ones")
     b.add_argument("--json", action="store_true", help="print the build summaries as JSON")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print the plan (layouts to build or skip, bytes to write and to "
+                        "reuse) and write nothing")
     b.add_argument("--model", action="append", default=[], metavar="NAME",
                    help="package only this model (repeatable; default: every model)")
     b.add_argument("--layout", action="append", default=[], metavar="NAME",
@@ -155,9 +158,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
     result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
                                              force=args.force, models=tuple(args.model),
                                              layouts=tuple(args.layout),
-                                             progress=False if args.quiet else None))
+                                             progress=False if args.quiet else None,
+                                             dry_run=args.dry_run))
     if args.json:
         _print_json(result.to_dict())
+        return EXIT_OK
+    if args.dry_run:
+        from .build_plan import render_plan
+
+        print(render_plan(result))
         return EXIT_OK
     r = result.store_report
     if r:
