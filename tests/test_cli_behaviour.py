@@ -151,3 +151,21 @@ def test_dry_run_prints_the_plan_and_writes_nothing(encoder_model, save_model, t
     assert plan["store_report"]["written_bytes"] == 0
     assert plan["store_report"]["reused_bytes"] == stored
     assert not (tmp_path / "out/pkg/1.0.0/c").exists()
+
+
+def test_progress_shows_rate_and_eta_on_a_terminal_only():
+    import io
+
+    from weightstore.progress import Progress
+
+    shown = io.StringIO()
+    with Progress("hashing", 50_000_000, enabled=True, stream=shown) as bar:
+        for _ in range(5):
+            bar.advance(10_000_000)
+    text = shown.getvalue()
+    assert "hashing" in text and "B/s" in text and "100%" in text
+    assert "<" in text  # elapsed<remaining: the ETA
+    hidden = io.StringIO()  # not a terminal, nothing said: silence
+    with Progress("hashing", 10, stream=hidden) as bar:
+        bar.advance(10)
+    assert hidden.getvalue() == ""

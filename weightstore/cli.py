@@ -252,7 +252,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         form = "file-constant" if args.direction == "to-file-constant" else "external-data"
         report = convert_to_external(args.input, args.output, form=form,
                                      threshold=args.threshold, algo=args.hash,
-                                     alignment=args.alignment)
+                                     alignment=args.alignment,
+                                     progress=False if args.quiet else None)
     if args.json:
         _print_json(report.to_dict())
     else:
