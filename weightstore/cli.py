@@ -138,6 +138,10 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 
+    from .resolve.commands import register as register_resolve
+
+    register_resolve(sub)
+
     sc = sub.add_parser("schema", help="print the recipe JSON Schema")
     sc.add_argument("--output", help="write it to this file instead (the project's copy is "
                                      "schemas/recipe.schema.json)")
@@ -317,9 +321,17 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_resolve(args: argparse.Namespace) -> int:
+    from .resolve import commands
+
+    return {"resolve": commands.resolve_command, "run": commands.run_command,
+            "prepare": commands.prepare_command}[args.command](args)
+
+
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
-            "bundle": _cmd_bundle, "schema": _cmd_schema}
+            "bundle": _cmd_bundle, "schema": _cmd_schema, "resolve": _cmd_resolve,
+            "run": _cmd_resolve, "prepare": _cmd_resolve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
