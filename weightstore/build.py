@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from .catalogue.locations import resolve_location
-from .errors import ExternalDataError, PackageError, RecipeError, StoreError
+from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
 from .store.location import resolve_store_path
+from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from .summary import SUMMARY_NAME
 
 
@@ -64,10 +65,12 @@ class BuildResult:
         }
 
 
-def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = None,
-          ) -> BuildResult:
+def build(recipe_path: str | os.PathLike[str] | LoadedRecipe,
+          options: BuildOptions | None = None) -> BuildResult:
+    """Build every layout of a recipe (a file, or one already loaded)."""
     options = options or BuildOptions()
-    loaded = load_recipe(recipe_path)
+    loaded = (recipe_path if isinstance(recipe_path, LoadedRecipe)
+              else load_recipe(recipe_path))
     recipe = loaded.recipe
     store_root = resolve_store_path(options.store, loaded.store_path())
     if store_root.exists() and not store_root.is_dir():
@@ -148,17 +151,19 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
         return False
     if _fingerprint(loaded, layout, identities) != summary.get("fingerprint"):
         return False
-    return _intact(target, summary)
+    return _intact(target, summary, digests)
 
 
-def _intact(target: Path, summary: dict[str, Any]) -> bool:
+def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool:
+    """Every file the summary lists is there with its digest (through the stat cache: a
+    file rewritten since it was last hashed is hashed again, so a change is never missed)."""
+    from .release.inventory import verify_package
+
+    if summary.get("format_version") != SUMMARY_FORMAT_VERSION:
+        return False
     try:
-        expected = [(m["file"], m["model_bytes"]) for m in summary["models"]]
-        expected += [(f["name"], f["size"]) for f in summary["files"]]
-        devices = [name for d in summary.get("devices", []) for name in d["files"]]
-        return (all((target / name).stat().st_size == size for name, size in expected)
-                and all((target / name).is_file() for name in devices))
-    except (OSError, KeyError, TypeError):
+        return verify_package(target, digest=lambda algo, path: digests.of(path, algo)).ok
+    except (OSError, WeightstoreError):
         return False
 
 
@@ -201,11 +206,11 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
             options.jobs, options.progress)
         for layout, target, fp in todo:
-            with target_lock(target):
+            with target_lock(target, store_root):
                 # another build may have published here since the first look
                 existing = _existing_summary(target, options.force)
                 if existing is not None and not options.force:
-                    if existing.get("fingerprint") == fp and _intact(target, existing):
+                    if existing.get("fingerprint") == fp and _intact(target, existing, digests):
                         result.packages.append(
                             PackageResult(layout.name, target, "up-to-date", existing))
                         continue
@@ -235,6 +240,9 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
 
 
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str) -> None:
+    if (existing.get("fingerprint") == fingerprint
+            and existing.get("format_version") != SUMMARY_FORMAT_VERSION):
+        return  # the same build in an older summary format: rewritten, nothing is lost
     what = ("a different build" if existing.get("fingerprint") != fingerprint
             else "a damaged package")
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",

@@ -111,6 +111,10 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 
+    from .release.commands import add_parsers as add_release_parsers
+
+    add_release_parsers(sub, _jobs)
+
     sc = sub.add_parser("schema", help="write the recipe JSON Schema")
     sc.add_argument("--output", default="schemas/recipe.schema.json")
     return p
@@ -276,9 +280,11 @@ COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .release.commands import COMMANDS as RELEASE_COMMANDS
+
     args = _parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return {**COMMANDS, **RELEASE_COMMANDS}[args.command](args)
     except WeightstoreError as exc:
         print(f"weightstore: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

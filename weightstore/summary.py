@@ -16,7 +16,7 @@ from .layout.plan import LayoutPlan
 from .recipe import Layout
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ``contents`` lists every file with its size and digest
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,10 @@ class ModelSummary:
 
 def package_summary(*, package: str, version: str, layout: Layout, hash_algo: str,
                     fingerprint: str, models: Sequence[ModelSummary],
-                    plan: LayoutPlan, devices: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                    plan: LayoutPlan, devices: Sequence[dict[str, Any]] = (),
+                    contents: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """``contents``: every file of the package but the summary itself, from
+    :func:`weightstore.release.inventory.package_contents`."""
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
@@ -86,6 +89,7 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
         "files": [{"name": f.name, "size": f.size, "payloads": len(f.payloads),
                    "padding": f.padding} for f in plan.files],
         "devices": list(devices),
+        "contents": list(contents),
         "totals": {
             "models": len(models),
             "external_weights": sum(len(m.external) for m in models),

@@ -1,0 +1,246 @@
+"""``weightstore release``: packages -> archives, ``SHA256SUMS`` and ``release.json``.
+
+Release folder (default ``<recipe output>/releases/<package>-<version>/``, or
+``releases/<package>-<version>/`` in the current folder for package folders)::
+
+    <package>-<version>-<layout>.tar.zst    one per layout, see :mod:`.archive`
+    SHA256SUMS                              ``sha256sum -c SHA256SUMS`` checks them
+    release.json                            in-toto Statement, SLSA provenance v1
+
+Every file is written to a temp file, fsynced and renamed. ``--check`` rebuilds everything
+from the recipe in a temporary folder with a fresh store and compares byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..errors import PackageError
+from ..fsio import atomic_writer
+from ..hashing import digest_file
+from ..summary import SUMMARY_NAME
+from .archive import plan_archive, source_date_epoch, write_archive
+from .compression import Compression
+from .inventory import check_summary
+from .provenance import (
+    PROVENANCE_NAME,
+    SUMS_NAME,
+    ArchiveRecord,
+    render_statement,
+    render_sums,
+    statement,
+    tool_versions,
+)
+
+RELEASES_DIR = "releases"
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    output: str | None = None
+    store: str | None = None  # for recipes: the build's store
+    jobs: int = min(8, os.cpu_count() or 4)  # zstd workers (the bytes do not depend on it)
+    compression: Compression = field(default_factory=Compression)
+    epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else a fixed epoch
+
+
+@dataclass
+class ReleaseResult:
+    output: Path
+    archives: list[ArchiveRecord]
+    built: list[str] = field(default_factory=list)  # layouts the build had to (re)build
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output": str(self.output), "built": self.built,
+                "archives": [dataclasses.asdict(a) for a in self.archives],
+                "files": [a.file_name for a in self.archives] + [SUMS_NAME, PROVENANCE_NAME]}
+
+
+@dataclass(frozen=True)
+class _Package:
+    folder: Path
+    summary_bytes: bytes
+    summary: dict[str, Any]
+
+
+def release(target: str | os.PathLike[str], options: ReleaseOptions | None = None,
+            ) -> ReleaseResult:
+    """Release a recipe (built first; up-to-date packages are reused) or package folders
+    (one layout's folder, or a version folder holding several)."""
+    options = options or ReleaseOptions()
+    path = Path(target)
+    if path.is_file():
+        from ..recipe import load_recipe
+
+        return _release_recipe(load_recipe(path), options)
+    packages = [_read_package(p) for p in _package_folders(path)]
+    first = packages[0].summary
+    output = Path(options.output or Path(RELEASES_DIR) / f"{first['package']}-"
+                                                        f"{first['version']}")
+    return _write_release(packages, output, options, recipe=None)
+
+
+def _release_recipe(loaded: Any, options: ReleaseOptions) -> ReleaseResult:
+    from ..build import BuildOptions, build
+
+    result = build(loaded, BuildOptions(store=options.store, jobs=options.jobs))
+    recipe = loaded.recipe
+    output = Path(options.output or loaded.output_dir() / RELEASES_DIR
+                  / f"{recipe.package}-{recipe.version}")
+    packages = [_read_package(p.path) for p in result.packages]
+    recipe_id = (loaded.path.name, hashlib.sha256(loaded.path.read_bytes()).hexdigest())
+    out = _write_release(packages, output, options, recipe=recipe_id)
+    out.built = [p.layout for p in result.packages if p.status == "built"]
+    return out
+
+
+def _package_folders(path: Path) -> list[Path]:
+    if (path / SUMMARY_NAME).is_file():
+        return [path]
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if (p / SUMMARY_NAME).is_file())
+        if found:
+            return found
+    if not path.exists():
+        raise PackageError("no such recipe or package folder", path=str(path))
+    raise PackageError("not a recipe, a package folder, or a folder of package layouts",
+                       path=str(path))
+
+
+def _read_package(folder: Path) -> _Package:
+    import json
+
+    path = folder / SUMMARY_NAME
+    try:
+        data = path.read_bytes()
+        summary = json.loads(data)
+    except (OSError, ValueError) as exc:
+        raise PackageError(f"cannot read the package summary: {exc}", file=str(path)) from None
+    check_summary(summary, str(path))
+    return _Package(folder, data, summary)
+
+
+def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseOptions,
+                   recipe: tuple[str, str] | None) -> ReleaseResult:
+    identity = {(p.summary["package"], p.summary["version"]) for p in packages}
+    if len(identity) != 1:
+        raise PackageError("a release holds one package version; these folders hold "
+                           f"{len(identity)}", folders=", ".join(str(p.folder) for p in packages))
+    epoch = source_date_epoch() if options.epoch is None else options.epoch
+    output.mkdir(parents=True, exist_ok=True)
+    records = []
+    for p in packages:
+        plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
+        with atomic_writer(output / plan.file_name) as f:
+            sink = _Sha256Writer(f)
+            write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
+                          options.jobs)
+        records.append(ArchiveRecord(plan.file_name, p.summary["layout"]["name"],
+                                     sink.hexdigest(), sink.size, p.summary["fingerprint"]))
+    package, version = identity.pop()
+    doc = statement(package=package, version=version, archives=records,
+                    summaries=[p.summary for p in packages], epoch=epoch,
+                    compression=options.compression.to_dict(), recipe=recipe,
+                    versions=tool_versions())
+    with atomic_writer(output / SUMS_NAME) as f:
+        f.write(render_sums(records))
+    with atomic_writer(output / PROVENANCE_NAME) as f:
+        f.write(render_statement(doc))
+    return ReleaseResult(output, records)
+
+
+class _Sha256Writer:
+    """Hashes the compressed bytes on their way to the file: no second read."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._h = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)
+        self.size += len(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+@dataclass
+class CheckResult:
+    output: Path
+    compared: list[str]
+    difference: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.difference is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output": str(self.output), "compared": self.compared, "ok": self.ok,
+                "difference": self.difference}
+
+
+def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions | None = None,
+                  ) -> CheckResult:
+    """Rebuild the release from scratch (temp folder, fresh store) and compare it byte for
+    byte with the one in the output folder, as ``nix build --check`` does."""
+    from ..recipe import load_recipe
+
+    options = options or ReleaseOptions()
+    path = Path(recipe_path)
+    if not path.is_file():
+        raise PackageError("release --check needs the recipe: it rebuilds from the sources",
+                           path=str(path))
+    loaded = load_recipe(path)
+    recipe = loaded.recipe
+    existing = Path(options.output or loaded.output_dir() / RELEASES_DIR
+                    / f"{recipe.package}-{recipe.version}")
+    if not (existing / SUMS_NAME).is_file():
+        raise PackageError("no release to check; run weightstore release first",
+                           folder=str(existing))
+    with tempfile.TemporaryDirectory(prefix="weightstore-check-") as tmp:
+        fresh = dataclasses.replace(loaded, recipe=recipe.model_copy(
+            update={"output": str(Path(tmp) / "out")}))
+        rebuilt = _release_recipe(fresh, dataclasses.replace(
+            options, store=str(Path(tmp) / "store"), output=str(Path(tmp) / "release")))
+        names = [a.file_name for a in sorted(rebuilt.archives, key=lambda a: a.file_name)]
+        names += [SUMS_NAME, PROVENANCE_NAME]
+        for name in names:
+            difference = _first_difference(existing / name, rebuilt.output / name)
+            if difference is not None:
+                return CheckResult(existing, names, f"{name}: {difference}")
+    return CheckResult(existing, names)
+
+
+def _first_difference(published: Path, rebuilt: Path) -> str | None:
+    if not published.is_file():
+        return "missing from the published release"
+    if published.stat().st_size == rebuilt.stat().st_size and (
+            digest_file("blake3", published) == digest_file("blake3", rebuilt)):
+        return None
+    if published.name.endswith(".tar.zst"):
+        from .diff import first_member_difference
+
+        return first_member_difference(published, rebuilt)
+    with open(published, "rb") as a, open(rebuilt, "rb") as b:
+        offset = 0
+        while True:
+            x, y = a.read(1 << 16), b.read(1 << 16)
+            if x != y:
+                same = (p == q for p, q in zip(x, y, strict=False))
+                i = next((k for k, eq in enumerate(same) if not eq), min(len(x), len(y)))
+                return f"bytes differ from offset {offset + i}"
+            if not x:
+                return None
+            offset += len(x)
