@@ -29,8 +29,8 @@ def test_summary_lists_every_file_with_size_and_digest(package):
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["format_version"] == 2
         on_disk = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                         if p.is_file() and p.name != "summary.json" or p.parent != folder
-                         and p.is_file())
+                         if (p.is_file() and p.name != "summary.json") or (p.parent != folder
+                         and p.is_file()))
         listed = [c["path"] for c in summary["contents"]]
         assert listed == on_disk and "devices/cpu/bundle.json" in listed
         for c in summary["contents"]:

@@ -146,21 +146,23 @@ def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Bi
     compressor = zstandard.ZstdCompressor(compression_params=compression.parameters(workers))
     buffer = bytearray(CHUNK)
     written = 0
-    with compressor.stream_writer(out, size=plan.tar_size, closefd=False,
-                                  write_size=CHUNK) as z:
-        for header, entry in zip(plan.headers(), plan.entries, strict=True):
-            z.write(header)
-            written += len(header)
-            if entry.is_dir:
-                continue
-            if entry.source == SUMMARY_NAME:
-                z.write(summary_bytes)
-            else:
-                _copy_file(folder / str(entry.source), entry, z, buffer, progress)
-            pad = _padded(entry.size) - entry.size
-            z.write(bytes(pad))
-            written += entry.size + pad
-        z.write(bytes(plan.tar_size - written))  # closing the writer ends the frame
+    # not a ``with``: closing a writer short of its announced size would raise over the
+    # real error; on failure the output is discarded anyway
+    z = compressor.stream_writer(out, size=plan.tar_size, closefd=False, write_size=CHUNK)
+    for header, entry in zip(plan.headers(), plan.entries, strict=True):
+        z.write(header)
+        written += len(header)
+        if entry.is_dir:
+            continue
+        if entry.source == SUMMARY_NAME:
+            z.write(summary_bytes)
+        else:
+            _copy_file(folder / str(entry.source), entry, z, buffer, progress)
+        pad = _padded(entry.size) - entry.size
+        z.write(bytes(pad))
+        written += entry.size + pad
+    z.write(bytes(plan.tar_size - written))
+    z.close()  # ends the frame
 
 
 def _copy_file(path: Path, entry: ArchiveEntry, z: Any, buffer: bytearray,

@@ -133,6 +133,8 @@ def _kind(member: tarfile.TarInfo) -> str:
         return "symlink"
     if member.islnk():
         return "hard link"
+    if member.isfifo():
+        return "fifo"
     if member.isdev():
         return "device"
     if member.issparse():
