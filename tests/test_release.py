@@ -260,3 +260,21 @@ def test_plan_is_pure_and_orders_folders_first():
     headers = 7 * 512
     data = 512 + 1024 + 512 + 512
     assert plan.tar_size == (headers + data + 1024 + 10239) // 10240 * 10240
+
+
+def test_check_uses_the_published_epoch_and_compression(encoder_model, tmp_path, monkeypatch):
+    recipe = make_checkout(tmp_path, encoder_model)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1234567890")
+    release(recipe, ReleaseOptions(jobs=2, compression=Compression(1, long_distance=True)))
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert check_release(recipe, ReleaseOptions(jobs=1)).ok
+
+
+def test_unlisted_files_do_not_make_a_package_stale(released):
+    recipe, _ = released
+    from weightstore.build import BuildOptions, build
+
+    (recipe.parent / "out/pkg/1.0.0/combined/NOTES.txt").write_text("mine")
+    again = build(recipe, BuildOptions(jobs=1))
+    assert [p.status for p in again.packages] == ["up-to-date", "up-to-date"]
+    assert (recipe.parent / "out/pkg/1.0.0/combined/NOTES.txt").read_text() == "mine"

@@ -162,9 +162,11 @@ def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool
     if summary.get("format_version") != SUMMARY_FORMAT_VERSION:
         return False
     try:
-        return verify_package(target, digest=lambda algo, path: digests.of(path, algo)).ok
+        report = verify_package(target, digest=lambda algo, path: digests.of(path, algo))
     except (OSError, WeightstoreError):
         return False
+    # files the summary does not list are not part of the package (verify reports them)
+    return all(p.kind == "unexpected" for p in report.problems)
 
 
 def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict | None]],

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .layout.plan import LayoutPlan
-from .recipe import Layout
+
+if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
+    from .layout.plan import LayoutPlan
+    from .recipe import Layout
 
 SUMMARY_NAME = "summary.json"
 FORMAT_VERSION = 2  # 2: ``contents`` lists every file with its size and digest

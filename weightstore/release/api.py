@@ -209,6 +209,7 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
     if not (existing / SUMS_NAME).is_file():
         raise PackageError("no release to check; run weightstore release first",
                            folder=str(existing))
+    options = _published_settings(existing, options)
     with tempfile.TemporaryDirectory(prefix="weightstore-check-") as tmp:
         fresh = dataclasses.replace(loaded, recipe=recipe.model_copy(
             update={"output": str(Path(tmp) / "out")}))
@@ -221,6 +222,23 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
             if difference is not None:
                 return CheckResult(existing, names, f"{name}: {difference}")
     return CheckResult(existing, names)
+
+
+def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions:
+    """The epoch and compression the published release was made with (from its
+    release.json), so that the check asks whether the sources give these bytes."""
+    import json
+
+    try:
+        params = json.loads((folder / PROVENANCE_NAME).read_bytes())[
+            "predicate"]["buildDefinition"]["externalParameters"]
+        compression = Compression(int(params["compression"]["level"]),
+                                  bool(params["compression"]["long_distance"]))
+        epoch = int(params["source_date_epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return options  # unreadable: the comparison will name release.json
+    return dataclasses.replace(options, compression=compression,
+                               epoch=options.epoch if options.epoch is not None else epoch)
 
 
 def _first_difference(published: Path, rebuilt: Path) -> str | None:

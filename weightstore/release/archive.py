@@ -168,7 +168,7 @@ def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Bi
 def _copy_file(path: Path, entry: ArchiveEntry, z: Any, buffer: bytearray,
                progress: Callable[[int], None] | None) -> None:
     algo = str(entry.digest).partition(":")[0]
-    hasher = new_hasher(algo)
+    hasher = new_hasher(algo, threads=False)
     view = memoryview(buffer)
     remaining = entry.size
     with open(path, "rb", buffering=0) as f:

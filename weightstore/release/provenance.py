@@ -17,7 +17,6 @@ import json
 import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from .. import __version__
@@ -48,6 +47,8 @@ def render_sums(archives: Sequence[ArchiveRecord]) -> bytes:
 
 
 def tool_versions() -> dict[str, str]:
+    from importlib import metadata  # ~30 ms: only when a release is written
+
     out = {"weightstore": __version__, "python": platform.python_version()}
     for name in LIBRARIES:
         try:

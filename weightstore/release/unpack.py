@@ -145,7 +145,7 @@ def _kind(member: tarfile.TarInfo) -> str:
 def _write_verified(tf: tarfile.TarFile, member: tarfile.TarInfo, path: Path,
                     entry: dict[str, Any], archive: Path) -> None:
     algo = entry["digest"].partition(":")[0]
-    hasher = new_hasher(algo)
+    hasher = new_hasher(algo, threads=False)
     source = tf.extractfile(member)
     assert source is not None  # a regular file
 
