@@ -4,13 +4,14 @@ Usage: ``python bench/compression.py [--corpus DIR] [--synthetic-mb 64] [--runs 
 
 Data sets (weight bytes only, concatenated in model order):
 
-* ``real fp32``: every float tensor of each ``*.onnx`` model in ``--corpus`` (default: the
-  ``shared/corpus`` folder beside the checkout; skipped when absent);
+* ``real fp32``: every distinct float tensor of the ``*.onnx`` models in ``--corpus``
+  (default: the ``shared/corpus`` folder beside the checkout; skipped when absent), each
+  once, as a package stores it;
 * ``real fp16``: the same values cast to float16;
 * ``real int8``: the same values quantized per tensor (symmetric, scale = max|x| / 127);
 * ``synthetic fp32/fp16/int8``: ``--synthetic-mb`` MB of normal(0, 0.02) values, the
   distribution of freshly initialized weights (less regular than trained ones), in the
-  three types.
+  three types (``--synthetic-mb 0``: none).
 
 For levels 1, 3, 9 and 19, long-distance matching off and on (128 MiB window), the
 compression runs as ``weightstore release`` runs it (multi-threaded, one worker per CPU,
@@ -43,6 +44,7 @@ def real_weights(corpus: Path) -> bytes:
     from onnx import numpy_helper
 
     parts: list[bytes] = []
+    seen: set[bytes] = set()  # a package stores each payload once: so does this data set
 
     def walk(graph: onnx.GraphProto) -> None:
         tensors = list(graph.initializer)
@@ -54,7 +56,10 @@ def real_weights(corpus: Path) -> bytes:
                     tensors.append(a.t)
         for t in tensors:
             if t.data_type == onnx.TensorProto.FLOAT:
-                parts.append(numpy_helper.to_array(t).astype(np.float32).tobytes())
+                data = numpy_helper.to_array(t).astype(np.float32).tobytes()
+                if data not in seen:
+                    seen.add(data)
+                    parts.append(data)
 
     for path in sorted(corpus.glob("*.onnx")):
         walk(onnx.load(str(path)).graph)
@@ -116,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         sets.update({f"real {k}": v for k, v in as_types(real_weights(args.corpus)).items()})
     else:
         print(f"note: no models in {args.corpus}; real weights skipped", file=sys.stderr)
-    sets.update({f"synthetic {k}": v for k, v in as_types(synthetic(args.synthetic_mb)).items()})
+    if args.synthetic_mb > 0:
+        sets.update({f"synthetic {k}": v
+                     for k, v in as_types(synthetic(args.synthetic_mb)).items()})
     rows = []
     for name, data in sets.items():
         for level in LEVELS:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import queue
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ from .provenance import (
 )
 
 RELEASES_DIR = "releases"
+QUEUED_CHUNKS = 8  # compressed chunks (4 MiB each) waiting for the writer thread
 
 
 @dataclass(frozen=True)
@@ -140,10 +143,13 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
         plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
         with atomic_writer(output / plan.file_name) as f:
             sink = _Sha256Writer(f)
-            write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
-                          options.jobs)
+            try:
+                write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
+                              options.jobs)
+            finally:
+                sha256 = sink.close()
         records.append(ArchiveRecord(plan.file_name, p.summary["layout"]["name"],
-                                     sink.hexdigest(), sink.size, p.summary["fingerprint"]))
+                                     sha256, sink.size, p.summary["fingerprint"]))
     package, version = identity.pop()
     doc = statement(package=package, version=version, archives=records,
                     summaries=[p.summary for p in packages], epoch=epoch,
@@ -157,22 +163,48 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
 
 
 class _Sha256Writer:
-    """Hashes the compressed bytes on their way to the file: no second read."""
+    """Hashes the compressed bytes and writes them to the file on a thread of its own.
+
+    The compressor hands its output to :meth:`write` on the feeding thread; doing the
+    sha256 and the file write there would leave zstd's workers without input meanwhile.
+    The queue holds at most :data:`QUEUED_CHUNKS` chunks, so memory stays bounded.
+    """
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
         self._h = hashlib.sha256()
+        self._queue: queue.Queue[bytes | None] = queue.Queue(QUEUED_CHUNKS)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="release-writer",
+                                        daemon=True)
+        self._thread.start()
         self.size = 0
 
+    def _drain(self) -> None:
+        while (data := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._h.update(data)
+                    self._f.write(data)
+                except BaseException as exc:  # re-raised on the caller's thread
+                    self._error = exc
+
     def write(self, data: bytes) -> int:
-        self._h.update(data)
+        if self._error is not None:
+            raise self._error
+        self._queue.put(bytes(data))
         self.size += len(data)
-        return self._f.write(data)
+        return len(data)
 
     def flush(self) -> None:
-        self._f.flush()
+        pass  # the file is flushed and fsynced by its atomic writer after close()
 
-    def hexdigest(self) -> str:
+    def close(self) -> str:
+        """Wait for every queued chunk; the sha256 hex digest of all of them."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self._h.hexdigest()
 
 
