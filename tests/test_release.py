@@ -278,3 +278,32 @@ def test_unlisted_files_do_not_make_a_package_stale(released):
     again = build(recipe, BuildOptions(jobs=1))
     assert [p.status for p in again.packages] == ["up-to-date", "up-to-date"]
     assert (recipe.parent / "out/pkg/1.0.0/combined/NOTES.txt").read_text() == "mine"
+
+
+def test_version_folder_releases_every_layout_and_json_output(released, tmp_path, capsys):
+    recipe, result = released
+    version = recipe.parent / "out" / "pkg" / "1.0.0"
+    assert main(["release", str(version), "--output", str(tmp_path / "v"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(doc["files"]) == sorted([a.file_name for a in result.archives]
+                                          + ["SHA256SUMS", "release.json"])
+    # the same archives as from the recipe; release.json differs only by the recipe
+    assert (tmp_path / "v" / "SHA256SUMS").read_bytes() == (
+        result.output / "SHA256SUMS").read_bytes()
+    statement = json.loads((tmp_path / "v" / "release.json").read_text())
+    assert statement["predicate"]["buildDefinition"]["externalParameters"]["recipe"] is None
+
+
+def test_release_refuses_what_is_not_one_package_version(released, tmp_path):
+    recipe, _ = released
+    assert main(["release", str(tmp_path / "nothing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["release", str(tmp_path / "empty")]) == 2
+    mixed = tmp_path / "mixed"
+    shutil.copytree(recipe.parent / "out/pkg/1.0.0/combined", mixed / "a")
+    shutil.copytree(recipe.parent / "out/pkg/1.0.0/separate", mixed / "b")
+    summary = json.loads((mixed / "b" / "summary.json").read_text())
+    summary["version"] = "2.0.0"
+    (mixed / "b" / "summary.json").write_text(json.dumps(summary))
+    assert main(["release", str(mixed), "--output", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
