@@ -17,20 +17,21 @@ import dataclasses
 import hashlib
 import os
 import queue
+import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import PackageError
-from ..fsio import atomic_writer
+from ..fsio import atomic_writer, fsync_dir, make_temp_dir
 from ..hashing import digest_file
 from ..summary import SUMMARY_NAME
 from .archive import plan_archive, source_date_epoch, write_archive
 from .compression import Compression
-from .inventory import check_summary
+from .inventory import read_summary_bytes
 from .provenance import (
     PROVENANCE_NAME,
     SUMS_NAME,
@@ -40,6 +41,9 @@ from .provenance import (
     statement,
     tool_versions,
 )
+
+if TYPE_CHECKING:
+    from ..recipe import LoadedRecipe
 
 RELEASES_DIR = "releases"
 QUEUED_CHUNKS = 8  # compressed chunks (4 MiB each) waiting for the writer thread
@@ -90,7 +94,7 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
     return _write_release(packages, output, options, recipe=None)
 
 
-def _release_recipe(loaded: Any, options: ReleaseOptions) -> ReleaseResult:
+def _release_recipe(loaded: LoadedRecipe, options: ReleaseOptions) -> ReleaseResult:
     from ..build import BuildOptions, build
 
     result = build(loaded, BuildOptions(store=options.store, jobs=options.jobs))
@@ -118,15 +122,7 @@ def _package_folders(path: Path) -> list[Path]:
 
 
 def _read_package(folder: Path) -> _Package:
-    import json
-
-    path = folder / SUMMARY_NAME
-    try:
-        data = path.read_bytes()
-        summary = json.loads(data)
-    except (OSError, ValueError) as exc:
-        raise PackageError(f"cannot read the package summary: {exc}", file=str(path)) from None
-    check_summary(summary, str(path))
+    data, summary = read_summary_bytes(folder)
     return _Package(folder, data, summary)
 
 
@@ -138,28 +134,40 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
                            f"{len(identity)}", folders=", ".join(str(p.folder) for p in packages))
     epoch = source_date_epoch() if options.epoch is None else options.epoch
     output.mkdir(parents=True, exist_ok=True)
-    records = []
-    for p in packages:
-        plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
-        with atomic_writer(output / plan.file_name) as f:
-            sink = _Sha256Writer(f)
-            try:
-                write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
-                              options.jobs)
-            finally:
-                sha256 = sink.close()
-        records.append(ArchiveRecord(plan.file_name, p.summary["layout"]["name"],
-                                     sha256, sink.size, p.summary["fingerprint"]))
-    package, version = identity.pop()
-    doc = statement(package=package, version=version, archives=records,
-                    summaries=[p.summary for p in packages], epoch=epoch,
-                    compression=options.compression.to_dict(), recipe=recipe,
-                    versions=tool_versions())
-    with atomic_writer(output / SUMS_NAME) as f:
-        f.write(render_sums(records))
-    with atomic_writer(output / PROVENANCE_NAME) as f:
-        f.write(render_statement(doc))
+    # every file is made in a temp folder first: a failed release leaves the previous one
+    # whole, never new archives beside old checksums
+    tmp = make_temp_dir(output, ".release.")
+    try:
+        records = [_write_archive(p, tmp, epoch, options) for p in packages]
+        package, version = identity.pop()
+        doc = statement(package=package, version=version, archives=records,
+                        summaries=[p.summary for p in packages], epoch=epoch,
+                        compression=options.compression.to_dict(), recipe=recipe,
+                        versions=tool_versions())
+        with atomic_writer(tmp / SUMS_NAME) as f:
+            f.write(render_sums(records))
+        with atomic_writer(tmp / PROVENANCE_NAME) as f:
+            f.write(render_statement(doc))
+        for name in [*(r.file_name for r in records), SUMS_NAME, PROVENANCE_NAME]:
+            os.replace(tmp / name, output / name)
+        fsync_dir(output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return ReleaseResult(output, records)
+
+
+def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOptions,
+                   ) -> ArchiveRecord:
+    plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
+    with atomic_writer(folder / plan.file_name) as f:
+        sink = _Sha256Writer(f)
+        try:
+            write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
+                          options.jobs)
+        finally:
+            sha256 = sink.close()
+    return ArchiveRecord(plan.file_name, p.summary["layout"]["name"], sha256, sink.size,
+                         p.summary["fingerprint"])
 
 
 class _Sha256Writer:

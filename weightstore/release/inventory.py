@@ -58,15 +58,21 @@ def package_contents(folder: Path, algo: str, jobs: int = 1) -> list[dict[str, A
 
 def read_summary(folder: Path) -> dict[str, Any]:
     """The package's summary, which must list its contents (format_version 2 or later)."""
+    return read_summary_bytes(folder)[1]
+
+
+def read_summary_bytes(folder: Path) -> tuple[bytes, dict[str, Any]]:
+    """The summary's exact bytes (archives hold them as they are) and its content."""
     path = folder / SUMMARY_NAME
     try:
-        summary = json.loads(path.read_bytes())
+        data = path.read_bytes()
+        summary = json.loads(data)
     except FileNotFoundError:
         raise PackageError("not a package folder: no summary.json", folder=str(folder)) from None
     except (OSError, ValueError) as exc:
         raise PackageError(f"cannot read the package summary: {exc}", file=str(path)) from None
     check_summary(summary, str(path))
-    return summary
+    return data, summary
 
 
 def check_summary(summary: Any, where: str) -> None:
