@@ -155,6 +155,20 @@ def test_corrupt_and_truncated_archives(archive, tmp_path):
     assert main(["unpack", str(tmp_path / "missing.tar.zst"), str(tmp_path / "x")]) == 2
 
 
+def test_huge_extended_header_is_refused_before_it_is_read(tmp_path):
+    import zstandard
+
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type = tarfile.XHDTYPE
+    header.size = 1 << 30  # announced; never sent
+    raw = header.tobuf(format=tarfile.USTAR_FORMAT) + bytes(4096)
+    bad = tmp_path / "pax.tar.zst"
+    bad.write_bytes(zstandard.ZstdCompressor().compress(raw))
+    with pytest.raises(PackageError, match="extended header"):
+        unpack(bad, tmp_path / "pkg")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pax.tar.zst"]
+
+
 def test_parent_must_exist(archive, tmp_path):
     _, path, _ = archive
     with pytest.raises(PackageError, match="parent"):
