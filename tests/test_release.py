@@ -307,3 +307,16 @@ def test_release_refuses_what_is_not_one_package_version(released, tmp_path):
     (mixed / "b" / "summary.json").write_text(json.dumps(summary))
     assert main(["release", str(mixed), "--output", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_owner_mode_and_times_of_package_files_do_not_enter_the_archive(released, tmp_path):
+    recipe, result = released
+    package = recipe.parent / "out" / "pkg" / "1.0.0" / "separate"
+    before = next(a.sha256 for a in result.archives if a.layout == "separate")
+    for p in [package, *package.rglob("*")]:
+        if hasattr(os, "chown") and os.geteuid() == 0:
+            os.chown(p, 65534, 65534)  # another user's files
+        os.chmod(p, 0o700 if p.is_dir() else 0o600)
+        os.utime(p, (1, 2))
+    again = release(package, ReleaseOptions(output=str(tmp_path / "o"), jobs=1))
+    assert again.archives[0].sha256 == before
