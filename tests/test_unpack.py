@@ -67,7 +67,7 @@ def test_existing_destination_is_refused(archive, tmp_path):
 
 def _summary(files: dict[str, bytes]) -> bytes:
     return json.dumps({
-        "format_version": 2, "package": "p", "version": "1", "layout": {"name": "l"},
+        "format_version": 3, "package": "p", "version": "1", "layout": {"name": "l"},
         "contents": [{"path": k, "size": len(v), "digest": "blake3:" + digest_bytes("blake3", v)}
                      for k, v in sorted(files.items())]}).encode()
 

@@ -14,6 +14,7 @@ Package tree (one folder per layout)::
         <model>.onnx                 one per model, external data relative to this folder
         weight_<hex>                 separate layout: one file per distinct payload
         <model>_weight_combined      combined layout: payloads at aligned offsets
+        <package>_weight_combined    combined: shared: one file for all models instead
         summary.json                 ExternalWeightDesc list, totals, fingerprint
 """
 
@@ -28,10 +29,12 @@ from typing import Any
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
+from .outputs import check_output_folder
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
+from .selection import select_part
 from .store.location import resolve_store_path
+from .summary import CONTENTS_SINCE, SUMMARY_NAME
 from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
-from .summary import SUMMARY_NAME
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class BuildOptions:
     jobs: int = min(8, os.cpu_count() or 4)
     force: bool = False  # rebuild and replace packages, even up-to-date or different ones
     progress: bool | None = None  # None: only on an interactive terminal
+    models: tuple[str, ...] = ()  # --model: package only these (all when empty)
+    layouts: tuple[str, ...] = ()  # --layout: build only these (all when empty)
 
 
 @dataclass
@@ -69,8 +74,8 @@ def build(recipe_path: str | os.PathLike[str] | LoadedRecipe,
           options: BuildOptions | None = None) -> BuildResult:
     """Build every layout of a recipe (a file, or one already loaded)."""
     options = options or BuildOptions()
-    loaded = (recipe_path if isinstance(recipe_path, LoadedRecipe)
-              else load_recipe(recipe_path))
+    loaded = select_part(recipe_path if isinstance(recipe_path, LoadedRecipe)
+                         else load_recipe(recipe_path), options.models, options.layouts)
     recipe = loaded.recipe
     store_root = resolve_store_path(options.store, loaded.store_path())
     if store_root.exists() and not store_root.is_dir():
@@ -80,6 +85,7 @@ def build(recipe_path: str | os.PathLike[str] | LoadedRecipe,
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)
+        check_output_folder(target)
         existing = _existing_summary(target, options.force)
         if (existing is not None and not options.force
                 and _up_to_date(loaded, layout, target, existing, digests)):
@@ -123,6 +129,13 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
             return None
         raise PackageError("output folder already holds something that is not a package; "
                            "pass --force to replace it", folder=str(target)) from None
+    version = summary.get("format_version")
+    if not isinstance(version, int) or version > SUMMARY_FORMAT_VERSION:
+        if force:
+            return None
+        raise PackageError("output folder holds a package of a format this weightstore "
+                           "does not know; pass --force to replace it", folder=str(target),
+                           format_version=version)
     return summary
 
 
@@ -137,7 +150,7 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
     try:
         listed = {m["name"]: m for m in summary["models"]}
         identities = []
-        for entry in loaded.recipe.models:
+        for entry in loaded.models():
             previous = listed.get(entry.name)
             if previous is None:
                 return False
@@ -159,8 +172,9 @@ def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool
     file rewritten since it was last hashed is hashed again, so a change is never missed)."""
     from .release.inventory import verify_package
 
-    if summary.get("format_version") != SUMMARY_FORMAT_VERSION:
-        return False
+    version = summary.get("format_version")
+    if not isinstance(version, int) or version < CONTENTS_SINCE:
+        return False  # no file digests to check against
     try:
         report = verify_package(target, digest=lambda algo, path: digests.of(path, algo))
     except (OSError, WeightstoreError):
@@ -179,16 +193,18 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     from .store import WeightStore
 
     recipe = loaded.recipe
-    sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in recipe.models])
+    models = loaded.models()
+    sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in models])
     try:
-        for s, entry in zip(sources, recipe.models, strict=True):
+        for s, entry in zip(sources, models, strict=True):
             s.identity = _identity(
                 entry, digests.of(s.weights.catalogue.source),
                 {loc: digests.of(path) for loc, path in s.external_files})
             if entry.scenarios or read_scenarios(s.weights.catalogue.model):
                 from .scenarios.package import prepare_scenarios
 
-                s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
+                with s.weights.opened():
+                    s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         _check_devices(loaded, sources)
         identities = [s.identity for s in sources]
         todo = []
@@ -249,8 +265,13 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
 
 
 def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
-    """A device may name a scenario the recipe defines or a source model already holds."""
+    """A device may name a scenario the recipe defines or a source model already holds.
+
+    Building part of a recipe, a scenario of a model left out still counts: the models
+    packaged run their default graph there, as in a build of the whole recipe.
+    """
     known = {sc.name for s in sources for sc in s.scenarios}
+    known |= {sc.name for m in loaded.recipe.models for sc in m.scenarios}
     for i, device in enumerate(loaded.recipe.devices):
         if device.scenario not in (None, "auto") and device.scenario not in known:
             raise RecipeError(f"device '{device.name}' names scenario '{device.scenario}', "
@@ -266,8 +287,9 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
 
 
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str) -> None:
-    if (existing.get("fingerprint") == fingerprint
-            and existing.get("format_version") != SUMMARY_FORMAT_VERSION):
+    version = existing.get("format_version")
+    if (existing.get("fingerprint") == fingerprint and isinstance(version, int)
+            and version < CONTENTS_SINCE):
         return  # the same build in an older summary format: rewritten, nothing is lost
     what = ("a different build" if existing.get("fingerprint") != fingerprint
             else "a damaged package")

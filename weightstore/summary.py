@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from .recipe import Layout
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 2  # 2: ``contents`` lists every file with its size and digest
+FORMAT_VERSION = 3  # the newest this code writes and reads
+CONTENTS_SINCE = 3  # ``contents``: every file of the package with its size and digest
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,13 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
+    settings = layout.record()
     return {
-        "format_version": FORMAT_VERSION,
+        "format_version": package_format_version(settings),
         "generator": f"weightstore {__version__}",
         "package": package,
         "version": version,
-        "layout": layout.model_dump(mode="json"),
+        "layout": settings,
         "hash": hash_algo,
         "fingerprint": fingerprint,
         "models": [m.to_dict() for m in models],
@@ -107,6 +109,15 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
             "inline_tensors": sum(m.inline_tensors for m in models),
         },
     }
+
+
+def package_format_version(settings: dict[str, Any]) -> int:
+    """The oldest package format that holds these layout settings and ``contents``, which
+    every summary now lists (a reader of an older format could not check it)."""
+    from .recipe import LAYOUT_KEYS_SINCE
+
+    return max([CONTENTS_SINCE, *(LAYOUT_KEYS_SINCE[k] for k in settings
+                                  if k in LAYOUT_KEYS_SINCE)])
 
 
 def render(summary: dict[str, Any]) -> bytes:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import PackageError
 from ..hashing import digest_file, make_key
-from ..summary import FORMAT_VERSION, SUMMARY_NAME
+from ..summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
 
 
 def package_files(folder: Path) -> list[str]:
@@ -57,7 +57,7 @@ def package_contents(folder: Path, algo: str, jobs: int = 1) -> list[dict[str, A
 
 
 def read_summary(folder: Path) -> dict[str, Any]:
-    """The package's summary, which must list its contents (format_version 2 or later)."""
+    """The package's summary, which must list its contents (format_version 3 or later)."""
     return read_summary_bytes(folder)[1]
 
 
@@ -83,9 +83,10 @@ def check_summary(summary: Any, where: str) -> None:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise PackageError("package summary has a format_version this weightstore does not "
                            "know", file=where, format_version=version)
-    if version < 2 or not isinstance(summary.get("contents"), list):
-        raise PackageError("package summary lists no file digests (format_version 1); "
-                           "rebuild the package", file=where, format_version=version)
+    if version < CONTENTS_SINCE or not isinstance(summary.get("contents"), list):
+        raise PackageError(f"package summary lists no file digests (format_version "
+                           f"{version}); rebuild the package", file=where,
+                           format_version=version)
     for i, c in enumerate(summary["contents"]):
         if not (isinstance(c, dict) and isinstance(c.get("path"), str)
                 and isinstance(c.get("size"), int) and c["size"] >= 0
