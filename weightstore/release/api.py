@@ -16,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import queue
 import shutil
 import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +39,14 @@ from .provenance import (
     statement,
     tool_versions,
 )
+from .stage import Stage
 
 if TYPE_CHECKING:
     from ..recipe import LoadedRecipe
 
 RELEASES_DIR = "releases"
 QUEUED_CHUNKS = 8  # compressed chunks (4 MiB each) waiting for the writer thread
+WRITEBACK_STEP = 64 << 20  # bytes written between two writeback requests
 
 
 @dataclass(frozen=True)
@@ -171,36 +171,31 @@ def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOption
 
 
 class _Sha256Writer:
-    """Hashes the compressed bytes and writes them to the file on a thread of its own.
+    """Hashes the compressed bytes and writes them to the file in a :class:`Stage`.
 
-    The compressor hands its output to :meth:`write` on the feeding thread; doing the
-    sha256 and the file write there would leave zstd's workers without input meanwhile.
-    The queue holds at most :data:`QUEUED_CHUNKS` chunks, so memory stays bounded.
+    Written ranges are handed to the kernel for writeback as they accumulate
+    (``posix_fadvise``), so the final fsync waits only for the last ones.
     """
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
         self._h = hashlib.sha256()
-        self._queue: queue.Queue[bytes | None] = queue.Queue(QUEUED_CHUNKS)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="release-writer",
-                                        daemon=True)
-        self._thread.start()
+        self._written = self._synced = 0
+        self._stage = Stage(self._write, "release-writer", QUEUED_CHUNKS)
         self.size = 0
 
-    def _drain(self) -> None:
-        while (data := self._queue.get()) is not None:
-            if self._error is None:
-                try:
-                    self._h.update(data)
-                    self._f.write(data)
-                except BaseException as exc:  # re-raised on the caller's thread
-                    self._error = exc
+    def _write(self, data: bytes) -> None:
+        self._h.update(data)
+        self._f.write(data)
+        self._written += len(data)
+        if self._written - self._synced >= WRITEBACK_STEP and hasattr(os, "posix_fadvise"):
+            self._f.flush()
+            os.posix_fadvise(self._f.fileno(), self._synced, self._written - self._synced,
+                             os.POSIX_FADV_DONTNEED)
+            self._synced = self._written
 
     def write(self, data: bytes) -> int:
-        if self._error is not None:
-            raise self._error
-        self._queue.put(bytes(data))
+        self._stage.put(bytes(data))
         self.size += len(data)
         return len(data)
 
@@ -209,10 +204,7 @@ class _Sha256Writer:
 
     def close(self) -> str:
         """Wait for every queued chunk; the sha256 hex digest of all of them."""
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self._stage.close()
         return self._h.hexdigest()
 
 

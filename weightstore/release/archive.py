@@ -33,6 +33,7 @@ from ..errors import IntegrityError, PackageError
 from ..hashing import make_key, new_hasher
 from ..summary import SUMMARY_NAME
 from .compression import Compression
+from .stage import Stage
 
 SUFFIX = ".tar.zst"
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip can hold
@@ -144,7 +145,6 @@ def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Bi
     import zstandard
 
     compressor = zstandard.ZstdCompressor(compression_params=compression.parameters(workers))
-    buffer = bytearray(CHUNK)
     written = 0
     # not a ``with``: closing a writer short of its announced size would raise over the
     # real error; on failure the output is discarded anyway
@@ -157,7 +157,7 @@ def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Bi
         if entry.source == SUMMARY_NAME:
             z.write(summary_bytes)
         else:
-            _copy_file(folder / str(entry.source), entry, z, buffer, progress)
+            _copy_file(folder / str(entry.source), entry, z, progress)
         pad = _padded(entry.size) - entry.size
         z.write(bytes(pad))
         written += entry.size + pad
@@ -165,28 +165,32 @@ def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Bi
     z.close()  # ends the frame
 
 
-def _copy_file(path: Path, entry: ArchiveEntry, z: Any, buffer: bytearray,
+def _copy_file(path: Path, entry: ArchiveEntry, z: Any,
                progress: Callable[[int], None] | None) -> None:
+    """Feed one file to the compressor; its digest is taken in a :class:`Stage`, off the
+    feeding thread."""
     algo = str(entry.digest).partition(":")[0]
     hasher = new_hasher(algo, threads=False)
-    view = memoryview(buffer)
+    stage = Stage(hasher.update, "release-hash")
     remaining = entry.size
-    with open(path, "rb", buffering=0) as f:
-        if os.fstat(f.fileno()).st_size != entry.size:
-            raise IntegrityError("package file differs from its summary (size)",
-                                 file=str(path), expected=entry.size,
-                                 actual=os.fstat(f.fileno()).st_size)
-        while remaining:
-            n = f.readinto(view[:min(CHUNK, remaining)])
-            if not n:
-                raise IntegrityError("package file ended early", file=str(path),
-                                     missing=remaining)
-            chunk = view[:n]
-            hasher.update(chunk)
-            z.write(chunk)
-            remaining -= n
-            if progress is not None:
-                progress(n)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != entry.size:
+                raise IntegrityError("package file differs from its summary (size)",
+                                     file=str(path), expected=entry.size, actual=size)
+            while remaining:
+                chunk = f.read(min(CHUNK, remaining))
+                if not chunk:
+                    raise IntegrityError("package file ended early", file=str(path),
+                                         missing=remaining)
+                stage.put(chunk)
+                z.write(chunk)
+                remaining -= len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+    finally:
+        stage.close()
     actual = make_key(algo, hasher.hexdigest())
     if actual != entry.digest:
         raise IntegrityError("package file differs from its summary (digest)",
