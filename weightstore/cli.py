@@ -122,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_release_parsers(sub, _jobs)
 
+    from .resolve.commands import register as register_resolve
+
+    register_resolve(sub)
+
     sc = sub.add_parser("schema", help="write the recipe JSON Schema")
     sc.add_argument("--output", default="schemas/recipe.schema.json")
     return p
@@ -284,9 +288,17 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_resolve(args: argparse.Namespace) -> int:
+    from .resolve import commands
+
+    return {"resolve": commands.resolve_command, "run": commands.run_command,
+            "prepare": commands.prepare_command}[args.command](args)
+
+
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
-            "bundle": _cmd_bundle, "schema": _cmd_schema}
+            "bundle": _cmd_bundle, "schema": _cmd_schema, "resolve": _cmd_resolve,
+            "run": _cmd_resolve, "prepare": _cmd_resolve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
