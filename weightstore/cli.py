@@ -138,6 +138,10 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 
+    from .release.commands import add_parsers as add_release_parsers
+
+    add_release_parsers(sub, _jobs)
+
     from .resolve.commands import register as register_resolve
 
     register_resolve(sub)
@@ -335,6 +339,8 @@ COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .release.commands import COMMANDS as RELEASE_COMMANDS
+
     args = _parser().parse_args(argv)
     quiet = args.quiet and not getattr(args, "json", False)
     try:
@@ -342,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if quiet:
                 sink = stack.enter_context(open(os.devnull, "w"))
                 stack.enter_context(contextlib.redirect_stdout(sink))
-            return COMMANDS[args.command](args)
+            return {**COMMANDS, **RELEASE_COMMANDS}[args.command](args)
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly
         _silence_stdout()
         return EXIT_OK

@@ -429,10 +429,13 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                            read_added))
         devices = (_write_devices(tmp, recipe, sources)
                    if layout.external_weight != "embedded" else [])
+        from .release.inventory import package_contents
+
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan,
-                                  devices=devices)
+                                  devices=devices,
+                                  contents=package_contents(tmp, recipe.store.hash, jobs))
         atomic_write_bytes(tmp / SUMMARY_NAME, render(summary))  # every file is fsynced
         publish_dir(tmp, target)
         tmp = None
