@@ -1,0 +1,112 @@
+"""A private, memory-mapped data file that onnxruntime maps instead of copying.
+
+onnxruntime copies weights handed to it from memory, but maps external data it reads from
+a file. So a load reads its payloads straight into one file of its own, in a fresh
+``0700`` temporary folder (on ``/dev/shm`` where there is one, so the file is memory),
+through a shared mapping: each slot starts 4096-aligned, checksums are verified from the
+mapping, and the graph's tensors point at their slots. onnxruntime then maps the same
+pages: the bytes exist once. Nothing but this process writes the file, and nothing is
+written to it after verification, so the bytes onnxruntime maps are the verified ones.
+The folder is removed as soon as the session exists (onnxruntime's mapping, and ours,
+keep the pages alive); the views stay valid until the last of them is released.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..fsio import align_up
+
+ALIGN = 4096
+DATA = "weights.data"
+SHM = Path("/dev/shm")
+
+
+def _temp_dir() -> Path:
+    parent = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="weightstore-load-", dir=parent))
+
+
+def layout(lengths: Sequence[int]) -> tuple[list[int], int]:
+    """4096-aligned slot offsets for blocks of ``lengths``, and the file's size."""
+    slots, end = [], 0
+    for n in lengths:
+        slots.append(align_up(end, ALIGN))
+        end = slots[-1] + n
+    return slots, end
+
+
+class MappedData:
+    """One load's data file: ``size`` bytes, mapped read-write, in its own folder."""
+
+    def __init__(self, size: int, folder: Path | None = None, name: str = DATA) -> None:
+        self._owns = folder is None  # a file in another's folder goes with that folder
+        self.folder = folder if folder is not None else _temp_dir()
+        self.path = self.folder / name
+        self.size = max(size, 1)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, self.size)
+                if hasattr(os, "posix_fallocate"):  # pages allocated in one call, not per fault
+                    os.posix_fallocate(fd, 0, self.size)
+                # mapped in one call too: a fault per page costs more than the copy
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self._map = mmap.mmap(fd, self.size, flags=flags)
+            finally:
+                os.close(fd)
+        except BaseException:
+            self.remove_folder()
+            raise
+        self.view = memoryview(self._map)
+
+    def slice(self, offset: int, length: int) -> memoryview:
+        return self.view[offset:offset + length]
+
+    def release(self) -> None:
+        """Drop this process's page mappings (the bytes stay in the file; a view faults
+        them back in): once onnxruntime maps the file, the pages count once."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+    def remove_folder(self) -> None:
+        """Unlink the file (and its folder, if it made it); mapped pages live on while
+        mapped."""
+        if self._owns:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        else:
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> MappedData:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove_folder()
+
+
+class SpillFile:
+    """Bytes made in memory (decoded, derived or fallback payloads) appended to a file
+    beside a load's mapped data, so onnxruntime maps them too: it takes weights from
+    memory only when every external weight of the graph comes from memory."""
+
+    def __init__(self, folder: Path, name: str = "spill.data") -> None:
+        self.path = folder / name
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._end = 0
+
+    def append(self, data: memoryview) -> tuple[str, int]:
+        """Write ``data`` at the next aligned offset; its file name and offset."""
+        offset = align_up(self._end, ALIGN)
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self._fd, data[done:], offset + done)
+        self._end = offset + len(data)
+        return self.path.name, offset
+
+    def close(self) -> None:
+        os.close(self._fd)
