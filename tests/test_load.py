@@ -1,4 +1,4 @@
-"""Loading: only manifest ranges, each once, verified; from memory into onnxruntime."""
+"""Loading: only manifest ranges, each once, verified; mapped into onnxruntime."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from tests import resolve_models as rm
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, LoadError
 from weightstore.load import CHUNK, LoadReport, RecordingReader, WeightManager, plan_reads
+from weightstore.load import mapped as mapped_module
+from weightstore.load.executor import execute, lanes
+from weightstore.load.mapped import MappedData, layout
 from weightstore.load.session import packed_only
 from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.scenarios.variants import runnable_variant
@@ -125,6 +128,46 @@ def test_reads_are_coalesced_and_chunked(split):
         assert CHUNK == 10 << 20
         default = plan_reads(active, split, r.source.path)
         assert all(c.length <= CHUNK for c in default.chunks)
+
+
+@pytest.mark.parametrize("chunk", [4096, 3000])
+def test_entries_are_verified_as_their_chunks_land_in_memory_and_in_a_mapped_file(split, chunk):
+    """Small chunks cut entries across chunks and lanes; every entry is still hashed in
+    order, and the mapped file's slots hold exactly the bytes read."""
+    with weightstore.resolve(split) as r:
+        active = r.payload_manifest.active
+        entries = {e.id: e for e in r.payload_manifest.entries}
+        plan = plan_reads(active, split, r.source.path, chunk=chunk)
+        assert any(c.length == chunk for c in plan.chunks)
+        assert len(lanes(plan)) < len(plan.chunks)  # entries spanning chunks share a lane
+        plain = execute(plan, entries, RecordingReader())
+        slots, end = layout([run.length for run in plan.runs])
+        with MappedData(end) as mapped:
+            sunk = execute(plan, entries, RecordingReader(), sink=(mapped, slots))
+            assert set(plain.data) == set(sunk.data) == {e.id for e in active}
+            for e in active:
+                raw = (split / e.source.file).read_bytes()[
+                    e.source.offset:e.source.offset + e.source.length]
+                assert bytes(plain.data[e.id]) == bytes(sunk.data[e.id]) == raw
+            folder = mapped.folder
+            del sunk
+        assert not folder.exists()
+
+
+def test_a_load_leaves_no_data_file_behind(split, monkeypatch):
+    made = []
+    real = mapped_module._temp_dir
+
+    def spy():
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(mapped_module, "_temp_dir", spy)
+    with weightstore.resolve(split) as r:
+        session = weightstore.load(r, manager=WeightManager())
+        assert made and not any(folder.exists() for folder in made)
+        feed, expected = _reference(split, None)
+        np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
 
 
 def test_corrupt_portable_payload_fails_naming_scenario_initializer_and_location(split,

@@ -20,8 +20,11 @@ from ..catalogue import typed_fields
 from ..errors import IntegrityError
 from ..hashing import ALGORITHMS, digest_bytes, new_hasher
 from ..resolve.manifest import ManifestEntry
+from .mapped import MappedData
 from .plan import BUFFER, ReadPlan
 from .reader import Reader
+
+BOUNCE = 1 << 20  # bytes: read, hashed and written to a sink through a buffer this big
 
 
 @dataclass
@@ -53,11 +56,11 @@ def _decode(entry: ManifestEntry, raw: memoryview) -> memoryview:
                                           where=entry.values[0]))
 
 
-def _lanes(plan: ReadPlan) -> list[list[int]]:
+def lanes(plan: ReadPlan) -> list[list[int]]:
     """Chunk indices grouped into lanes: consecutive chunks of one run, cut wherever no
     entry spans the boundary. A lane is read in order and its entries hashed as its
     chunks land (the bytes still in cache); lanes run in parallel."""
-    lanes: list[list[int]] = []
+    out: list[list[int]] = []
     spans: dict[int, list[tuple[int, int]]] = {}
     for i, run in enumerate(plan.runs):
         spans[i] = sorted((o, o + n) for _, o, n in run.entries)
@@ -65,25 +68,32 @@ def _lanes(plan: ReadPlan) -> list[list[int]]:
     for k, c in enumerate(plan.chunks):
         start = c.offset - plan.runs[c.run].offset
         if c.run != last_run or not any(a < start < b for a, b in spans[c.run]):
-            lanes.append([])
-        lanes[-1].append(k)
+            out.append([])
+        out[-1].append(k)
         last_run = c.run
-    return lanes
+    return out
 
 
 def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader, *,
             buffers: Mapping[str, memoryview] | None = None, jobs: int = 4,
             fallback: Callable[[ManifestEntry], memoryview | None] | None = None,
             scenario: str | None = None, tolerate: Collection[str] = (),
-            run_buffers: Sequence[memoryview] | None = None) -> ReadResult:
+            run_buffers: Sequence[memoryview] | None = None,
+            sink: tuple[MappedData, Sequence[int]] | None = None) -> ReadResult:
     """Read every planned chunk once, verify each entry, and return their bytes.
 
     An entry in ``tolerate`` that fails its checksum is left out of the result (its
     caller has a fallback of its own) instead of raising. ``run_buffers`` are where the
-    runs go (e.g. slices of a mapped file); by default fresh, uninitialized memory.
+    runs go; by default fresh, uninitialized memory. With ``sink`` (a mapped data file and
+    each run's slot in it), runs are read through a small buffer, hashed there and
+    written to the file, and the entries' bytes are views of its mapping: one pass, with
+    no page of the file mapped here unless something reads it later.
     A raw entry is hashed chunk by chunk as its bytes land; an encoded one once whole.
     """
     result = ReadResult()
+    if sink is not None:
+        run_buffers = [sink[0].slice(s, r.length) for s, r in zip(sink[1], plan.runs,
+                                                                   strict=False)]
     result.runs = list(run_buffers) if run_buffers is not None else [
         memoryview(np.empty(run.length, dtype=np.uint8)) for run in plan.runs]
     lock = threading.Lock()
@@ -110,14 +120,26 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
             algo, _, expected = (entry.source.checksum or "").partition(":")
             if entry.source.encoding in ("raw", "raw_data") and algo in ALGORITHMS:
                 streamed[entry.id] = (new_hasher(algo, threads=False), expected)
+        def feed(start: int, data: memoryview) -> None:
+            stop = start + len(data)
+            for entry, o, n in members:
+                if entry.id in streamed and o < stop and o + n > start:
+                    streamed[entry.id][0].update(data[max(o, start) - start:
+                                                      min(o + n, stop) - start])
+
+        bounce = memoryview(bytearray(BOUNCE)) if sink is not None else None
         for k in lane:
             c = plan.chunks[k]
             start = c.offset - run.offset
-            reader.read_into(run.path, c.offset, view[start:start + c.length])
-            stop = start + c.length
-            for entry, o, n in members:
-                if entry.id in streamed and o < stop and o + n > start:
-                    streamed[entry.id][0].update(view[max(o, start):min(o + n, stop)])
+            if sink is None:
+                reader.read_into(run.path, c.offset, view[start:start + c.length])
+                feed(start, view[start:start + c.length])
+                continue
+            for pos in range(0, c.length, BOUNCE):  # through a buffer that stays in cache
+                piece = bounce[:min(BOUNCE, c.length - pos)]  # type: ignore[index]
+                reader.read_into(run.path, c.offset + pos, piece)
+                feed(start + pos, piece)
+                sink[0].write(sink[1][first.run] + start + pos, piece)
         for entry, o, n in members:
             data = view[o:o + n]
             if entry.id not in streamed:
@@ -133,7 +155,7 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
             for entry_id, offset, length in run.entries:
                 settle(entries[entry_id], result.runs[i][offset:offset + length])
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures: list[Future] = [pool.submit(read_lane, lane) for lane in _lanes(plan)]
+        futures: list[Future] = [pool.submit(read_lane, lane) for lane in lanes(plan)]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in done:
             f.result()

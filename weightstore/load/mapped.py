@@ -49,21 +49,32 @@ class MappedData:
         self.folder = folder if folder is not None else _temp_dir()
         self.path = self.folder / name
         self.size = max(size, 1)
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(fd, self.size)
-                if hasattr(os, "posix_fallocate"):  # pages allocated in one call, not per fault
-                    os.posix_fallocate(fd, 0, self.size)
-                # mapped in one call too: a fault per page costs more than the copy
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                self._map = mmap.mmap(fd, self.size, flags=flags)
-            finally:
-                os.close(fd)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.ftruncate(self._fd, self.size)
         except BaseException:
             self.remove_folder()
             raise
-        self.view = memoryview(self._map)
+
+    def write(self, offset: int, data: memoryview) -> None:
+        """Write ``data`` at ``offset`` (pages are allocated by the write, not zeroed
+        first and not mapped here)."""
+        done = 0
+        while done < len(data):
+            n = os.pwrite(self._fd, data[done:], offset + done)
+            if n <= 0:
+                raise OSError(f"cannot write the load's data file {self.path}")
+            done += n
+
+    @property
+    def view(self) -> memoryview:
+        """The whole file, mapped shared on first use (pages fault in as they are read)."""
+        if self._view is None:
+            self._map = mmap.mmap(self._fd, self.size)
+            self._view = memoryview(self._map)
+        return self._view
 
     def slice(self, offset: int, length: int) -> memoryview:
         return self.view[offset:offset + length]
@@ -71,12 +82,15 @@ class MappedData:
     def release(self) -> None:
         """Drop this process's page mappings (the bytes stay in the file; a view faults
         them back in): once onnxruntime maps the file, the pages count once."""
-        if hasattr(mmap, "MADV_DONTNEED"):
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
 
     def remove_folder(self) -> None:
         """Unlink the file (and its folder, if it made it); mapped pages live on while
         mapped."""
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self._owns:
             shutil.rmtree(self.folder, ignore_errors=True)
         else:

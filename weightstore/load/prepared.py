@@ -44,8 +44,7 @@ def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None
         with MappedData(end) as mapped:
             result = execute(plan, entries, reader, jobs=jobs, scenario=resolved.selected_scenario,
                              tolerate=resolved.tolerated_failures,
-                             run_buffers=[mapped.slice(s, r.length) for s, r in zip(
-                                 slots, plan.runs, strict=True)])
+                             sink=(mapped, slots))
             report.read_bytes += plan.read_bytes
             report.entries_read += len(active)
             report.live_bytes = manifest.active_bytes

@@ -1,14 +1,14 @@
 """``weightstore.load``: a frozen ResolvedModel -> an onnxruntime InferenceSession.
 
 Only active manifest entries are read, each once (or taken from the process's weight
-manager when another session already holds the same digest). The bytes reach onnxruntime
-from memory by file name (``add_external_initializers_from_files_in_memory``): every live
-tensor whose payload the resolved graph omits is pointed at an in-memory file named after
-its manifest entry, so onnxruntime opens no file itself. Load-time derivations are
-computed from their sources' bytes, which are read once. A resolution bound to prepared
-weights loads through :mod:`.prepared` instead (onnxruntime maps packed weights only from
-files).
-"""
+manager when another session already holds the same digest), verified as they are read,
+into a private data file that onnxruntime maps (:mod:`.mapped`): it copies weights handed
+to it from memory, so handing them over that way would hold them twice. Caller buffers
+(GE's user memory by file name) do go from memory
+(``add_external_initializers_from_files_in_memory``), and then every weight does:
+onnxruntime takes weights from memory only when all come from there. Load-time
+derivations are computed from their sources' bytes, which are read once. A resolution
+bound to prepared weights loads through :mod:`.prepared` instead."""
 
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
             plan = plan_reads(group, resolved.source.folder, resolved.source.path,
                               buffers={k: len(v) for k, v in buffers.items()},
                               store=resolved.source.store)
-            run_buffers = None
+            sink = None
             if mapped:
                 copied = shared if n == 0 else []
                 slots, end = layout([r.length for r in plan.runs]
@@ -180,10 +180,9 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                 file = MappedData(end, out.files[0].folder if out.files else None,
                                   f"weights-{n}.data")
                 out.files.append(file)
-                run_buffers = [file.slice(s, r.length) for s, r in zip(
-                    slots, plan.runs, strict=False)]
+                sink = (file, slots)
                 for (e, view), s in zip(copied, slots[len(plan.runs):], strict=True):
-                    file.slice(s, len(view))[:] = view  # verified when first read
+                    file.write(s, view)  # verified when first read
                     out.where[e.id] = (n, s)  # type: ignore[assignment]
                 for i, r in enumerate(plan.runs):
                     for entry_id, offset, _ in r.entries:
@@ -191,7 +190,7 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                             out.where[entry_id] = (n, slots[i] + offset)  # type: ignore[assignment]
             result = execute(plan, entries, reader, buffers=buffers, jobs=jobs,
                              fallback=fallback, scenario=resolved.selected_scenario,
-                             tolerate=resolved.tolerated_failures, run_buffers=run_buffers)
+                             tolerate=resolved.tolerated_failures, sink=sink)
             report.read_bytes += plan.read_bytes
             report.fell_back.update(result.fell_back)
             for e in group:
