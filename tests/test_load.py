@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import os
 import shutil
 
 import numpy as np
@@ -158,8 +159,8 @@ def test_a_load_leaves_no_data_file_behind(split, monkeypatch):
     made = []
     real = mapped_module._temp_dir
 
-    def spy():
-        made.append(real())
+    def spy(size=0):
+        made.append(real(size))
         return made[-1]
 
     monkeypatch.setattr(mapped_module, "_temp_dir", spy)
@@ -168,6 +169,15 @@ def test_a_load_leaves_no_data_file_behind(split, monkeypatch):
         assert made and not any(folder.exists() for folder in made)
         feed, expected = _reference(split, None)
         np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
+
+
+def test_a_shared_memory_folder_without_room_sends_the_data_file_elsewhere(monkeypatch):
+    monkeypatch.setattr(mapped_module, "_room", lambda folder: 1 << 20)
+    with MappedData(2 << 20) as small:
+        assert small.folder.parent != mapped_module.SHM
+    with MappedData(1000) as tiny:
+        usable = mapped_module.SHM.is_dir() and os.access(mapped_module.SHM, os.W_OK)
+        assert (tiny.folder.parent == mapped_module.SHM) == usable
 
 
 def test_corrupt_portable_payload_fails_naming_scenario_initializer_and_location(split,

@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import LoadError
 from ..fsio import align_up
 
 ALIGN = 4096
@@ -27,9 +28,31 @@ DATA = "weights.data"
 SHM = Path("/dev/shm")
 
 
-def _temp_dir() -> Path:
-    parent = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
+def _room(folder: Path) -> int:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _temp_dir(size: int = 0) -> Path:
+    """A fresh private folder: on ``/dev/shm`` when it is writable and has room for
+    ``size`` bytes (containers often give it 64 MB), else in the temporary folder."""
+    parent = SHM if (SHM.is_dir() and os.access(SHM, os.W_OK)
+                     and _room(SHM) > size) else None
     return Path(tempfile.mkdtemp(prefix="weightstore-load-", dir=parent))
+
+
+def write_at(fd: int, path: Path, offset: int, data: memoryview) -> None:
+    """All of ``data`` at ``offset``; a full folder is a load error naming the file."""
+    done = 0
+    try:
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], offset + done)
+    except OSError as exc:
+        raise LoadError(f"cannot write the load's data file: {exc.strerror}",
+                        file=str(path), offset=offset + done) from None
 
 
 def layout(lengths: Sequence[int]) -> tuple[list[int], int]:
@@ -44,9 +67,12 @@ def layout(lengths: Sequence[int]) -> tuple[list[int], int]:
 class MappedData:
     """One load's data file: ``size`` bytes, mapped read-write, in its own folder."""
 
-    def __init__(self, size: int, folder: Path | None = None, name: str = DATA) -> None:
+    def __init__(self, size: int, folder: Path | None = None, name: str = DATA, *,
+                 reserve: int | None = None) -> None:
+        """``reserve``: the bytes the new folder must have room for (default ``size``)."""
         self._owns = folder is None  # a file in another's folder goes with that folder
-        self.folder = folder if folder is not None else _temp_dir()
+        self.folder = folder if folder is not None else _temp_dir(
+            size if reserve is None else reserve)
         self.path = self.folder / name
         self.size = max(size, 1)
         self._map: mmap.mmap | None = None
@@ -61,12 +87,7 @@ class MappedData:
     def write(self, offset: int, data: memoryview) -> None:
         """Write ``data`` at ``offset`` (pages are allocated by the write, not zeroed
         first and not mapped here)."""
-        done = 0
-        while done < len(data):
-            n = os.pwrite(self._fd, data[done:], offset + done)
-            if n <= 0:
-                raise OSError(f"cannot write the load's data file {self.path}")
-            done += n
+        write_at(self._fd, self.path, offset, data)
 
     @property
     def view(self) -> memoryview:
@@ -116,9 +137,7 @@ class SpillFile:
     def append(self, data: memoryview) -> tuple[str, int]:
         """Write ``data`` at the next aligned offset; its file name and offset."""
         offset = align_up(self._end, ALIGN)
-        done = 0
-        while done < len(data):
-            done += os.pwrite(self._fd, data[done:], offset + done)
+        write_at(self._fd, self.path, offset, data)
         self._end = offset + len(data)
         return self.path.name, offset
 

@@ -108,7 +108,7 @@ class ActiveBytes:
 
     data: dict[str, memoryview]
     held: list[str]
-    where: dict[str, int] = field(default_factory=dict)
+    where: dict[str, tuple[int, int]] = field(default_factory=dict)  # -> (file, offset)
     files: list[MappedData] = field(default_factory=list)
 
 
@@ -168,26 +168,28 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                     return got.data[dormant.id]
             return None
 
-        for n, group in enumerate(groups):
-            plan = plan_reads(group, resolved.source.folder, resolved.source.path,
-                              buffers={k: len(v) for k, v in buffers.items()},
-                              store=resolved.source.store)
+        plans = [plan_reads(group, resolved.source.folder, resolved.source.path,
+                            buffers={k: len(v) for k, v in buffers.items()},
+                            store=resolved.source.store) for group in groups]
+        layouts = [layout([r.length for r in plan.runs]
+                          + ([len(v) for _, v in shared] if n == 0 else []))
+                   for n, plan in enumerate(plans)]
+        for n, (group, plan) in enumerate(zip(groups, plans, strict=True)):
             sink = None
             if mapped:
-                copied = shared if n == 0 else []
-                slots, end = layout([r.length for r in plan.runs]
-                                    + [len(v) for _, v in copied])
+                slots, end = layouts[n]
                 file = MappedData(end, out.files[0].folder if out.files else None,
-                                  f"weights-{n}.data")
+                                  f"weights-{n}.data", reserve=sum(e for _, e in layouts))
                 out.files.append(file)
                 sink = (file, slots)
-                for (e, view), s in zip(copied, slots[len(plan.runs):], strict=True):
+                for (e, view), s in zip(shared if n == 0 else [], slots[len(plan.runs):],
+                                        strict=True):
                     file.write(s, view)  # verified when first read
-                    out.where[e.id] = (n, s)  # type: ignore[assignment]
+                    out.where[e.id] = (n, s)
                 for i, r in enumerate(plan.runs):
                     for entry_id, offset, _ in r.entries:
                         if entries[entry_id].source.encoding in ("raw", "raw_data"):
-                            out.where[entry_id] = (n, slots[i] + offset)  # type: ignore[assignment]
+                            out.where[entry_id] = (n, slots[i] + offset)
             result = execute(plan, entries, reader, buffers=buffers, jobs=jobs,
                              fallback=fallback, scenario=resolved.selected_scenario,
                              tolerate=resolved.tolerated_failures, sink=sink)
@@ -255,7 +257,7 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
         # onnxruntime takes weights from memory only if all come from there: caller
         # buffers send every weight that way; otherwise all are mapped from files
         where = {} if views else {k: (active.files[n].path.name, offset)
-                                  for k, (n, offset) in active.where.items()}  # type: ignore[misc]
+                                  for k, (n, offset) in active.where.items()}
         spill = None if views else SpillFile(active.files[0].folder)
         try:
             files = bind_payloads(model, resolved, active.data, views, where,
