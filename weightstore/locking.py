@@ -8,6 +8,7 @@ fails on an exotic filesystem costs duplicate work, never a torn file.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from .errors import PackageError, WeightstoreError
 from .fsio import file_mode
 
 PACKAGE_LOCK_TIMEOUT = 3600.0
+LOCKS_DIR = "locks"
 
 
 @contextlib.contextmanager
@@ -41,8 +43,16 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
         lock.release()
 
 
-def target_lock(target: Path, timeout: float = PACKAGE_LOCK_TIMEOUT):
-    """The lock of one package folder: ``.<name>.lock`` beside it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return file_lock(target.parent / f".{target.name}.lock", timeout, PackageError,
-                     "package folder")
+def target_lock(target: Path, store_root: Path, timeout: float = PACKAGE_LOCK_TIMEOUT):
+    """The lock of one package folder, kept in the store, out of the output tree:
+    ``<store>/locks/<blake3 of the folder's absolute path>.lock``.
+
+    Builds of one folder through different stores are not serialized with each other;
+    publishing stays atomic for them (temp folder + rename), so neither sees a torn folder.
+    """
+    from .hashing import digest_bytes
+
+    folder = store_root / LOCKS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    name = digest_bytes("blake3", os.fsencode(target.absolute()))
+    return file_lock(folder / f"{name}.lock", timeout, PackageError, "package folder")
