@@ -253,15 +253,16 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
     import weightstore.packaging as build_module
 
     calls = {"n": 0}
-    real = build_module.save_model
+    real = build_module.atomic_write_bytes
 
-    def failing(model, path):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OSError(28, "No space left on device", str(path))
-        return real(model, path)
+    def failing(path, data):
+        if path.name.endswith(".onnx"):  # the third layout's model
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise OSError(28, "No space left on device", str(path))
+        return real(path, data)
 
-    monkeypatch.setattr(build_module, "save_model", failing)
+    monkeypatch.setattr(build_module, "atomic_write_bytes", failing)
     with pytest.raises(OSError):
         build(recipe, BuildOptions(jobs=1))
     version_dir = tmp_path / "out/pkg/1.0.0"
@@ -313,3 +314,31 @@ def test_sha256_store_and_packages(encoder_model, save_model, tmp_path):
     expected = run_onnxruntime(encoder_model, inputs)
     actual = run_onnxruntime(result.packages[0].path / "encoder.onnx", inputs)
     assert all(e.tobytes() == a.tobytes() for e, a in zip(expected, actual, strict=True))
+
+
+def test_package_files_are_listed_without_reading_them_again(encoder_model, save_model,
+                                                             tmp_path, monkeypatch):
+    """The summary's file digests come from the pass that writes and verifies the files:
+    no package file is read again to list it, and every digest is the file's own."""
+    import weightstore.release.inventory as inventory
+    from weightstore.hashing import digest_file, make_key
+
+    src = save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": src})
+    read_again: list[str] = []
+    real = inventory.digest_file
+
+    def watched(algo, path):
+        read_again.append(str(path))
+        return real(algo, path)
+
+    monkeypatch.setattr(inventory, "digest_file", watched)
+    result = build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=2))
+    assert read_again == []
+    for package in result.packages:
+        listed = package.summary["contents"]
+        assert [c["path"] for c in listed] == inventory.package_files(package.path)
+        for c in listed:
+            path = package.path / c["path"]
+            assert c["size"] == path.stat().st_size
+            assert c["digest"] == make_key("blake3", digest_file("blake3", path))

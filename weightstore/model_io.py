@@ -7,18 +7,22 @@ from pathlib import Path
 import onnx
 
 from .errors import PackageError
-from .fsio import atomic_writer
+from .fsio import atomic_write_bytes
 
 PROTOBUF_LIMIT = (2 << 30) - 1
 
 
-def save_model(model: onnx.ModelProto, path: Path) -> int:
-    """Serialize ``model`` to ``path`` atomically; returns the byte size written."""
+def serialize_model(model: onnx.ModelProto, name: str) -> bytes:
+    """The model's deterministic bytes, after checking protobuf's size limit."""
     size = model.ByteSize()
     if size > PROTOBUF_LIMIT:
         raise PackageError("model would exceed protobuf's 2 GiB limit; use an external "
-                           "weight layout", file=path.name, size=size)
-    data = model.SerializeToString(deterministic=True)
-    with atomic_writer(path) as f:
-        f.write(data)
+                           "weight layout", file=name, size=size)
+    return model.SerializeToString(deterministic=True)
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> int:
+    """Serialize ``model`` to ``path`` atomically; returns the byte size written."""
+    data = serialize_model(model, path.name)
+    atomic_write_bytes(path, data)
     return len(data)

@@ -22,11 +22,11 @@ from .convert.weights import ModelWeights, Weight, declared_checksum
 from .derived_keys import DerivedKeyCache
 from .errors import IntegrityError, StoreError
 from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
-from .hashing import make_key, split_key
+from .hashing import digest_bytes, make_key, split_key
 from .keycache import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from .layout.writer import FileRange, write_plan
-from .model_io import save_model
+from .model_io import serialize_model
 from .progress import Progress
 from .recipe import Layout, Recipe
 from .store import BytesPayload, PayloadSource, WeightStore
@@ -408,7 +408,8 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
         with Progress(f"packaging {layout.name}", sum(f.size for f in plan.files),
                       enabled=progress) as bar:
             try:
-                write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance)
+                written = write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance,
+                                     file_digest=recipe.store.hash)
             except IntegrityError as exc:
                 claim = witness.get(exc.context.get("key", ""))
                 if claim is None:
@@ -426,7 +427,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
         for s, ws in per_model:
             with s.weights.opened():
                 models.append(_write_model(tmp, s, ws, maps.get(s.name, {}), layout,
-                                           read_added))
+                                           read_added, written, recipe.store.hash))
         devices = (_write_devices(tmp, recipe, sources)
                    if layout.external_weight != "embedded" else [])
         from .release.inventory import package_contents
@@ -435,7 +436,8 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan,
                                   devices=devices,
-                                  contents=package_contents(tmp, recipe.store.hash, jobs))
+                                  contents=package_contents(tmp, recipe.store.hash, jobs,
+                                                           known=written))
         atomic_write_bytes(tmp / SUMMARY_NAME, render(summary))  # every file is fsynced
         publish_dir(tmp, target)
         tmp = None
@@ -568,11 +570,16 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> list[
 
 def _write_model(folder: Path, source: Source, weights: list[Weight],
                  where: dict[str, PlannedPayload], layout: Layout,
-                 read_added: Callable[[AddedWeight], bytes]) -> ModelSummary:
+                 read_added: Callable[[AddedWeight], bytes], written: dict[str, str],
+                 algo: str) -> ModelSummary:
+    """Write one packaged model; its digest, from the bytes written, goes to ``written``."""
     model = _package_model(source, weights, where, layout, read_added)
     added = source.added_weights(layout)
     file_name = f"{source.name}.onnx"
-    size = save_model(model, folder / file_name)
+    data = serialize_model(model, file_name)
+    atomic_write_bytes(folder / file_name, data)
+    written[file_name] = make_key(algo, digest_bytes(algo, data))
+    size = len(data)
     placed = {w.site.path for w in weights}
     inline = [d for p, d in source.weights.descriptors.items() if p not in placed]
     external = tuple(

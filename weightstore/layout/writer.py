@@ -1,8 +1,10 @@
 """Executes a :class:`~weightstore.layout.plan.LayoutPlan`: writes weight files, verified.
 
 Bytes are copied in the kernel (``os.copy_file_range``) from wherever the caller says a
-payload lives, then every written range is re-hashed and compared with its key, so a
-corrupt source never reaches a package. Each file is published by temp + fsync + rename.
+payload lives, then every file is read back once: each written range is re-hashed and
+compared with its key, so a corrupt source never reaches a package, and the same read
+gives the whole file's digest for the package's inventory. Each file is published by
+temp + fsync + rename.
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import IntegrityError
-from ..fsio import WRITE_ERRNOS, atomic_writer, copy_range, write_all
-from ..hashing import digest_fd, split_key
+from ..fsio import WRITE_ERRNOS, atomic_writer, copy_range, start_writeback, write_all
+from ..hashing import CHUNK, make_key, new_hasher, split_key
 from .plan import LayoutPlan, PlannedFile, PlannedPayload
 
 OPEN_FILES = 64  # weight files written at once, at most
@@ -53,38 +56,59 @@ PayloadLocator = Callable[[str], "FileRange | bytes"]
 
 
 def write_plan(plan: LayoutPlan, folder: Path, locate: PayloadLocator, *, jobs: int = 4,
-               progress: Callable[[int], None] | None = None) -> None:
+               progress: Callable[[int], None] | None = None,
+               file_digest: str | None = None) -> dict[str, str]:
     """Write every file of ``plan`` into ``folder``; ``locate(key)`` finds each payload.
 
-    Work is spread by payload, not by file, so one big combined file keeps every worker
-    busy as well as many separate files do. Files are opened a batch at a time.
+    Copies are spread by payload, not by file, so one big combined file keeps every worker
+    busy as well as many separate files do. Each file is then read back once, in order:
+    that one read verifies its payloads and, with ``file_digest`` (an algorithm), also
+    digests the whole file, padding included. Returns ``{file name: "<algo>:<hex>"}``
+    (empty without ``file_digest``), so callers never read a written byte again to list
+    it. Files are opened a batch at a time.
     """
     for parent in sorted({(folder / f.name).parent for f in plan.files}):
         parent.mkdir(parents=True, exist_ok=True)  # split separate layouts: group folders
     batch = files_per_batch()
+    digests: dict[str, str] = {}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         for i in range(0, len(plan.files), batch):
-            _write_batch(plan.files[i:i + batch], folder, locate, pool, progress)
+            digests.update(_write_batch(plan.files[i:i + batch], folder, locate, pool,
+                                        progress, file_digest))
+    return digests
 
 
 def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLocator,
-                 pool: ThreadPoolExecutor, progress: Callable[[int], None] | None) -> None:
+                 pool: ThreadPoolExecutor, progress: Callable[[int], None] | None,
+                 file_digest: str | None) -> dict[str, str]:
     with contextlib.ExitStack() as stack:
         handles = [stack.enter_context(atomic_writer(folder / f.name, "w+b")) for f in files]
-        futures = [pool.submit(_write_payload, h.fileno(), p, locate, f.name, folder / f.name)
-                   for f, h in zip(files, handles, strict=True) for p in f.payloads]
-        wait(futures)  # every worker is done with the files before any can be closed
-        for future in futures:
-            future.result()
-            if progress is not None:
-                progress(future.result())
+        copies = {(f.name, p.offset): pool.submit(_copy_payload, h.fileno(), p, locate,
+                                                  folder / f.name)
+                  for f, h in zip(files, handles, strict=True) for p in f.payloads}
+        _results(copies.values())  # every copy is done before any file is read back
+        sources = {where: future.result() for where, future in copies.items()}
         for f, h in zip(files, handles, strict=True):
             os.ftruncate(h.fileno(), f.size)
+            start_writeback(h.fileno())  # the disk works while the files are read back
+        checks = [pool.submit(_check_file, h.fileno(), f, sources, file_digest, progress)
+                  for f, h in zip(files, handles, strict=True)]
+        _results(checks)  # every worker is done with the files before any can be closed
+        return {f.name: digest for f, future in zip(files, checks, strict=True)
+                if (digest := future.result()) is not None}
 
 
-def _write_payload(fd: int, p: PlannedPayload, locate: PayloadLocator, name: str,
-                   dest: Path) -> int:
-    """Copy one payload to its offset and verify what landed there; returns its size."""
+def _results(futures: Iterable[Future[Any]]) -> None:
+    """Wait for all of ``futures``, then raise the first error in submission order."""
+    futures = list(futures)
+    wait(futures)
+    for future in futures:
+        future.result()
+
+
+def _copy_payload(fd: int, p: PlannedPayload, locate: PayloadLocator,
+                  dest: Path) -> FileRange | None:
+    """Copy one payload to its offset; returns where it came from (None: from memory)."""
     source = locate(p.key)
     if isinstance(source, FileRange):
         hint = REPAIR_HINT if source.stored else None
@@ -104,16 +128,15 @@ def _write_payload(fd: int, p: PlannedPayload, locate: PayloadLocator, name: str
             raise _name_path(exc, dest, source.path) from None
         finally:
             os.close(src)
-    else:
-        if len(source) != p.size:
-            raise IntegrityError("payload has the wrong size", key=p.key, size=len(source),
-                                 expected=p.size)
-        try:
-            write_all(fd, source, p.offset)
-        except OSError as exc:
-            raise _name_path(exc, dest, dest) from None
-    _verify(fd, p, name, source if isinstance(source, FileRange) else None)
-    return p.size
+        return source
+    if len(source) != p.size:
+        raise IntegrityError("payload has the wrong size", key=p.key, size=len(source),
+                             expected=p.size)
+    try:
+        write_all(fd, source, p.offset)
+    except OSError as exc:
+        raise _name_path(exc, dest, dest) from None
+    return None
 
 
 def _name_path(exc: OSError, dest: Path, src: Path) -> OSError:
@@ -125,9 +148,48 @@ def _name_path(exc: OSError, dest: Path, src: Path) -> OSError:
     return OSError(exc.errno, exc.strerror, str(path))
 
 
-def _verify(fd: int, p: PlannedPayload, name: str, source: FileRange | None) -> None:
+def _check_file(fd: int, f: PlannedFile, sources: Mapping[tuple[str, int], FileRange | None],
+                file_digest: str | None, progress: Callable[[int], None] | None,
+                ) -> str | None:
+    """Read ``f`` back once, in order: each payload's bytes feed its own hasher (checked
+    against its key), every byte feeds the file's (when ``file_digest`` is given)."""
+    whole = new_hasher(file_digest) if file_digest else None
+    payloads = sorted(f.payloads, key=lambda p: p.offset)
+    hashers = [new_hasher(split_key(p.key)[0]) for p in payloads]
+    buf = bytearray(min(CHUNK, f.size))
+    view = memoryview(buf)
+    pos, i = 0, 0  # i: the first payload not yet fully read
+    try:
+        while pos < f.size:
+            n = os.preadv(fd, [view[:min(CHUNK, f.size - pos)]], pos)
+            if n <= 0:
+                raise IntegrityError("written file became shorter while it was read back",
+                                     file=f.name, offset=pos, size=f.size)
+            chunk, end = view[:n], pos + n
+            if whole is not None:
+                whole.update(chunk)
+            j = i
+            while j < len(payloads) and payloads[j].offset < end:
+                p = payloads[j]
+                lo, hi = max(p.offset, pos), min(p.offset + p.size, end)
+                if lo < hi:
+                    hashers[j].update(chunk[lo - pos:hi - pos])
+                if p.offset + p.size <= end:
+                    _verify(p, hashers[j].hexdigest(), f.name, sources[(f.name, p.offset)])
+                    i = j + 1
+                j += 1
+            if progress is not None:
+                progress(n)
+            pos = end
+    finally:
+        view.release()
+    for p, h in zip(payloads[i:], hashers[i:], strict=True):  # empty payloads at the end
+        _verify(p, h.hexdigest(), f.name, sources[(f.name, p.offset)])
+    return make_key(file_digest, whole.hexdigest()) if whole is not None else None
+
+
+def _verify(p: PlannedPayload, actual: str, name: str, source: FileRange | None) -> None:
     algo, expected = split_key(p.key)
-    actual = digest_fd(algo, fd, p.offset, p.size, name=name)
     if actual != expected:
         where = {}
         if source is not None:

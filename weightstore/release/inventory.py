@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -43,14 +43,20 @@ def package_files(folder: Path) -> list[str]:
     return sorted(p for p in out if p != SUMMARY_NAME)
 
 
-def package_contents(folder: Path, algo: str, jobs: int = 1) -> list[dict[str, Any]]:
-    """``[{"path", "size", "digest"}]`` for every file of the package, sorted by path."""
+def package_contents(folder: Path, algo: str, jobs: int = 1,
+                     known: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """``[{"path", "size", "digest"}]`` for every file of the package, sorted by path.
+
+    ``known`` maps paths to digests (``"<algo>:<hex>"``) their writer took from the very
+    bytes it wrote: those files are not read again. Every other file is hashed here.
+    """
     names = package_files(folder)
+    known = known or {}
 
     def entry(name: str) -> dict[str, Any]:
         path = folder / name
-        return {"path": name, "size": path.stat().st_size,
-                "digest": make_key(algo, digest_file(algo, path))}
+        digest = known.get(name) or make_key(algo, digest_file(algo, path))
+        return {"path": name, "size": path.stat().st_size, "digest": digest}
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         return list(pool.map(entry, names))
