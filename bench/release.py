@@ -117,7 +117,7 @@ def make_variants(workdir: Path, recipe: Path, level: int) -> tuple[list[Variant
 
 
 def run_all(size_mb: int, runs: int, level: int, workdir: Path) -> dict[str, Any]:
-    _, recipe = build_bench.make_inputs(workdir, size_mb)
+    _, recipe = build_bench.make_inputs(workdir, size_mb, "chain")
     variants, archive = make_variants(workdir, recipe, level)
     order = sorted(variants, key=lambda v: v.name != "release")  # unpack needs the archive
     for i in range(runs + 1):
