@@ -152,10 +152,19 @@ def _check_file(fd: int, f: PlannedFile, sources: Mapping[tuple[str, int], FileR
                 file_digest: str | None, progress: Callable[[int], None] | None,
                 ) -> str | None:
     """Read ``f`` back once, in order: each payload's bytes feed its own hasher (checked
-    against its key), every byte feeds the file's (when ``file_digest`` is given)."""
-    whole = new_hasher(file_digest) if file_digest else None
+    against its key), every byte feeds the file's (when ``file_digest`` is given).
+
+    A file that is one payload and nothing else (separate layouts) is hashed once: its
+    digest in the payload's algorithm is the payload's, checked against the key."""
     payloads = sorted(f.payloads, key=lambda p: p.offset)
     hashers = [new_hasher(split_key(p.key)[0]) for p in payloads]
+    if (len(payloads) == 1 and payloads[0].size == f.size
+            and split_key(payloads[0].key)[0] == file_digest):
+        file_digest = None
+        only = payloads[0].key  # verified below, or this raises
+    else:
+        only = None
+    whole = new_hasher(file_digest) if file_digest else None
     buf = bytearray(min(CHUNK, f.size))
     view = memoryview(buf)
     pos, i = 0, 0  # i: the first payload not yet fully read
@@ -185,6 +194,8 @@ def _check_file(fd: int, f: PlannedFile, sources: Mapping[tuple[str, int], FileR
         view.release()
     for p, h in zip(payloads[i:], hashers[i:], strict=True):  # empty payloads at the end
         _verify(p, h.hexdigest(), f.name, sources[(f.name, p.offset)])
+    if only is not None:
+        return only
     return make_key(file_digest, whole.hexdigest()) if whole is not None else None
 
 
