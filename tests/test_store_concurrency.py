@@ -11,6 +11,8 @@ import pytest
 
 from weightstore.store import BytesPayload, WeightStore
 
+from .helpers import store_index
+
 WRITERS = 4
 PER_WRITER = 30
 
@@ -70,7 +72,7 @@ def check_outcome(root: Path, reports: list[dict[str, Any]]) -> None:
     # Each payload reached the disk exactly once, whoever won the race for it.
     assert sum(r["written"] for r in reports) == len(expected)
     store = WeightStore(root)
-    assert set(store.index()) == expected
+    assert set(store_index(store)) == expected
     report = store.verify()
     assert report.ok, report.problems
     assert report.warnings == ()

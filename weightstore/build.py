@@ -81,6 +81,7 @@ def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = No
         if (existing is not None and not options.force
                 and _up_to_date(loaded, layout, target, existing, digests)):
             result.packages.append(PackageResult(layout.name, target, "up-to-date", existing))
+            _ensure_root(store_root, layout, target, existing)
         else:
             pending.append((layout, target, existing))
     if pending:
@@ -197,24 +198,56 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                                        model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
         store = WeightStore(store_root)
-        result.store_report = packaging.fill_store(
-            store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
-            options.jobs, options.progress)
-        for layout, target, fp in todo:
-            with target_lock(target):
-                # another build may have published here since the first look
-                existing = _existing_summary(target, options.force)
-                if existing is not None and not options.force:
-                    if existing.get("fingerprint") == fp and _intact(target, existing):
-                        result.packages.append(
-                            PackageResult(layout.name, target, "up-to-date", existing))
-                        continue
-                    _refuse(target, existing, fp)
-                summary = packaging.write_package(recipe, layout, target, fp, sources, store,
-                                                  options.jobs, options.progress)
-            result.packages.append(PackageResult(layout.name, target, "built", summary))
+        with store.leased():  # gc spares every key this build relies on until it ends
+            result.store_report = packaging.fill_store(
+                store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
+                options.jobs, options.progress)
+            for layout, target, fp in todo:
+                with target_lock(target):
+                    # another build may have published here since the first look
+                    existing = _existing_summary(target, options.force)
+                    if existing is not None and not options.force:
+                        if existing.get("fingerprint") == fp and _intact(target, existing):
+                            result.packages.append(
+                                PackageResult(layout.name, target, "up-to-date", existing))
+                            continue
+                        _refuse(target, existing, fp)
+                    summary = packaging.write_package(recipe, layout, target, fp, sources,
+                                                      store, options.jobs, options.progress)
+                    register_root(store, layout, target, summary)
+                result.packages.append(PackageResult(layout.name, target, "built", summary))
     finally:
         packaging.close_sources(sources)
+
+
+def register_root(store, layout: Layout, target: Path, summary: dict[str, Any]) -> None:
+    """Record in the store that ``target`` holds this package and which keys it uses."""
+    if layout.external_weight == "embedded":
+        return  # nothing of the store is in it
+    from .store import RootRecord
+
+    keys = sorted({w["id"] for m in summary["models"] for w in m["external_weights"]})
+    store.register_root(RootRecord(package=summary["package"], version=summary["version"],
+                                   layout=layout.name, folder=str(target.absolute()),
+                                   fingerprint=summary["fingerprint"]), keys)
+
+
+def _ensure_root(store_root: Path, layout: Layout, target: Path,
+                 summary: dict[str, Any]) -> None:
+    """An up-to-date package registers its root if the store lacks it (a store migrated
+    from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses."""
+    from .store.index import INDEX_NAME
+
+    if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
+        return
+    from .store import WeightStore
+
+    store = WeightStore(store_root)
+    try:
+        if not store.has_root(str(target.absolute()), summary["fingerprint"]):
+            register_root(store, layout, target, summary)
+    except (StoreError, KeyError, TypeError):
+        pass  # a store that cannot take it costs only gc's protection, never the build
 
 
 def _check_devices(loaded: LoadedRecipe, sources: list) -> None:

@@ -52,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
                                  "per-weight files) so the next build writes them again; "
                                  "exit 0 when everything left is sound")
 
+    from .store.commands import add_parsers as add_store_parsers
+
+    add_store_parsers(ssub, "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)")
+
     c = sub.add_parser("convert", help="convert one model between weight forms")
     c.add_argument("direction", choices=("to-external", "to-file-constant", "to-inline"))
     c.add_argument("input")
@@ -154,6 +158,10 @@ def _open_store(args: argparse.Namespace):
 
 def _cmd_store(args: argparse.Namespace) -> int:
     store = _open_store(args)
+    if args.store_command not in ("stats", "verify"):
+        from .store.commands import run
+
+        return run(store, args)
     if args.store_command == "stats":
         stats = store.stats()
         if args.json:

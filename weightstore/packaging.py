@@ -117,9 +117,9 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                 chosen.setdefault(w.site.path, w)
         per_model.append((s, [w for site in s.weights.sites if (w := chosen.get(site.path))]))
     cache = PayloadKeyCache(store.root)
-    index = store.index()
-    for s, ws in per_model:
-        cached = cache.load(s.identity, algo)
+    cached_keys = [(s, ws, cache.load(s.identity, algo)) for s, ws in per_model]
+    index = store.locate({k for _, _, cached in cached_keys for k in cached.values()})
+    for s, ws, cached in cached_keys:
         for w in ws:
             key = cached.get(path_str(w.site.path))
             obj = index.get(key) if key else None
@@ -223,8 +223,11 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
-        # one snapshot: objects never move
-        index = store.index() if plan.files or any(s.scenarios for s in sources) else {}
+        # where this package's payloads live (held until the build ends: gc keeps them)
+        index = store.locate(
+            [p.key for f in plan.files for p in f.payloads]
+            + [w.key for s in sources for w in s.added_weights(layout) if w.key]
+            + [w.key for s in sources for sc in s.scenarios for w in sc.added if w.key])
 
         def locate(key: str) -> FileRange:
             obj = index.get(key)
@@ -290,7 +293,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     from .scenarios.resolve import live_payloads, variant
 
     users: dict[str, set[str]] = {}
-    index = store.index()
+    index = store.locate(w.key for s, _ in per_model for sc in s.scenarios for w in sc.added
+                         if w.key)
 
     def read_added(weight: AddedWeight) -> bytes:
         obj = index.get(weight.key) if weight.key else None

@@ -4,27 +4,38 @@ A content-addressed store is only as good as the claim that the bytes behind a k
 that key. Verification re-hashes everything (on a thread pool: both digests release the GIL)
 and also checks the structure the writers promise: per-weight files named by their digest
 and sized exactly, combined ranges inside their file and disjoint. Leftovers that harm
-nothing (unindexed object files, temp files of an interrupted write) are warnings.
-:mod:`weightstore.store.repair` drops the entries behind the problems from the index.
+nothing (unindexed object files, temp files of an interrupted write, combined-file bytes
+no row references) are warnings. A range this user may not read is reported as
+``no_permission``: it is not damage, and repair leaves it alone.
+
+:func:`verify_store` checks one snapshot of the index without any lock, so builds go on
+meanwhile; a finding is kept only if a fresh look shows the same row (gc or compaction may
+have moved or removed it). :mod:`weightstore.store.repair` drops the entries behind the
+problems from the index.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError
 from ..hashing import digest_file, split_key
-from .index import StoredObject
-from .layout import scan, separate_file_name
+from .layout import kind_of, scan, separate_file_name
+from .objects import StoredObject
 
 ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mismatch",
-                      "name_mismatch", "overlap", "unreadable", "orphan_file", "temp_file"]
+                      "name_mismatch", "overlap", "unreadable", "no_permission",
+                      "not_regular_file", "orphan_file", "temp_file", "unreferenced_bytes"]
+
+if TYPE_CHECKING:
+    from .store import WeightStore
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,9 @@ def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
         if file_size is not None and obj.end <= file_size and obj.key not in trusted:
             to_hash.append(obj)
     problems.extend(_overlaps(index.values()))
+    ends: dict[str, int] = {}
+    for obj in index.values():
+        ends[obj.file] = max(ends.get(obj.file, 0), obj.end)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         problems.extend(p for p in pool.map(lambda o: _check_digest(root, o), to_hash)
                         if p is not None)
@@ -91,6 +105,11 @@ def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
                 for name, size in listing.objects.items() if name not in referenced]
     warnings += [Problem("temp_file", name, None, "temp file left by an interrupted write")
                  for name in listing.temps]
+    warnings += [Problem("unreferenced_bytes", name, None,
+                         f"{size - ends[name]} bytes past the last indexed range (an "
+                         f"interrupted append); gc's compaction reclaims them")
+                 for name, size in listing.objects.items()
+                 if name in ends and kind_of(name) == "combined" and size > ends[name]]
     return VerifyReport(root=str(root), objects=len(index),
                         bytes_hashed=sum(o.size for o in to_hash),
                         problems=tuple(sorted(problems, key=_order)),
@@ -100,6 +119,9 @@ def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
 def _check_shape(obj: StoredObject, file_size: int | None) -> list[Problem]:
     if file_size is None:
         return [Problem("missing_file", obj.file, obj.key, "file does not exist")]
+    if file_size < 0:
+        return [Problem("not_regular_file", obj.file, obj.key,
+                        "not a regular file (a symlink or a folder)")]
     found: list[Problem] = []
     if obj.kind == "separate":
         expected = separate_file_name(obj.key)
@@ -141,6 +163,9 @@ def _check_digest(root: Path, obj: StoredObject) -> Problem | None:
     algo, expected = split_key(obj.key)
     try:
         actual = digest_file(algo, root / obj.file, obj.offset, obj.size)
+    except PermissionError as exc:
+        return Problem("no_permission", obj.file, obj.key,
+                       f"this user may not read it ({exc.strerror}); left alone")
     except (OSError, IntegrityError) as exc:
         return Problem("unreadable", obj.file, obj.key, f"cannot read the range: {exc}")
     if actual != expected:
@@ -150,10 +175,34 @@ def _check_digest(root: Path, obj: StoredObject) -> Problem | None:
 
 
 def _size(path: Path) -> int | None:
+    """The size of a regular file; None when missing, -1 when it is something else."""
     try:
-        return os.stat(path).st_size
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else -1
+
+
+def verify_store(store: WeightStore, jobs: int) -> VerifyReport:
+    """Verify one snapshot of ``store``'s index, then keep the findings that still hold."""
+    with store.index.reading() as conn:
+        snapshot = {obj.key: obj for obj in store.index.objects(conn)}
+    report = verify_objects(store.root, snapshot, jobs)
+    return still_current(store, report, snapshot)
+
+
+def still_current(store: WeightStore, report: VerifyReport,
+                  snapshot: dict[str, StoredObject]) -> VerifyReport:
+    """Drop the problems whose row changed or vanished since the snapshot."""
+    keys = [p.key for p in report.problems if p.key is not None]
+    if not keys:
+        return report
+    now = store.index.locate(keys)
+    kept = tuple(p for p in report.problems
+                 if p.key is None or now.get(p.key) == snapshot.get(p.key))
+    return VerifyReport(root=report.root, objects=report.objects,
+                        bytes_hashed=report.bytes_hashed, problems=kept,
+                        warnings=report.warnings)
 
 
 def _order(p: Problem) -> tuple[str, str, str]:
