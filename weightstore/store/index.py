@@ -222,15 +222,24 @@ class Index:
         the body to recording rows and renames: its duration is every writer's wait.
         """
         conn = self._connect()
-        self._ensure_current(conn)
-        self._begin(conn)
+        try:
+            self._ensure_current(conn)
+            self._begin(conn)
+        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"the store index is damaged: {exc}", path=str(self.path)) from exc
         start = time.perf_counter()
         try:
             yield conn
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+                    exc, (sqlite3.ProgrammingError, sqlite3.InterfaceError)):
+                raise StoreError(f"cannot write the store index: {exc}",
+                                 path=str(self.path)) from exc
             raise
         finally:
             self.write_holds.append(time.perf_counter() - start)
