@@ -47,6 +47,7 @@ FORMAT_VERSION = 2
 INDEX_NAME = "index.sqlite"
 BATCH = 900  # values per IN (...) list: below SQLite's historical limit of 999
 WAIT_REPORT_SECONDS = 10.0
+CHECKPOINT_BYTES = 4 << 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
@@ -115,6 +116,8 @@ class Index:
                                                           self._timeout()),
                                    isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA synchronous=FULL")
+            # checkpoints run after the write transaction, not inside its COMMIT
+            conn.execute("PRAGMA wal_autocheckpoint=0")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the store index: {exc}", path=str(self.path)) from exc
         self._local.conn, self._local.pid = conn, os.getpid()
@@ -229,10 +232,12 @@ class Index:
             raise
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"the store index is damaged: {exc}", path=str(self.path)) from exc
-        start = time.perf_counter()
+        start: float | None = time.perf_counter()
         try:
             yield conn
             conn.execute("COMMIT")
+            self.write_holds.append(time.perf_counter() - start)
+            start = None
         except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
@@ -242,7 +247,19 @@ class Index:
                                  path=str(self.path)) from exc
             raise
         finally:
-            self.write_holds.append(time.perf_counter() - start)
+            if start is not None:
+                self.write_holds.append(time.perf_counter() - start)
+        self._checkpoint(conn)
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        """Fold the journal into the index once it passes :data:`CHECKPOINT_BYTES`
+        (PASSIVE: it never waits for, nor blocks, writers)."""
+        try:
+            if os.stat(f"{self.path}-wal").st_size < CHECKPOINT_BYTES:
+                return
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (OSError, sqlite3.Error):
+            pass
 
     def _begin(self, conn: sqlite3.Connection) -> None:
         start = time.monotonic()
