@@ -346,3 +346,43 @@ def test_kill_during_compaction_then_verify_and_rerun(tmp_path: Path, func: str,
     final = store.verify()
     assert final.ok and [w for w in final.warnings if w.kind != "temp_file"] == []
     assert set(store_index(store)) == {p.key for p in ps[:2]}
+
+
+# -- self-healing builds ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layouts", [COMBINED, SEPARATE])
+def test_a_build_rewrites_a_damaged_object_from_its_source(
+        tmp_path: Path, layouts: str, capsys: pytest.CaptureFixture[str]) -> None:
+    store_dir = tmp_path / "store"
+    recipe = recipe_for(tmp_path / "r", 0, layouts)
+    build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    store = WeightStore(store_dir)
+    victim = max(store_index(store).values(), key=lambda o: o.size)
+    with open(store.path_of(victim), "r+b") as f:
+        f.seek(victim.offset + 5)
+        byte = f.read(1)
+        f.seek(victim.offset + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert not store.verify().ok
+    capsys.readouterr()
+    result = build(recipe, BuildOptions(store=str(store_dir), jobs=2, force=True))
+    assert f"store object {victim.key}" in capsys.readouterr().err
+    layout = "c" if layouts == COMBINED else "s"
+    assert result.packages[0].status == "built"
+    assert check_package(package_of(recipe, layout), verify=True).ok
+    assert store.verify().ok
+
+
+def test_a_damaged_object_without_a_source_names_the_store_file(tmp_path: Path) -> None:
+    from weightstore.errors import IntegrityError
+    from weightstore.packaging import heal
+
+    store = WeightStore(tmp_path / "store")
+    (p,) = payloads(("a", 100))
+    store.put([p], kind="separate")
+    obj = store.lookup(p.key)
+    with pytest.raises(IntegrityError) as exc:
+        heal(store, [], p.key, obj)
+    assert exc.value.context["store_file"] == str(store.path_of(obj))
+    assert "verify --repair" in exc.value.context["hint"]

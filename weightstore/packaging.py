@@ -7,6 +7,7 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from .catalogue.schema import Path as TensorPath
 from .catalogue.schema import path_str
 from .convert.placement import Placement
 from .convert.weights import ModelWeights, Weight
-from .errors import StoreError
+from .errors import IntegrityError, StoreError
 from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
 from .keycache import PayloadKeyCache
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
@@ -27,7 +28,8 @@ from .layout.writer import FileRange, write_plan
 from .model_io import save_model
 from .progress import Progress
 from .recipe import Layout, Recipe
-from .store import BytesPayload, PayloadSource, WeightStore
+from .store import BytesPayload, PayloadSource, StoredObject, WeightStore
+from .store.writer import describe
 from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
 
 if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that use them
@@ -238,7 +240,20 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
 
         with Progress(f"packaging {layout.name}", sum(f.size for f in plan.files),
                       enabled=progress) as bar:
-            write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance)
+            healed_keys: set[str] = set()
+            while True:
+                try:
+                    write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance)
+                    break
+                except IntegrityError as exc:  # a store object damaged since it was written
+                    key = exc.context.get("key")
+                    if key in healed_keys:
+                        raise
+                    healed_keys.add(key)
+                    healed = heal(store, per_model, key, index.get(key))
+                    if healed is None:
+                        raise
+                    index[key] = healed
         def read_added(weight: AddedWeight) -> bytes:
             obj = index.get(weight.key) if weight.key else None
             return store.read(obj) if obj is not None else weight.bytes()
@@ -258,6 +273,26 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: str | None,
+         damaged: StoredObject | None) -> StoredObject | None:
+    """Rewrite a damaged store object from a source that holds its bytes, saying so on
+    stderr; None when the damage is not the store's. No good copy: an IntegrityError that
+    names the store file and offset."""
+    if key is None or damaged is None:
+        return None
+    source = next((_WeightPayload(s.weights, w) for s, ws in per_model for w in ws
+                   if w.key == key), None)
+    if source is None:
+        raise IntegrityError("a store object is damaged and no source of this build holds "
+                             "its bytes", key=key, store_file=str(store.path_of(damaged)),
+                             offset=damaged.offset,
+                             hint="run 'weightstore store verify --repair'")
+    healed = store.heal(source)
+    print(f"weightstore: store object {key} in {damaged.file} at offset {damaged.offset} "
+          f"was damaged; rewritten from {describe(source)}", file=sys.stderr, flush=True)
+    return healed
 
 
 def _package_model(source: Source, weights: list[Weight], where: dict[str, PlannedPayload],

@@ -189,9 +189,7 @@ class WeightStore:
         new: dict[str, StoredObject] = {}
         try:
             with self.index.writing() as conn:
-                lease = self._lease_id()
-                if lease is not None:
-                    leases.hold(conn, lease, wanted)
+                self._hold(conn, wanted)
                 present = {key: obj for key, obj in
                            self._present(self.index.locate(wanted, conn), wanted).items()
                            if stale.get(key) != obj}
@@ -204,6 +202,37 @@ class WeightStore:
             if publish:
                 discard([tmp for key, tmp in staged.items() if key not in new])
         return present, new
+
+    def heal(self, src: PayloadSource) -> StoredObject:
+        """Rewrite the object of ``src.key`` from ``src`` (bytes verified against the key
+        first): a per-weight file is replaced, a combined range is appended again and its
+        row re-pointed (the damaged range becomes unreferenced bytes for compaction)."""
+        old = self.lookup(src.key)
+        if old is None or old.kind == "separate":
+            outcome = write_separate(self.root, [src], 1)
+            if outcome.error is not None:
+                raise outcome.error
+            try:
+                with self.index.writing() as conn:
+                    self._hold(conn, [src.key])
+                    publish_staged(self.root, outcome.objects, outcome.staged)
+                    self.index.insert(conn, outcome.objects)
+            finally:
+                discard(list(outcome.staged))
+            return outcome.objects[0]
+        with self.file_lock(old.file):
+            outcome = append_combined(self.root, old.file, [src], _alignment_of(old), 1)
+            if outcome.error is not None:
+                raise outcome.error
+            with self.index.writing() as conn:
+                self._hold(conn, [src.key])
+                self.index.insert(conn, outcome.objects)
+        return outcome.objects[0]
+
+    def _hold(self, conn: Any, keys: Iterable[str]) -> None:
+        lease = self._lease_id()
+        if lease is not None:
+            leases.hold(conn, lease, keys)
 
     def _present(self, rows: dict[str, StoredObject],
                  wanted: dict[str, PayloadSource]) -> dict[str, StoredObject]:
@@ -456,3 +485,8 @@ def _collapse(payloads: Iterable[PayloadSource]) -> dict[str, PayloadSource]:
                                  size=size, other_size=first.size)
     return wanted
 
+
+def _alignment_of(obj: StoredObject) -> int:
+    """The largest power of two (at most 4096) dividing the offset: what it was written
+    with, or a multiple of it."""
+    return min(4096, obj.offset & -obj.offset) if obj.offset else 4096
