@@ -8,7 +8,6 @@ import json
 import multiprocessing as mp
 import os
 import sqlite3
-import stat
 from pathlib import Path
 
 import pytest
@@ -240,38 +239,42 @@ def test_rows_with_impossible_values_are_damage_not_tracebacks(tmp_path: Path) -
 # -- read-only stores ---------------------------------------------------------------------
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes through permissions")
-def test_a_read_only_store_verifies_and_serves_lookups(tmp_path: Path) -> None:
+def test_a_read_only_store_verifies_and_serves_lookups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightstore.store.index import Index
+
     store = WeightStore(tmp_path / "s")
     ps = payloads(("a", 100), ("b", 200))
     store.put(ps, kind="separate")
-    modes = {}
-    for path in [store.root, *store.root.iterdir()]:
-        modes[path] = path.stat().st_mode
-        path.chmod(path.stat().st_mode & ~0o222)
-    try:
-        ro = WeightStore(store.root)
-        assert set(ro.locate([p.key for p in ps])) == {p.key for p in ps}
-        assert ro.verify().ok
-    finally:
-        for path, mode in modes.items():
-            path.chmod(stat.S_IMODE(mode))
+    monkeypatch.setattr(Index, "writable", lambda self: False)  # as on a read-only mount
+    monkeypatch.setattr(Index, "writing", None)  # any write would fail loudly
+    ro = WeightStore(store.root)
+    assert set(ro.locate([p.key for p in ps])) == {p.key for p in ps}
+    assert ro.verify().ok
+    assert ro.put(ps, kind="separate").reused_objects == 2
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads through permissions")
-def test_repair_never_deletes_what_it_merely_cannot_read(tmp_path: Path) -> None:
+def test_repair_never_deletes_what_it_merely_cannot_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import weightstore.store.verify as verify_module
+
     store = WeightStore(tmp_path / "s")
     ps = payloads(("a", 100), ("b", 200))
     store.put(ps, kind="separate")
     locked = store.root / ("weight_" + ps[0].key.split(":")[1])
-    locked.chmod(0)
-    try:
-        report = store.repair()
-        assert report.dropped == () and report.deleted_files == ()
-        assert {p.kind for p in report.found.problems} == {"no_permission"}
-        assert locked.exists()
-    finally:
-        locked.chmod(0o644)
+    real = verify_module.digest_file
+
+    def as_another_user(algo, path, *args):  # a 0600 file of someone else
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(algo, path, *args)
+
+    monkeypatch.setattr(verify_module, "digest_file", as_another_user)
+    report = store.repair()
+    assert report.dropped == () and report.deleted_files == ()
+    assert {p.kind for p in report.found.problems} == {"no_permission"}
+    assert locked.read_bytes() == ps[0].data
+    monkeypatch.undo()
     assert store.verify().ok
 
 
@@ -323,3 +326,28 @@ def test_a_lost_index_is_rebuilt_from_per_weight_objects(tmp_path: Path) -> None
     (other / "meta.json").write_text('{"format_version": 1, "hash_to_weight_file": [')
     assert WeightStore(other).repair().rebuilt == 2
     assert set(store_index(WeightStore(other))) == {p.key for p in sep}
+
+
+def test_a_read_only_store_serves_a_build_without_writing(
+        tmp_path: Path, encoder_model, save_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a read-only mount: every payload present, so the build needs no write."""
+    from weightstore.build import BuildOptions, build
+    from weightstore.store.index import Index
+
+    from .test_build import write_recipe
+
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n")
+    store = tmp_path / "store"
+    build(recipe, BuildOptions(store=str(store), jobs=2))
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
+    monkeypatch.setattr(Index, "writable", lambda self: False)
+    monkeypatch.setattr(Index, "writing", None)  # any write would fail loudly
+    result = build(recipe, BuildOptions(store=str(store), jobs=2, force=True))
+    assert result.store_report["written_objects"] == 0
+    assert WeightStore(store).verify().ok
+    after = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
+    assert after == before

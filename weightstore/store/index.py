@@ -161,22 +161,42 @@ class Index:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("COMMIT")
 
+    def writable(self) -> bool:
+        """Whether this user can write the index (and so the store): not on a read-only
+        mount, nor through permissions."""
+        try:
+            if os.statvfs(self.root).f_flag & os.ST_RDONLY:
+                return False
+        except (OSError, AttributeError):
+            pass
+        return os.access(self.root, os.W_OK) and (not self.exists()
+                                                   or os.access(self.path, os.W_OK))
+
     def _reader(self) -> sqlite3.Connection:
         """The thread's connection; on a store this user cannot write (permissions, a
         read-only mount), an immutable read-only one."""
-        if os.access(self.root, os.W_OK) and os.access(self.path, os.W_OK):
+        if self.writable():
             return self._connect()
         conn = getattr(self._local, "ro", None)
         if conn is None or self._local.ro_pid != os.getpid():
-            uri = self.path.absolute().as_uri() + "?mode=ro&immutable=1"
-            try:
-                conn = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                       check_same_thread=False)
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot open the store index: {exc}",
-                                 path=str(self.path)) from exc
+            conn = self._read_only()
             self._local.ro, self._local.ro_pid = conn, os.getpid()
         return conn
+
+    def _read_only(self) -> sqlite3.Connection:
+        """``mode=ro`` reads the journal too (SQLite >= 3.22, with the -shm file present);
+        where even that is impossible, ``immutable=1`` reads the main file alone."""
+        base = self.path.absolute().as_uri()
+        error: sqlite3.Error | None = None
+        for query in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                conn = sqlite3.connect(base + query, uri=True, isolation_level=None,
+                                       check_same_thread=False)
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.Error as exc:
+                error = exc
+        raise StoreError(f"cannot open the store index: {error}", path=str(self.path))
 
     @staticmethod
     def _version(conn: sqlite3.Connection) -> int:

@@ -103,6 +103,9 @@ class WeightStore:
         """Hold every key this store object locates or puts until the block ends, so that
         gc and compaction running meanwhile never take them away (see :mod:`.leases`)."""
         self._make_root()
+        if not self.writable():  # no gc can run on it either: nothing to protect from
+            yield self
+            return
         with self.index.writing() as conn:
             lease = leases.open_lease(conn)
         self._lease = (os.getpid(), lease)
@@ -112,6 +115,13 @@ class WeightStore:
             self._lease = None
             with contextlib.suppress(StoreError), self.index.writing() as conn:
                 leases.close_lease(conn, lease)
+
+    def writable(self) -> bool:
+        """False for a store this user may only read (permissions, a read-only mount):
+        it still verifies and serves builds whose payloads are all present."""
+        if not self.root.is_dir():
+            return True  # the first write creates it (or says why it cannot)
+        return self.index.writable()
 
     def _lease_id(self) -> int | None:
         if self._lease is not None and self._lease[0] == os.getpid():
@@ -147,6 +157,10 @@ class WeightStore:
             missing = [src for key, src in todo.items() if key not in present]
             # rows whose bytes were not intact: our new bytes replace them
             stale = {key: rows[key] for key in rows if key not in present}
+            if not missing and self._lease_id() is None:
+                located.update(present)  # nothing to write or to hold: no write lock
+                todo = {}
+                break
             if combined_file is None:
                 outcome = write_separate(self.root, missing, jobs)
                 found, new = self._record(todo, outcome, stale, publish=True)
@@ -371,6 +385,8 @@ class WeightStore:
         from . import roots
 
         self._make_root()
+        if not self.writable():
+            return  # a read-only store: nothing will ever collect what the package uses
         with self.index.writing() as conn:
             roots.register(conn, record, keys)
 
