@@ -17,8 +17,17 @@ Variants:
 * ``cold``: build with an empty store and no output folder;
 * ``warm``: store already filled by an earlier build, output folder removed first;
 * ``unchanged``: everything in place; the build must report the package up-to-date;
+* ``rehash``: like ``warm`` with the store's caches (``source-digests.json``,
+  ``payload-keys/``) deleted first, so every source byte is hashed again;
 * ``onnx``: ``onnx.load`` + ``onnx.save_model`` to one external-data file;
 * ``copy``: ``shutil.copyfile`` of the model.
+
+Besides the processes, one child times in-process what checking the caches adds on the
+warm store (median of 5): the sampled page of every cached payload key read from the
+source and from the stored object, and the source digest's cache lookup with its MAC,
+against hashing every payload (4 threads). The other half of the key check, copying
+cached payloads from the source instead of the store, reads the same bytes as before:
+it shows in ``warm`` only.
 
 This is a measurement, not a gate: the exit code is 0 whatever the figures (2 only when a
 measured command fails, since then there is nothing to report).
@@ -77,6 +86,46 @@ src, out, location = sys.argv[1:4]
 m = onnx.load(src)
 onnx.save_model(m, out, save_as_external_data=True, all_tensors_to_one_file=True,
                 location=location, size_threshold=1024)
+"""
+
+CACHE_CHECKS = """\
+import json, statistics, sys, time
+from pathlib import Path
+from weightstore import packaging
+from weightstore.fingerprint import CACHE_NAME, FileDigests
+from weightstore.keycache import PayloadKeyCache, RangeReader, samples_agree
+from weightstore.catalogue.schema import path_str
+from weightstore.store import WeightStore
+model, store_root = Path(sys.argv[1]), Path(sys.argv[2])
+store = WeightStore(store_root)
+(s,) = packaging.open_sources([("{model_name}", model)])
+ws = s.weights.select(1024, "external-data")
+digests = FileDigests(store_root / CACHE_NAME)
+identity = {{"source_digest": digests.of(model),
+            "external": {{loc: digests.of(p) for loc, p in s.external_files}}}}
+assert not digests._fresh, "the source digest was not served from the cache"
+keys = PayloadKeyCache(store_root).load(identity, "blake3")
+index = store.locate(keys.values())
+pairs = [((str(w.payload.file), w.payload.offset),
+          (str(store.path_of(index[keys[path_str(w.site.path)]])),
+           index[keys[path_str(w.site.path)]].offset), w.size) for w in ws]
+def digest_check():
+    FileDigests(store_root / CACHE_NAME).of(model)
+def samples():
+    with RangeReader() as files:
+        assert all(samples_agree(files, a, b, n) for a, b, n in pairs)
+def hashing():
+    s.weights.keys.clear()
+    s.weights.hash(ws, "blake3", 4)
+def median(fn):
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+print(json.dumps({{"digest_check_s": median(digest_check), "key_checks_s": median(samples),
+                  "hash_s": median(hashing), "tensors": len(ws)}}))
 """
 
 COPY = """\
@@ -174,6 +223,15 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
             untimed_build(warm_store)
         return build(warm_store)
 
+    def rehash() -> list[str]:
+        if not warm_store.exists():
+            _rm(out)
+            untimed_build(warm_store)
+        _rm(out)
+        _rm(warm_store / "source-digests.json")
+        _rm(warm_store / "payload-keys")
+        return build(warm_store)
+
     def onnx_save() -> list[str]:
         _rm(onnx_dir)
         onnx_dir.mkdir()
@@ -188,6 +246,7 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
         Variant("cold", cold, _expect("built", lambda n: n > 0)),
         Variant("warm", warm, _expect("built", lambda n: n == 0)),
         Variant("unchanged", unchanged, _expect("up-to-date")),
+        Variant("rehash", rehash, _expect("built", lambda n: n == 0)),
         Variant("onnx", onnx_save),
         Variant("copy", copy),
     ]
@@ -203,10 +262,27 @@ def run_once(variant: Variant, workdir: Path) -> Process:
     return run
 
 
-def ratios(variants: dict[str, Variant], model_bytes: int) -> list[Target]:
+def cache_checks(workdir: Path, model: Path) -> dict[str, float]:
+    """In-process seconds (medians) of the cache checks and of hashing, on the warm store;
+    run after the variants, whose last ``warm`` run left the caches in place."""
+    script = CACHE_CHECKS.format(model_name=MODEL_NAME)
+    run = measure([sys.executable, "-c", script, str(model), str(workdir / "store-warm")],
+                  workdir, "cache-checks")
+    try:
+        return json.loads(run.output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BenchError(f"cache checks printed no figures\n{run.output}") from None
+
+
+def ratios(variants: dict[str, Variant], model_bytes: int,
+           checks: dict[str, float]) -> list[Target]:
     med = {name: statistics.median(r.seconds for r in v.runs) for name, v in variants.items()}
     cold_rss = max(r.peak_rss for r in variants["cold"].runs)
     return [
+        Target("cache checks / hashing",
+               (checks["key_checks_s"] + checks["digest_check_s"]) / checks["hash_s"], 0.05,
+               digits=4),
+        Target("warm / rehash", med["warm"] / med["rehash"], None),
         Target("warm / onnx", med["warm"] / med["onnx"], 0.8),
         Target("cold / onnx", med["cold"] / med["onnx"], 1.5),
         Target("unchanged / cold", med["unchanged"] / med["cold"], 0.2),
@@ -267,7 +343,13 @@ def bench_size(size_mb: int, runs: int,
         harness.log(f"{size_mb} MB: round {i + 1}/{runs}")
         for v in variants:
             v.runs.append(run_once(v, workdir))
-    return variants, ratios({v.name: v for v in variants}, model_bytes), model, model_bytes
+    for v in variants:
+        if v.name == "warm":  # leave the warm store's caches in place for the checks
+            run_once(v, workdir)
+    checks = cache_checks(workdir, model)
+    harness.log(f"cache checks: {json.dumps(checks)}")
+    found = ratios({v.name: v for v in variants}, model_bytes, checks)
+    return variants, found, model, model_bytes
 
 
 def run_all(sizes: list[int], runs: int,

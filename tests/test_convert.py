@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -182,8 +183,9 @@ def _one_external(tmp_path: Path) -> tuple[Path, Path]:
     src = tmp_path / "src.onnx"
     onnx.save(model, str(src))
     out = tmp_path / "ext.onnx"
-    convert_to_external(src, out, threshold=0)
-    return out, tmp_path / "ext_weight_combined"
+    report = convert_to_external(src, out, threshold=0)
+    assert report.data_file is not None
+    return out, report.data_file
 
 
 def test_inline_detects_digest_mismatch(tmp_path):
@@ -269,13 +271,18 @@ def test_refuses_to_overwrite_what_the_input_reads(tmp_path):
               size_threshold=0)
     before = (tmp_path / "out_weight_combined").read_bytes()
     with pytest.raises(ConversionError, match="overwrite"):
-        convert_to_external(src, tmp_path / "out.onnx", threshold=0)
-    with pytest.raises(ConversionError, match="overwrite"):
         convert_to_inline(src, tmp_path / "out_weight_combined")
     with pytest.raises(ConversionError, match="overwrite"):
         convert_to_inline(src, src)
     assert (tmp_path / "out_weight_combined").read_bytes() == before
     assert not (tmp_path / "out.onnx").exists()
+    # a data file named after its content never meets the input's file
+    report = convert_to_external(src, tmp_path / "out.onnx", threshold=0)
+    assert report.data_file.name.startswith("out.")
+    assert (tmp_path / "out_weight_combined").read_bytes() == before
+    shutil.copyfile(tmp_path / "out.onnx", tmp_path / "copy.onnx")
+    with pytest.raises(ConversionError, match="overwrite"):  # ... unless it is that file
+        convert_to_external(tmp_path / "copy.onnx", tmp_path / "out.onnx", threshold=0)
 
 
 def test_signalling_nan_survives_typed_round_trip(tmp_path):
@@ -290,8 +297,51 @@ def test_signalling_nan_survives_typed_round_trip(tmp_path):
     src = tmp_path / "m.onnx"
     onnx.save(model, str(src))
     for form in FORMS:
-        convert_to_external(src, tmp_path / "o.onnx", form=form, threshold=0)
-        data = (tmp_path / "o_weight_combined").read_bytes()
+        report = convert_to_external(src, tmp_path / "o.onnx", form=form, threshold=0)
+        data = report.data_file.read_bytes()
         assert data[:1600] == bits.tobytes()
         convert_to_inline(tmp_path / "o.onnx", tmp_path / "b.onnx")
         assert (tmp_path / "b.onnx").read_bytes() == _bytes(model)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_crash_between_the_two_renames_keeps_the_old_pair(form, shared_pair, tmp_path,
+                                                          monkeypatch):
+    """Replacing ``out.onnx``: a crash after the data file is written and before the model
+    is must leave the old model running its own weights, not the new ones."""
+    import weightstore.convert.api as api
+
+    first, second = (tmp_path / "a.onnx", tmp_path / "b.onnx")
+    onnx.save(shared_pair[0], str(first))
+    onnx.save(shared_pair[1], str(second))
+    out = tmp_path / "out" / "m.onnx"
+    out.parent.mkdir()
+    convert_to_external(first, out, form=form, threshold=1024)
+    inputs = sample_inputs(shared_pair[0])
+
+    def outputs(path: Path) -> list[np.ndarray]:
+        if form == "file-constant":
+            back = tmp_path / "back.onnx"
+            convert_to_inline(path, back)
+            path = back
+        return run_onnxruntime(path, inputs)
+
+    expected = outputs(out)
+    old_files = sorted(p.name for p in out.parent.iterdir())
+
+    def killed(model, path):
+        raise KeyboardInterrupt("killed between the renames")
+
+    monkeypatch.setattr(api, "save_model", killed)
+    with pytest.raises(KeyboardInterrupt):
+        convert_to_external(second, out, form=form, threshold=1024)
+    monkeypatch.undo()
+    for e, a in zip(expected, outputs(out), strict=True):
+        assert np.array_equal(e, a)
+    # the finished conversion replaces the pair and leaves only its own data file
+    report = convert_to_external(second, out, form=form, threshold=1024)
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(["m.onnx",
+                                                                   report.data_file.name])
+    assert report.data_file.name not in old_files
+    for e, a in zip(run_onnxruntime(shared_pair[1], inputs), outputs(out), strict=True):
+        assert np.array_equal(e, a)

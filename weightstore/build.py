@@ -167,7 +167,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                    store_root: Path, digests: FileDigests, options: BuildOptions,
                    result: BuildResult) -> None:
     from . import packaging  # onnx and the catalogue: only when something must be built
-    from .locking import target_lock
+    from .keycache import StaleKeyError
     from .model_io import PROTOBUF_LIMIT
     from .scenarios.storage import read_scenarios
     from .store import WeightStore
@@ -199,25 +199,48 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             todo.append((layout, target, fp))
         store = WeightStore(store_root)
         with store.leased():  # gc spares every key this build relies on until it ends
-            result.store_report = packaging.fill_store(
-                store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
-                options.jobs, options.progress)
-            for layout, target, fp in todo:
-                with target_lock(target):
-                    # another build may have published here since the first look
-                    existing = _existing_summary(target, options.force)
-                    if existing is not None and not options.force:
-                        if existing.get("fingerprint") == fp and _intact(target, existing):
-                            result.packages.append(
-                                PackageResult(layout.name, target, "up-to-date", existing))
-                            continue
-                        _refuse(target, existing, fp)
-                    summary = packaging.write_package(recipe, layout, target, fp, sources,
-                                                      store, options.jobs, options.progress)
-                    register_root(store, layout, target, summary)
-                result.packages.append(PackageResult(layout.name, target, "built", summary))
+            try:
+                _fill_and_write(loaded, todo, sources, store, options, result)
+            except StaleKeyError:
+                # a damaged payload-key cache: forget it and hash every key (once)
+                packaging.distrust_cached_keys(sources, store, recipe.store.hash)
+                _fill_and_write(loaded, todo, sources, store, options, result,
+                                trust_cache=False)
     finally:
         packaging.close_sources(sources)
+
+
+def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
+                    sources: list, store: Any, options: BuildOptions, result: BuildResult,
+                    *, trust_cache: bool = True) -> None:
+    """Fill the store for ``todo``'s layouts and write them; each layout written is
+    removed from ``todo``."""
+    from . import packaging
+    from .locking import target_lock
+
+    recipe = loaded.recipe
+    report = packaging.fill_store(
+        store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
+        options.jobs, options.progress, trust_cache=trust_cache)
+    for k, v in report.items():
+        result.store_report[k] = result.store_report.get(k, 0) + v
+    while todo:
+        layout, target, fp = todo[0]
+        with target_lock(target):
+            # another build may have published here since the first look
+            existing = _existing_summary(target, options.force)
+            if existing is not None and not options.force:
+                if existing.get("fingerprint") == fp and _intact(target, existing):
+                    result.packages.append(
+                        PackageResult(layout.name, target, "up-to-date", existing))
+                    todo.pop(0)
+                    continue
+                _refuse(target, existing, fp)
+            summary = packaging.write_package(recipe, layout, target, fp, sources, store,
+                                              options.jobs, options.progress)
+            register_root(store, layout, target, summary)
+        result.packages.append(PackageResult(layout.name, target, "built", summary))
+        todo.pop(0)
 
 
 def register_root(store, layout: Layout, target: Path, summary: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
+from .cache_mac import entry_mac, verify_mac
 from .fsio import atomic_write_bytes
 from .hashing import digest_bytes, digest_file, make_key
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 FINGERPRINT_ALGO = "blake3"
 CACHE_NAME = "source-digests.json"
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 CACHE_LIMIT = 10_000
 RACY_SECONDS = 2
 
@@ -36,6 +37,11 @@ class FileDigests:
     mtime and ctime are unchanged (ctime cannot be set back by users, so any rewrite is
     seen). As git does for its index, a file modified within the last
     :data:`RACY_SECONDS` is not cached: timestamps are too coarse to trust for it.
+
+    The cache file sits in the store, which a group may share, and a digest cannot be
+    checked without reading the whole file; so every entry carries a MAC under the user's
+    own key (:mod:`weightstore.cache_mac`) binding path, stamp and digest. An entry that
+    fails it, however it was damaged, is hashed again.
     """
 
     def __init__(self, cache_file: Path | None = None) -> None:
@@ -52,12 +58,14 @@ class FileDigests:
         stamp = {"size": st.st_size, "ino": st.st_ino, "dev": st.st_dev,
                  "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
         entry = self._saved.get(str(path))
-        if entry is not None and all(entry.get(k) == v for k, v in stamp.items()):
+        if _trusted(str(path), entry, stamp):
             digest = entry["digest"]
         else:
             digest = make_key(FINGERPRINT_ALGO, digest_file(FINGERPRINT_ALGO, path))
-            if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_SECONDS * 10**9:
-                self._fresh[str(path)] = {**stamp, "digest": digest}
+            mac = entry_mac(_signed(str(path), stamp, digest))
+            if (mac is not None and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns)
+                    > RACY_SECONDS * 10**9):
+                self._fresh[str(path)] = {**stamp, "digest": digest, "mac": mac}
         self._cache[path] = digest
         return digest
 
@@ -71,6 +79,19 @@ class FileDigests:
         doc = {"format_version": CACHE_FORMAT_VERSION, "entries": entries}
         with contextlib.suppress(OSError):
             atomic_write_bytes(self._file, json.dumps(doc, sort_keys=True).encode())
+
+
+def _signed(path: str, stamp: Mapping[str, Any], digest: str) -> dict[str, Any]:
+    """What an entry's MAC covers: moving, swapping or editing any part breaks it."""
+    return {"path": path, "stamp": dict(stamp), "digest": digest}
+
+
+def _trusted(path: str, entry: object, stamp: Mapping[str, Any]) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
+        return False
+    if any(entry.get(k) != v for k, v in stamp.items()):
+        return False
+    return verify_mac(_signed(path, stamp, entry["digest"]), entry.get("mac"))
 
 
 def _load_cache(path: Path | None) -> dict[str, dict[str, Any]]:

@@ -7,15 +7,24 @@ function of that content. The cache lives in the store, beside ``meta.json``::
     <store root>/payload-keys/<blake3 of the identity>.<algo>.json
         {"format_version": 1, "keys": {"<tensor path>": "<algo>:<hex>", ...}}
 
-A cached key is used only when the store holds an object of the payload's exact size under
-it; the package writer then re-hashes every byte it copies, so a stale entry cannot
-publish a wrong payload of another size or corrupt bytes.
+The file sits in a store a group may share, so nothing in it is believed unchecked. A
+cached key is used only when the store holds an object of the payload's exact size under
+it whose sampled bytes (:func:`sample_ranges`) equal the source's at the same place: one
+page per tensor, against a full read for hashing (payloads held in typed fields are
+decoded for it, as the package writer decodes them anyway). One
+mismatch drops the whole entry and the source is hashed again. That check is cheap, not
+complete, so the package writer copies every payload whose key came from here out of the
+source itself (not the store) and re-hashes what it wrote, as it re-hashes every copy:
+each cached key is proven against the source's bytes at no extra read. Tensors sharing a
+cached key are hashed (only duplicates cost a read). A key that fails there raises
+:class:`StaleKeyError`; the build drops the entry and starts over with every key hashed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +35,11 @@ from .hashing import digest_bytes, split_key
 
 FOLDER = "payload-keys"
 FORMAT_VERSION = 1
+SAMPLE = 4096  # bytes per sampled page
+
+
+class StaleKeyError(IntegrityError):
+    """A cached payload key does not match the source bytes it was cached for."""
 
 
 class PayloadKeyCache:
@@ -46,6 +60,11 @@ class PayloadKeyCache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
             return {}
 
+    def drop(self, identity: Mapping[str, Any], algo: str) -> None:
+        """Forget a source's entry (it proved wrong)."""
+        with contextlib.suppress(OSError):
+            self._path(identity, algo).unlink()
+
     def save(self, identity: Mapping[str, Any], algo: str, keys: Mapping[str, str]) -> None:
         """Merge ``keys`` into the entry (a cache: failures to write are ignored)."""
         merged = {**self.load(identity, algo), **keys}
@@ -54,3 +73,54 @@ class PayloadKeyCache:
             self.folder.mkdir(exist_ok=True)
             atomic_write_bytes(self._path(identity, algo),
                                json.dumps(doc, indent=0, sort_keys=True).encode())
+
+
+def sample_ranges(size: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of what is compared before a cached key is believed: the
+    payload's middle page (one read a side per tensor; the whole payload when smaller)."""
+    if size <= SAMPLE:
+        return [(0, size)]
+    return [((size - SAMPLE) // 2, SAMPLE)]
+
+
+class RangeReader:
+    """Positional reads of byte ranges, one open descriptor per file."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str | os.PathLike[str], offset: int, length: int) -> bytes:
+        name = os.fspath(path)
+        fd = self._fds.get(name)
+        if fd is None:
+            fd = self._fds[name] = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return os.pread(fd, length, offset)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def samples_agree(files: RangeReader, source: tuple[str, int] | bytes,
+                  stored: tuple[str, int], size: int) -> bool:
+    """Do ``size`` bytes at ``source`` (``(path, offset)``, or the payload itself) and at
+    ``stored`` hold the same bytes at every sampled page? Unreadable counts as no."""
+    b, b_off = stored
+    try:
+        for off, n in sample_ranges(size):
+            if isinstance(source, bytes):
+                mine = source[off:off + n]
+            else:
+                mine = files.read(source[0], source[1] + off, n)
+            if mine != files.read(b, b_off + off, n):
+                return False
+        return True
+    except OSError:
+        return False

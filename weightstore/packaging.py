@@ -22,7 +22,8 @@ from .convert.placement import Placement
 from .convert.weights import ModelWeights, Weight
 from .errors import IntegrityError, StoreError
 from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
-from .keycache import PayloadKeyCache
+from .hashing import split_key
+from .keycache import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from .layout.writer import FileRange, write_plan
 from .model_io import save_model
@@ -47,6 +48,7 @@ class Source:
     weights: ModelWeights
     identity: dict[str, Any] = field(default_factory=dict)
     scenarios: list[PackagedScenario] = field(default_factory=list)
+    unverified: set[TensorPath] = field(default_factory=set)  # keys taken from the cache
 
     def added_weights(self, layout: Layout) -> list[AddedWeight]:
         """Weights the scenarios add that ``layout`` puts in its weight files."""
@@ -100,10 +102,13 @@ class _WeightPayload:
 
 
 def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout], algo: str,
-               jobs: int, progress: bool | None) -> dict[str, int]:
+               jobs: int, progress: bool | None, *, trust_cache: bool = True,
+               ) -> dict[str, int]:
     """Hash every payload some layout externalizes and put it into the store once.
 
-    Embedded layouts keep every weight inline and need nothing from the store.
+    Embedded layouts keep every weight inline and need nothing from the store. Keys of
+    unchanged sources come from the payload-key cache when they pass its checks
+    (:mod:`weightstore.keycache`).
     """
     layouts = [layout for layout in layouts if layout.external_weight != "embedded"]
     report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
@@ -118,18 +123,12 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             for w in s.weights.select(layout.size_threshold, layout.constants):
                 chosen.setdefault(w.site.path, w)
         per_model.append((s, [w for site in s.weights.sites if (w := chosen.get(site.path))]))
-    cache = PayloadKeyCache(store.root)
-    cached_keys = [(s, ws, cache.load(s.identity, algo)) for s, ws in per_model]
-    index = store.locate({k for _, _, cached in cached_keys for k in cached.values()})
-    for s, ws, cached in cached_keys:
-        for w in ws:
-            key = cached.get(path_str(w.site.path))
-            obj = index.get(key) if key else None
-            if obj is not None and obj.size == w.size:
-                s.weights.keys.setdefault(w.site.path, key)
+    if trust_cache:
+        _use_cached_keys(store, per_model, algo)
     total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
     with Progress("hashing", total, enabled=progress) as bar:
         hashed = [(s, s.weights.hash(ws, algo, jobs, bar.advance)) for s, ws in per_model]
+    cache = PayloadKeyCache(store.root)
     with Progress("storing", total, enabled=progress) as bar:
         for s, ws in hashed:
             payloads: list[PayloadSource] = [_WeightPayload(s.weights, w) for w in ws]
@@ -156,6 +155,78 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                 for k, v in put.to_dict().items():
                     report[k] += v
     return report
+
+
+def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weight]]],
+                     algo: str) -> None:
+    """Take each source's cached keys that pass the cheap checks; one failure drops the
+    source's whole entry (it is damaged or tampered with) and leaves every key to hashing.
+    """
+    cache = PayloadKeyCache(store.root)
+    entries = [(s, ws, cache.load(s.identity, algo)) for s, ws in per_model]
+    index = store.locate({key for _, _, cached in entries for key in cached.values()})
+    store_files: dict[str, str] = {}
+    with RangeReader() as files:
+        for s, ws, cached in entries:
+            found: dict[TensorPath, str] = {}
+            for w in ws:
+                key = cached.get(path_str(w.site.path))
+                obj = index.get(key) if key else None
+                if obj is None:
+                    continue  # not cached, or gone from the store: hashed
+                if obj.file not in store_files:
+                    store_files[obj.file] = str(store.path_of(obj))
+                p = w.payload
+                mine = (str(p.file), p.offset) if p.encoding == "raw" else s.weights.read(w)
+                if obj.size != w.size or not samples_agree(
+                        files, mine, (store_files[obj.file], obj.offset), w.size):
+                    cache.drop(s.identity, algo)
+                    found = {}
+                    break
+                found[w.site.path] = key
+            for path, key in found.items():
+                if path not in s.weights.keys:
+                    s.weights.keys[path] = key
+                    s.unverified.add(path)
+
+
+def distrust_cached_keys(sources: list[Source], store: WeightStore, algo: str) -> None:
+    """After a :class:`StaleKeyError`: forget every unproven cached key and its entries."""
+    cache = PayloadKeyCache(store.root)
+    for s in sources:
+        if s.unverified:
+            cache.drop(s.identity, algo)
+        for path in s.unverified:
+            s.weights.keys.pop(path, None)
+        s.unverified.clear()
+
+
+def _cached_claims(per_model: list[tuple[Source, list[Weight]]],
+                   ) -> dict[str, tuple[Source, Weight]]:
+    """Prove or pick a witness for every key some tensor took from the cache unproven.
+
+    The first such tensor of a key is its witness: the package writer copies the payload
+    from it and re-hashes the copy. Every other unproven tensor of the key is hashed
+    here (duplicates only). Raises :class:`StaleKeyError` for a key that does not match.
+    """
+    witness: dict[str, tuple[Source, Weight]] = {}
+    for s, ws in per_model:
+        for w in ws:
+            if w.site.path not in s.unverified:
+                continue
+            if w.key in witness:
+                _check_claim(s, w)
+            else:
+                witness[w.key] = (s, w)
+    return witness
+
+
+def _check_claim(s: Source, w: Weight) -> None:
+    algo, expected = split_key(w.key)
+    if s.weights.digest(w, algo) != expected:
+        raise StaleKeyError("cached payload key does not match the source's bytes",
+                            model=s.name, tensor=path_str(w.site.path), key=w.key)
+    s.unverified.discard(w.site.path)
 
 
 def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[tuple[str, int]]]],
@@ -231,7 +302,15 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             + [w.key for s in sources for w in s.added_weights(layout) if w.key]
             + [w.key for s in sources for sc in s.scenarios for w in sc.added if w.key])
 
-        def locate(key: str) -> FileRange:
+        witness = _cached_claims(per_model)
+
+        def locate(key: str) -> FileRange | bytes:
+            claim = witness.get(key)
+            if claim is not None:  # a cached key: the copy from the source proves it
+                s, w = claim
+                if w.payload.encoding == "raw":
+                    return FileRange(w.payload.file, w.payload.offset)
+                return s.weights.read(w)
             obj = index.get(key)
             if obj is None:
                 raise StoreError("payload vanished from the store", key=key,
@@ -245,15 +324,23 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                 try:
                     write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance)
                     break
-                except IntegrityError as exc:  # a store object damaged since it was written
-                    key = exc.context.get("key")
+                except IntegrityError as exc:
+                    key = exc.context.get("key", "")
+                    claim = witness.get(key)
+                    if claim is not None:
+                        raise StaleKeyError("cached payload key does not match the source's "
+                                            "bytes", model=claim[0].name,
+                                            tensor=path_str(claim[1].site.path),
+                                            key=claim[1].key) from exc
                     if key in healed_keys:
                         raise
-                    healed_keys.add(key)
+                    healed_keys.add(key)  # a store object damaged since it was written
                     healed = heal(store, per_model, key, index.get(key))
                     if healed is None:
                         raise
                     index[key] = healed
+        for s, w in witness.values():
+            s.unverified.discard(w.site.path)
         def read_added(weight: AddedWeight) -> bytes:
             obj = index.get(weight.key) if weight.key else None
             return store.read(obj) if obj is not None else weight.bytes()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +14,8 @@ import onnx
 from ..catalogue.descriptors import weight_descriptors
 from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
-from ..errors import ConversionError
+from ..errors import ConversionError, WeightstoreError
+from ..hashing import digest_bytes
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..model_io import save_model
@@ -19,7 +23,8 @@ from ..outputs import check_outputs, files_read, scenario_locations
 from ..scenarios.api import rebase_scenarios
 from ..scenarios.storage import read_scenarios
 from ..scenarios.variants import metadata_of
-from ..store.layout import combined_file_name
+from ..store.layout import COMBINED_SUFFIX
+from .file_constant import file_constant_locations
 from .inline import inline_model
 from .placement import Placement
 from .weights import ModelWeights, Weight
@@ -59,17 +64,25 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                         form: str = "external-data", threshold: int = 1024,
                         algo: str = "blake3", alignment: int = 512,
                         jobs: int = 4) -> ConvertReport:
-    """Move payloads of at least ``threshold`` bytes into ``<dst stem>_weight_combined``."""
+    """Move payloads of at least ``threshold`` bytes into ``<dst stem>.<tag>_weight_combined``.
+
+    Model and data are one pair, published in two renames. The data file's name carries a
+    tag of its content, so it is written under a name no existing model refers to; only
+    then does the new model replace ``dst``. A crash in between leaves the old model with
+    its old data (plus an unreferenced new file), never the old model reading new bytes.
+    The data file the replaced model used is removed last.
+    """
     src, dst = Path(src), Path(dst)
     with ModelWeights.open(src) as mw:
-        data_file = dst.parent / combined_file_name(dst.stem)
         source_meta = mw.metadata_model(SMALL_VALUE_LIMIT)
         inputs = files_read(src, source_meta, {d.file for d in mw.descriptors.values()})
-        check_outputs(src, inputs, [dst, data_file])
         _check_scenarios(source_meta, src, dst, form)
         weights = mw.hash(mw.select(threshold, form), algo, jobs)
-        plan = plan_layout(dst.stem, [(w.key, w.size) for w in weights], "combined",
+        payloads = [(w.key, w.size) for w in weights]
+        plan = plan_layout(data_stem(dst.stem, payloads, alignment), payloads, "combined",
                            alignment)
+        check_outputs(src, inputs, [dst, *(dst.parent / f.name for f in plan.files)])
+        replaced = _data_files_of(dst)
         by_key: dict[str, Weight] = {}
         for w in weights:
             by_key.setdefault(w.key, w)
@@ -90,8 +103,37 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         rebase_scenarios(source_meta, model)
         save_model(model, dst)
     data = dst.parent / plan.files[0].name if plan.files else None
+    for old in replaced - inputs - ({data.resolve()} if data else set()):
+        with contextlib.suppress(OSError):
+            old.unlink()
     return ConvertReport(dst, data, len(weights), len(by_key),
                          sum(p.size for p in where.values()))
+
+
+def data_stem(stem: str, payloads: list[tuple[str, int]], alignment: int) -> str:
+    """``<stem>.<tag>``: the tag digests everything that decides the data file's bytes
+    (the unique payloads in order, and the alignment), so equal content gets an equal
+    name and different content a different one."""
+    unique = list(dict.fromkeys(payloads))
+    text = json.dumps([alignment, unique], separators=(",", ":")).encode()
+    return f"{stem}.{digest_bytes('blake3', text)[:16]}"
+
+
+def _data_files_of(dst: Path) -> set[Path]:
+    """Data files beside ``dst`` that the model now at ``dst`` uses and an earlier
+    conversion to ``dst`` wrote (named after its stem); empty when there is none."""
+    if not dst.is_file():
+        return set()
+    ours = re.compile(re.escape(dst.stem) + r"(\.[0-9a-f]{16})?" + re.escape(COMBINED_SUFFIX))
+    try:
+        with read_catalogue(dst) as catalogue:
+            files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
+            files |= {dst.parent / loc for loc in file_constant_locations(catalogue.model)}
+    except (WeightstoreError, OSError, ValueError):
+        return set()
+    folder = dst.parent.resolve()
+    return {f.resolve() for f in files
+            if ours.fullmatch(f.name) and f.resolve().parent == folder}
 
 
 def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> ConvertReport:

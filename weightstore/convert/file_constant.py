@@ -118,6 +118,18 @@ def apply_file_constant(model: onnx.ModelProto, tensors: Sequence[ExternalTensor
         _import_domain(model.opset_import)
 
 
+def file_constant_locations(model: onnx.ModelProto) -> set[str]:
+    """The ``location`` of every FileConstant node, as written."""
+    out = set()
+    for container, _ in iter_containers(model):
+        for node in container.node:
+            if is_file_constant(node):
+                for a in node.attribute:
+                    if a.name == "location":
+                        out.add(_text(helper.get_attribute_value(a)))
+    return out
+
+
 def restore_constants(model: onnx.ModelProto,
                       read: Callable[[onnx.NodeProto, str], bytes]) -> int:
     """Reverse of :func:`apply_file_constant`: FileConstant nodes back to their origin.

@@ -135,6 +135,10 @@ class ModelWeights:
                     self.keys[path] = key
         return [Weight(w.site, w.payload, self.keys[w.site.path]) for w in weights]
 
+    def digest(self, weight: Weight, algo: str) -> str:
+        """Hex digest of one payload, always computed (never from :attr:`keys`)."""
+        return self._digest(weight.payload, algo)
+
     def _digest(self, desc: PayloadDescriptor, algo: str) -> str:
         if desc.encoding == "raw":  # hashed from the file range, a window at a time
             return digest_file(algo, desc.file, desc.offset, desc.length)
@@ -144,6 +148,7 @@ class ModelWeights:
 
     def read(self, weight: Weight) -> bytes:
         return read_payload(weight.payload, self.catalogue)
+
 
     # -- output ----------------------------------------------------------------------------
 
