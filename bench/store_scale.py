@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -167,6 +168,7 @@ def prefill(workdir: Path, n: int) -> Path:
 def fresh_copy(src: Path, dst: Path) -> Path:
     shutil.rmtree(dst.parent, ignore_errors=True)
     shutil.copytree(src.parent, dst.parent, symlinks=True)
+    os.sync()  # the copy's writeback must not slow the measured command's fsyncs
     return dst
 
 
