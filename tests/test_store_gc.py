@@ -365,6 +365,7 @@ def test_a_build_rewrites_a_damaged_object_from_its_source(
         f.seek(victim.offset + 5)
         f.write(bytes([byte[0] ^ 0xFF]))
     assert not store.verify().ok
+    shutil.rmtree(store_dir / "payload-keys")  # else the package copies from the source
     capsys.readouterr()
     result = build(recipe, BuildOptions(store=str(store_dir), jobs=2, force=True))
     assert f"store object {victim.key}" in capsys.readouterr().err

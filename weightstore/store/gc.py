@@ -138,7 +138,7 @@ def gather(store: WeightStore, *, older_than: float = 0.0,
     cutoff = time.time() - older_than
     listing = scan(store.root)
     with store.index.reading() as conn:
-        roots = roots_mod.list_roots(conn) if store.index.exists() else []
+        roots = roots_mod.list_roots(conn, sizes=False) if store.index.exists() else []
         live_leases, dead_leases = (leases_mod.live_leases(conn) if store.index.exists()
                                     else ([], []))
         live_roots = ",".join(str(r.id) for r in roots if r.live)

@@ -87,7 +87,16 @@ def holds_package(folder: str, fingerprint: str) -> bool:
     return isinstance(summary, dict) and summary.get("fingerprint") == fingerprint
 
 
-def list_roots(conn: sqlite3.Connection) -> list[Root]:
+def list_roots(conn: sqlite3.Connection, *, sizes: bool = True) -> list[Root]:
+    """Every root and whether it is live; ``sizes=False`` skips the per-root byte counts
+    (one pass over every root's keys), which gc does not need."""
+    if not sizes:
+        return [Root(id=r[0], package=r[1], version=r[2], layout=r[3], folder=r[4],
+                     fingerprint=r[5], created=r[6], pinned=bool(r[7]), objects=0, size=0,
+                     exclusive_bytes=0, live=bool(r[7]) or holds_package(r[4], r[5]))
+                for r in conn.execute(
+                    "SELECT id, package, version, layout, folder, fingerprint, created, "
+                    "pinned FROM roots ORDER BY package, version, layout, folder")]
     rows = conn.execute("""
         SELECT r.id, r.package, r.version, r.layout, r.folder, r.fingerprint, r.created,
                r.pinned, count(o.key), coalesce(sum(o.size), 0),
