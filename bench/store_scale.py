@@ -173,28 +173,29 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 
 
 def build_figures(workdir: Path, sizes: list[int], runs: int) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
-    for n in sizes:
-        src = prefill(workdir, n)
-        seconds, rss, puts, put_lock = [], [], [], []
-        for r in range(-1, runs):  # run -1 warms the bytecode and file caches
-            store = fresh_copy(src, workdir / "run" / "store")
+    """Runs interleave the sizes (0, 10k, ..., 0, 10k, ...), so that drift in the
+    machine's load hits every size alike; run -1 warms the bytecode and file caches."""
+    sources = {n: prefill(workdir, n) for n in sizes}
+    found: dict[int, dict[str, list[float]]] = {
+        n: {"build_s": [], "rss": [], "put_s": [], "put_lock_s": []} for n in sizes}
+    for r in range(-1, runs):
+        for n in sizes:
+            store = fresh_copy(sources[n], workdir / "run" / "store")
             rec = recipe(workdir, "tiny-bert", TINY_BERT, workdir / "run" / "dist", TINY_LAYOUTS)
             p = harness.run_process(weightstore("build", str(rec), "--store", str(store)),
                                     workdir, f"build-{n}-{r}")
-            if r < 0:
-                continue
-            seconds.append(p.seconds)
-            rss.append(p.peak_rss)
             q = harness.run_process([sys.executable, "-c", PUT, str(store)], workdir,
                                     f"put-{n}-{r}")
+            if r < 0:
+                continue
             doc = json.loads(q.output)
-            puts.append(doc["median"])
-            put_lock.append(doc["lock"])
-        out[n] = {"build_s": statistics.median(seconds), "rss": statistics.median(rss),
-                  "put_s": statistics.median(puts), "put_lock_s": statistics.median(put_lock)}
-        harness.log(f"  {n:>8} objects: build {out[n]['build_s']:.2f} s, "
-                    f"RSS {out[n]['rss'] / MB:.0f} MB, put {out[n]['put_s'] * 1e3:.1f} ms")
+            for name, value in (("build_s", p.seconds), ("rss", p.peak_rss),
+                                ("put_s", doc["median"]), ("put_lock_s", doc["lock"])):
+                found[n][name].append(value)
+    out = {n: {k: statistics.median(v) for k, v in f.items()} for n, f in found.items()}
+    for n, b in out.items():
+        harness.log(f"  {n:>8} objects: build {b['build_s']:.2f} s, "
+                    f"RSS {b['rss'] / MB:.0f} MB, put {b['put_s'] * 1e3:.1f} ms")
     return out
 
 

@@ -127,7 +127,9 @@ def test_pin_unpin_rm_and_older_than(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "dry run" in capsys.readouterr().out
     assert set(store_index(store)) == {p.key for p in ps}
     assert main(["store", "gc", "--older-than", "1x", "--store", str(store.root)]) == 2
-    assert main(["store", "gc", "--json", "--store", str(store.root)]) == 0
+    assert main(["store", "gc", "--store", str(store.root)]) == 2  # no roots: refused
+    assert "no roots" in capsys.readouterr().err
+    assert main(["store", "gc", "--json", "--no-roots-ok", "--store", str(store.root)]) == 0
     assert json.loads(capsys.readouterr().out)["deleted_objects"] == 2
     assert store_index(store) == {}
 

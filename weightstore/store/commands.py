@@ -31,6 +31,9 @@ def add_parsers(ssub: Any, store_help: str) -> None:
     gc.add_argument("--compact-ratio", type=float, default=0.5,
                     help="compact a combined file once this share of it is garbage "
                          "(default 0.5)")
+    gc.add_argument("--no-roots-ok", action="store_true",
+                    help="collect even when the store has no root at all (as right after "
+                         "an upgrade from format 1, before any build registered its root)")
     for name, text in (("pin", "keep a root's objects even after its folder changes"),
                        ("unpin", "undo pin"), ("rm", "drop a root; the next gc may delete "
                                                       "what only it kept")):
@@ -95,6 +98,10 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
             print(f"compact {f.file}: {_mb(f.live_bytes)} live of {_mb(f.size)}")
         print(f"would free about {_mb(plan.freed_bytes)} (dry run: nothing changed)")
         return 0
+    if plan.garbage and not plan.roots and not args.no_roots_ok:
+        raise StoreError("the store has no roots, so gc would delete every object; build "
+                         "your recipes first (each package registers its root, up-to-date "
+                         "ones too) or pass --no-roots-ok", objects=len(plan.garbage))
     start = time.perf_counter()
     result = plan.execute(store)
     if args.json:

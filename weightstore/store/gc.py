@@ -71,6 +71,7 @@ class GcPlan:
 
     root: str
     cutoff: float  # objects created before this (unix time) may go
+    roots: int  # every root registered, live or dead
     dead_roots: tuple[Root, ...]
     dead_leases: tuple[int, ...]
     garbage: tuple[StoredObject, ...]
@@ -83,6 +84,7 @@ class GcPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "root": self.root,
+            "roots": self.roots,
             "dead_roots": [r.to_dict() for r in self.dead_roots],
             "garbage_objects": len(self.garbage),
             "garbage_bytes": sum(o.size for o in self.garbage),
@@ -124,7 +126,8 @@ def plan_gc(*, root: str, cutoff: float, roots: list[Root], dead_leases: list[in
     delete = tuple(sorted({*separate, *empty, *orphans}))
     freed = sum(file_sizes.get(name, 0) for name in delete)
     freed += sum(f.size - f.live_bytes for f in compact)
-    return GcPlan(root=root, cutoff=cutoff, dead_roots=dead, dead_leases=tuple(dead_leases),
+    return GcPlan(root=root, cutoff=cutoff, roots=len(roots), dead_roots=dead,
+                  dead_leases=tuple(dead_leases),
                   garbage=tuple(sorted(garbage, key=lambda o: o.key)), delete_files=delete,
                   compact=compact, temps=tuple(sorted(temps)), freed_bytes=freed,
                   compact_ratio=compact_ratio)
