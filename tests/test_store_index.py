@@ -351,3 +351,26 @@ def test_a_read_only_store_serves_a_build_without_writing(
     assert WeightStore(store).verify().ok
     after = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
     assert after == before
+
+
+def test_a_writer_waiting_for_the_index_names_the_running_builds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import weightstore.store.index as index_module
+
+    monkeypatch.setattr(index_module, "WAIT_REPORT_SECONDS", 0.05)
+    builder = WeightStore(tmp_path / "s")
+    builder.put(payloads(("a", 1)), kind="separate")
+    with builder.leased():
+        waiter = WeightStore(tmp_path / "s", lock_timeout=0.3)
+        blocker = sqlite3.connect(builder.index_path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreError, match="timed out"):
+                waiter.put(payloads(("b", 1)), kind="separate")
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+    err = capsys.readouterr().err
+    assert f"held by one of: pid {os.getpid()} on " in err
+    assert err.count("waiting") >= 2

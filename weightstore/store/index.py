@@ -295,9 +295,25 @@ class Index:
                 if waited >= self._timeout():
                     raise StoreError("timed out waiting for the store index write lock",
                                      path=str(self.path), timeout=self.busy_timeout) from exc
-                print(f"weightstore: waiting for the store index write lock "
-                      f"({self.path}) for {waited:.0f} s; another process is writing it",
-                      file=sys.stderr, flush=True)
+                print(f"weightstore: waiting {waited:.0f} s for the store index write lock "
+                      f"({self.path}): {self._writers(conn)}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _writers(conn: sqlite3.Connection) -> str:
+        """Who may hold the write lock: the running builds (their leases)."""
+        from datetime import datetime, timezone
+
+        try:
+            rows = conn.execute("SELECT pid, host, created FROM leases ORDER BY created"
+                                ).fetchall()
+        except sqlite3.Error:
+            rows = []
+        if not rows:
+            return "another process is writing it"
+        return "held by one of: " + ", ".join(
+            f"pid {pid} on {host} since "
+            f"{datetime.fromtimestamp(created, timezone.utc).isoformat(timespec='seconds')}"
+            for pid, host, created in rows[:5])
 
     def _ensure_current(self, conn: sqlite3.Connection) -> None:
         """Initialise the schema, migrating a format 1 store, exactly once."""
