@@ -271,34 +271,39 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--big-mb", type=int, default=200)
     parser.add_argument("--lock-mb", type=int, default=1000)
-    parser.add_argument("--builds-only", action="store_true",
-                        help="only the tiny-bert builds and puts")
+    parser.add_argument("--only", choices=("builds", "lock", "pair", "gc"),
+                        help="run one part only (and print its figures as JSON)")
     harness.add_common_arguments(parser, "prefilled stores and generated models")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
     def work(workdir: Path) -> dict[str, Any]:
-        builds = build_figures(workdir, sizes, args.runs)
-        if args.builds_only:
-            return {"builds": builds}
-        harness.log(f"building a {args.lock_mb} MB model to time the store-wide lock ...")
-        lock = lock_figure(workdir, args.lock_mb)
-        harness.log(f"two {args.big_mb} MB builds, serial and concurrent ...")
-        pair = concurrency_figures(workdir, args.big_mb, args.runs, [])
-        pair1 = concurrency_figures(workdir, args.big_mb, args.runs, ["--jobs", "1"])
-        pair.update({f"{k}_jobs1": v for k, v in pair1.items()})
-        harness.log(f"gc of the {sizes[-1]}-object store ...")
-        gc = gc_figure(workdir, sizes[-1], args.runs)
-        return {"builds": builds, "lock": lock, "pair": pair, "gc": gc}
+        parts: dict[str, Any] = {}
+        if args.only in (None, "builds"):
+            parts["builds"] = build_figures(workdir, sizes, args.runs)
+        if args.only in (None, "lock"):
+            harness.log(f"building a {args.lock_mb} MB model to time the store-wide lock ...")
+            parts["lock"] = lock_figure(workdir, args.lock_mb)
+        if args.only in (None, "pair"):
+            harness.log(f"two {args.big_mb} MB builds, serial and concurrent ...")
+            pair = concurrency_figures(workdir, args.big_mb, args.runs, [])
+            pair1 = concurrency_figures(workdir, args.big_mb, args.runs, ["--jobs", "1"])
+            parts["pair"] = {**pair, **{f"{k}_jobs1": v for k, v in pair1.items()}}
+        if args.only in (None, "gc"):
+            harness.log(f"gc of the {sizes[-1]}-object store ...")
+            parts["gc"] = gc_figure(workdir, sizes[-1], args.runs)
+        return parts
 
     found = harness.in_workdir(args.workdir, args.keep, work)
     if found is None:
         return 2
-    builds = found["builds"]
-    if args.builds_only:
-        print(json.dumps({str(k): v for k, v in builds.items()}, indent=2))
+    if args.only is not None:
+        part = found[args.only]
+        if args.only == "builds":
+            part = {str(k): v for k, v in part.items()}
+        print(json.dumps(part, indent=2))
         return 0
-    lock, pair, gc = found["lock"], found["pair"], found["gc"]
+    builds, lock, pair, gc = found["builds"], found["lock"], found["pair"], found["gc"]
     base, top = builds[sizes[0]], builds[sizes[-1]]
     targets = [
         Target(f"build time at {sizes[-1]} / empty (x)", top["build_s"] / base["build_s"], 1.2),

@@ -389,3 +389,14 @@ def test_a_damaged_object_without_a_source_names_the_store_file(tmp_path: Path) 
         heal(store, [], p.key, obj)
     assert exc.value.context["store_file"] == str(store.path_of(obj))
     assert "verify --repair" in exc.value.context["hint"]
+
+
+def test_a_busy_combined_file_sends_the_next_writer_to_a_sibling(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "store", lock_timeout=0.2)
+    a, b = payloads(("a", 700), ("b", 900))
+    store.put([a], kind="combined", combined_name="enc")
+    with store.file_lock("enc_weight_combined"):  # another build is appending to it
+        report = store.put([b], kind="combined", combined_name="enc")
+    assert report.objects[b.key].file == "enc.1_weight_combined"
+    assert store.read(report.objects[b.key]) == b.data
+    assert store.verify().ok
