@@ -80,6 +80,21 @@ def test_builds_register_roots_and_ls_shows_sizes(tmp_path: Path,
     assert "3 root(s), 0 dead" in capsys.readouterr().out
 
 
+def test_an_up_to_date_build_registers_a_missing_root(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    recipe = recipe_for(tmp_path / "a", 0)
+    build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    store = WeightStore(store_dir)
+    (root,) = store.roots()
+    store.remove_roots(str(root.id))
+    assert store.roots() == []
+    again = build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    assert again.packages[0].status == "up-to-date"
+    (back,) = store.roots()
+    assert (back.folder, back.fingerprint, back.objects) == (root.folder, root.fingerprint,
+                                                             root.objects)
+
+
 def test_gc_keeps_what_live_roots_use_and_deletes_the_rest(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     r1, r2 = recipe_for(tmp_path / "a", 0), recipe_for(tmp_path / "b", 1, SEPARATE)

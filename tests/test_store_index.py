@@ -195,7 +195,7 @@ def test_huge_numbers_and_deep_nesting_are_typed_errors(tmp_path: Path, text: st
             call()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.binary(min_size=0, max_size=4096), at=st.integers(0, 1 << 16))
 def test_a_fuzzed_index_file_gives_only_typed_errors(tmp_path_factory, data: bytes,

@@ -418,14 +418,6 @@ class WeightStore:
         with self.index.writing() as conn:
             roots.register(conn, record, keys)
 
-    def has_root(self, folder: str, fingerprint: str) -> bool:
-        from . import roots
-
-        if not self.index.exists():
-            return False
-        with self.index.reading() as conn:
-            return roots.is_registered(conn, folder, fingerprint)
-
     def roots(self) -> list[Root]:
         from . import roots
 
