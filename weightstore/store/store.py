@@ -465,7 +465,7 @@ class WeightStore:
         self._require_root()
         target = Path(path) if path is not None else self.meta_path
         with self.index.reading() as conn:
-            count = export_meta(target, lambda: self.index.objects(conn), INDEX_NAME)
+            count = export_meta(target, lambda: self.index.rows(conn), INDEX_NAME)
         return target, count
 
     # -- the root folder ---------------------------------------------------------------
