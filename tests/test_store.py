@@ -927,7 +927,11 @@ def test_cli_on_a_missing_store_exits_2_and_creates_nothing(
     missing = tmp_path / "typo" / "a" / "b"
     assert main([*argv, "--store", str(missing)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("weightstore: error: no store") and str(missing) in err
+    if "--json" in argv:
+        doc = json.loads(err)
+        assert doc["error"] == "no store at this path" and doc["context"]["path"] == str(missing)
+    else:
+        assert err.startswith("weightstore: error: no store") and str(missing) in err
     assert os.listdir(tmp_path) == []
 
 
