@@ -127,7 +127,7 @@ identity = {{"source_digest": digests.of(model),
             "external": {{loc: digests.of(p) for loc, p in s.external_files}}}}
 assert not digests._fresh, "the source digest was not served from the cache"
 keys = PayloadKeyCache(store_root).load(identity, "blake3")
-index = store.index()
+index = store.locate(keys.values())
 def source_of(w):  # as the build samples it: typed fields (float_data, ...) re-encoded
     p = w.payload
     return (str(p.file), p.offset) if p.encoding == "raw" else s.weights.read(w)

@@ -17,6 +17,8 @@ from weightstore.errors import PackageError
 from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.store import WeightStore
 
+from .helpers import store_index
+
 ALL_LAYOUTS = """
   - {name: embedded, external_weight: embedded}
   - {name: separate, external_weight: separate, size_threshold: 1024}
@@ -228,7 +230,7 @@ def test_concurrent_processes_share_one_store(shared_pair, save_model, tmp_path)
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         reports = pool.map(_build_in_process, [(r, str(store)) for r in recipes])
     ws = WeightStore(store)
-    index = ws.index()
+    index = store_index(ws)
     for recipe in recipes:
         summary = json.loads((Path(recipe).parent / "out/pkg/1.0.0/l/summary.json").read_text())
         for w in summary["models"][0]["external_weights"]:
@@ -309,7 +311,7 @@ def test_sha256_store_and_packages(encoder_model, save_model, tmp_path):
     checksums = {e.value for t in model.graph.initializer for e in t.external_data
                  if e.key == "checksum"}
     assert checksums <= set(ids) and checksums
-    assert all(k.startswith("sha256:") for k in WeightStore(result.store).index())
+    assert all(k.startswith("sha256:") for k in store_index(WeightStore(result.store)))
     inputs = sample_inputs(encoder_model)
     expected = run_onnxruntime(encoder_model, inputs)
     actual = run_onnxruntime(result.packages[0].path / "encoder.onnx", inputs)

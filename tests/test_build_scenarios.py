@@ -15,6 +15,7 @@ from weightstore.scenarios.api import replay_modification_scenario, scenario_nam
 from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
 
+from .helpers import store_index
 from .test_build import tree, write_recipe
 
 LAYOUTS = """
@@ -73,7 +74,7 @@ def test_every_scenario_runs_from_the_package(built, layout):
 
 def test_added_weights_are_stored_and_placed(built):
     _, _, result, _, store = built
-    index = WeightStore(store).index()
+    index = store_index(WeightStore(store))
     package = next(p for p in result.packages if p.layout == "combined")
     added = [w for w in package.summary["models"][0]["external_weights"] if "scenario" in w]
     assert {w["scenario"] for w in added} == {"fused", "half"}

@@ -29,7 +29,16 @@ def project(encoder_model, save_model, tmp_path):
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return tree(folder) if folder.exists() else {}
+    """Every file's bytes; a store's SQLite files by their rows (a checkpoint may move
+    rows from the journal to the main file without changing what the index holds)."""
+    if not folder.exists():
+        return {}
+    files = {k: v for k, v in tree(folder).items() if not k.startswith("index.sqlite")}
+    if (folder / "index.sqlite").exists():
+        rows = sorted((o.key, o.file, o.offset, o.size)
+                      for o in WeightStore(folder).objects())
+        files["index.sqlite"] = repr(rows).encode()
+    return files
 
 
 BAD_RECIPES = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import weightstore.store.store as store_module
+import weightstore.store.writer as writer_module
 from weightstore import fsio
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, StoreError
@@ -29,8 +31,10 @@ from weightstore.store import (
     resolve_store_path,
     user_cache_dir,
 )
-from weightstore.store.index import read_index
+from weightstore.store.index import Index
+from weightstore.store.meta import read_legacy as read_index
 
+from .helpers import set_row, store_files, store_index
 from .test_build import write_recipe
 
 # -- helpers ------------------------------------------------------------------------------
@@ -110,7 +114,7 @@ def temp_files(root: Path) -> list[str]:
 
 def assert_index_complete(store: WeightStore) -> None:
     """Every index entry's bytes are present and hash to its key."""
-    for key, obj in store.index().items():
+    for key, obj in store_index(store).items():
         algo, hex_digest = key.split(":")
         assert digest_bytes(algo, store.read(obj)) == hex_digest
 
@@ -134,7 +138,7 @@ def store(tmp_path: Path) -> WeightStore:
 def test_root_is_created_with_parents_by_the_first_put(tmp_path: Path) -> None:
     s = WeightStore(tmp_path / "a" / "b" / "c")
     assert not (tmp_path / "a").exists()
-    assert s.index() == {}
+    assert store_index(s) == {}
     assert s.lookup(make_key("blake3", "0" * 64)) is None
     s.put(payloads(("a", 10)), kind="separate")
     assert s.root.is_dir()
@@ -147,7 +151,7 @@ def test_reading_a_missing_store_creates_nothing(tmp_path: Path) -> None:
         with pytest.raises(StoreError, match="no store") as exc:
             call()
         assert exc.value.context["path"] == str(s.root)
-    assert s.index() == {}
+    assert store_index(s) == {}
     assert os.listdir(tmp_path) == []
     # Nor does verifying a folder no writer ever touched (no index, no lock file).
     (tmp_path / "empty").mkdir()
@@ -196,11 +200,18 @@ def test_put_separate_writes_one_file_per_weight(store: WeightStore) -> None:
     assert temp_files(store.root) == []
 
 
-def test_meta_json_format_is_deterministic_and_relative(store: WeightStore) -> None:
+def test_export_meta_is_ge_shaped_deterministic_and_relative(store: WeightStore,
+                                                             tmp_path: Path) -> None:
     ps = payloads(("x", 10), ("y", 600))
     store.put(ps[:1], kind="separate")
     store.put(ps[1:], kind="combined", combined_name="enc", alignment=64)
-    raw = store.meta_path.read_bytes()
+    # the store's own meta.json is a marker that format 1 readers refuse
+    assert json.loads(store.meta_path.read_text())["format_version"] == FORMAT_VERSION
+    with pytest.raises(StoreError, match="newer"):
+        _v1_read(store.meta_path)
+    path, count = store.export_meta(tmp_path / "meta.json")
+    assert count == 2
+    raw = path.read_bytes()
     doc = json.loads(raw)
     assert doc == {
         "format_version": FORMAT_VERSION,
@@ -208,8 +219,22 @@ def test_meta_json_format_is_deterministic_and_relative(store: WeightStore) -> N
                                 ps[1].key: "enc_weight_combined"},
         "hash_to_weight_offset": {ps[0].key: 0, ps[1].key: 0},
         "hash_to_weight_size": {ps[0].key: 10, ps[1].key: 600},
+        "index": "index.sqlite",
     }
     assert raw == (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
+    assert store.export_meta()[0] == store.meta_path
+    assert store.meta_path.read_bytes() == raw
+    empty = WeightStore(tmp_path / "empty")
+    empty.put([], kind="separate")
+    doc = json.loads(empty.export_meta()[0].read_bytes())
+    assert doc["hash_to_weight_file"] == {} and doc["hash_to_weight_size"] == {}
+
+
+def _v1_read(path: Path) -> None:
+    """What weightstore 0.x (format 1) does with a format 2 meta.json: refuse it."""
+    doc = json.loads(path.read_text())
+    if doc["format_version"] > 1:
+        raise StoreError("store index was written by a newer weightstore; upgrade to read it")
 
 
 def test_store_is_relocatable(store: WeightStore, tmp_path: Path) -> None:
@@ -285,7 +310,7 @@ def test_separate_results_do_not_depend_on_thread_count(tmp_path: Path) -> None:
     r1 = one.put(ps, kind="separate", jobs=1)
     r8 = many.put(ps, kind="separate", jobs=8)
     assert list(r1.objects.items()) == list(r8.objects.items())
-    assert one.meta_path.read_bytes() == many.meta_path.read_bytes()
+    assert store_index(one) == store_index(many)
 
 
 def test_missing_or_damaged_objects_are_written_again(store: WeightStore) -> None:
@@ -303,9 +328,11 @@ def test_missing_or_damaged_objects_are_written_again(store: WeightStore) -> Non
     os.truncate(store.root / "m_weight_combined", 50)
     again = store.put([c], kind="combined", combined_name="m", alignment=8)
     assert again.written_objects == 1
-    # Appended past the indexed end, never over bytes an entry may still claim.
-    assert again.objects[c.key].offset >= rc.objects[c.key].end
+    # Appended at the file's real end: an entry claiming more is damage, never a reason
+    # to write past the end.
+    assert again.objects[c.key].offset == 56 != rc.objects[c.key].offset
     assert store.read(again.objects[c.key]) == c.data
+    assert store.verify().ok
 
 
 def test_file_payloads_are_copied_by_range(store: WeightStore, tmp_path: Path) -> None:
@@ -368,7 +395,7 @@ def test_short_payload_file_is_an_integrity_error(store: WeightStore, tmp_path: 
     for kind, name in (("separate", None), ("combined", "m")):
         with pytest.raises(IntegrityError):
             store.put([fp], kind=kind, combined_name=name)
-    assert sorted(os.listdir(store.root)) == ["meta.json.lock"]
+    assert store_files(store.root) == []
 
 
 def test_partly_copied_payload_is_cut_off_the_combined_file(store: WeightStore,
@@ -379,7 +406,7 @@ def test_partly_copied_payload_is_cut_off_the_combined_file(store: WeightStore,
     short = FilePayload(key=make_key("blake3", "1" * 64), size=5000, path=str(src))
     with pytest.raises(IntegrityError):
         store.put([*good, short], kind="combined", combined_name="m", alignment=64)
-    index = store.index()
+    index = store_index(store)
     assert set(index) == {p.key for p in good}
     assert (store.root / "m_weight_combined").stat().st_size == 128 + 300
     assert_index_complete(store)
@@ -407,7 +434,6 @@ def meta(files: object = None, offsets: object = None, sizes: object = None,
     "[]",
     "\xff",
     json.dumps({"format_version": 1}),
-    meta(version=2),
     meta(version="1"),
     meta(version=0),
     meta(offsets={GOOD_KEY: "0"}),
@@ -426,7 +452,7 @@ def meta(files: object = None, offsets: object = None, sizes: object = None,
 def test_malformed_meta_json_is_a_store_error(store: WeightStore, text: str) -> None:
     store.root.mkdir()
     store.meta_path.write_bytes(text.encode("latin-1"))
-    for call in (store.index, store.stats, store.verify, store.repair,
+    for call in (lambda: store_index(store), store.stats, store.verify,
                  lambda: store.put(payloads(("a", 1)), kind="separate")):
         with pytest.raises(StoreError) as exc:
             call()
@@ -438,7 +464,7 @@ def test_newer_format_version_says_so(store: WeightStore) -> None:
     store.root.mkdir()
     store.meta_path.write_text(meta(version=FORMAT_VERSION + 1))
     with pytest.raises(StoreError, match="newer"):
-        store.index()
+        store_index(store)
 
 
 def test_well_formed_meta_json_parses(store: WeightStore) -> None:
@@ -461,37 +487,81 @@ def lock_is_held(path: Path) -> bool:
     return False
 
 
-def test_lock_is_held_while_the_index_is_read(store: WeightStore,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def write_lock_is_free(store: WeightStore) -> bool:
+    probe = sqlite3.connect(store.index_path, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
+
+
+def test_bytes_move_outside_the_store_wide_lock(store: WeightStore,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    store.put(payloads(("z", 1)), kind="separate")  # creates the index
     seen: list[bool] = []
+    real_copy = writer_module.copy_payload
 
-    def spying_read_index(path: Path) -> dict[str, StoredObject]:
-        seen.append(lock_is_held(store.lock_path))
-        return read_index(path)
+    def spying_copy(src, fd, offset):
+        seen.append(write_lock_is_free(store))
+        return real_copy(src, fd, offset)
 
-    monkeypatch.setattr(store_module, "read_index", spying_read_index)
-    store.put(payloads(("a", 10)), kind="separate")
-    store.put(payloads(("b", 10)), kind="combined", combined_name="m")
-    store.verify()
-    store.repair()
-    assert seen == [True, True, True, True]
-    assert not lock_is_held(store.lock_path)
+    monkeypatch.setattr(writer_module, "copy_payload", spying_copy)
+    store.put(payloads(("a", 10), ("b", 20)), kind="separate", jobs=1)  # probes in turn
+    store.put(payloads(("c", 10)), kind="combined", combined_name="m")
+    assert seen == [True, True, True]
+    assert max(store.index.write_holds) < 1.0
 
 
-def test_lock_timeout_is_a_store_error(tmp_path: Path) -> None:
+def test_readers_and_verify_never_wait_for_a_writer(store: WeightStore) -> None:
+    ps = payloads(("a", 10), ("b", 20))
+    store.put(ps, kind="separate")
+    with WeightStore(store.root).index.writing():  # another writer, mid-transaction
+        assert set(store_index(store)) == {p.key for p in ps}
+        assert store.lookup(ps[0].key) is not None
+        assert store.verify().ok
+        assert store.stats().objects == 2
+
+
+def test_lock_timeout_is_a_store_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     s = WeightStore(tmp_path / "s", lock_timeout=0.05)
-    other = FileLock(s.lock_path)
-    with other:
-        with pytest.raises(StoreError) as exc:
+    s.put(payloads(("z", 1)), kind="separate")
+    blocker = sqlite3.connect(s.index_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreError, match="timed out") as exc:
             s.put(payloads(("a", 1)), kind="separate")
-        assert exc.value.context["lock"] == str(s.lock_path)
-        with pytest.raises(StoreError):
-            s.verify()
-        with pytest.raises(StoreError):
-            s.repair()
+        assert exc.value.context["path"] == str(s.index_path)
         # Readers need no lock.
-        assert s.index() == {}
+        assert set(store_index(s)) == {payloads(("z", 1))[0].key}
+        assert s.verify().ok
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
     assert s.put(payloads(("a", 1)), kind="separate").written_objects == 1
+
+
+def test_a_waiting_writer_names_the_holder_every_ten_seconds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import weightstore.locking as locking
+
+    monkeypatch.setattr(locking, "WAIT_REPORT_SECONDS", 0.05)
+    monkeypatch.setattr(store_module, "COMBINED_SIBLINGS", 1)  # no sibling to go to
+    s = WeightStore(tmp_path / "s", lock_timeout=0.3)
+    s.put(payloads(("a", 1)), kind="combined", combined_name="m")
+    with s.file_lock("m_weight_combined"):
+        holder = json.loads((s.root / "locks" / "m_weight_combined.lock.holder").read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] and holder["since"]
+        with pytest.raises(StoreError, match="held by pid"):
+            s.put(payloads(("b", 1)), kind="combined", combined_name="m")
+    err = capsys.readouterr().err
+    assert f"held by pid {os.getpid()} on {holder['host']} since {holder['since']}" in err
+    assert err.count("waiting") >= 2
 
 
 # -- crash safety -------------------------------------------------------------------------
@@ -502,13 +572,13 @@ def test_failure_mid_put_separate_leaves_only_complete_objects(store: WeightStor
                                                                jobs: int) -> None:
     ps = payloads(*[(f"p{i}", 100 + i) for i in range(12)])
     store.put(ps[:2], kind="separate")
-    before = store.index()
+    before = store_index(store)
     flaky = FlakyPayload(ps[6])
     with pytest.raises(RuntimeError, match="injected"):
         store.put([*ps[:6], flaky, *ps[7:]], kind="separate", jobs=jobs)
     assert flaky.calls == [ps[6].key]
     assert temp_files(store.root) == []
-    after = store.index()
+    after = store_index(store)
     assert ps[6].key not in after
     assert not (store.root / ("weight_" + ps[6].key[7:])).exists()
     assert before.items() <= after.items()
@@ -528,14 +598,13 @@ def test_failure_mid_put_combined_leaves_only_complete_objects(store: WeightStor
     bad = [*ps[:fail_at], FlakyPayload(ps[fail_at]), *ps[fail_at + 1:]]
     with pytest.raises(RuntimeError, match="injected"):
         store.put(bad, kind="combined", combined_name="m", alignment=64)
-    index = store.index()
+    index = store_index(store)
     assert set(index) == {p.key for p in ps[:fail_at]}
     assert_index_complete(store)
     assert temp_files(store.root) == []
     combined = store.root / "m_weight_combined"
     if fail_at == 0:
         assert not combined.exists()
-        assert not store.meta_path.exists()
     else:
         # Cut back to the last complete object: nothing half-written remains.
         assert combined.stat().st_size == max(o.end for o in index.values())
@@ -550,18 +619,18 @@ def test_failure_while_publishing_the_index_keeps_the_old_index(
         store: WeightStore, monkeypatch: pytest.MonkeyPatch) -> None:
     ps = payloads(("a", 10), ("b", 20), ("c", 30))
     store.put(ps[:1], kind="separate")
-    old = store.meta_path.read_bytes()
+    old = store_index(store)
 
-    def broken_write_index(path: Path, index: dict[str, StoredObject]) -> None:
+    def broken_insert(self, conn, objects) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(store_module, "write_index", broken_write_index)
+    monkeypatch.setattr(Index, "insert", broken_insert)
     with pytest.raises(OSError, match="disk full"):
         store.put(ps, kind="separate")
     with pytest.raises(OSError, match="disk full"):
         store.put(ps, kind="combined", combined_name="m")
     monkeypatch.undo()
-    assert store.meta_path.read_bytes() == old
+    assert store_index(store) == old
     assert temp_files(store.root) == []
     report = store.verify()
     assert report.ok
@@ -603,9 +672,11 @@ def test_stray_temp_files_and_orphans_are_warnings(store: WeightStore) -> None:
 # -- verify on write ----------------------------------------------------------------------
 
 
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {name: (root / name).read_bytes() for name in sorted(os.listdir(root))
-            if name != "meta.json.lock"}
+def snapshot(root: Path) -> dict[str, object]:
+    files: dict[str, object] = {name: (root / name).read_bytes()
+                                for name in store_files(root)}
+    files["index"] = store_index(WeightStore(root))
+    return files
 
 
 @pytest.mark.parametrize("jobs", [1, 4])
@@ -630,7 +701,7 @@ def test_bytes_that_do_not_match_their_key_are_never_indexed(store: WeightStore,
         store.put([ps[2], ps[3], ImpostorPayload.of(ps[4]), ps[5]], kind=kind,
                   combined_name=name, alignment=64, jobs=jobs)
     assert exc.value.context["key"] == ps[4].key
-    index = store.index()
+    index = store_index(store)
     assert ps[2].key in index and ps[3].key in index and ps[4].key not in index
     if kind == "combined":
         assert ps[5].key not in index
@@ -644,7 +715,7 @@ def test_bytes_that_do_not_match_their_key_are_never_indexed(store: WeightStore,
     # The correct bytes go in on the next put.
     retry = store.put(ps, kind=kind, combined_name=name, alignment=64, jobs=jobs)
     assert retry.reused_objects + retry.written_objects == 6
-    assert set(store.index()) == {p.key for p in ps}
+    assert set(store_index(store)) == {p.key for p in ps}
     assert_index_complete(store)
     assert store.verify().ok
 
@@ -663,11 +734,11 @@ def test_source_file_changed_after_hashing_is_refused(store: WeightStore, tmp_pa
         store.put([fp], kind=kind, combined_name=name)
     assert exc.value.context["key"] == key
     assert exc.value.context["source"] == f"{src} at offset 10"
-    assert store.index() == {}
-    assert sorted(os.listdir(store.root)) == ["meta.json.lock"]
+    assert store_index(store) == {}
+    assert store_files(store.root) == []
     src.write_bytes(b"\0" * 10 + data)
     assert store.put([fp], kind=kind, combined_name=name).written_objects == 1
-    assert store.read(store.index()[key]) == data
+    assert store.read(store_index(store)[key]) == data
     assert store.verify().ok
 
 
@@ -742,17 +813,14 @@ def test_verify_detects_misnamed_and_overlapping_entries(store: WeightStore) -> 
     store.put([a, b], kind="combined", combined_name="m", alignment=1)
     wrong_name = "weight_" + "0" * 64
     (store.root / wrong_name).write_bytes(a.data)
-    doc = json.loads(store.meta_path.read_text())
-    doc["hash_to_weight_offset"][b.key] = 50  # overlaps a's [0, 100)
-    doc["hash_to_weight_file"][a.key] = wrong_name
-    store.meta_path.write_text(json.dumps(doc))
+    set_row(store, b.key, offset=50)  # overlaps a's [0, 100)
+    set_row(store, a.key, file=wrong_name)
     report = store.verify()
     kinds = {(p.kind, p.key) for p in report.problems}
     assert ("name_mismatch", a.key) in kinds
     assert ("digest_mismatch", b.key) in kinds
     assert not any(p.kind == "overlap" for p in report.problems)  # a moved to its own file
-    doc["hash_to_weight_file"][a.key] = "m_weight_combined"
-    store.meta_path.write_text(json.dumps(doc))
+    set_row(store, a.key, file="m_weight_combined")
     report = store.verify()
     assert ("overlap", "m_weight_combined", b.key) in {(p.kind, p.file, p.key)
                                                        for p in report.problems}
@@ -792,15 +860,15 @@ def test_repair_drops_damaged_entries_and_the_next_put_rewrites_them(
     assert (store.root / "m_weight_combined").stat().st_size == combined_size
     assert report.ok and report.remaining.objects == 1
     assert report.remaining.bytes_hashed == 0  # kept bytes were hashed once, not twice
-    assert set(store.index()) == {ps[2].key}
+    assert set(store_index(store)) == {ps[2].key}
     json.dumps(report.to_dict())
     assert report.to_dict()["dropped"][0].keys() == {"key", "file", "offset", "size"}
     assert store.verify().ok
     # A second repair finds nothing and rewrites nothing.
-    meta_before = store.meta_path.read_bytes()
+    index_before = store_index(store)
     again = store.repair()
     assert (again.dropped, again.deleted_files, again.found.problems) == ((), (), ())
-    assert store.meta_path.read_bytes() == meta_before
+    assert store_index(store) == index_before
     # The next put writes the dropped payloads again, past the damaged bytes.
     retry = store.put(ps[:2], kind="separate")
     retry_c = store.put(ps[2:], kind="combined", combined_name="m", alignment=128)
@@ -818,11 +886,9 @@ def test_repair_deletes_only_per_weight_files_nothing_else_uses(store: WeightSto
     a, b, c = payloads(("a", 100), ("b", 100), ("c", 100))
     store.put([a, b, c], kind="separate")
     (store.root / "source-digests.json").write_bytes(b"{}")
-    doc = json.loads(store.meta_path.read_text())
     # b's entry names a's (sound) file, c's names a file that is not an object at all.
-    doc["hash_to_weight_file"][b.key] = separate_name(a.key)
-    doc["hash_to_weight_file"][c.key] = "source-digests.json"
-    store.meta_path.write_text(json.dumps(doc))
+    set_row(store, b.key, file=separate_name(a.key))
+    set_row(store, c.key, file="source-digests.json")
     report = store.repair()
     assert {o.key for o in report.dropped} == {b.key, c.key}
     assert report.deleted_files == ()
@@ -831,7 +897,7 @@ def test_repair_deletes_only_per_weight_files_nothing_else_uses(store: WeightSto
     assert report.ok
     assert {(w.kind, w.file) for w in report.remaining.warnings} == {
         ("orphan_file", separate_name(b.key)), ("orphan_file", separate_name(c.key))}
-    assert set(store.index()) == {a.key}
+    assert set(store_index(store)) == {a.key}
 
 
 def test_cli_verify_repair(filled: tuple[WeightStore, list[BytesPayload]],
@@ -878,18 +944,24 @@ def test_repair_lets_the_next_build_recover(encoder_model, save_model, tmp_path:
     assert main(["build", str(recipe), "--store", str(root)]) == 0
     store = WeightStore(root)
     objects = store.stats().objects
-    victim = max(store.index().values(), key=lambda o: o.size)
+    victim = max(store_index(store).values(), key=lambda o: o.size)
     flip_byte(store.path_of(victim), victim.offset)
     capsys.readouterr()
-    # The damaged range is indexed and sized right: every build copying it fails. (With
-    # the source's payload keys cached, the build copies from the source instead, which
-    # gives the right package but leaves the store as it is.)
+    # The damaged range is indexed and sized right. (With the source's payload keys
+    # cached, the build copies from the source instead, which gives the right package but
+    # leaves the store as it is.) A build that copies it rewrites it from its source.
     assert main(["build", str(recipe), "--store", str(root), "--force"]) == 0
     shutil.rmtree(root / "payload-keys")
-    assert main(["build", str(recipe), "--store", str(root), "--force"]) == 2
+    assert main(["build", str(recipe), "--store", str(root), "--force"]) == 0
+    assert "was damaged; rewritten from" in capsys.readouterr().err
+    assert store.verify().ok
+    # Repair recovers too: it drops the damaged row, the next build writes it again.
+    victim = store.lookup(victim.key)
+    assert victim is not None
+    flip_byte(store.path_of(victim), victim.offset)
     assert main(["store", "verify", "--repair", "--store", str(root)]) == 0
     assert f"dropped: {victim.key} " in capsys.readouterr().out
-    assert victim.key not in store.index()
+    assert victim.key not in store_index(store)
     assert main(["build", str(recipe), "--store", str(root), "--force"]) == 0
     assert store.stats().objects == objects
     assert store.lookup(victim.key) is not None
@@ -918,11 +990,13 @@ def test_store_files_get_the_umask_mode(tmp_path: Path, group_umask: int) -> Non
     a = store.lookup(payloads(("a", 10))[0].key)
     assert a is not None
     flip_byte(store.path_of(a), 0)
-    store.repair()  # rewrites meta.json
+    store.repair()  # rewrites the index
     store.put(payloads(("a", 10)), kind="separate")
-    names = sorted(os.listdir(store.root))
-    assert names == sorted(["meta.json", "meta.json.lock", "m_weight_combined",
+    names = sorted(n for n in os.listdir(store.root) if n != "locks")
+    assert names == sorted(["index.sqlite", "index.sqlite-shm", "index.sqlite-wal",
+                            "meta.json", "meta.json.lock", "m_weight_combined",
                             *(separate_name(p.key) for p in payloads(("a", 10), ("b", 20)))])
+    names += [f"locks/{n}" for n in os.listdir(store.root / "locks")]
     for name in names:
         mode = (store.root / name).stat().st_mode & 0o777
         assert mode == 0o666 & ~group_umask, (name, oct(mode))

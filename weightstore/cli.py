@@ -69,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
                                  "per-weight files) so the next build writes them again; "
                                  "exit 0 when everything left is sound")
 
+    from .store.commands import add_parsers as add_store_parsers
+
+    add_store_parsers(ssub, "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)")
+
     c = sub.add_parser("convert", help="convert one model between weight forms")
     csub = c.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
     for name, text in (("to-external", "inline -> ONNX external data in one aligned file"),
@@ -203,6 +207,10 @@ def _open_store(args: argparse.Namespace):
 
 def _cmd_store(args: argparse.Namespace) -> int:
     store = _open_store(args)
+    if args.store_command not in ("stats", "verify"):
+        from .store.commands import run
+
+        return run(store, args)
     if args.store_command == "stats":
         stats = store.stats()
         if args.json:

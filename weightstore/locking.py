@@ -8,15 +8,23 @@ fails on an exotic filesystem costs duplicate work, never a torn file.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
+import sys
+import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import PackageError, WeightstoreError
-from .fsio import file_mode
+from .fsio import atomic_write_bytes, file_mode
 
 PACKAGE_LOCK_TIMEOUT = 3600.0
 LOCKS_DIR = "locks"
+
+
+WAIT_REPORT_SECONDS = 10.0
 
 
 @contextlib.contextmanager
@@ -25,22 +33,52 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
     """Hold ``path`` exclusively (negative timeout: wait forever).
 
     The lock file gets an ordinary file's mode (0666 less the umask), so every user who may
-    write a shared store or output folder can also lock it.
+    write a shared store or output folder can also lock it. The holder writes its pid, host
+    and start time to ``<path>.holder``; a waiter prints them on stderr every
+    :data:`WAIT_REPORT_SECONDS` instead of waiting silently.
     """
     from filelock import FileLock, Timeout  # imported on first use: it costs ~35 ms
 
-    lock = FileLock(path, timeout=timeout, mode=file_mode())
+    lock = FileLock(path, mode=file_mode())
+    start = time.monotonic()
+    while True:
+        left = float("inf") if timeout < 0 else timeout - (time.monotonic() - start)
+        try:
+            lock.acquire(timeout=max(0.0, min(WAIT_REPORT_SECONDS, left)))
+            break
+        except Timeout as exc:
+            if time.monotonic() - start >= timeout >= 0:
+                raise error(f"timed out waiting for the {what} lock; {holder_text(path)}",
+                            lock=str(path), timeout=timeout) from exc
+            print(f"weightstore: waiting {time.monotonic() - start:.0f} s for the {what} "
+                  f"lock {path}: {holder_text(path)}", file=sys.stderr, flush=True)
+        except OSError as exc:
+            raise error(f"cannot open the {what} lock: {exc.strerror}",
+                        lock=str(path)) from exc
+    holder = _holder_path(path)
     try:
-        lock.acquire()
-    except Timeout as exc:
-        raise error(f"timed out waiting for the {what} lock; another build holds it",
-                    lock=str(path), timeout=timeout) from exc
-    except OSError as exc:
-        raise error(f"cannot open the {what} lock: {exc.strerror}", lock=str(path)) from exc
-    try:
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(holder, json.dumps({
+                "pid": os.getpid(), "host": socket.gethostname(),
+                "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
         yield path
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(holder)
         lock.release()
+
+
+def _holder_path(path: Path) -> Path:
+    return path.with_name(path.name + ".holder")
+
+
+def holder_text(path: Path) -> str:
+    """Who holds the lock, as its holder wrote it down."""
+    try:
+        doc = json.loads(_holder_path(path).read_bytes())
+        return f"held by pid {doc['pid']} on {doc['host']} since {doc['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process holds it"
 
 
 def target_lock(target: Path, store_root: Path, timeout: float = PACKAGE_LOCK_TIMEOUT):

@@ -7,6 +7,7 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ from .layout.writer import FileRange, write_plan
 from .model_io import serialize_model
 from .progress import Progress
 from .recipe import Layout, Recipe
-from .store import BytesPayload, PayloadSource, WeightStore
+from .store import BytesPayload, PayloadSource, StoredObject, WeightStore
+from .store.writer import describe
 from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
 
 if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that use them
@@ -178,7 +180,7 @@ def plan_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             with s.weights.opened():
                 for w in s.weights.hash(ws, algo, jobs, bar.advance):
                     unique.setdefault(w.key, w.size)
-    index = store.index()
+    index = store.locate(unique)  # what the store already holds, looked up by key
     for key, size in unique.items():
         kind = "reused" if key in index else "written"
         report[f"{kind}_objects"] += 1
@@ -205,10 +207,10 @@ def _use_derived_keys(store: WeightStore, sources: list[Source], algo: str) -> N
     if not any(s.scenarios for s in sources):
         return
     cache = DerivedKeyCache(store.root)
-    index = store.index()
-    for s in sources:
-        ids = _added_ids(s)
-        known = cache.load(s.identity, algo) if ids else {}
+    entries = [(ids, cache.load(s.identity, algo) if ids else {})
+               for s in sources for ids in [_added_ids(s)]]
+    index = store.locate({key for _, known in entries for key in known.values()})
+    for ids, known in entries:
         for weight_id, weight in ids:
             key = known.get(weight_id)
             obj = index.get(key) if key else None
@@ -248,12 +250,12 @@ def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weig
     source's whole entry (it is damaged or tampered with) and leaves every key to hashing.
     """
     cache = PayloadKeyCache(store.root)
-    index = store.index()
+    entries = [(s, ws, cache.load(s.identity, algo)) for s, ws in per_model]
+    index = store.locate({key for _, _, cached in entries for key in cached.values()})
     store_files: dict[str, str] = {}
-    for s, ws in per_model:
+    for s, ws, cached in entries:
         # one model (and the files it samples) open at a time
         with s.weights.opened(), RangeReader() as files:
-            cached = cache.load(s.identity, algo)
             found: dict[TensorPath, str] = {}
             for w in ws:
                 key = cached.get(path_str(w.site.path))
@@ -387,8 +389,11 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
-        # one snapshot: objects never move
-        index = store.index() if plan.files or any(s.scenarios for s in sources) else {}
+        # where this package's payloads live (held until the build ends: gc keeps them)
+        index = store.locate(
+            [p.key for f in plan.files for p in f.payloads]
+            + [w.key for s in sources for w in s.added_weights(layout) if w.key]
+            + [w.key for s in sources for sc in s.scenarios for w in sc.added if w.key])
 
         witness = _cached_claims(per_model)
 
@@ -407,16 +412,27 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
 
         with Progress(f"packaging {layout.name}", sum(f.size for f in plan.files),
                       enabled=progress) as bar:
-            try:
-                written = write_plan(plan, tmp, locate, jobs=jobs, progress=bar.advance,
-                                     file_digest=recipe.store.hash)
-            except IntegrityError as exc:
-                claim = witness.get(exc.context.get("key", ""))
-                if claim is None:
-                    raise
-                raise StaleKeyError("cached payload key does not match the source's bytes",
-                                    model=claim[0].name, tensor=path_str(claim[1].site.path),
-                                    key=claim[1].key) from exc
+            healed_keys: set[str] = set()
+            while True:
+                try:
+                    written = write_plan(plan, tmp, locate, jobs=jobs,
+                                         progress=bar.advance, file_digest=recipe.store.hash)
+                    break
+                except IntegrityError as exc:
+                    key = exc.context.get("key", "")
+                    claim = witness.get(key)
+                    if claim is not None:
+                        raise StaleKeyError("cached payload key does not match the source's "
+                                            "bytes", model=claim[0].name,
+                                            tensor=path_str(claim[1].site.path),
+                                            key=claim[1].key) from exc
+                    if key in healed_keys:
+                        raise
+                    healed_keys.add(key)  # a store object damaged since it was written
+                    healed = heal(store, per_model, key, index.get(key))
+                    if healed is None:
+                        raise
+                    index[key] = healed
         for s, w in witness.values():
             s.unverified.discard(w.site.path)
         def read_added(weight: AddedWeight) -> bytes:
@@ -445,6 +461,23 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: str | None,
+         damaged: StoredObject | None) -> StoredObject | None:
+    """Rewrite a damaged store object from a source of this build that holds its bytes,
+    saying so on stderr; None when no such source exists (the copy's error, which names
+    the store file, offset and the repair command, then stands)."""
+    if key is None or damaged is None:
+        return None
+    source = next((_WeightPayload(s.weights, w) for s, ws in per_model for w in ws
+                   if w.key == key), None)
+    if source is None:
+        return None
+    healed = store.heal(source)
+    print(f"weightstore: store object {key} in {damaged.file} at offset {damaged.offset} "
+          f"was damaged; rewritten from {describe(source)}", file=sys.stderr, flush=True)
+    return healed
 
 
 def _package_model(source: Source, weights: list[Weight], where: dict[str, PlannedPayload],
@@ -480,7 +513,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     from .scenarios.resolve import live_payloads, variant
 
     users: dict[str, set[str]] = {}
-    index = store.index()
+    index = store.locate(w.key for s, _ in per_model for sc in s.scenarios for w in sc.added
+                         if w.key)
 
     def read_added(weight: AddedWeight) -> bytes:
         obj = index.get(weight.key) if weight.key else None

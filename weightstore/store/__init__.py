@@ -15,7 +15,10 @@ _EXPORTS = {
     "resolve_store_path": "location",
     "user_cache_dir": "location",
     "FORMAT_VERSION": "index",
-    "StoredObject": "index",
+    "StoredObject": "objects",
+    "RootRecord": "roots",
+    "Root": "roots",
+    "GcPlan": "gc",
     "BytesPayload": "payload",
     "FilePayload": "payload",
     "PayloadSource": "payload",
@@ -32,10 +35,13 @@ __all__ = [
     "FORMAT_VERSION",
     "BytesPayload",
     "FilePayload",
+    "GcPlan",
     "PayloadSource",
     "Problem",
     "PutReport",
     "RepairReport",
+    "Root",
+    "RootRecord",
     "StoreStats",
     "StoredObject",
     "VerifyReport",
@@ -45,10 +51,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .index import FORMAT_VERSION, StoredObject
+    from .gc import GcPlan
+    from .index import FORMAT_VERSION
     from .location import ENV_VAR, resolve_store_path, user_cache_dir
+    from .objects import StoredObject
     from .payload import BytesPayload, FilePayload, PayloadSource
     from .repair import RepairReport
+    from .roots import Root, RootRecord
     from .stats import StoreStats
     from .store import PutReport, WeightStore
     from .verify import Problem, VerifyReport

@@ -1,112 +1,449 @@
-"""``meta.json``: the map from digest key to the byte range that holds the payload.
+"""The store index (format_version 2): one SQLite row per object, plus roots and leases.
 
-The format mirrors the external weight directory of Ascend GE (three parallel maps keyed by
-digest) with an explicit ``format_version`` so that a newer layout is refused instead of
-misread. File names are relative to the store root, which keeps the store relocatable.
-The file is only ever replaced whole (temp + fsync + rename), so lock-free readers see
-either the old index or the new one.
+Why SQLite: lookups in O(log N), writes in O(changes), memory independent of the store's
+size, transactions, and readers that never wait for writers (WAL journal). Format 1 kept
+the whole index in ``meta.json``, parsed whole on every lookup and rewritten whole on every
+``put``; such a store is migrated on its first write, every object kept.
+
+Rules (after diskcache's, the most used SQLite-backed file cache):
+
+- autocommit connections; a writer opens ``BEGIN IMMEDIATE``, so it holds the one write
+  lock for exactly as long as it records rows (never while payload bytes move);
+- one connection per thread, opened again after a fork;
+- ``PRAGMA user_version`` is the format version: 0 is a new or format 1 store, 2 this one;
+  a newer one is refused;
+- files are unlinked only once no committed row refers to them.
+
+A process waiting for the write lock says so on stderr every 10 s. SQLite's locks are not
+safe on network filesystems: a store belongs on a local disk (registries share across
+machines).
+
+Tables::
+
+    objects(key PK, file, offset, size, created)      created: unix seconds, for gc's grace
+    roots(id PK, package, version, layout, folder UNIQUE, fingerprint, created, pinned)
+    root_keys(root, key)                               the keys a root's package uses
+    leases(id PK, pid, host, started, created)         a running build ...
+    lease_keys(lease, key)                             ... and the keys it relies on
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import contextlib
+import os
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
-from ..errors import IntegrityError, StoreError
-from ..fsio import atomic_write_bytes
-from ..hashing import split_key
-from .layout import Kind, is_safe_component, kind_of
+from ..errors import StoreError
+from ..fsio import file_mode
+from .layout import LOCK_NAME, META_NAME
+from .objects import StoredObject
 
-FORMAT_VERSION = 1
-_MAPS = ("hash_to_weight_file", "hash_to_weight_offset", "hash_to_weight_size")
+FORMAT_VERSION = 2
+INDEX_NAME = "index.sqlite"
+BATCH = 900  # values per IN (...) list: below SQLite's historical limit of 999
+WAIT_REPORT_SECONDS = 10.0
+CHECKPOINT_BYTES = 4 << 20
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (
+    key TEXT PRIMARY KEY, file TEXT NOT NULL, offset INTEGER NOT NULL,
+    size INTEGER NOT NULL, created INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS objects_by_file ON objects(file, offset);
+CREATE TABLE IF NOT EXISTS roots (
+    id INTEGER PRIMARY KEY, package TEXT NOT NULL, version TEXT NOT NULL,
+    layout TEXT NOT NULL, folder TEXT NOT NULL UNIQUE, fingerprint TEXT NOT NULL,
+    created INTEGER NOT NULL, pinned INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS root_keys (
+    root INTEGER NOT NULL, key TEXT NOT NULL, PRIMARY KEY (root, key)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS root_keys_by_key ON root_keys(key);
+CREATE TABLE IF NOT EXISTS leases (
+    id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, host TEXT NOT NULL,
+    started TEXT NOT NULL, created INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS lease_keys (
+    lease INTEGER NOT NULL, key TEXT NOT NULL, PRIMARY KEY (lease, key)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS lease_keys_by_key ON lease_keys(key);
+"""
 
 
-@dataclass(frozen=True)
-class StoredObject:
-    """Where the bytes of one payload live: ``size`` bytes of ``file`` at ``offset``."""
-
-    key: str
-    file: str
-    offset: int
-    size: int
-
-    @property
-    def kind(self) -> Kind:
-        return kind_of(self.file)
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.size
+def batched(values: Iterable[str], size: int = BATCH) -> Iterator[list[str]]:
+    """Lists of at most ``size`` values, for ``IN (...)`` queries."""
+    chunk: list[str] = []
+    for value in values:
+        chunk.append(value)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
-def read_index(path: Path) -> dict[str, StoredObject]:
-    """Parse ``meta.json``; a missing file is an empty store, anything odd is a StoreError."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise StoreError(f"cannot read the store index: {exc.strerror}", path=str(path)) from exc
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise StoreError(f"store index is not valid JSON: {exc}", path=str(path)) from exc
-    if not isinstance(doc, dict):
-        raise StoreError("store index must be a JSON object", path=str(path))
-    version = doc.get("format_version")
-    if type(version) is not int:
-        raise StoreError("store index lacks an integer format_version", path=str(path))
-    if version > FORMAT_VERSION:
-        raise StoreError("store index was written by a newer weightstore; upgrade to read it",
-                         path=str(path), format_version=version, supported=FORMAT_VERSION)
-    if version != FORMAT_VERSION:
-        raise StoreError("store index has an unknown format_version", path=str(path),
-                         format_version=version, supported=FORMAT_VERSION)
-    files, offsets, sizes = (_map(doc, name, path) for name in _MAPS)
-    if not files.keys() == offsets.keys() == sizes.keys():
-        raise StoreError("store index maps do not list the same keys", path=str(path))
-    index: dict[str, StoredObject] = {}
-    for key, file in files.items():
+def marks(values: Collection[object]) -> str:
+    return ",".join("?" * len(values))
+
+
+def row_object(row: tuple) -> StoredObject:
+    return StoredObject(key=row[0], file=row[1], offset=row[2], size=row[3])
+
+
+class Index:
+    """The SQLite index of one store root; cheap to construct, connects on first use."""
+
+    def __init__(self, root: Path, busy_timeout: float = 600.0) -> None:
+        self.root = root
+        self.path = root / INDEX_NAME
+        self.busy_timeout = busy_timeout
+        self.write_holds: list[float] = []  # seconds each write transaction held the lock
+        self.rebuilding = False  # repair may create an index beside a format 2 marker
+        self._local = threading.local()
+        self._memory: tuple[tuple[int, int], sqlite3.Connection] | None = None
+
+    # -- connections -------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        """This thread's connection to the file (made again in a forked child)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            return conn
         try:
-            split_key(key)
-        except IntegrityError as exc:
-            raise StoreError("store index holds a malformed digest key", path=str(path),
-                             key=key) from exc
-        offset, size = offsets[key], sizes[key]
-        if not isinstance(file, str) or not is_safe_component(file):
-            raise StoreError("store index names a file outside the store root",
-                             path=str(path), key=key, file=file)
-        if not _is_count(offset) or not _is_count(size):
-            raise StoreError("store index offset and size must be non-negative integers",
-                             path=str(path), key=key, offset=offset, size=size)
-        index[key] = StoredObject(key=key, file=file, offset=offset, size=size)
-    return index
+            if not self.path.exists():  # the mode of an ordinary file: a group may share it
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, file_mode()))
+            conn = sqlite3.connect(self.path, timeout=min(WAIT_REPORT_SECONDS,
+                                                          self._timeout()),
+                                   isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA synchronous=FULL")
+            # checkpoints run after the write transaction, not inside its COMMIT
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open the store index: {exc}", path=str(self.path)) from exc
+        self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def _timeout(self) -> float:
+        return self.busy_timeout if self.busy_timeout >= 0 else float("inf")
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """A consistent snapshot, without any lock a writer could wait for.
+
+        Before the first write there is no SQLite file: a format 1 ``meta.json`` is then
+        read into memory (it is migrated by the first write), and no index at all reads as
+        an empty store. Reading never creates anything.
+        """
+        if not self.exists():
+            yield self._legacy_snapshot()
+            return
+        conn = self._reader()
+        try:
+            conn.execute("BEGIN")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the store index: {exc}", path=str(self.path)) from exc
+        try:
+            if self._version(conn) < FORMAT_VERSION:
+                # being created or migrated right now: what meta.json says until then
+                conn.execute("COMMIT")
+                yield self._legacy_snapshot(initialising=True)
+                return
+            self._check_version(conn)
+            yield conn
+        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"the store index is damaged: {exc}", path=str(self.path)) from exc
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("COMMIT")
+
+    def writable(self) -> bool:
+        """Whether this user can write the index (and so the store): not on a read-only
+        mount, nor through permissions."""
+        try:
+            if os.statvfs(self.root).f_flag & os.ST_RDONLY:
+                return False
+        except (OSError, AttributeError):
+            pass
+        return os.access(self.root, os.W_OK) and (not self.exists()
+                                                   or os.access(self.path, os.W_OK))
+
+    def _reader(self) -> sqlite3.Connection:
+        """The thread's connection; on a store this user cannot write (permissions, a
+        read-only mount), an immutable read-only one."""
+        if self.writable():
+            return self._connect()
+        conn = getattr(self._local, "ro", None)
+        if conn is None or self._local.ro_pid != os.getpid():
+            conn = self._read_only()
+            self._local.ro, self._local.ro_pid = conn, os.getpid()
+        return conn
+
+    def _read_only(self) -> sqlite3.Connection:
+        """``mode=ro`` reads the journal too (SQLite >= 3.22, with the -shm file present);
+        where even that is impossible, ``immutable=1`` reads the main file alone."""
+        base = self.path.absolute().as_uri()
+        error: sqlite3.Error | None = None
+        for query in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                conn = sqlite3.connect(base + query, uri=True, isolation_level=None,
+                                       check_same_thread=False)
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.Error as exc:
+                error = exc
+        raise StoreError(f"cannot open the store index: {error}", path=str(self.path))
+
+    @staticmethod
+    def _version(conn: sqlite3.Connection) -> int:
+        return conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def _check_version(self, conn: sqlite3.Connection) -> None:
+        version = self._version(conn)
+        if version > FORMAT_VERSION:
+            raise StoreError("store index was written by a newer weightstore; upgrade to "
+                             "read it", path=str(self.path), format_version=version,
+                             supported=FORMAT_VERSION)
+        if version < FORMAT_VERSION:
+            raise StoreError("store index is not initialised (an interrupted creation, which "
+                             "the next write completes, or a lost index, which 'weightstore "
+                             "store verify --repair' rebuilds)", path=str(self.path))
+
+    def _legacy_snapshot(self, initialising: bool = False) -> sqlite3.Connection:
+        """An in-memory index of a format 1 store (or an empty one), kept while
+        ``meta.json`` is unchanged."""
+        from .meta import read_legacy
+
+        meta = self.root / META_NAME
+        try:
+            st = meta.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = (0, 0)
+        if self._memory is not None and self._memory[0] == stamp:
+            return self._memory[1]
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        conn.executescript(_SCHEMA)
+        legacy = read_legacy(meta) if stamp != (0, 0) else None
+        if legacy is None and stamp != (0, 0) and (initialising or not self.exists()):
+            raise StoreError("the store's SQLite index is missing; run 'weightstore store "
+                             "verify --repair' to rebuild it from the objects on disk",
+                             path=str(self.path))
+        _insert(conn, (legacy or {}).values(), 0)
+        self._memory = (stamp, conn)
+        return conn
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``: the store-wide critical section.
+
+        Creates the store's index on first use (migrating a format 1 ``meta.json``). Keep
+        the body to recording rows and renames: its duration is every writer's wait.
+        """
+        conn = self._connect()
+        try:
+            self._ensure_current(conn)
+            self._begin(conn)
+        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"the store index is damaged: {exc}", path=str(self.path)) from exc
+        start: float | None = time.perf_counter()
+        try:
+            yield conn
+            conn.execute("COMMIT")
+            self.write_holds.append(time.perf_counter() - start)
+            start = None
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+                    exc, (sqlite3.ProgrammingError, sqlite3.InterfaceError)):
+                raise StoreError(f"cannot write the store index: {exc}",
+                                 path=str(self.path)) from exc
+            raise
+        finally:
+            if start is not None:
+                self.write_holds.append(time.perf_counter() - start)
+        self._checkpoint(conn)
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        """Fold the journal into the index once it passes :data:`CHECKPOINT_BYTES`
+        (PASSIVE: it never waits for, nor blocks, writers)."""
+        try:
+            if os.stat(f"{self.path}-wal").st_size < CHECKPOINT_BYTES:
+                return
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (OSError, sqlite3.Error):
+            pass
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        start = time.monotonic()
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise StoreError(f"cannot write the store index: {exc}",
+                                     path=str(self.path)) from exc
+                waited = time.monotonic() - start
+                if waited >= self._timeout():
+                    raise StoreError("timed out waiting for the store index write lock",
+                                     path=str(self.path), timeout=self.busy_timeout) from exc
+                print(f"weightstore: waiting {waited:.0f} s for the store index write lock "
+                      f"({self.path}): {self._writers(conn)}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _writers(conn: sqlite3.Connection) -> str:
+        """Who may hold the write lock: the running builds (their leases)."""
+        from datetime import datetime, timezone
+
+        try:
+            rows = conn.execute("SELECT pid, host, created FROM leases ORDER BY created"
+                                ).fetchall()
+        except sqlite3.Error:
+            rows = []
+        if not rows:
+            return "another process is writing it"
+        return "held by one of: " + ", ".join(
+            f"pid {pid} on {host} since "
+            f"{datetime.fromtimestamp(created, timezone.utc).isoformat(timespec='seconds')}"
+            for pid, host, created in rows[:5])
+
+    def _ensure_current(self, conn: sqlite3.Connection) -> None:
+        """Initialise the schema, migrating a format 1 store, exactly once."""
+        if getattr(self._local, "current", None) == (os.getpid(), id(conn)):
+            return
+        try:  # persistent; needs a moment without other writers, so retried as BEGIN is
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                self._begin(conn)
+                conn.execute("COMMIT")
+                conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot initialise the store index: {exc}",
+                             path=str(self.path)) from exc
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > FORMAT_VERSION:
+            self._check_version(conn)
+        if version < FORMAT_VERSION:
+            self._migrate(conn)
+        else:
+            self._refresh_marker()
+        self._local.current = (os.getpid(), id(conn))
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Create the tables and copy a format 1 ``meta.json`` into them.
+
+        Runs under format 1's lock file, so that no older weightstore writes ``meta.json``
+        meanwhile; ``meta.json`` then becomes a format 2 marker that older versions refuse.
+        """
+        from ..locking import file_lock
+        from .meta import read_legacy
+
+        with file_lock(self.root / LOCK_NAME, self.busy_timeout, StoreError, "store"):
+            self._begin(conn)
+            try:
+                if conn.execute("PRAGMA user_version").fetchone()[0] < FORMAT_VERSION:
+                    for statement in _SCHEMA.split(";"):  # executescript would COMMIT
+                        if statement.strip():
+                            conn.execute(statement)
+                    legacy = None if self.rebuilding else read_legacy(self.root / META_NAME)
+                    if legacy is None and (self.root / META_NAME).exists() \
+                            and not self.rebuilding:
+                        raise StoreError("the store's SQLite index is missing; run "
+                                         "'weightstore store verify --repair' to rebuild "
+                                         "it from the objects on disk", path=str(self.path))
+                    legacy = legacy or {}
+                    _insert(conn, legacy.values(), int(time.time()))
+                    conn.execute(f"PRAGMA user_version={FORMAT_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            self._refresh_marker()
+
+    def _refresh_marker(self) -> None:
+        """Replace a format 1 ``meta.json`` (or none) by the format 2 marker."""
+        from .meta import write_marker
+
+        meta = self.root / META_NAME
+        try:
+            with open(meta, "rb") as f:
+                head = f.read(64)
+        except FileNotFoundError:
+            head = b""
+        except OSError:
+            return
+        if not head or b'"format_version": 1' in head or b'"format_version":1' in head:
+            write_marker(meta, INDEX_NAME)
+
+    # -- objects -----------------------------------------------------------------------
+
+    def locate(self, keys: Iterable[str], conn: sqlite3.Connection | None = None,
+               ) -> dict[str, StoredObject]:
+        """The rows of ``keys`` that exist, in batched ``IN (...)`` queries."""
+        if conn is None:
+            with self.reading() as snapshot:
+                return self.locate(keys, snapshot)
+        found: dict[str, StoredObject] = {}
+        for chunk in batched(dict.fromkeys(keys)):
+            for row in conn.execute(f"SELECT key, file, offset, size FROM objects "
+                                    f"WHERE key IN ({marks(chunk)})", chunk):
+                found[row[0]] = row_object(row)
+        return found
+
+    def insert(self, conn: sqlite3.Connection, objects: Iterable[StoredObject]) -> None:
+        _insert(conn, objects, int(time.time()))
+
+    @staticmethod
+    def indexed_end(conn: sqlite3.Connection, file: str) -> int:
+        """The end of the last range of ``file`` (ranges never overlap)."""
+        row = conn.execute("SELECT offset + size FROM objects WHERE file = ? "
+                           "ORDER BY offset DESC, size DESC LIMIT 1", (file,)).fetchone()
+        return row[0] if row else 0
+
+    @staticmethod
+    def objects(conn: sqlite3.Connection, file: str | None = None,
+                ) -> Iterator[StoredObject]:
+        """Every row (streamed), by key; or the rows of one file, by offset."""
+        if file is None:
+            cursor = conn.execute("SELECT key, file, offset, size FROM objects ORDER BY key")
+        else:
+            cursor = conn.execute("SELECT key, file, offset, size FROM objects WHERE file = ? "
+                                  "ORDER BY offset, size", (file,))
+        for row in cursor:
+            yield row_object(row)
+
+    @staticmethod
+    def rows(conn: sqlite3.Connection) -> Iterator[tuple[str, str, int, int]]:
+        """Every row as ``(key, file, offset, size)``, by key (streamed, no objects)."""
+        return conn.execute("SELECT key, file, offset, size FROM objects ORDER BY key")
+
+    @staticmethod
+    def objects_by_file(conn: sqlite3.Connection) -> Iterator[StoredObject]:
+        """Every row (streamed), grouped by file, by offset within a file."""
+        for row in conn.execute("SELECT key, file, offset, size FROM objects "
+                                "ORDER BY file, offset, size"):
+            yield row_object(row)
+
+    @staticmethod
+    def files(conn: sqlite3.Connection) -> list[tuple[str, int, int, int]]:
+        """``(file, objects, payload bytes, end of the last range)`` per indexed file."""
+        return conn.execute("SELECT file, count(*), sum(size), max(offset + size) "
+                            "FROM objects GROUP BY file ORDER BY file").fetchall()
+
+    @staticmethod
+    def count(conn: sqlite3.Connection) -> int:
+        return conn.execute("SELECT count(*) FROM objects").fetchone()[0]
 
 
-def write_index(path: Path, index: dict[str, StoredObject]) -> None:
-    """Replace ``meta.json`` atomically with deterministic bytes (sorted keys)."""
-    atomic_write_bytes(path, encode_index(index))
-
-
-def encode_index(index: dict[str, StoredObject]) -> bytes:
-    objs = sorted(index.values(), key=lambda o: o.key)
-    doc = {
-        "format_version": FORMAT_VERSION,
-        "hash_to_weight_file": {o.key: o.file for o in objs},
-        "hash_to_weight_offset": {o.key: o.offset for o in objs},
-        "hash_to_weight_size": {o.key: o.size for o in objs},
-    }
-    return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
-
-
-def _map(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
-    value = doc.get(name)
-    if not isinstance(value, dict):
-        raise StoreError(f"store index field {name} must be a JSON object", path=str(path))
-    return value
-
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
+def _insert(conn: sqlite3.Connection, objects: Iterable[StoredObject], created: int) -> None:
+    conn.executemany("INSERT OR REPLACE INTO objects (key, file, offset, size, created) "
+                     "VALUES (?, ?, ?, ?, ?)",
+                     ((o.key, o.file, o.offset, o.size, created) for o in objects))

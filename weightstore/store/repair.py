@@ -1,23 +1,35 @@
 """Recovering from objects damaged on disk after they were written.
 
-Verification finds them; repair takes them out of the index, so that the next build sees
-their keys as missing and writes them again from its sources. Nothing is rewritten here:
-the store holds no other copy of a payload. A per-weight file is deleted once no entry
-refers to it; a damaged range of a combined file is only unindexed (the file never shrinks
-under ranges that other entries may still hold, and appends always go past its end).
+Verification finds them (on a snapshot, without locks); repair then takes them out of the
+index in one short write transaction, dropping only rows that are still exactly what was
+verified, so that the next build sees their keys as missing and writes them again from its
+sources. Nothing is rewritten here: the store holds no other copy of a payload. A
+per-weight file is deleted once no row refers to it (:mod:`.sweep`); a damaged range of a
+combined file is only unindexed, and compaction reclaims it. A range this user may not
+read is never treated as damage. Temp files no live writer can own are removed.
+
+A lost or unreadable index is rebuilt from the per-weight objects on disk (their names are
+their digests, and each is re-hashed); combined files cannot be re-indexed (their offsets
+lived only in the index), so they are reported as orphans for gc to remove.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..fsio import fsync_dir
-from .index import StoredObject, write_index
-from .layout import SEPARATE_PREFIX, kind_of
-from .verify import VerifyReport, verify_objects
+from ..errors import StoreError
+from ..hashing import ALGORITHMS, digest_file, make_key
+from .layout import SEPARATE_PREFIX, kind_of, scan
+from .objects import StoredObject
+from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced
+from .verify import VerifyReport, verify_store
+
+if TYPE_CHECKING:
+    from .store import WeightStore
+
+NOT_DAMAGE = frozenset({"no_permission"})
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,8 @@ class RepairReport:
     dropped: tuple[StoredObject, ...]
     deleted_files: tuple[str, ...]
     remaining: VerifyReport
+    removed_temps: tuple[str, ...] = ()
+    rebuilt: int | None = None  # objects re-indexed from disk when the index was lost
 
     @property
     def ok(self) -> bool:
@@ -43,39 +57,79 @@ class RepairReport:
             "dropped": [{"key": o.key, "file": o.file, "offset": o.offset, "size": o.size}
                         for o in self.dropped],
             "deleted_files": list(self.deleted_files),
+            "removed_temps": list(self.removed_temps),
+            "rebuilt": self.rebuilt,
             "remaining": self.remaining.to_dict(),
         }
 
 
-def drop_damaged(root: Path, meta_path: Path, index: dict[str, StoredObject],
-                 jobs: int) -> RepairReport:
-    """Verify ``index``, unindex every entry with a problem, delete files nothing refers to.
+def repair_store(store: WeightStore, jobs: int) -> RepairReport:
+    rebuilt = None
+    try:
+        found = verify_store(store, jobs)
+    except StoreError as exc:
+        if "index" not in exc.message:
+            raise
+        rebuilt = rebuild_index(store, jobs)
+        found = verify_store(store, jobs)
+    snapshot_bad = {p.key for p in found.problems
+                    if p.key is not None and p.kind not in NOT_DAMAGE}
+    dropped: list[StoredObject] = []
+    if snapshot_bad:
+        with store.index.writing() as conn:
+            rows = store.index.locate(snapshot_bad, conn)
+            for key in sorted(snapshot_bad):
+                obj = rows.get(key)
+                if obj is not None and _still_bad(found, obj):
+                    dropped.append(obj)
+            conn.executemany("DELETE FROM objects WHERE key = ?", ((o.key,) for o in dropped))
+    dropped.sort(key=lambda o: (o.file, o.key))
+    # Only per-weight objects: never a combined file, nor whatever else a damaged
+    # index might name (meta.json, the lock, caches).
+    files = [o.file for o in dropped
+             if o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
+    deleted = unlink_unreferenced(store, files)
+    temps = remove_temps(store, stale_temps(store, oldest_live_lease(store)))
+    remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed
+    return RepairReport(root=str(store.root), found=found, dropped=tuple(dropped),
+                        deleted_files=tuple(sorted(deleted)), remaining=remaining,
+                        removed_temps=tuple(temps), rebuilt=rebuilt)
 
-    The caller holds the store lock. The index is replaced before any file is deleted, so
-    a crash in between leaves unindexed files (warnings), never entries without bytes.
-    """
-    found = verify_objects(root, index, jobs)
-    bad = {p.key for p in found.problems if p.key in index}
-    kept = {key: obj for key, obj in index.items() if key not in bad}
-    dropped = tuple(sorted((index[key] for key in bad), key=lambda o: (o.file, o.key)))
-    if dropped:
-        write_index(meta_path, kept)
-    still_used = {obj.file for obj in kept.values()}
-    deleted: list[str] = []
-    for file in sorted({obj.file for obj in dropped} - still_used):
-        # Only per-weight objects: never a combined file, nor whatever else a damaged
-        # index might name (meta.json, the lock, caches).
-        if not (file.startswith(SEPARATE_PREFIX) and kind_of(file) == "separate"):
-            continue
-        try:
-            os.unlink(root / file)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            continue  # left in place: the next verify reports it as an orphan file
-        deleted.append(file)
-    if deleted:
-        fsync_dir(root)
-    remaining = verify_objects(root, kept, jobs, trusted=kept.keys())
-    return RepairReport(root=str(root), found=found, dropped=dropped,
-                        deleted_files=tuple(deleted), remaining=remaining)
+
+def _still_bad(found: VerifyReport, obj: StoredObject) -> bool:
+    return any(p.key == obj.key and p.file == obj.file for p in found.problems)
+
+
+def rebuild_index(store: WeightStore, jobs: int) -> int:
+    """A new index from the per-weight objects on disk; the old one is set aside."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for name in (store.index.path.name, store.index.path.name + "-wal",
+                 store.index.path.name + "-shm", store.meta_path.name):
+        path = store.root / name
+        if path.exists():
+            os.replace(path, store.root / f"{name}.broken")
+    names = [n for n in scan(store.root).objects if kind_of(n) == "separate"
+             and n.startswith(SEPARATE_PREFIX)]
+
+    def identify(name: str) -> StoredObject | None:
+        hex_digest = name[len(SEPARATE_PREFIX):]
+        path = store.root / name
+        for algo in ALGORITHMS:
+            try:
+                if digest_file(algo, path) == hex_digest:
+                    return StoredObject(make_key(algo, hex_digest), name, 0,
+                                        os.path.getsize(path))
+            except OSError:
+                return None
+        return None
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        found = [o for o in pool.map(identify, names) if o is not None]
+    store.index.rebuilding = True
+    try:
+        with store.index.writing() as conn:
+            store.index.insert(conn, found)
+    finally:
+        store.index.rebuilding = False
+    return len(found)

@@ -8,11 +8,9 @@ references (tails of interrupted appends, orphan files).
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .index import StoredObject
 from .layout import kind_of, scan
 
 
@@ -39,40 +37,39 @@ class StoreStats:
         return asdict(self)
 
 
-def compute_stats(root: Path, index: dict[str, StoredObject]) -> StoreStats:
-    """Padding = bytes before or between indexed ranges of a file; unreferenced = the rest."""
-    by_file: dict[str, list[StoredObject]] = defaultdict(list)
-    for obj in index.values():
-        by_file[obj.file].append(obj)
+def compute_stats(root: Path, files: list[tuple[str, int, int, int]]) -> StoreStats:
+    """``files``: ``(file, objects, payload bytes, end of the last range)`` per indexed file,
+    aggregated by the index, so memory does not grow with the number of objects.
+
+    Padding = bytes before or between indexed ranges of a file; unreferenced = the rest
+    (tails past the last range, orphan files).
+    """
     sizes = dict(scan(root).objects)
-    orphans = [name for name in sizes if name not in by_file]
+    indexed = {f[0] for f in files}
+    orphans = [name for name in sizes if name not in indexed]
     missing = 0
-    for file in by_file:
+    padding = 0
+    unreferenced = sum(sizes[name] for name in orphans)
+    for file, _, payload, end in files:
         if file not in sizes:
             try:
                 sizes[file] = os.stat(root / file).st_size
-            except FileNotFoundError:
+            except OSError:
                 missing += 1
-    padding = 0
-    unreferenced = sum(sizes[name] for name in orphans)
-    for file, objs in by_file.items():
-        size = sizes.get(file)
-        if size is None:
-            continue
-        pos = 0
-        for obj in sorted(objs, key=lambda o: (o.offset, o.end)):
-            start, end = min(obj.offset, size), min(obj.end, size)
-            padding += max(0, start - pos)
-            pos = max(pos, end)
-        unreferenced += size - pos
-    kinds = [kind_of(obj.file) for obj in index.values()]
+                continue
+        size = sizes[file]
+        reach = min(end, size)
+        padding += max(0, reach - min(payload, reach))
+        unreferenced += size - reach
+    separate = sum(n for f, n, _, _ in files if kind_of(f) == "separate")
+    combined = sum(n for f, n, _, _ in files if kind_of(f) == "combined")
     file_kinds = [kind_of(name) for name in sizes]
     return StoreStats(
         root=str(root),
-        objects=len(index),
-        separate_objects=kinds.count("separate"),
-        combined_objects=kinds.count("combined"),
-        payload_bytes=sum(obj.size for obj in index.values()),
+        objects=separate + combined,
+        separate_objects=separate,
+        combined_objects=combined,
+        payload_bytes=sum(payload for _, _, payload, _ in files),
         bytes_on_disk=sum(sizes.values()),
         padding_bytes=padding,
         unreferenced_bytes=unreferenced,

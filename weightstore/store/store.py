@@ -1,10 +1,12 @@
 """The weight store: deduplicated, content-addressed payload bytes shared by every build.
 
-Writers serialise on one lock and decide what is missing only while holding it, so a payload
-is written once no matter how many builds race to add it. Readers (``lookup``, ``index``,
-``stats``, ``read``) need no lock: ``meta.json`` is only ever replaced whole, and an object is
-indexed only after its bytes are durable and hash to its key. See
-:mod:`weightstore.store.writer` for the layout.
+Bytes move outside the store-wide lock; the lock (the SQLite index's write transaction,
+see :mod:`weightstore.store.index`) covers only recording rows, so its hold time does not
+grow with payload bytes. A payload is indexed only after its bytes are durable and hash to
+its key; two writers of one key race harmlessly (one row wins, the other's bytes are
+discarded or left as unreferenced bytes that compaction reclaims). Readers (``locate``,
+``stats``, ``verify``, ``read``) never wait for writers. Callers never receive the whole
+index: they ask where given keys live (:meth:`WeightStore.locate`).
 
 The root folder is created by the first write (``put``), never by reading: ``stats``,
 ``verify`` and ``repair`` of a folder that does not exist are a :class:`StoreError`.
@@ -12,23 +14,40 @@ The root folder is created by the first write (``put``), never by reading: ``sta
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError, StoreError
 from ..fsio import read_exact
 from ..hashing import split_key
-from .index import StoredObject, read_index, write_index
-from .layout import LOCK_NAME, META_NAME, combined_file_name, is_safe_component
-from .lock import store_lock
+from . import leases
+from .index import INDEX_NAME, Index
+from .layout import (
+    COMBINED_SUFFIX,
+    LOCK_NAME,
+    META_NAME,
+    combined_file_name,
+    is_safe_component,
+)
+from .objects import StoredObject
 from .payload import PayloadSource
-from .repair import RepairReport, drop_damaged
-from .stats import StoreStats, compute_stats
-from .verify import VerifyReport, verify_objects
-from .writer import WriteOutcome, append_combined, write_separate
+from .writer import WriteOutcome, append_combined, discard, publish_staged, write_separate
+
+if TYPE_CHECKING:
+    from .gc import GcPlan
+    from .repair import RepairReport
+    from .roots import Root, RootRecord
+    from .stats import StoreStats
+    from .verify import VerifyReport
+
+LOCKS_DIR = "locks"
+PUT_ATTEMPTS = 3
+COMBINED_SIBLINGS = 8  # combined files one model name may append to at the same time
 
 PutKind = Literal["separate", "combined"]
 
@@ -65,6 +84,8 @@ class WeightStore:
         self.lock_timeout = lock_timeout
         if self.root.exists() and not self.root.is_dir():
             raise StoreError("store root exists and is not a folder", path=str(self.root))
+        self.index = Index(self.root, lock_timeout)
+        self._lease: tuple[int, int] | None = None  # (pid, lease id) of this process
 
     def __repr__(self) -> str:
         return f"WeightStore({str(self.root)!r})"
@@ -74,8 +95,45 @@ class WeightStore:
         return self.root / META_NAME
 
     @property
+    def index_path(self) -> Path:
+        return self.root / INDEX_NAME
+
+    @property
     def lock_path(self) -> Path:
+        """Format 1's lock file: taken only while a format 1 store is migrated."""
         return self.root / LOCK_NAME
+
+    # -- leases ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def leased(self) -> Iterator[WeightStore]:
+        """Hold every key this store object locates or puts until the block ends, so that
+        gc and compaction running meanwhile never take them away (see :mod:`.leases`)."""
+        self._make_root()
+        if not self.writable():  # no gc can run on it either: nothing to protect from
+            yield self
+            return
+        with self.index.writing() as conn:
+            lease = leases.open_lease(conn)
+        self._lease = (os.getpid(), lease)
+        try:
+            yield self
+        finally:
+            self._lease = None
+            with contextlib.suppress(StoreError), self.index.writing() as conn:
+                leases.close_lease(conn, lease)
+
+    def writable(self) -> bool:
+        """False for a store this user may only read (permissions, a read-only mount):
+        it still verifies and serves builds whose payloads are all present."""
+        if not self.root.is_dir():
+            return True  # the first write creates it (or says why it cannot)
+        return self.index.writable()
+
+    def _lease_id(self) -> int | None:
+        if self._lease is not None and self._lease[0] == os.getpid():
+            return self._lease[1]
+        return None
 
     # -- writing -----------------------------------------------------------------------
 
@@ -94,53 +152,126 @@ class WeightStore:
         combined_file = _check_put_args(kind, combined_name, alignment, jobs)
         wanted = _collapse(payloads)
         self._make_root()
-        if not wanted:
-            return PutReport({}, 0, 0, 0, 0, 0)
-        with store_lock(self.root, self.lock_timeout):
-            index = read_index(self.meta_path)
-            present = self._present(index, wanted)
-            missing = [src for key, src in wanted.items() if key not in present]
+        located: dict[str, StoredObject] = {}
+        written: dict[str, StoredObject] = {}
+        padding = 0
+        todo = dict(wanted)
+        for _ in range(PUT_ATTEMPTS):  # a key gc took between our look and our commit
+            if not todo:
+                break
+            rows = self.index.locate(todo)
+            present = self._present(rows, todo)
+            missing = [src for key, src in todo.items() if key not in present]
+            # rows whose bytes were not intact: our new bytes replace them
+            stale = {key: rows[key] for key in rows if key not in present}
+            if not missing and self._lease_id() is None:
+                located.update(present)  # nothing to write or to hold: no write lock
+                todo = {}
+                break
             if combined_file is None:
                 outcome = write_separate(self.root, missing, jobs)
+                found, new = self._record(todo, outcome, stale, publish=True)
             else:
-                indexed_end = max((o.end for o in index.values() if o.file == combined_file),
-                                  default=0)
-                outcome = append_combined(self.root, combined_file, missing, alignment,
-                                          indexed_end, jobs)
-            _publish(self.meta_path, index, outcome)
-        written = {obj.key: obj for obj in outcome.objects}
-        located = {**present, **written}
+                with self._free_combined(combined_file) as file:
+                    # appends to this file are ours alone now; look again
+                    present = self._present(self.index.locate(s.key for s in missing),
+                                            todo)
+                    missing = [src for src in missing if src.key not in present]
+                    outcome = append_combined(self.root, file, missing, alignment, jobs)
+                    found, new = self._record(todo, outcome, stale, publish=False)
+            located.update(found)
+            written.update(new)
+            padding += outcome.padding_bytes
+            if outcome.error is not None:
+                raise outcome.error
+            todo = {k: v for k, v in todo.items() if k not in found and k not in new}
+        if todo:
+            raise StoreError("payloads kept vanishing from the store while being stored "
+                             "(a gc running without leases?)", path=str(self.root),
+                             key=next(iter(todo)))
+        located.update(written)
         return PutReport(
             objects={key: located[key] for key in wanted},
             written_objects=len(written),
-            written_bytes=outcome.written_bytes,
-            reused_objects=len(present),
-            reused_bytes=sum(obj.size for obj in present.values()),
-            padding_bytes=outcome.padding_bytes,
+            written_bytes=sum(o.size for o in written.values()),
+            reused_objects=len(wanted) - len(written),
+            reused_bytes=sum(wanted[k].size for k in wanted if k not in written),
+            padding_bytes=padding,
         )
 
-    def _present(self, index: dict[str, StoredObject],
+    def _record(self, wanted: dict[str, PayloadSource], outcome: WriteOutcome,
+                stale: dict[str, StoredObject], *, publish: bool,
+                ) -> tuple[dict[str, StoredObject], dict[str, StoredObject]]:
+        """The store-wide critical section of a put: look at the rows once more, rename
+        staged per-weight objects into place, insert rows. Returns (already present,
+        written)."""
+        staged = dict(zip((o.key for o in outcome.objects), outcome.staged, strict=False))
+        new: dict[str, StoredObject] = {}
+        try:
+            with self.index.writing() as conn:
+                self._hold(conn, wanted)
+                present = {key: obj for key, obj in
+                           self._present(self.index.locate(wanted, conn), wanted).items()
+                           if stale.get(key) != obj}
+                new = {o.key: o for o in outcome.objects if o.key not in present}
+                if publish:
+                    publish_staged(self.root, list(new.values()),
+                                   [staged[k] for k in new])
+                self.index.insert(conn, new.values())
+        finally:
+            if publish:
+                discard([tmp for key, tmp in staged.items() if key not in new])
+        return present, new
+
+    def heal(self, src: PayloadSource) -> StoredObject:
+        """Rewrite the object of ``src.key`` from ``src`` (bytes verified against the key
+        first): a per-weight file is replaced, a combined range is appended again and its
+        row re-pointed (the damaged range becomes unreferenced bytes for compaction)."""
+        old = self.lookup(src.key)
+        if old is None or old.kind == "separate":
+            outcome = write_separate(self.root, [src], 1)
+            if outcome.error is not None:
+                raise outcome.error
+            try:
+                with self.index.writing() as conn:
+                    self._hold(conn, [src.key])
+                    publish_staged(self.root, outcome.objects, outcome.staged)
+                    self.index.insert(conn, outcome.objects)
+            finally:
+                discard(list(outcome.staged))
+            return outcome.objects[0]
+        with self.file_lock(old.file):
+            outcome = append_combined(self.root, old.file, [src], _alignment_of(old), 1)
+            if outcome.error is not None:
+                raise outcome.error
+            with self.index.writing() as conn:
+                self._hold(conn, [src.key])
+                self.index.insert(conn, outcome.objects)
+        return outcome.objects[0]
+
+    def _hold(self, conn: Any, keys: Iterable[str]) -> None:
+        lease = self._lease_id()
+        if lease is not None:
+            leases.hold(conn, lease, keys)
+
+    def _present(self, rows: dict[str, StoredObject],
                  wanted: dict[str, PayloadSource]) -> dict[str, StoredObject]:
         """Indexed keys whose bytes are really there (a crash or a user may remove files).
 
         Only sizes are checked here; bytes damaged on disk after they were written are found
-        by :meth:`verify` and dropped from the index by :meth:`repair`.
+        by :meth:`verify` and dropped from the index by :meth:`repair`. A per-weight object
+        that is not a regular file (a symlink) is damage: the key is written again.
         """
         sizes: dict[str, int | None] = {}
         present: dict[str, StoredObject] = {}
-        for key, src in wanted.items():
-            obj = index.get(key)
-            if obj is None:
-                continue
+        for key, obj in rows.items():
+            src = wanted[key]
             if obj.size != src.size:
                 raise IntegrityError("payload size disagrees with the stored object of the "
                                      "same key", key=key, size=src.size, stored=obj.size,
                                      file=obj.file)
             if obj.file not in sizes:
-                try:
-                    sizes[obj.file] = os.stat(self.root / obj.file).st_size
-                except FileNotFoundError:
-                    sizes[obj.file] = None
+                sizes[obj.file] = self._file_size(obj.file)
             file_size = sizes[obj.file]
             if file_size is None:
                 continue
@@ -151,15 +282,78 @@ class WeightStore:
                 present[key] = obj
         return present
 
+    def _file_size(self, file: str) -> int | None:
+        """Size of a regular store file; None when it is missing or not a regular file."""
+        if not is_safe_component(file):
+            return None
+        try:
+            st = os.lstat(self.root / file)
+        except OSError:
+            return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+    @contextlib.contextmanager
+    def _free_combined(self, file: str) -> Iterator[str]:
+        """Hold the lock of ``file``, or of a sibling when another writer is appending to
+        it (``<name>.1_weight_combined`` ...): two builds of same-named models append side
+        by side instead of in turn. Where a payload sits never matters to a package."""
+        stem = file[: -len(COMBINED_SUFFIX)]
+        for n in range(COMBINED_SIBLINGS):
+            name = file if n == 0 else f"{stem}.{n}{COMBINED_SUFFIX}"
+            try:
+                lock = self.file_lock(name, timeout=0)
+                lock.__enter__()
+            except StoreError:
+                continue
+            try:
+                yield name
+            finally:
+                lock.__exit__(None, None, None)
+            return
+        with self.file_lock(file):  # every sibling busy: wait for the first
+            yield file
+
+    def file_lock(self, file: str, timeout: float | None = None):
+        """The lock of one combined file: appends and compaction of it take turns."""
+        from ..locking import file_lock
+
+        folder = self.root / LOCKS_DIR
+        folder.mkdir(exist_ok=True)
+        return file_lock(folder / f"{file}.lock",
+                         self.lock_timeout if timeout is None else timeout, StoreError,
+                         f"store file {file}")
+
     # -- reading -----------------------------------------------------------------------
 
-    def lookup(self, key: str) -> StoredObject | None:
-        split_key(key)
-        return read_index(self.meta_path).get(key)
+    def locate(self, keys: Iterable[str]) -> dict[str, StoredObject]:
+        """Where each of ``keys`` lives (absent keys are left out): batched indexed
+        lookups, so time and memory follow the number of keys, not the store's size.
 
-    def index(self) -> dict[str, StoredObject]:
-        """A snapshot of the whole index (one read of ``meta.json``)."""
-        return read_index(self.meta_path)
+        Under :meth:`leased`, the keys are held in the same transaction.
+        """
+        keys = list(keys)
+        for key in keys:
+            split_key(key)
+        lease = self._lease_id()
+        if lease is None:
+            return self.index.locate(keys)
+        with self.index.writing() as conn:
+            leases.hold(conn, lease, keys)
+            return self.index.locate(keys, conn)
+
+    def missing(self, payloads: Iterable[PayloadSource]) -> list[str]:
+        """Keys of ``payloads`` the store does not hold intact (what a put would write)."""
+        wanted = _collapse(payloads)
+        present = self._present(self.index.locate(wanted), wanted)
+        return [key for key in wanted if key not in present]
+
+    def lookup(self, key: str) -> StoredObject | None:
+        return self.locate([key]).get(key)
+
+    def objects(self) -> Iterator[StoredObject]:
+        """Every object, by key, streamed from one snapshot (for export and tests)."""
+        with self.index.reading() as conn:
+            yield from self.index.objects(conn)
 
     def path_of(self, obj: StoredObject) -> Path:
         if not is_safe_component(obj.file):
@@ -171,48 +365,108 @@ class WeightStore:
         """Exactly the object's bytes; a missing or short file is an IntegrityError."""
         path = self.path_of(obj)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)
+                         | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError as exc:
             raise IntegrityError("stored object file is missing", path=str(path),
-                                 key=obj.key) from exc
+                                 key=obj.key, hint="run 'weightstore store verify "
+                                 "--repair'") from exc
         try:
             return read_exact(fd, obj.offset, obj.size)
         except EOFError as exc:
             raise IntegrityError("stored object file is shorter than its index entry",
                                  path=str(path), key=obj.key, offset=obj.offset,
-                                 size=obj.size) from exc
+                                 size=obj.size, hint="run 'weightstore store verify "
+                                 "--repair'") from exc
         finally:
             os.close(fd)
 
     def stats(self) -> StoreStats:
+        from .stats import compute_stats
+
         self._require_root()
-        return compute_stats(self.root, read_index(self.meta_path))
+        with self.index.reading() as conn:
+            return compute_stats(self.root, self.index.files(conn))
 
     def verify(self, *, jobs: int = 4) -> VerifyReport:
-        """Re-hash every object under the lock, so no append is judged half-published.
+        """Re-hash every object of one snapshot without blocking writers.
 
-        A folder no writer ever touched (no index, no lock file) is verified as an empty
-        store without taking the lock, so that verifying creates nothing.
+        A finding is reported only if a fresh look still shows the same row (gc or
+        compaction may have moved or removed it meanwhile).
         """
+        from .verify import verify_store
+
         self._require_root()
-        if not self.meta_path.exists() and not self.lock_path.exists():
-            return verify_objects(self.root, {}, jobs)
-        with store_lock(self.root, self.lock_timeout):
-            return verify_objects(self.root, read_index(self.meta_path), jobs)
+        return verify_store(self, jobs)
 
     def repair(self, *, jobs: int = 4) -> RepairReport:
-        """Verify under the lock and drop every entry whose bytes are damaged.
+        """Verify, then drop every entry whose bytes are damaged (see :mod:`.repair`)."""
+        from .repair import repair_store
 
-        Entries with a missing, short, resized, misnamed, overlapping, unreadable or
-        mismatching range leave the index (``meta.json`` is replaced atomically); the
-        per-weight files only they referred to are then deleted, while ranges of combined
-        files are only unindexed. The next ``put`` of those keys writes them again. The
-        report's ``remaining`` re-checks what is left (structure only: the bytes kept were
-        hashed moments ago under the same lock).
-        """
         self._require_root()
-        with store_lock(self.root, self.lock_timeout):
-            return drop_damaged(self.root, self.meta_path, read_index(self.meta_path), jobs)
+        return repair_store(self, jobs)
+
+    # -- roots and gc ------------------------------------------------------------------
+
+    def register_root(self, record: RootRecord, keys: Iterable[str]) -> None:
+        """Record that the package folder ``record.folder`` uses ``keys``."""
+        from . import roots
+
+        self._make_root()
+        if not self.writable():
+            return  # a read-only store: nothing will ever collect what the package uses
+        with self.index.writing() as conn:
+            roots.register(conn, record, keys)
+
+    def roots(self) -> list[Root]:
+        from . import roots
+
+        self._require_root()
+        with self.index.reading() as conn:
+            return roots.list_roots(conn)
+
+    def pin(self, selector: str, pinned: bool = True) -> list[int]:
+        from . import roots
+
+        ids = self._find_roots(selector)
+        with self.index.writing() as conn:
+            roots.set_pinned(conn, ids, pinned)
+        return ids
+
+    def remove_roots(self, selector: str) -> list[int]:
+        from . import roots
+
+        ids = self._find_roots(selector)
+        with self.index.writing() as conn:
+            roots.remove(conn, ids)
+        return ids
+
+    def _find_roots(self, selector: str) -> list[int]:
+        from . import roots
+
+        self._require_root()
+        with self.index.reading() as conn:
+            ids = roots.find(conn, selector)
+        if not ids:
+            raise StoreError("no root matches", path=str(self.root), root=selector)
+        return ids
+
+    def plan_gc(self, *, older_than: float = 0.0, compact_ratio: float = 0.5) -> GcPlan:
+        """What gc would do (nothing is changed): see :mod:`.gc`."""
+        from .gc import gather
+
+        self._require_root()
+        return gather(self, older_than=older_than, compact_ratio=compact_ratio)
+
+    def export_meta(self, path: str | os.PathLike[str] | None = None) -> tuple[Path, int]:
+        """Write GE's ``meta.json`` (default: the store's own); returns (path, objects)."""
+        from .meta import export_meta
+
+        self._require_root()
+        target = Path(path) if path is not None else self.meta_path
+        with self.index.reading() as conn:
+            count = export_meta(target, lambda: self.index.rows(conn), INDEX_NAME)
+        return target, count
 
     # -- the root folder ---------------------------------------------------------------
 
@@ -268,11 +522,7 @@ def _collapse(payloads: Iterable[PayloadSource]) -> dict[str, PayloadSource]:
     return wanted
 
 
-def _publish(meta_path: Path, index: dict[str, StoredObject], outcome: WriteOutcome) -> None:
-    """Index the completed objects, then re-raise whatever stopped the rest."""
-    try:
-        if outcome.objects:
-            write_index(meta_path, {**index, **{o.key: o for o in outcome.objects}})
-    finally:
-        if outcome.error is not None:
-            raise outcome.error
+def _alignment_of(obj: StoredObject) -> int:
+    """The largest power of two (at most 4096) dividing the offset: what it was written
+    with, or a multiple of it."""
+    return min(4096, obj.offset & -obj.offset) if obj.offset else 4096

@@ -4,27 +4,38 @@ A content-addressed store is only as good as the claim that the bytes behind a k
 that key. Verification re-hashes everything (on a thread pool: both digests release the GIL)
 and also checks the structure the writers promise: per-weight files named by their digest
 and sized exactly, combined ranges inside their file and disjoint. Leftovers that harm
-nothing (unindexed object files, temp files of an interrupted write) are warnings.
-:mod:`weightstore.store.repair` drops the entries behind the problems from the index.
+nothing (unindexed object files, temp files of an interrupted write, combined-file bytes
+no row references) are warnings. A range this user may not read is reported as
+``no_permission``: it is not damage, and repair leaves it alone.
+
+:func:`verify_store` checks one snapshot of the index without any lock, so builds go on
+meanwhile; a finding is kept only if a fresh look shows the same row (gc or compaction may
+have moved or removed it). :mod:`weightstore.store.repair` drops the entries behind the
+problems from the index.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError
 from ..hashing import digest_file, split_key
-from .index import StoredObject
-from .layout import scan, separate_file_name
+from .layout import kind_of, scan, separate_file_name
+from .objects import StoredObject
 
 ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mismatch",
-                      "name_mismatch", "overlap", "unreadable", "orphan_file", "temp_file"]
+                      "name_mismatch", "overlap", "unreadable", "no_permission",
+                      "not_regular_file", "orphan_file", "temp_file", "unreferenced_bytes"]
+
+if TYPE_CHECKING:
+    from .store import WeightStore
 
 
 @dataclass(frozen=True)
@@ -67,39 +78,63 @@ class VerifyReport:
 
 def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
                    trusted: Collection[str] = ()) -> VerifyReport:
-    """Check ``index`` against the files under ``root`` (caller holds the store lock).
+    """Check ``index`` against the files under ``root``.
 
     Keys in ``trusted`` get every check but the re-hash (their bytes were just hashed).
     """
+    problems, hashed = check_rows(root, list(index.values()), jobs, trusted)
+    ends: dict[str, int] = {}
+    for obj in index.values():
+        ends[obj.file] = max(ends.get(obj.file, 0), obj.end)
+    return VerifyReport(root=str(root), objects=len(index), bytes_hashed=hashed,
+                        problems=tuple(sorted(problems, key=_order)),
+                        warnings=leftovers(root, ends))
+
+
+def check_rows(root: Path, objects: list[StoredObject], jobs: int,
+               trusted: Collection[str] = (), *, rehash: bool = True,
+               ) -> tuple[list[Problem], int]:
+    """The problems of ``objects`` (every row of each file they name), and the bytes
+    hashed (none without ``rehash``: structure only)."""
     problems: list[Problem] = []
     sizes: dict[str, int | None] = {}
     to_hash: list[StoredObject] = []
-    for obj in index.values():
+    for obj in objects:
         if obj.file not in sizes:
             sizes[obj.file] = _size(root / obj.file)
         problems.extend(_check_shape(obj, sizes[obj.file]))
         file_size = sizes[obj.file]
-        if file_size is not None and obj.end <= file_size and obj.key not in trusted:
+        if (rehash and file_size is not None and obj.end <= file_size
+                and obj.key not in trusted):
             to_hash.append(obj)
-    problems.extend(_overlaps(index.values()))
+    problems.extend(_overlaps(objects))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         problems.extend(p for p in pool.map(lambda o: _check_digest(root, o), to_hash)
                         if p is not None)
+    return problems, sum(o.size for o in to_hash)
+
+
+def leftovers(root: Path, ends: dict[str, int]) -> tuple[Problem, ...]:
+    """Warnings about what no row covers; ``ends``: each indexed file's last range end."""
     listing = scan(root)
-    referenced = {obj.file for obj in index.values()}
     warnings = [Problem("orphan_file", name, None, f"{size} bytes no index entry refers to")
-                for name, size in listing.objects.items() if name not in referenced]
+                for name, size in listing.objects.items() if name not in ends]
     warnings += [Problem("temp_file", name, None, "temp file left by an interrupted write")
                  for name in listing.temps]
-    return VerifyReport(root=str(root), objects=len(index),
-                        bytes_hashed=sum(o.size for o in to_hash),
-                        problems=tuple(sorted(problems, key=_order)),
-                        warnings=tuple(sorted(warnings, key=_order)))
+    warnings += [Problem("unreferenced_bytes", name, None,
+                         f"{size - ends[name]} bytes past the last indexed range (an "
+                         f"interrupted append); gc's compaction reclaims them")
+                 for name, size in listing.objects.items()
+                 if name in ends and kind_of(name) == "combined" and size > ends[name]]
+    return tuple(sorted(warnings, key=_order))
 
 
 def _check_shape(obj: StoredObject, file_size: int | None) -> list[Problem]:
     if file_size is None:
         return [Problem("missing_file", obj.file, obj.key, "file does not exist")]
+    if file_size < 0:
+        return [Problem("not_regular_file", obj.file, obj.key,
+                        "not a regular file (a symlink or a folder)")]
     found: list[Problem] = []
     if obj.kind == "separate":
         expected = separate_file_name(obj.key)
@@ -141,6 +176,9 @@ def _check_digest(root: Path, obj: StoredObject) -> Problem | None:
     algo, expected = split_key(obj.key)
     try:
         actual = digest_file(algo, root / obj.file, obj.offset, obj.size)
+    except PermissionError as exc:
+        return Problem("no_permission", obj.file, obj.key,
+                       f"this user may not read it ({exc.strerror}); left alone")
     except (OSError, IntegrityError) as exc:
         return Problem("unreadable", obj.file, obj.key, f"cannot read the range: {exc}")
     if actual != expected:
@@ -150,10 +188,63 @@ def _check_digest(root: Path, obj: StoredObject) -> Problem | None:
 
 
 def _size(path: Path) -> int | None:
+    """The size of a regular file; None when missing, -1 when it is something else."""
     try:
-        return os.stat(path).st_size
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else -1
+
+
+VERIFY_BATCH = 20_000  # rows checked at a time: memory stays flat however large the store
+
+
+def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True) -> VerifyReport:
+    """Verify one snapshot of ``store``'s index, streamed in batches of whole files, then
+    keep the findings that still hold (``rehash=False``: structure only)."""
+    problems: list[Problem] = []
+    seen: dict[str, StoredObject] = {}  # the rows behind the problems
+    objects = hashed = 0
+    with store.index.reading() as conn:
+        ends = {file: end for file, _, _, end in store.index.files(conn)}
+        batch: list[StoredObject] = []
+        for obj in store.index.objects_by_file(conn):
+            if len(batch) >= VERIFY_BATCH and obj.file != batch[-1].file:
+                objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects,
+                                       hashed)
+                batch = []
+            batch.append(obj)
+        objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects, hashed)
+    report = VerifyReport(root=str(store.root), objects=objects, bytes_hashed=hashed,
+                          problems=tuple(sorted(problems, key=_order)),
+                          warnings=leftovers(store.root, ends))
+    return still_current(store, report, seen)
+
+
+def _run(store: WeightStore, batch: list[StoredObject], jobs: int, rehash: bool,
+         problems: list[Problem], seen: dict[str, StoredObject], objects: int, hashed: int,
+         ) -> tuple[int, int]:
+    found, n = check_rows(store.root, batch, jobs, rehash=rehash)
+    rows = {obj.key: obj for obj in batch}
+    for p in found:
+        if p.key is not None:
+            seen[p.key] = rows[p.key]
+    problems.extend(found)
+    return objects + len(batch), hashed + n
+
+
+def still_current(store: WeightStore, report: VerifyReport,
+                  snapshot: dict[str, StoredObject]) -> VerifyReport:
+    """Drop the problems whose row changed or vanished since the snapshot."""
+    keys = [p.key for p in report.problems if p.key is not None]
+    if not keys:
+        return report
+    now = store.index.locate(keys)
+    kept = tuple(p for p in report.problems
+                 if p.key is None or now.get(p.key) == snapshot.get(p.key))
+    return VerifyReport(root=report.root, objects=report.objects,
+                        bytes_hashed=report.bytes_hashed, problems=kept,
+                        warnings=report.warnings)
 
 
 def _order(p: Problem) -> tuple[str, str, str]:

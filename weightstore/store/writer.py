@@ -3,27 +3,31 @@
 Layout of a store root::
 
     <store root>/
-      meta.json                 index (format_version 1), replaced atomically
-      meta.json.lock            lock file held by every writer and by verify
+      index.sqlite (+ -wal, -shm)   the index (format_version 2, :mod:`.index`)
+      meta.json                 format 2 marker, or GE's maps after ``store export-meta``
+      meta.json.lock            format 1's lock, taken only to migrate a format 1 store
+      locks/<file>.lock         the lock of one combined file (+ ``.holder``: who holds it)
       weight_<hex>              per-weight object ("separate" kind): exactly the payload bytes
       <name>_weight_combined    combined file: payloads appended, each starting at a multiple
                                 of the alignment, zero-padded between
       .<final name>.<random>.tmp    temp file of a write in progress (stray only after a crash)
 
-Both writers run with the store lock held and publish nothing to ``meta.json`` themselves:
-they return the objects whose bytes are complete, durable and verified, and the caller
-indexes exactly those. Every object is re-hashed from the file it was written to and
+Neither writer holds the store-wide lock (the index's write transaction) while bytes move:
+per-weight objects are written to verified, fsynced temp files that the caller renames
+into place in the transaction that records their rows, and combined files are appended to
+under their own file lock. Every object is re-hashed from the file it was written to and
 compared with its key before it counts as complete: a source that changed after the caller
 hashed it (same size, other bytes) is an :class:`IntegrityError`, never an index entry. A
-per-weight object appears under its final name only by ``os.replace`` of a fsynced,
-verified temp file. A combined file only grows at its end, past every byte that is already
-there, so a crashed append leaves garbage that nothing references and the next append skips.
+combined file only grows at its end, past every byte that is already there, so a crashed
+append leaves garbage that nothing references, the next append skips and compaction
+reclaims.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -31,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError
-from ..fsio import align_up, atomic_writer, copy_range, file_mode, fsync_dir, write_all
+from ..fsio import align_up, copy_range, file_mode, fsync_dir, write_all
 from ..hashing import digest_fd, make_key, split_key
-from .index import StoredObject
 from .layout import separate_file_name
+from .objects import StoredObject
 from .payload import PayloadSource
 
 _O_BINARY = getattr(os, "O_BINARY", 0)
@@ -42,57 +46,92 @@ _O_BINARY = getattr(os, "O_BINARY", 0)
 
 @dataclass(frozen=True)
 class WriteOutcome:
-    """Objects now complete on disk (input order), and the error that stopped the rest."""
+    """Objects now complete on disk (input order), and the error that stopped the rest.
+
+    ``staged`` holds, for per-weight objects, the verified temp file of each object: the
+    caller renames them into place while it records their rows (:func:`publish_staged`).
+    """
 
     objects: tuple[StoredObject, ...]
     written_bytes: int
     padding_bytes: int
     error: BaseException | None = None
+    staged: tuple[Path, ...] = ()
 
 
 def write_separate(root: Path, sources: Sequence[PayloadSource], jobs: int) -> WriteOutcome:
-    """Write each source to ``weight_<hex>`` on a thread pool (file I/O releases the GIL)."""
-    done: dict[str, StoredObject] = {}
+    """Write each source to a verified, fsynced temp file on a thread pool (file I/O
+    releases the GIL); nothing appears under a final name yet."""
+    done: dict[str, tuple[StoredObject, Path]] = {}
     error: BaseException | None = None
     if sources:
         with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
-            futures: list[Future[StoredObject]] = [
-                pool.submit(_write_one, root, src) for src in sources]
+            futures: list[Future[tuple[StoredObject, Path]]] = [
+                pool.submit(_stage_one, root, src) for src in sources]
             try:
                 for fut in as_completed(futures):
                     try:
-                        obj = fut.result()
+                        obj, tmp = fut.result()
                     except BaseException as exc:
                         if error is None:
                             error = exc
                             for other in futures:
                                 other.cancel()
                         continue
-                    done[obj.key] = obj
+                    done[obj.key] = (obj, tmp)
             except BaseException:
                 for other in futures:
                     other.cancel()
+                discard([tmp for _, tmp in done.values()])
                 raise
     # Input order, so the result never depends on which thread finished first.
-    objects = tuple(done[src.key] for src in sources if src.key in done)
-    return WriteOutcome(objects=objects, written_bytes=sum(o.size for o in objects),
-                        padding_bytes=0, error=error)
+    staged = [done[src.key] for src in sources if src.key in done]
+    return WriteOutcome(objects=tuple(o for o, _ in staged),
+                        written_bytes=sum(o.size for o, _ in staged), padding_bytes=0,
+                        error=error, staged=tuple(t for _, t in staged))
 
 
-def _write_one(root: Path, src: PayloadSource) -> StoredObject:
+def _stage_one(root: Path, src: PayloadSource) -> tuple[StoredObject, Path]:
     name = separate_file_name(src.key)
-    with atomic_writer(root / name) as f:  # a failed check removes the temp file
-        copy_payload(src, f.fileno(), 0)
-        check_written(src, f.fileno(), 0)
-    return StoredObject(key=src.key, file=name, offset=0, size=src.size)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=root)
+    try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, file_mode())
+        copy_payload(src, fd, 0)
+        check_written(src, fd, 0)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    return StoredObject(key=src.key, file=name, offset=0, size=src.size), Path(tmp)
+
+
+def publish_staged(root: Path, objects: Sequence[StoredObject], staged: Sequence[Path]) -> None:
+    """Rename verified temp files to their final names (the caller records the rows in the
+    same transaction, so gc never sees a final name without its row)."""
+    for obj, tmp in zip(objects, staged, strict=True):
+        os.replace(tmp, root / obj.file)
+    if objects:
+        fsync_dir(root)
+
+
+def discard(paths: Sequence[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], alignment: int,
-                    indexed_end: int, jobs: int = 1) -> WriteOutcome:
+                    jobs: int = 1) -> WriteOutcome:
     """Append sources to ``file`` in order, each at an aligned offset past the current end.
 
-    The current end is the file's actual size (or the end of the last indexed range, should
-    the file have shrunk), so bytes from an interrupted append are skipped, never reused.
+    The caller holds the file's own lock. The current end is the file's actual size, so
+    bytes from an interrupted append are skipped, never reused; an index row that claims
+    more than the file holds is damage for verify to report, never a reason to write past
+    the end (a damaged offset of 2**40 must not create a 1 TiB sparse file).
     Each range is re-hashed on a pool of ``jobs`` threads while the next ones are copied.
     On error (a failed copy or a range whose bytes do not match its key) the file is cut
     back to the end of the last object before the first failure and fsynced, so the objects
@@ -103,7 +142,7 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
     fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY, file_mode())
     try:
         start = os.fstat(fd).st_size
-        base_end = end = max(start, indexed_end)
+        base_end = end = start
         placed: list[StoredObject] = []
         checks: list[Future[None]] = []
         failed = threading.Event()

@@ -1,0 +1,30 @@
+"""Small helpers shared by the store tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from weightstore.store import StoredObject, WeightStore
+
+
+def store_index(store: WeightStore) -> dict[str, StoredObject]:
+    """The whole index as a dict (tests only: the store's API never hands it out)."""
+    return {obj.key: obj for obj in store.objects()}
+
+
+INFRA = frozenset({"index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "meta.json",
+                   "meta.json.lock", "locks"})
+
+
+def store_files(root: Path) -> list[str]:
+    """Names in a store root other than the index, its marker and the lock folder."""
+    return sorted(name for name in os.listdir(root) if name not in INFRA)
+
+
+def set_row(store: WeightStore, key: str, **fields: object) -> None:
+    """Damage the index the way a bug or a hand edit would: change one row's fields."""
+    with store.index.writing() as conn:
+        for name, value in fields.items():
+            assert name in ("file", "offset", "size")
+            conn.execute(f"UPDATE objects SET {name} = ? WHERE key = ?", (value, key))

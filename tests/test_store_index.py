@@ -1,0 +1,408 @@
+"""The SQLite store index: migration from format 1, GE's meta.json, hostile index files,
+read-only stores, self-checks of the index API."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from weightstore.cli import main
+from weightstore.errors import StoreError
+from weightstore.fsio import align_up
+from weightstore.store import FORMAT_VERSION, BytesPayload, StoredObject, WeightStore
+from weightstore.store.meta import encode_legacy, read_legacy
+
+from .helpers import store_index
+
+
+def blob(label: str, size: int) -> bytes:
+    seed = label.encode() + b"\x00"
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def payloads(*specs: tuple[str, int]) -> list[BytesPayload]:
+    return [BytesPayload.of(blob(label, size)) for label, size in specs]
+
+
+def write_format1_store(root: Path, separate: list[BytesPayload],
+                        combined: dict[str, list[BytesPayload]], alignment: int = 512,
+                        ) -> dict[str, StoredObject]:
+    """A store exactly as format 1 wrote it: per-weight files, combined files with payloads
+    at aligned offsets and zero padding, meta.json with the three maps, the lock file."""
+    root.mkdir(parents=True)
+    index: dict[str, StoredObject] = {}
+    for p in separate:
+        name = "weight_" + p.key.split(":")[1]
+        (root / name).write_bytes(p.data)
+        index[p.key] = StoredObject(p.key, name, 0, p.size)
+    for stem, ps in combined.items():
+        name = f"{stem}_weight_combined"
+        data = bytearray()
+        for p in ps:
+            data += b"\0" * (align_up(len(data), alignment) - len(data))
+            index[p.key] = StoredObject(p.key, name, len(data), p.size)
+            data += p.data
+        (root / name).write_bytes(bytes(data))
+    (root / "meta.json").write_bytes(encode_legacy(index))
+    (root / "meta.json.lock").touch()
+    return index
+
+
+@pytest.fixture
+def v1_store(tmp_path: Path) -> tuple[WeightStore, dict[str, StoredObject], list[BytesPayload]]:
+    sep = payloads(("s0", 300), ("s1", 5), ("s2", 0))
+    comb = {"enc": payloads(("c0", 700), ("c1", 64), ("c2", 1500)),
+            "dec": payloads(("d0", 100))}
+    index = write_format1_store(tmp_path / "store", sep, comb)
+    return WeightStore(tmp_path / "store"), index, [*sep, *comb["enc"], *comb["dec"]]
+
+
+def test_format1_store_is_read_without_migrating(v1_store) -> None:
+    store, index, ps = v1_store
+    assert store_index(store) == index
+    assert store.locate([ps[0].key, "blake3:" + "0" * 64]) == {ps[0].key: index[ps[0].key]}
+    assert store.verify().ok
+    assert store.stats().objects == len(index)
+    assert not store.index_path.exists()  # reading changes nothing
+    assert read_legacy(store.meta_path) == index
+
+
+def test_format1_store_is_migrated_on_first_write_every_object_kept(v1_store) -> None:
+    store, index, ps = v1_store
+    new = payloads(("n0", 900))
+    report = store.put([*ps, *new], kind="combined", combined_name="enc", alignment=512)
+    assert report.written_objects == 1 and report.reused_objects == len(ps)
+    assert store.index_path.exists()
+    after = store_index(store)
+    assert {k: after[k] for k in index} == index  # every object kept, where it was
+    assert after[new[0].key].file == "enc_weight_combined"
+    assert after[new[0].key].offset >= max(o.end for o in index.values()
+                                           if o.file == "enc_weight_combined")
+    assert store.verify().ok
+    # meta.json is now a marker that format 1 readers refuse
+    doc = json.loads(store.meta_path.read_text())
+    assert doc["format_version"] == FORMAT_VERSION == 2
+    assert "hash_to_weight_file" not in doc
+    with pytest.raises(StoreError, match=r"lost index|missing"):
+        store.index_path.rename(store.root / "elsewhere")
+        WeightStore(store.root).lookup(ps[0].key)
+
+
+def test_migration_races_keep_every_object(tmp_path: Path) -> None:
+    sep = payloads(*[(f"s{i}", 100 + i) for i in range(40)])
+    index = write_format1_store(tmp_path / "store", sep, {})
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_put_one, args=(str(tmp_path / "store"), i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 4
+    store = WeightStore(tmp_path / "store")
+    after = store_index(store)
+    assert {k: after[k] for k in index} == index
+    assert len(after) == len(index) + 4
+    assert store.verify().ok
+
+
+def _put_one(root: str, i: int) -> None:
+    WeightStore(root).put(payloads((f"new{i}", 50)), kind="separate")
+
+
+def test_a_build_reuses_a_migrated_store(encoder_model, save_model, tmp_path: Path) -> None:
+    from weightstore.build import BuildOptions, build
+
+    from .test_build import write_recipe
+
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n")
+    first = build(recipe, BuildOptions(store=str(tmp_path / "s1"), jobs=2))
+    # the same objects, as a format 1 store
+    s1 = WeightStore(tmp_path / "s1")
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in os.listdir(s1.root):
+        if name.endswith("_weight_combined") or name.startswith("weight_"):
+            os.link(s1.root / name, old / name)
+    (old / "meta.json").write_bytes(encode_legacy(store_index(s1)))
+    again = build(recipe, BuildOptions(store=str(old), jobs=2, force=True))
+    assert again.store_report["written_objects"] == 0
+    assert again.store_report["reused_objects"] == first.store_report["written_objects"]
+    assert WeightStore(old).verify().ok
+    assert len(WeightStore(old).roots()) == 1
+
+
+# -- export-meta --------------------------------------------------------------------------
+
+
+def test_export_meta_cli_writes_ge_shape(v1_store, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    store = v1_store[0]
+    store.put(payloads(("x", 10)), kind="separate")  # migrates
+    out = tmp_path / "ge" / "meta.json"
+    out.parent.mkdir()
+    assert main(["store", "export-meta", "--store", str(store.root), "--output", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"format_version", "hash_to_weight_file", "hash_to_weight_offset",
+                        "hash_to_weight_size", "index"}
+    rows = store_index(store)
+    assert doc["hash_to_weight_file"] == {k: o.file for k, o in rows.items()}
+    assert doc["hash_to_weight_offset"] == {k: o.offset for k, o in rows.items()}
+    assert doc["hash_to_weight_size"] == {k: o.size for k, o in rows.items()}
+    assert list(doc["hash_to_weight_file"]) == sorted(rows)
+    # GE's reader: every offset/size names the payload's bytes in its file
+    for key, file in doc["hash_to_weight_file"].items():
+        with open(store.root / file, "rb") as f:
+            f.seek(doc["hash_to_weight_offset"][key])
+            data = f.read(doc["hash_to_weight_size"][key])
+        assert BytesPayload.of(data, key.split(":")[0]).key == key
+    # the export of an unchanged store is byte-identical
+    again = tmp_path / "again.json"
+    store.export_meta(again)
+    assert again.read_bytes() == out.read_bytes()
+    # and the store keeps working with GE's maps in its own meta.json
+    store.export_meta()
+    assert store.put(payloads(("y", 10)), kind="separate").written_objects == 1
+    assert store.verify().ok
+
+
+# -- hostile index files ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    '{"format_version": 1, "hash_to_weight_file": {"blake3:' + "ab" * 32 + '": "weight_x"},'
+    ' "hash_to_weight_offset": {"blake3:' + "ab" * 32 + '": ' + str(10**30) + '},'
+    ' "hash_to_weight_size": {"blake3:' + "ab" * 32 + '": 4}}',
+    "[" * 100_000 + "]" * 100_000,
+    '{"format_version": 1' + ', "a": {"b": ' * 5000 + "1" + "}" * 5000 + "}",
+])
+def test_huge_numbers_and_deep_nesting_are_typed_errors(tmp_path: Path, text: str) -> None:
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "meta.json").write_text(text)
+    store = WeightStore(root)
+    for call in (lambda: store_index(store), store.stats, store.verify,
+                 lambda: store.put(payloads(("a", 1)), kind="separate")):
+        with pytest.raises(StoreError):
+            call()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.binary(min_size=0, max_size=4096), at=st.integers(0, 1 << 16))
+def test_a_fuzzed_index_file_gives_only_typed_errors(tmp_path_factory, data: bytes,
+                                                     at: int) -> None:
+    root = tmp_path_factory.mktemp("fuzz")
+    store = WeightStore(root)
+    ps = payloads(("a", 100), ("b", 2000))
+    store.put(ps[:1], kind="separate")
+    store.put(ps[1:], kind="combined", combined_name="m")
+    del store
+    raw = bytearray((root / "index.sqlite").read_bytes())
+    for suffix in ("-wal", "-shm"):
+        (root / f"index.sqlite{suffix}").unlink(missing_ok=True)
+    at %= max(1, len(raw))
+    raw[at:at + len(data)] = data
+    (root / "index.sqlite").write_bytes(bytes(raw))
+    fresh = WeightStore(root)
+    for call in (lambda: store_index(fresh), fresh.stats, fresh.verify, fresh.roots,
+                 lambda: fresh.locate([p.key for p in ps]),
+                 lambda: fresh.put(payloads(("c", 10)), kind="separate")):
+        with contextlib.suppress(StoreError):
+            call()
+
+
+def test_rows_with_impossible_values_are_damage_not_tracebacks(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(("a", 100), ("b", 200))
+    store.put(ps, kind="combined", combined_name="m", alignment=64)
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("UPDATE objects SET offset = ? WHERE key = ?", (2**40, ps[0].key))
+    conn.commit()
+    conn.close()
+    report = store.verify()
+    assert {(p.kind, p.key) for p in report.problems} == {("short_file", ps[0].key)}
+    # the next append starts at the file's real end: no 1 TiB sparse file
+    store.put(payloads(("c", 10)), kind="combined", combined_name="m")
+    assert (store.root / "m_weight_combined").stat().st_size < 4096
+    assert store.repair().ok
+
+
+# -- read-only stores ---------------------------------------------------------------------
+
+
+def test_a_read_only_store_verifies_and_serves_lookups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightstore.store.index import Index
+
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(("a", 100), ("b", 200))
+    store.put(ps, kind="separate")
+    monkeypatch.setattr(Index, "writable", lambda self: False)  # as on a read-only mount
+    monkeypatch.setattr(Index, "writing", None)  # any write would fail loudly
+    ro = WeightStore(store.root)
+    assert set(ro.locate([p.key for p in ps])) == {p.key for p in ps}
+    assert ro.verify().ok
+    assert ro.put(ps, kind="separate").reused_objects == 2
+
+
+def test_repair_never_deletes_what_it_merely_cannot_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import weightstore.store.verify as verify_module
+
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(("a", 100), ("b", 200))
+    store.put(ps, kind="separate")
+    locked = store.root / ("weight_" + ps[0].key.split(":")[1])
+    real = verify_module.digest_file
+
+    def as_another_user(algo, path, *args):  # a 0600 file of someone else
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(algo, path, *args)
+
+    monkeypatch.setattr(verify_module, "digest_file", as_another_user)
+    report = store.repair()
+    assert report.dropped == () and report.deleted_files == ()
+    assert {p.kind for p in report.found.problems} == {"no_permission"}
+    assert locked.read_bytes() == ps[0].data
+    monkeypatch.undo()
+    assert store.verify().ok
+
+
+def test_a_symlinked_object_is_damage_and_is_rewritten(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "s")
+    a, b = payloads(("a", 100), ("b", 100))
+    store.put([a], kind="separate")
+    obj = store.root / ("weight_" + a.key.split(":")[1])
+    outside = tmp_path / "outside"
+    outside.write_bytes(a.data)
+    obj.unlink()
+    obj.symlink_to(outside)
+    assert {p.kind for p in store.verify().problems} == {"not_regular_file"}
+    assert store.put([a, b], kind="separate").written_objects == 2
+    assert not obj.is_symlink() and store.verify().ok
+
+
+def test_stale_temp_files_are_removed_by_repair(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 10)), kind="separate")
+    old = store.root / ".weight_dead.abc.tmp"
+    fresh = store.root / ".weight_live.abc.tmp"
+    old.write_bytes(b"partial")
+    fresh.write_bytes(b"partial")
+    os.utime(old, (1, 1))
+    report = store.repair()
+    assert report.removed_temps == (old.name,)
+    assert not old.exists() and fresh.exists()
+
+
+def test_a_lost_index_is_rebuilt_from_per_weight_objects(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "s")
+    sep = payloads(("a", 100), ("b", 0))
+    store.put(sep, kind="separate")
+    store.put(payloads(("c", 300)), kind="combined", combined_name="m")
+    for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+        (store.root / name).unlink(missing_ok=True)
+    fresh = WeightStore(store.root)
+    with pytest.raises(StoreError, match="verify --repair"):
+        fresh.lookup(sep[0].key)
+    report = fresh.repair()
+    assert report.rebuilt == 2
+    assert set(store_index(fresh)) == {p.key for p in sep}
+    assert {w.kind for w in report.remaining.warnings} == {"orphan_file"}  # the combined file
+    assert fresh.verify().ok
+    # a broken format 1 meta.json is recovered the same way
+    other = tmp_path / "v1"
+    write_format1_store(other, sep, {})
+    (other / "meta.json").write_text('{"format_version": 1, "hash_to_weight_file": [')
+    assert WeightStore(other).repair().rebuilt == 2
+    assert set(store_index(WeightStore(other))) == {p.key for p in sep}
+
+
+def test_a_read_only_store_serves_a_build_without_writing(
+        tmp_path: Path, encoder_model, save_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a read-only mount: every payload present, so the build needs no write."""
+    from weightstore.build import BuildOptions, build
+    from weightstore.store.index import Index
+
+    from .test_build import write_recipe
+
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n")
+    store = tmp_path / "store"
+    build(recipe, BuildOptions(store=str(store), jobs=2))
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
+    monkeypatch.setattr(Index, "writable", lambda self: False)
+    monkeypatch.setattr(Index, "writing", None)  # any write would fail loudly
+    result = build(recipe, BuildOptions(store=str(store), jobs=2, force=True))
+    assert result.store_report["written_objects"] == 0
+    assert WeightStore(store).verify().ok
+    after = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
+    assert after == before
+
+
+def test_a_writer_waiting_for_the_index_names_the_running_builds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import weightstore.store.index as index_module
+
+    monkeypatch.setattr(index_module, "WAIT_REPORT_SECONDS", 0.05)
+    builder = WeightStore(tmp_path / "s")
+    builder.put(payloads(("a", 1)), kind="separate")
+    with builder.leased():
+        waiter = WeightStore(tmp_path / "s", lock_timeout=0.3)
+        blocker = sqlite3.connect(builder.index_path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreError, match="timed out"):
+                waiter.put(payloads(("b", 1)), kind="separate")
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+    err = capsys.readouterr().err
+    assert f"held by one of: pid {os.getpid()} on " in err
+    assert err.count("waiting") >= 2
+
+
+FORMAT1_STORE = Path(__file__).parent / "data" / "format1-store"
+FORMAT1_PAYLOADS = [("s0", 300, "blake3"), ("s1", 5, "blake3"), ("s2", 0, "blake3"),
+                    ("c0", 700, "blake3"), ("c1", 64, "blake3"), ("c2", 1500, "blake3"),
+                    ("h0", 100, "sha256")]
+
+
+def test_a_store_written_by_format_1_code_migrates_with_every_object(tmp_path: Path) -> None:
+    """``tests/data/format1-store`` was written by weightstore's format 1 store code
+    (separate objects, two combined files at alignments 512 and 64, sha256 and blake3)."""
+    root = tmp_path / "store"
+    shutil.copytree(FORMAT1_STORE, root)
+    expected = {BytesPayload.of(blob(label, size), algo).key: blob(label, size)
+                for label, size, algo in FORMAT1_PAYLOADS}
+    store = WeightStore(root)
+    legacy = read_legacy(root / "meta.json")
+    assert legacy is not None and set(legacy) == set(expected)
+    assert store.verify().ok  # read as it is, before any write
+    report = store.put([BytesPayload.of(blob("new", 42))], kind="separate")
+    assert report.written_objects == 1
+    after = store_index(store)
+    assert {k: after[k] for k in legacy} == legacy
+    for key, data in expected.items():
+        assert store.read(after[key]) == data
+    assert store.verify().ok
+    assert json.loads((root / "meta.json").read_text())["format_version"] == 2
+    # a build-style put of the same payloads writes nothing again
+    again = store.put([BytesPayload(k, d) for k, d in expected.items()], kind="combined",
+                      combined_name="enc")
+    assert again.written_objects == 0

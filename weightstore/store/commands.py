@@ -1,0 +1,122 @@
+"""``weightstore store ls | gc | pin | unpin | rm | export-meta``: roots, gc and GE's index."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from ..errors import StoreError
+
+ACTIONS = ("ls", "gc", "pin", "unpin", "rm", "export-meta")
+
+
+def add_parsers(ssub: Any, store_help: str) -> None:
+    """Register the actions under ``weightstore store``."""
+    def common(name: str, text: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        sp = ssub.add_parser(name, help=text, description=text)
+        sp.add_argument("--store", help=store_help)
+        sp.add_argument("--recipe", help="use the store this recipe builds into")
+        if json_flag:
+            sp.add_argument("--json", action="store_true", help="print JSON")
+        return sp
+
+    common("ls", "list roots (packages that keep objects alive) with their size and the "
+                 "bytes only they hold")
+    gc = common("gc", "delete the objects no live root references, and compact combined "
+                      "files")
+    gc.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    gc.add_argument("--older-than", default="0s", metavar="DURATION",
+                    help="keep objects written less than this long ago (e.g. 30m, 12h, 7d)")
+    gc.add_argument("--compact-ratio", type=float, default=0.5,
+                    help="compact a combined file once this share of it is garbage "
+                         "(default 0.5)")
+    gc.add_argument("--no-roots-ok", action="store_true",
+                    help="collect even when the store has no root at all (as right after "
+                         "an upgrade from format 1, before any build registered its root)")
+    for name, text in (("pin", "keep a root's objects even after its folder changes"),
+                       ("unpin", "undo pin"), ("rm", "drop a root; the next gc may delete "
+                                                      "what only it kept")):
+        sp = common(name, text, json_flag=False)
+        sp.add_argument("root", help="root id, package folder, or PACKAGE[/VERSION[/LAYOUT]]")
+    ex = common("export-meta", "write meta.json in GE's shape (hash_to_weight_file, "
+                               "hash_to_weight_offset, hash_to_weight_size)", json_flag=False)
+    ex.add_argument("--output", help="where to write it (default: meta.json in the store)")
+
+
+def run(store: Any, args: argparse.Namespace) -> int:
+    action = args.store_command
+    if action == "ls":
+        return _ls(store, args)
+    if action == "gc":
+        return _gc(store, args)
+    if action == "export-meta":
+        path, count = store.export_meta(args.output)
+        print(f"wrote {path} ({count} objects)")
+        return 0
+    if action == "rm":
+        ids = store.remove_roots(args.root)
+        print(f"removed {len(ids)} root(s)")
+        return 0
+    ids = store.pin(args.root, pinned=action == "pin")
+    print(f"{action}ned {len(ids)} root(s)")
+    return 0
+
+
+def _ls(store: Any, args: argparse.Namespace) -> int:
+    roots = store.roots()
+    if args.json:
+        print(json.dumps([r.to_dict() for r in roots], indent=2, sort_keys=True))
+        return 0
+    print(f"{'ID':>5} {'PACKAGE':<20} {'VERSION':<10} {'LAYOUT':<14} {'SIZE':>10} "
+          f"{'ONLY HERE':>10} {'STATE':<8} FOLDER")
+    for r in roots:
+        state = "pinned" if r.pinned else "live" if r.live else "dead"
+        print(f"{r.id:>5} {r.package:<20} {r.version:<10} {r.layout:<14} {_mb(r.size):>10} "
+              f"{_mb(r.exclusive_bytes):>10} {state:<8} {r.folder}")
+    print(f"{len(roots)} root(s), {sum(not r.live for r in roots)} dead")
+    return 0
+
+
+def _gc(store: Any, args: argparse.Namespace) -> int:
+    from .gc import parse_duration
+
+    try:
+        older = parse_duration(args.older_than)
+    except ValueError as exc:
+        raise StoreError(str(exc), option="--older-than") from None
+    plan = store.plan_gc(older_than=older, compact_ratio=args.compact_ratio)
+    if args.dry_run:
+        if args.json:
+            print(json.dumps({"dry_run": True, **plan.to_dict()}, indent=2, sort_keys=True))
+            return 0
+        for r in plan.dead_roots:
+            print(f"drop root {r.id}: {r.package}/{r.version}/{r.layout} ({r.folder})")
+        print(f"delete {len(plan.garbage)} objects "
+              f"({_mb(sum(o.size for o in plan.garbage))}), {len(plan.delete_files)} files")
+        for f in plan.compact:
+            print(f"compact {f.file}: {_mb(f.live_bytes)} live of {_mb(f.size)}")
+        print(f"would free about {_mb(plan.freed_bytes)} (dry run: nothing changed)")
+        return 0
+    if plan.garbage and not plan.roots and not args.no_roots_ok:
+        raise StoreError("the store has no roots, so gc would delete every object; build "
+                         "your recipes first (each package registers its root, up-to-date "
+                         "ones too) or pass --no-roots-ok", objects=len(plan.garbage))
+    start = time.perf_counter()
+    result = plan.execute(store)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        return 0
+    for c in result.compacted:
+        print(f"compacted {c['file']} -> {c['new_file']} (freed {_mb(c['freed_bytes'])})")
+    for c in result.skipped:
+        print(f"skipped {c['file']}: {c['reason']}")
+    print(f"dropped {result.dropped_roots} root(s), deleted {result.deleted_objects} objects "
+          f"and {len(result.deleted_files)} files, freed {_mb(result.freed_bytes)} "
+          f"in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"

@@ -1,0 +1,90 @@
+"""Removing store files that no row refers to, without racing the writers.
+
+A per-weight object gets its final name in the same transaction that records its row
+(:meth:`WeightStore.put`), so deleting its file inside a write transaction, after checking
+that no row refers to it, can never remove bytes that a committed row needs. Deletions go
+in batches, so that each transaction stays short. Combined files are deleted under their
+own file lock as well, since appends create them before their rows exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..fsio import fsync_dir
+from .index import batched, marks
+from .layout import is_safe_component, kind_of, scan
+
+if TYPE_CHECKING:
+    from .store import WeightStore
+
+STALE_TEMP_SECONDS = 15 * 60
+SWEEP_BATCH = 500
+
+
+def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
+    """Delete each of ``files`` that no row refers to; returns the names deleted."""
+    deleted: list[str] = []
+    names = [f for f in dict.fromkeys(files) if is_safe_component(f)]
+    for chunk in batched(names, SWEEP_BATCH):
+        combined = [f for f in chunk if kind_of(f) == "combined"]
+        with contextlib.ExitStack() as stack:
+            for name in combined:
+                stack.enter_context(store.file_lock(name))
+            with store.index.writing() as conn:
+                used = {row[0] for row in conn.execute(
+                    f"SELECT DISTINCT file FROM objects WHERE file IN ({marks(chunk)})", chunk)}
+                for name in chunk:
+                    if name in used:
+                        continue
+                    try:
+                        os.unlink(store.root / name)
+                    except OSError:
+                        continue  # gone already, or left for the next sweep
+                    deleted.append(name)
+    if deleted:
+        fsync_dir(store.root)
+    return deleted
+
+
+def stale_temps(store: WeightStore, oldest_writer: float | None) -> list[str]:
+    """Temp files no live writer can still be writing: untouched for
+    :data:`STALE_TEMP_SECONDS` and older than the oldest live lease."""
+    cutoff = time.time() - STALE_TEMP_SECONDS
+    if oldest_writer is not None:
+        cutoff = min(cutoff, oldest_writer)
+    stale = []
+    for name in scan(store.root).temps:
+        try:
+            if os.lstat(store.root / name).st_mtime < cutoff:
+                stale.append(name)
+        except OSError:
+            continue
+    return stale
+
+
+def remove_temps(store: WeightStore, names: Iterable[str]) -> list[str]:
+    removed = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(store.root / name)
+            removed.append(name)
+    return removed
+
+
+def oldest_live_lease(store: WeightStore) -> float | None:
+    """Creation time of the oldest live lease (None when no build runs)."""
+    from .leases import live_leases
+
+    if not store.index.exists():
+        return None
+    with store.index.reading() as conn:
+        live, _ = live_leases(conn)
+        if not live:
+            return None
+        return conn.execute(f"SELECT min(created) FROM leases WHERE id IN ({marks(live)})",
+                            live).fetchone()[0]
