@@ -115,6 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 
+    from .registry.commands import add_parsers as add_registry_parsers
+
+    add_registry_parsers(sub)
+
     sc = sub.add_parser("schema", help="write the recipe JSON Schema")
     sc.add_argument("--output", default="schemas/recipe.schema.json")
     return p
@@ -278,9 +282,17 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _registry(handler: str, args: argparse.Namespace) -> int:
+    from .registry import commands
+
+    return getattr(commands, handler)(args)
+
+
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
-            "bundle": _cmd_bundle, "schema": _cmd_schema}
+            "bundle": _cmd_bundle, "schema": _cmd_schema,
+            "push": lambda args: _registry("run_push", args),
+            "pull": lambda args: _registry("run_pull", args)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
