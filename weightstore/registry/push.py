@@ -50,6 +50,7 @@ class PushReport:
     mounted: int = 0
     uploaded: int = 0
     uploaded_bytes: int = 0  # blob bytes we uploaded
+    uploaded_weight_bytes: int = 0  # of which weight payloads
     sent_bytes: int = 0  # every byte of request bodies, manifests included
     hashed_bytes: int = 0  # payload bytes read to compute sha256 digests
 
@@ -171,6 +172,7 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
         return digest, upload_blob(client, ref, digest, size, pieces, candidates), size
 
     done: list[str] = []
+    weight_digests = set(sha.values())
     try:
         with ThreadPoolExecutor(jobs) as pool:
             for digest, how, size in pool.map(send, sorted(sources, key=lambda d: (
@@ -179,6 +181,8 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
                 setattr(report, how, getattr(report, how) + 1)
                 if how == "uploaded":
                     report.uploaded_bytes += size
+                    if digest in weight_digests:
+                        report.uploaded_weight_bytes += size
     finally:
         digests.remember(store, host=ref.host, repository=ref.repository, digests=done)
     client.put_manifest(ref, artifact.manifest_digest, artifact.manifest)
