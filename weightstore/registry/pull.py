@@ -27,8 +27,15 @@ from typing import Any
 import onnx
 import requests
 
-from ..errors import PackageError, RegistryDigestError, RegistryError, ScenarioError
+from ..errors import (
+    IntegrityError,
+    PackageError,
+    RegistryDigestError,
+    RegistryError,
+    ScenarioError,
+)
 from ..fsio import copy_range, file_mode, make_temp_dir, publish_dir
+from ..hashing import new_hasher, split_key
 from ..store import FilePayload, WeightStore
 from . import digests
 from .artifact import (
@@ -63,30 +70,28 @@ class PullReport:
 
 
 def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], target: Path,
-             resume: bool = False) -> int:
-    """Stream one blob to ``target``, checking its sha256 and size as it arrives; returns
-    the bytes received. A mismatch removes ``target`` and names the digest. With
-    ``resume``, bytes already in ``target`` are hashed and the rest requested."""
+             resume: bool = False, also: str | None = None) -> tuple[int, str | None]:
+    """Stream one blob to ``target``, checking its sha256 and size as it arrives. Returns
+    the bytes received and, with ``also``, the hex digest of that algorithm over the same
+    bytes. A mismatch removes ``target`` and names the digest. With ``resume``, bytes
+    already in ``target`` are hashed and only the rest is requested."""
     digest, size = desc["digest"], desc["size"]
     received = 0
     for attempt in range(STREAM_ATTEMPTS):
-        sha = hashlib.sha256()
+        hashers = _hashers(also)
         have = target.stat().st_size if (resume or attempt) and target.exists() else 0
         if have > size:
             have = 0
         with open(target, "r+b" if have else "wb") as f:
-            if have:
-                for data in iter(lambda: f.read(CHUNK), b""):
-                    sha.update(data)
-                    if f.tell() >= have:
-                        break
-                f.seek(have)
-                f.truncate()
+            for data in iter(lambda: f.read(CHUNK), b"") if have else ():
+                for h in hashers:
+                    h.update(data)
             resp = client.open_blob(ref, digest, have)
             if have and resp.status_code == 200:  # the registry sent it whole
-                sha, have = hashlib.sha256(), 0
-                f.seek(0)
-                f.truncate()
+                hashers = _hashers(also)
+                have = 0
+            f.seek(have)
+            f.truncate()
             pos = have
             try:
                 with resp:
@@ -96,7 +101,8 @@ def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targe
                         client.count_received(len(data))
                         if pos > size:
                             break
-                        sha.update(data)
+                        for h in hashers:
+                            h.update(data)
                         f.write(data)
             except (requests.ConnectionError, requests.Timeout,
                     requests.exceptions.ChunkedEncodingError):
@@ -104,25 +110,37 @@ def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targe
                 continue  # resume from what arrived
             f.flush()
             os.fsync(f.fileno())
-        if pos != size or "sha256:" + sha.hexdigest() != digest:
+        if pos != size or "sha256:" + hashers[0].hexdigest() != digest:
             target.unlink(missing_ok=True)
             raise RegistryDigestError("blob does not match its digest", digest=digest,
                                       reference=str(ref), size=size, received=pos)
-        return received
+        return received, hashers[-1].hexdigest() if also else None
     raise RegistryError("blob transfer kept breaking off", digest=digest, reference=str(ref))
+
+
+def _hashers(also: str | None) -> list[Any]:
+    """sha256 first (the registry's digest), then the store's algorithm if another."""
+    first = hashlib.sha256()
+    return [first] if also in (None, "sha256") else [first, new_hasher(also)]
 
 
 def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
                    desc: dict[str, Any]) -> int:
-    """Download one payload blob into the store (verified twice: sha256 while streaming,
-    the store's key on put). The partial file's name is its digest, so a later pull
-    resumes it."""
+    """Download one payload blob into the store. Its sha256 and its store key are both
+    computed on the bytes as they are written; only when both match is the file renamed
+    into the store (no copy, no second read). The partial file's name is its digest, so
+    a later pull resumes it."""
+    algo, hex_ = split_key(key)
     tmp = store.root / f".pull-{desc['digest'].split(':', 1)[1]}.tmp"
-    received = download(client, ref, desc, tmp, resume=True)
     try:
-        store.put([FilePayload(key=key, size=desc["size"], path=str(tmp))], kind="separate")
-    finally:
+        received, found = download(client, ref, desc, tmp, resume=True, also=algo)
+        if found != hex_:
+            raise IntegrityError("a blob's bytes do not match the key its layer names",
+                                 digest=desc["digest"], key=key, reference=str(ref))
+        store.adopt(key, tmp)
+    except IntegrityError:
         tmp.unlink(missing_ok=True)
+        raise
     return received
 
 
@@ -206,7 +224,7 @@ def _download_files(client: RegistryClient, ref: Reference, parsed: ParsedArtifa
     for name in names:
         target = stage / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        report.file_bytes += download(client, ref, parsed.files[name], target)
+        report.file_bytes += download(client, ref, parsed.files[name], target)[0]
 
 
 def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
