@@ -34,7 +34,7 @@ import harness
 
 sys.path.insert(0, str(harness.REPO))
 
-from tests.registry_server import BINARY, RegistryServer  # noqa: E402
+from tests.registry_server import BINARY, RegistryServer
 
 RECIPE = """\
 package: {package}

@@ -127,3 +127,59 @@ def test_unreachable_registry_is_one_typed_error() -> None:
                             Transport(attempts=2, backoff=0.01, connect_timeout=1))
     with pytest.raises(RegistryUnreachableError):
         client.ping()
+
+
+def test_created_at_is_reproducible() -> None:
+    from weightstore.registry.artifact import created_at
+
+    assert created_at({}) == "1970-01-01T00:00:00Z"
+    assert created_at({"SOURCE_DATE_EPOCH": "1700000000"}) == "2023-11-14T22:13:20Z"
+    with pytest.raises(RegistryError):
+        created_at({"SOURCE_DATE_EPOCH": "yesterday"})
+
+
+def test_manifest_file_paths_stay_inside_the_package() -> None:
+    from weightstore.registry.artifact import (
+        ARTIFACT_TYPE,
+        ASSEMBLY_TYPE,
+        CONFIG_TYPE,
+        FILE_TYPE,
+        parse_manifest,
+    )
+
+    def manifest(path: str) -> bytes:
+        d = "sha256:" + "0" * 64
+        return json.dumps({
+            "schemaVersion": 2, "artifactType": ARTIFACT_TYPE,
+            "config": {"mediaType": CONFIG_TYPE, "digest": d, "size": 2},
+            "layers": [{"mediaType": ASSEMBLY_TYPE, "digest": d, "size": 2},
+                       {"mediaType": FILE_TYPE, "digest": d, "size": 2,
+                        "annotations": {"org.cncf.model.filepath": path}}]}).encode()
+
+    assert "devices/npu/m.onnx" in parse_manifest(manifest("devices/npu/m.onnx"), "r").files
+    for bad in ("../x", "/etc/passwd", "a/../../x", ".hidden", "a\\b", ""):
+        with pytest.raises(RegistryError, match="unsafe file path"):
+            parse_manifest(manifest(bad), "r")
+    with pytest.raises(RegistryError, match="not JSON"):
+        parse_manifest(b"{", "r")
+
+
+def test_adopt_renames_a_verified_temp_file_once(tmp_path: Path) -> None:
+    from weightstore.errors import StoreError
+    from weightstore.store import BytesPayload, WeightStore
+
+    store = WeightStore(tmp_path / "store")
+    payload = BytesPayload.of(os.urandom(5000))
+    store.put([BytesPayload.of(b"x" * 10)], kind="separate")
+    tmp = store.root / ".pull-test.tmp"
+    tmp.write_bytes(payload.data)
+    obj = store.adopt(payload.key, tmp)
+    assert not tmp.exists() and store.read(obj) == payload.data
+    again = store.root / ".pull-again.tmp"
+    again.write_bytes(payload.data)
+    assert store.adopt(payload.key, again) == obj and not again.exists()
+    outside = tmp_path / ".elsewhere.tmp"
+    outside.write_bytes(payload.data)
+    with pytest.raises(StoreError):
+        store.adopt(payload.key, outside)
+    assert store.verify().ok
