@@ -37,12 +37,12 @@ def free_port() -> int:
 class RegistryServer:
     """One registry process; ``host`` is ``127.0.0.1:<port>``."""
 
-    def __init__(self, folder: Path, htpasswd: Path | None = None) -> None:
+    def __init__(self, folder: Path, htpasswd: Path | None = None,
+                 auth: str = "") -> None:
         self.folder = folder
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.config = folder / "config.yml"
-        auth = ""
         if htpasswd is not None:
             auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n"
         self.config.write_text(
@@ -90,9 +90,10 @@ class RegistryServer:
 
 
 @contextlib.contextmanager
-def running_registry(folder: Path, htpasswd: Path | None = None):
+def running_registry(folder: Path, htpasswd: Path | None = None, auth: str = ""):
+    """``auth``: an ``auth:`` section of the registry's config (e.g. a token service)."""
     folder.mkdir(parents=True, exist_ok=True)
-    server = RegistryServer(folder, htpasswd).start()
+    server = RegistryServer(folder, htpasswd, auth).start()
     try:
         yield server
     finally:

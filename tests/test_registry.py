@@ -378,3 +378,23 @@ def test_pull_refuses_a_non_empty_folder(packages, registry, tmp_path, capsys) -
     with pytest.raises(PackageError):
         pull(f"{registry.host}/cli/a:1", tmp_path / "dev", store=WeightStore(tmp_path / "s"),
              device="nope")
+
+
+def test_bearer_token_flow(packages, tmp_path, monkeypatch) -> None:
+    from .registry_tokens import TokenService
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    monkeypatch.setenv("WEIGHTSTORE_REGISTRY_USERNAME", "ci")
+    monkeypatch.setenv("WEIGHTSTORE_REGISTRY_PASSWORD", "t0ken")
+    with TokenService(tmp_path, "ci", "t0ken") as tokens, running_registry(
+            tmp_path / "reg", auth=tokens.config()) as server:
+        ref = f"{server.host}/bearer/a:1"
+        source = packages["v1"]["separate"]
+        push(source, ref, store=WeightStore(tmp_path / "s1"))
+        pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "s2"))
+        _same_tree(source, tmp_path / "out")
+        assert tokens.issued >= 2  # one per scope and client, never one per request
+        assert tokens.issued <= 4
+        monkeypatch.setenv("WEIGHTSTORE_REGISTRY_PASSWORD", "wrong")
+        with pytest.raises(RegistryAuthError, match="token service"):
+            pull(ref, tmp_path / "again", store=WeightStore(tmp_path / "s3"))

@@ -75,13 +75,16 @@ class RegistryClient:
     """Talks to one registry host; safe to share between threads."""
 
     def __init__(self, host: str, transport: Transport | None = None,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, *, push: bool = False) -> None:
         self.host = host
+        # one scope for every request of a command: one token serves them all
+        self.actions = "pull,push" if push else "pull"
         self.transport = transport or Transport()
         self._credentials = credentials
         self._credentials_looked = credentials is not None
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._token_lock = threading.Lock()  # one token request at a time
         self._tokens: dict[str, str] = {}  # scope -> "Bearer <token>"
         self._basic = False  # the registry asked for Basic auth
         self.sent_bytes = 0
@@ -150,7 +153,7 @@ class RegistryClient:
             if resp.status_code == 401 and auth_tries < 2:
                 auth_tries += 1
                 if self._answer(parse_challenge(resp.headers.get("WWW-Authenticate")),
-                                scope, reference):
+                                scope, reference, auth):
                     continue
             if resp.status_code in RETRYABLE and attempt + 1 < t.attempts:
                 attempt += 1
@@ -166,18 +169,27 @@ class RegistryClient:
             delay = min(t.max_backoff, max(delay, float(retry_after)))
         time.sleep(delay)
 
-    def _answer(self, challenge: Challenge | None, scope: str, reference: Any) -> bool:
+    def _answer(self, challenge: Challenge | None, scope: str, reference: Any,
+                sent: str | None) -> bool:
         """Prepare credentials for a 401; False when there is nothing more to try."""
         if challenge is None:
             return False
         creds = self.credentials()
         if challenge.scheme == "basic":
-            if creds is None or self._basic:
-                return False
+            if creds is None or (self._basic and sent is not None):
+                return False  # no credentials, or the ones we sent were refused
             self._basic = True
             return True
         if challenge.scheme != "bearer" or "realm" not in challenge.params:
             return False
+        with self._token_lock:
+            with self._lock:
+                if self._tokens.get(scope) not in (None, sent):
+                    return True  # another thread fetched a token meanwhile
+            return self._fetch_token(challenge, scope, reference, creds)
+
+    def _fetch_token(self, challenge: Challenge, scope: str, reference: Any,
+                     creds: Credentials | None) -> bool:
         params = {"service": challenge.params.get("service", "")}
         params["scope"] = challenge.params.get("scope", scope)
         headers = {"Authorization": creds.basic()} if creds else {}
@@ -205,6 +217,9 @@ class RegistryClient:
 
     # -- the spec's operations -----------------------------------------------------------
 
+    def _scope(self, ref: Reference) -> str:
+        return f"repository:{ref.repository}:{self.actions}"
+
     def ping(self) -> None:
         """``GET /v2/``: reachable, and our credentials (if asked for) accepted."""
         self.request("GET", base_url(self.host, self.transport.insecure), scope="",
@@ -212,7 +227,7 @@ class RegistryClient:
 
     def has_blob(self, ref: Reference, digest: str) -> bool:
         resp = self.request("HEAD", blob_url(ref, digest, self.transport.insecure),
-                            scope=_scope(ref, "pull"), ok={200, 404}, reference=ref,
+                            scope=self._scope(ref), ok={200, 404}, reference=ref,
                             digest=digest, action="HEAD blob")
         return resp.status_code == 200
 
@@ -221,7 +236,7 @@ class RegistryClient:
         """Open an upload session; None when the registry mounted the blob instead."""
         url = upload_url(ref, self.transport.insecure,
                          mount=digest if mount_from else None, source=mount_from)
-        resp = self.request("POST", url, scope=_scope(ref, "pull,push"), ok={201, 202},
+        resp = self.request("POST", url, scope=self._scope(ref), ok={201, 202},
                             reference=ref, digest=digest, action="start upload",
                             headers={"Content-Length": "0"})
         if resp.status_code == 201:
@@ -237,7 +252,7 @@ class RegistryClient:
 
     def upload_status(self, ref: Reference, location: str, digest: str) -> int:
         """How many bytes of an upload session the registry holds."""
-        resp = self.request("GET", location, scope=_scope(ref, "pull,push"), ok={204},
+        resp = self.request("GET", location, scope=self._scope(ref), ok={204},
                             reference=ref, digest=digest, action="upload status")
         return _range_end(resp.headers.get("Range"))
 
@@ -247,7 +262,7 @@ class RegistryClient:
             return Body(size, lambda: self._count_sent(pieces(0, size)))
 
         self.request("PUT", with_query(location, digest=digest),
-                     scope=_scope(ref, "pull,push"), ok={201}, body=body,
+                     scope=self._scope(ref), ok={201}, body=body,
                      headers={"Content-Type": "application/octet-stream"},
                      reference=ref, digest=digest, action="upload blob")
 
@@ -257,7 +272,7 @@ class RegistryClient:
         def body() -> Body:
             return Body(end - start, lambda: self._count_sent(pieces(start, end)))
 
-        resp = self.request("PATCH", location, scope=_scope(ref, "pull,push"), ok={202},
+        resp = self.request("PATCH", location, scope=self._scope(ref), ok={202},
                             body=body, reference=ref, digest=digest, action="upload chunk",
                             headers={"Content-Type": "application/octet-stream",
                                      "Content-Range": f"{start}-{end - 1}"})
@@ -265,7 +280,7 @@ class RegistryClient:
 
     def finish_upload(self, ref: Reference, location: str, digest: str) -> None:
         self.request("PUT", with_query(location, digest=digest),
-                     scope=_scope(ref, "pull,push"), ok={201}, reference=ref,
+                     scope=self._scope(ref), ok={201}, reference=ref,
                      digest=digest, action="finish upload", headers={"Content-Length": "0"})
 
     def _count_sent(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
@@ -278,7 +293,7 @@ class RegistryClient:
         """A streaming GET of a blob from byte ``start`` (206) or from 0 (200)."""
         headers = {"Range": f"bytes={start}-"} if start else {}
         return self.request("GET", blob_url(ref, digest, self.transport.insecure),
-                            scope=_scope(ref, "pull"), ok={200, 206}, stream=True,
+                            scope=self._scope(ref), ok={200, 206}, stream=True,
                             headers=headers, reference=ref, digest=digest,
                             action="GET blob")
 
@@ -289,7 +304,7 @@ class RegistryClient:
     def put_manifest(self, ref: Reference, target: str, data: bytes,
                      media_type: str = MANIFEST_TYPE) -> str:
         resp = self.request("PUT", manifest_url(ref, target, self.transport.insecure),
-                            scope=_scope(ref, "pull,push"), ok={201},
+                            scope=self._scope(ref), ok={201},
                             body=lambda: data, headers={"Content-Type": media_type},
                             reference=ref, action="PUT manifest")
         with self._lock:
@@ -299,16 +314,12 @@ class RegistryClient:
     def get_manifest(self, ref: Reference) -> tuple[bytes, str]:
         """The manifest's bytes and media type."""
         resp = self.request("GET", manifest_url(ref, ref.target, self.transport.insecure),
-                            scope=_scope(ref, "pull"), ok={200},
+                            scope=self._scope(ref), ok={200},
                             headers={"Accept": MANIFEST_TYPE}, reference=ref,
                             action="GET manifest")
         with self._lock:
             self.received_bytes += len(resp.content)
         return resp.content, resp.headers.get("Content-Type", "")
-
-
-def _scope(ref: Reference, actions: str) -> str:
-    return f"repository:{ref.repository}:{actions}"
 
 
 def _range_end(header: str | None) -> int:

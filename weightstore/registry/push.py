@@ -157,7 +157,7 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     sources.setdefault(_digest(artifact.config), (len(artifact.config),
                                                   bytes_pieces(artifact.config)))
 
-    client = RegistryClient(ref.host, transport)
+    client = RegistryClient(ref.host, transport, push=True)
     client.ping()
     report = PushReport(reference=str(ref), manifest_digest=artifact.manifest_digest,
                         blobs=len(sources), blob_bytes=sum(s for s, _ in sources.values()),
