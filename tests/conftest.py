@@ -73,3 +73,16 @@ def save_model(tmp_path: Path) -> SaveModel:
         return target
 
     return save
+
+
+@pytest.fixture(scope="session")
+def split_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A built recipe (store and packages) of the sample encoder with three scenarios and
+    five devices (see ``tests.test_split.RECIPE``); read-only: copy before changing it."""
+    from weightstore.build import BuildOptions, build
+
+    from .test_split import _write
+
+    folder = tmp_path_factory.mktemp("split-build")
+    build(_write(folder, make_encoder()), BuildOptions(jobs=2))
+    return folder

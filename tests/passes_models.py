@@ -287,6 +287,33 @@ def dead_code_model() -> tuple[onnx.ModelProto, list[Inputs]]:
     return model, [{"x": x, "flag": np.array(True)}, {"x": x, "flag": np.array(False)}]
 
 
+def with_constant_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every main-graph initializer held by a Constant node in a typed field
+    (``float_data``, ``int64_data``), as Paddle2ONNX and older tf2onnx export weights."""
+    out = copy_model(model)
+    g = out.graph
+    nodes = []
+    for t in g.initializer:
+        array = numpy_helper.to_array(t)
+        typed = helper.make_tensor(t.name, t.data_type, list(array.shape),
+                                   array.flatten().tolist())
+        assert not typed.raw_data
+        nodes.append(helper.make_node("Constant", [], [t.name], value=typed,
+                                      name=f"{t.name}.const"))
+    del g.initializer[:]
+    kept = list(g.node)
+    del g.node[:]
+    g.node.extend(nodes + kept)
+    onnx.checker.check_model(out)
+    return out
+
+
+def conv_bn_constant_model() -> tuple[onnx.ModelProto, list[Inputs]]:
+    """:func:`conv_bn_model` with its weights in Constant nodes (typed ``float_data``)."""
+    model, inputs = conv_bn_model()
+    return with_constant_weights(model), inputs
+
+
 # -- helpers ----------------------------------------------------------------------------------
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -345,3 +345,16 @@ def test_crash_between_the_two_renames_keeps_the_old_pair(form, shared_pair, tmp
     assert report.data_file.name not in old_files
     for e, a in zip(run_onnxruntime(shared_pair[1], inputs), outputs(out), strict=True):
         assert np.array_equal(e, a)
+
+
+def test_any_output_name_gets_a_plain_data_file_name(tmp_path):
+    out, _ = _one_external(tmp_path)
+    report = convert_to_external(out.parent / "src.onnx", tmp_path / "my model (v2).onnx",
+                                 threshold=0)
+    assert report.data_file.name.startswith("my_model__v2_.")
+    back = tmp_path / "back.onnx"
+    convert_to_inline(tmp_path / "my model (v2).onnx", back)
+    again = convert_to_external(back, tmp_path / "my model (v2).onnx", threshold=0,
+                                alignment=64)
+    assert again.data_file.name != report.data_file.name
+    assert len(list(tmp_path.glob("my_model__v2_.*"))) == 1  # the replaced pair's data went

@@ -15,13 +15,13 @@ LAYOUT = "\n  - {name: l, external_weight: combined}\n"
 
 def _count_hashing(monkeypatch) -> list:
     calls: list = []
-    real = weights_module.ModelWeights._digest
+    real = weights_module.ModelWeights.digest
 
-    def counting(self, desc, algo):
-        calls.append(desc)
-        return real(self, desc, algo)
+    def counting(self, weight, algo):
+        calls.append(weight)
+        return real(self, weight, algo)
 
-    monkeypatch.setattr(weights_module.ModelWeights, "_digest", counting)
+    monkeypatch.setattr(weights_module.ModelWeights, "digest", counting)
     return calls
 
 

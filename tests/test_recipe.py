@@ -27,6 +27,7 @@ from weightstore.recipe import (
 )
 
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schemas" / "recipe.schema.json"
+EXAMPLE_RECIPES = sorted((SCHEMA_FILE.parents[1] / "recipes").glob("*.yaml"))
 
 EXAMPLE = """\
 package: tiny-bert
@@ -89,6 +90,18 @@ def test_documented_example_parses() -> None:
     assert recipe.store.path == ".weightstore"
     assert recipe.models[0].source == "../examples/tiny_bert/model.onnx"
     assert recipe.layouts[0].external_weight == "combined"
+
+
+def test_example_recipes_are_found() -> None:
+    assert len(EXAMPLE_RECIPES) >= 3
+
+
+@pytest.mark.parametrize("path", EXAMPLE_RECIPES, ids=lambda p: p.name)
+def test_example_recipe_is_valid(path: Path) -> None:
+    """Every recipe under recipes/ validates and names model files that exist."""
+    loaded = load_recipe(path)
+    for model in loaded.recipe.models:
+        assert loaded.model_source(model).is_file(), model.source
 
 
 @pytest.mark.parametrize("version", ["1.0.0", "2024.1-rc1", "v2_beta", "0"])

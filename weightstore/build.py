@@ -14,6 +14,7 @@ Package tree (one folder per layout)::
         <model>.onnx                 one per model, external data relative to this folder
         weight_<hex>                 separate layout: one file per distinct payload
         <model>_weight_combined      combined layout: payloads at aligned offsets
+        <package>_weight_combined    combined: shared: one file for all models instead
         summary.json                 ExternalWeightDesc list, totals, fingerprint
 """
 
@@ -28,8 +29,11 @@ from typing import Any
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
+from .outputs import check_output_folder
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
+from .selection import select_part
 from .store.location import resolve_store_path
+from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from .summary import SUMMARY_NAME
 
 
@@ -39,6 +43,8 @@ class BuildOptions:
     jobs: int = min(8, os.cpu_count() or 4)
     force: bool = False  # rebuild and replace packages, even up-to-date or different ones
     progress: bool | None = None  # None: only on an interactive terminal
+    models: tuple[str, ...] = ()  # --model: package only these (all when empty)
+    layouts: tuple[str, ...] = ()  # --layout: build only these (all when empty)
 
 
 @dataclass
@@ -67,7 +73,7 @@ class BuildResult:
 def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = None,
           ) -> BuildResult:
     options = options or BuildOptions()
-    loaded = load_recipe(recipe_path)
+    loaded = select_part(load_recipe(recipe_path), options.models, options.layouts)
     recipe = loaded.recipe
     store_root = resolve_store_path(options.store, loaded.store_path())
     if store_root.exists() and not store_root.is_dir():
@@ -77,6 +83,7 @@ def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = No
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)
+        check_output_folder(target)
         existing = _existing_summary(target, options.force)
         if (existing is not None and not options.force
                 and _up_to_date(loaded, layout, target, existing, digests)):
@@ -121,6 +128,13 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
             return None
         raise PackageError("output folder already holds something that is not a package; "
                            "pass --force to replace it", folder=str(target)) from None
+    version = summary.get("format_version")
+    if not isinstance(version, int) or version > SUMMARY_FORMAT_VERSION:
+        if force:
+            return None
+        raise PackageError("output folder holds a package of a format this weightstore "
+                           "does not know; pass --force to replace it", folder=str(target),
+                           format_version=version)
     return summary
 
 
@@ -135,7 +149,7 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
     try:
         listed = {m["name"]: m for m in summary["models"]}
         identities = []
-        for entry in loaded.recipe.models:
+        for entry in loaded.models():
             previous = listed.get(entry.name)
             if previous is None:
                 return False
@@ -173,16 +187,18 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     from .store import WeightStore
 
     recipe = loaded.recipe
-    sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in recipe.models])
+    models = loaded.models()
+    sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in models])
     try:
-        for s, entry in zip(sources, recipe.models, strict=True):
+        for s, entry in zip(sources, models, strict=True):
             s.identity = _identity(
                 entry, digests.of(s.weights.catalogue.source),
                 {loc: digests.of(path) for loc, path in s.external_files})
             if entry.scenarios or read_scenarios(s.weights.catalogue.model):
                 from .scenarios.package import prepare_scenarios
 
-                s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
+                with s.weights.opened():
+                    s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         _check_devices(loaded, sources)
         identities = [s.identity for s in sources]
         todo = []
@@ -274,8 +290,13 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
 
 
 def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
-    """A device may name a scenario the recipe defines or a source model already holds."""
+    """A device may name a scenario the recipe defines or a source model already holds.
+
+    Building part of a recipe, a scenario of a model left out still counts: the models
+    packaged run their default graph there, as in a build of the whole recipe.
+    """
     known = {sc.name for s in sources for sc in s.scenarios}
+    known |= {sc.name for m in loaded.recipe.models for sc in m.scenarios}
     for i, device in enumerate(loaded.recipe.devices):
         if device.scenario not in (None, "auto") and device.scenario not in known:
             raise RecipeError(f"device '{device.name}' names scenario '{device.scenario}', "

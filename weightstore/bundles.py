@@ -19,7 +19,7 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -27,8 +27,10 @@ from .catalogue.locations import resolve_location
 from .errors import PackageError
 from .fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
 from .model_io import save_model
-from .recipe import Device
 from .scenarios.resolve import live_payloads, variant
+
+if TYPE_CHECKING:  # reading bundle records needs no recipe machinery
+    from .recipe import Device
 
 BUNDLE_NAME = "bundle.json"
 FORMAT_VERSION = 1

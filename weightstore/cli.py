@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true",
                    help="rebuild and replace package folders, even up-to-date or different ones")
     b.add_argument("--json", action="store_true", help="print the build summaries as JSON")
+    b.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="package only this model (repeatable; default: every model)")
+    b.add_argument("--layout", action="append", default=[], metavar="NAME",
+                   help="build only this layout (repeatable; default: every layout)")
 
     s = sub.add_parser("store", help="inspect the weight store")
     ssub = s.add_subparsers(dest="store_command", required=True, metavar="ACTION")
@@ -64,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="payloads of at least this many bytes move out (default 1024)")
     c.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")
     c.add_argument("--alignment", type=int, default=512)
+    c.add_argument("--value-bins", action="append", default=[], metavar="ID=PATH",
+                   help="to-inline: the file a GE FileConstant's file_id names (GE's "
+                        "ge.exec.value_bins); repeatable")
     c.add_argument("--json", action="store_true", help="print JSON")
 
     i = sub.add_parser("inspect", help="list every weight of a model without reading payloads")
@@ -115,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 
+    from .resolve.commands import register as register_resolve
+
+    register_resolve(sub)
+
     from .registry.commands import add_parsers as add_registry_parsers
 
     add_registry_parsers(sub)
@@ -136,7 +147,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .build import BuildOptions, build
 
     result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
-                                             force=args.force))
+                                             force=args.force, models=tuple(args.model),
+                                             layouts=tuple(args.layout)))
     if args.json:
         _print_json(result.to_dict())
         return EXIT_OK
@@ -214,9 +226,11 @@ def _print_findings(problems: Sequence[Any], warnings: Sequence[Any]) -> None:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert_to_external, convert_to_inline
+    from .convert.api import parse_value_bins
 
     if args.direction == "to-inline":
-        report = convert_to_inline(args.input, args.output)
+        report = convert_to_inline(args.input, args.output,
+                                   value_bins=parse_value_bins(args.value_bins))
     else:
         form = "file-constant" if args.direction == "to-file-constant" else "external-data"
         report = convert_to_external(args.input, args.output, form=form,
@@ -282,6 +296,13 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_resolve(args: argparse.Namespace) -> int:
+    from .resolve import commands
+
+    return {"resolve": commands.resolve_command, "run": commands.run_command,
+            "prepare": commands.prepare_command}[args.command](args)
+
+
 def _registry(handler: str, args: argparse.Namespace) -> int:
     from .registry import commands
 
@@ -290,7 +311,8 @@ def _registry(handler: str, args: argparse.Namespace) -> int:
 
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
-            "bundle": _cmd_bundle, "schema": _cmd_schema,
+            "bundle": _cmd_bundle, "schema": _cmd_schema, "resolve": _cmd_resolve,
+            "run": _cmd_resolve, "prepare": _cmd_resolve,
             "push": lambda args: _registry("run_push", args),
             "pull": lambda args: _registry("run_pull", args)}
 

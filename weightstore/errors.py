@@ -62,6 +62,15 @@ class ScenarioError(WeightstoreError, ValueError):
     """A modification scenario is unknown, malformed, or does not fit the model."""
 
 
+class ResolutionError(WeightstoreError, ValueError):
+    """A model cannot be resolved: a phase's precondition failed, or a live weight has no
+    eligible payload. The context names the phase and the scenario."""
+
+
+class LoadError(WeightstoreError, RuntimeError):
+    """A resolved model's payloads cannot be read or handed to the runtime."""
+
+
 class RegistryError(WeightstoreError, RuntimeError):
     """An OCI registry refused a request or answered something we cannot use."""
 

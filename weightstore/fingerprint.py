@@ -116,7 +116,7 @@ def layout_fingerprint(*, package: str, version: str, hash_algo: str, layout: La
         "package": package,
         "version": version,
         "hash": hash_algo,
-        "layout": layout.model_dump(mode="json"),
+        "layout": layout.record(),
         "models": list(models),
         "devices": list(devices),
     }

@@ -12,6 +12,7 @@ import errno
 import functools
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +20,36 @@ from pathlib import Path
 from typing import BinaryIO
 
 COPY_CHUNK = 8 << 20
+# errors that concern the file being written, whatever else the operation touched
+WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS")
+                         if hasattr(errno, n))
+
+
+class NotRegularFileError(OSError):
+    """The path is a FIFO, a device, a socket or a folder: reading it could block forever
+    or mean nothing, so it is refused before any read."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """Open ``path`` for reading, refusing anything but a regular file.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once (a plain open would wait for a
+    writer), so the check on the opened descriptor never races with the path.
+    """
+    flags = (os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_NOCTTY", 0))
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise NotRegularFileError(f"{kind} (a FIFO, device or socket is never read)"
+                                  if kind != "a folder" else kind)
+    return fd
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -74,7 +105,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bi
     published packages and shared stores are readable by others as usual.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _with_path(exc, path.parent) from None
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
@@ -85,10 +119,22 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bi
         os.replace(tmp, path)
         tmp = None
         fsync_dir(path.parent)
+    except OSError as exc:
+        if exc.filename is None and exc.errno in WRITE_ERRNOS:
+            raise _with_path(exc, path) from None
+        raise
     finally:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def _with_path(exc: OSError, path: Path) -> OSError:
+    """The same error, naming ``path`` when it named no file (``No space left on device``
+    alone does not say which disk)."""
+    if exc.filename is not None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -> None:

@@ -7,18 +7,19 @@ hashing on a thread pool runs in parallel.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import blake3
 
 from .errors import IntegrityError
+from .fsio import NotRegularFileError, open_regular
 
 Algorithm = Literal["blake3", "sha256"]
 ALGORITHMS: tuple[str, ...] = ("blake3", "sha256")
 HEX_LENGTH = {"blake3": 64, "sha256": 64}
-WINDOW = 16 << 20  # per hashing thread: bounds resident memory at jobs x WINDOW
+CHUNK = 4 << 20  # per hashing thread: bounds resident memory at jobs x CHUNK
 
 
 class Hasher(Protocol):
@@ -44,38 +45,60 @@ def digest_bytes(algo: str, data: bytes | bytearray | memoryview) -> str:
 def digest_file(algo: str, path: str | os.PathLike[str], offset: int = 0,
                 length: int | None = None) -> str:
     """Hex digest of ``length`` bytes of ``path`` starting at ``offset`` (to EOF if None)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    return digest_file_many((algo,), path, offset, length)[0]
+
+
+def digest_file_many(algos: Sequence[str], path: str | os.PathLike[str], offset: int = 0,
+                     length: int | None = None) -> list[str]:
+    """Hex digests, one per algorithm, of a byte range of ``path`` in one read.
+
+    Refuses anything but a regular file before reading (a FIFO would block)."""
+    try:
+        fd = open_regular(path)
+    except NotRegularFileError as exc:
+        raise IntegrityError(str(exc), path=os.fspath(path)) from None
     try:
         if length is None:
             length = os.fstat(fd).st_size - offset
-        return digest_fd(algo, fd, offset, length, name=os.fspath(path))
+        return digest_fd_many(algos, fd, offset, length, name=os.fspath(path))
     finally:
         os.close(fd)
 
 
 def digest_fd(algo: str, fd: int, offset: int, length: int, *, name: str = "") -> str:
-    """Hex digest of a byte range of an open file.
+    """Hex digest of a byte range of an open file."""
+    return digest_fd_many((algo,), fd, offset, length, name=name)[0]
 
-    The range is mapped one window at a time and each window unmapped before the next:
-    hashing reads straight from the page cache (no copy into Python), and the process's
-    resident memory stays at one window whatever the range's size.
+
+def digest_fd_many(algos: Sequence[str], fd: int, offset: int, length: int, *,
+                   name: str = "") -> list[str]:
+    """Hex digests of a byte range of an open file, every algorithm fed by the same read.
+
+    Positional reads into one reused buffer, not a memory map: a file that another
+    process truncates while it is hashed gives a short read, reported as an
+    :class:`IntegrityError` naming the file, where a mapping would kill the process with
+    SIGBUS. Resident memory stays at one buffer whatever the range's size.
     """
     if offset < 0 or length < 0 or offset + length > os.fstat(fd).st_size:
         raise IntegrityError("file is shorter than the range being hashed", path=name,
                              offset=offset, length=length)
-    h = new_hasher(algo)
+    hashers = [new_hasher(a) for a in algos]
+    buf = bytearray(min(CHUNK, length))
+    view = memoryview(buf)
     pos, end = offset, offset + length
-    while pos < end:
-        start = pos - pos % mmap.ALLOCATIONGRANULARITY
-        size = min(WINDOW, end - start)
-        with mmap.mmap(fd, size, access=mmap.ACCESS_READ, offset=start) as window:
-            view = memoryview(window)
-            try:
-                h.update(view[pos - start:])
-            finally:
-                view.release()
-        pos = start + size
-    return h.hexdigest()
+    try:
+        while pos < end:
+            chunk = view[:min(CHUNK, end - pos)]
+            n = os.preadv(fd, [chunk], pos)
+            if n <= 0:
+                raise IntegrityError("file became shorter while it was hashed", path=name,
+                                     offset=pos, length=length)
+            for h in hashers:
+                h.update(chunk[:n])
+            pos += n
+    finally:
+        view.release()
+    return [h.hexdigest() for h in hashers]
 
 
 def make_key(algo: str, hex_digest: str) -> str:

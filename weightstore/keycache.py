@@ -89,11 +89,16 @@ class RangeReader:
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
 
-    def read(self, path: str | os.PathLike[str], offset: int, length: int) -> bytes:
+    def read(self, path: str | os.PathLike[str], offset: int, length: int, *,
+             follow: bool = True) -> bytes:
+        """``follow=False``: a symbolic link is refused (store objects are never links)."""
         name = os.fspath(path)
         fd = self._fds.get(name)
         if fd is None:
-            fd = self._fds[name] = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+            if not follow:
+                flags |= getattr(os, "O_NOFOLLOW", 0)
+            fd = self._fds[name] = os.open(name, flags)
         return os.pread(fd, length, offset)
 
     def close(self) -> None:
@@ -111,7 +116,8 @@ class RangeReader:
 def samples_agree(files: RangeReader, source: tuple[str, int] | bytes,
                   stored: tuple[str, int], size: int) -> bool:
     """Do ``size`` bytes at ``source`` (``(path, offset)``, or the payload itself) and at
-    ``stored`` hold the same bytes at every sampled page? Unreadable counts as no."""
+    ``stored`` (a store object) hold the same bytes at every sampled page? Unreadable, or
+    a store object reached through a symbolic link, counts as no."""
     b, b_off = stored
     try:
         for off, n in sample_ranges(size):
@@ -119,7 +125,7 @@ def samples_agree(files: RangeReader, source: tuple[str, int] | bytes,
                 mine = source[off:off + n]
             else:
                 mine = files.read(source[0], source[1] + off, n)
-            if mine != files.read(b, b_off + off, n):
+            if mine != files.read(b, b_off + off, n, follow=False):
                 return False
         return True
     except OSError:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import onnx
 
@@ -19,10 +19,11 @@ from .catalogue.payload import expected_nbytes
 from .catalogue.schema import Path as TensorPath
 from .catalogue.schema import path_str
 from .convert.placement import Placement
-from .convert.weights import ModelWeights, Weight
+from .convert.weights import ModelWeights, Weight, declared_checksum
+from .derived_keys import DerivedKeyCache
 from .errors import IntegrityError, StoreError
 from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
-from .hashing import split_key
+from .hashing import make_key, split_key
 from .keycache import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from .layout.writer import FileRange, write_plan
@@ -68,11 +69,18 @@ class Source:
 
 
 def open_sources(models: list[tuple[str, Path]]) -> list[Source]:
-    """Catalogue every model (metadata only); closes what it opened on failure."""
+    """Catalogue every model (metadata only); closes what it opened on failure.
+
+    Each model file is parked once catalogued: a step that reads payloads opens one
+    model at a time (``with source.weights.opened():``), so a recipe of hundreds of
+    models needs a handful of file descriptors, not one per model.
+    """
     sources: list[Source] = []
     try:
         for name, path in models:
-            sources.append(Source(name, ModelWeights.open(path)))
+            weights = ModelWeights.open(path)
+            weights.park()
+            sources.append(Source(name, weights))
     except BaseException:
         close_sources(sources)
         raise
@@ -115,7 +123,6 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                             "reused_bytes", "padding_bytes"), 0)
     if not layouts:
         return report
-    combined = any(layout.external_weight == "combined" for layout in layouts)
     per_model: list[tuple[Source, list[Weight]]] = []
     for s in sources:
         chosen: dict[TensorPath, Weight] = {}
@@ -125,36 +132,76 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
         per_model.append((s, [w for site in s.weights.sites if (w := chosen.get(site.path))]))
     if trust_cache:
         _use_cached_keys(store, per_model, algo)
+        _use_derived_keys(store, sources, algo)
     total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
+    hashed = []
     with Progress("hashing", total, enabled=progress) as bar:
-        hashed = [(s, s.weights.hash(ws, algo, jobs, bar.advance)) for s, ws in per_model]
+        for s, ws in per_model:
+            with s.weights.opened():  # one model file open at a time
+                hashed.append((s, s.weights.hash(ws, algo, jobs, bar.advance)))
     cache = PayloadKeyCache(store.root)
     with Progress("storing", total, enabled=progress) as bar:
         for s, ws in hashed:
-            payloads: list[PayloadSource] = [_WeightPayload(s.weights, w) for w in ws]
-            put = store.put(payloads, kind="combined" if combined else "separate",
-                            combined_name=s.name if combined else None,
-                            alignment=max(layout.alignment for layout in layouts), jobs=jobs)
-            for k, v in put.to_dict().items():
-                report[k] += v
+            with s.weights.opened():
+                _store_model(store, s, ws, layouts, algo, jobs, report)
             bar.advance(sum(w.size for w in ws))
             cache.save(s.identity, algo, {path_str(w.site.path): w.key for w in ws})
-            if not s.scenarios:
-                continue
-            from .scenarios.package import externalized, hash_added
-
-            for weight, data in hash_added(s.scenarios, algo):  # one at a time: bounded
-                if not any(externalized(weight, layout.size_threshold, False)
-                           for layout in layouts):
-                    continue
-                put = store.put([BytesPayload(weight.key, data)],
-                                kind="combined" if combined else "separate",
-                                combined_name=s.name if combined else None,
-                                alignment=max(layout.alignment for layout in layouts),
-                                jobs=1)
-                for k, v in put.to_dict().items():
-                    report[k] += v
+            if s.scenarios:
+                DerivedKeyCache(store.root).save(
+                    s.identity, algo, {i: w.key for i, w in _added_ids(s) if w.key})
     return report
+
+
+def _added_ids(s: Source) -> list[tuple[str, AddedWeight]]:
+    """Each weight the scenarios of ``s`` add, under its id in the derived-key cache."""
+    if not s.scenarios:
+        return []
+    from .scenarios.package import added_weight_ids
+
+    return [pair for sc in s.scenarios for pair in added_weight_ids(sc)]
+
+
+def _use_derived_keys(store: WeightStore, sources: list[Source], algo: str) -> None:
+    """Keys of derived weights remembered for an unchanged source and scenario, taken
+    when the store holds them at the weight's size: those are not computed again."""
+    if not any(s.scenarios for s in sources):
+        return
+    cache = DerivedKeyCache(store.root)
+    index = store.index()
+    for s in sources:
+        ids = _added_ids(s)
+        known = cache.load(s.identity, algo) if ids else {}
+        for weight_id, weight in ids:
+            key = known.get(weight_id)
+            obj = index.get(key) if key else None
+            if obj is not None and obj.size == weight.nbytes:
+                weight.key, weight.size = key, obj.size
+
+
+def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[Layout],
+                 algo: str, jobs: int, report: dict[str, int]) -> None:
+    """Put one model's payloads, then the weights its scenarios add, into the store."""
+    combined = any(layout.external_weight == "combined" for layout in layouts)
+    kind: Literal["combined", "separate"] = "combined" if combined else "separate"
+    alignment = max(layout.alignment for layout in layouts)
+    payloads: list[PayloadSource] = [_WeightPayload(s.weights, w) for w in ws]
+    put = store.put(payloads, kind=kind, combined_name=s.name if combined else None,
+                    alignment=alignment, jobs=jobs)
+    for k, v in put.to_dict().items():
+        report[k] += v
+    if not s.scenarios:
+        return
+    from .scenarios.package import externalized, hash_added
+
+    todo = [w for sc in s.scenarios for w in sc.added if not w.key]  # the rest are stored
+    for weight, data in hash_added(todo, algo):  # one at a time: bounded
+        if not any(externalized(weight, layout.size_threshold, False) for layout in layouts):
+            continue
+        put = store.put([BytesPayload(weight.key, data)], kind=kind,
+                        combined_name=s.name if combined else None, alignment=alignment,
+                        jobs=1)
+        for k, v in put.to_dict().items():
+            report[k] += v
 
 
 def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weight]]],
@@ -166,14 +213,16 @@ def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weig
     entries = [(s, ws, cache.load(s.identity, algo)) for s, ws in per_model]
     index = store.locate({key for _, _, cached in entries for key in cached.values()})
     store_files: dict[str, str] = {}
-    with RangeReader() as files:
-        for s, ws, cached in entries:
+    for s, ws, cached in entries:
+        # one model (and the files it samples) open at a time
+        with s.weights.opened(), RangeReader() as files:
             found: dict[TensorPath, str] = {}
             for w in ws:
                 key = cached.get(path_str(w.site.path))
                 obj = index.get(key) if key else None
-                if obj is None:
-                    continue  # not cached, or gone from the store: hashed
+                declared = declared_checksum(w.payload)
+                if obj is None or (declared is not None and make_key(*declared) != key):
+                    continue  # not cached, gone from the store, or a checksum to verify
                 if obj.file not in store_files:
                     store_files[obj.file] = str(store.path_of(obj))
                 p = w.payload
@@ -230,15 +279,18 @@ def _check_claim(s: Source, w: Weight) -> None:
 
 
 def _layout_plan(layout: Layout, per_model: list[tuple[Source, list[tuple[str, int]]]],
-                 ) -> tuple[LayoutPlan, dict[str, dict[str, PlannedPayload]]]:
+                 package: str) -> tuple[LayoutPlan, dict[str, dict[str, PlannedPayload]]]:
     """One plan for the package folder, and each model's key -> planned payload map.
 
     ``per_model`` lists each model's ``(key, size)`` payloads in first-use order. Separate
-    files are shared by every model of the package; combined files are per model.
+    files, and the one ``<package>_weight_combined`` of a ``combined: shared`` layout, are
+    shared by every model of the package (each payload once, in recipe then structural
+    order); other combined files are per model.
     """
     mode = layout.external_weight
-    if mode == "separate":
-        plan = plan_layout("", [p for _, ps in per_model for p in ps], mode, layout.alignment)
+    if mode == "separate" or layout.combined == "shared":
+        plan = plan_layout(package, [p for _, ps in per_model for p in ps], mode,
+                           layout.alignment)
         where = plan.placement()
         return plan, {s.name: where for s, _ in per_model}
     files: list[PlannedFile] = []
@@ -292,7 +344,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
     if layout.split == "scenario":
         plan, maps = _split_plan(layout, per_model, payloads, recipe.package, store)
     else:
-        plan, maps = _layout_plan(layout, payloads)
+        plan, maps = _layout_plan(layout, payloads, recipe.package)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = make_temp_dir(target.parent, f".{layout.name}.")
     try:
@@ -315,7 +367,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             if obj is None:
                 raise StoreError("payload vanished from the store", key=key,
                                  store=str(store.root))
-            return FileRange(store.path_of(obj), obj.offset)
+            return FileRange(store.path_of(obj), obj.offset, stored=True)
 
         with Progress(f"packaging {layout.name}", sum(f.size for f in plan.files),
                       enabled=progress) as bar:
@@ -345,8 +397,11 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             obj = index.get(weight.key) if weight.key else None
             return store.read(obj) if obj is not None else weight.bytes()
 
-        models = [_write_model(tmp, s, ws, maps.get(s.name, {}), layout, read_added)
-                  for s, ws in per_model]
+        models = []
+        for s, ws in per_model:
+            with s.weights.opened():
+                models.append(_write_model(tmp, s, ws, maps.get(s.name, {}), layout,
+                                           read_added))
         devices = (_write_devices(tmp, recipe, sources)
                    if layout.external_weight != "embedded" else [])
         summary = package_summary(package=recipe.package, version=recipe.version,
@@ -426,7 +481,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
                for _, ps in payloads for key, size in ps}
     scenario_order = package_scenarios(per_model)
     for s, ws in per_model:
-        model = _package_model(s, ws, pending, layout, read_added)
+        with s.weights.opened():
+            model = _package_model(s, ws, pending, layout, read_added)
         own = {sc.name for sc in s.scenarios}
         resolved: dict[str | None, set[str]] = {}
         for name in [None, *scenario_order]:

@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import RecipeError
-from .fsio import atomic_write_bytes
+from .fsio import NotRegularFileError, atomic_write_bytes, open_regular
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
 # and anything with a separator) can never match. Pydantic checks it with an end-anchored
@@ -122,6 +122,10 @@ class ModelEntry(_Model):
         return value
 
 
+# Layout keys added after package format 1, with the package format that introduced them.
+LAYOUT_KEYS_SINCE = {"combined": 2}
+
+
 class Layout(_Model):
     """How one release lays out model weights on disk."""
 
@@ -150,6 +154,26 @@ class Layout(_Model):
         description="'none' packs all weights together; 'scenario' groups weight files by "
         "the variants that use them: common, default, and one per scenario.",
     )
+    combined: Literal["per-model", "shared"] = Field(
+        "per-model",
+        description="Combined layouts only: 'per-model' writes one <model>_weight_combined "
+        "per model (GE's mode 2, a payload two models use is written twice); 'shared' "
+        "writes one <package>_weight_combined for all models, each payload once. Split "
+        "layouts always share their group files between models, so 'per-model' is refused "
+        "there.",
+    )
+
+    def record(self) -> dict[str, Any]:
+        """The settings a package records (summary, fingerprint).
+
+        Keys added after package format 1 appear only when set away from their default, so
+        a package that does not use them keeps its format-1 bytes and fingerprint.
+        """
+        out = self.model_dump(mode="json")
+        for name in LAYOUT_KEYS_SINCE:
+            if out[name] == type(self).model_fields[name].default:
+                del out[name]
+        return out
 
     @field_validator("alignment")
     @classmethod
@@ -223,6 +247,14 @@ class LoadedRecipe:
     recipe: Recipe
     path: Path
     base_dir: Path
+    selected: frozenset[str] | None = None  # build --model: the models to package
+
+    def models(self) -> list[ModelEntry]:
+        """The models to package, in recipe order: all, or those ``build --model`` chose.
+
+        Everything else (devices, the scenarios they may name) stays the whole recipe's.
+        """
+        return [m for m in self.recipe.models if self.selected is None or m.name in self.selected]
 
     def resolve(self, p: str) -> Path:
         """Absolute path for ``p``, relative ones taken from the recipe's folder.
@@ -249,11 +281,18 @@ def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
     filename = os.fspath(path)
     absolute = Path(os.path.abspath(filename))
     try:
-        data = absolute.read_bytes()
+        with os.fdopen(open_regular(absolute), "rb") as f:
+            data = f.read(RECIPE_SIZE_LIMIT + 1)
     except FileNotFoundError:
         raise RecipeError("recipe file not found", file=filename) from None
-    except OSError as exc:
-        raise RecipeError(f"cannot read recipe: {exc.strerror or exc}", file=filename) from None
+    except NotRegularFileError as exc:
+        raise RecipeError(f"recipe path is {exc}", file=filename) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise RecipeError(f"cannot read recipe: {reason}", file=filename) from None
+    if len(data) > RECIPE_SIZE_LIMIT:
+        raise RecipeError(f"recipe is larger than {RECIPE_SIZE_LIMIT >> 20} MiB",
+                          file=filename)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -264,6 +303,9 @@ def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
 
 def parse_recipe_text(text: str, filename: str) -> Recipe:
     """Parse recipe YAML (safe tags only) and validate it; ``filename`` is used in errors."""
+    if len(text) > RECIPE_SIZE_LIMIT:
+        raise RecipeError(f"recipe is larger than {RECIPE_SIZE_LIMIT >> 20} MiB",
+                          file=filename)
     try:
         loader = yaml.SafeLoader(text)  # the reader rejects control characters up front
     except yaml.reader.ReaderError as exc:
@@ -273,6 +315,7 @@ def parse_recipe_text(text: str, filename: str) -> Recipe:
         if root is None:
             raise RecipeError("recipe is empty", file=filename)
         _reject_duplicate_keys(root, filename)
+        _reject_alias_bombs(root, filename)
         data = loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
         raise _yaml_error(exc, filename) from None
@@ -319,12 +362,25 @@ def _check_references(recipe: Recipe, filename: str,
         if layout.split == "scenario" and layout.external_weight == "embedded":
             fail(f"layout '{layout.name}' splits weights by scenario but keeps them embedded",
                  ("layouts", i, "split"))
+        if "combined" in layout.model_fields_set:
+            _check_combined(layout, ("layouts", i, "combined"), fail)
         if known and layout.constants == "file-constant":
             # Scenario records name nodes and initializers of the base graph by position;
             # FileConstant nodes change that graph, so the records could not be replayed.
             fail(f"layout '{layout.name}' uses constants: file-constant, which changes the "
                  "graph that scenario records refer to; use external-data for models with "
                  "scenarios", ("layouts", i, "constants"))
+
+
+def _check_combined(layout: Layout, loc: Loc, fail: Callable[[str, Loc], None]) -> None:
+    """``combined`` chooses between files per model and one file for all models, which
+    only combined layouts have; split layouts' group files are shared by construction."""
+    if layout.external_weight != "combined":
+        fail(f"layout '{layout.name}' sets combined, which applies only to "
+             f"external_weight: combined (not {layout.external_weight})", loc)
+    if layout.split == "scenario" and layout.combined == "per-model":
+        fail(f"layout '{layout.name}' splits weights by scenario into group files that all "
+             "models share; combined: per-model cannot apply (omit it or use shared)", loc)
 
 
 def _line(node: yaml.Node) -> int:
@@ -348,6 +404,47 @@ def _reader_error(exc: yaml.reader.ReaderError, text: str, filename: str) -> Rec
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+RECIPE_SIZE_LIMIT = 1 << 20  # bytes: a recipe is a page of YAML; this is far beyond any
+EXPANDED_LIMIT = 1 << 20  # nodes plus scalar characters, once every alias is expanded
+
+
+def _reject_alias_bombs(root: yaml.Node, filename: str) -> None:
+    """Refuse a document whose aliases expand it past :data:`EXPANDED_LIMIT`.
+
+    Anchors and aliases are useful (one layout reused with ``<<: *base``), but nested
+    aliases grow exponentially: a few hundred bytes can stand for gigabytes once parsed
+    and validated. The expanded size is computed on the node graph, each shared node once
+    (a recursive alias counts as one node; validation reports it).
+    """
+    size: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        kids = _kids(node)
+        if finished:
+            active.discard(key)
+            own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+            size[key] = min(EXPANDED_LIMIT + 1,
+                            1 + own + sum(size.get(id(k), 1) for k in kids))
+            continue
+        if key in size or key in active:
+            continue
+        active.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in size and id(k) not in active)
+    if size[id(root)] > EXPANDED_LIMIT:
+        raise RecipeError("recipe expands past the size limit through its aliases "
+                          f"(more than {EXPANDED_LIMIT} values and characters)", file=filename)
+
+
+def _kids(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _reject_duplicate_keys(root: yaml.Node, filename: str) -> None:

@@ -368,9 +368,15 @@ def make_encoder(
     max_seq: int = 32,
     seed: int = 0,
     name: str = "tiny-bert",
+    retrained: Sequence[str] = (),
 ) -> onnx.ModelProto:
     """A BERT-like encoder: inputs ``input_ids`` [batch, seq] and ``use_pooler`` (bool scalar);
-    outputs ``hidden_states`` [batch, seq, hidden] and ``pooled`` [batch, hidden]."""
+    outputs ``hidden_states`` [batch, seq, hidden] and ``pooled`` [batch, hidden].
+
+    Tensors whose names start with a ``retrained`` prefix are drawn with ``seed + 1``: the
+    result shares every other weight, byte for byte, with the encoder of ``seed`` (a
+    fine-tuned sibling)."""
+    prefixes = tuple(retrained)
     return _build_encoder(
         vocab=vocab,
         hidden=hidden,
@@ -378,7 +384,7 @@ def make_encoder(
         layers=layers,
         ffn=ffn,
         max_seq=max_seq,
-        seed_for=lambda _name: seed,
+        seed_for=lambda n: seed + 1 if prefixes and n.startswith(prefixes) else seed,
         name=name,
     )
 

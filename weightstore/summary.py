@@ -13,10 +13,10 @@ from typing import Any
 
 from . import __version__
 from .layout.plan import LayoutPlan
-from .recipe import Layout
+from .recipe import LAYOUT_KEYS_SINCE, Layout
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this code writes and reads
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,13 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
+    settings = layout.record()
     return {
-        "format_version": FORMAT_VERSION,
+        "format_version": package_format_version(settings),
         "generator": f"weightstore {__version__}",
         "package": package,
         "version": version,
-        "layout": layout.model_dump(mode="json"),
+        "layout": settings,
         "hash": hash_algo,
         "fingerprint": fingerprint,
         "models": [m.to_dict() for m in models],
@@ -101,6 +102,12 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
             "inline_tensors": sum(m.inline_tensors for m in models),
         },
     }
+
+
+def package_format_version(settings: dict[str, Any]) -> int:
+    """The oldest package format that holds these layout settings: a package written
+    without the keys a later format added stays readable by format-1 readers."""
+    return max((LAYOUT_KEYS_SINCE[k] for k in settings if k in LAYOUT_KEYS_SINCE), default=1)
 
 
 def render(summary: dict[str, Any]) -> bytes:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from ..errors import ExternalDataError, ModelError
-from ..fsio import read_exact
+from ..fsio import NotRegularFileError, open_regular, read_exact
 from . import typed_fields
 from .locations import resolve_location
 from .reader import Catalogue
@@ -177,7 +177,10 @@ def read_payload(desc: PayloadDescriptor, catalogue: Catalogue | None = None) ->
 
 
 def read_file_range(path: Path, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = open_regular(path)
+    except NotRegularFileError as exc:
+        raise ExternalDataError(f"external data is {exc}", file=str(path)) from None
     try:
         return read_exact(fd, offset, length)
     except EOFError as exc:

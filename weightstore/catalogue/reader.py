@@ -9,7 +9,9 @@ holding the whole model in memory. Works for files above protobuf's 2 GiB limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 
@@ -17,8 +19,9 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
-from ..fsio import read_exact
+from ..fsio import NotRegularFileError, open_regular, read_exact
 from .filebytes import FileBytes
+from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
 from .wire import LEN, Field, encode_varint, iter_fields
 
@@ -59,7 +62,10 @@ class Catalogue:
     """A model's metadata plus the location of every payload left out of it.
 
     Holds the model file open; :meth:`read` and :meth:`fragment` use positional reads and
-    are safe to call from several threads.
+    are safe to call from several threads. A build of many models :meth:`park` s each
+    catalogue (the file is closed, the metadata kept) and reads it in :meth:`opened`
+    blocks, so it holds one model file open at a time, not one per model; a read outside
+    them opens the file for that read alone.
     """
 
     source: FsPath
@@ -67,16 +73,25 @@ class Catalogue:
     payloads: dict[Path, InlinePayload]
     file_size: int
     _fd: int | None = field(default=None, repr=False)
+    _stamp: tuple[int, ...] = field(default=(), repr=False)  # what the offsets are valid for
+    _parked: bool = field(default=False, repr=False)
 
     def read(self, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes of the model file at ``offset``."""
-        if self._fd is None:
-            raise ModelError("catalogue is closed", file=str(self.source))
         if offset < 0 or length < 0 or offset + length > self.file_size:
             raise ModelError("byte range outside the model file", file=str(self.source),
                              offset=offset, length=length)
+        fd = self._fd
+        if fd is None and not self._parked:
+            raise ModelError("catalogue is closed", file=str(self.source))
         try:
-            return read_exact(self._fd, offset, length)
+            if fd is not None:
+                return read_exact(fd, offset, length)
+            fd = self._reopen()  # parked: this read alone (thread-safe, nothing shared)
+            try:
+                return read_exact(fd, offset, length)
+            finally:
+                os.close(fd)
         except (EOFError, OSError) as exc:
             raise ModelError(f"cannot read the model file: {exc}", file=str(self.source),
                              offset=offset) from None
@@ -97,9 +112,43 @@ class Catalogue:
                              offset=payload.fields[0].start) from None
 
     def close(self) -> None:
+        self._parked = False
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def park(self) -> None:
+        """Close the model file but keep the metadata; :meth:`opened` reopens it."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._parked = True
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[Catalogue]:
+        """The model file open for the block: reopened if parked (and parked again after),
+        as is otherwise. A file replaced or rewritten since it was catalogued is refused."""
+        if not self._parked:
+            yield self
+            return
+        self._fd, self._parked = self._reopen(), False
+        try:
+            yield self
+        finally:
+            self.park()
+
+    def _reopen(self) -> int:
+        """A new descriptor of the model file, refused if the file is not the one
+        catalogued (every byte range recorded for it would be wrong)."""
+        fd = _open_model(self.source)
+        try:
+            if _stamp(os.fstat(fd)) != self._stamp:
+                raise ModelError("model file changed since the build catalogued it",
+                                 file=str(self.source))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def __enter__(self) -> Catalogue:
         return self
@@ -153,14 +202,10 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
     source = FsPath(path)
     if source.is_dir():
         raise ModelError("model path is a folder", file=str(source))
+    fd = _open_model(source)
     try:
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise ModelError("model file not found", file=str(source)) from None
-    except OSError as exc:
-        raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
-    try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         if size == 0:
             raise ModelError("model file is empty", file=str(source))
         stripper = _Stripper(FileBytes(fd, size))
@@ -176,7 +221,49 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
             raise ModelError(f"not an ONNX model: {exc}", file=str(source)) from None
         if not model.HasField("graph") or not model.ir_version:
             raise ModelError("not an ONNX model: no graph or ir_version", file=str(source))
-        return Catalogue(source, model, stripper.payloads, size, fd)
+        _refuse_ambiguous(model, stripper.payloads, source)
+        return Catalogue(source, model, stripper.payloads, size, fd, _stamp(st))
     except BaseException:
         os.close(fd)
         raise
+
+
+def _refuse_ambiguous(model: onnx.ModelProto, payloads: dict[Path, InlinePayload],
+                      source: FsPath) -> None:
+    """Refuse what a runtime would have to guess: two initializers of one name in one
+    graph, or a tensor holding its data both inline and as external data."""
+    from .sites import iter_tensor_sites
+
+    for container, where in iter_containers(model):
+        if not isinstance(container, onnx.GraphProto):
+            continue
+        seen: set[str] = set()
+        names = [t.name for t in container.initializer]
+        names += [s.values.name for s in container.sparse_initializer]
+        for name in names:
+            if name in seen:
+                raise ModelError("two initializers share a name in one graph", where=where,
+                                 initializer=name, file=str(source))
+            seen.add(name)
+    for site in iter_tensor_sites(model):
+        if site.tensor.data_location == onnx.TensorProto.EXTERNAL and site.path in payloads:
+            raise ModelError("tensor holds its data both inline and as external data",
+                             where=site.where, file=str(source))
+
+
+def _open_model(source: FsPath) -> int:
+    try:
+        return open_regular(source)
+    except FileNotFoundError:
+        raise ModelError("model file not found", file=str(source)) from None
+    except NotRegularFileError as exc:
+        raise ModelError(f"model path is {exc}", file=str(source)) from None
+    except ValueError:  # a NUL byte in the path
+        raise ModelError("model path contains a NUL byte", file=repr(str(source))) from None
+    except OSError as exc:
+        raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    """The file's identity and version: a rewrite or a replacement changes it."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,10 +114,12 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
 def data_stem(stem: str, payloads: list[tuple[str, int]], alignment: int) -> str:
     """``<stem>.<tag>``: the tag digests everything that decides the data file's bytes
     (the unique payloads in order, and the alignment), so equal content gets an equal
-    name and different content a different one."""
+    name and different content a different one. Characters a store file name may not
+    hold become ``_``."""
     unique = list(dict.fromkeys(payloads))
     text = json.dumps([alignment, unique], separators=(",", ":")).encode()
-    return f"{stem}.{digest_bytes('blake3', text)[:16]}"
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip(".") or "model"
+    return f"{plain}.{digest_bytes('blake3', text)[:16]}"
 
 
 def _data_files_of(dst: Path) -> set[Path]:
@@ -124,7 +127,9 @@ def _data_files_of(dst: Path) -> set[Path]:
     conversion to ``dst`` wrote (named after its stem); empty when there is none."""
     if not dst.is_file():
         return set()
-    ours = re.compile(re.escape(dst.stem) + r"(\.[0-9a-f]{16})?" + re.escape(COMBINED_SUFFIX))
+    stem = re.escape(data_stem(dst.stem, [], 1).rsplit(".", 1)[0])
+    ours = re.compile(f"({re.escape(dst.stem)}|{stem})" + r"(\.[0-9a-f]{16})?"
+                      + re.escape(COMBINED_SUFFIX))
     try:
         with read_catalogue(dst) as catalogue:
             files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
@@ -136,15 +141,36 @@ def _data_files_of(dst: Path) -> set[Path]:
             if ours.fullmatch(f.name) and f.resolve().parent == folder}
 
 
-def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> ConvertReport:
-    """Bring every external payload and FileConstant back into the model, verified."""
+def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+                      value_bins: Mapping[str, str | os.PathLike[str]] | None = None,
+                      ) -> ConvertReport:
+    """Bring every external payload and FileConstant back into the model, verified.
+
+    FileConstant nodes GE made are resolved as GE does (``location``, then ``file_path``,
+    then ``file_id`` through ``value_bins``, GE's ``ge.exec.value_bins``); one that cannot
+    be resolved is an error naming it.
+    """
     src, dst = Path(src), Path(dst)
+    bins = {k: Path(v) for k, v in (value_bins or {}).items()}
     with read_catalogue(src) as catalogue:
         files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
+        files |= {src.parent / loc for loc in file_constant_locations(catalogue.model)}
+        files |= set(bins.values())
         source_meta = metadata_of(src)
         check_outputs(src, files_read(src, source_meta, files), [dst])
         _check_scenarios(source_meta, src, dst, "inline")
-        model: onnx.ModelProto = inline_model(catalogue)
+        model: onnx.ModelProto = inline_model(catalogue, value_bins=bins)
         rebase_scenarios(source_meta, model)
     save_model(model, dst)
     return ConvertReport(dst, None, 0, 0, 0)
+
+
+def parse_value_bins(pairs: list[str]) -> dict[str, str]:
+    """``["ID=PATH", ...]`` (the ``--value-bins`` option) as a map."""
+    out = {}
+    for pair in pairs:
+        file_id, sep, path = pair.partition("=")
+        if not sep or not file_id or not path:
+            raise ConversionError("--value-bins takes ID=PATH", value=pair)
+        out[file_id] = path
+    return out

@@ -30,6 +30,12 @@ def is_file_constant(node: onnx.NodeProto) -> bool:
     return node.op_type == OP_TYPE and node.domain == DOMAIN
 
 
+def is_any_file_constant(node: onnx.NodeProto) -> bool:
+    """Ours, or one another tool wrote (GE's are ``FileConstant`` in its own domain or
+    the default one): the reverse conversion takes every one of them."""
+    return node.op_type == OP_TYPE
+
+
 def _attributes(ext: ExternalTensor) -> dict[str, object]:
     t = ext.site.tensor
     p = ext.placement
@@ -119,14 +125,15 @@ def apply_file_constant(model: onnx.ModelProto, tensors: Sequence[ExternalTensor
 
 
 def file_constant_locations(model: onnx.ModelProto) -> set[str]:
-    """The ``location`` of every FileConstant node, as written."""
+    """The ``location`` and ``file_path`` of every FileConstant node, as written."""
     out = set()
     for container, _ in iter_containers(model):
         for node in container.node:
-            if is_file_constant(node):
-                for a in node.attribute:
-                    if a.name == "location":
-                        out.add(_text(helper.get_attribute_value(a)))
+            if is_any_file_constant(node):
+                attrs = file_constant_attributes(node)
+                for key in ("location", "file_path"):
+                    if attrs.get(key):
+                        out.add(attribute_text(attrs[key]))
     return out
 
 
@@ -134,8 +141,8 @@ def restore_constants(model: onnx.ModelProto,
                       read: Callable[[onnx.NodeProto, str], bytes]) -> int:
     """Reverse of :func:`apply_file_constant`: FileConstant nodes back to their origin.
 
-    ``read(node, where)`` returns the payload bytes of a FileConstant node. Returns the
-    number of nodes converted.
+    Nodes another tool made (GE) become Constant nodes. ``read(node, where)`` returns the
+    payload bytes of a FileConstant node. Returns the number of nodes converted.
     """
     count = 0
     for container, where in iter_containers(model):
@@ -143,25 +150,26 @@ def restore_constants(model: onnx.ModelProto,
         drop: list[int] = []
         converted = 0
         for i, node in enumerate(container.node):
-            if not is_file_constant(node):
+            if not is_any_file_constant(node):
                 continue
             converted += 1
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            attrs = file_constant_attributes(node)
             node_where = f"{where} node {i} ({OP_TYPE} '{node.name}')"
             tensor = _tensor(attrs, node, node_where)
-            set_payload(tensor, read(node, node_where), _text(attrs.get("encoding", b"raw_data")))
-            if _text(attrs.get("origin", b"constant")) == "initializer":
+            set_payload(tensor, read(node, node_where),
+                        attribute_text(attrs.get("encoding", b"raw_data")))
+            if attribute_text(attrs.get("origin", b"constant")) == "initializer":
                 restored_inits.append((int(attrs.get("initializer_index", 1 << 62)), tensor))
                 drop.append(i)
                 continue
             node.ClearField("attribute")
             node.op_type = "Constant"
             if "constant_domain" in attrs:
-                node.domain = _text(attrs["constant_domain"])
+                node.domain = attribute_text(attrs["constant_domain"])
             else:
                 node.ClearField("domain")
             node.attribute.append(helper.make_attribute(
-                "value", tensor, doc_string=_text(attrs["value_doc_string"])
+                "value", tensor, doc_string=attribute_text(attrs["value_doc_string"])
                 if "value_doc_string" in attrs else None))
         if not converted:
             continue
@@ -177,18 +185,34 @@ def restore_constants(model: onnx.ModelProto,
     return count
 
 
-def _text(value: object) -> str:
+def attribute_text(value: object) -> str:
+    """An attribute's string value (onnx gives bytes)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def file_constant_attributes(node: onnx.NodeProto) -> dict[str, object]:
+    """A FileConstant node's attributes, with GE's ONNX form folded in: GE's parser takes
+    ``dtype``, ``shape`` and ``location``/``offset``/``length`` from a ``value`` tensor
+    with external data; attributes set on the node itself win."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    value = attrs.get("value")
+    if isinstance(value, onnx.TensorProto):
+        attrs.setdefault("dtype", value.data_type)
+        attrs.setdefault("shape", list(value.dims))
+        for e in value.external_data:
+            if e.key in ("location", "offset", "length"):
+                attrs.setdefault(e.key, e.value)
+    return attrs
+
+
 def _tensor(attrs: dict[str, object], node: onnx.NodeProto, where: str) -> onnx.TensorProto:
-    for required in ("location", "length", "dtype", "shape"):
+    for required in ("dtype", "shape"):
         if required not in attrs:
             raise ConversionError(f"FileConstant lacks attribute '{required}'", where=where)
     tensor = onnx.TensorProto()
     if "tensor_name" in attrs:
-        tensor.name = _text(attrs["tensor_name"])
-    elif _text(attrs.get("origin", b"constant")) == "initializer":
+        tensor.name = attribute_text(attrs["tensor_name"])
+    elif attribute_text(attrs.get("origin", b"constant")) == "initializer":
         tensor.name = node.output[0]
     tensor.data_type = int(attrs["dtype"])
     tensor.dims.extend(int(d) for d in attrs["shape"])

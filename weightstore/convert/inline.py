@@ -7,20 +7,40 @@ against the digest recorded beside it (``checksum`` or ``file_id``) when there i
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
-from onnx import helper
 
 from ..catalogue.locations import resolve_location
-from ..catalogue.payload import describe, read_file_range, read_payload
+from ..catalogue.payload import describe, expected_nbytes, read_file_range, read_payload
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError, ExternalDataError, IntegrityError
 from ..hashing import ALGORITHMS, digest_bytes
 from .encoding import set_payload
 from .external_data import ENCODINGS_KEY, pop_metadata
-from .file_constant import restore_constants
+from .file_constant import attribute_text, file_constant_attributes, restore_constants
+
+
+def _file_constant_file(attrs: Mapping[str, object], base_dir: Path,
+                        value_bins: Mapping[str, Path], where: str,
+                        ) -> tuple[Path, dict[str, str]]:
+    """The file a FileConstant node reads, in GE's order: the ``location`` attribute, then
+    ``file_path`` (both relative to the model and kept inside its folder), then
+    ``file_id`` through the map the user gave. Also returns what named it, for errors."""
+    for attr in ("location", "file_path"):
+        value = attribute_text(attrs.get(attr) or "")
+        if value:
+            return resolve_location(base_dir, value, where=where), {attr: value}
+    file_id = attribute_text(attrs.get("file_id") or "")
+    if file_id and file_id in value_bins:
+        return Path(value_bins[file_id]), {"file_id": file_id,
+                                           "value_bin": str(value_bins[file_id])}
+    if file_id:
+        raise ConversionError("FileConstant names a file_id no --value-bins entry maps to a "
+                              "file", where=where, file_id=file_id)
+    raise ConversionError("FileConstant has no location, file_path or file_id", where=where)
 
 
 def check_digest(data: bytes, key: str | None, **context: object) -> None:
@@ -36,8 +56,12 @@ def check_digest(data: bytes, key: str | None, **context: object) -> None:
                              actual=f"{algo}:{actual}", **context)
 
 
-def inline_model(catalogue: Catalogue, base_dir: Path | None = None) -> onnx.ModelProto:
-    """A copy of the catalogued model with every payload inline, encodings restored."""
+def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
+                 value_bins: Mapping[str, Path] | None = None) -> onnx.ModelProto:
+    """A copy of the catalogued model with every payload inline, encodings restored.
+
+    ``value_bins`` maps GE ``file_id`` values to files (GE's ``ge.exec.value_bins``).
+    """
     base_dir = base_dir or catalogue.source.parent
     model = onnx.ModelProto()
     model.CopyFrom(catalogue.model)
@@ -58,23 +82,32 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None) -> onnx.Mod
             catalogue.restore(site.tensor, site.path, site.where)
 
     def read(node: onnx.NodeProto, where: str) -> bytes:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        location = attrs["location"]
-        location = location.decode() if isinstance(location, bytes) else location
-        path = resolve_location(base_dir, location, where=where)
-        offset, length = int(attrs.get("offset", 0)), int(attrs["length"])
+        attrs = file_constant_attributes(node)
+        value = attrs.get("value")
+        if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
+            return value.raw_data  # GE's value tensor, its external data read above
+        path, named = _file_constant_file(attrs, base_dir, value_bins or {}, where)
+        try:
+            offset = int(attrs.get("offset", 0))
+            length = int(attrs["length"]) if "length" in attrs else expected_nbytes(
+                int(attrs["dtype"]), [int(d) for d in attrs["shape"]])
+        except (TypeError, ValueError, KeyError):
+            raise ConversionError("FileConstant offset, length, dtype or shape is not "
+                                  "usable", where=where) from None
+        if length is None:
+            raise ConversionError("FileConstant has no length and a type of no fixed size",
+                                  where=where)
         if not path.is_file():
-            raise ExternalDataError("FileConstant file is missing", where=where,
-                                    location=location)
+            raise ExternalDataError("FileConstant file is missing", where=where, **named)
         size = path.stat().st_size
         if offset < 0 or length < 0 or offset + length > size:
             raise ExternalDataError("FileConstant range lies past the end of its file",
-                                    where=where, location=location, offset=offset,
-                                    length=length, file_size=size)
+                                    where=where, offset=offset, length=length,
+                                    file_size=size, **named)
         data = read_file_range(path, offset, length)
         file_id = attrs.get("file_id")
-        check_digest(data, file_id.decode() if isinstance(file_id, bytes) else file_id,
-                     where=where, location=location)
+        check_digest(data, attribute_text(file_id) if file_id is not None else None,
+                     where=where, **named)
         return data
 
     restore_constants(model, read)

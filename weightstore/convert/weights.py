@@ -8,6 +8,7 @@ selected tensors point at placements and all others are inline exactly as they w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,14 +23,23 @@ from ..catalogue.reader import Catalogue, read_catalogue
 from ..catalogue.schema import Path as TensorPath
 from ..catalogue.shape_inputs import shape_input_names
 from ..catalogue.sites import TensorSite, iter_tensor_sites
-from ..errors import ConversionError
-from ..hashing import digest_file, make_key, new_hasher
+from ..errors import ConversionError, IntegrityError
+from ..hashing import ALGORITHMS, digest_bytes, digest_file_many, make_key
 from .encoding import set_payload
 from .external_data import apply_external_data
 from .file_constant import apply_file_constant, can_hold
 from .placement import ExternalTensor, Placement
 
 Form = str  # "external-data" | "file-constant"
+
+
+def declared_checksum(desc: PayloadDescriptor) -> tuple[str, str] | None:
+    """``(algo, hex)`` of the checksum a source declares for a payload, when it is in a
+    form we know (``"<algo>:<hex>"``); other tools' forms are left alone."""
+    if not desc.checksum:
+        return None
+    algo, sep, hexdigest = desc.checksum.partition(":")
+    return (algo, hexdigest.lower()) if sep and algo in ALGORITHMS else None
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,14 @@ class ModelWeights:
 
     def close(self) -> None:
         self.catalogue.close()
+
+    def park(self) -> None:
+        """Close the model file, keep everything catalogued (see :meth:`opened`)."""
+        self.catalogue.park()
+
+    def opened(self) -> contextlib.AbstractContextManager[Catalogue]:
+        """The model file open for a block, if parked; payloads are read only inside."""
+        return self.catalogue.opened()
 
     def __enter__(self) -> ModelWeights:
         return self
@@ -124,7 +142,7 @@ class ModelWeights:
         unique: dict[TensorPath, Weight] = {w.site.path: w for w in todo}
 
         def run(w: Weight) -> tuple[TensorPath, str]:
-            hexdigest = self._digest(w.payload, algo)
+            hexdigest = self.digest(w, algo)
             if progress is not None:
                 progress(w.size)
             return w.site.path, make_key(algo, hexdigest)
@@ -136,15 +154,27 @@ class ModelWeights:
         return [Weight(w.site, w.payload, self.keys[w.site.path]) for w in weights]
 
     def digest(self, weight: Weight, algo: str) -> str:
-        """Hex digest of one payload, always computed (never from :attr:`keys`)."""
-        return self._digest(weight.payload, algo)
+        """Hex digest of one payload, always computed (never from :attr:`keys`).
 
-    def _digest(self, desc: PayloadDescriptor, algo: str) -> str:
-        if desc.encoding == "raw":  # hashed from the file range, a window at a time
-            return digest_file(algo, desc.file, desc.offset, desc.length)
-        h = new_hasher(algo)
-        h.update(read_payload(desc, self.catalogue))
-        return h.hexdigest()
+        A checksum the source model declares for the payload (external data ``checksum``,
+        in a form we know) is verified by the same read: its algorithm, when not ``algo``,
+        is fed the same bytes. A mismatch is an error naming the tensor.
+        """
+        desc = weight.payload
+        declared = declared_checksum(desc)
+        algos = [algo] if declared is None or declared[0] == algo else [algo, declared[0]]
+        if desc.encoding == "raw":  # hashed from the file range, a chunk at a time
+            digests = digest_file_many(algos, desc.file, desc.offset, desc.length)
+        else:
+            data = read_payload(desc, self.catalogue)
+            digests = [digest_bytes(a, data) for a in algos]
+        if declared is not None and digests[algos.index(declared[0])] != declared[1]:
+            raise IntegrityError(
+                "payload does not match the checksum its model declares",
+                tensor=weight.site.where, location=desc.location,
+                expected=desc.checksum,
+                actual=make_key(declared[0], digests[algos.index(declared[0])]))
+        return digests[0]
 
     def read(self, weight: Weight) -> bytes:
         return read_payload(weight.payload, self.catalogue)

@@ -227,29 +227,66 @@ def known_value(scope: Scope | None, name: str) -> np.ndarray | None:
     return None
 
 
+def constant_weights(c: Container) -> dict[str, tuple[int, onnx.TensorProto]]:
+    """Value name -> (position, tensor) of the Constant nodes of ``c`` holding a tensor.
+
+    Several exporters (Paddle2ONNX, older tf2onnx) keep weights in Constant nodes, often in
+    typed fields (``float_data``): they are weights exactly as initializers are.
+    """
+    out: dict[str, tuple[int, onnx.TensorProto]] = {}
+    for i, node in enumerate(c.node):
+        if is_constant(node) and len(node.output) == 1 and node.output[0]:
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    out[node.output[0]] = (i, a.t)
+    return out
+
+
+def graph_weights(c: Container) -> Iterator[tuple[str, onnx.TensorProto, int | None]]:
+    """(value name, tensor, Constant node position or None) of every fixed weight of ``c``:
+    initializers that are not graph inputs, then Constant-node tensors."""
+    inputs = set(input_names(c))
+    for t in getattr(c, "initializer", ()):
+        if t.name not in inputs:
+            yield t.name, t, None
+    for name, (i, t) in constant_weights(c).items():
+        yield name, t, i
+
+
 def weight(c: Container, name: str) -> onnx.TensorProto | None:
-    """The initializer ``name`` of ``c`` when it is a fixed weight (not an overridable input)."""
+    """The fixed weight ``name`` of ``c`` (an initializer that is not an overridable input,
+    or a Constant node's tensor), as a declaration named after its value."""
     if name in input_names(c):
         return None
-    return initializers(c).get(name)
+    inits = initializers(c)
+    if name in inits:
+        return inits[name]
+    found = constant_weights(c).get(name)
+    return None if found is None else without_payload(found[1], name)
 
 
-def removable_initializers(c: Container, names: Iterable[str], removed: Iterable[int],
-                           reads: dict[str, list[int]]) -> tuple[str, ...]:
-    """Those of ``names`` that no node but the ``removed`` ones reads: safe to drop together.
+def removable_weights(c: Container, names: Iterable[str], removed: Iterable[int],
+                      reads: dict[str, list[int]]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Those of ``names`` that no node but the ``removed`` ones reads, safe to drop together:
+    (initializer names, positions of the Constant nodes holding the others).
 
     Graph outputs and graph inputs are kept. Two records of one batch never both drop a
-    name this way, since each needs every reader among its own removed nodes.
+    weight this way, since each needs every reader among its own removed nodes.
     """
     gone = set(removed)
     keep = set(output_names(c)) | set(input_names(c))
     inits = initializers(c)
+    constants = constant_weights(c)
     out: list[str] = []
+    nodes: list[int] = []
     for name in names:
-        if name in inits and name not in keep and name not in out and set(
-                reads.get(name, ())) <= gone:
+        if name in keep or name in out or not set(reads.get(name, ())) <= gone:
+            continue
+        if name in inits:
             out.append(name)
-    return tuple(out)
+        elif name in constants and constants[name][0] not in nodes:
+            nodes.append(constants[name][0])
+    return tuple(out), tuple(nodes)
 
 
 def without_payload(tensor: onnx.TensorProto, name: str | None = None,

@@ -10,9 +10,9 @@ and materialized only when a package is written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -33,9 +33,15 @@ def small_value(tensor: onnx.TensorProto) -> np.ndarray | None:
 
 @dataclass
 class PassContext:
-    """What a pass may know besides the model's structure (room for device facts later)."""
+    """What a pass may know besides the model's structure (room for device facts later).
+
+    ``known(scope, name)`` answers a value's small known value from an analysis (the
+    resolver's constant-result analysis knows ``Not(Constant)`` or a static dim); without
+    it, passes see only Constant nodes and initializers.
+    """
 
     small_value_limit: int = SMALL_VALUE_LIMIT
+    known: Callable[[Any, str], np.ndarray | None] | None = None
 
 
 class RewritePass(Protocol):

@@ -5,7 +5,7 @@ Halves the bytes a package stores and loads for a device that computes in float3
 a ``Cast(to=FLOAT)`` node outputs the original name, so every reader is unchanged and no
 value is renamed. The float32 initializer goes in the same record.
 
-Which weights: float32 initializers of at least 2 dims or at least
+Which weights: float32 initializers and Constant-node tensors of at least 2 dims or at least
 :data:`MIN_ELEMENTS` elements (matrices, embeddings, conv kernels: the bytes that matter;
 biases and norm scales stay exact), that are not graph inputs or outputs, not captured by a
 subgraph, and read only where a value is numeric data (:data:`DATA_INPUTS`), never as a
@@ -26,6 +26,7 @@ from .analysis import (
     NameAllocator,
     Scope,
     free_names,
+    graph_weights,
     input_names,
     iter_scopes,
     model_names,
@@ -81,24 +82,25 @@ class CastFP16:
             for _, sub in node_subgraphs(node):
                 keep |= free_names(sub)
         records = []
-        for t in g.initializer:
-            users = data_readers.get(t.name, [])
-            if (t.data_type != TensorProto.FLOAT or t.name in keep or not users
-                    or counts.get(t.name, 0) != 1
+        for name, t, constant in graph_weights(g):
+            users = data_readers.get(name, [])
+            if (t.data_type != TensorProto.FLOAT or name in keep or not users
+                    or counts.get(name, 0) != 1
                     or (len(t.dims) < 2 and math.prod(t.dims) < MIN_ELEMENTS)):
                 continue
-            half = values.fresh(f"{t.name}.fp16")
-            cast = helper.make_node("Cast", [half], [t.name], to=TensorProto.FLOAT,
-                                    name=nodes.fresh(f"{t.name}.cast_fp32"))
+            half = values.fresh(f"{name}.fp16")
+            cast = helper.make_node("Cast", [half], [name], to=TensorProto.FLOAT,
+                                    name=nodes.fresh(f"{name}.cast_fp32"))
             records.append(LocalRewriting(
                 operation_name=self.name,
                 graph_path=scope.path,
+                removed_nodes=() if constant is None else (constant,),
                 added_nodes=(cast,),
                 insert_at=min(users),
                 added_initializers=(without_payload(t, half, TensorProto.FLOAT16),),
-                removed_initializers=(t.name,),
+                removed_initializers=() if constant is not None else (name,),
                 derivations={half: DerivedWeightRecipe(
-                    "cast", (t.name,), (("to", str(TensorProto.FLOAT16)),))},
+                    "cast", (name,), (("to", str(TensorProto.FLOAT16)),))},
             ))
         return records
 

@@ -7,9 +7,9 @@ Conv takes the Conv's position and the BatchNormalization's output name.
 
 Matches a Conv whose only reader is the BatchNormalization (not a graph output, not
 captured), whose weight, optional bias and the four BatchNormalization parameters are
-initializers of the graph with the weight's float type and one value per output channel,
-and a BatchNormalization in inference mode with a single output. Parameters no other node
-reads are removed in the same record.
+weights of the graph (initializers or Constant nodes) with the weight's float type and one
+value per output channel, and a BatchNormalization in inference mode with a single output.
+Parameters no other node reads are removed in the same record (with their Constant nodes).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .analysis import (
     output_names,
     per_graph,
     readers,
-    removable_initializers,
+    removable_weights,
     weight,
     without_payload,
 )
@@ -73,14 +73,16 @@ class FoldBatchNorm:
             folded.output[0] = bn.output[0]
             sources = [w.name, *([bias.name] if bias is not None else []),
                        scale.name, beta.name, mean.name, var.name]
+            inits, constants = removable_weights(g, sources, (c, b), reads)
             records.append(LocalRewriting(
                 operation_name=self.name,
                 graph_path=scope.path,
-                removed_nodes=(c, b),
+                removed_nodes=(c, b, *constants),
                 added_nodes=(folded,),
+                insert_at=c,
                 added_initializers=(without_payload(w, new_w),
                                     without_payload(scale, new_b, w.data_type)),
-                removed_initializers=removable_initializers(g, sources, (c, b), reads),
+                removed_initializers=inits,
                 derivations={
                     new_w: DerivedWeightRecipe("fold-batchnorm-weight",
                                                (w.name, scale.name, var.name),

@@ -3,7 +3,8 @@
 Exporters leave Ifs on flags that are fixed for a deployment (a sample rate, a feature
 switch); folding one makes the other branch, and every weight only it reads, dead before
 any payload is read. The condition must be a small known value (a Constant node or an
-initializer that is not a graph input, looked up through enclosing scopes).
+initializer that is not a graph input, looked up through enclosing scopes, or whatever
+the context's ``known`` analysis proves, such as ``Equal(Gather(Shape(x), 0), 1)``).
 
 The chosen branch's nodes are inlined into the If's graph at the If's position:
 
@@ -68,6 +69,7 @@ class FoldConstantIf:
     name = "fold-constant-if"
 
     def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+        self._known = ctx.known or known_value
         self._counts = tensor_name_counts(model)
         self._defs = _definition_counts(model)
         self._names = NameAllocator(model_names(model))
@@ -127,7 +129,7 @@ class FoldConstantIf:
                    for name, t in tensors)
 
     def _choose(self, scope: Scope, node: onnx.NodeProto) -> onnx.GraphProto | None:
-        cond = known_value(scope, node.input[0]) if node.input else None
+        cond = self._known(scope, node.input[0]) if node.input else None
         if cond is None or cond.size != 1:
             return None
         wanted = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"

@@ -29,7 +29,7 @@ from .analysis import (
     node_names,
     opset_version,
     readers,
-    removable_initializers,
+    removable_weights,
     tensor_name_counts,
     weight,
     without_payload,
@@ -93,13 +93,15 @@ class FuseQKV:
                                      name=nodes.fresh(f"{base}.fused_qkv_split"),
                                      **split_attrs)
             sources = tuple(m.input[1] for m in matmuls)
+            inits, constants = removable_weights(g, sources, members, reads)
             records.append(LocalRewriting(
                 operation_name=self.name,
                 graph_path=scope.path,
-                removed_nodes=tuple(members),
+                removed_nodes=(*members, *constants),
                 added_nodes=(matmul, split),
+                insert_at=members[0],
                 added_initializers=tuple(added_inits),
-                removed_initializers=removable_initializers(g, sources, members, reads),
+                removed_initializers=inits,
                 derivations={fused: DerivedWeightRecipe("concat", sources, (("axis", "1"),))},
             ))
         return records

@@ -21,7 +21,7 @@ from .analysis import (
     is_standard,
     per_graph,
     readers,
-    removable_initializers,
+    removable_weights,
     weight,
     without_payload,
 )
@@ -58,7 +58,7 @@ class GemmTransposeB:
             # C (``Gemm(w, w)``, B as bias) still reads it after the rewrite
             also_read = any(name == b_name for i in positions
                             for j, name in enumerate(g.node[i].input) if j != 1)
-            removable = () if also_read else removable_initializers(
+            inits, constants = ((), ()) if also_read else removable_weights(
                 g, [b_name], positions, reads)
             for k, i in enumerate(positions):
                 first, last = k == 0, k == len(positions) - 1
@@ -71,11 +71,12 @@ class GemmTransposeB:
                 records.append(LocalRewriting(
                     operation_name=self.name,
                     graph_path=scope.path,
-                    removed_nodes=(i,),
+                    removed_nodes=(i, *constants) if last else (i,),
                     added_nodes=(gemm,),
+                    insert_at=i,
                     added_initializers=(without_payload(b, transposed, dims=b.dims[::-1]),)
                     if first else (),
-                    removed_initializers=removable if last else (),
+                    removed_initializers=inits if last else (),
                     derivations={transposed: DerivedWeightRecipe(
                         "transpose", (b_name,), (("perm", "[1, 0]"),))} if first else {},
                 ))

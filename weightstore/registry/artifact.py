@@ -28,6 +28,7 @@ from typing import Any
 
 from ..errors import PackageError, RegistryError
 from ..hashing import split_key
+from ..summary import FORMAT_VERSION as SUMMARY_VERSION
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -115,8 +116,10 @@ def read_summary(folder: Path) -> dict[str, Any]:
         raise PackageError("not a package folder (no summary.json)", folder=str(folder)) from None
     except (OSError, ValueError) as exc:
         raise PackageError(f"unreadable summary.json: {exc}", file=str(path)) from None
-    if not isinstance(summary, dict) or summary.get("format_version") != 1:
-        raise PackageError("unsupported summary.json format version", file=str(path))
+    version = summary.get("format_version") if isinstance(summary, dict) else None
+    if type(version) is not int or not 1 <= version <= SUMMARY_VERSION:
+        raise PackageError("unsupported summary.json format version", file=str(path),
+                           version=version)
     return summary
 
 

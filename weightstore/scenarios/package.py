@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,15 +243,26 @@ def _bytes_of(tensor: onnx.TensorProto, name: str, value: Callable[[str], np.nda
     return compute
 
 
-def hash_added(scenarios: Sequence[PackagedScenario], algo: str) -> Iterator[
+def hash_added(weights: Iterable[AddedWeight], algo: str) -> Iterator[
         tuple[AddedWeight, bytes]]:
     """Compute each added weight once, set its key and size, and yield it with its bytes."""
-    for scenario in scenarios:
-        for weight in scenario.added:
-            data = weight.bytes()
-            weight.key = make_key(algo, digest_bytes(algo, data))
-            weight.size = len(data)
-            yield weight, data
+    for weight in weights:
+        data = weight.bytes()
+        weight.key = make_key(algo, digest_bytes(algo, data))
+        weight.size = len(data)
+        yield weight, data
+
+
+def added_weight_ids(scenario: PackagedScenario) -> list[tuple[str, AddedWeight]]:
+    """A name for each weight ``scenario`` adds, unique in its model, that changes whenever
+    what its bytes are computed from can change besides the source model itself: the
+    records (passes, derivations, declarations), and the weight's place in them. With the
+    source's identity it names the bytes, so a build can find their key again unhashed."""
+    whole = pb.ModelModificationScenarioProto(scenario=scenario.name)
+    whole.rewrites.extend(scenario.records)
+    tag = digest_bytes(DIGEST_ALGORITHM, whole.SerializeToString(deterministic=True))
+    return [(f"scenario/{tag}/{w.record}/{w.kind}/{'.'.join(map(str, w.index))}", w)
+            for w in scenario.added]
 
 
 def externalized(weight: AddedWeight, threshold: int, embedded: bool) -> bool:

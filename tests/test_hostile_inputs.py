@@ -1,0 +1,333 @@
+"""Hostile and ambiguous inputs: refused up front with a typed error, never guessed, never
+a hang, a traceback or a crash of the process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from weightstore.build import BuildOptions, build
+from weightstore.cli import main
+from weightstore.convert import convert_to_external, convert_to_inline
+from weightstore.errors import (
+    IntegrityError,
+    ModelError,
+    PackageError,
+    RecipeError,
+)
+from weightstore.hashing import digest_bytes
+from weightstore.recipe import RECIPE_SIZE_LIMIT, load_recipe, parse_recipe_text
+
+from .test_build import write_recipe
+
+LAYOUT = "\n  - {name: c, external_weight: combined}\n"
+MINIMAL = textwrap.dedent("""\
+    package: p
+    version: "1"
+    models:
+      - {name: m, source: m.onnx}
+    layouts:
+      - {name: l, external_weight: combined}
+    """)
+
+
+def _model(inits: list[TensorProto], *, outputs: list[str] | None = None) -> onnx.ModelProto:
+    names = outputs or [t.name for t in inits]
+    nodes = [helper.make_node("Identity", [n], [f"y{i}"]) for i, n in enumerate(names)]
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
+            for i in range(len(names))]
+    graph = helper.make_graph(nodes, "g", [], outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _external(folder: Path, checksum: str | None) -> Path:
+    """A model with one 4 KiB external tensor whose external data declares ``checksum``."""
+    values = np.arange(1024, dtype=np.float32)
+    (folder / "w.bin").write_bytes(values.tobytes())
+    t = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[1024],
+                    data_location=TensorProto.EXTERNAL)
+    for k, v in (("location", "w.bin"), ("offset", "0"), ("length", "4096"),
+                 *((("checksum", checksum),) if checksum else ())):
+        t.external_data.add(key=k, value=v)
+    path = folder / "m.onnx"
+    path.write_bytes(_model([t]).SerializeToString())
+    return path
+
+
+# -- item 3: declared checksums ----------------------------------------------------------------
+
+def _good_sum(algo: str) -> str:
+    return f"{algo}:" + digest_bytes(algo, np.arange(1024, dtype=np.float32).tobytes())
+
+
+@pytest.mark.parametrize("algo", ["blake3", "sha256"])
+def test_a_wrong_declared_checksum_fails_the_build(algo, tmp_path):
+    wrong = f"{algo}:" + "ab" * 32
+    recipe = write_recipe(tmp_path, {"m": _external(tmp_path, wrong)}, LAYOUT)
+    with pytest.raises(IntegrityError) as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    assert "checksum" in err.value.message and err.value.context["tensor"].endswith("'W'")
+    assert err.value.context["expected"] == wrong
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(IntegrityError):
+        convert_to_external(tmp_path / "m.onnx", tmp_path / "o.onnx", threshold=0)
+
+
+@pytest.mark.parametrize("algo", ["blake3", "sha256"])
+def test_a_right_declared_checksum_builds(algo, tmp_path):
+    recipe = write_recipe(tmp_path, {"m": _external(tmp_path, _good_sum(algo))}, LAYOUT)
+    build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    assert (tmp_path / "out/pkg/1.0.0/c/summary.json").is_file()
+
+
+def test_checksums_are_verified_in_the_hashing_read(tmp_path, monkeypatch):
+    """No extra read: every payload byte range is opened once, for hashing."""
+    import weightstore.hashing as hashing
+
+    opened: list[str] = []
+    real = hashing.open_regular
+    monkeypatch.setattr(hashing, "open_regular", lambda p: opened.append(str(p)) or real(p))
+    src = _external(tmp_path, _good_sum("sha256"))
+    convert_to_external(src, tmp_path / "o.onnx", threshold=0)
+    assert opened.count(str(tmp_path / "w.bin")) == 1
+
+
+def test_unknown_checksum_forms_are_left_alone(tmp_path):
+    recipe = write_recipe(tmp_path, {"m": _external(tmp_path, "md5:0123")}, LAYOUT)
+    build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+
+
+# -- item 4: ambiguous models ------------------------------------------------------------------
+
+def test_inline_and_external_data_at_once_is_refused(tmp_path):
+    src = _external(tmp_path, None)
+    model = onnx.load(str(src), load_external_data=False)
+    model.graph.initializer[0].raw_data = np.ones(1024, dtype=np.float32).tobytes()
+    src.write_bytes(model.SerializeToString())
+    recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
+    for action in (lambda: build(recipe, BuildOptions(store=str(tmp_path / "store"))),
+                   lambda: convert_to_external(src, tmp_path / "o.onnx", threshold=0),
+                   lambda: convert_to_inline(src, tmp_path / "i.onnx")):
+        with pytest.raises(ModelError, match="both inline and as external") as err:
+            action()
+        assert "'W'" in err.value.context["where"]
+    assert not (tmp_path / "store").exists()
+
+
+def test_duplicate_initializer_names_are_refused(tmp_path):
+    a = numpy_helper.from_array(np.zeros(300, dtype=np.float32), "W")
+    b = numpy_helper.from_array(np.ones(300, dtype=np.float32), "W")
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_model([a, b], outputs=["W"]).SerializeToString())
+    recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
+    with pytest.raises(ModelError, match="share a name") as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "store")))
+    assert err.value.context["initializer"] == "W"
+    with pytest.raises(ModelError, match="share a name"):
+        convert_to_inline(src, tmp_path / "i.onnx")
+
+
+# -- item 5: no hangs, no tracebacks -------------------------------------------------------------
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "weightstore", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def _one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("weightstore: error: "), res.stderr
+    for n in needles:
+        assert n in lines[0], res.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)
+    _one_line_error(_cli("inspect", str(fifo), timeout=30), "not a regular file", str(fifo))
+    _one_line_error(_cli("convert", "to-inline", str(fifo), str(tmp_path / "o.onnx"),
+                         timeout=30), "not a regular file")
+    recipe = tmp_path / "r.yaml"
+    os.mkfifo(recipe)
+    _one_line_error(_cli("build", str(recipe), "--store", str(tmp_path / "s"), timeout=30),
+                    "not a regular file")
+
+
+def test_a_character_device_is_refused(tmp_path):
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    with pytest.raises(ModelError, match="not a regular file"):
+        convert_to_inline("/dev/zero", tmp_path / "o.onnx")
+    with pytest.raises(RecipeError, match="not a regular file"):
+        load_recipe("/dev/zero")
+
+
+def test_recipe_size_is_capped(tmp_path):
+    big = tmp_path / "r.yaml"
+    big.write_text(MINIMAL + "# " + "x" * RECIPE_SIZE_LIMIT + "\n")
+    with pytest.raises(RecipeError, match="larger than"):
+        load_recipe(big)
+    with pytest.raises(RecipeError, match="larger than"):
+        parse_recipe_text(big.read_text(), "r.yaml")
+
+
+def test_nul_in_paths_is_a_one_line_error(tmp_path, capsys):
+    assert main(["build", "bad\0recipe.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: ") and "recipe" in err
+    assert main(["convert", "to-inline", "m\0.onnx", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: ") and "file=" in err
+
+
+# -- item 7: bounded inputs ----------------------------------------------------------------------
+
+def test_yaml_alias_bomb_is_refused_small_and_fast():
+    bomb = MINIMAL + textwrap.dedent("""\
+        devices:
+          - name: d
+            capabilities:
+              a: &a [x, x, x, x, x, x, x, x, x]
+              b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+              c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+              d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+              e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+              f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+              g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+              h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+              i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+        """)
+    assert len(bomb) < 1000
+    with pytest.raises(RecipeError, match="aliases"):
+        parse_recipe_text(bomb, "r.yaml")
+
+
+TRUNCATE_WHILE_HASHING = """
+import os, sys
+from weightstore import hashing
+from weightstore.errors import IntegrityError
+path = sys.argv[1]
+real = hashing.new_hasher
+class Shrinking:
+    def __init__(self, algo):
+        self.inner, self.done = real(algo), False
+    def update(self, data):
+        if not self.done:  # another process cuts the file short mid-read
+            os.truncate(path, 4096)
+            self.done = True
+        self.inner.update(data)
+        # touch every byte handed over, as a hasher reading a mapped window would
+        bytes(data)
+    def hexdigest(self):
+        return self.inner.hexdigest()
+hashing.new_hasher = Shrinking
+try:
+    hashing.digest_file("blake3", path)
+except IntegrityError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_source_truncated_while_hashed_is_an_error_not_sigbus(tmp_path):
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(24 << 20))
+    res = subprocess.run([sys.executable, "-c", TRUNCATE_WHILE_HASHING, str(path)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, f"killed by signal {-res.returncode}: {res.stderr}"
+    assert res.stdout.startswith("refused: file became shorter"), res.stdout + res.stderr
+    assert str(path) in res.stdout
+
+
+# -- item 9: outputs checked before the store is touched -----------------------------------------
+
+def test_output_through_a_file_is_refused_before_the_store(encoder_model, save_model,
+                                                            tmp_path):
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
+    (tmp_path / "out").write_text("a file where the output folder should be")
+    store = tmp_path / "store"
+    with pytest.raises(PackageError, match="not a folder") as err:
+        build(recipe, BuildOptions(store=str(store)))
+    assert err.value.context["blocked_by"] == str(tmp_path / "out")
+    assert not store.exists()
+
+
+
+def test_io_errors_name_their_path(tmp_path, monkeypatch):
+    import errno
+
+    from weightstore import fsio
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fsio.os, "fsync", full)
+    target = tmp_path / "out.bin"
+    with pytest.raises(OSError) as err:
+        fsio.atomic_write_bytes(target, b"x")
+    assert err.value.filename == str(target)
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_packaging_names_the_package_file(encoder_model, save_model,
+                                                             tmp_path, monkeypatch, capsys):
+    import errno
+
+    import weightstore.layout.writer as writer
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer, "copy_range", full)
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")}, LAYOUT)
+    assert main(["build", str(recipe), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: No space left on device: ")
+    assert "m_weight_combined" in err and str(tmp_path / "out") in err
+
+
+def _built_store(encoder_model, save_model, tmp_path):
+    layout = "\n  - {name: s, external_weight: separate}\n"
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")}, layout)
+    store = tmp_path / "store"
+    build(recipe, BuildOptions(store=str(store)))
+    victim = max(store.glob("weight_*"), key=lambda p: p.stat().st_size)
+    return recipe, store, victim
+
+
+def test_a_symlinked_store_object_is_damage(encoder_model, save_model, tmp_path):
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(victim.read_bytes())  # even with the very same bytes
+    victim.unlink()
+    victim.symlink_to(elsewhere)
+    with pytest.raises(IntegrityError, match="symbolic link") as err:
+        build(recipe, BuildOptions(store=str(store), force=True))
+    assert err.value.context["file"] == str(victim)
+    assert "store verify --repair" in err.value.context["hint"]
+
+
+def test_a_damaged_store_object_names_its_file_offset_and_the_repair(
+        encoder_model, save_model, tmp_path):
+    import shutil
+
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    shutil.rmtree(store / "payload-keys")  # no cache: the payload is copied from the store
+    with pytest.raises(IntegrityError, match="does not match its digest") as err:
+        build(recipe, BuildOptions(store=str(store), force=True))
+    assert err.value.context["source"] == str(victim)
+    assert err.value.context["source_offset"] == 0
+    assert "store verify --repair" in err.value.context["hint"]

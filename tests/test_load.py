@@ -1,0 +1,232 @@
+"""Loading: only manifest ranges, each once, verified; from memory into onnxruntime."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+import weightstore
+from tests import passes_models as pm
+from tests import resolve_models as rm
+from weightstore.cli import main
+from weightstore.errors import IntegrityError, LoadError
+from weightstore.load import CHUNK, LoadReport, RecordingReader, WeightManager, plan_reads
+from weightstore.samples import run_onnxruntime, sample_inputs
+from weightstore.scenarios.variants import runnable_variant
+
+
+@pytest.fixture
+def built(split_build):
+    return split_build
+
+
+@pytest.fixture
+def split(built):
+    return built / "out" / "pk" / "1" / "split"
+
+
+def _reference(package, scenario):
+    full = runnable_variant(package / "encoder.onnx", scenario)
+    feed = sample_inputs(full)
+    return feed, run_onnxruntime(full, feed)
+
+
+def _intervals(reads):
+    return sorted((str(p), o, o + n) for p, o, n in reads)
+
+
+def _union(intervals):
+    """Sorted (path, start, end) intervals merged where they touch."""
+    out: list[list] = []
+    for path, start, end in sorted(intervals):
+        if out and out[-1][0] == path and start <= out[-1][2]:
+            out[-1][2] = max(out[-1][2], end)
+        else:
+            out.append([path, start, end])
+    return [tuple(i) for i in out]
+
+
+def _manifest_intervals(resolved, folder):
+    return _union((str((folder / e.source.file).resolve()), e.source.offset,
+                   e.source.offset + e.source.length)
+                  for e in resolved.payload_manifest.active)
+
+
+@pytest.mark.parametrize("scenario", [None, "fused", "half"])
+def test_every_read_belongs_to_the_frozen_manifest(split, scenario):
+    with weightstore.resolve(split, scenario=scenario) as r:
+        reader = RecordingReader()
+        report = LoadReport()
+        session = weightstore.load(r, reader=reader, manager=WeightManager(), report=report)
+        reads = _intervals(reader.reads)
+        for (p1, _, e1), (p2, s2, _) in itertools.pairwise(reads):
+            assert p1 != p2 or e1 <= s2  # each byte once
+        assert _union(reads) == _manifest_intervals(r, split)  # the manifest, all of it
+        assert report.read_bytes == report.live_bytes == r.payload_manifest.active_bytes
+        feed, expected = _reference(split, scenario)
+        for a, b in zip(session.run(None, feed), expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_removed_or_dead_initializer_is_never_read(tmp_path):
+    model = rm.closure_model()
+    path = rm.save_package_model(model, tmp_path)
+    dead = {t.name: t for t in onnx.load(str(path), load_external_data=False).graph.initializer
+            if t.name in ("w_dead", "w_dead_reader")}
+    with weightstore.resolve(path) as r:
+        reader = RecordingReader()
+        session = weightstore.load(r, reader=reader, manager=WeightManager())
+        for t in dead.values():
+            info = {e.key: e.value for e in t.external_data}
+            start, end = int(info["offset"]), int(info["offset"]) + int(info["length"])
+            assert all(e <= start or s >= end for _, s, e in _intervals(reader.reads))
+        feed = {"x": pm._rand([1, rm.H]), "flag": np.array(True)}
+        np.testing.assert_array_equal(session.run(None, feed)[0],
+                                      run_onnxruntime(model, feed)[0])
+
+
+def test_replacement_initializer_and_derived_sources_are_read_exactly_once(tmp_path):
+    model, inputs = pm.attention_block()
+    path = rm.save_package_model(model, tmp_path)
+    with weightstore.resolve(path, transformations=["fuse-qkv"]) as r:
+        m = r.payload_manifest
+        assert {d.operation for d in m.derivations} == {"concat"}
+        sources = {s for d in m.derivations for s in d.sources}
+        by_value = {v: e for e in m.active for v in e.values}
+        assert sources <= set(by_value)
+        assert all(e.origin == "derived-source" or e.reasons for e in m.active)
+        reader = RecordingReader()
+        session = weightstore.load(r, reader=reader, manager=WeightManager())
+        ranges = [(s, e) for _, s, e in _intervals(reader.reads)]
+        for name in sources:
+            src = by_value[name].source
+            covering = [1 for s, e in ranges if s <= src.offset and src.offset + src.length <= e]
+            assert covering == [1]
+        assert reader.bytes_read == m.active_bytes
+        for feed in inputs:
+            for a, b in zip(session.run(None, feed), run_onnxruntime(model, feed), strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_reads_are_coalesced_and_chunked(split):
+    with weightstore.resolve(split) as r:
+        active = r.payload_manifest.active
+        plan = plan_reads(active, split, r.source.path, chunk=4096)
+        assert len(plan.runs) < len(active)  # adjacent ranges coalesced
+        assert all(c.length <= 4096 for c in plan.chunks)
+        assert plan.read_bytes == r.payload_manifest.active_bytes
+        assert CHUNK == 10 << 20
+        default = plan_reads(active, split, r.source.path)
+        assert all(c.length <= CHUNK for c in default.chunks)
+
+
+def test_corrupt_portable_payload_fails_naming_scenario_initializer_and_location(split,
+                                                                                tmp_path):
+    copy = tmp_path / "pkg"
+    shutil.copytree(split, copy)
+    with weightstore.resolve(copy, scenario="fused") as r:
+        victim = r.payload_manifest.active[0]
+        with open(copy / victim.source.file, "r+b") as f:
+            f.seek(victim.source.offset)
+            byte = f.read(1)
+            f.seek(victim.source.offset)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(IntegrityError) as info:
+            weightstore.load(r, manager=WeightManager())
+        ctx = info.value.context
+        assert ctx["scenario"] == "fused" and ctx["initializer"] == victim.values[0]
+        assert ctx["location"] == victim.source.file
+
+
+def test_caller_buffers_win_over_the_package_folder(split):
+    with weightstore.resolve(split) as r:
+        buffers = {"pk.common.data": (split / "pk.common.data").read_bytes()}
+        reader = RecordingReader()
+        session = weightstore.load(r, buffers=buffers, reader=reader, manager=WeightManager())
+        assert all(p.name != "pk.common.data" for p, _, _ in reader.reads)
+        feed, expected = _reference(split, None)
+        np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
+        with pytest.raises(LoadError, match="too small"):
+            weightstore.load(r, buffers={"pk.common.data": buffers["pk.common.data"][:100]},
+                             manager=WeightManager())
+
+
+def test_package_folder_with_only_models_runs_from_the_store(built, split, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("encoder.onnx", "summary.json"):
+        shutil.copyfile(split / name, bare / name)
+    with weightstore.resolve(bare, scenario="fused", store=built / "store") as r:
+        reader = RecordingReader()
+        session = weightstore.load(r, reader=reader, manager=WeightManager())
+        assert reader.reads and all(str(built / "store") in str(p) for p, _, _ in reader.reads)
+        feed, expected = _reference(split, "fused")
+        np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
+
+
+def test_sessions_share_buffers_through_the_weight_manager(split):
+    manager = WeightManager()
+    with weightstore.resolve(split) as r:
+        first = weightstore.load(r, manager=manager)
+        digest = r.payload_manifest.active[0].source.checksum
+        assert manager.refcount(digest) == 1
+        report = LoadReport()
+        second = weightstore.load(r, manager=manager, report=report)
+        assert report.read_bytes == 0 and report.entries_shared == len(
+            r.payload_manifest.active)
+        assert manager.refcount(digest) == 2
+        del first, second
+        gc.collect()
+        assert manager.refcount(digest) == 0 and manager.held_bytes == 0
+
+
+def test_constant_node_export_folds_batchnorm_and_loads(tmp_path):
+    """A Conv->BatchNormalization export keeping weights in Constant nodes (typed
+    float_data, inline in the model file) resolves with fold-batchnorm and runs."""
+    model, inputs = pm.conv_bn_constant_model()
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    with weightstore.resolve(path, transformations=["fold-batchnorm"]) as r:
+        m = r.payload_manifest
+        assert len(m.derivations) == 4  # two folds: weight and bias each
+        assert {e.source.encoding for e in m.active} == {"float_data"}
+        reader = RecordingReader()
+        session = weightstore.load(r, reader=reader, manager=WeightManager())
+        assert {p.name for p, _, _ in reader.reads} == {"model.onnx"}
+        ops = [n.op_type for n in r.metadata_model.graph.node]
+        assert ops.count("BatchNormalization") == 1  # bn3 does not fold (c3 read twice)
+        for feed in inputs:
+            np.testing.assert_allclose(session.run(None, feed)[0],
+                                       run_onnxruntime(model, feed)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_run_command(split, tmp_path, capsys):
+    feed, expected = _reference(split, "fused")
+    np.savez(tmp_path / "in.npz", **feed)
+    assert main(["run", str(split), "--device", "cpu", "--inputs", str(tmp_path / "in.npz"),
+                 "--output", str(tmp_path / "out.npz"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["scenario"] == "fused" and doc["read_bytes"] == doc["live_bytes"]
+    with np.load(tmp_path / "out.npz") as out:
+        np.testing.assert_array_equal(out[out.files[0]], expected[0])
+    (tmp_path / "bad.npz").write_bytes(b"nope")
+    assert main(["run", str(split), "--inputs", str(tmp_path / "bad.npz")]) == 2
+    assert "cannot read the inputs" in capsys.readouterr().err
+
+
+def test_file_constant_models_resolve_but_do_not_load_in_onnxruntime(tmp_path):
+    from weightstore.convert.api import convert_to_external
+
+    model, _ = pm.gemm_model()
+    onnx.save(model, str(tmp_path / "in.onnx"))
+    convert_to_external(tmp_path / "in.onnx", tmp_path / "fc.onnx", form="file-constant")
+    with weightstore.resolve(tmp_path / "fc.onnx") as r:
+        assert r.payload_manifest.active  # FileConstant payloads are in the manifest
+        with pytest.raises(LoadError, match="FileConstant"):
+            weightstore.load(r, manager=WeightManager())

@@ -1,0 +1,214 @@
+"""Kernel requirements, prepared keys, ``weightstore prepare`` and prepared loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import weightstore
+from tests import passes_models as pm
+from tests import resolve_models as rm
+from weightstore.cli import main
+from weightstore.errors import PackageError
+from weightstore.load import LoadReport, RecordingReader, WeightManager, plan_reads
+from weightstore.load.executor import execute
+from weightstore.resolve.binding import PERSISTED, PORTABLE, prepared_key
+from weightstore.resolve.kernels import CpuKernels, select_kernels
+from weightstore.resolve.prepare import prepare
+from weightstore.resolve.prepared import PreparedOptions
+from weightstore.samples import run_onnxruntime, sample_inputs
+from weightstore.scenarios.variants import runnable_variant
+from weightstore.store import WeightStore
+
+
+@pytest.fixture
+def prepared(split_build, tmp_path):
+    """A copy of the split package and its store, prepared for the ``cpu`` device."""
+    package = tmp_path / "split"
+    store = tmp_path / "store"
+    shutil.copytree(split_build / "out" / "pk" / "1" / "split", package)
+    shutil.copytree(split_build / "store", store)
+    assert main(["prepare", str(package), "--device", "cpu", "--store", str(store)]) == 0
+    return package, store
+
+
+def _outputs_match(resolved, session, package):
+    full = runnable_variant(package / "encoder.onnx", resolved.selected_scenario)
+    feed = sample_inputs(full)
+    for a, b in zip(session.run(None, feed), run_onnxruntime(full, feed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_cpu_catalogue_follows_onnxruntime_prepacking():
+    model, _ = pm.gemm_model()
+    conv, _ = pm.conv_bn_model()
+    _, reqs = select_kernels(pm.metadata_copy(model), "cpu", CpuKernels())
+    by = {(r.value, r.kernel, r.form) for r in reqs}
+    assert ("l2.weight", "Gemm", (("transB", "1"),)) in by
+    assert ("l3.weight", "Gemm", (("transB", "0"),)) in by
+    shared = next(r for r in reqs if r.value == "l2.weight")
+    assert shared.consumers == ("l2a", "l2b")  # identical requests deduplicated
+    _, conv_reqs = select_kernels(pm.metadata_copy(conv), "cpu", CpuKernels())
+    assert {r.value for r in conv_reqs} == {"c1.weight", "c2.weight", "c3.weight"}
+
+
+def test_two_packed_forms_of_one_weight_are_two_requirements():
+    w = pm._init("w", [16, 16])
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["a"], transB=1, name="g1"),
+         helper.make_node("Gemm", ["a", "w"], ["y"], transB=0, name="g0")], "g",
+        [pm._vi("x", TensorProto.FLOAT, [2, 16])], [pm._vi("y", TensorProto.FLOAT, [2, 16])],
+        initializer=[w])
+    _, reqs = select_kernels(pm._model(graph), "cpu", CpuKernels())
+    assert sorted(dict(r.form)["transB"] for r in reqs) == ["0", "1"]
+    keys = {prepared_key(r, ("blake3:00",), PreparedOptions()).digest for r in reqs}
+    assert len(keys) == 2
+
+
+def test_prepared_key_binds_every_part():
+    model, _ = pm.gemm_model()
+    _, reqs = select_kernels(pm.metadata_copy(model), "cpu", CpuKernels())
+    key = prepared_key(reqs[0], ("blake3:aa",), PreparedOptions(runtime="onnxruntime 1"))
+    for field, other in (("lineage", ("blake3:bb",)), ("runtime", "onnxruntime 2"),
+                         ("cpu_features", ("x86_64",)), ("device", "npu"),
+                         ("provider", "OtherEP"), ("packed_format", "v2"), ("dims", (1, 1)),
+                         ("dtype", TensorProto.FLOAT16), ("optimization_level", "basic"),
+                         ("form", (("kernel", "MatMul"),))):
+        assert dataclasses.replace(key, **{field: other}).digest != key.digest
+
+
+def test_prepare_records_packed_weights_by_key_in_the_store(prepared):
+    package, store = prepared
+    record = json.loads((package / "prepared" / "cpu" / "encoder.json").read_text())
+    assert record["format_version"] == 1 and record["runtime"].startswith("onnxruntime")
+    assert record["objects"]
+    ws = WeightStore(store)
+    for obj in record["objects"]:
+        assert set(obj["key"]) >= {"lineage", "runtime", "cpu_features", "packed_format",
+                                   "dims", "dtype", "optimization_level", "provider"}
+        assert obj["identity"].startswith(obj["kernel"] + "+")
+        assert ws.lookup(obj["store_key"]).size == obj["length"]
+    # portable weights are referenced by digest, not copied into the companion
+    companion = onnx.load(str(package / "prepared" / "cpu" / "encoder.onnx"),
+                          load_external_data=False)
+    assert all(e.key != "location" or e.value.startswith("weightstore-value:")
+               for t in companion.graph.initializer for e in t.external_data)
+
+
+def test_compatible_packed_entry_is_bound_and_loads(prepared):
+    package, store = prepared
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        assert r.prepared_graph is not None
+        assert all(b.selected == PERSISTED for b in r.bindings)
+        packed = [e for e in r.payload_manifest.active if e.origin == "prepared"]
+        assert len(packed) == len(r.bindings)
+        reader = RecordingReader()
+        report = LoadReport()
+        session = weightstore.load(r, reader=reader, report=report, manager=WeightManager())
+        assert report.read_bytes == r.payload_manifest.active_bytes == reader.bytes_read
+        assert not report.fell_back
+        _outputs_match(r, session, package)
+
+
+def test_compatible_packed_entry_skips_all_portable_sources_in_its_lineage(prepared):
+    """For a runtime that consumes packed objects alone, the portable sources of a bound
+    packed entry are dormant fallbacks: the read plan holds none of their ranges."""
+    package, store = prepared
+
+    class PackedOnly(CpuKernels):
+        keeps_source = False
+
+    with weightstore.resolve(package, device="cpu", store=store) as normal:
+        assert normal.payload_manifest.dormant == ()  # onnxruntime reads sources anyway
+    with weightstore.resolve(package, device="cpu", store=store,
+                             phases=_phases_with(PackedOnly())) as r:
+        m = r.payload_manifest
+        packed = {e.id for e in m.active if e.origin == "prepared"}
+        dormant = m.dormant
+        assert dormant and all(d.fallback_for in packed for d in dormant)
+        lineage = {v for d in dormant for v in d.values}
+        reader = RecordingReader()
+        plan = plan_reads(m.active, package, r.source.path, store=r.source.store)
+        execute(plan, {e.id: e for e in m.entries}, reader)
+        for d in dormant:
+            s = d.source
+            assert all(not (p.name == s.file and o < s.offset + s.length and s.offset < o + n)
+                       for p, o, n in reader.reads)
+        assert lineage == {b.value for b in r.bindings}
+
+
+def _phases_with(kernels):
+    from weightstore.resolve.phases import DEFAULT_PHASES, Placement
+
+    class WithKernels(Placement):
+        def run(self, state):
+            state.kernels = kernels
+            return super().run(state)
+
+    return [WithKernels() if p is Placement else p() for p in DEFAULT_PHASES]
+
+
+@pytest.mark.parametrize("options", [PreparedOptions(runtime="onnxruntime 0.1"),
+                                     PreparedOptions(cpu_features=("other-isa",))],
+                         ids=["other-runtime", "other-isa"])
+def test_incompatible_packed_entry_selects_the_portable_recipe(prepared, options):
+    package, store = prepared
+    with weightstore.resolve(package, device="cpu", store=store, prepared=options) as r:
+        assert r.prepared_graph is None
+        assert all(b.selected == PORTABLE for b in r.bindings)
+        assert all(("persisted", "no compatible persisted payload") in b.rejected
+                   for b in r.bindings)
+        assert not [e for e in r.payload_manifest.entries if e.origin == "prepared"]
+        _outputs_match(r, weightstore.load(r, manager=WeightManager()), package)
+
+
+def test_missing_trusted_digest_makes_the_cache_entry_unverified(tmp_path):
+    model, _ = pm.gemm_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="m.data",
+              size_threshold=0)  # onnx writes no checksum
+    with weightstore.resolve(path) as r:
+        assert r.bindings and all(b.selected == PORTABLE and b.key is None
+                                  for b in r.bindings)
+        assert all("unverifiable" in b.rejected[0][1] for b in r.bindings)
+
+
+def test_corrupt_packed_payload_activates_the_portable_fallback(prepared):
+    package, store = prepared
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        victim = next(e for e in r.payload_manifest.active if e.origin == "prepared")
+        ws = WeightStore(store)
+        obj = ws.lookup(victim.source.store_key)
+        with open(ws.path_of(obj), "r+b") as f:
+            f.seek(obj.offset)
+            f.write(b"\xff" * 16)
+        report = LoadReport()
+        session = weightstore.load(r, report=report, manager=WeightManager())
+        assert report.fell_back == {victim.id: "portable"}
+        _outputs_match(r, session, package)  # a correct session, never a wrong one
+
+
+def test_prepare_refuses_what_it_cannot_prepare(prepared, tmp_path, capsys):
+    package, store = prepared
+    path = rm.save_package_model(rm.not_if_model(), tmp_path / "m")
+    with pytest.raises(PackageError, match="not a package folder"):
+        prepare(path.parent, store=store)
+    assert main(["prepare", str(package), "--device", "nope", "--store", str(store)]) == 2
+    assert "no such device" in capsys.readouterr().err
+
+
+def test_resident_prepared_object_comes_first(prepared):
+    package, store = prepared
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        persisted = {b.key.digest: b.active for b in r.bindings}
+    options = PreparedOptions(resident=persisted)
+    with weightstore.resolve(package, device="cpu", store=store, prepared=options) as r:
+        assert {b.selected for b in r.bindings} == {"resident"}
+        assert all(not b.rejected for b in r.bindings)
+        _outputs_match(r, weightstore.load(r, manager=WeightManager()), package)

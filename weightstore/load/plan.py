@@ -1,0 +1,141 @@
+"""The execution plan: which bytes to read from where, as coalesced chunks (pure).
+
+Each active manifest entry gets one place to come from, by priority: a buffer the caller
+supplied under the entry's file name (GE's user memory by file name), the file in the
+package folder, or the weight store by the entry's digest. Entries of one file whose
+ranges touch are coalesced into one run (never bridging a gap: only live bytes are read),
+and each run is cut into chunks of at most :data:`CHUNK` bytes, read in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..catalogue.locations import resolve_location
+from ..errors import LoadError
+from ..resolve.locator import StoreLocator
+from ..resolve.manifest import STORE_ONLY, ManifestEntry
+
+CHUNK = 10 << 20  # bytes: GE copies weights in 10 MB chunks
+
+BUFFER = "buffer"
+FOLDER = "folder"
+STORE = "store"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one entry's bytes come from."""
+
+    entry: str
+    kind: str  # BUFFER | FOLDER | STORE
+    path: Path | None  # FOLDER / STORE
+    name: str | None  # BUFFER: the caller's file name
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """Adjacent ranges of one file, read into one buffer."""
+
+    path: Path
+    offset: int
+    length: int
+    entries: tuple[tuple[str, int, int], ...]  # (entry id, offset in run, length)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    run: int
+    offset: int  # in the file
+    length: int
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    placements: tuple[Placement, ...]
+    runs: tuple[Run, ...]
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(c.length for c in self.chunks)
+
+
+def place(entry: ManifestEntry, folder: Path, model_file: Path,
+          buffers: Mapping[str, int], store: StoreLocator | None,
+          located: Mapping[str, object]) -> Placement:
+    """The source of one entry's bytes, by priority (caller buffer > folder > store)."""
+    s = entry.source
+    if entry.origin in STORE_ONLY:  # packed payloads live in the store only
+        hit = located.get(s.store_key) if s.store_key else None
+        if hit is None:
+            raise LoadError("a prepared payload is missing from the store",
+                            initializer=entry.values[0], store_key=s.store_key)
+        return Placement(entry.id, STORE, hit.path, None, hit.offset, hit.length)  # type: ignore[attr-defined]
+    if s.file and s.file in buffers:
+        size = buffers[s.file]
+        if s.offset + s.length > size:
+            raise LoadError("caller buffer is too small for a weight it supplies",
+                            file=s.file, offset=s.offset, length=s.length, buffer=size,
+                            initializer=entry.values[0])
+        return Placement(entry.id, BUFFER, None, s.file, s.offset, s.length)
+    path = model_file if not s.file else resolve_location(folder, s.file,
+                                                          where=entry.values[0])
+    if path.is_file():
+        return Placement(entry.id, FOLDER, path, None, s.offset, s.length)
+    hit = located.get(s.store_key) if s.store_key else None
+    if hit is not None:
+        return Placement(entry.id, STORE, hit.path, None, hit.offset, hit.length)  # type: ignore[attr-defined]
+    raise LoadError("no source holds a live weight", initializer=entry.values[0],
+                    location=s.file or model_file.name, store_key=s.store_key)
+
+
+def plan_reads(entries: Sequence[ManifestEntry], folder: Path, model_file: Path, *,
+               buffers: Mapping[str, int] | None = None, store: StoreLocator | None = None,
+               chunk: int = CHUNK) -> ReadPlan:
+    """Placements, coalesced runs and chunks for ``entries`` (pure but for ``stat`` and
+    one store lookup for the entries the folder lacks)."""
+    buffers = buffers or {}
+    missing = [e.source.store_key for e in entries
+               if e.source.store_key and (e.origin in STORE_ONLY or (
+                   e.source.file and e.source.file not in buffers
+                   and not (folder / e.source.file).is_file()))]
+    located = store.locate(missing) if store is not None and missing else {}
+    placements = tuple(place(e, folder, model_file, buffers, store, located)
+                       for e in entries)
+    ranges: dict[tuple[Path, int, int], list[str]] = {}
+    for p in placements:
+        if p.path is not None:
+            ranges.setdefault((p.path, p.offset, p.length), []).append(p.entry)
+    runs: list[Run] = []
+    current: list[tuple[tuple[Path, int, int], list[str]]] = []
+
+    def close() -> None:
+        if current:
+            path, start = current[0][0][0], current[0][0][1]
+            end = max(o + n for (_, o, n), _ in current)
+            runs.append(Run(path, start, end - start, tuple(
+                (e, o - start, n) for (_, o, n), ids in current for e in ids)))
+            current.clear()
+
+    for key in sorted(ranges):
+        path, offset, _ = key
+        if current:
+            cpath, _, _ = current[-1][0]
+            end = max(o + n for (_, o, n), _ in current)
+            if cpath != path or offset > end:
+                close()
+        current.append((key, ranges[key]))
+    close()
+    chunks = []
+    for i, run in enumerate(runs):
+        pos = 0
+        while pos < run.length:
+            n = min(chunk, run.length - pos)
+            chunks.append(Chunk(i, run.offset + pos, n))
+            pos += n
+    return ReadPlan(placements, tuple(runs), tuple(chunks))

@@ -1,0 +1,123 @@
+"""``weightstore.resolve``: from a package or model to a frozen ResolvedModel, no payload read.
+
+Scenario selection comes first and is exclusive: an explicit ``scenario=`` or a
+``selector=`` callback, not both; neither selects the device's scenario (``device=``) or
+the default graph. A selector sees a :class:`ScenarioSelectionContext` (scenario names and
+metadata, model metadata, capabilities) and nothing that locates a payload. An unknown
+scenario fails before any weight file is looked at.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import ResolutionError, WeightstoreError
+from ..passes.base import RewritePass
+from ..scenarios.storage import read_scenarios
+from .kernels import catalogue_for
+from .locator import StoreLocator, WeightStoreLocator
+from .manifest import RequiredPayloadManifest
+from .model import ResolvedModel, graph_digest
+from .phases import (
+    DEFAULT_PHASES,
+    Phase,
+    PhaseReport,
+    ResolutionState,
+    TransformationReport,
+    run_pipeline,
+)
+from .prepared import PreparedOptions
+from .source import ModelSource, open_source
+
+
+@dataclass(frozen=True)
+class ScenarioSelectionContext:
+    """What a selector may look at: metadata and capabilities, never payloads."""
+
+    scenarios: tuple[str, ...]
+    scenario_metadata: Mapping[str, Mapping[str, str]]
+    model_metadata: Mapping[str, str]
+    capabilities: Mapping[str, Any]
+
+
+ScenarioSelector = Callable[[ScenarioSelectionContext], "str | None"]
+
+PARSE = "parse"
+
+
+def resolve(source: str | os.PathLike[str], *, model: str | None = None,
+            scenario: str | None = None, selector: ScenarioSelector | None = None,
+            device: str | None = None, capabilities: Mapping[str, Any] | None = None,
+            transformations: Sequence[RewritePass | str] = (),
+            prepared: PreparedOptions | None = None,
+            store: str | os.PathLike[str] | StoreLocator | None = None,
+            phases: Sequence[Phase] | None = None) -> ResolvedModel:
+    """Resolve one model of a package folder (or a model file) from metadata alone."""
+    if scenario is not None and selector is not None:
+        raise ResolutionError("choose a scenario or a selector, not both", phase=PARSE)
+    if device is not None and scenario is not None:
+        raise ResolutionError("choose a scenario or a device, not both", phase=PARSE)
+    src = open_source(source, model=model, device=device)
+    try:
+        return _resolve(src, scenario=scenario, selector=selector, device=device,
+                        capabilities=capabilities, transformations=transformations,
+                        prepared=prepared or PreparedOptions(), store=store, phases=phases)
+    except BaseException:
+        src.close()
+        raise
+
+
+def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelector | None,
+             device: str | None, capabilities: Mapping[str, Any] | None,
+             transformations: Sequence[RewritePass | str], prepared: PreparedOptions,
+             store: str | os.PathLike[str] | StoreLocator | None,
+             phases: Sequence[Phase] | None) -> ResolvedModel:
+    start = time.perf_counter()
+    if store is not None:
+        src.store = store if hasattr(store, "locate") else WeightStoreLocator(store)  # type: ignore[arg-type]
+    caps = dict(src.device_capabilities)
+    caps.update(capabilities or {})
+    try:
+        meta = src.metadata()
+        records = read_scenarios(meta)
+    except WeightstoreError as exc:
+        raise ResolutionError(exc.message, phase=PARSE, **exc.context) from exc
+    names = tuple(r.scenario for r in records)
+    if device is not None:
+        scenario = src.device_scenario if src.device_scenario in names else None
+    if selector is not None:
+        context = ScenarioSelectionContext(
+            names,
+            MappingProxyType({r.scenario: MappingProxyType(
+                {e.key: e.value for e in r.metadata_props}) for r in records}),
+            MappingProxyType({e.key: e.value for e in meta.metadata_props}),
+            MappingProxyType(dict(caps)))
+        scenario = selector(context)
+    if scenario is not None and scenario not in names:
+        raise ResolutionError("unknown scenario", phase="select", scenario=scenario,
+                              model=str(src.path), known=", ".join(names) or "none")
+    parse_seconds = time.perf_counter() - start
+    kind, kernels = catalogue_for(caps)
+    state = ResolutionState(src, meta, scenario, kind, kernels, transformations, prepared,
+                            target=device)
+    report = run_pipeline(state, [p() for p in DEFAULT_PHASES] if phases is None
+                          else phases)
+    report = TransformationReport((PhaseReport(PARSE, parse_seconds, False),
+                                   *report.phases), report.rewrites)
+    data = state.model.SerializeToString()
+    counts = state.constants.counts() if state.constants is not None else {}
+    return ResolvedModel(
+        model_bytes=data, graph_digest=graph_digest(data), selected_scenario=scenario,
+        device=kind, capabilities=MappingProxyType(caps),
+        constant_counts=MappingProxyType(counts),
+        placement=MappingProxyType(dict(state.placement)),
+        prepared_requirements=state.requirements, bindings=state.bindings,
+        payload_manifest=RequiredPayloadManifest(state.entries, state.load_derivations),
+        transformations=report, source=src,
+        prepared_graph=None if state.companion is None
+        else state.companion.companion().SerializeToString())

@@ -1,0 +1,273 @@
+"""Payload closure: from the final graph and the selected recipes to the manifest.
+
+Liveness is the transformed graph's (cleanup already removed dead nodes and weights in
+every graph and function). Every live tensor whose payload the metadata model omits gets
+exactly one source:
+
+* external data it names itself (location, offset, length, checksum as written);
+* a derived-weight recipe, whose sources are closed over in turn (the recipe is computed
+  at load time; its sources are read once);
+* the base model's own payload of that value (inline bytes located by the catalogue).
+
+A prepared binding (see :mod:`.prepared`) makes its packed payload active and turns the
+portable payload into a dormant fallback. Only then are the files holding active entries
+looked at (existence and size, never their bytes): a missing file nothing live uses is
+irrelevant, a missing file something live uses fails naming the scenario, the initializer
+and the location.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ..catalogue.locations import resolve_location
+from ..catalogue.payload import describe, expected_nbytes, external_info
+from ..catalogue.reader import Catalogue
+from ..catalogue.sites import TensorSite, iter_tensor_sites
+from ..convert.encoding import has_payload
+from ..errors import ExternalDataError, ResolutionError, ScenarioError
+from ..passes.analysis import iter_scopes, node_reads
+from ..scenarios.resolve import live_payloads
+from .manifest import ACTIVE, DORMANT, STORE_ONLY, Derivation, ManifestEntry, PayloadSource
+from .prepared import PreparedBinding
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Where one value's bytes come from, before closure: a file range, or a recipe."""
+
+    source: PayloadSource | None
+    dtype: int
+    dims: tuple[int, ...]
+    where: str
+
+
+def base_sources(catalogue: Catalogue) -> dict[str, list[WeightSource]]:
+    """Value name -> payload sources of the base model's weights (nothing read, no
+    external file opened: ranges come from the model's own external_data entries)."""
+    out: dict[str, list[WeightSource]] = {}
+    for site in iter_tensor_sites(catalogue.model):
+        name = site.value_name or site.tensor.name
+        ws = _site_source(site, catalogue)
+        if ws is not None and name:
+            out.setdefault(name, []).append(ws)
+    return out
+
+
+def _site_source(site: TensorSite, catalogue: Catalogue | None) -> WeightSource | None:
+    t = site.tensor
+    dims = tuple(int(d) for d in t.dims)
+    if t.data_type == onnx.TensorProto.STRING:
+        return None
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        info = external_info(t)
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else expected_nbytes(
+                t.data_type, dims)
+        except ValueError:
+            raise ExternalDataError("malformed external data range", where=site.where) from None
+        return WeightSource(PayloadSource(info.get("location", ""), offset, length or 0,
+                                          checksum=info.get("checksum")),
+                            t.data_type, dims, site.where)
+    if catalogue is None or site.path not in catalogue.payloads:
+        return None
+    desc = describe(site, catalogue, catalogue.source.parent)
+    if desc is None:
+        return None
+    return WeightSource(PayloadSource("", desc.offset, desc.length, desc.encoding,
+                                      spans=desc.spans), t.data_type, dims, site.where)
+
+
+def consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Value name -> readable reasons it is live: the nodes that read it."""
+    out: dict[str, list[str]] = {}
+    for scope in iter_scopes(model):
+        for i, node in enumerate(scope.container.node):
+            label = node.name or (node.output[0] if node.output else f"#{i}")
+            direct = set(node.input)
+            for name in sorted(node_reads(node)):
+                how = "input of" if name in direct else "captured by"
+                out.setdefault(name, []).append(f"{how} {node.op_type} '{label}'")
+        for o in getattr(scope.container, "output", ()):
+            name = o if isinstance(o, str) else o.name
+            out.setdefault(name, []).append("graph output")
+    return out
+
+
+@dataclass
+class _Builder:
+    """Entries by byte range (tied and duplicate weights share one), in discovery order."""
+
+    store_keys: Mapping[tuple[str, int], str]
+    entries: dict[tuple, dict] = field(default_factory=dict)
+
+    def add(self, ws: WeightSource, value: str, reasons: Sequence[str], *, origin: str,
+            status: str = ACTIVE, fallback_for: tuple | None = None) -> tuple:
+        src = ws.source
+        assert src is not None
+        key = (status, *src.range_key)
+        if src.file and src.store_key is None:
+            store_key = self.store_keys.get((src.file, src.offset))
+            if store_key is not None:
+                src = PayloadSource(src.file, src.offset, src.length, src.encoding,
+                                    src.checksum or store_key, store_key, src.spans)
+        entry = self.entries.setdefault(key, {
+            "source": src, "values": [], "reasons": [], "origin": origin,
+            "dtype": ws.dtype, "dims": ws.dims, "fallback_for": fallback_for})
+        if value not in entry["values"]:
+            entry["values"].append(value)
+        for r in reasons:
+            if r not in entry["reasons"]:
+                entry["reasons"].append(r)
+        return key
+
+    def freeze(self) -> tuple[ManifestEntry, ...]:
+        ids = {}
+        for status in (ACTIVE, DORMANT):
+            for n, key in enumerate(k for k in self.entries if k[0] == status):
+                ids[key] = f"{'a' if status == ACTIVE else 'd'}{n:05d}"
+        out = []
+        for key, e in self.entries.items():
+            out.append(ManifestEntry(
+                ids[key], key[0], e["origin"], e["source"], tuple(e["values"]),
+                tuple(e["reasons"]), e["dtype"], e["dims"],
+                ids.get(e["fallback_for"]) if e["fallback_for"] is not None else None))
+        return tuple(sorted(out, key=lambda x: x.id))
+
+
+def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
+                    derivations: Mapping, scenario: str | None,
+                    store_keys: Mapping[tuple[str, int], str] | None = None,
+                    bindings: Sequence[PreparedBinding] = (), keeps_source: bool = False,
+                    runtime_values: Mapping[str, Mapping] | None = None,
+                    ) -> tuple[tuple[ManifestEntry, ...], tuple[Derivation, ...]]:
+    """Manifest entries and load-time derivations for the live weights of ``model``.
+
+    A bound packed payload is active; its portable source is a dormant fallback, or stays
+    active when the runtime reads it anyway (``keeps_source``). ``runtime_values`` are
+    initializers a prepared companion graph holds that the runtime created (store keys).
+    """
+    base = base_sources(catalogue)
+    why = consumers(model)
+    builder = _Builder(store_keys or {})
+    derived: dict[str, Derivation] = {}
+    bound: dict[str, PreparedBinding] = {}
+    for b in bindings:
+        bound.setdefault(b.value, b)
+    extra = [b for b in bindings if b.active is not None and bound[b.value] is not b]
+
+    def portable(name: str, ws: WeightSource | None, reasons: Sequence[str],
+                 origin: str) -> None:
+        if ws is None or ws.source is None:
+            recipe = derivations.get(name)
+            if recipe is None:
+                found = base.get(name, [])
+                if not found:
+                    raise ResolutionError("live weight has no eligible payload",
+                                          scenario=scenario, initializer=name)
+                if len({f.source for f in found}) != 1:
+                    raise ResolutionError("a live weight's name is carried by several "
+                                          "different base tensors", scenario=scenario,
+                                          initializer=name, count=len(found))
+                ws = found[0]
+            else:
+                add_derivation(name, recipe, reasons)
+                return
+        binding = bound.get(name)
+        if binding is not None and binding.active is not None:
+            active = builder.add(binding.active, name, [*reasons, binding.reason],
+                                 origin="prepared")
+            if keeps_source:
+                builder.add(ws, name, [*reasons, f"source of {binding.reason}, which the "
+                                       "runtime checks against it"], origin=origin)
+            else:
+                builder.add(ws, name, [*reasons, f"fallback of {binding.reason}"],
+                            origin=origin, status=DORMANT, fallback_for=active)
+            return
+        builder.add(ws, name, reasons, origin=origin)
+
+    def add_derivation(name: str, recipe, reasons: Sequence[str]) -> None:
+        if name in derived:
+            return
+        decl = declared.get(name)
+        derived[name] = Derivation(name, recipe.operation, tuple(recipe.sources),
+                                   tuple(recipe.attributes),
+                                   decl[0] if decl else 0, decl[1] if decl else ())
+        for s in recipe.sources:
+            portable(s, None, [f"source of {recipe.operation} '{name}'"], "derived-source")
+
+    declared: dict[str, tuple[int, tuple[int, ...]]] = {}
+    live_sites = []
+    for site in iter_tensor_sites(model):
+        t = site.tensor
+        name = site.value_name or t.name
+        declared[name] = (t.data_type, tuple(int(d) for d in t.dims))
+        if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
+            continue
+        if not any(t.dims) and expected_nbytes(t.data_type, list(t.dims)) == 0:
+            continue  # a genuinely empty tensor
+        live_sites.append((site, name))
+    try:
+        external = {p.name: p for p in live_payloads(model, scenario)}
+    except ScenarioError as exc:
+        raise ResolutionError(exc.message, phase="closure", **exc.context) from None
+    for site, name in live_sites:
+        reasons = why.get(name, []) or [f"live {site.role}"]
+        if site.tensor.data_location == onnx.TensorProto.EXTERNAL:
+            p = external[name]
+            ws = WeightSource(PayloadSource(p.location, p.offset, p.length,
+                                            checksum=p.checksum),
+                              site.tensor.data_type, declared[name][1], site.where)
+            portable(name, ws, reasons, "portable")
+        else:
+            portable(name, None, reasons, "portable")
+    for b in extra:  # a second packed form of one weight (Gemm with another transB)
+        builder.add(b.active, b.value, [b.reason], origin="prepared")
+    for name, v in sorted((runtime_values or {}).items()):
+        builder.add(WeightSource(PayloadSource("", 0, int(v["length"]),
+                                               checksum=v["store_key"],
+                                               store_key=v["store_key"]),
+                                 int(v["dtype"]), tuple(v["dims"]), name), name,
+                    ["created by the runtime in the prepared companion"], origin="runtime")
+    for p in external.values():  # FileConstant nodes
+        if p.name not in {n for _, n in live_sites}:
+            builder.add(WeightSource(PayloadSource(p.location, p.offset, p.length,
+                                                   checksum=p.checksum), 0, (), p.where),
+                        p.name, why.get(p.name, []) or ["FileConstant"], origin="portable")
+    return builder.freeze(), tuple(derived[k] for k in derived)
+
+
+def check_active_files(folder: Path, entries: Sequence[ManifestEntry], model_file: Path,
+                       scenario: str | None, *, store=None) -> None:
+    """Every active entry's file exists and holds its range (sizes only, no bytes read).
+
+    An entry whose file is missing from the folder but whose bytes the store holds (by
+    its key) is fine: the loader reads it from the store.
+    """
+    sizes: dict[str, int | None] = {}
+    for e in entries:
+        if e.status != ACTIVE or e.origin in STORE_ONLY:
+            continue  # prepared objects were located in the store when they were bound
+        s = e.source
+        if not s.file:
+            size = model_file.stat().st_size
+        else:
+            if s.file not in sizes:
+                path = resolve_location(folder, s.file, where=e.values[0])
+                sizes[s.file] = path.stat().st_size if path.is_file() else None
+            size = sizes[s.file]
+        if size is None and store is not None and s.store_key and store.locate(
+                [s.store_key]).get(s.store_key) is not None:
+            continue
+        context = {"phase": "closure", "scenario": scenario or "(default)",
+                   "initializer": e.values[0], "location": s.file or model_file.name}
+        if size is None:
+            raise ResolutionError("live weight's file is missing or unreadable", **context)
+        if s.offset + s.length > size:
+            raise ResolutionError("live weight's byte range lies outside its file",
+                                  offset=s.offset, length=s.length, file_size=size, **context)

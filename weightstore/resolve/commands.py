@@ -1,0 +1,129 @@
+"""``weightstore resolve``, ``weightstore run`` and ``weightstore prepare``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoadError
+
+
+def register(sub: Any) -> None:
+    """Add the commands' parsers to the ``weightstore`` subcommands."""
+    r = sub.add_parser("resolve", help="resolve a package or model from metadata and print "
+                                       "its payload manifest (no payload read)")
+    r.add_argument("source", help="a package folder or a model file")
+    _common(r)
+    r.add_argument("--transform", default="",
+                   help="comma-separated passes to apply after the scenario")
+    r.add_argument("--json", action="store_true",
+                   help="print the resolved model (manifest, phases, requirements) as JSON")
+
+    rn = sub.add_parser("run", help="resolve, load exactly the live payloads into "
+                                    "onnxruntime, and run once on given inputs")
+    rn.add_argument("source", help="a package folder or a model file")
+    _common(rn)
+    rn.add_argument("--inputs", required=True, help="a .npz file with one array per input")
+    rn.add_argument("--output", help="write the outputs to this .npz file")
+    rn.add_argument("--json", action="store_true", help="print the load report as JSON")
+
+    pp = sub.add_parser("prepare", help="build a device's prepared (prepacked) weights once "
+                                        "and put them in the store")
+    pp.add_argument("source", help="a package folder")
+    pp.add_argument("--model", help="the model of a package holding several")
+    pp.add_argument("--device", help="a device of the package (its scenario)")
+    pp.add_argument("--scenario", help="a scenario (instead of a device)")
+    pp.add_argument("--store", help="store folder (default: $WEIGHTSTORE_DIR or the user cache)")
+    pp.add_argument("--json", action="store_true", help="print what was prepared as JSON")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="the model of a package holding several")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--device", help="a device of the package (its scenario and "
+                                        "capabilities)")
+    group.add_argument("--scenario", help="a scenario stored in the model")
+    p.add_argument("--store", help="store folder to take weights missing from the package "
+                                   "from (default: $WEIGHTSTORE_DIR or the user cache)")
+
+
+def _store(args: argparse.Namespace) -> Path:
+    from ..store.location import resolve_store_path
+
+    return resolve_store_path(args.store, None)
+
+
+def resolve_command(args: argparse.Namespace) -> int:
+    from .api import resolve
+
+    passes = [p for p in args.transform.split(",") if p]
+    with resolve(args.source, model=args.model, device=args.device, scenario=args.scenario,
+                 transformations=passes, store=_store(args)) as resolved:
+        m = resolved.payload_manifest
+        if args.json:
+            print(json.dumps(resolved.to_dict(), indent=2, sort_keys=True))
+            return 0
+        print(f"{resolved.source.name}: scenario {resolved.selected_scenario or '(default)'}"
+              f", device {resolved.device}")
+        for e in m.active:
+            print(f"  active  {e.source.file or '(model)'}@{e.source.offset}+"
+                  f"{e.source.length}  {', '.join(e.values)}  <- {'; '.join(e.reasons[:2])}")
+        for e in m.dormant:
+            print(f"  dormant {e.source.file or '(model)'}@{e.source.offset}+"
+                  f"{e.source.length}  {', '.join(e.values)}  (fallback of {e.fallback_for})")
+        print(f"{len(m.active)} active entries ({m.active_bytes} bytes), "
+              f"{len(m.dormant)} dormant, {len(m.derivations)} derivations")
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..fsio import atomic_writer
+    from ..load import LoadReport, load
+    from .api import resolve
+
+    try:
+        with np.load(args.inputs) as npz:
+            feed = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"cannot read the inputs: {exc}", file=args.inputs) from None
+    report = LoadReport()
+    with resolve(args.source, model=args.model, device=args.device, scenario=args.scenario,
+                 store=_store(args)) as resolved:
+        session = load(resolved, report=report)
+        names = [o.name for o in session.get_outputs()]
+        try:
+            outputs = session.run(None, feed)
+        except Exception as exc:
+            raise LoadError(f"the model did not run on these inputs: {exc}",
+                            inputs=args.inputs) from None
+    if args.output:
+        with atomic_writer(args.output) as f:
+            np.savez(f, **dict(zip(names, outputs, strict=True)))
+    summary = {"scenario": resolved.selected_scenario, "read_bytes": report.read_bytes,
+               "live_bytes": report.live_bytes, "entries_read": report.entries_read,
+               "fell_back": report.fell_back,
+               "outputs": {n: {"shape": list(o.shape), "dtype": str(o.dtype)}
+                           for n, o in zip(names, outputs, strict=True)}}
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        for n, o in zip(names, outputs, strict=True):
+            print(f"{n}: {o.dtype} {list(o.shape)}")
+        print(f"read {report.read_bytes} of {report.live_bytes} live bytes")
+    return 0
+
+
+def prepare_command(args: argparse.Namespace) -> int:
+    from .prepare import prepare
+
+    result = prepare(args.source, model=args.model, device=args.device,
+                     scenario=args.scenario, store=_store(args))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(result.describe())
+    return 0

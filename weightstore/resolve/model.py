@@ -1,0 +1,102 @@
+"""The frozen ResolvedModel: the final graph, its analyses and its payload manifest.
+
+Frozen twice over: the dataclass refuses attribute assignment, and the graph is held as
+serialized bytes with their digest, so no caller can change the graph the manifest was
+computed for. :attr:`ResolvedModel.metadata_model` hands out a copy; the loader builds its
+session from the frozen bytes and checks their digest first. The resolved model owns the
+source it opened (the model file's catalogue) until :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from ..errors import ResolutionError
+from .kernels import PreparedRequirement
+from .manifest import RequiredPayloadManifest
+from .phases import TransformationReport
+from .prepared import PreparedBinding
+from .source import ModelSource
+
+
+def graph_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """The seed's ResolvedModel (Python spelling)."""
+
+    model_bytes: bytes = field(repr=False)  # the transformed metadata model, serialized
+    graph_digest: str
+    selected_scenario: str | None
+    device: str
+    capabilities: Mapping[str, Any]
+    constant_counts: Mapping[str, int]  # dynamic / constant / known value counts
+    placement: Mapping[str, str]
+    prepared_requirements: tuple[PreparedRequirement, ...]
+    bindings: tuple[PreparedBinding, ...]
+    payload_manifest: RequiredPayloadManifest
+    transformations: TransformationReport
+    source: ModelSource = field(repr=False, compare=False)
+    prepared_graph: bytes | None = field(default=None, repr=False)  # prepared companion
+
+    @property
+    def tolerated_failures(self) -> frozenset[str]:
+        """Active entries whose checksum failure falls back rather than fails: the packed
+        payloads of a prepared companion (the portable weights are read anyway)."""
+        if self.prepared_graph is None:
+            return frozenset()
+        return frozenset(e.id for e in self.payload_manifest.active if e.origin == "prepared")
+
+    @property
+    def metadata_model(self) -> onnx.ModelProto:
+        """A copy of the resolved graph (payloads omitted): editing it changes nothing."""
+        return onnx.load_from_string(self.model_bytes)
+
+    def frozen_model(self) -> onnx.ModelProto:
+        """The resolved graph, after checking it is still the one the manifest is for."""
+        if graph_digest(self.model_bytes) != self.graph_digest:
+            raise ResolutionError("the resolved graph changed after it was frozen",
+                                  scenario=self.selected_scenario or "(default)")
+        return onnx.load_from_string(self.model_bytes)
+
+    def without_prepared(self) -> ResolvedModel:
+        """This resolution with its prepared objects given up: packed and runtime-made
+        entries dropped, their dormant portable fallbacks activated (what a load does when
+        a packed payload fails its checksum)."""
+        from dataclasses import replace
+
+        from .manifest import ACTIVE, STORE_ONLY
+
+        entries = tuple(replace(e, status=ACTIVE, fallback_for=None)
+                        for e in self.payload_manifest.entries if e.origin not in STORE_ONLY)
+        manifest = replace(self.payload_manifest, entries=entries)
+        return replace(self, prepared_graph=None, payload_manifest=manifest, bindings=())
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> ResolvedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.source.name,
+            "scenario": self.selected_scenario,
+            "device": self.device,
+            "graph_digest": self.graph_digest,
+            "constant_values": dict(self.constant_counts),
+            "prepared_requirements": [r.to_dict() for r in self.prepared_requirements],
+            "bindings": [b.to_dict() for b in self.bindings],
+            "transformations": self.transformations.to_dict(),
+            "manifest": self.payload_manifest.to_dict(),
+        }

@@ -1,0 +1,184 @@
+"""``weightstore prepare``: build a device's prepared (prepacked) weights once.
+
+Run where the target machine class runs (in CI, say): the device's model is resolved,
+its live weights are read and verified, and onnxruntime creates a session that saves its
+CPU kernels' pre-packed weights beside an optimized copy of the graph
+(``session.save_external_prepacked_constant_initializers``). From what onnxruntime wrote:
+
+* each packed blob goes into the weight store by digest, recorded under the
+  :class:`~.prepared.PreparedKey` of the requirement it satisfies;
+* an initializer onnxruntime created while optimizing goes into the store too;
+* a portable weight is referenced by its digest, never copied;
+* the optimized graph (payloads omitted) and the record go to
+  ``prepared/<device>/<model>.onnx`` and ``.json`` in the package folder.
+
+Resolution then binds each requirement to its packed payload when the keys match (same
+runtime version, CPU features, lineage, ...), and falls back to the portable weights when
+they do not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ..catalogue.payload import SMALL_VALUE_LIMIT, external_info
+from ..catalogue.sites import iter_tensor_sites
+from ..errors import PackageError
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, make_key
+from ..model_io import save_model
+from .prepared import PreparedOptions
+from .prepared_cache import FORMAT_VERSION, record_paths
+
+VALUE_PREFIX = "weightstore-value:"  # companion locations name values, not files
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    record: Path
+    objects: int
+    packed_bytes: int
+    runtime_values: int
+    runtime: str
+    cpu_features: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"record": str(self.record), "objects": self.objects,
+                "packed_bytes": self.packed_bytes, "runtime_values": self.runtime_values,
+                "runtime": self.runtime, "cpu_features": list(self.cpu_features)}
+
+    def describe(self) -> str:
+        return (f"prepared {self.objects} packed objects ({self.packed_bytes} bytes) for "
+                f"{self.runtime}; record {self.record}")
+
+
+def _requirement(candidates: list, kernel: str) -> Any:
+    """The requirement a packed blob of ``kernel`` satisfies: the one of that kernel, else
+    the weight's only one (onnxruntime may fuse, e.g. MatMul + Add into Gemm, and pack
+    for the fused kernel)."""
+    same = [r for r in candidates if r.kernel == kernel]
+    if len(same) == 1:
+        return same[0]
+    return candidates[0] if len(candidates) == 1 and not same else None
+
+
+def _ort_optimize(source: Path, out: Path, level: str) -> None:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }[level]
+    so.optimized_model_filepath = str(out)
+    so.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                out.stem + ".data")
+    so.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
+
+
+def prepare(package: str | os.PathLike[str], *, model: str | None = None,
+            device: str | None = None, scenario: str | None = None,
+            store: str | os.PathLike[str], algo: str = "blake3",
+            optimization_level: str = "extended") -> PrepareResult:
+    """Build and record the prepared companion of one model of ``package``."""
+    from ..load.manager import WeightManager
+    from ..load.session import LoadReport, bind_payloads, read_active
+    from ..store import BytesPayload, WeightStore
+    from .api import resolve
+    from .binding import cpu_features, prepared_key, runtime_version
+
+    package = Path(package)
+    options = PreparedOptions(records=False, optimization_level=optimization_level)
+    with resolve(package, model=model, device=device, scenario=scenario, store=store,
+                 prepared=options) as resolved:
+        if not resolved.prepared_requirements:
+            raise PackageError("nothing to prepare: no kernel of this device takes "
+                               "prepared weights", package=str(package), device=device)
+        graph = resolved.frozen_model()
+        data, _ = read_active(resolved, buffers={}, reader=None, jobs=4,
+                              manager=WeightManager(), report=LoadReport())
+        files = bind_payloads(graph, resolved, data, {})
+        digest_of = {v: e.source.checksum or make_key(algo, digest_bytes(algo, data[e.id]))
+                     for e in resolved.payload_manifest.active for v in e.values}
+        requirements: dict[str, list] = {}
+        for r in resolved.prepared_requirements:
+            requirements.setdefault(r.value, []).append(r)
+        tmp = Path(tempfile.mkdtemp(prefix="weightstore-prepare-"))
+        try:
+            for name, view in files.items():
+                (tmp / name).write_bytes(view)
+            save_model(graph, tmp / "source.onnx")
+            _ort_optimize(tmp / "source.onnx", tmp / "prepared.onnx", optimization_level)
+            companion = onnx.load(str(tmp / "prepared.onnx"), load_external_data=False)
+            blob = (tmp / "prepared.data").read_bytes() if (
+                tmp / "prepared.data").exists() else b""
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        payloads, objects, runtime_values = [], [], {}
+        for site in iter_tensor_sites(companion):
+            t = site.tensor
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            name = site.value_name or t.name
+            info = external_info(t)
+            offset, length = int(info.get("offset", "0")), int(info["length"])
+            own = blob[offset:offset + length]
+            key = make_key(algo, digest_bytes(algo, own))
+            entries = [(k, v) for k, v in info.items() if k.startswith("prepacked")]
+            if digest_of.get(name) != key and length <= SMALL_VALUE_LIMIT and not entries:
+                del t.external_data[:]  # a small value: part of the companion's metadata
+                t.data_location = onnx.TensorProto.DEFAULT
+                t.raw_data = own
+                continue
+            if digest_of.get(name) != key:  # not a portable weight: the runtime made it
+                payloads.append(BytesPayload(key, own))
+                runtime_values[name] = {"store_key": key, "length": length,
+                                          "dtype": t.data_type, "dims": list(t.dims)}
+            del t.external_data[:]
+            for k, v in (("location", VALUE_PREFIX + name), ("length", str(length))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            for k, v in entries:
+                identity, _, where = v.partition("|")
+                p_off, p_len = (int(x) for x in where.split(";")[:2])
+                packed = blob[p_off:p_off + p_len]
+                packed_key = make_key(algo, digest_bytes(algo, packed))
+                payloads.append(BytesPayload(packed_key, packed))
+                kernel = identity.split("+", 1)[0]
+                req = _requirement(requirements.get(name, []), kernel)
+                if req is None or name not in digest_of:
+                    continue  # a packing the catalogue does not ask for: not recorded
+                pkey = prepared_key(req, (digest_of[name],), options)
+                objects.append({"key": pkey.to_dict(), "key_digest": pkey.digest,
+                                "value": name, "kernel": kernel, "identity": identity,
+                                "store_key": packed_key, "length": p_len})
+                e = t.external_data.add()
+                e.key, e.value = k, f"{identity}|{packed_key}"
+        if not objects:
+            raise PackageError("onnxruntime packed none of the requested weights",
+                               package=str(package), runtime=runtime_version())
+        WeightStore(store).put(payloads, kind="separate")
+        record_path, graph_path = record_paths(package, device, resolved.source.name)
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(graph_path, companion.SerializeToString())
+        doc = {"format_version": FORMAT_VERSION, "model": resolved.source.name,
+               "scenario": resolved.selected_scenario, "device": device,
+               "graph_digest": resolved.graph_digest, "runtime": runtime_version(),
+               "cpu_features": list(cpu_features()), "optimization_level": optimization_level,
+               "objects": sorted(objects, key=lambda o: (o["value"], o["kernel"])),
+               "runtime_values": runtime_values}
+        atomic_write_bytes(record_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n")
+                           .encode())
+    return PrepareResult(record_path, len(objects), sum(o["length"] for o in objects),
+                         len(runtime_values), runtime_version(), cpu_features())

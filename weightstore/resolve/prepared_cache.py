@@ -1,0 +1,83 @@
+"""Prepared records: which packed payloads a package's device has, under which keys.
+
+``weightstore prepare`` writes, per device, ``prepared/<device>/<model>.json`` in the
+package folder (the record) and ``prepared/<device>/<model>.onnx`` (the graph onnxruntime
+optimized and annotated with its ``prepacked_N`` entries, payloads omitted). The packed
+blobs themselves, and any initializer the runtime created, go into the weight store by
+digest; portable weights are referenced by their digest, never copied.
+
+Lookups are metadata only: a record entry answers a :class:`PreparedKey` when the keys are
+equal (same lineage, runtime version, CPU features, ...) and the store holds the blob.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ..errors import PackageError
+from .closure import WeightSource
+from .locator import StoreLocator
+from .manifest import PayloadSource
+from .prepared import PreparedKey
+
+FORMAT_VERSION = 1
+PREPARED = "prepared"
+DEFAULT_TARGET = "default"
+
+
+def record_paths(package: Path, target: str | None, model: str) -> tuple[Path, Path]:
+    folder = package / PREPARED / (target or DEFAULT_TARGET)
+    return folder / f"{model}.json", folder / f"{model}.onnx"
+
+
+@dataclass(frozen=True)
+class PreparedRecord:
+    """One model's prepared companion for one target."""
+
+    graph_digest: str  # the resolved graph it was prepared from
+    graph_path: Path
+    objects: dict[str, dict[str, Any]]  # key digest -> object
+    runtime_values: dict[str, dict[str, Any]]  # initializer -> {store_key, length, ...}
+
+    def companion(self) -> onnx.ModelProto:
+        return onnx.load(str(self.graph_path), load_external_data=False)
+
+
+def read_record(package: Path, target: str | None, model: str) -> PreparedRecord | None:
+    path, graph = record_paths(package, target, model)
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format_version") != FORMAT_VERSION:
+            raise PackageError("unsupported prepared record version", file=str(path),
+                               version=doc.get("format_version"))
+        return PreparedRecord(str(doc["graph_digest"]), graph,
+                              {o["key_digest"]: o for o in doc["objects"]},
+                              dict(doc.get("runtime_values", {})))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PackageError(f"unreadable prepared record: {exc}", file=str(path)) from None
+
+
+class RecordCache:
+    """:class:`~.prepared.PreparedCache` over a prepared record and the store."""
+
+    def __init__(self, record: PreparedRecord, store: StoreLocator | None) -> None:
+        self.record = record
+        self.store = store
+
+    def lookup(self, key: PreparedKey) -> WeightSource | None:
+        obj = self.record.objects.get(key.digest)
+        if obj is None or self.store is None:
+            return None
+        if obj["store_key"] not in self.store.locate([obj["store_key"]]):
+            return None
+        return WeightSource(PayloadSource("", 0, int(obj["length"]), checksum=obj["store_key"],
+                                          store_key=obj["store_key"]),
+                            onnx.TensorProto.UINT8, (int(obj["length"]),),
+                            f"prepared {obj['identity']}")
