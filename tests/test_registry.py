@@ -39,7 +39,7 @@ from .registry_server import RegistryServer, needs_registry, running_registry
 
 pytestmark = needs_registry
 
-LAYOUTS = ("embedded", "separate", "combined", "split", "split-sep")
+LAYOUTS = ("embedded", "separate", "combined", "shared", "split", "split-sep")
 
 RECIPE = """\
 package: pk
@@ -54,6 +54,7 @@ layouts:
   - {{name: embedded, external_weight: embedded}}
   - {{name: separate, external_weight: separate}}
   - {{name: combined, external_weight: combined}}
+  - {{name: shared, external_weight: combined, combined: shared}}
   - {{name: split, external_weight: combined, split: scenario, alignment: 4096}}
   - {{name: split-sep, external_weight: separate, split: scenario}}
 devices:
@@ -398,3 +399,30 @@ def test_bearer_token_flow(packages, tmp_path, monkeypatch) -> None:
         monkeypatch.setenv("WEIGHTSTORE_REGISTRY_PASSWORD", "wrong")
         with pytest.raises(RegistryAuthError, match="token service"):
             pull(ref, tmp_path / "again", store=WeightStore(tmp_path / "s3"))
+
+
+def test_pull_resumes_a_partial_blob(packages, registry, tmp_path) -> None:
+    source = packages["v1"]["combined"]
+    ref = parse_reference(f"{registry.host}/resume/a:1")
+    push(source, str(ref), store=packages["store"])
+    doc = json.loads(RegistryClient(ref.host).get_manifest(ref)[0])
+    layer = max((x for x in doc["layers"]
+                 if x["mediaType"] == "application/vnd.cncf.model.weight.v1.raw"),
+                key=lambda x: x["size"])
+    data = RegistryClient(ref.host).open_blob(ref, layer["digest"]).content
+    half = len(data) // 2
+    store = WeightStore(tmp_path / "store")
+    store.root.mkdir()
+    partial = store.root / f".pull-{layer['digest'].split(':')[1]}.tmp"
+    partial.write_bytes(data[:half])  # left by a pull that was cut off
+    report = pull(str(ref), tmp_path / "out", store=store)
+    assert report.fetched_bytes == report.payload_bytes - half
+    _same_tree(source, tmp_path / "out")
+    # a kept prefix that is wrong costs one fetch from 0, never a wrong byte
+    store2 = WeightStore(tmp_path / "store2")
+    store2.root.mkdir()
+    (store2.root / partial.name).write_bytes(b"\0" * half)
+    report = pull(str(ref), tmp_path / "out2", store=store2)
+    assert report.fetched_bytes == report.payload_bytes + (len(data) - half)
+    _same_tree(source, tmp_path / "out2")
+    assert store2.verify().ok

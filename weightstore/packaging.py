@@ -167,10 +167,12 @@ def _use_derived_keys(store: WeightStore, sources: list[Source], algo: str) -> N
     if not any(s.scenarios for s in sources):
         return
     cache = DerivedKeyCache(store.root)
-    index = store.index()
+    plans = []
     for s in sources:
         ids = _added_ids(s)
-        known = cache.load(s.identity, algo) if ids else {}
+        plans.append((ids, cache.load(s.identity, algo) if ids else {}))
+    index = store.locate({known[i] for ids, known in plans for i, _ in ids if i in known})
+    for ids, known in plans:
         for weight_id, weight in ids:
             key = known.get(weight_id)
             obj = index.get(key) if key else None

@@ -74,48 +74,66 @@ def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targe
     """Stream one blob to ``target``, checking its sha256 and size as it arrives. Returns
     the bytes received and, with ``also``, the hex digest of that algorithm over the same
     bytes. A mismatch removes ``target`` and names the digest. With ``resume``, bytes
-    already in ``target`` are hashed and only the rest is requested."""
+    already in ``target`` (a pull cut off before) are hashed and only the rest is
+    requested; if the whole then does not match, the blob is fetched once more from 0."""
     digest, size = desc["digest"], desc["size"]
     received = 0
-    for attempt in range(STREAM_ATTEMPTS):
+    from_zero = not resume
+    for _ in range(STREAM_ATTEMPTS):
         hashers = _hashers(also)
-        have = target.stat().st_size if (resume or attempt) and target.exists() else 0
+        have = target.stat().st_size if not from_zero and target.exists() else 0
+        resumed = have > 0
         if have > size:
             have = 0
         with open(target, "r+b" if have else "wb") as f:
             for data in iter(lambda: f.read(CHUNK), b"") if have else ():
                 for h in hashers:
                     h.update(data)
-            resp = client.open_blob(ref, digest, have)
-            if have and resp.status_code == 200:  # the registry sent it whole
-                hashers = _hashers(also)
-                have = 0
-            f.seek(have)
-            f.truncate()
-            pos = have
-            try:
-                with resp:
-                    for data in resp.iter_content(CHUNK):
-                        pos += len(data)
-                        received += len(data)
-                        client.count_received(len(data))
-                        if pos > size:
-                            break
-                        for h in hashers:
-                            h.update(data)
-                        f.write(data)
-            except (requests.ConnectionError, requests.Timeout,
-                    requests.exceptions.ChunkedEncodingError):
-                f.flush()
-                continue  # resume from what arrived
+            pos, broken = have, False
+            if have < size:
+                broken, pos, count = _stream(client, ref, desc, f, have, hashers, also)
+                received += count
             f.flush()
-            os.fsync(f.fileno())
-        if pos != size or "sha256:" + hashers[0].hexdigest() != digest:
-            target.unlink(missing_ok=True)
-            raise RegistryDigestError("blob does not match its digest", digest=digest,
-                                      reference=str(ref), size=size, received=pos)
-        return received, hashers[-1].hexdigest() if also else None
+            if not broken:
+                os.fsync(f.fileno())
+        if broken:
+            from_zero = False
+            continue  # resume from what arrived
+        if pos == size and "sha256:" + hashers[0].hexdigest() == digest:
+            return received, hashers[-1].hexdigest() if also else None
+        target.unlink(missing_ok=True)
+        if resumed:  # the kept prefix was bad: once more, from 0
+            from_zero = True
+            continue
+        raise RegistryDigestError("blob does not match its digest", digest=digest,
+                                  reference=str(ref), size=size, received=pos)
     raise RegistryError("blob transfer kept breaking off", digest=digest, reference=str(ref))
+
+
+def _stream(client: RegistryClient, ref: Reference, desc: dict[str, Any], f: Any,
+            have: int, hashers: list[Any], also: str | None) -> tuple[bool, int, int]:
+    """Append the blob's bytes from ``have`` to ``f``; (broken off, end, bytes read)."""
+    resp = client.open_blob(ref, desc["digest"], have)
+    if have and resp.status_code == 200:  # the registry sent it whole
+        hashers[:] = _hashers(also)
+        have = 0
+    f.seek(have)
+    f.truncate()
+    pos = have
+    try:
+        with resp:
+            for data in resp.iter_content(CHUNK):
+                pos += len(data)
+                client.count_received(len(data))
+                if pos > desc["size"]:
+                    break
+                for h in hashers:
+                    h.update(data)
+                f.write(data)
+    except (requests.ConnectionError, requests.Timeout,
+            requests.exceptions.ChunkedEncodingError):
+        return True, pos, pos - have
+    return False, pos, pos - have
 
 
 def _hashers(also: str | None) -> list[Any]:
