@@ -147,18 +147,22 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
     """Download one payload blob into the store. Its sha256 and its store key are both
     computed on the bytes as they are written; only when both match is the file renamed
     into the store (no copy, no second read). The partial file's name is its digest, so
-    a later pull resumes it."""
+    a later pull resumes it; the blob's lock keeps two pulls from writing it at once."""
     algo, hex_ = split_key(key)
-    tmp = store.root / f".pull-{desc['digest'].split(':', 1)[1]}.tmp"
-    try:
-        received, found = download(client, ref, desc, tmp, resume=True, also=algo)
-        if found != hex_:
-            raise IntegrityError("a blob's bytes do not match the key its layer names",
-                                 digest=desc["digest"], key=key, reference=str(ref))
-        store.adopt(key, tmp)
-    except IntegrityError:
-        tmp.unlink(missing_ok=True)
-        raise
+    name = f"pull-{desc['digest'].split(':', 1)[1]}"
+    tmp = store.root / f".{name}.tmp"
+    with store.file_lock(name):  # two pulls of one blob into one store take turns
+        if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
+            return 0  # the other one brought it
+        try:
+            received, found = download(client, ref, desc, tmp, resume=True, also=algo)
+            if found != hex_:
+                raise IntegrityError("a blob's bytes do not match the key its layer names",
+                                     digest=desc["digest"], key=key, reference=str(ref))
+            store.adopt(key, tmp)
+        except IntegrityError:
+            tmp.unlink(missing_ok=True)
+            raise
     return received
 
 
