@@ -17,6 +17,7 @@ zeros (holes) elsewhere.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -228,8 +229,6 @@ def _blob_bytes(client: RegistryClient, ref: Reference, desc: dict[str, Any],
 
 
 def _check_config(data: bytes, parsed: ParsedArtifact, reference: str) -> None:
-    import json
-
     try:
         doc = json.loads(data)
         fmt = doc["config"]["format"]
@@ -282,8 +281,6 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
             shutil.copyfile(path, result / entry["file"])
     else:
         _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
-        import json
-
         summary = json.loads((stage / SUMMARY_NAME).read_bytes())
         entries = [(str(m["file"]), list(m.get("scenarios", []))) for m in summary["models"]]
         if not any(scenario in names for _, names in entries):
@@ -365,8 +362,6 @@ def _assemble(store: WeightStore, folder: Path, files: list[WeightFile],
 def _register(store: WeightStore, folder: Path, parsed: ParsedArtifact,
               wanted: dict[str, int]) -> None:
     """A pulled package is a root of the store, like a built one."""
-    import json
-
     from ..store import RootRecord
 
     summary = json.loads((folder / SUMMARY_NAME).read_bytes())

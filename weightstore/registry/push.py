@@ -82,7 +82,7 @@ def bytes_pieces(data: bytes) -> Pieces:
 
 
 def _hash_range(path: Path, offset: int, size: int, algos: Iterable[str]) -> dict[str, str]:
-    hashers = {a: (hashlib.sha256() if a == "sha256" else new_hasher(a)) for a in algos}
+    hashers = {a: new_hasher(a) for a in algos}
     for data in file_pieces(path, offset)(0, size):
         for h in hashers.values():
             h.update(data)
