@@ -55,6 +55,7 @@ class Process:
     peak_rss: int  # bytes
     output: str  # stdout (and stderr too, where they were merged)
     killed: bool = False  # ran past its timeout
+    cpu_seconds: float = 0.0  # user + system time of the child, less sensitive to load
 
 
 def run_process(argv: list[str], workdir: Path, log_name: str, timeout: float | None = None,
@@ -98,7 +99,8 @@ def run_process(argv: list[str], workdir: Path, log_name: str, timeout: float | 
     killed = expired.is_set() and proc.returncode < 0
     if proc.returncode != 0 and not killed:
         raise BenchError(f"{' '.join(argv)} exited with {proc.returncode}:\n{text}{errors}")
-    return Process(seconds, usage.ru_maxrss * RSS_UNIT, text, killed)
+    return Process(seconds, usage.ru_maxrss * RSS_UNIT, text, killed,
+                   usage.ru_utime + usage.ru_stime)
 
 
 def rss_floor() -> int:

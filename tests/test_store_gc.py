@@ -80,6 +80,21 @@ def test_builds_register_roots_and_ls_shows_sizes(tmp_path: Path,
     assert "3 root(s), 0 dead" in capsys.readouterr().out
 
 
+def test_an_up_to_date_build_registers_a_missing_root(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    recipe = recipe_for(tmp_path / "a", 0)
+    build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    store = WeightStore(store_dir)
+    (root,) = store.roots()
+    store.remove_roots(str(root.id))
+    assert store.roots() == []
+    again = build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    assert again.packages[0].status == "up-to-date"
+    (back,) = store.roots()
+    assert (back.folder, back.fingerprint, back.objects) == (root.folder, root.fingerprint,
+                                                             root.objects)
+
+
 def test_gc_keeps_what_live_roots_use_and_deletes_the_rest(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     r1, r2 = recipe_for(tmp_path / "a", 0), recipe_for(tmp_path / "b", 1, SEPARATE)
@@ -389,3 +404,14 @@ def test_a_damaged_object_without_a_source_names_the_store_file(tmp_path: Path) 
         heal(store, [], p.key, obj)
     assert exc.value.context["store_file"] == str(store.path_of(obj))
     assert "verify --repair" in exc.value.context["hint"]
+
+
+def test_a_busy_combined_file_sends_the_next_writer_to_a_sibling(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "store", lock_timeout=0.2)
+    a, b = payloads(("a", 700), ("b", 900))
+    store.put([a], kind="combined", combined_name="enc")
+    with store.file_lock("enc_weight_combined"):  # another build is appending to it
+        report = store.put([b], kind="combined", combined_name="enc")
+    assert report.objects[b.key].file == "enc.1_weight_combined"
+    assert store.read(report.objects[b.key]) == b.data
+    assert store.verify().ok

@@ -7,6 +7,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -195,7 +196,7 @@ def test_huge_numbers_and_deep_nesting_are_typed_errors(tmp_path: Path, text: st
             call()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.binary(min_size=0, max_size=4096), at=st.integers(0, 1 << 16))
 def test_a_fuzzed_index_file_gives_only_typed_errors(tmp_path_factory, data: bytes,
@@ -374,3 +375,34 @@ def test_a_writer_waiting_for_the_index_names_the_running_builds(
     err = capsys.readouterr().err
     assert f"held by one of: pid {os.getpid()} on " in err
     assert err.count("waiting") >= 2
+
+
+FORMAT1_STORE = Path(__file__).parent / "data" / "format1-store"
+FORMAT1_PAYLOADS = [("s0", 300, "blake3"), ("s1", 5, "blake3"), ("s2", 0, "blake3"),
+                    ("c0", 700, "blake3"), ("c1", 64, "blake3"), ("c2", 1500, "blake3"),
+                    ("h0", 100, "sha256")]
+
+
+def test_a_store_written_by_format_1_code_migrates_with_every_object(tmp_path: Path) -> None:
+    """``tests/data/format1-store`` was written by weightstore's format 1 store code
+    (separate objects, two combined files at alignments 512 and 64, sha256 and blake3)."""
+    root = tmp_path / "store"
+    shutil.copytree(FORMAT1_STORE, root)
+    expected = {BytesPayload.of(blob(label, size), algo).key: blob(label, size)
+                for label, size, algo in FORMAT1_PAYLOADS}
+    store = WeightStore(root)
+    legacy = read_legacy(root / "meta.json")
+    assert legacy is not None and set(legacy) == set(expected)
+    assert store.verify().ok  # read as it is, before any write
+    report = store.put([BytesPayload.of(blob("new", 42))], kind="separate")
+    assert report.written_objects == 1
+    after = store_index(store)
+    assert {k: after[k] for k in legacy} == legacy
+    for key, data in expected.items():
+        assert store.read(after[key]) == data
+    assert store.verify().ok
+    assert json.loads((root / "meta.json").read_text())["format_version"] == 2
+    # a build-style put of the same payloads writes nothing again
+    again = store.put([BytesPayload(k, d) for k, d in expected.items()], kind="combined",
+                      combined_name="enc")
+    assert again.written_objects == 0

@@ -275,16 +275,19 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
                  summary: dict[str, Any]) -> None:
     """An up-to-date package registers its root if the store lacks it (a store migrated
     from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses."""
-    from .store.index import INDEX_NAME
+    from .store.index import INDEX_NAME, Index
 
     if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
         return
-    from .store import WeightStore
-
-    store = WeightStore(store_root)
     try:
-        if not store.has_root(str(target.absolute()), summary["fingerprint"]):
-            register_root(store, layout, target, summary)
+        from .store.roots import is_registered
+
+        with Index(store_root).reading() as conn:  # the usual case: one indexed lookup
+            if is_registered(conn, str(target.absolute()), summary["fingerprint"]):
+                return
+        from .store import WeightStore
+
+        register_root(WeightStore(store_root), layout, target, summary)
     except (StoreError, KeyError, TypeError):
         pass  # a store that cannot take it costs only gc's protection, never the build
 

@@ -421,6 +421,18 @@ class Index:
             yield row_object(row)
 
     @staticmethod
+    def rows(conn: sqlite3.Connection) -> Iterator[tuple[str, str, int, int]]:
+        """Every row as ``(key, file, offset, size)``, by key (streamed, no objects)."""
+        return conn.execute("SELECT key, file, offset, size FROM objects ORDER BY key")
+
+    @staticmethod
+    def objects_by_file(conn: sqlite3.Connection) -> Iterator[StoredObject]:
+        """Every row (streamed), grouped by file, by offset within a file."""
+        for row in conn.execute("SELECT key, file, offset, size FROM objects "
+                                "ORDER BY file, offset, size"):
+            yield row_object(row)
+
+    @staticmethod
     def files(conn: sqlite3.Connection) -> list[tuple[str, int, int, int]]:
         """``(file, objects, payload bytes, end of the last range)`` per indexed file."""
         return conn.execute("SELECT file, count(*), sum(size), max(offset + size) "

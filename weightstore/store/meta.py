@@ -100,12 +100,13 @@ def write_marker(path: Path, index_name: str) -> None:
     atomic_write_bytes(path, (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode())
 
 
-def export_meta(path: Path, rows: Callable[[], Iterable[StoredObject]], index_name: str,
-                ) -> int:
+def export_meta(path: Path, rows: Callable[[], Iterable[tuple[str, str, int, int]]],
+                index_name: str) -> int:
     """Write GE's ``meta.json`` to ``path`` atomically; returns the number of objects.
 
-    ``rows()`` yields every object in key order and is called once per map, so memory stays
-    flat however large the store is. The bytes are deterministic for a given content.
+    ``rows()`` yields every object's ``(key, file, offset, size)`` in key order and is
+    called once per map, so memory stays flat however large the store is. The bytes are
+    deterministic for a given content.
     """
     from .index import FORMAT_VERSION
 
@@ -123,13 +124,20 @@ def export_meta(path: Path, rows: Callable[[], Iterable[StoredObject]], index_na
 
 
 
-def _write_map(out: IO[str], objects: Iterable[StoredObject], field: int) -> int:
+def _write_map(out: IO[str], rows: Iterable[tuple[str, str, int, int]], field: int) -> int:
+    """One map's entries, written a few thousand lines at a time."""
+    quote = json.encoder.encode_basestring  # what json.dumps does to a str, in C
     count = 0
-    for obj in objects:
-        value: Any = (obj.file, obj.offset, obj.size)[field]
-        out.write(("\n  " if count == 0 else ",\n  ") + f"{json.dumps(obj.key)}: "
-                  f"{json.dumps(value)}")
+    lines: list[str] = []
+    for row in rows:
+        value = quote(row[1]) if field == 0 else str(row[field + 1])
+        lines.append(f"  {quote(row[0])}: {value}")
         count += 1
+        if len(lines) >= 4096:
+            out.write(("\n" if count == len(lines) else ",\n") + ",\n".join(lines))
+            lines = []
+    if lines:
+        out.write(("\n" if count == len(lines) else ",\n") + ",\n".join(lines))
     return count
 
 

@@ -24,7 +24,7 @@ from ..hashing import ALGORITHMS, digest_file, make_key
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .objects import StoredObject
 from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced
-from .verify import VerifyReport, verify_objects, verify_store
+from .verify import VerifyReport, verify_store
 
 if TYPE_CHECKING:
     from .store import WeightStore
@@ -90,9 +90,7 @@ def repair_store(store: WeightStore, jobs: int) -> RepairReport:
              if o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
     deleted = unlink_unreferenced(store, files)
     temps = remove_temps(store, stale_temps(store, oldest_live_lease(store)))
-    with store.index.reading() as conn:
-        kept = {obj.key: obj for obj in store.index.objects(conn)}
-    remaining = verify_objects(store.root, kept, jobs, trusted=kept.keys())
+    remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed
     return RepairReport(root=str(store.root), found=found, dropped=tuple(dropped),
                         deleted_files=tuple(sorted(deleted)), remaining=remaining,
                         removed_temps=tuple(temps), rebuilt=rebuilt)

@@ -28,6 +28,7 @@ from ..hashing import split_key
 from . import leases
 from .index import INDEX_NAME, Index
 from .layout import (
+    COMBINED_SUFFIX,
     LOCK_NAME,
     META_NAME,
     combined_file_name,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 LOCKS_DIR = "locks"
 PUT_ATTEMPTS = 3
+COMBINED_SIBLINGS = 8  # combined files one model name may append to at the same time
 
 PutKind = Literal["separate", "combined"]
 
@@ -171,13 +173,12 @@ class WeightStore:
                 outcome = write_separate(self.root, missing, jobs)
                 found, new = self._record(todo, outcome, stale, publish=True)
             else:
-                with self.file_lock(combined_file):
+                with self._free_combined(combined_file) as file:
                     # appends to this file are ours alone now; look again
                     present = self._present(self.index.locate(s.key for s in missing),
                                             todo)
                     missing = [src for src in missing if src.key not in present]
-                    outcome = append_combined(self.root, combined_file, missing, alignment,
-                                              jobs)
+                    outcome = append_combined(self.root, file, missing, alignment, jobs)
                     found, new = self._record(todo, outcome, stale, publish=False)
             located.update(found)
             written.update(new)
@@ -315,13 +316,35 @@ class WeightStore:
             return None
         return st.st_size if stat.S_ISREG(st.st_mode) else None
 
-    def file_lock(self, file: str):
+    @contextlib.contextmanager
+    def _free_combined(self, file: str) -> Iterator[str]:
+        """Hold the lock of ``file``, or of a sibling when another writer is appending to
+        it (``<name>.1_weight_combined`` ...): two builds of same-named models append side
+        by side instead of in turn. Where a payload sits never matters to a package."""
+        stem = file[: -len(COMBINED_SUFFIX)]
+        for n in range(COMBINED_SIBLINGS):
+            name = file if n == 0 else f"{stem}.{n}{COMBINED_SUFFIX}"
+            try:
+                lock = self.file_lock(name, timeout=0)
+                lock.__enter__()
+            except StoreError:
+                continue
+            try:
+                yield name
+            finally:
+                lock.__exit__(None, None, None)
+            return
+        with self.file_lock(file):  # every sibling busy: wait for the first
+            yield file
+
+    def file_lock(self, file: str, timeout: float | None = None):
         """The lock of one combined file: appends and compaction of it take turns."""
         from ..locking import file_lock
 
         folder = self.root / LOCKS_DIR
         folder.mkdir(exist_ok=True)
-        return file_lock(folder / f"{file}.lock", self.lock_timeout, StoreError,
+        return file_lock(folder / f"{file}.lock",
+                         self.lock_timeout if timeout is None else timeout, StoreError,
                          f"store file {file}")
 
     # -- reading -----------------------------------------------------------------------
@@ -419,14 +442,6 @@ class WeightStore:
         with self.index.writing() as conn:
             roots.register(conn, record, keys)
 
-    def has_root(self, folder: str, fingerprint: str) -> bool:
-        from . import roots
-
-        if not self.index.exists():
-            return False
-        with self.index.reading() as conn:
-            return roots.is_registered(conn, folder, fingerprint)
-
     def roots(self) -> list[Root]:
         from . import roots
 
@@ -474,7 +489,7 @@ class WeightStore:
         self._require_root()
         target = Path(path) if path is not None else self.meta_path
         with self.index.reading() as conn:
-            count = export_meta(target, lambda: self.index.objects(conn), INDEX_NAME)
+            count = export_meta(target, lambda: self.index.rows(conn), INDEX_NAME)
         return target, count
 
     # -- the root folder ---------------------------------------------------------------

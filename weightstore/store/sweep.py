@@ -29,8 +29,8 @@ SWEEP_BATCH = 500
 def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
     """Delete each of ``files`` that no row refers to; returns the names deleted."""
     deleted: list[str] = []
-    separate = [f for f in dict.fromkeys(files) if is_safe_component(f)]
-    for chunk in batched(separate, SWEEP_BATCH):
+    names = [f for f in dict.fromkeys(files) if is_safe_component(f)]
+    for chunk in batched(names, SWEEP_BATCH):
         combined = [f for f in chunk if kind_of(f) == "combined"]
         with contextlib.ExitStack() as stack:
             for name in combined:
@@ -43,10 +43,8 @@ def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
                         continue
                     try:
                         os.unlink(store.root / name)
-                    except FileNotFoundError:
-                        continue
                     except OSError:
-                        continue  # left for the next sweep; verify reports it
+                        continue  # gone already, or left for the next sweep
                     deleted.append(name)
     if deleted:
         fsync_dir(store.root)

@@ -78,31 +78,47 @@ class VerifyReport:
 
 def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
                    trusted: Collection[str] = ()) -> VerifyReport:
-    """Check ``index`` against the files under ``root`` (caller holds the store lock).
+    """Check ``index`` against the files under ``root``.
 
     Keys in ``trusted`` get every check but the re-hash (their bytes were just hashed).
     """
+    problems, hashed = check_rows(root, list(index.values()), jobs, trusted)
+    ends: dict[str, int] = {}
+    for obj in index.values():
+        ends[obj.file] = max(ends.get(obj.file, 0), obj.end)
+    return VerifyReport(root=str(root), objects=len(index), bytes_hashed=hashed,
+                        problems=tuple(sorted(problems, key=_order)),
+                        warnings=leftovers(root, ends))
+
+
+def check_rows(root: Path, objects: list[StoredObject], jobs: int,
+               trusted: Collection[str] = (), *, rehash: bool = True,
+               ) -> tuple[list[Problem], int]:
+    """The problems of ``objects`` (every row of each file they name), and the bytes
+    hashed (none without ``rehash``: structure only)."""
     problems: list[Problem] = []
     sizes: dict[str, int | None] = {}
     to_hash: list[StoredObject] = []
-    for obj in index.values():
+    for obj in objects:
         if obj.file not in sizes:
             sizes[obj.file] = _size(root / obj.file)
         problems.extend(_check_shape(obj, sizes[obj.file]))
         file_size = sizes[obj.file]
-        if file_size is not None and obj.end <= file_size and obj.key not in trusted:
+        if (rehash and file_size is not None and obj.end <= file_size
+                and obj.key not in trusted):
             to_hash.append(obj)
-    problems.extend(_overlaps(index.values()))
-    ends: dict[str, int] = {}
-    for obj in index.values():
-        ends[obj.file] = max(ends.get(obj.file, 0), obj.end)
+    problems.extend(_overlaps(objects))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         problems.extend(p for p in pool.map(lambda o: _check_digest(root, o), to_hash)
                         if p is not None)
+    return problems, sum(o.size for o in to_hash)
+
+
+def leftovers(root: Path, ends: dict[str, int]) -> tuple[Problem, ...]:
+    """Warnings about what no row covers; ``ends``: each indexed file's last range end."""
     listing = scan(root)
-    referenced = {obj.file for obj in index.values()}
     warnings = [Problem("orphan_file", name, None, f"{size} bytes no index entry refers to")
-                for name, size in listing.objects.items() if name not in referenced]
+                for name, size in listing.objects.items() if name not in ends]
     warnings += [Problem("temp_file", name, None, "temp file left by an interrupted write")
                  for name in listing.temps]
     warnings += [Problem("unreferenced_bytes", name, None,
@@ -110,10 +126,7 @@ def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
                          f"interrupted append); gc's compaction reclaims them")
                  for name, size in listing.objects.items()
                  if name in ends and kind_of(name) == "combined" and size > ends[name]]
-    return VerifyReport(root=str(root), objects=len(index),
-                        bytes_hashed=sum(o.size for o in to_hash),
-                        problems=tuple(sorted(problems, key=_order)),
-                        warnings=tuple(sorted(warnings, key=_order)))
+    return tuple(sorted(warnings, key=_order))
 
 
 def _check_shape(obj: StoredObject, file_size: int | None) -> list[Problem]:
@@ -183,12 +196,41 @@ def _size(path: Path) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else -1
 
 
-def verify_store(store: WeightStore, jobs: int) -> VerifyReport:
-    """Verify one snapshot of ``store``'s index, then keep the findings that still hold."""
+VERIFY_BATCH = 20_000  # rows checked at a time: memory stays flat however large the store
+
+
+def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True) -> VerifyReport:
+    """Verify one snapshot of ``store``'s index, streamed in batches of whole files, then
+    keep the findings that still hold (``rehash=False``: structure only)."""
+    problems: list[Problem] = []
+    seen: dict[str, StoredObject] = {}  # the rows behind the problems
+    objects = hashed = 0
     with store.index.reading() as conn:
-        snapshot = {obj.key: obj for obj in store.index.objects(conn)}
-    report = verify_objects(store.root, snapshot, jobs)
-    return still_current(store, report, snapshot)
+        ends = {file: end for file, _, _, end in store.index.files(conn)}
+        batch: list[StoredObject] = []
+        for obj in store.index.objects_by_file(conn):
+            if len(batch) >= VERIFY_BATCH and obj.file != batch[-1].file:
+                objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects,
+                                       hashed)
+                batch = []
+            batch.append(obj)
+        objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects, hashed)
+    report = VerifyReport(root=str(store.root), objects=objects, bytes_hashed=hashed,
+                          problems=tuple(sorted(problems, key=_order)),
+                          warnings=leftovers(store.root, ends))
+    return still_current(store, report, seen)
+
+
+def _run(store: WeightStore, batch: list[StoredObject], jobs: int, rehash: bool,
+         problems: list[Problem], seen: dict[str, StoredObject], objects: int, hashed: int,
+         ) -> tuple[int, int]:
+    found, n = check_rows(store.root, batch, jobs, rehash=rehash)
+    rows = {obj.key: obj for obj in batch}
+    for p in found:
+        if p.key is not None:
+            seen[p.key] = rows[p.key]
+    problems.extend(found)
+    return objects + len(batch), hashed + n
 
 
 def still_current(store: WeightStore, report: VerifyReport,
