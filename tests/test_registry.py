@@ -426,3 +426,78 @@ def test_pull_resumes_a_partial_blob(packages, registry, tmp_path) -> None:
     assert report.fetched_bytes == report.payload_bytes + (len(data) - half)
     _same_tree(source, tmp_path / "out2")
     assert store2.verify().ok
+
+
+class _Dropping(BaseHTTPRequestHandler):
+    """Forwards to the registry (keeping the client's Host, so upload locations point back
+    here); the first two chunk uploads it sees are cut off halfway, as a broken link
+    would."""
+
+    upstream = ""
+    dropped: list[str] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        conn = http.client.HTTPConnection(self.upstream, timeout=30)
+        if self.command == "PATCH" and len(self.dropped) < 2:
+            self.dropped.append(self.path)
+            conn.putrequest("PATCH", self.path, skip_host=True, skip_accept_encoding=True)
+            for k, v in self.headers.items():
+                conn.putheader(k, v)
+            conn.endheaders(body[: len(body) // 2])
+            conn.close()  # the registry receives half a chunk
+            self.close_connection = True
+            self.connection.close()
+            return
+        conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+        for k, v in self.headers.items():
+            conn.putheader(k, v)
+        conn.endheaders(body or None)
+        resp = conn.getresponse()
+        data = resp.read()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        conn.close()
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _forward
+
+
+def test_a_chunk_cut_off_midway_is_resumed_or_restarted(packages, registry, tmp_path,
+                                                        monkeypatch) -> None:
+    source = packages["v1"]["combined"]
+    asked: list[int] = []  # the registry may answer with an offset or refuse the session
+    status = RegistryClient.upload_status
+
+    def counted(self, *args):
+        asked.append(1)
+        return status(self, *args)
+
+    monkeypatch.setattr(RegistryClient, "upload_status", counted)
+    handler = type("H", (_Dropping,), {"upstream": registry.host, "dropped": []})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        ref = f"127.0.0.1:{proxy.server_port}/chunks/a:1"
+        # two attempts per request: the chunk fails twice, then the push asks the registry
+        # how far the upload got and goes on from there
+        transport = Transport(chunk_size=16384, backoff=0.01, attempts=2)
+        report = push(source, ref, store=WeightStore(tmp_path / "s1"), transport=transport,
+                      jobs=1)
+        assert len(handler.dropped) == 2 and report.uploaded == report.blobs
+        assert asked  # the push asked the registry where the upload stood
+        pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "s2"))
+        _same_tree(source, tmp_path / "out")
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
