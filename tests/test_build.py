@@ -112,7 +112,7 @@ def test_summary_totals(built):
     package = next(p for p in result.packages if p.layout == "combined-4k")
     s = package.summary
     on_disk = json.loads((package.path / "summary.json").read_text())
-    assert on_disk == s and s["format_version"] == 1
+    assert on_disk == s and s["format_version"] == 3
     t = s["totals"]
     weights = s["models"][0]["external_weights"]
     assert t["external_weights"] == len(weights)

@@ -27,6 +27,7 @@ from weightstore.keycache import FOLDER
 from .test_build import tree, write_recipe
 
 LAYOUTS = ("\n  - {name: c, external_weight: combined}"
+           "\n  - {name: sh, external_weight: combined, combined: shared}"
            "\n  - {name: s, external_weight: separate}\n")
 Q = "encoder.layer.0.attention.self.query.weight"
 K = "encoder.layer.0.attention.self.key.weight"

@@ -312,26 +312,32 @@ def test_a_symlinked_store_object_is_damage(encoder_model, save_model, tmp_path)
     elsewhere.write_bytes(victim.read_bytes())  # even with the very same bytes
     victim.unlink()
     victim.symlink_to(elsewhere)
-    # the store never serves a symlink: the build writes the object again from its source
+    # damage: the build writes the object again, as a regular file, from its source
     build(recipe, BuildOptions(store=str(store), force=True))
-    assert victim.is_file() and not victim.is_symlink()
-    assert victim.read_bytes() == elsewhere.read_bytes()
+    assert not victim.is_symlink() and victim.read_bytes() == elsewhere.read_bytes()
     assert WeightStore(store).verify().ok
 
 
 def test_a_damaged_store_object_names_its_file_offset_and_the_repair(
-        encoder_model, save_model, tmp_path, capsys):
+        encoder_model, save_model, tmp_path, monkeypatch):
     import shutil
 
     recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
-    good = victim.read_bytes()
-    data = bytearray(good)
+    data = bytearray(victim.read_bytes())
     data[len(data) // 3] ^= 0xFF
     victim.write_bytes(bytes(data))
     shutil.rmtree(store / "payload-keys")  # no cache: the payload is copied from the store
-    # the build names the damaged object and rewrites it from its source
+    # The build has the source's bytes at hand: it rewrites the object and goes on.
     build(recipe, BuildOptions(store=str(store), force=True))
-    err = capsys.readouterr().err
-    assert f"in {victim.name} at offset 0 was damaged; rewritten from" in err
-    assert victim.read_bytes() == good
     assert WeightStore(store).verify().ok
+    # Without a good copy, the error names the store file, offset and the repair.
+    victim.write_bytes(bytes(data))
+    shutil.rmtree(store / "payload-keys")
+    import weightstore.packaging as packaging
+
+    monkeypatch.setattr(packaging, "heal", lambda *args: None)
+    with pytest.raises(IntegrityError, match="does not match its digest") as err:
+        build(recipe, BuildOptions(store=str(store), force=True))
+    assert err.value.context["source"] == str(victim)
+    assert err.value.context["source_offset"] == 0
+    assert "store verify --repair" in err.value.context["hint"]

@@ -195,6 +195,10 @@ def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
     assert set(hashed.files) == {"m002.onnx"}
     assert hashed.payloads == {"m002.onnx": 2 * HIDDEN * HIDDEN * 4}  # w0 and w1, once
     hashed.reset()
+    check = build(recipe, BuildOptions(jobs=2))  # hashes the new package files once
+    assert [p.status for p in check.packages] == ["up-to-date"] * 3
+    assert hashed.payloads == {}
+    hashed.reset()
     again = build(recipe, BuildOptions(jobs=2))
     assert [p.status for p in again.packages] == ["up-to-date"] * 3
     assert hashed.payloads == hashed.files == {}

@@ -429,7 +429,8 @@ def test_every_name_matching_the_pattern_is_accepted(name: str) -> None:
 def test_schema_file_is_up_to_date() -> None:
     current = SCHEMA_FILE.read_text(encoding="utf-8") if SCHEMA_FILE.exists() else ""
     assert current == render_schema(), (
-        f"{SCHEMA_FILE.name} is stale: run `weightstore schema` to regenerate it")
+        f"{SCHEMA_FILE.name} is stale: run "
+        "`weightstore schema --output schemas/recipe.schema.json`")
 
 
 def _schema_properties(schema: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -86,13 +86,16 @@ def _with_unknown_varint(model: onnx.ModelProto, number: int, value: int) -> Non
 # -- generated code ------------------------------------------------------------------------
 
 
-def test_generated_module_is_current(tmp_path: Path) -> None:
-    pytest.importorskip("grpc_tools", reason="grpcio-tools (test extra) regenerates the code")
+def test_generated_descriptor_is_current(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (dev extra) compiles the schema")
+    from weightstore._proto import descriptor
+
     fresh = generate.regenerate(tmp_path)
-    committed = Path(pb.__file__)
+    committed = Path(descriptor.__file__)
     assert fresh.read_bytes() == committed.read_bytes(), (
-        "weightstore/_proto/weightstore_pb2.py is out of date with schemas/weightstore.proto: "
+        "weightstore/_proto/descriptor.py is out of date with schemas/weightstore.proto: "
         "run `python -m weightstore._proto.generate`")
+    assert pb.DESCRIPTOR.serialized_pb == descriptor.SERIALIZED
 
 
 def test_generated_messages_embed_onnx_classes() -> None:
@@ -370,3 +373,27 @@ def test_payload_identity_sees_catalogue_paths(tmp_path: Path) -> None:
     assert paths <= set(seen)
     assert custom != base_graph_digest(model)
     assert custom == base_graph_digest(model, lambda site: "same")
+
+
+OLDER_RUNTIME = """
+import sys
+from google.protobuf import runtime_version
+runtime_version.MAJOR, runtime_version.MINOR = 6, 31  # what a resolver may pick with onnx
+from weightstore.cli import main
+sys.exit(main(["scenario", "list", sys.argv[1]]))
+"""
+
+
+def test_scenario_messages_load_under_an_older_protobuf_runtime(tmp_path: Path) -> None:
+    """No generated code carries a runtime version guard: protobuf 6 is as good as 7."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.onnx"
+    model = _add_model()
+    write_scenarios(model, [_scenario()])
+    onnx.save(model, str(path))
+    res = subprocess.run([sys.executable, "-c", OLDER_RUNTIME, str(path)],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    assert _scenario().scenario in res.stdout

@@ -510,7 +510,7 @@ def test_bytes_move_outside_the_store_wide_lock(store: WeightStore,
         return real_copy(src, fd, offset)
 
     monkeypatch.setattr(writer_module, "copy_payload", spying_copy)
-    store.put(payloads(("a", 10), ("b", 20)), kind="separate", jobs=2)
+    store.put(payloads(("a", 10), ("b", 20)), kind="separate", jobs=1)  # probes in turn
     store.put(payloads(("c", 10)), kind="combined", combined_name="m")
     assert seen == [True, True, True]
     assert max(store.index.write_holds) < 1.0
@@ -927,7 +927,11 @@ def test_cli_on_a_missing_store_exits_2_and_creates_nothing(
     missing = tmp_path / "typo" / "a" / "b"
     assert main([*argv, "--store", str(missing)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("weightstore: error: no store") and str(missing) in err
+    if "--json" in argv:
+        doc = json.loads(err)
+        assert doc["error"] == "no store at this path" and doc["context"]["path"] == str(missing)
+    else:
+        assert err.startswith("weightstore: error: no store") and str(missing) in err
     assert os.listdir(tmp_path) == []
 
 

@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from .catalogue.locations import resolve_location
-from .errors import ExternalDataError, PackageError, RecipeError, StoreError
+from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .outputs import check_output_folder
 from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
 from .selection import select_part
 from .store.location import resolve_store_path
+from .summary import CONTENTS_SINCE, SUMMARY_NAME
 from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
-from .summary import SUMMARY_NAME
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,14 @@ class BuildOptions:
     progress: bool | None = None  # None: only on an interactive terminal
     models: tuple[str, ...] = ()  # --model: package only these (all when empty)
     layouts: tuple[str, ...] = ()  # --layout: build only these (all when empty)
+    dry_run: bool = False  # report what would be built, written and reused; write nothing
 
 
 @dataclass
 class PackageResult:
     layout: str
     path: Path
-    status: str  # "built" | "up-to-date"
+    status: str  # "built" | "up-to-date" | "would-build" (dry run)
     summary: dict[str, Any]
 
 
@@ -70,10 +72,12 @@ class BuildResult:
         }
 
 
-def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = None,
-          ) -> BuildResult:
+def build(recipe_path: str | os.PathLike[str] | LoadedRecipe,
+          options: BuildOptions | None = None) -> BuildResult:
+    """Build every layout of a recipe (a file, or one already loaded)."""
     options = options or BuildOptions()
-    loaded = select_part(load_recipe(recipe_path), options.models, options.layouts)
+    loaded = select_part(recipe_path if isinstance(recipe_path, LoadedRecipe)
+                         else load_recipe(recipe_path), options.models, options.layouts)
     recipe = loaded.recipe
     store_root = resolve_store_path(options.store, loaded.store_path())
     if store_root.exists() and not store_root.is_dir():
@@ -93,7 +97,8 @@ def build(recipe_path: str | os.PathLike[str], options: BuildOptions | None = No
             pending.append((layout, target, existing))
     if pending:
         _build_pending(loaded, pending, store_root, digests, options, result)
-    digests.save()
+    if not options.dry_run:
+        digests.save()
     order = {layout.name: i for i, layout in enumerate(recipe.layouts)}
     result.packages.sort(key=lambda p: order[p.layout])
     return result
@@ -163,18 +168,23 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
         return False
     if _fingerprint(loaded, layout, identities) != summary.get("fingerprint"):
         return False
-    return _intact(target, summary)
+    return _intact(target, summary, digests)
 
 
-def _intact(target: Path, summary: dict[str, Any]) -> bool:
+def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool:
+    """Every file the summary lists is there with its digest (through the stat cache: a
+    file rewritten since it was last hashed is hashed again, so a change is never missed)."""
+    from .release.inventory import verify_package
+
+    version = summary.get("format_version")
+    if not isinstance(version, int) or version < CONTENTS_SINCE:
+        return False  # no file digests to check against
     try:
-        expected = [(m["file"], m["model_bytes"]) for m in summary["models"]]
-        expected += [(f["name"], f["size"]) for f in summary["files"]]
-        devices = [name for d in summary.get("devices", []) for name in d["files"]]
-        return (all((target / name).stat().st_size == size for name, size in expected)
-                and all((target / name).is_file() for name in devices))
-    except (OSError, KeyError, TypeError):
+        report = verify_package(target, digest=lambda algo, path: digests.of(path, algo))
+    except (OSError, WeightstoreError):
         return False
+    # files the summary does not list are not part of the package (verify reports them)
+    return all(p.kind == "unexpected" for p in report.problems)
 
 
 def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict | None]],
@@ -205,7 +215,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         for layout, target, existing in pending:
             fp = _fingerprint(loaded, layout, identities)
             if existing is not None and not options.force:
-                _refuse(target, existing, fp)
+                _refuse(target, existing, fp, layout, identities)
             for s in sources:
                 size = packaging.estimated_model_bytes(s, layout)
                 if size > PROTOBUF_LIMIT:
@@ -214,20 +224,28 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                                        model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
         store = WeightStore(store_root)
+        if options.dry_run:
+            result.store_report = packaging.plan_store(
+                store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
+                options.jobs, options.progress)
+            result.packages += [PackageResult(layout.name, target, "would-build", {})
+                                for layout, target, _ in todo]
+            return
         with store.leased():  # gc spares every key this build relies on until it ends
             try:
-                _fill_and_write(loaded, todo, sources, store, options, result)
+                _fill_and_write(loaded, todo, sources, store, digests, options, result)
             except StaleKeyError:
                 # a damaged payload-key cache: forget it and hash every key (once)
                 packaging.distrust_cached_keys(sources, store, recipe.store.hash)
-                _fill_and_write(loaded, todo, sources, store, options, result,
+                _fill_and_write(loaded, todo, sources, store, digests, options, result,
                                 trust_cache=False)
     finally:
         packaging.close_sources(sources)
 
 
 def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
-                    sources: list, store: Any, options: BuildOptions, result: BuildResult,
+                    sources: list, store: Any, digests: FileDigests, options: BuildOptions,
+                    result: BuildResult,
                     *, trust_cache: bool = True) -> None:
     """Fill the store for ``todo``'s layouts and write them; each layout written is
     removed from ``todo``."""
@@ -242,16 +260,16 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
         result.store_report[k] = result.store_report.get(k, 0) + v
     while todo:
         layout, target, fp = todo[0]
-        with target_lock(target):
+        with target_lock(target, store.root):
             # another build may have published here since the first look
             existing = _existing_summary(target, options.force)
             if existing is not None and not options.force:
-                if existing.get("fingerprint") == fp and _intact(target, existing):
+                if existing.get("fingerprint") == fp and _intact(target, existing, digests):
                     result.packages.append(
                         PackageResult(layout.name, target, "up-to-date", existing))
                     todo.pop(0)
                     continue
-                _refuse(target, existing, fp)
+                _refuse(target, existing, fp, layout, [s.identity for s in sources])
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress)
             register_root(store, layout, target, summary)
@@ -314,11 +332,46 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
             "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
 
 
-def _refuse(target: Path, existing: dict[str, Any], fingerprint: str) -> None:
-    what = ("a different build" if existing.get("fingerprint") != fingerprint
-            else "a damaged package")
+def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
+            layout: Layout | None = None, identities: list[dict[str, Any]] | None = None,
+            ) -> None:
+    version = existing.get("format_version")
+    different = existing.get("fingerprint") != fingerprint
+    if not different and isinstance(version, int) and version < CONTENTS_SINCE:
+        return  # the same build in an older summary format: rewritten, nothing is lost
+    what = "a different build" if different else "a damaged package"
+    changed = (_what_changed(existing, layout, identities)
+               if different and layout is not None and identities is not None else None)
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",
-                       folder=str(target))
+                       folder=str(target), changed=changed)
+
+
+def _what_changed(existing: dict[str, Any], layout: Layout,
+                  identities: list[dict[str, Any]]) -> str:
+    """Which sources or settings differ from the build in the folder, in words."""
+    out: list[str] = []
+    try:
+        before = {m["name"]: m for m in existing.get("models", [])}
+        now = {i["name"]: i for i in identities}
+        out += [f"model '{n}' added" for n in now if n not in before]
+        out += [f"model '{n}' removed" for n in before if n not in now]
+        for name, ident in now.items():
+            old = before.get(name)
+            if old is None:
+                continue
+            if old.get("source_digest") != ident["source_digest"]:
+                out.append(f"source of model '{name}'")
+            if old.get("external_sources", {}) != ident["external"]:
+                out.append(f"external data of model '{name}'")
+        settings = layout.model_dump(mode="json")
+        old_settings = existing.get("layout", {})
+        out += [f"layout {k}" for k in sorted(settings)
+                if k in old_settings and old_settings[k] != settings[k]]
+        if existing.get("generator") != f"weightstore {__version__}":
+            out.append(f"generator ({existing.get('generator')})")
+    except (AttributeError, TypeError, KeyError):
+        pass
+    return ", ".join(out) or "scenarios, devices or package settings"
 
 
 __all__ = ["BuildOptions", "BuildResult", "PackageResult", "build"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -16,15 +17,23 @@ EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
 
 def _jobs(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="weightstore", description=__doc__)
+    p = argparse.ArgumentParser(prog="weightstore", description=__doc__.replace("``", ""))
     p.add_argument("--version", action="version", version=f"weightstore {__version__}")
+    loud = p.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true",
+                      help="print nothing but errors (and what --json asks for)")
+    loud.add_argument("-v", "--verbose", action="store_true",
+                      help="on an error, also print where in the code it happened")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("build", help="build every layout of a recipe into packages")
@@ -36,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true",
                    help="rebuild and replace package folders, even up-to-date or different ones")
     b.add_argument("--json", action="store_true", help="print the build summaries as JSON")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print the plan (layouts to build or skip, bytes to write and to "
+                        "reuse) and write nothing")
     b.add_argument("--model", action="append", default=[], metavar="NAME",
                    help="package only this model (repeatable; default: every model)")
     b.add_argument("--layout", action="append", default=[], metavar="NAME",
@@ -48,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         sp = ssub.add_parser(name, help=text)
         sp.add_argument("--store", help="store folder (beats $WEIGHTSTORE_DIR and the user "
                                         "cache folder)")
+        sp.add_argument("--recipe", help="use the store this recipe builds into")
         sp.add_argument("--json", action="store_true", help="print JSON")
         if name == "verify":
             sp.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4))
@@ -61,17 +74,24 @@ def _parser() -> argparse.ArgumentParser:
     add_store_parsers(ssub, "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)")
 
     c = sub.add_parser("convert", help="convert one model between weight forms")
-    c.add_argument("direction", choices=("to-external", "to-file-constant", "to-inline"))
-    c.add_argument("input")
-    c.add_argument("output")
-    c.add_argument("--threshold", type=int, default=1024,
-                   help="payloads of at least this many bytes move out (default 1024)")
-    c.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")
-    c.add_argument("--alignment", type=int, default=512)
-    c.add_argument("--value-bins", action="append", default=[], metavar="ID=PATH",
-                   help="to-inline: the file a GE FileConstant's file_id names (GE's "
-                        "ge.exec.value_bins); repeatable")
-    c.add_argument("--json", action="store_true", help="print JSON")
+    csub = c.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
+    for name, text in (("to-external", "inline -> ONNX external data in one aligned file"),
+                       ("to-file-constant", "inline -> FileConstant nodes (GE)"),
+                       ("to-inline", "external data and FileConstant nodes -> inline")):
+        cd = csub.add_parser(name, help=text)
+        cd.add_argument("input")
+        cd.add_argument("output")
+        if name == "to-inline":
+            cd.add_argument("--value-bins", action="append", default=[], metavar="ID=PATH",
+                            help="the file a GE FileConstant's file_id names (GE's "
+                                 "ge.exec.value_bins); repeatable")
+        else:
+            cd.add_argument("--threshold", type=int, default=1024,
+                            help="payloads of at least this many bytes move out "
+                                 "(default 1024)")
+            cd.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")
+            cd.add_argument("--alignment", type=int, default=512)
+        cd.add_argument("--json", action="store_true", help="print JSON")
 
     i = sub.add_parser("inspect", help="list every weight of a model without reading payloads")
     i.add_argument("model")
@@ -122,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 
+    from .release.commands import add_parsers as add_release_parsers
+
+    add_release_parsers(sub, _jobs)
+
     from .resolve.commands import register as register_resolve
 
     register_resolve(sub)
@@ -130,8 +154,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_registry_parsers(sub)
 
-    sc = sub.add_parser("schema", help="write the recipe JSON Schema")
-    sc.add_argument("--output", default="schemas/recipe.schema.json")
+    sc = sub.add_parser("schema", help="print the recipe JSON Schema")
+    sc.add_argument("--output", help="write it to this file instead (the project's copy is "
+                                     "schemas/recipe.schema.json)")
     return p
 
 
@@ -148,9 +173,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
                                              force=args.force, models=tuple(args.model),
-                                             layouts=tuple(args.layout)))
+                                             layouts=tuple(args.layout),
+                                             progress=False if args.quiet else None,
+                                             dry_run=args.dry_run))
     if args.json:
         _print_json(result.to_dict())
+        return EXIT_OK
+    if args.dry_run:
+        from .build_plan import render_plan
+
+        print(render_plan(result))
         return EXIT_OK
     r = result.store_report
     if r:
@@ -169,7 +201,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _open_store(args: argparse.Namespace):
     from .store import WeightStore, resolve_store_path
 
-    return WeightStore(resolve_store_path(args.store, None))
+    configured = None
+    if args.recipe:
+        from .recipe import load_recipe
+
+        configured = load_recipe(args.recipe).store_path()
+    return WeightStore(resolve_store_path(args.store, configured))
 
 
 def _cmd_store(args: argparse.Namespace) -> int:
@@ -235,7 +272,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         form = "file-constant" if args.direction == "to-file-constant" else "external-data"
         report = convert_to_external(args.input, args.output, form=form,
                                      threshold=args.threshold, algo=args.hash,
-                                     alignment=args.alignment)
+                                     alignment=args.alignment,
+                                     progress=False if args.quiet else None)
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -290,9 +328,12 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from .recipe import write_schema
+    from .recipe import render_schema, write_schema
 
-    print(f"wrote {write_schema(args.output)}")
+    if args.output is None:
+        sys.stdout.write(render_schema())
+    else:
+        print(f"wrote {write_schema(args.output)}")
     return EXIT_OK
 
 
@@ -318,22 +359,57 @@ COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .release.commands import COMMANDS as RELEASE_COMMANDS
+
     args = _parser().parse_args(argv)
+    quiet = args.quiet and not getattr(args, "json", False)
     try:
-        return COMMANDS[args.command](args)
-    except WeightstoreError as exc:
-        print(f"weightstore: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except ValueError as exc:  # argument values the parser cannot judge (e.g. alignment)
-        print(f"weightstore: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except OSError as exc:
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"weightstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return EXIT_ERROR
+        with contextlib.ExitStack() as stack:
+            if quiet:
+                sink = stack.enter_context(open(os.devnull, "w"))
+                stack.enter_context(contextlib.redirect_stdout(sink))
+            return {**COMMANDS, **RELEASE_COMMANDS}[args.command](args)
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly
+        _silence_stdout()
+        return EXIT_OK
     except KeyboardInterrupt:
         print("weightstore: interrupted", file=sys.stderr)
         return 130
+    except (WeightstoreError, ValueError, OSError) as exc:
+        return _report(exc, args)
+
+
+def _report(exc: Exception, args: argparse.Namespace) -> int:
+    """One line on stderr (``--json``: one JSON object, still on stderr); exit code 2."""
+    if isinstance(exc, WeightstoreError):
+        message, context = exc.message, dict(exc.context)
+    elif isinstance(exc, OSError) and not isinstance(exc, WeightstoreError):
+        message = exc.strerror or str(exc)
+        context = {"path": exc.filename} if exc.filename else {}
+    else:  # argument values the parser cannot judge (e.g. alignment)
+        message, context = str(exc), {}
+    if args.verbose:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message, "context": context}, default=str,
+                         sort_keys=True), file=sys.stderr)
+    elif isinstance(exc, OSError) and not isinstance(exc, WeightstoreError):
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"weightstore: error: {message}{where}", file=sys.stderr)
+    else:
+        print(f"weightstore: error: {exc}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ RACY_SECONDS = 2
 
 
 class FileDigests:
-    """Content digests of source files, each hashed at most once per build.
+    """Content digests of source files (and of package files, for up-to-date checks), each
+    hashed at most once per build while unchanged.
 
     With a cache file, a digest is reused across builds while the file's size, inode,
     mtime and ctime are unchanged (ctime cannot be set back by users, so any rewrite is
@@ -45,28 +46,31 @@ class FileDigests:
     """
 
     def __init__(self, cache_file: Path | None = None) -> None:
-        self._cache: dict[Path, str] = {}
+        self._cache: dict[tuple[Path, str], dict[str, Any]] = {}
         self._file = cache_file
         self._saved: dict[str, dict[str, Any]] = _load_cache(cache_file)
         self._fresh: dict[str, dict[str, Any]] = {}
 
-    def of(self, path: Path) -> str:
+    def of(self, path: Path, algo: str = FINGERPRINT_ALGO) -> str:
+        """``"<algo>:<hex>"`` of the file's content; a file changed since it was last
+        hashed (size, inode, mtime or ctime differ) is hashed again."""
         path = Path(path).resolve()
-        if path in self._cache:
-            return self._cache[path]
         st = os.stat(path)
         stamp = {"size": st.st_size, "ino": st.st_ino, "dev": st.st_dev,
                  "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+        known = self._cache.get((path, algo))
+        if known is not None and all(known.get(k) == v for k, v in stamp.items()):
+            return known["digest"]
         entry = self._saved.get(str(path))
-        if _trusted(str(path), entry, stamp):
+        if _trusted(str(path), entry, stamp) and entry["digest"].startswith(f"{algo}:"):
             digest = entry["digest"]
         else:
-            digest = make_key(FINGERPRINT_ALGO, digest_file(FINGERPRINT_ALGO, path))
+            digest = make_key(algo, digest_file(algo, path))
             mac = entry_mac(_signed(str(path), stamp, digest))
             if (mac is not None and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns)
                     > RACY_SECONDS * 10**9):
                 self._fresh[str(path)] = {**stamp, "digest": digest, "mac": mac}
-        self._cache[path] = digest
+        self._cache[(path, algo)] = {**stamp, "digest": digest}
         return digest
 
     def save(self) -> None:

@@ -27,9 +27,10 @@ class Hasher(Protocol):
     def hexdigest(self) -> str: ...
 
 
-def new_hasher(algo: str) -> Hasher:
+def new_hasher(algo: str, threads: bool = True) -> Hasher:
+    """``threads=False`` where other threads already keep the CPUs busy (compression)."""
     if algo == "blake3":
-        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+        return blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
     if algo == "sha256":
         return hashlib.sha256()
     raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {ALGORITHMS}")

@@ -21,6 +21,7 @@ from .errors import PackageError, WeightstoreError
 from .fsio import atomic_write_bytes, file_mode
 
 PACKAGE_LOCK_TIMEOUT = 3600.0
+LOCKS_DIR = "locks"
 
 
 WAIT_REPORT_SECONDS = 10.0
@@ -80,8 +81,16 @@ def holder_text(path: Path) -> str:
         return "another process holds it"
 
 
-def target_lock(target: Path, timeout: float = PACKAGE_LOCK_TIMEOUT):
-    """The lock of one package folder: ``.<name>.lock`` beside it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return file_lock(target.parent / f".{target.name}.lock", timeout, PackageError,
-                     "package folder")
+def target_lock(target: Path, store_root: Path, timeout: float = PACKAGE_LOCK_TIMEOUT):
+    """The lock of one package folder, kept in the store, out of the output tree:
+    ``<store>/locks/<blake3 of the folder's absolute path>.lock``.
+
+    Builds of one folder through different stores are not serialized with each other;
+    publishing stays atomic for them (temp folder + rename), so neither sees a torn folder.
+    """
+    from .hashing import digest_bytes
+
+    folder = store_root / LOCKS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    name = digest_bytes("blake3", os.fsencode(target.absolute()))
+    return file_lock(folder / f"{name}.lock", timeout, PackageError, "package folder")

@@ -123,13 +123,7 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                             "reused_bytes", "padding_bytes"), 0)
     if not layouts:
         return report
-    per_model: list[tuple[Source, list[Weight]]] = []
-    for s in sources:
-        chosen: dict[TensorPath, Weight] = {}
-        for layout in layouts:
-            for w in s.weights.select(layout.size_threshold, layout.constants):
-                chosen.setdefault(w.site.path, w)
-        per_model.append((s, [w for site in s.weights.sites if (w := chosen.get(site.path))]))
+    per_model = _selected(sources, layouts)
     if trust_cache:
         _use_cached_keys(store, per_model, algo)
         _use_derived_keys(store, sources, algo)
@@ -152,6 +146,52 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
     return report
 
 
+def _selected(sources: list[Source], layouts: list[Layout],
+              ) -> list[tuple[Source, list[Weight]]]:
+    """Each source's weights that some of ``layouts`` externalizes, in structural order."""
+    per_model: list[tuple[Source, list[Weight]]] = []
+    for s in sources:
+        chosen: dict[TensorPath, Weight] = {}
+        for layout in layouts:
+            for w in s.weights.select(layout.size_threshold, layout.constants):
+                chosen.setdefault(w.site.path, w)
+        per_model.append((s, [w for site in s.weights.sites if (w := chosen.get(site.path))]))
+    return per_model
+
+
+def plan_store(store: WeightStore, sources: list[Source], layouts: list[Layout], algo: str,
+               jobs: int, progress: bool | None) -> dict[str, int]:
+    """What :func:`fill_store` would write and reuse, writing nothing (``build --dry-run``).
+
+    Keys come from the caches where they pass their checks, else from hashing. Weights
+    that scenarios derive are not computed: they are counted apart, by size.
+    """
+    layouts = [layout for layout in layouts if layout.external_weight != "embedded"]
+    report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
+                            "reused_bytes", "derived_objects", "derived_bytes"), 0)
+    if not layouts:
+        return report
+    per_model = _selected(sources, layouts)
+    _use_cached_keys(store, per_model, algo, forget_bad=False)
+    total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
+    unique: dict[str, int] = {}
+    with Progress("hashing", total, enabled=progress) as bar:
+        for s, ws in per_model:
+            with s.weights.opened():
+                for w in s.weights.hash(ws, algo, jobs, bar.advance):
+                    unique.setdefault(w.key, w.size)
+    index = store.index()
+    for key, size in unique.items():
+        kind = "reused" if key in index else "written"
+        report[f"{kind}_objects"] += 1
+        report[f"{kind}_bytes"] += size
+    for s in sources:
+        added = [w for _, w in _added_ids(s)]
+        report["derived_objects"] += len(added)
+        report["derived_bytes"] += sum(w.nbytes for w in added)
+    return report
+
+
 def _added_ids(s: Source) -> list[tuple[str, AddedWeight]]:
     """Each weight the scenarios of ``s`` add, under its id in the derived-key cache."""
     if not s.scenarios:
@@ -167,12 +207,10 @@ def _use_derived_keys(store: WeightStore, sources: list[Source], algo: str) -> N
     if not any(s.scenarios for s in sources):
         return
     cache = DerivedKeyCache(store.root)
-    plans = []
-    for s in sources:
-        ids = _added_ids(s)
-        plans.append((ids, cache.load(s.identity, algo) if ids else {}))
-    index = store.locate({known[i] for ids, known in plans for i, _ in ids if i in known})
-    for ids, known in plans:
+    entries = [(ids, cache.load(s.identity, algo) if ids else {})
+               for s in sources for ids in [_added_ids(s)]]
+    index = store.locate({key for _, known in entries for key in known.values()})
+    for ids, known in entries:
         for weight_id, weight in ids:
             key = known.get(weight_id)
             obj = index.get(key) if key else None
@@ -207,7 +245,7 @@ def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[
 
 
 def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weight]]],
-                     algo: str) -> None:
+                     algo: str, *, forget_bad: bool = True) -> None:
     """Take each source's cached keys that pass the cheap checks; one failure drops the
     source's whole entry (it is damaged or tampered with) and leaves every key to hashing.
     """
@@ -231,7 +269,8 @@ def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weig
                 mine = (str(p.file), p.offset) if p.encoding == "raw" else s.weights.read(w)
                 if obj.size != w.size or not samples_agree(
                         files, mine, (store_files[obj.file], obj.offset), w.size):
-                    cache.drop(s.identity, algo)
+                    if forget_bad:
+                        cache.drop(s.identity, algo)
                     found = {}
                     break
                 found[w.site.path] = key
@@ -406,10 +445,13 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                            read_added))
         devices = (_write_devices(tmp, recipe, sources)
                    if layout.external_weight != "embedded" else [])
+        from .release.inventory import package_contents
+
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan,
-                                  devices=devices)
+                                  devices=devices,
+                                  contents=package_contents(tmp, recipe.store.hash, jobs))
         atomic_write_bytes(tmp / SUMMARY_NAME, render(summary))  # every file is fsynced
         publish_dir(tmp, target)
         tmp = None
@@ -421,18 +463,15 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
 
 def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: str | None,
          damaged: StoredObject | None) -> StoredObject | None:
-    """Rewrite a damaged store object from a source that holds its bytes, saying so on
-    stderr; None when the damage is not the store's. No good copy: an IntegrityError that
-    names the store file and offset."""
+    """Rewrite a damaged store object from a source of this build that holds its bytes,
+    saying so on stderr; None when no such source exists (the copy's error, which names
+    the store file, offset and the repair command, then stands)."""
     if key is None or damaged is None:
         return None
     source = next((_WeightPayload(s.weights, w) for s, ws in per_model for w in ws
                    if w.key == key), None)
     if source is None:
-        raise IntegrityError("a store object is damaged and no source of this build holds "
-                             "its bytes", key=key, store_file=str(store.path_of(damaged)),
-                             offset=damaged.offset,
-                             hint="run 'weightstore store verify --repair'")
+        return None
     healed = store.heal(source)
     print(f"weightstore: store object {key} in {damaged.file} at offset {damaged.offset} "
           f"was damaged; rewritten from {describe(source)}", file=sys.stderr, flush=True)

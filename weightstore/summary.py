@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .layout.plan import LayoutPlan
-from .recipe import LAYOUT_KEYS_SINCE, Layout
+
+if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
+    from .layout.plan import LayoutPlan
+    from .recipe import Layout
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 2  # the newest this code writes and reads
+FORMAT_VERSION = 3  # the newest this code writes and reads
+CONTENTS_SINCE = 3  # ``contents``: every file of the package with its size and digest
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,10 @@ class ModelSummary:
 
 def package_summary(*, package: str, version: str, layout: Layout, hash_algo: str,
                     fingerprint: str, models: Sequence[ModelSummary],
-                    plan: LayoutPlan, devices: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                    plan: LayoutPlan, devices: Sequence[dict[str, Any]] = (),
+                    contents: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """``contents``: every file of the package but the summary itself, from
+    :func:`weightstore.release.inventory.package_contents`."""
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
@@ -87,6 +93,7 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
         "files": [{"name": f.name, "size": f.size, "payloads": len(f.payloads),
                    "padding": f.padding} for f in plan.files],
         "devices": list(devices),
+        "contents": list(contents),
         "totals": {
             "models": len(models),
             "external_weights": sum(len(m.external) for m in models),
@@ -105,9 +112,12 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
 
 
 def package_format_version(settings: dict[str, Any]) -> int:
-    """The oldest package format that holds these layout settings: a package written
-    without the keys a later format added stays readable by format-1 readers."""
-    return max((LAYOUT_KEYS_SINCE[k] for k in settings if k in LAYOUT_KEYS_SINCE), default=1)
+    """The oldest package format that holds these layout settings and ``contents``, which
+    every summary now lists (a reader of an older format could not check it)."""
+    from .recipe import LAYOUT_KEYS_SINCE
+
+    return max([CONTENTS_SINCE, *(LAYOUT_KEYS_SINCE[k] for k in settings
+                                  if k in LAYOUT_KEYS_SINCE)])
 
 
 def render(summary: dict[str, Any]) -> bytes:

@@ -21,6 +21,7 @@ from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..model_io import save_model
 from ..outputs import check_outputs, files_read, scenario_locations
+from ..progress import Progress
 from ..scenarios.api import rebase_scenarios
 from ..scenarios.storage import read_scenarios
 from ..scenarios.variants import metadata_of
@@ -64,21 +65,24 @@ def _check_scenarios(model: onnx.ModelProto, src: Path, dst: Path, form: str) ->
 def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                         form: str = "external-data", threshold: int = 1024,
                         algo: str = "blake3", alignment: int = 512,
-                        jobs: int = 4) -> ConvertReport:
+                        jobs: int = 4, progress: bool | None = False) -> ConvertReport:
     """Move payloads of at least ``threshold`` bytes into ``<dst stem>.<tag>_weight_combined``.
 
     Model and data are one pair, published in two renames. The data file's name carries a
     tag of its content, so it is written under a name no existing model refers to; only
     then does the new model replace ``dst``. A crash in between leaves the old model with
     its old data (plus an unreferenced new file), never the old model reading new bytes.
-    The data file the replaced model used is removed last.
+    The data file the replaced model used is removed last. ``progress``: bars for hashing
+    and writing (None: only on an interactive terminal).
     """
     src, dst = Path(src), Path(dst)
     with ModelWeights.open(src) as mw:
         source_meta = mw.metadata_model(SMALL_VALUE_LIMIT)
         inputs = files_read(src, source_meta, {d.file for d in mw.descriptors.values()})
         _check_scenarios(source_meta, src, dst, form)
-        weights = mw.hash(mw.select(threshold, form), algo, jobs)
+        selected = mw.select(threshold, form)
+        with Progress("hashing", sum(w.size for w in selected), enabled=progress) as bar:
+            weights = mw.hash(selected, algo, jobs, bar.advance)
         payloads = [(w.key, w.size) for w in weights]
         plan = plan_layout(data_stem(dst.stem, payloads, alignment), payloads, "combined",
                            alignment)
@@ -94,7 +98,8 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                 return FileRange(w.payload.file, w.payload.offset)
             return mw.read(w)
 
-        write_plan(plan, dst.parent, locate, jobs=jobs)
+        with Progress("writing", sum(f.size for f in plan.files), enabled=progress) as bar:
+            write_plan(plan, dst.parent, locate, jobs=jobs, progress=bar.advance)
         where = plan.placement()
         placements = {
             w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)

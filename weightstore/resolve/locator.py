@@ -38,15 +38,17 @@ class WeightStoreLocator:
     def locate(self, keys: Iterable[str]) -> dict[str, StoredRange]:
         from ..store import WeightStore
 
-        if not (self.root / "meta.json").is_file():
+        if not ((self.root / "meta.json").is_file() or (self.root / "index.sqlite").is_file()):
             return {}
         store = WeightStore(self.root)
         out: dict[str, StoredRange] = {}
         try:
-            for key in keys:
-                obj = store.lookup(key)
-                if obj is not None:
-                    out[key] = StoredRange(store.path_of(obj), obj.offset, obj.size)
+            found = store.locate(keys)  # one batched lookup, whatever the store's size
         except (StoreError, ValueError):
             return out
+        for key, obj in found.items():
+            try:
+                out[key] = StoredRange(store.path_of(obj), obj.offset, obj.size)
+            except StoreError:
+                continue
         return out

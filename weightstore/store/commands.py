@@ -17,6 +17,7 @@ def add_parsers(ssub: Any, store_help: str) -> None:
     def common(name: str, text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         sp = ssub.add_parser(name, help=text, description=text)
         sp.add_argument("--store", help=store_help)
+        sp.add_argument("--recipe", help="use the store this recipe builds into")
         if json_flag:
             sp.add_argument("--json", action="store_true", help="print JSON")
         return sp

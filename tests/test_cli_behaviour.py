@@ -1,0 +1,171 @@
+"""The command line behaves like its peers: quiet pipes, plain help, JSON errors, -q/-v."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from weightstore.cli import main
+
+from .test_build import write_recipe
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "weightstore", *args], capture_output=True,
+                          text=True, check=False, timeout=120)
+
+
+def test_jobs_not_an_integer(tmp_path):
+    res = _run("build", str(tmp_path / "r.yaml"), "--jobs", "x")
+    assert res.returncode == 2
+    assert "--jobs: not an integer" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_help_is_plain_text():
+    for args in ([], ["convert"], ["convert", "to-inline"], ["build"], ["store", "verify"]):
+        res = _run(*args, "--help")
+        assert res.returncode == 0
+        assert "``" not in res.stdout and ":func:" not in res.stdout
+
+
+def test_convert_subcommands_show_only_their_options():
+    inline = _run("convert", "to-inline", "--help").stdout
+    external = _run("convert", "to-external", "--help").stdout
+    assert "--value-bins" in inline and "--threshold" not in inline
+    assert "--threshold" in external and "--value-bins" not in external
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    inits = [numpy_helper.from_array(np.full(4, i, np.float32), f"tensor_{i}")
+             for i in range(3000)]
+    nodes = [helper.make_node("Identity", [t.name], [f"y{i}"]) for i, t in enumerate(inits)]
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4])
+            for i in range(len(inits))]
+    model = helper.make_model(helper.make_graph(nodes, "g", [], outs, inits))
+    path = tmp_path / "many.onnx"
+    onnx.save(model, str(path))
+    proc = subprocess.Popen([sys.executable, "-m", "weightstore", "inspect", str(path),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()  # like `| head -1`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert err == ""
+
+
+def test_json_errors_are_json(tmp_path, capsys):
+    missing = tmp_path / "missing.onnx"
+    assert main(["inspect", str(missing), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    doc = json.loads(captured.err)
+    assert doc == {"error": "model file not found", "context": {"file": str(missing)}}
+
+
+def test_quiet_and_verbose(encoder_model, save_model, tmp_path, capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    assert main(["-q", "build", str(recipe), "--store", str(tmp_path / "s")]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert main(["-v", "inspect", str(tmp_path / "nope.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().endswith(
+        f"weightstore: error: model file not found (file={tmp_path / 'nope.onnx'})")
+
+
+def test_schema_goes_to_stdout(capsys, tmp_path):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] and "properties" in schema
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_store_commands_find_the_recipes_store(encoder_model, save_model, tmp_path, capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n",
+                          extra="")
+    text = recipe.read_text().replace("store: {hash: blake3}",
+                                      "store: {hash: blake3, path: my-store}")
+    recipe.write_text(text)
+    assert main(["build", str(recipe)]) == 0
+    assert (tmp_path / "my-store").is_dir()
+    capsys.readouterr()
+    assert main(["store", "stats", "--recipe", str(recipe), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["objects"] > 0
+    assert main(["store", "verify", "--recipe", str(recipe)]) == 0
+    assert Path(tmp_path / "my-store").is_dir()
+
+
+def test_refusing_a_different_build_names_what_changed(encoder_model, shared_pair,
+                                                        save_model, tmp_path):
+    import pytest
+
+    from weightstore.build import BuildOptions, build
+    from weightstore.errors import PackageError
+
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n")
+    build(recipe, BuildOptions(store=str(tmp_path / "s")))
+    recipe.write_text(recipe.read_text().replace("external_weight: combined}",
+                                                 "external_weight: combined, "
+                                                 "size_threshold: 4096}"))
+    with pytest.raises(PackageError, match="different build") as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "s")))
+    assert err.value.context["changed"] == "layout size_threshold"
+    onnx.save(shared_pair[1], str(src))
+    with pytest.raises(PackageError) as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "s")))
+    assert err.value.context["changed"] == "source of model 'm', layout size_threshold"
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(encoder_model, save_model, tmp_path,
+                                                     capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}"
+                          "\n  - {name: e, external_weight: embedded}\n")
+    store = tmp_path / "s"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["build", str(recipe), "--store", str(store), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no store, no output
+    assert "build c:" in out and "build e:" in out
+    assert "would write" in out and "reuse 0 (0.0 MB)" in out
+    assert main(["build", str(recipe), "--store", str(store), "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    stored = built["store_report"]["written_bytes"]
+    (tmp_path / "out/pkg/1.0.0/c/summary.json").unlink()  # c must be rebuilt, e is up to date
+    import shutil
+
+    shutil.rmtree(tmp_path / "out/pkg/1.0.0/c")
+    assert main(["build", str(recipe), "--store", str(store), "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["status"] for p in plan["packages"]] == ["would-build", "up-to-date"]
+    assert plan["store_report"]["written_bytes"] == 0
+    assert plan["store_report"]["reused_bytes"] == stored
+    assert not (tmp_path / "out/pkg/1.0.0/c").exists()
+
+
+def test_progress_shows_rate_and_eta_on_a_terminal_only():
+    import io
+
+    from weightstore.progress import Progress
+
+    shown = io.StringIO()
+    with Progress("hashing", 50_000_000, enabled=True, stream=shown) as bar:
+        for _ in range(5):
+            bar.advance(10_000_000)
+    text = shown.getvalue()
+    assert "hashing" in text and "B/s" in text and "100%" in text
+    assert "<" in text  # elapsed<remaining: the ETA
+    hidden = io.StringIO()  # not a terminal, nothing said: silence
+    with Progress("hashing", 10, stream=hidden) as bar:
+        bar.advance(10)
+    assert hidden.getvalue() == ""

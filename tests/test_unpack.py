@@ -1,0 +1,183 @@
+"""``weightstore unpack``: verified, atomic extraction; hostile archives leave nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.release_helpers import entry, make_checkout, tar_zst
+from weightstore.cli import main
+from weightstore.errors import IntegrityError, PackageError
+from weightstore.hashing import digest_bytes
+from weightstore.release.api import ReleaseOptions, release
+from weightstore.release.inventory import verify_package
+from weightstore.release.unpack import unpack
+from weightstore.samples import run_onnxruntime, sample_inputs
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory):
+    from weightstore.samples import make_encoder
+
+    root = tmp_path_factory.mktemp("unpack")
+    model = make_encoder(vocab=200, hidden=32, layers=1, ffn=64)
+    recipe = make_checkout(root, model)
+    result = release(recipe, ReleaseOptions(jobs=2, store=str(root / "store")))
+    return root, result.output / "pkg-1.0.0-combined.tar.zst", model
+
+
+def test_unpacked_package_verifies_and_runs_bit_identically(archive, tmp_path, capsys):
+    root, path, model = archive
+    dest = tmp_path / "pkg"
+    assert main(["unpack", str(path), str(dest)]) == 0
+    assert "unpacked" in capsys.readouterr().out
+    assert verify_package(dest).ok
+    built = root / "out" / "pkg" / "1.0.0" / "combined"
+    assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == sorted(
+        p.relative_to(built) for p in built.rglob("*"))
+    inputs = sample_inputs(model, vocab=200)
+    for a, b in zip(run_onnxruntime(dest / "encoder.onnx", inputs),
+                    run_onnxruntime(model, inputs), strict=True):
+        np.testing.assert_array_equal(a, b)
+    mode = (dest / "encoder.onnx").stat().st_mode & 0o777
+    assert mode == 0o666 & ~_umask()
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_existing_destination_is_refused(archive, tmp_path):
+    _, path, _ = archive
+    dest = tmp_path / "there"
+    dest.mkdir()
+    (dest / "keep").write_text("mine")
+    with pytest.raises(PackageError, match="already exists"):
+        unpack(path, dest)
+    assert (dest / "keep").read_text() == "mine"
+
+
+def _summary(files: dict[str, bytes]) -> bytes:
+    return json.dumps({
+        "format_version": 3, "package": "p", "version": "1", "layout": {"name": "l"},
+        "contents": [{"path": k, "size": len(v), "digest": "blake3:" + digest_bytes("blake3", v)}
+                     for k, v in sorted(files.items())]}).encode()
+
+
+GOOD = {"m.onnx": b"model bytes", "w.data": b"\x01" * 700}
+
+
+def _good_prefix():
+    return [entry("p-1-l", kind=tarfile.DIRTYPE, mode=0o755),
+            entry("p-1-l/summary.json", _summary(GOOD))]
+
+
+HOSTILE = {
+    "absolute path": [*_good_prefix(), entry("/etc/m.onnx", GOOD["m.onnx"])],
+    "dot-dot": [*_good_prefix(), entry("p-1-l/../m.onnx", GOOD["m.onnx"])],
+    "symlink": [*_good_prefix(), entry("p-1-l/m.onnx", kind=tarfile.SYMTYPE,
+                                       linkname="/etc/passwd")],
+    "hard link": [*_good_prefix(), entry("p-1-l/m.onnx", kind=tarfile.LNKTYPE,
+                                         linkname="p-1-l/summary.json")],
+    "device": [*_good_prefix(), entry("p-1-l/m.onnx", kind=tarfile.CHRTYPE, devmajor=1,
+                                      devminor=3)],
+    "fifo": [*_good_prefix(), entry("p-1-l/m.onnx", kind=tarfile.FIFOTYPE)],
+    "duplicate": [*_good_prefix(), entry("p-1-l/m.onnx", GOOD["m.onnx"]),
+                  entry("p-1-l/w.data", GOOD["w.data"]), entry("p-1-l/m.onnx", GOOD["m.onnx"])],
+    "size beyond the summary": [*_good_prefix(), entry("p-1-l/m.onnx", GOOD["m.onnx"] + b"!")],
+    "content not in the summary": [*_good_prefix(), entry("p-1-l/m.onnx", b"model bytez"),
+                                   entry("p-1-l/w.data", GOOD["w.data"])],
+    "unlisted file": [*_good_prefix(), entry("p-1-l/evil.sh", b"#!/bin/sh")],
+    "missing file": [*_good_prefix(), entry("p-1-l/m.onnx", GOOD["m.onnx"])],
+    "no summary first": [entry("p-1-l", kind=tarfile.DIRTYPE),
+                         entry("p-1-l/m.onnx", GOOD["m.onnx"])],
+    "two top folders": [*_good_prefix(), entry("q/m.onnx", GOOD["m.onnx"])],
+    "backslash": [*_good_prefix(), entry("p-1-l/..\\m.onnx", GOOD["m.onnx"])],
+}
+
+
+WHY = {
+    "absolute path": "unsafe path", "dot-dot": "unsafe path", "backslash": "unsafe path",
+    "symlink": "type=symlink", "hard link": "type=hard link", "device": "type=device",
+    "fifo": "type=fifo", "duplicate": "duplicate member",
+    "size beyond the summary": "size differs from the summary",
+    "content not in the summary": "differs from its summary",
+    "unlisted file": "not listed in the summary", "missing file": "missing=w.data",
+    "no summary first": "summary.json must come first",
+    "two top folders": "outside the top folder",
+}
+
+
+@pytest.mark.parametrize("trick", sorted(HOSTILE))
+def test_hostile_archive_gets_one_line_and_leaves_nothing(trick, tmp_path, capsys):
+    bad = tmp_path / "bad.tar.zst"
+    bad.write_bytes(tar_zst(HOSTILE[trick]))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises((PackageError, IntegrityError), match=WHY[trick]):
+        unpack(bad, out / "pkg")
+    assert list(out.iterdir()) == []
+    assert main(["unpack", str(bad), str(out / "pkg")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: ") and err.count("\n") == 1
+    assert list(out.iterdir()) == []
+
+
+def test_hand_made_good_archive_unpacks(tmp_path):
+    good = tmp_path / "good.tar.zst"
+    good.write_bytes(tar_zst([*_good_prefix(), entry("p-1-l/m.onnx", GOOD["m.onnx"]),
+                              entry("p-1-l/w.data", GOOD["w.data"])]))
+    result = unpack(good, tmp_path / "pkg")
+    assert result.files == 2 and (tmp_path / "pkg" / "w.data").read_bytes() == GOOD["w.data"]
+
+
+def test_corrupt_and_truncated_archives(archive, tmp_path):
+    _, path, _ = archive
+    data = path.read_bytes()
+    for name, blob in (("truncated", data[: len(data) // 2]),
+                       ("flipped", data[:200] + bytes([data[200] ^ 0xFF]) + data[201:]),
+                       ("not zstd", b"hello" * 100)):
+        bad = tmp_path / f"{name}.tar.zst"
+        bad.write_bytes(blob)
+        with pytest.raises((PackageError, IntegrityError)):
+            unpack(bad, tmp_path / name)
+        assert not (tmp_path / name).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "flipped.tar.zst", "not zstd.tar.zst", "truncated.tar.zst"]
+    assert main(["unpack", str(tmp_path / "missing.tar.zst"), str(tmp_path / "x")]) == 2
+
+
+def test_huge_extended_header_is_refused_before_it_is_read(tmp_path):
+    import zstandard
+
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type = tarfile.XHDTYPE
+    header.size = 1 << 30  # announced; never sent
+    raw = header.tobuf(format=tarfile.USTAR_FORMAT) + bytes(4096)
+    bad = tmp_path / "pax.tar.zst"
+    bad.write_bytes(zstandard.ZstdCompressor().compress(raw))
+    with pytest.raises(PackageError, match="extended header"):
+        unpack(bad, tmp_path / "pkg")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pax.tar.zst"]
+
+
+def test_parent_must_exist(archive, tmp_path):
+    _, path, _ = archive
+    with pytest.raises(PackageError, match="parent"):
+        unpack(path, tmp_path / "no" / "such" / "pkg")
+    assert not (tmp_path / "no").exists()
+
+
+def test_unpack_output_path_is_relative_to_cwd(archive, tmp_path, monkeypatch):
+    _, path, _ = archive
+    monkeypatch.chdir(tmp_path)
+    unpack(path, Path("rel"))
+    assert verify_package(tmp_path / "rel").ok

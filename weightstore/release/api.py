@@ -1,0 +1,296 @@
+"""``weightstore release``: packages -> archives, ``SHA256SUMS`` and ``release.json``.
+
+Release folder (default ``<recipe output>/releases/<package>-<version>/``, or
+``releases/<package>-<version>/`` in the current folder for package folders)::
+
+    <package>-<version>-<layout>.tar.zst    one per layout, see :mod:`.archive`
+    SHA256SUMS                              ``sha256sum -c SHA256SUMS`` checks them
+    release.json                            in-toto Statement, SLSA provenance v1
+
+Every file is written to a temp file, fsynced and renamed. ``--check`` rebuilds everything
+from the recipe in a temporary folder with a fresh store and compares byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ..errors import PackageError
+from ..fsio import atomic_writer, fsync_dir, make_temp_dir
+from ..hashing import digest_file
+from ..summary import SUMMARY_NAME
+from .archive import plan_archive, source_date_epoch, write_archive
+from .compression import Compression
+from .inventory import read_summary_bytes
+from .provenance import (
+    PROVENANCE_NAME,
+    SUMS_NAME,
+    ArchiveRecord,
+    render_statement,
+    render_sums,
+    statement,
+    tool_versions,
+)
+from .stage import Stage
+
+if TYPE_CHECKING:
+    from ..recipe import LoadedRecipe
+
+RELEASES_DIR = "releases"
+QUEUED_CHUNKS = 8  # compressed chunks (4 MiB each) waiting for the writer thread
+WRITEBACK_STEP = 64 << 20  # bytes written between two writeback requests
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    output: str | None = None
+    store: str | None = None  # for recipes: the build's store
+    jobs: int = min(8, os.cpu_count() or 4)  # zstd workers (the bytes do not depend on it)
+    compression: Compression = field(default_factory=Compression)
+    epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else a fixed epoch
+
+
+@dataclass
+class ReleaseResult:
+    output: Path
+    archives: list[ArchiveRecord]
+    built: list[str] = field(default_factory=list)  # layouts the build had to (re)build
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output": str(self.output), "built": self.built,
+                "archives": [dataclasses.asdict(a) for a in self.archives],
+                "files": [a.file_name for a in self.archives] + [SUMS_NAME, PROVENANCE_NAME]}
+
+
+@dataclass(frozen=True)
+class _Package:
+    folder: Path
+    summary_bytes: bytes
+    summary: dict[str, Any]
+
+
+def release(target: str | os.PathLike[str], options: ReleaseOptions | None = None,
+            ) -> ReleaseResult:
+    """Release a recipe (built first; up-to-date packages are reused) or package folders
+    (one layout's folder, or a version folder holding several)."""
+    options = options or ReleaseOptions()
+    path = Path(target)
+    if path.is_file():
+        from ..recipe import load_recipe
+
+        return _release_recipe(load_recipe(path), options)
+    packages = [_read_package(p) for p in _package_folders(path)]
+    first = packages[0].summary
+    output = Path(options.output or Path(RELEASES_DIR) / f"{first['package']}-"
+                                                        f"{first['version']}")
+    return _write_release(packages, output, options, recipe=None)
+
+
+def _release_recipe(loaded: LoadedRecipe, options: ReleaseOptions) -> ReleaseResult:
+    from ..build import BuildOptions, build
+
+    result = build(loaded, BuildOptions(store=options.store, jobs=options.jobs))
+    recipe = loaded.recipe
+    output = Path(options.output or loaded.output_dir() / RELEASES_DIR
+                  / f"{recipe.package}-{recipe.version}")
+    packages = [_read_package(p.path) for p in result.packages]
+    recipe_id = (loaded.path.name, hashlib.sha256(loaded.path.read_bytes()).hexdigest())
+    out = _write_release(packages, output, options, recipe=recipe_id)
+    out.built = [p.layout for p in result.packages if p.status == "built"]
+    return out
+
+
+def _package_folders(path: Path) -> list[Path]:
+    if (path / SUMMARY_NAME).is_file():
+        return [path]
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if (p / SUMMARY_NAME).is_file())
+        if found:
+            return found
+    if not path.exists():
+        raise PackageError("no such recipe or package folder", path=str(path))
+    raise PackageError("not a recipe, a package folder, or a folder of package layouts",
+                       path=str(path))
+
+
+def _read_package(folder: Path) -> _Package:
+    data, summary = read_summary_bytes(folder)
+    return _Package(folder, data, summary)
+
+
+def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseOptions,
+                   recipe: tuple[str, str] | None) -> ReleaseResult:
+    identity = {(p.summary["package"], p.summary["version"]) for p in packages}
+    if len(identity) != 1:
+        raise PackageError("a release holds one package version; these folders hold "
+                           f"{len(identity)}", folders=", ".join(str(p.folder) for p in packages))
+    epoch = source_date_epoch() if options.epoch is None else options.epoch
+    output.mkdir(parents=True, exist_ok=True)
+    # every file is made in a temp folder first: a failed release leaves the previous one
+    # whole, never new archives beside old checksums
+    tmp = make_temp_dir(output, ".release.")
+    try:
+        records = [_write_archive(p, tmp, epoch, options) for p in packages]
+        package, version = identity.pop()
+        doc = statement(package=package, version=version, archives=records,
+                        summaries=[p.summary for p in packages], epoch=epoch,
+                        compression=options.compression.to_dict(), recipe=recipe,
+                        versions=tool_versions())
+        with atomic_writer(tmp / SUMS_NAME) as f:
+            f.write(render_sums(records))
+        with atomic_writer(tmp / PROVENANCE_NAME) as f:
+            f.write(render_statement(doc))
+        for name in [*(r.file_name for r in records), SUMS_NAME, PROVENANCE_NAME]:
+            os.replace(tmp / name, output / name)
+        fsync_dir(output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ReleaseResult(output, records)
+
+
+def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOptions,
+                   ) -> ArchiveRecord:
+    plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
+    with atomic_writer(folder / plan.file_name) as f:
+        sink = _Sha256Writer(f)
+        try:
+            write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
+                          options.jobs)
+        finally:
+            sha256 = sink.close()
+    return ArchiveRecord(plan.file_name, p.summary["layout"]["name"], sha256, sink.size,
+                         p.summary["fingerprint"])
+
+
+class _Sha256Writer:
+    """Hashes the compressed bytes and writes them to the file in a :class:`Stage`.
+
+    Written ranges are handed to the kernel for writeback as they accumulate
+    (``posix_fadvise``), so the final fsync waits only for the last ones.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._h = hashlib.sha256()
+        self._written = self._synced = 0
+        self._stage = Stage(self._write, "release-writer", QUEUED_CHUNKS)
+        self.size = 0
+
+    def _write(self, data: bytes) -> None:
+        self._h.update(data)
+        self._f.write(data)
+        self._written += len(data)
+        if self._written - self._synced >= WRITEBACK_STEP and hasattr(os, "posix_fadvise"):
+            self._f.flush()
+            os.posix_fadvise(self._f.fileno(), self._synced, self._written - self._synced,
+                             os.POSIX_FADV_DONTNEED)
+            self._synced = self._written
+
+    def write(self, data: bytes) -> int:
+        self._stage.put(bytes(data))
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass  # the file is flushed and fsynced by its atomic writer after close()
+
+    def close(self) -> str:
+        """Wait for every queued chunk; the sha256 hex digest of all of them."""
+        self._stage.close()
+        return self._h.hexdigest()
+
+
+@dataclass
+class CheckResult:
+    output: Path
+    compared: list[str]
+    difference: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.difference is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output": str(self.output), "compared": self.compared, "ok": self.ok,
+                "difference": self.difference}
+
+
+def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions | None = None,
+                  ) -> CheckResult:
+    """Rebuild the release from scratch (temp folder, fresh store) and compare it byte for
+    byte with the one in the output folder, as ``nix build --check`` does."""
+    from ..recipe import load_recipe
+
+    options = options or ReleaseOptions()
+    path = Path(recipe_path)
+    if not path.is_file():
+        raise PackageError("release --check needs the recipe: it rebuilds from the sources",
+                           path=str(path))
+    loaded = load_recipe(path)
+    recipe = loaded.recipe
+    existing = Path(options.output or loaded.output_dir() / RELEASES_DIR
+                    / f"{recipe.package}-{recipe.version}")
+    if not (existing / SUMS_NAME).is_file():
+        raise PackageError("no release to check; run weightstore release first",
+                           folder=str(existing))
+    options = _published_settings(existing, options)
+    with tempfile.TemporaryDirectory(prefix="weightstore-check-") as tmp:
+        fresh = dataclasses.replace(loaded, recipe=recipe.model_copy(
+            update={"output": str(Path(tmp) / "out")}))
+        rebuilt = _release_recipe(fresh, dataclasses.replace(
+            options, store=str(Path(tmp) / "store"), output=str(Path(tmp) / "release")))
+        names = [a.file_name for a in sorted(rebuilt.archives, key=lambda a: a.file_name)]
+        names += [SUMS_NAME, PROVENANCE_NAME]
+        for name in names:
+            difference = _first_difference(existing / name, rebuilt.output / name)
+            if difference is not None:
+                return CheckResult(existing, names, f"{name}: {difference}")
+    return CheckResult(existing, names)
+
+
+def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions:
+    """The epoch and compression the published release was made with (from its
+    release.json), so that the check asks whether the sources give these bytes."""
+    import json
+
+    try:
+        params = json.loads((folder / PROVENANCE_NAME).read_bytes())[
+            "predicate"]["buildDefinition"]["externalParameters"]
+        compression = Compression(int(params["compression"]["level"]),
+                                  bool(params["compression"]["long_distance"]))
+        epoch = int(params["source_date_epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return options  # unreadable: the comparison will name release.json
+    return dataclasses.replace(options, compression=compression,
+                               epoch=options.epoch if options.epoch is not None else epoch)
+
+
+def _first_difference(published: Path, rebuilt: Path) -> str | None:
+    if not published.is_file():
+        return "missing from the published release"
+    if published.stat().st_size == rebuilt.stat().st_size and (
+            digest_file("blake3", published) == digest_file("blake3", rebuilt)):
+        return None
+    if published.name.endswith(".tar.zst"):
+        from .diff import first_member_difference
+
+        return first_member_difference(published, rebuilt)
+    with open(published, "rb") as a, open(rebuilt, "rb") as b:
+        offset = 0
+        while True:
+            x, y = a.read(1 << 16), b.read(1 << 16)
+            if x != y:
+                same = (p == q for p, q in zip(x, y, strict=False))
+                i = next((k for k, eq in enumerate(same) if not eq), min(len(x), len(y)))
+                return f"bytes differ from offset {offset + i}"
+            if not x:
+                return None
+            offset += len(x)

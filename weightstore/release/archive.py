@@ -1,0 +1,197 @@
+"""Deterministic ``<package>-<version>-<layout>.tar.zst`` archives of package folders.
+
+Archive layout (one top folder, entries in this fixed order)::
+
+    <package>-<version>-<layout>/                 folder, 0755
+    <package>-<version>-<layout>/summary.json     first file: readers learn every size and
+                                                  digest before any payload byte
+    <package>-<version>-<layout>/<path>           every other file and folder of the
+                                                  summary's ``contents``, sorted by path
+                                                  components, each folder before its files
+
+Every header is ustar (PAX extended headers only for paths over 100 bytes or non-ASCII):
+mtime from ``SOURCE_DATE_EPOCH``, uid/gid 0, empty user and group names, mode 0644 for
+files and 0755 for folders, no atime/ctime records, no xattrs. The tar stream ends with two
+zero blocks and is padded to a 10240-byte record, as GNU tar does. Its size is known from
+the plan, so the single zstd frame carries it.
+
+The planner is pure (summary in, plan out); the executor streams each file from the package
+through a digest check into the compressor, one chunk at a time, so memory stays bounded
+and no second copy of the package is written.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+from ..errors import IntegrityError, PackageError
+from ..hashing import make_key, new_hasher
+from ..summary import SUMMARY_NAME
+from .compression import Compression
+from .stage import Stage
+
+SUFFIX = ".tar.zst"
+DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip can hold
+BLOCK = 512
+RECORD = 20 * BLOCK
+CHUNK = 4 << 20
+FILE_MODE, DIR_MODE = 0o644, 0o755
+
+
+def source_date_epoch(env: Mapping[str, str] = os.environ) -> int:
+    """``SOURCE_DATE_EPOCH`` (reproducible-builds.org), or a fixed epoch when unset."""
+    value = env.get("SOURCE_DATE_EPOCH", "").strip()
+    if not value:
+        return DEFAULT_EPOCH
+    if not value.isdigit() or int(value) >= 8**11:
+        raise PackageError("SOURCE_DATE_EPOCH must be a whole number of seconds since 1970 "
+                           "that fits a tar header", value=value)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ArchiveEntry:
+    name: str  # path in the archive, under the top folder
+    source: str | None  # path in the package; None for folders
+    size: int = 0
+    digest: str | None = None  # "<algo>:<hex>" from the summary (None: summary.json)
+
+    @property
+    def is_dir(self) -> bool:
+        return self.source is None
+
+
+@dataclass(frozen=True)
+class ArchivePlan:
+    file_name: str  # <package>-<version>-<layout>.tar.zst
+    root: str  # top folder
+    mtime: int
+    entries: tuple[ArchiveEntry, ...]
+
+    def headers(self) -> list[bytes]:
+        return [tar_header(e, self.mtime) for e in self.entries]
+
+    @property
+    def tar_size(self) -> int:
+        """Bytes of the uncompressed tar stream, trailer and record padding included."""
+        size = sum(len(h) + _padded(e.size) for h, e in zip(self.headers(), self.entries,
+                                                          strict=True))
+        return _padded_to(size + 2 * BLOCK, RECORD)
+
+
+def archive_root(summary: Mapping[str, Any]) -> str:
+    name = f"{summary['package']}-{summary['version']}-{summary['layout']['name']}"
+    if "/" in name or "\x00" in name or name.startswith("."):
+        raise PackageError("package, version or layout name cannot name an archive",
+                           name=name)
+    return name
+
+
+def plan_archive(summary: Mapping[str, Any], summary_size: int, mtime: int) -> ArchivePlan:
+    """The archive of a package, from its summary alone (no I/O)."""
+    root = archive_root(summary)
+    contents: Sequence[Mapping[str, Any]] = summary["contents"]
+    folders: set[PurePosixPath] = set()
+    for c in contents:
+        folders.update(PurePosixPath(c["path"]).parents)
+    folders.discard(PurePosixPath("."))
+    items: list[tuple[tuple[str, ...], ArchiveEntry]] = [
+        (PurePosixPath(c["path"]).parts,
+         ArchiveEntry(f"{root}/{c['path']}", c["path"], c["size"], c["digest"]))
+        for c in contents]
+    items += [(f.parts, ArchiveEntry(f"{root}/{f}", None)) for f in folders]
+    names = [parts for parts, _ in items]
+    if len(set(names)) != len(names) or (SUMMARY_NAME,) in names:
+        raise PackageError("package contents list a path twice", package=root)
+    entries = (ArchiveEntry(root, None),
+               ArchiveEntry(f"{root}/{SUMMARY_NAME}", SUMMARY_NAME, summary_size),
+               *(e for _, e in sorted(items, key=lambda item: item[0])))
+    return ArchivePlan(f"{root}{SUFFIX}", root, mtime, entries)
+
+
+def tar_header(entry: ArchiveEntry, mtime: int) -> bytes:
+    """The entry's header block(s), every field pinned."""
+    info = tarfile.TarInfo(entry.name)
+    info.type = tarfile.DIRTYPE if entry.is_dir else tarfile.REGTYPE
+    info.mode = DIR_MODE if entry.is_dir else FILE_MODE
+    info.size = 0 if entry.is_dir else entry.size
+    info.mtime = mtime
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+def _padded(size: int) -> int:
+    return _padded_to(size, BLOCK)
+
+
+def _padded_to(size: int, unit: int) -> int:
+    return (size + unit - 1) // unit * unit
+
+
+def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: BinaryIO,
+                  compression: Compression, workers: int,
+                  progress: Callable[[int], None] | None = None) -> None:
+    """Stream the package at ``folder`` into ``out`` as the plan says.
+
+    Every file is read once, hashed on the way and checked against the summary's size and
+    digest: a package changed since its summary was written fails here, naming the file.
+    """
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(compression_params=compression.parameters(workers))
+    written = 0
+    # not a ``with``: closing a writer short of its announced size would raise over the
+    # real error; on failure the output is discarded anyway
+    z = compressor.stream_writer(out, size=plan.tar_size, closefd=False, write_size=CHUNK)
+    for header, entry in zip(plan.headers(), plan.entries, strict=True):
+        z.write(header)
+        written += len(header)
+        if entry.is_dir:
+            continue
+        if entry.source == SUMMARY_NAME:
+            z.write(summary_bytes)
+        else:
+            _copy_file(folder / str(entry.source), entry, z, progress)
+        pad = _padded(entry.size) - entry.size
+        z.write(bytes(pad))
+        written += entry.size + pad
+    z.write(bytes(plan.tar_size - written))
+    z.close()  # ends the frame
+
+
+def _copy_file(path: Path, entry: ArchiveEntry, z: Any,
+               progress: Callable[[int], None] | None) -> None:
+    """Feed one file to the compressor; its digest is taken in a :class:`Stage`, off the
+    feeding thread."""
+    algo = str(entry.digest).partition(":")[0]
+    hasher = new_hasher(algo, threads=False)
+    stage = Stage(hasher.update, "release-hash")
+    remaining = entry.size
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != entry.size:
+                raise IntegrityError("package file differs from its summary (size)",
+                                     file=str(path), expected=entry.size, actual=size)
+            while remaining:
+                chunk = f.read(min(CHUNK, remaining))
+                if not chunk:
+                    raise IntegrityError("package file ended early", file=str(path),
+                                         missing=remaining)
+                stage.put(chunk)
+                z.write(chunk)
+                remaining -= len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+    finally:
+        stage.close()
+    actual = make_key(algo, hasher.hexdigest())
+    if actual != entry.digest:
+        raise IntegrityError("package file differs from its summary (digest)",
+                             file=str(path), expected=entry.digest, actual=actual)

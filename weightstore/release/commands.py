@@ -1,0 +1,126 @@
+"""``weightstore verify|release|unpack|diff``: argument parsing and rendering only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def add_parsers(sub: Any, jobs: Any) -> None:
+    """Register the release commands on the CLI's subparsers (``jobs``: its --jobs type)."""
+    default_jobs = min(8, os.cpu_count() or 4)
+    v = sub.add_parser("verify", help="re-hash every file of a package against its summary")
+    v.add_argument("package", help="a package folder (holding summary.json)")
+    v.add_argument("--jobs", type=jobs, default=default_jobs)
+    v.add_argument("--json", action="store_true", help="print JSON")
+
+    r = sub.add_parser("release", help="write reproducible .tar.zst archives, SHA256SUMS and "
+                                       "release.json (SLSA provenance)")
+    r.add_argument("target", metavar="RECIPE|PACKAGE",
+                   help="a recipe (built first) or a package folder / version folder")
+    r.add_argument("--output", help="release folder (default: <output>/releases/"
+                                    "<package>-<version> for recipes)")
+    r.add_argument("--store", help="store folder for the build (recipes only)")
+    r.add_argument("--jobs", type=jobs, default=default_jobs,
+                   help="zstd workers; the archive's bytes do not depend on it")
+    r.add_argument("--level", type=int, default=None,
+                   help="zstd level, 1 to 19 (default 3)")
+    r.add_argument("--long", action="store_true",
+                   help="zstd long-distance matching (128 MiB window)")
+    r.add_argument("--check", action="store_true",
+                   help="rebuild from scratch in a temp folder with a fresh store and compare "
+                        "byte for byte with the release in --output; exit 1 on a difference")
+    r.add_argument("--json", action="store_true", help="print JSON")
+
+    u = sub.add_parser("unpack", help="extract a release archive into a new, verified folder")
+    u.add_argument("archive")
+    u.add_argument("folder", metavar="DIR", help="created; must not exist")
+    u.add_argument("--json", action="store_true", help="print JSON")
+
+    d = sub.add_parser("diff", help="compare two packages (folders or archives)")
+    d.add_argument("a")
+    d.add_argument("b")
+    d.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from .inventory import verify_package
+
+    report = verify_package(args.package, jobs=args.jobs)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        state = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+        print(f"verified {report.files} files ({report.bytes_hashed / 1e6:.1f} MB): {state}")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def run_release(args: argparse.Namespace) -> int:
+    from .api import ReleaseOptions, check_release, release
+    from .compression import DEFAULT_LEVEL, Compression
+
+    options = ReleaseOptions(
+        output=args.output, store=args.store, jobs=args.jobs,
+        compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long))
+    if args.check:
+        result = check_release(args.target, options)
+        if args.json:
+            _print_json(result.to_dict())
+        elif result.ok:
+            print(f"reproducible: {len(result.compared)} files in {result.output} are "
+                  "identical to a rebuild from scratch")
+        else:
+            print(f"not reproducible: {result.difference}")
+        return EXIT_OK if result.ok else EXIT_FAILED
+    out = release(args.target, options)
+    if args.json:
+        _print_json(out.to_dict())
+        return EXIT_OK
+    for a in out.archives:
+        print(f"{a.sha256}  {out.output / a.file_name} ({a.size / 1e6:.1f} MB)")
+    print(f"wrote {out.output / 'SHA256SUMS'} and {out.output / 'release.json'}")
+    return EXIT_OK
+
+
+def run_unpack(args: argparse.Namespace) -> int:
+    from .unpack import unpack
+
+    result = unpack(args.archive, args.folder)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(f"unpacked {result.files} verified files ({result.bytes / 1e6:.1f} MB) into "
+              f"{result.folder}")
+    return EXIT_OK
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from .diff import diff_packages, open_view
+
+    result = diff_packages(open_view(args.a), open_view(args.b))
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        for change in result.changes:
+            print(change)
+        print(f"fetch to go from A to B: {result.fetch_file_bytes} bytes by file, "
+              f"{result.fetch_payload_bytes} bytes by payload")
+        for name, size in sorted(result.device_fetch_bytes.items()):
+            print(f"  device {name}: {size} bytes")
+        if result.identical:
+            print("identical")
+    return EXIT_OK if result.identical else EXIT_FAILED
+
+
+COMMANDS = {"verify": run_verify, "release": run_release, "unpack": run_unpack,
+            "diff": run_diff}

@@ -1,0 +1,238 @@
+"""``weightstore diff A B``: what changed between two packages (folders or archives).
+
+Both sides are read as metadata only (``summary.json`` and the device ``bundle.json``
+files); the comparison is pure and returns frozen :class:`Change` records keyed by kind and
+name, which the command only renders. ``fetch`` answers the deployment question: the bytes
+a device already holding A must download to hold B, counted by whole files (what a
+file-by-digest sync moves) and by payloads (what a weight-level fetch moves: every new
+payload once, plus every changed file that is not a weight file).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackageError
+from ..summary import SUMMARY_NAME
+from .inventory import check_summary, read_summary
+from .reader import open_archive, read_small
+
+BUNDLE_NAME = "bundle.json"
+
+
+@dataclass(frozen=True)
+class PackageView:
+    """What a diff needs of a package: its summary and its devices' records."""
+
+    source: str
+    summary: dict[str, Any]
+    bundles: dict[str, dict[str, Any]]  # device name -> bundle.json
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # added | removed | changed
+    what: str  # model | weight | scenario | device | file
+    name: str
+    old: str | None = None
+    new: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "what": self.what, "name": self.name, "old": self.old,
+                "new": self.new}
+
+    def __str__(self) -> str:
+        sign = {"added": "+", "removed": "-", "changed": "~"}[self.kind]
+        values = " -> ".join(v for v in (self.old, self.new) if v is not None)
+        return f"{sign} {self.what} {self.name}" + (f"  {values}" if values else "")
+
+
+@dataclass(frozen=True)
+class PackageDiff:
+    a: str
+    b: str
+    changes: tuple[Change, ...]
+    fetch_file_bytes: int
+    fetch_payload_bytes: int
+    device_fetch_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def identical(self) -> bool:
+        return not self.changes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "identical": self.identical,
+                "changes": [c.to_dict() for c in self.changes],
+                "fetch": {"file_bytes": self.fetch_file_bytes,
+                          "payload_bytes": self.fetch_payload_bytes,
+                          "devices": dict(sorted(self.device_fetch_bytes.items()))}}
+
+
+def open_view(path: str | Path) -> PackageView:
+    path = Path(path)
+    if path.is_dir():
+        summary = read_summary(path)
+        bundles = {}
+        for d in summary.get("devices", []):
+            record = path / "devices" / d["name"] / BUNDLE_NAME
+            try:
+                bundles[d["name"]] = json.loads(record.read_bytes())
+            except (OSError, ValueError) as exc:
+                raise PackageError(f"cannot read a device record: {exc}",
+                                   file=str(record)) from None
+        return PackageView(str(path), summary, bundles)
+    return _archive_view(path)
+
+
+def _archive_view(path: Path) -> PackageView:
+    summary: dict[str, Any] | None = None
+    bundles: dict[str, dict[str, Any]] = {}
+    with open_archive(path) as tf:
+        for member in tf:
+            parts = member.name.split("/")
+            if not member.isfile() or len(parts) < 2:
+                continue
+            rel = parts[1:]
+            if rel == [SUMMARY_NAME] or (len(rel) == 3 and rel[0] == "devices"
+                                         and rel[2] == BUNDLE_NAME):
+                try:
+                    doc = json.loads(read_small(tf, member, path))
+                except ValueError as exc:
+                    raise PackageError(f"archive member is not JSON: {exc}",
+                                       archive=str(path), member=member.name) from None
+                if rel == [SUMMARY_NAME]:
+                    check_summary(doc, f"{path}:{member.name}")
+                    summary = doc
+                else:
+                    bundles[rel[1]] = doc
+    if summary is None:
+        raise PackageError("no package summary in the archive", archive=str(path))
+    return PackageView(str(path), summary, bundles)
+
+
+def _weights(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for m in summary["models"]:
+        for w in m["external_weights"]:
+            scenario = f"@{w['scenario']}" if w.get("scenario") else ""
+            out[f"{m['name']}/{w['name']}{scenario}"] = w
+    return out
+
+
+def _pairs(kind: str, old: Mapping[str, str], new: Mapping[str, str]) -> list[Change]:
+    out = [Change("removed", kind, k, old[k]) for k in old if k not in new]
+    out += [Change("added", kind, k, None, new[k]) for k in new if k not in old]
+    out += [Change("changed", kind, k, old[k], new[k]) for k in old
+            if k in new and old[k] != new[k]]
+    return out
+
+
+def diff_packages(a: PackageView, b: PackageView) -> PackageDiff:
+    """Pure: two views in, the changes and the fetch sizes out."""
+    sa, sb = a.summary, b.summary
+    changes: list[Change] = []
+    models_a = {m["name"]: m for m in sa["models"]}
+    models_b = {m["name"]: m for m in sb["models"]}
+    changes += _pairs("model", {k: m["file"] for k, m in models_a.items()},
+                      {k: m["file"] for k, m in models_b.items()})
+    wa, wb = _weights(sa), _weights(sb)
+    weight_changes = _pairs("weight", {k: w["id"] for k, w in wa.items()},
+                            {k: w["id"] for k, w in wb.items()})
+    changes += weight_changes
+    touched = {c.name.rpartition("@")[2] for c in weight_changes if "@" in c.name}
+    for name in sorted(set(models_a) & set(models_b)):
+        old, new = set(models_a[name]["scenarios"]), set(models_b[name]["scenarios"])
+        changes += [Change("removed", "scenario", f"{name}@{s}") for s in sorted(old - new)]
+        changes += [Change("added", "scenario", f"{name}@{s}") for s in sorted(new - old)]
+        changes += [Change("changed", "scenario", f"{name}@{s}") for s in sorted(old & new)
+                    if s in touched]
+    files_a = {c["path"]: c for c in sa["contents"]}
+    files_b = {c["path"]: c for c in sb["contents"]}
+    changes += _device_changes(sa, sb, files_a, files_b)
+    changes += _pairs("file", {k: c["digest"] for k, c in files_a.items()},
+                      {k: c["digest"] for k, c in files_b.items()})
+    held = {c["digest"] for c in sa["contents"]}
+    held_payloads = {w["id"] for w in wa.values()}
+    weight_files = _weight_file_paths(sb)
+    file_bytes = sum(c["size"] for c in sb["contents"] if c["digest"] not in held)
+    new_payloads = {w["id"]: w["size"] for w in wb.values() if w["id"] not in held_payloads}
+    payload_bytes = sum(new_payloads.values()) + sum(
+        c["size"] for c in sb["contents"]
+        if c["digest"] not in held and c["path"] not in weight_files)
+    devices = {}
+    for name, record in b.bundles.items():
+        needed = [c for c in sb["contents"] if c["path"].startswith(f"devices/{name}/")]
+        names = {f["name"] for f in record.get("files", [])}
+        needed += [c for c in sb["contents"] if c["path"] in names]
+        devices[name] = sum(c["size"] for c in needed if c["digest"] not in held)
+    order = {"model": 0, "weight": 1, "scenario": 2, "device": 3, "file": 4}
+    changes.sort(key=lambda c: (order[c.what], c.name, c.kind))
+    return PackageDiff(a.source, b.source, tuple(changes), file_bytes, payload_bytes, devices)
+
+
+def _weight_file_paths(summary: Mapping[str, Any]) -> set[str]:
+    """Contents paths that hold payloads: the weight files, or the files inside weight
+    folders (split separate layouts)."""
+    names = {f["name"] for f in summary["files"]}
+    return {c["path"] for c in summary["contents"]
+            if c["path"] in names or c["path"].split("/")[0] in names}
+
+
+def _device_changes(sa: Mapping[str, Any], sb: Mapping[str, Any], files_a: Mapping[str, Any],
+                    files_b: Mapping[str, Any]) -> Iterable[Change]:
+    def state(summary: Mapping[str, Any], files: Mapping[str, Any]) -> dict[str, str]:
+        out = {}
+        for d in summary.get("devices", []):
+            digests = sorted((p, c["digest"]) for p, c in files.items()
+                             if p.startswith(f"devices/{d['name']}/"))
+            out[d["name"]] = json.dumps([d.get("scenario"), digests])
+        return out
+
+    old, new = state(sa, files_a), state(sb, files_b)
+    scen_a = {d["name"]: str(d.get("scenario")) for d in sa.get("devices", [])}
+    scen_b = {d["name"]: str(d.get("scenario")) for d in sb.get("devices", [])}
+    out = [Change("removed", "device", k) for k in old if k not in new]
+    out += [Change("added", "device", k) for k in new if k not in old]
+    out += [Change("changed", "device", k, f"scenario {scen_a[k]}", f"scenario {scen_b[k]}")
+            for k in old if k in new and old[k] != new[k]]
+    return out
+
+
+def first_member_difference(a: Path, b: Path) -> str:
+    """Where two archives first differ: the first member whose header or data differs."""
+    from ..hashing import new_hasher
+
+    def members(path: Path):
+        with open_archive(path) as tf:
+            for m in tf:
+                h = new_hasher("blake3")
+                f = tf.extractfile(m) if m.isfile() else None
+                while f is not None and (chunk := f.read(1 << 20)):
+                    h.update(chunk)
+                yield m, h.hexdigest()
+
+    fields = ("name", "type", "mode", "mtime", "uid", "gid", "uname", "gname", "size",
+              "pax_headers")
+    left, right = members(a), members(b)
+    while True:
+        x, y = next(left, None), next(right, None)
+        if x is None or y is None:
+            if x is None and y is None:
+                return "same tar members, different compressed bytes"
+            extra = (x or y)[0].name  # type: ignore[index]
+            return f"member {extra} is only in the {'published' if x else 'rebuilt'} archive"
+        (ma, da), (mb, db) = x, y
+        for name in fields:
+            va, vb = getattr(ma, name), getattr(mb, name)
+            if va != vb:
+                return f"member {ma.name}: {name} {va!r} != {vb!r}"
+        if da != db:
+            return f"member {ma.name}: content differs"
+
+
+__all__ = ["Change", "PackageDiff", "PackageView", "diff_packages", "first_member_difference",
+           "open_view"]

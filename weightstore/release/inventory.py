@@ -1,0 +1,193 @@
+"""Every file of a package with its size and digest: the summary's ``contents``.
+
+The inventory is what makes a package checkable as a whole: ``weightstore verify``
+re-hashes against it, the up-to-date check compares it through a stat cache, archives are
+planned from it and unpacking checks each member against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..errors import PackageError
+from ..hashing import digest_file, make_key
+from ..summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
+
+
+def package_files(folder: Path) -> list[str]:
+    """Relative POSIX paths of every file below ``folder`` but the summary, sorted.
+
+    A package holds only regular files and folders; anything else (a symlink, a device) is
+    refused, since neither onnx nor an archive reader should follow it.
+    """
+    out: list[str] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in [*dirs, *files]:
+            path = Path(root) / name
+            mode = os.lstat(path).st_mode
+            if name in dirs and stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                raise PackageError("a package holds only regular files and folders",
+                                   path=path.relative_to(folder).as_posix(),
+                                   folder=str(folder))
+            out.append(path.relative_to(folder).as_posix())
+    return sorted(p for p in out if p != SUMMARY_NAME)
+
+
+def package_contents(folder: Path, algo: str, jobs: int = 1) -> list[dict[str, Any]]:
+    """``[{"path", "size", "digest"}]`` for every file of the package, sorted by path."""
+    names = package_files(folder)
+
+    def entry(name: str) -> dict[str, Any]:
+        path = folder / name
+        return {"path": name, "size": path.stat().st_size,
+                "digest": make_key(algo, digest_file(algo, path))}
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(entry, names))
+
+
+def read_summary(folder: Path) -> dict[str, Any]:
+    """The package's summary, which must list its contents (format_version 3 or later)."""
+    return read_summary_bytes(folder)[1]
+
+
+def read_summary_bytes(folder: Path) -> tuple[bytes, dict[str, Any]]:
+    """The summary's exact bytes (archives hold them as they are) and its content."""
+    path = folder / SUMMARY_NAME
+    try:
+        data = path.read_bytes()
+        summary = json.loads(data)
+    except FileNotFoundError:
+        raise PackageError("not a package folder: no summary.json", folder=str(folder)) from None
+    except (OSError, ValueError) as exc:
+        raise PackageError(f"cannot read the package summary: {exc}", file=str(path)) from None
+    check_summary(summary, str(path))
+    return data, summary
+
+
+def check_summary(summary: Any, where: str) -> None:
+    """Refuse a summary this version cannot trust for file digests."""
+    if not isinstance(summary, dict):
+        raise PackageError("package summary is not a JSON object", file=where)
+    version = summary.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise PackageError("package summary has a format_version this weightstore does not "
+                           "know", file=where, format_version=version)
+    if version < CONTENTS_SINCE or not isinstance(summary.get("contents"), list):
+        raise PackageError(f"package summary lists no file digests (format_version "
+                           f"{version}); rebuild the package", file=where,
+                           format_version=version)
+    for i, c in enumerate(summary["contents"]):
+        if not (isinstance(c, dict) and isinstance(c.get("path"), str)
+                and isinstance(c.get("size"), int) and c["size"] >= 0
+                and isinstance(c.get("digest"), str) and ":" in c["digest"]):
+            raise PackageError("malformed contents entry in the package summary", file=where,
+                               entry=i)
+        check_member_path(c["path"], where)
+
+
+def check_member_path(name: str, where: str) -> PurePosixPath:
+    """A relative path that stays inside its folder: no absolute path, no ``..``, no empty,
+    ``.`` or backslash component, no NUL."""
+    path = PurePosixPath(name)
+    parts = name.split("/")
+    if (not name or path.is_absolute() or "\\" in name or "\x00" in name
+            or any(p in ("", ".", "..") for p in parts)):
+        raise PackageError("unsafe path", path=name, file=where)
+    return path
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # missing | size | digest | unexpected | unreadable
+    path: str
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "path": self.path, "detail": self.detail}
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.path}: {self.detail}"
+
+
+@dataclass
+class VerifyReport:
+    package: str
+    files: int = 0
+    bytes_hashed: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"package": self.package, "files": self.files,
+                "bytes_hashed": self.bytes_hashed, "ok": self.ok,
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
+                   digest: Callable[[str, Path], str] | None = None) -> VerifyReport:
+    """Re-hash every file of a package against its summary; unlisted files are problems too.
+
+    ``digest(algo, path)`` defaults to a full re-hash; the up-to-date check passes a stat
+    cache instead.
+    """
+    folder = Path(folder)
+    summary = read_summary(folder)
+    report = VerifyReport(summary.get("package", folder.name))
+    contents: Sequence[dict[str, Any]] = summary["contents"]
+
+    def hash_of(algo: str, path: Path) -> str:
+        return make_key(algo, digest_file(algo, path))
+
+    digest = digest or hash_of
+
+    def check(entry: dict[str, Any]) -> Problem | None:
+        path = folder / entry["path"]
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                return Problem("missing", entry["path"], "not a regular file")
+            if st.st_size != entry["size"]:
+                return Problem("size", entry["path"],
+                               f"{st.st_size} bytes, the summary says {entry['size']}")
+            algo = entry["digest"].partition(":")[0]
+            actual = digest(algo, path)
+        except FileNotFoundError:
+            return Problem("missing", entry["path"], "not in the package")
+        except (OSError, ValueError) as exc:
+            return Problem("unreadable", entry["path"], str(exc))
+        if actual != entry["digest"]:
+            return Problem("digest", entry["path"],
+                           f"content is {actual}, the summary says {entry['digest']}")
+        return None
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        found = list(pool.map(check, contents))
+    report.files = len(contents)
+    report.bytes_hashed = sum(e["size"] for e, p in zip(contents, found, strict=True)
+                              if p is None or p.kind == "digest")
+    report.problems = [p for p in found if p is not None]
+    listed = {e["path"] for e in contents}
+    try:
+        present = package_files(folder)
+    except PackageError as exc:
+        report.problems.append(Problem("unexpected", exc.context.get("path", ""),
+                                       "not a regular file"))
+        present = []
+    report.problems += [Problem("unexpected", name, "not listed in the summary")
+                        for name in present if name not in listed]
+    report.problems.sort(key=lambda p: p.path)
+    return report

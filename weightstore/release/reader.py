@@ -1,0 +1,58 @@
+"""Reading release archives as streams: one pass, bounded memory, no temp copy."""
+
+from __future__ import annotations
+
+import contextlib
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import PackageError
+
+JSON_LIMIT = 64 << 20  # summary.json and bundle.json members are read whole, up to this
+HEADER_LIMIT = 1 << 20  # PAX and GNU long-name headers: tarfile reads them whole
+_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
+             tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses extended headers larger than :data:`HEADER_LIMIT` before tarfile reads them
+    into memory (a hostile archive could announce gigabytes)."""
+
+    def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED and self.size > HEADER_LIMIT:
+            raise tarfile.HeaderError(f"extended header of {self.size} bytes")
+        return super()._proc_member(tf)  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def open_archive(path: str | Path) -> Iterator[tarfile.TarFile]:
+    """A streaming tar reader (``r|``) over the archive's zstd frame(s).
+
+    zstd verifies each frame's checksum as it reaches the frame's end; corrupt or truncated
+    input becomes a :class:`PackageError` naming the archive.
+    """
+    import zstandard
+
+    try:
+        with open(path, "rb") as f:
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
+                              tarinfo=_BoundedTarInfo) as tf:
+                yield tf
+    except FileNotFoundError:
+        raise PackageError("no such archive", archive=str(path)) from None
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError) as exc:
+        raise PackageError(f"corrupt archive: {exc}", archive=str(path)) from None
+
+
+def read_small(tf: tarfile.TarFile, member: tarfile.TarInfo, archive: str | Path) -> bytes:
+    """The whole data of a small member (JSON), refusing large ones before reading."""
+    if member.size > JSON_LIMIT:
+        raise PackageError("archive member is too large to be metadata", archive=str(archive),
+                           member=member.name, size=member.size)
+    f = tf.extractfile(member)
+    if f is None:
+        raise PackageError("archive member is not a file", archive=str(archive),
+                           member=member.name)
+    return f.read()

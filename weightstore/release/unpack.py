@@ -1,0 +1,176 @@
+"""``weightstore unpack ARCHIVE DIR``: a release archive -> a verified package folder.
+
+A short orchestrator over the archive stream and a temp folder beside ``DIR``: each member
+is checked before a byte of it is written (regular files and folders only; a path that is
+relative, free of ``..``, under the archive's single top folder and seen once; a file listed
+in the summary, which comes first, with exactly the size listed), written with an ordinary
+mode, hashed on the way and compared with the summary's digest. Only a complete, verified
+folder is renamed to ``DIR``; on any failure the temp folder is removed and nothing is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import IntegrityError, PackageError
+from ..fsio import dir_mode, file_mode, fsync_dir, make_temp_dir
+from ..hashing import make_key, new_hasher
+from ..summary import SUMMARY_NAME
+from .inventory import check_member_path, check_summary
+from .reader import open_archive, read_small
+
+CHUNK = 4 << 20
+
+
+@dataclass(frozen=True)
+class UnpackResult:
+    folder: Path
+    files: int
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folder": str(self.folder), "files": self.files, "bytes": self.bytes}
+
+
+def unpack(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> UnpackResult:
+    dest = Path(dest)
+    if dest.exists() or dest.is_symlink():
+        raise PackageError("destination already exists; unpack never replaces a folder",
+                           folder=str(dest))
+    parent = dest.absolute().parent
+    if not parent.is_dir():
+        raise PackageError("destination's parent folder does not exist", folder=str(parent))
+    tmp = make_temp_dir(parent, f".{dest.name}.")
+    try:
+        files, size = _extract(Path(archive), tmp)
+        fsync_dir(tmp)
+        os.rename(tmp, dest)
+        tmp = None
+        fsync_dir(parent)
+        return UnpackResult(dest, files, size)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _refuse(archive: Path, why: str, member: str, **context: Any) -> PackageError:
+    return PackageError(f"refusing archive: {why}", archive=str(archive), member=member,
+                        **context)
+
+
+def _extract(archive: Path, into: Path) -> tuple[int, int]:
+    expected: dict[str, dict[str, Any]] | None = None
+    folders: set[str] = set()
+    seen: set[str] = set()
+    root: str | None = None
+    total = 0
+    with open_archive(archive) as tf:
+        for member in tf:
+            name = member.name.rstrip("/") if member.isdir() else member.name
+            if not (member.isdir() or member.type in (tarfile.REGTYPE, tarfile.AREGTYPE)):
+                raise _refuse(archive, "only regular files and folders are allowed",
+                              member.name, type=_kind(member))
+            try:
+                check_member_path(name, str(archive))
+            except PackageError:
+                raise _refuse(archive, "unsafe path", member.name) from None
+            if root is None:
+                if not member.isdir() or "/" in name:
+                    raise _refuse(archive, "the first member must be the top folder",
+                                  member.name)
+                root = name
+                continue
+            if not name.startswith(f"{root}/"):
+                raise _refuse(archive, "member outside the top folder", member.name)
+            rel = name[len(root) + 1:]
+            if rel in seen:
+                raise _refuse(archive, "duplicate member", member.name)
+            seen.add(rel)
+            if expected is None:
+                if rel != SUMMARY_NAME or not member.isfile():
+                    raise _refuse(archive, "summary.json must come first", member.name)
+                data = read_small(tf, member, archive)
+                try:
+                    summary = json.loads(data)
+                except ValueError as exc:
+                    raise _refuse(archive, f"summary is not JSON: {exc}", member.name) from None
+                check_summary(summary, f"{archive}:{member.name}")
+                expected = {c["path"]: c for c in summary["contents"]}
+                folders = {str(p) for c in expected for p in Path(c).parents} - {"."}
+                _write(into / SUMMARY_NAME, [data])
+                continue
+            if member.isdir():
+                if rel not in folders:
+                    raise _refuse(archive, "folder not in the summary", member.name)
+                (into / rel).mkdir(mode=dir_mode(), parents=True, exist_ok=True)
+                continue
+            entry = expected.get(rel)
+            if entry is None:
+                raise _refuse(archive, "file not listed in the summary", member.name)
+            if member.size != entry["size"]:
+                raise _refuse(archive, "size differs from the summary", member.name,
+                              size=member.size, expected=entry["size"])
+            (into / rel).parent.mkdir(mode=dir_mode(), parents=True, exist_ok=True)
+            _write_verified(tf, member, into / rel, entry, archive)
+            total += member.size
+    if expected is None:
+        raise PackageError("refusing archive: no package summary in it", archive=str(archive))
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise PackageError("refusing archive: files listed in the summary are missing",
+                           archive=str(archive), missing=", ".join(missing[:5]))
+    return len(expected), total
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hard link"
+    if member.isfifo():
+        return "fifo"
+    if member.isdev():
+        return "device"
+    if member.issparse():
+        return "sparse file"
+    return repr(member.type.decode(errors="replace"))
+
+
+def _write_verified(tf: tarfile.TarFile, member: tarfile.TarInfo, path: Path,
+                    entry: dict[str, Any], archive: Path) -> None:
+    algo = entry["digest"].partition(":")[0]
+    hasher = new_hasher(algo, threads=False)
+    source = tf.extractfile(member)
+    assert source is not None  # a regular file
+
+    def chunks():
+        remaining = member.size
+        while remaining:
+            data = source.read(min(CHUNK, remaining))
+            if not data:
+                raise _refuse(archive, "member ends early", member.name)
+            hasher.update(data)
+            remaining -= len(data)
+            yield data
+
+    _write(path, chunks())
+    actual = make_key(algo, hasher.hexdigest())
+    if actual != entry["digest"]:
+        raise IntegrityError("archive member differs from its summary", archive=str(archive),
+                             member=member.name, expected=entry["digest"], actual=actual)
+
+
+def _write(path: Path, chunks) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                 file_mode())
+    with os.fdopen(fd, "wb") as f:
+        for data in chunks:
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
