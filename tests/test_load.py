@@ -1,10 +1,11 @@
-"""Loading: only manifest ranges, each once, verified; from memory into onnxruntime."""
+"""Loading: only manifest ranges, each once, verified; mapped into onnxruntime."""
 
 from __future__ import annotations
 
 import gc
 import itertools
 import json
+import os
 import shutil
 
 import numpy as np
@@ -17,6 +18,10 @@ from tests import resolve_models as rm
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, LoadError
 from weightstore.load import CHUNK, LoadReport, RecordingReader, WeightManager, plan_reads
+from weightstore.load import mapped as mapped_module
+from weightstore.load.executor import execute, lanes
+from weightstore.load.mapped import MappedData, layout
+from weightstore.load.session import packed_only
 from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.scenarios.variants import runnable_variant
 
@@ -126,6 +131,55 @@ def test_reads_are_coalesced_and_chunked(split):
         assert all(c.length <= CHUNK for c in default.chunks)
 
 
+@pytest.mark.parametrize("chunk", [4096, 3000])
+def test_entries_are_verified_as_their_chunks_land_in_memory_and_in_a_mapped_file(split, chunk):
+    """Small chunks cut entries across chunks and lanes; every entry is still hashed in
+    order, and the mapped file's slots hold exactly the bytes read."""
+    with weightstore.resolve(split) as r:
+        active = r.payload_manifest.active
+        entries = {e.id: e for e in r.payload_manifest.entries}
+        plan = plan_reads(active, split, r.source.path, chunk=chunk)
+        assert any(c.length == chunk for c in plan.chunks)
+        assert len(lanes(plan)) < len(plan.chunks)  # entries spanning chunks share a lane
+        plain = execute(plan, entries, RecordingReader())
+        slots, end = layout([run.length for run in plan.runs])
+        with MappedData(end) as mapped:
+            sunk = execute(plan, entries, RecordingReader(), sink=(mapped, slots))
+            assert set(plain.data) == set(sunk.data) == {e.id for e in active}
+            for e in active:
+                raw = (split / e.source.file).read_bytes()[
+                    e.source.offset:e.source.offset + e.source.length]
+                assert bytes(plain.data[e.id]) == bytes(sunk.data[e.id]) == raw
+            folder = mapped.folder
+            del sunk
+        assert not folder.exists()
+
+
+def test_a_load_leaves_no_data_file_behind(split, monkeypatch):
+    made = []
+    real = mapped_module._temp_dir
+
+    def spy(size=0):
+        made.append(real(size))
+        return made[-1]
+
+    monkeypatch.setattr(mapped_module, "_temp_dir", spy)
+    with weightstore.resolve(split) as r:
+        session = weightstore.load(r, manager=WeightManager())
+        assert made and not any(folder.exists() for folder in made)
+        feed, expected = _reference(split, None)
+        np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
+
+
+def test_a_shared_memory_folder_without_room_sends_the_data_file_elsewhere(monkeypatch):
+    monkeypatch.setattr(mapped_module, "_room", lambda folder: 1 << 20)
+    with MappedData(2 << 20) as small:
+        assert small.folder.parent != mapped_module.SHM
+    with MappedData(1000) as tiny:
+        usable = mapped_module.SHM.is_dir() and os.access(mapped_module.SHM, os.W_OK)
+        assert (tiny.folder.parent == mapped_module.SHM) == usable
+
+
 def test_corrupt_portable_payload_fails_naming_scenario_initializer_and_location(split,
                                                                                 tmp_path):
     copy = tmp_path / "pkg"
@@ -171,17 +225,27 @@ def test_package_folder_with_only_models_runs_from_the_store(built, split, tmp_p
 
 
 def test_sessions_share_buffers_through_the_weight_manager(split):
+    """Weights onnxruntime maps are held once and shared; a weight every consumer
+    pre-packs is not held (onnxruntime drops it once packed), so a later load reads it."""
     manager = WeightManager()
     with weightstore.resolve(split) as r:
+        packed = packed_only(r, r.frozen_model())
+        held = [e for e in r.payload_manifest.active if not packed & set(e.values)]
+        again = [e for e in r.payload_manifest.active if packed & set(e.values)]
+        assert held and again
         first = weightstore.load(r, manager=manager)
-        digest = r.payload_manifest.active[0].source.checksum
+        digest = held[0].source.checksum
         assert manager.refcount(digest) == 1
+        assert all(manager.refcount(e.source.checksum) == 0 for e in again)
         report = LoadReport()
         second = weightstore.load(r, manager=manager, report=report)
-        assert report.read_bytes == 0 and report.entries_shared == len(
-            r.payload_manifest.active)
+        assert report.entries_shared == len(held)
+        assert report.read_bytes == sum(e.source.length for e in again)
         assert manager.refcount(digest) == 2
-        del first, second
+        feed, expected = _reference(split, None)
+        for session in (first, second):
+            np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
+        del first, second, session
         gc.collect()
         assert manager.refcount(digest) == 0 and manager.held_bytes == 0
 

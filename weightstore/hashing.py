@@ -28,7 +28,8 @@ class Hasher(Protocol):
 
 
 def new_hasher(algo: str, threads: bool = True) -> Hasher:
-    """``threads=False`` where other threads already keep the CPUs busy (compression)."""
+    """``threads=False`` where other threads already keep the CPUs busy (compression,
+    parallel load lanes)."""
     if algo == "blake3":
         return blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
     if algo == "sha256":

@@ -1,7 +1,8 @@
 """Carrying out a read plan: parallel chunk reads, checksums verified as runs complete.
 
-Each run is read into one buffer; entries are memoryview slices of it (no copy). When the
-last chunk of a run lands, the checksums of its entries are verified. An entry that fails
+Each run is read into one buffer; entries are memoryview slices of it (no copy). Each
+entry's checksum is computed from the chunks as they land, in order, while the bytes are
+still in cache: one pass over memory rather than a read and then a hash. An entry that fails
 its checksum is replaced by its dormant fallback when the manifest has one (read and
 verified in turn); otherwise the load fails naming the initializer and location.
 """
@@ -17,10 +18,13 @@ import numpy as np
 
 from ..catalogue import typed_fields
 from ..errors import IntegrityError
-from ..hashing import ALGORITHMS, digest_bytes
+from ..hashing import ALGORITHMS, digest_bytes, new_hasher
 from ..resolve.manifest import ManifestEntry
+from .mapped import MappedData
 from .plan import BUFFER, ReadPlan
 from .reader import Reader
+
+BOUNCE = 1 << 20  # bytes: read, hashed and written to a sink through a buffer this big
 
 
 @dataclass
@@ -52,23 +56,46 @@ def _decode(entry: ManifestEntry, raw: memoryview) -> memoryview:
                                           where=entry.values[0]))
 
 
+def lanes(plan: ReadPlan) -> list[list[int]]:
+    """Chunk indices grouped into lanes: consecutive chunks of one run, cut wherever no
+    entry spans the boundary. A lane is read in order and its entries hashed as its
+    chunks land (the bytes still in cache); lanes run in parallel."""
+    out: list[list[int]] = []
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for i, run in enumerate(plan.runs):
+        spans[i] = sorted((o, o + n) for _, o, n in run.entries)
+    last_run = -1
+    for k, c in enumerate(plan.chunks):
+        start = c.offset - plan.runs[c.run].offset
+        if c.run != last_run or not any(a < start < b for a, b in spans[c.run]):
+            out.append([])
+        out[-1].append(k)
+        last_run = c.run
+    return out
+
+
 def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader, *,
             buffers: Mapping[str, memoryview] | None = None, jobs: int = 4,
             fallback: Callable[[ManifestEntry], memoryview | None] | None = None,
             scenario: str | None = None, tolerate: Collection[str] = (),
-            run_buffers: Sequence[memoryview] | None = None) -> ReadResult:
+            run_buffers: Sequence[memoryview] | None = None,
+            sink: tuple[MappedData, Sequence[int]] | None = None) -> ReadResult:
     """Read every planned chunk once, verify each entry, and return their bytes.
 
     An entry in ``tolerate`` that fails its checksum is left out of the result (its
     caller has a fallback of its own) instead of raising. ``run_buffers`` are where the
-    runs go (e.g. slices of a mapped file); by default fresh, uninitialized memory.
+    runs go; by default fresh, uninitialized memory. With ``sink`` (a mapped data file and
+    each run's slot in it), runs are read through a small buffer, hashed there and
+    written to the file, and the entries' bytes are views of its mapping: one pass, with
+    no page of the file mapped here unless something reads it later.
+    A raw entry is hashed chunk by chunk as its bytes land; an encoded one once whole.
     """
     result = ReadResult()
+    if sink is not None:
+        run_buffers = [sink[0].slice(s, r.length) for s, r in zip(sink[1], plan.runs,
+                                                                   strict=False)]
     result.runs = list(run_buffers) if run_buffers is not None else [
         memoryview(np.empty(run.length, dtype=np.uint8)) for run in plan.runs]
-    left = [0] * len(plan.runs)
-    for c in plan.chunks:
-        left[c.run] += 1
     lock = threading.Lock()
     bad: list[ManifestEntry] = []
 
@@ -80,26 +107,55 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
             with lock:
                 bad.append(entry)
 
-    def finish_run(i: int) -> None:
-        view = result.runs[i]
-        for entry_id, offset, length in plan.runs[i].entries:
-            settle(entries[entry_id], view[offset:offset + length])
+    def read_lane(lane: list[int]) -> None:
+        first = plan.chunks[lane[0]]
+        run, view = plan.runs[first.run], result.runs[first.run]
+        base = first.offset - run.offset
+        last = plan.chunks[lane[-1]]
+        top = last.offset - run.offset + last.length
+        members = [(entries[e], o, n) for e, o, n in run.entries if base <= o < top
+                   or (n == 0 and o == top == run.length)]
+        streamed = {}  # entry id -> (hasher, expected digest)
+        for entry, _, _ in members:
+            algo, _, expected = (entry.source.checksum or "").partition(":")
+            if entry.source.encoding in ("raw", "raw_data") and algo in ALGORITHMS:
+                streamed[entry.id] = (new_hasher(algo, threads=False), expected)
+        def feed(start: int, data: memoryview) -> None:
+            stop = start + len(data)
+            for entry, o, n in members:
+                if entry.id in streamed and o < stop and o + n > start:
+                    streamed[entry.id][0].update(data[max(o, start) - start:
+                                                      min(o + n, stop) - start])
 
-    def read_chunk(c) -> None:
-        run = plan.runs[c.run]
-        start = c.offset - run.offset
-        reader.read_into(run.path, c.offset, result.runs[c.run][start:start + c.length])
-        with lock:
-            left[c.run] -= 1
-            done = left[c.run] == 0
-        if done:
-            finish_run(c.run)
+        bounce = memoryview(bytearray(BOUNCE)) if sink is not None else None
+        for k in lane:
+            c = plan.chunks[k]
+            start = c.offset - run.offset
+            if sink is None:
+                reader.read_into(run.path, c.offset, view[start:start + c.length])
+                feed(start, view[start:start + c.length])
+                continue
+            for pos in range(0, c.length, BOUNCE):  # through a buffer that stays in cache
+                piece = bounce[:min(BOUNCE, c.length - pos)]  # type: ignore[index]
+                reader.read_into(run.path, c.offset + pos, piece)
+                feed(start + pos, piece)
+                sink[0].write(sink[1][first.run] + start + pos, piece)
+        for entry, o, n in members:
+            data = view[o:o + n]
+            if entry.id not in streamed:
+                settle(entry, data)
+            elif streamed[entry.id][0].hexdigest() == streamed[entry.id][1]:
+                result.data[entry.id] = data
+            else:
+                with lock:
+                    bad.append(entry)
 
     for i, run in enumerate(plan.runs):
         if run.length == 0:
-            finish_run(i)
+            for entry_id, offset, length in run.entries:
+                settle(entries[entry_id], result.runs[i][offset:offset + length])
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures: list[Future] = [pool.submit(read_chunk, c) for c in plan.chunks]
+        futures: list[Future] = [pool.submit(read_lane, lane) for lane in lanes(plan)]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in done:
             f.result()

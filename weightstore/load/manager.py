@@ -3,7 +3,10 @@
 GE's ExternalWeightManager, keyed by what the bytes are (their digest) rather than by
 where they were read from, so two models of two packages sharing a weight read it once.
 Each load takes a reference on every buffer it uses and gives it back when its session
-is collected; a buffer whose count drops to zero is released.
+is collected; a buffer whose count drops to zero is released. Buffers are views of a
+load's mapped data file, the very pages onnxruntime maps. A weight that every consumer
+pre-packs is not held: onnxruntime drops it once packed, and holding it would keep a
+second copy for the session's lifetime (a later load reads it again).
 """
 
 from __future__ import annotations

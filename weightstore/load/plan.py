@@ -4,11 +4,14 @@ Each active manifest entry gets one place to come from, by priority: a buffer th
 supplied under the entry's file name (GE's user memory by file name), the file in the
 package folder, or the weight store by the entry's digest. Entries of one file whose
 ranges touch are coalesced into one run (never bridging a gap: only live bytes are read),
-and each run is cut into chunks of at most :data:`CHUNK` bytes, read in parallel.
+and each run is cut into chunks of at most :data:`CHUNK` bytes, read in parallel; a chunk
+ends at an entry boundary where one falls past :data:`MIN_CHUNK`, so the executor can
+verify groups of whole entries independently.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,7 @@ from ..resolve.locator import StoreLocator
 from ..resolve.manifest import STORE_ONLY, ManifestEntry
 
 CHUNK = 10 << 20  # bytes: GE copies weights in 10 MB chunks
+MIN_CHUNK = 1 << 20  # a chunk ends at an entry boundary once it holds this much
 
 BUFFER = "buffer"
 FOLDER = "folder"
@@ -133,9 +137,15 @@ def plan_reads(entries: Sequence[ManifestEntry], folder: Path, model_file: Path,
     close()
     chunks = []
     for i, run in enumerate(runs):
+        cuts = sorted({b for _, o, n in run.entries for b in (o, o + n)})
         pos = 0
         while pos < run.length:
-            n = min(chunk, run.length - pos)
-            chunks.append(Chunk(i, run.offset + pos, n))
-            pos += n
+            end = min(pos + chunk, run.length)
+            # end at the first entry boundary past a minimum, when there is one in reach:
+            # a chunk then holds whole entries, so it can be verified on its own
+            k = bisect_left(cuts, pos + max(1, min(chunk, MIN_CHUNK)))
+            if k < len(cuts) and cuts[k] < end:
+                end = cuts[k]
+            chunks.append(Chunk(i, run.offset + pos, end - pos))
+            pos = end
     return ReadPlan(placements, tuple(runs), tuple(chunks))

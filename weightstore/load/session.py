@@ -1,20 +1,22 @@
 """``weightstore.load``: a frozen ResolvedModel -> an onnxruntime InferenceSession.
 
 Only active manifest entries are read, each once (or taken from the process's weight
-manager when another session already holds the same digest). The bytes reach onnxruntime
-from memory by file name (``add_external_initializers_from_files_in_memory``): every live
-tensor whose payload the resolved graph omits is pointed at an in-memory file named after
-its manifest entry, so onnxruntime opens no file itself. Load-time derivations are
-computed from their sources' bytes, which are read once. A resolution bound to prepared
-weights loads through :mod:`.prepared` instead (onnxruntime maps packed weights only from
-files).
-"""
+manager when another session already holds the same digest), verified as they are read,
+into a private data file that onnxruntime maps (:mod:`.mapped`): it copies weights handed
+to it from memory, so handing them over that way would hold them twice. Caller buffers
+(GE's user memory by file name) do go from memory
+(``add_external_initializers_from_files_in_memory``), and then every weight does:
+onnxruntime takes weights from memory only when all come from there. Load-time
+derivations are computed from their sources' bytes, which are read once. A resolution
+bound to prepared weights loads through :mod:`.prepared` instead."""
 
 from __future__ import annotations
 
+import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from ..resolve.model import ResolvedModel
 from ..scenarios.derive import resolver
 from .executor import execute
 from .manager import WEIGHTS, WeightManager
+from .mapped import MappedData, SpillFile, layout
 from .plan import plan_reads
 from .reader import FileReader, Reader
 
@@ -40,13 +43,26 @@ MEMORY_PREFIX = "weightstore-memory-"
 
 @dataclass
 class LoadReport:
-    """What one load did: bytes read, entries shared from the manager, fallbacks."""
+    """What one load did: bytes read, entries shared from the manager, fallbacks, and the
+    seconds onnxruntime itself took to create the session (the rest is reading and
+    verifying)."""
 
     read_bytes: int = 0
     live_bytes: int = 0
     entries_read: int = 0
     entries_shared: int = 0
     fell_back: dict[str, str] = field(default_factory=dict)
+    runtime_seconds: float = 0.0
+
+
+def create_session(ort: Any, path: Path, options: Any, providers: Sequence[str],
+                   report: LoadReport) -> Any:
+    """onnxruntime's session of the model file at ``path``, timed into ``report``."""
+    start = time.perf_counter()
+    try:
+        return ort.InferenceSession(str(path), options, providers=list(providers))
+    finally:
+        report.runtime_seconds += time.perf_counter() - start
 
 
 def _array(entry: ManifestEntry, data: memoryview) -> np.ndarray:
@@ -84,31 +100,63 @@ def _constants_to_initializers(model: onnx.ModelProto) -> None:
         g.node.extend(kept)
 
 
+@dataclass
+class ActiveBytes:
+    """The verified bytes of a load's active entries (entry id -> bytes), the digests it
+    holds in the weight manager, and, when read into a mapped data file, each entry's
+    offset there and the file."""
+
+    data: dict[str, memoryview]
+    held: list[str]
+    where: dict[str, tuple[int, int]] = field(default_factory=dict)  # -> (file, offset)
+    files: list[MappedData] = field(default_factory=list)
+
+
+def packed_only(resolved: ResolvedModel, model: onnx.ModelProto) -> set[str]:
+    """Values every consumer of which pre-packs them (per the kernel catalogue):
+    onnxruntime drops such a weight once packed, so holding it for later loads would keep
+    a second copy for the session's lifetime."""
+    wanted: dict[str, set[str]] = {}
+    for r in resolved.prepared_requirements:
+        wanted.setdefault(r.value, set()).update(r.consumers)
+    readers: dict[str, set[str]] = {}
+    for scope in iter_scopes(model):
+        for i, node in enumerate(scope.container.node):
+            label = node.name or (node.output[0] if node.output else f"#{i}")
+            for name in node.input:
+                if name in wanted:
+                    readers.setdefault(name, set()).add(label)
+    outputs = {o.name for o in model.graph.output}
+    return {v for v, labels in readers.items() if labels <= wanted[v] and v not in outputs}
+
+
 def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                 reader: Reader | None, jobs: int, manager: WeightManager,
-                report: LoadReport) -> tuple[dict[str, memoryview], list[str]]:
-    """The bytes of every active entry (entry id -> bytes), verified, and the digests this
-    load holds in the weight manager. Entries the manager already holds are not read."""
+                report: LoadReport, mapped: bool = False,
+                unshared: Collection[str] = ()) -> ActiveBytes:
+    """The bytes of every active entry, verified. Entries the manager already holds are
+    not read. With ``mapped``, entries are read into mapped data files (see
+    :mod:`.mapped`): one for what the manager holds, one for ``unshared`` values' entries
+    (not held: released once the session exists)."""
     manifest = resolved.payload_manifest
     entries = {e.id: e for e in manifest.entries}
-    data: dict[str, memoryview] = {}
-    held: list[str] = []
+    out = ActiveBytes({}, [])
     to_read = []
+    shared: list[tuple[ManifestEntry, memoryview]] = []
     for e in manifest.active:
-        shared = manager.acquire(e.source.checksum) if e.source.checksum else None
-        if shared is not None:
-            data[e.id] = shared
-            held.append(e.source.checksum)  # type: ignore[arg-type]
+        view = manager.acquire(e.source.checksum) if e.source.checksum else None
+        if view is not None:
+            shared.append((e, view))
+            out.held.append(e.source.checksum)  # type: ignore[arg-type]
             report.entries_shared += 1
         else:
             to_read.append(e)
+    keep = set(unshared)
+    groups = ([[e for e in to_read if not keep & set(e.values)],
+               [e for e in to_read if keep & set(e.values)]] if mapped else [to_read])
     own_reader = reader is None
     reader = reader or FileReader()
     try:
-        plan = plan_reads(to_read, resolved.source.folder, resolved.source.path,
-                          buffers={k: len(v) for k, v in buffers.items()},
-                          store=resolved.source.store)
-
         def fallback(entry: ManifestEntry) -> memoryview | None:
             for dormant in manifest.fallbacks_of(entry.id):
                 sub = plan_reads([dormant], resolved.source.folder, resolved.source.path,
@@ -120,26 +168,56 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                     return got.data[dormant.id]
             return None
 
-        result = execute(plan, entries, reader, buffers=buffers, jobs=jobs,
-                         fallback=fallback, scenario=resolved.selected_scenario,
-                         tolerate=resolved.tolerated_failures)
+        plans = [plan_reads(group, resolved.source.folder, resolved.source.path,
+                            buffers={k: len(v) for k, v in buffers.items()},
+                            store=resolved.source.store) for group in groups]
+        layouts = [layout([r.length for r in plan.runs]
+                          + ([len(v) for _, v in shared] if n == 0 else []))
+                   for n, plan in enumerate(plans)]
+        for n, (group, plan) in enumerate(zip(groups, plans, strict=True)):
+            sink = None
+            if mapped:
+                slots, end = layouts[n]
+                file = MappedData(end, out.files[0].folder if out.files else None,
+                                  f"weights-{n}.data", reserve=sum(e for _, e in layouts))
+                out.files.append(file)
+                sink = (file, slots)
+                for (e, view), s in zip(shared if n == 0 else [], slots[len(plan.runs):],
+                                        strict=True):
+                    file.write(s, view)  # verified when first read
+                    out.where[e.id] = (n, s)
+                for i, r in enumerate(plan.runs):
+                    for entry_id, offset, _ in r.entries:
+                        if entries[entry_id].source.encoding in ("raw", "raw_data"):
+                            out.where[entry_id] = (n, slots[i] + offset)
+            result = execute(plan, entries, reader, buffers=buffers, jobs=jobs,
+                             fallback=fallback, scenario=resolved.selected_scenario,
+                             tolerate=resolved.tolerated_failures, sink=sink)
+            report.read_bytes += plan.read_bytes
+            report.fell_back.update(result.fell_back)
+            for e in group:
+                if e.id in result.fell_back:
+                    out.where.pop(e.id, None)  # its replacement is not in the file
+                if e.id not in result.data:
+                    continue  # a tolerated failure: the caller falls back
+                view = result.data[e.id]
+                if e.source.checksum and n == 0:
+                    out.data[e.id] = manager.publish(e.source.checksum, view)
+                    out.held.append(e.source.checksum)
+                else:
+                    out.data[e.id] = view
+    except BaseException:
+        for file in out.files:
+            file.remove_folder()
+        raise
     finally:
         if own_reader:
             reader.close()  # type: ignore[union-attr]
-    report.read_bytes += plan.read_bytes
+    for e, view in shared:
+        out.data[e.id] = view
     report.entries_read += len(to_read)
     report.live_bytes = manifest.active_bytes
-    report.fell_back.update(result.fell_back)
-    for e in to_read:
-        if e.id not in result.data:
-            continue  # a tolerated failure: the caller falls back
-        view = result.data[e.id]
-        if e.source.checksum:
-            data[e.id] = manager.publish(e.source.checksum, view)
-            held.append(e.source.checksum)
-        else:
-            data[e.id] = view
-    return data, held
+    return out
 
 
 def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
@@ -172,25 +250,49 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
             return session
         resolved = resolved.without_prepared()  # a packed payload failed: portable weights
     views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
-    data, held = read_active(resolved, buffers=views, reader=reader, jobs=jobs,
-                             manager=manager, report=report)
-    files = bind_payloads(model, resolved, data, views)
-    options = session_options or ort.SessionOptions()
-    names = sorted(files)
-    options.add_external_initializers_from_files_in_memory(
-        names, [files[n] for n in names], [len(files[n]) for n in names])
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=list(providers))
-    weakref.finalize(session, manager.release, list(held))
+    active = read_active(resolved, buffers=views, reader=reader, jobs=jobs,
+                         manager=manager, report=report, mapped=True,
+                         unshared=packed_only(resolved, model))
+    try:
+        # onnxruntime takes weights from memory only if all come from there: caller
+        # buffers send every weight that way; otherwise all are mapped from files
+        where = {} if views else {k: (active.files[n].path.name, offset)
+                                  for k, (n, offset) in active.where.items()}
+        spill = None if views else SpillFile(active.files[0].folder)
+        try:
+            files = bind_payloads(model, resolved, active.data, views, where,
+                                  spill.append if spill else None)
+        finally:
+            if spill is not None:
+                spill.close()
+        for file in active.files:
+            file.release()  # onnxruntime maps the pages; ours would count them twice
+        options = session_options or ort.SessionOptions()
+        names = sorted(files)
+        if names:
+            options.add_external_initializers_from_files_in_memory(
+                names, [files[n] for n in names], [len(files[n]) for n in names])
+        path = active.files[0].folder / "model.onnx"
+        path.write_bytes(model.SerializeToString())
+        session = create_session(ort, path, options, providers, report)
+    finally:
+        for file in reversed(active.files):  # the first owns the folder
+            file.remove_folder()
+    weakref.finalize(session, manager.release, list(active.held))
     return session
 
 
 def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
                   data: Mapping[str, memoryview], views: Mapping[str, memoryview],
+                  where: Mapping[str, tuple[str, int]] | None = None,
+                  spill: Callable[[memoryview], tuple[str, int]] | None = None,
                   ) -> dict[str, memoryview]:
-    """Point every live tensor of ``model`` whose payload is omitted at its bytes: an
-    in-memory file per manifest entry (main graph) or inline (subgraphs, functions).
-    Returns the in-memory files by name (caller buffers included)."""
+    """Point every live tensor of ``model`` whose payload is omitted at its bytes: its
+    slot in a mapped data file (``where``: entry id -> file name and offset), else an
+    in-memory file per manifest entry (main graph; written to a file through ``spill``
+    when given) or inline (subgraphs, functions). Returns the in-memory files by name
+    (caller buffers included)."""
+    where = where or {}
     manifest = resolved.payload_manifest
     by_value = {v: e for e in manifest.entries if e.status == ACTIVE
                 and e.origin not in STORE_ONLY for v in e.values}  # values, not packed forms
@@ -214,6 +316,9 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         e = by_value.get(name)
         if e is not None and e.source.file in views and site.container is model.graph:
             continue  # the caller's buffer under the model's own file name
+        if e is not None and e.id in where:
+            point_at(t, where[e.id][0], where[e.id][1], len(data[e.id]))
+            continue
         if e is not None:
             file, payload = MEMORY_PREFIX + e.id, data[e.id]
         elif name in recipes:
@@ -223,7 +328,9 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
             raise LoadError("a live weight has no manifest entry", initializer=name)
         else:
             continue
-        if site.container is model.graph:
+        if site.container is model.graph and spill is not None:
+            point_at(t, *spill(payload), len(payload))
+        elif site.container is model.graph:
             files[file] = payload
             point_at(t, file, 0, len(payload))
         else:  # onnxruntime takes in-memory external data for main-graph tensors only

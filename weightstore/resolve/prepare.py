@@ -106,8 +106,8 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
             raise PackageError("nothing to prepare: no kernel of this device takes "
                                "prepared weights", package=str(package), device=device)
         graph = resolved.frozen_model()
-        data, _ = read_active(resolved, buffers={}, reader=None, jobs=4,
-                              manager=WeightManager(), report=LoadReport())
+        data = read_active(resolved, buffers={}, reader=None, jobs=4,
+                           manager=WeightManager(), report=LoadReport()).data
         files = bind_payloads(graph, resolved, data, {})
         digest_of = {v: e.source.checksum or make_key(algo, digest_bytes(algo, data[e.id]))
                      for e in resolved.payload_manifest.active for v in e.values}
