@@ -180,7 +180,7 @@ def plan_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
             with s.weights.opened():
                 for w in s.weights.hash(ws, algo, jobs, bar.advance):
                     unique.setdefault(w.key, w.size)
-    index = store.locate(unique)  # indexed lookups of these keys only
+    index = store.locate(unique)  # what the store already holds, looked up by key
     for key, size in unique.items():
         kind = "reused" if key in index else "written"
         report[f"{kind}_objects"] += 1
