@@ -1,20 +1,95 @@
 """weightstore: a declarative build tool with a content-addressed weight store for ONNX models.
 
-``weightstore.resolve(...)`` and ``weightstore.load(resolved)`` are the deploy-side entry
-points; both are subpackages that can be called (imported on first use).
+The public Python API is what ``__all__`` lists; ``docs/api.md`` shows it at work. Every
+command of the ``weightstore`` program has a function here:
+
+* ``build(recipe, BuildOptions(...))``: a recipe file, a :class:`Recipe` or a mapping;
+* ``inspect(model)``: every weight of a model, from metadata only;
+* ``convert_to_external`` / ``convert_to_inline``: between inline, external-data and
+  FileConstant forms;
+* ``list_scenarios`` / ``show_scenario`` / ``add_scenario`` / ``remove_scenario`` /
+  ``replay_scenario``: modification scenarios stored in a model file;
+* ``check_package`` and ``bundle``: a built package, for a scenario or a device;
+* ``WeightStore``: the store itself (stats, verify, repair);
+* ``resolve(source, ...)`` and ``load(resolved)``: the deploy side.
+
+Names load on first use (PEP 562): ``import weightstore`` stays cheap, so the command
+line, which imports this package first, pays only for what its command needs.
+``build``, ``inspect``, ``resolve`` and ``load`` are also submodules; each is callable as
+its function, whatever was imported first.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "resolve"]
+# name -> (submodule, attribute); attribute None: the submodule itself, which is callable
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "build": ("build", None),
+    "BuildOptions": ("build", "BuildOptions"),
+    "BuildResult": ("build", "BuildResult"),
+    "PackageResult": ("build", "PackageResult"),
+    "Recipe": ("recipe", "Recipe"),
+    "load_recipe": ("recipe", "load_recipe"),
+    "inspect": ("inspect", None),
+    "convert_to_external": ("convert", "convert_to_external"),
+    "convert_to_inline": ("convert", "convert_to_inline"),
+    "ConvertReport": ("convert", "ConvertReport"),
+    "list_scenarios": ("scenarios.operations", "list_scenarios"),
+    "show_scenario": ("scenarios.operations", "show_scenario"),
+    "add_scenario": ("scenarios.operations", "add_scenario"),
+    "remove_scenario": ("scenarios.operations", "remove_scenario"),
+    "replay_scenario": ("scenarios.operations", "replay_scenario"),
+    "check_package": ("package_check", "check_package"),
+    "CheckReport": ("package_check", "CheckReport"),
+    "bundle": ("bundles", "assemble"),
+    "WeightStore": ("store", "WeightStore"),
+    "resolve": ("resolve", None),
+    "load": ("load", None),
+    "ResolvedModel": ("resolve", "ResolvedModel"),
+    "WeightstoreError": ("errors", "WeightstoreError"),
+}
+
+__all__ = [
+    "BuildOptions", "BuildResult", "CheckReport", "ConvertReport", "PackageResult", "Recipe",
+    "ResolvedModel", "WeightStore", "WeightstoreError", "__version__", "add_scenario",
+    "build", "bundle", "check_package", "convert_to_external", "convert_to_inline",
+    "inspect", "list_scenarios", "load", "load_recipe", "remove_scenario",
+    "replay_scenario", "resolve", "show_scenario",
+]
+
+if TYPE_CHECKING:
+    from . import build, inspect, load, resolve
+    from .build import BuildOptions, BuildResult, PackageResult
+    from .bundles import assemble as bundle
+    from .convert import ConvertReport, convert_to_external, convert_to_inline
+    from .errors import WeightstoreError
+    from .package_check import CheckReport, check_package
+    from .recipe import Recipe, load_recipe
+    from .resolve import ResolvedModel
+    from .scenarios.operations import (
+        add_scenario,
+        list_scenarios,
+        remove_scenario,
+        replay_scenario,
+        show_scenario,
+    )
+    from .store import WeightStore
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("resolve", "load"):
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = _EXPORTS[name]
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if attribute is None else getattr(module, attribute)
+    if attribute is not None:  # a submodule's name is set by the import system itself
+        globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

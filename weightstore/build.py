@@ -22,20 +22,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, build_stamp
+from .callable_module import make_callable
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .outputs import check_output_folder
-from .recipe import Layout, LoadedRecipe, ModelEntry, load_recipe
-from .selection import select_part
+from .recipe_file import read_recipe_file
 from .store.location import resolve_store_path
 from .summary import CONTENTS_SINCE, SUMMARY_NAME
 from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
+
+if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
+    from .recipe import Layout, LoadedRecipe, ModelEntry, Recipe
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,68 @@ class BuildResult:
         }
 
 
-def build(recipe_path: str | os.PathLike[str] | LoadedRecipe,
-          options: BuildOptions | None = None) -> BuildResult:
-    """Build every layout of a recipe (a file, or one already loaded)."""
+def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRecipe,
+          options: BuildOptions | None = None, *,
+          base_dir: str | os.PathLike[str] | None = None) -> BuildResult:
+    """Build every layout of ``recipe`` (selected by ``options``) into its package folder.
+
+    ``recipe`` is a recipe file, a :class:`~weightstore.recipe.Recipe` or a mapping of the
+    recipe's YAML form (or a recipe already loaded); relative paths are taken from the
+    file's folder, or ``base_dir`` (default: the current folder) for an object or mapping.
+    An unchanged package is reported ``up-to-date`` and nothing is written; a recipe file
+    whose bytes, sources and packages match its build stamp is decided without being
+    parsed (:mod:`.build_stamp`).
+    """
     options = options or BuildOptions()
-    loaded = select_part(recipe_path if isinstance(recipe_path, LoadedRecipe)
-                         else load_recipe(recipe_path), options.models, options.layouts)
+    if not isinstance(recipe, (str, os.PathLike)):
+        from .recipe import LoadedRecipe, loaded_from
+
+        if isinstance(recipe, LoadedRecipe):
+            return _build(recipe, options)
+        return _build(loaded_from(recipe, base_dir or os.curdir), options)
+    absolute, data = read_recipe_file(recipe)
+    stamp = build_stamp.stamp_path(absolute, options.models, options.layouts,
+                                   resolve_store_path(options.store, None))
+    if not options.force and not options.dry_run:
+        done = _stamped(stamp, absolute, data)
+        if done is not None:
+            return done
+    from .recipe import load_recipe_bytes
+
+    loaded = load_recipe_bytes(absolute, data, os.fspath(recipe))
+    return _build(loaded, options, stamp=(stamp, data))
+
+
+def _stamped(stamp: Path, recipe: Path, data: bytes) -> BuildResult | None:
+    """The result of an up-to-date build proven by the stamp, None when it proves nothing."""
+    doc = build_stamp.load(stamp, recipe, data)
+    if doc is None:
+        return None
+    store_root = Path(doc["store"])
+    digests = FileDigests(store_root / CACHE_NAME)
+    if not build_stamp.sources_unchanged(doc, digests):
+        return None
+    result = BuildResult(store_root)
+    for p in doc["packages"]:
+        target = Path(p["path"])
+        try:
+            check_output_folder(target)
+            summary = _existing_summary(target, force=False)
+        except PackageError:
+            return None
+        if (summary is None or summary.get("fingerprint") != p["fingerprint"]
+                or not _intact(target, summary, digests)):
+            return None
+        result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
+    digests.save()
+    return result
+
+
+def _build(loaded: LoadedRecipe, options: BuildOptions,
+           stamp: tuple[Path, bytes] | None = None) -> BuildResult:
+    from .selection import select_part
+
+    loaded = select_part(loaded, options.models, options.layouts)
     recipe = loaded.recipe
     store_root = resolve_store_path(options.store, loaded.store_path())
     if store_root.exists() and not store_root.is_dir():
@@ -101,7 +161,21 @@ def build(recipe_path: str | os.PathLike[str] | LoadedRecipe,
         digests.save()
     order = {layout.name: i for i, layout in enumerate(recipe.layouts)}
     result.packages.sort(key=lambda p: order[p.layout])
+    if stamp is not None and result.packages and not options.dry_run:
+        _record_stamp(loaded, stamp, store_root, result)
     return result
+
+
+def _record_stamp(loaded: LoadedRecipe, stamp: tuple[Path, bytes], store_root: Path,
+                  result: BuildResult) -> None:
+    """Stamp this build with the source identities its packages' summaries record."""
+    listed = {m["name"]: m for m in result.packages[0].summary["models"]}
+    sources = {str(loaded.model_source(entry)):
+               {"digest": listed[entry.name]["source_digest"],
+                "external": listed[entry.name]["external_sources"]}
+               for entry in loaded.models()}
+    build_stamp.record(stamp[0], loaded.path, stamp[1], store_root, sources,
+                       [(p.layout, p.path, p.summary["fingerprint"]) for p in result.packages])
 
 
 def _target(loaded: LoadedRecipe, layout: Layout) -> Path:
@@ -375,3 +449,5 @@ def _what_changed(existing: dict[str, Any], layout: Layout,
 
 
 __all__ = ["BuildOptions", "BuildResult", "PackageResult", "build"]
+
+make_callable(__name__, "build")  # weightstore.build(recipe) is the function

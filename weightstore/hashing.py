@@ -103,6 +103,9 @@ def digest_fd_many(algos: Sequence[str], fd: int, offset: int, length: int, *,
     return [h.hexdigest() for h in hashers]
 
 
+_LOWER_HEX = frozenset("0123456789abcdef")
+
+
 def make_key(algo: str, hex_digest: str) -> str:
     return f"{algo}:{hex_digest}"
 
@@ -111,6 +114,6 @@ def split_key(key: str) -> tuple[str, str]:
     """``"blake3:ab.."`` -> ``("blake3", "ab..")``, validating algorithm and hex form."""
     algo, sep, hex_digest = key.partition(":")
     if (not sep or algo not in ALGORITHMS or len(hex_digest) != HEX_LENGTH[algo]
-            or any(c not in "0123456789abcdef" for c in hex_digest)):
+            or not _LOWER_HEX.issuperset(hex_digest)):
         raise IntegrityError("malformed digest key", key=key)
     return algo, hex_digest

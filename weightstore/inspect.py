@@ -6,6 +6,7 @@ import os
 from collections import Counter
 from typing import Any
 
+from .callable_module import make_callable
 from .catalogue.descriptors import WeightDescriptor, weight_descriptors
 from .catalogue.reader import read_catalogue
 
@@ -60,3 +61,6 @@ def render_table(report: dict[str, Any]) -> str:
                  f"{t['external_bytes']} external in {t['external_tensors']} tensors, "
                  f"{t['empty_tensors']} empty); file {report['file_bytes']} bytes")
     return "\n".join(lines)
+
+
+make_callable(__name__, "inspect_model")  # weightstore.inspect(path) is inspect_model

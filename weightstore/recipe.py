@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,7 +27,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import RecipeError
-from .fsio import NotRegularFileError, atomic_write_bytes, open_regular
+from .fsio import atomic_write_bytes
+from .recipe_file import RECIPE_SIZE_LIMIT, read_recipe_file
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
 # and anything with a separator) can never match. Pydantic checks it with an end-anchored
@@ -278,27 +279,40 @@ class LoadedRecipe:
 
 def load_recipe(path: str | os.PathLike[str]) -> LoadedRecipe:
     """Read, parse and validate a recipe file; every failure is a :class:`RecipeError`."""
-    filename = os.fspath(path)
-    absolute = Path(os.path.abspath(filename))
-    try:
-        with os.fdopen(open_regular(absolute), "rb") as f:
-            data = f.read(RECIPE_SIZE_LIMIT + 1)
-    except FileNotFoundError:
-        raise RecipeError("recipe file not found", file=filename) from None
-    except NotRegularFileError as exc:
-        raise RecipeError(f"recipe path is {exc}", file=filename) from None
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise RecipeError(f"cannot read recipe: {reason}", file=filename) from None
-    if len(data) > RECIPE_SIZE_LIMIT:
-        raise RecipeError(f"recipe is larger than {RECIPE_SIZE_LIMIT >> 20} MiB",
-                          file=filename)
+    absolute, data = read_recipe_file(path)
+    return load_recipe_bytes(absolute, data, os.fspath(path))
+
+
+def load_recipe_bytes(absolute: Path, data: bytes, filename: str | None = None,
+                      ) -> LoadedRecipe:
+    """Parse and validate the bytes of the recipe file at ``absolute`` (named
+    ``filename`` in errors, by default the absolute path)."""
+    filename = str(absolute) if filename is None else filename
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecipeError("recipe is not valid UTF-8", file=filename, offset=exc.start) from None
     recipe = parse_recipe_text(text, filename)
     return LoadedRecipe(recipe=recipe, path=absolute, base_dir=absolute.parent)
+
+
+def loaded_from(recipe: Recipe | Mapping[str, Any], base_dir: str | os.PathLike[str],
+                ) -> LoadedRecipe:
+    """A recipe given as an object or a plain mapping (validated like a file), its
+    relative paths taken from ``base_dir``."""
+    base = Path(os.path.abspath(base_dir))
+    name = "<recipe>"
+    if not isinstance(recipe, Recipe):
+        try:
+            recipe = Recipe.model_validate(recipe)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise RecipeError(_describe(first), file=name,
+                              key=_dotted(_error_loc(first))) from None
+        except RecursionError:
+            raise RecipeError("recipe is nested too deeply", file=name) from None
+    _check_references(recipe, name, lambda _loc: None)
+    return LoadedRecipe(recipe=recipe, path=base / name, base_dir=base)
 
 
 def parse_recipe_text(text: str, filename: str) -> Recipe:
@@ -346,7 +360,7 @@ def parse_recipe_text(text: str, filename: str) -> Recipe:
 
 
 def _check_references(recipe: Recipe, filename: str,
-                      locate: Callable[[Loc], int]) -> None:
+                      locate: Callable[[Loc], int | None]) -> None:
     """Rules that relate several parts of a recipe, reported at the key that breaks them."""
     def fail(message: str, loc: Loc) -> None:
         raise RecipeError(message, file=filename, line=locate(loc), key=_dotted(loc))
@@ -404,7 +418,6 @@ def _reader_error(exc: yaml.reader.ReaderError, text: str, filename: str) -> Rec
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-RECIPE_SIZE_LIMIT = 1 << 20  # bytes: a recipe is a page of YAML; this is far beyond any
 EXPANDED_LIMIT = 1 << 20  # nodes plus scalar characters, once every alias is expanded
 
 

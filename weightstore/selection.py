@@ -11,7 +11,6 @@ one, only with ``--force``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Sequence
 
 from .errors import RecipeError
@@ -40,6 +39,8 @@ def _pick(items: Sequence, names: Sequence[str], kind: str, loaded: LoadedRecipe
     known = [item.name for item in items]
     for name in names:
         if name not in known:
+            import difflib  # only to word the error
+
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise RecipeError(f"--{kind} '{name}' names no {kind} of the recipe "

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -35,7 +36,6 @@ from ..errors import ScenarioError, WeightstoreError
 from ..hashing import digest_bytes, make_key
 from ..passes.base import run_passes
 from ..passes.cleanup import Cleanup, prune
-from ..recipe import NAME_MAX_LENGTH, NAME_PATTERN, RESERVED_SCENARIO_NAMES, ScenarioEntry
 from .api import apply_scenario, check_scenarios, prepare_records, strip_scenarios, verify_base
 from .derive import resolver
 from .digest import base_graph_digest
@@ -43,6 +43,9 @@ from .resolve import live_value_names
 from .rewriting import derivations_of
 from .storage import write_scenarios
 from .variants import catalogue_values, scenario_rewrites
+
+if TYPE_CHECKING:  # scenario commands other than add do not load the recipe's models
+    from ..recipe import ScenarioEntry
 
 DIGEST_ALGORITHM = "blake3"
 
@@ -112,6 +115,8 @@ def _requires_of(record: pb.ModelModificationScenarioProto) -> dict:
 
 def check_name(name: str, where: str) -> None:
     """Scenario names become file names in packages: same rule as recipe names."""
+    from ..recipe import NAME_MAX_LENGTH, NAME_PATTERN, RESERVED_SCENARIO_NAMES
+
     if (not re.fullmatch(NAME_PATTERN, name) or len(name) > NAME_MAX_LENGTH
             or name in RESERVED_SCENARIO_NAMES):
         raise ScenarioError("scenario name is not usable in a package (letters, digits, '.', "

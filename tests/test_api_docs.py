@@ -1,0 +1,82 @@
+"""The public API: its surface is pinned, and every example in docs/api.md runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+import weightstore
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+
+PUBLIC = [
+    "BuildOptions", "BuildResult", "CheckReport", "ConvertReport", "PackageResult", "Recipe",
+    "ResolvedModel", "WeightStore", "WeightstoreError", "__version__", "add_scenario",
+    "build", "bundle", "check_package", "convert_to_external", "convert_to_inline",
+    "inspect", "list_scenarios", "load", "load_recipe", "remove_scenario",
+    "replay_scenario", "resolve", "show_scenario",
+]
+
+
+def test_public_surface_is_pinned() -> None:
+    """Adding, removing or renaming a public name must update this list and docs/api.md."""
+    assert sorted(weightstore.__all__) == sorted(PUBLIC)
+    assert sorted(weightstore._EXPORTS) == sorted(n for n in PUBLIC if n != "__version__")
+    documented = DOCS.read_text()
+    for name in PUBLIC:
+        if name != "__version__":
+            assert f"`{name}" in documented, f"{name} is not in docs/api.md"
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLIC if n != "__version__"])
+def test_public_names_resolve_and_are_documented(name: str) -> None:
+    value = getattr(weightstore, name)
+    assert callable(value)
+    assert value.__doc__, f"{name} has no docstring"  # a callable submodule: its own
+
+
+def test_submodule_names_stay_callable_whatever_was_imported_first() -> None:
+    code = ("import weightstore.build, weightstore.inspect, weightstore.resolve, "
+            "weightstore.load, weightstore\n"
+            "assert all(callable(getattr(weightstore, n)) for n in "
+            "('build', 'inspect', 'resolve', 'load'))")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_import_is_cheap() -> None:
+    """``import weightstore`` loads none of its dependencies."""
+    code = ("import sys, weightstore\n"
+            "heavy = {'onnx', 'numpy', 'pydantic', 'yaml', 'blake3', 'google.protobuf'}\n"
+            "print(sorted(heavy & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_py_typed_is_package_data() -> None:
+    assert (Path(weightstore.__file__).parent / "py.typed").is_file()
+    pyproject = (DOCS.parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'weightstore\s*=\s*\[[^\]]*"py\.typed"', pyproject)
+
+
+def _blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_docs_examples_run(tmp_path: Path, encoder_model: onnx.ModelProto,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = _blocks(DOCS.read_text())
+    assert len(blocks) >= 6
+    onnx.save(encoder_model, tmp_path / "model.onnx")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "docs_api"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"docs/api.md block {i + 1}", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"docs/api.md block {i + 1} failed:\n{block}") from exc

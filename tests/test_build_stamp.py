@@ -1,0 +1,152 @@
+"""Build stamps: an unchanged recipe is found up to date without parsing it, and a stamp
+never hides a change the full check would see."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from weightstore import build_stamp
+from weightstore.build import BuildOptions, build
+from weightstore.errors import PackageError
+from weightstore.samples import make_encoder
+from weightstore.store.location import user_cache_dir
+
+RECIPE = """\
+package: pkg
+version: "1.0.0"
+store: {{path: store, hash: blake3}}
+models:
+  - {{name: encoder, source: {source}}}
+layouts:
+  - {{name: combined, external_weight: combined}}
+  - {{name: separate, external_weight: separate}}
+output: out
+"""
+
+HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf")
+
+
+def _recipe(folder: Path, source: str = "encoder.onnx") -> Path:
+    path = folder / "recipe.yaml"
+    path.write_text(RECIPE.format(source=source))
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path, encoder_model: onnx.ModelProto) -> Path:
+    onnx.save(encoder_model, tmp_path / "encoder.onnx")
+    recipe = _recipe(tmp_path)
+    assert [p.status for p in build(recipe).packages] == ["built", "built"]
+    return recipe
+
+
+def _stamps() -> list[Path]:
+    return sorted((user_cache_dir() / build_stamp.FOLDER).glob("*.json"))
+
+
+def test_up_to_date_build_imports_no_heavy_module(project: Path) -> None:
+    code = ("import sys, io, contextlib\n"
+            "from weightstore.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            f"    assert main(['build', {str(project)!r}, '--json']) == 0\n"
+            "print(out.getvalue())\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env=os.environ.copy())
+    *report, loaded = done.stdout.strip().splitlines()
+    assert [p["status"] for p in json.loads("\n".join(report))["packages"]] == [
+        "up-to-date", "up-to-date"]
+    assert loaded == "[]"
+
+
+def test_stamp_gives_the_full_checks_answer(project: Path) -> None:
+    assert len(_stamps()) == 1
+    stamped = build(project)
+    for stamp in _stamps():
+        stamp.unlink()
+    full = build(project)
+    assert [(p.layout, p.path, p.status, p.summary) for p in stamped.packages] == [
+        (p.layout, p.path, p.status, p.summary) for p in full.packages]
+    assert stamped.store == full.store
+
+
+def test_changed_source_is_not_up_to_date(project: Path) -> None:
+    onnx.save(make_encoder(seed=5), project.parent / "encoder.onnx")
+    with pytest.raises(PackageError, match="different build"):
+        build(project)
+
+
+def test_retargeted_symlink_is_not_up_to_date(tmp_path: Path,
+                                              encoder_model: onnx.ModelProto) -> None:
+    onnx.save(encoder_model, tmp_path / "a.onnx")
+    onnx.save(make_encoder(seed=5), tmp_path / "b.onnx")
+    (tmp_path / "link.onnx").symlink_to("a.onnx")
+    recipe = _recipe(tmp_path, "link.onnx")
+    build(recipe)
+    (tmp_path / "link.onnx").unlink()
+    (tmp_path / "link.onnx").symlink_to("b.onnx")
+    with pytest.raises(PackageError, match="different build"):
+        build(recipe)
+
+
+def test_changed_external_data_is_not_up_to_date(tmp_path: Path,
+                                                 encoder_model: onnx.ModelProto) -> None:
+    onnx.save(encoder_model, tmp_path / "encoder.onnx", save_as_external_data=True,
+              location="encoder.data", size_threshold=1024)
+    recipe = _recipe(tmp_path)
+    build(recipe)
+    data = tmp_path / "encoder.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(PackageError, match="different build"):
+        build(recipe)
+
+
+def test_damaged_package_is_not_up_to_date(project: Path) -> None:
+    weights = next((project.parent / "out/pkg/1.0.0/combined").glob("*_weight_combined"))
+    with open(weights, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(PackageError, match="damaged package"):
+        build(project)
+
+
+def test_forged_stamp_is_not_trusted(project: Path) -> None:
+    """A stamp edited to vouch for changed sources fails its MAC; the full check runs."""
+    source = project.parent / "encoder.onnx"
+    onnx.save(make_encoder(seed=5), source)
+    (stamp,) = _stamps()
+    doc = json.loads(stamp.read_text())
+    from weightstore.fingerprint import FINGERPRINT_ALGO
+    from weightstore.hashing import digest_file, make_key
+
+    doc["sources"][str(source)]["digest"] = make_key(
+        FINGERPRINT_ALGO, digest_file(FINGERPRINT_ALGO, source))
+    stamp.write_text(json.dumps(doc))
+    with pytest.raises(PackageError, match="different build"):
+        build(project)
+
+
+def test_force_and_selection_bypass_or_key_the_stamp(project: Path) -> None:
+    assert [p.status for p in build(project, BuildOptions(force=True)).packages] == [
+        "built", "built"]
+    only = build(project, BuildOptions(layouts=("separate",)))
+    assert [(p.layout, p.status) for p in only.packages] == [("separate", "up-to-date")]
+    assert len(_stamps()) == 2  # one per invocation: whole recipe, one layout
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "not-an-object"])
+def test_damaged_stamp_is_ignored(project: Path, damage: str) -> None:
+    (stamp,) = _stamps()
+    text = stamp.read_text()
+    stamp.write_text({"garbage": "\x00{]", "truncated": text[: len(text) // 2],
+                      "empty": "", "not-an-object": "[1, 2]"}[damage])
+    assert [p.status for p in build(project).packages] == ["up-to-date", "up-to-date"]
+    assert len(_stamps()) == 1 and json.loads(_stamps()[0].read_text())["mac"]

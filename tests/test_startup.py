@@ -1,0 +1,47 @@
+"""Start-up cost: each command imports only what it needs (checked in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime")
+
+
+def _imported(argv: list[str], cwd: Path) -> set[str]:
+    """The heavy modules a ``weightstore`` command loads (its exit code is not judged)."""
+    code = ("import sys, io, contextlib\n"
+            "from weightstore.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            f"        main({argv!r})\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", "import json\n" + code], cwd=cwd,
+                          capture_output=True, text=True, check=True, env=os.environ.copy())
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.fixture
+def folder(tmp_path: Path, encoder_model: onnx.ModelProto) -> Path:
+    onnx.save(encoder_model, tmp_path / "model.onnx")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("argv", "allowed"), [
+    (["--version"], set()),
+    (["--help"], set()),
+    (["store", "stats", "--store", "nowhere"], set()),
+    (["inspect", "model.onnx"], {"numpy", "onnx", "google.protobuf"}),
+    (["scenario", "list", "model.onnx"], {"numpy", "onnx", "google.protobuf"}),
+])
+def test_command_imports_only_what_it_needs(folder: Path, argv: list[str],
+                                            allowed: set[str]) -> None:
+    assert _imported(argv, folder) <= allowed

@@ -1,0 +1,116 @@
+"""Build stamps: the up-to-date check of an unchanged recipe, without parsing it.
+
+Deciding that a package is up to date needs the recipe's fingerprint inputs, and parsing
+and validating the recipe (yaml, pydantic) costs several times what the check itself
+does. A stamp records, for one invocation of ``weightstore build`` (recipe file, model and
+layout selection, store choice), what the last successful build decided from::
+
+    <user cache folder>/build-stamps/<digest of the invocation>.json
+        {"format_version", "generator", "recipe", "recipe_digest", "store",
+         "sources": {model file: {"digest", "external": {location: digest}}},
+         "packages": [{"layout", "path", "fingerprint"}],
+         "mac"}                                       keyed blake3 over all the rest
+
+While the recipe's bytes, the weightstore version and every source's content digest
+(served by :class:`~weightstore.fingerprint.FileDigests`, whose stat cache makes this
+cheap) are unchanged, the recipe gives the recorded fingerprints: each package is then up
+to date exactly when its ``summary.json`` carries that fingerprint and its files are
+intact, the test the full check ends with. Anything else (no stamp, a failed MAC, a
+changed input, a damaged package) falls through to the full check, which parses the
+recipe. A stamp is only ever a shortcut to the answer the full check would give.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .cache_mac import entry_mac, verify_mac
+from .catalogue.locations import resolve_location
+from .errors import ExternalDataError
+from .fingerprint import FINGERPRINT_ALGO, FileDigests
+from .fsio import atomic_write_bytes
+from .hashing import digest_bytes, make_key
+from .store.location import user_cache_dir
+
+FORMAT_VERSION = 1
+FOLDER = "build-stamps"
+
+
+def stamp_path(recipe: Path, models: Sequence[str], layouts: Sequence[str],
+               store: Path) -> Path:
+    """Where the stamp of this invocation lives (one file per invocation)."""
+    key = json.dumps([str(recipe), sorted(models), sorted(layouts), str(store)])
+    name = digest_bytes(FINGERPRINT_ALGO, key.encode())[:32]
+    return user_cache_dir() / FOLDER / f"{name}.json"
+
+
+def recipe_digest(data: bytes) -> str:
+    return make_key(FINGERPRINT_ALGO, digest_bytes(FINGERPRINT_ALGO, data))
+
+
+def load(path: Path, recipe: Path, data: bytes) -> dict[str, Any] | None:
+    """The stamp at ``path`` when it is sound (well formed, its MAC holds) and describes
+    these very recipe bytes under this weightstore version; None otherwise."""
+    try:
+        doc = json.loads(path.read_bytes())
+        mac = doc.pop("mac")
+        if doc.get("format_version") != FORMAT_VERSION or not verify_mac(doc, mac):
+            return None
+        if (doc["generator"] != __version__ or doc["recipe"] != str(recipe)
+                or doc["recipe_digest"] != recipe_digest(data)):
+            return None
+        Path(doc["store"])
+        for source in doc["sources"].values():
+            if not (isinstance(source["digest"], str) and isinstance(source["external"], dict)):
+                return None
+        for p in doc["packages"]:
+            if not all(isinstance(p[k], str) for k in ("layout", "path", "fingerprint")):
+                return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    return doc
+
+
+def sources_unchanged(doc: Mapping[str, Any], digests: FileDigests) -> bool:
+    """Does every source model, and every external data file it names, still have the
+    content digest the stamp records? Locations are resolved again, as a build would."""
+    try:
+        for model, source in doc["sources"].items():
+            path = Path(model)
+            if digests.of(path) != source["digest"]:
+                return False
+            for location, digest in source["external"].items():
+                if digests.of(resolve_location(path.parent, location, where=model)) != digest:
+                    return False
+    except (OSError, ExternalDataError, TypeError):
+        return False
+    return True
+
+
+def record(path: Path, recipe: Path, data: bytes, store: Path,
+           sources: Mapping[str, Mapping[str, Any]],
+           packages: Sequence[tuple[str, Path, str]]) -> None:
+    """Write the stamp of a successful build (best effort: it is only a shortcut).
+
+    ``sources``: model file -> ``{"digest", "external": {location: digest}}``;
+    ``packages``: ``(layout, folder, fingerprint)`` each.
+    """
+    doc: dict[str, Any] = {
+        "format_version": FORMAT_VERSION, "generator": __version__, "recipe": str(recipe),
+        "recipe_digest": recipe_digest(data), "store": str(store),
+        "sources": {k: {"digest": v["digest"], "external": dict(v["external"])}
+                    for k, v in sorted(sources.items())},
+        "packages": [{"layout": name, "path": str(folder), "fingerprint": fp}
+                     for name, folder, fp in packages],
+    }
+    mac = entry_mac(doc)
+    if mac is None:  # no private key: nothing would be trusted, so write nothing
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps({**doc, "mac": mac}, sort_keys=True).encode())

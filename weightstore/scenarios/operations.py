@@ -1,0 +1,134 @@
+"""Scenarios of model files, as functions: what ``weightstore scenario`` runs.
+
+Each takes a model file and works from its metadata (no payload byte is read except by
+``replay_scenario``, which writes a runnable model); the writing ones refuse, before
+writing anything, an output that would overwrite a file the input model reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from .._proto import weightstore_pb2 as pb
+from ..catalogue.payload import SMALL_VALUE_LIMIT
+from ..catalogue.reader import read_catalogue
+from ..convert.weights import ModelWeights
+from ..model_io import save_model
+from ..outputs import check_outputs, files_read, scenario_locations
+from .api import (
+    AddModificationScenarioOptions,
+    add_modification_scenario,
+    check_scenarios,
+    find_scenario,
+    remove_modification_scenario,
+)
+from .files import rewrite_scenarios_file
+from .package import check_name
+from .rewriting import derivations_of
+from .storage import read_scenarios
+from .variants import runnable_variant, scenario_rewrites
+
+PathLike = str | os.PathLike[str]
+
+
+def list_scenarios(model: PathLike) -> list[dict[str, Any]]:
+    """The scenarios stored in ``model``: name, record count, digest and operations."""
+    with read_catalogue(model) as catalogue:
+        return [_summary(s) for s in check_scenarios(catalogue.model)]
+
+
+def show_scenario(model: PathLike, name: str) -> dict[str, Any]:
+    """One scenario's records: removed and added nodes, added weights, derivations."""
+    with read_catalogue(model) as catalogue:
+        check_scenarios(catalogue.model)
+        s = find_scenario(catalogue.model, name)
+    return {**_summary(s), "rewrites": [_record(r) for r in s.rewrites]}
+
+
+def add_scenario(model: PathLike, name: str, passes: Sequence[str], *,
+                 output: PathLike | None = None, replace: bool = False,
+                 digest: str = "blake3") -> Path:
+    """Run ``passes`` on the model's metadata and store their records as scenario
+    ``name``, in place unless ``output``; returns the file written."""
+    check_name(name, str(model))
+    out = _output(model, output, replaces_input=True)
+    with ModelWeights.open(model) as mw:
+        rewrites, _ = scenario_rewrites(mw, list(passes))
+        meta = mw.metadata_model(SMALL_VALUE_LIMIT)
+        check_scenarios(meta)
+        add_modification_scenario(meta, name, rewrites, AddModificationScenarioOptions(
+            digest_algorithm=digest, replace_existing=replace))
+        scenarios = read_scenarios(meta)
+    rewrite_scenarios_file(model, out, scenarios)
+    return out
+
+
+def remove_scenario(model: PathLike, name: str, *, output: PathLike | None = None) -> Path:
+    """Drop scenario ``name``, in place unless ``output``; returns the file written."""
+    out = _output(model, output, replaces_input=True)
+    with read_catalogue(model) as catalogue:
+        meta = catalogue.model
+        remove_modification_scenario(meta, name)
+        scenarios = read_scenarios(meta)
+    rewrite_scenarios_file(model, out, scenarios)
+    return out
+
+
+def replay_scenario(model: PathLike, name: str, output: PathLike) -> int:
+    """Write scenario ``name``'s model to ``output``, runnable, every payload inline;
+    returns its size in bytes."""
+    _output(model, output, replaces_input=False)
+    return save_model(runnable_variant(model, name), Path(output))
+
+
+def _summary(s: pb.ModelModificationScenarioProto) -> dict[str, Any]:
+    return {"name": s.scenario, "records": len(s.rewrites),
+            "digest_algorithm": s.digest_algorithm,
+            "base_graph_digest": s.base_graph_digest.hex(),
+            "replay_format_version": s.replay_format_version,
+            "operations": sorted({r.operation_name for r in s.rewrites})}
+
+
+def _record(r: pb.LocalRewritingProto) -> dict[str, Any]:
+    derived = derivations_of(r)
+    return {
+        "operation": r.operation_name,
+        "graph_path": list(r.graph_path),
+        "removed_nodes": list(r.removed_nodes),
+        "added_nodes": [{"op_type": n.op_type, "name": n.name, "outputs": list(n.output),
+                         "position": p}
+                        for n, p in zip(r.added_nodes, r.added_nodes_positions, strict=False)],
+        "added_initializers": [
+            {"name": t.name, "dtype": onnx.TensorProto.DataType.Name(t.data_type),
+             "shape": list(t.dims),
+             "derived": ({"operation": derived[t.name].operation,
+                          "sources": list(derived[t.name].sources)}
+                         if t.name in derived else None)}
+            for t in r.added_initializers],
+        "removed_initializers": list(r.removed_initializers),
+    }
+
+
+def _output(model: PathLike, output: PathLike | None, *, replaces_input: bool) -> Path:
+    """Where the operation writes; refuses to overwrite what the input model reads (the
+    model itself only when the operation rewrites it in place by design)."""
+    src = Path(model)
+    out = Path(output) if output else src
+    with ModelWeights.open(src) as mw:
+        meta = mw.metadata_model(SMALL_VALUE_LIMIT)
+        inputs = files_read(src, meta, {d.file for d in mw.descriptors.values()})
+        external = any(d.is_external for d in mw.descriptors.values())
+    if replaces_input:
+        inputs.discard(src.resolve())
+    check_outputs(src, inputs, [out],
+                  keeps_folder=replaces_input and (external or bool(scenario_locations(meta))))
+    return out
+
+
+__all__ = ["add_scenario", "list_scenarios", "remove_scenario", "replay_scenario",
+           "show_scenario"]
