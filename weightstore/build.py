@@ -126,10 +126,8 @@ def _stamped(stamp: Path, recipe: Path, data: bytes) -> BuildResult | None:
         except PackageError:
             return None
         if (summary is None or summary.get("fingerprint") != p["fingerprint"]
-                or not _intact(target, summary, digests)
-                or _root_missing(store_root, summary.get("layout", {}).get("external_weight"),
-                                 target, summary)):
-            return None  # the full path decides (and registers a missing root)
+                or not _intact(target, summary, digests)):
+            return None
         result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
     digests.save()
     return result
@@ -369,30 +367,21 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
                  summary: dict[str, Any]) -> None:
     """An up-to-date package registers its root if the store lacks it (a store migrated
     from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses."""
-    if not _root_missing(store_root, layout.external_weight, target, summary):
+    from .store.index import INDEX_NAME, Index
+
+    if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
         return
     try:
+        from .store.roots import is_registered
+
+        with Index(store_root).reading() as conn:  # the usual case: one indexed lookup
+            if is_registered(conn, str(target.absolute()), summary["fingerprint"]):
+                return
         from .store import WeightStore
 
         register_root(WeightStore(store_root), layout, target, summary)
     except (StoreError, KeyError, TypeError):
         pass  # a store that cannot take it costs only gc's protection, never the build
-
-
-def _root_missing(store_root: Path, external_weight: Any, target: Path,
-                  summary: dict[str, Any]) -> bool:
-    """Whether the store lacks the root of an up-to-date package: one indexed lookup."""
-    from .store.index import INDEX_NAME, Index
-
-    if external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
-        return False
-    from .store.roots import is_registered
-
-    try:
-        with Index(store_root).reading() as conn:
-            return not is_registered(conn, str(target.absolute()), summary["fingerprint"])
-    except (StoreError, KeyError, TypeError):
-        return False  # a store that cannot say costs only gc's protection
 
 
 def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
