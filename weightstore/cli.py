@@ -150,6 +150,10 @@ def _parser() -> argparse.ArgumentParser:
 
     register_resolve(sub)
 
+    from .registry.commands import add_parsers as add_registry_parsers
+
+    add_registry_parsers(sub)
+
     sc = sub.add_parser("schema", help="print the recipe JSON Schema")
     sc.add_argument("--output", help="write it to this file instead (the project's copy is "
                                      "schemas/recipe.schema.json)")
@@ -340,10 +344,18 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
             "prepare": commands.prepare_command}[args.command](args)
 
 
+def _registry(handler: str, args: argparse.Namespace) -> int:
+    from .registry import commands
+
+    return getattr(commands, handler)(args)
+
+
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
             "bundle": _cmd_bundle, "schema": _cmd_schema, "resolve": _cmd_resolve,
-            "run": _cmd_resolve, "prepare": _cmd_resolve}
+            "run": _cmd_resolve, "prepare": _cmd_resolve,
+            "push": lambda args: _registry("run_push", args),
+            "pull": lambda args: _registry("run_pull", args)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -69,3 +69,23 @@ class ResolutionError(WeightstoreError, ValueError):
 
 class LoadError(WeightstoreError, RuntimeError):
     """A resolved model's payloads cannot be read or handed to the runtime."""
+
+
+class RegistryError(WeightstoreError, RuntimeError):
+    """An OCI registry refused a request or answered something we cannot use."""
+
+
+class RegistryAuthError(RegistryError, PermissionError):
+    """The registry refused our credentials (or wants some and we have none)."""
+
+
+class RegistryNotFoundError(RegistryError, LookupError):
+    """The repository, tag, manifest or blob does not exist in the registry."""
+
+
+class RegistryUnreachableError(RegistryError, ConnectionError):
+    """The registry could not be reached, or kept failing (429/5xx) after every retry."""
+
+
+class RegistryDigestError(RegistryError, ValueError):
+    """Bytes from (or for) the registry do not hash to the digest that names them."""

@@ -33,9 +33,10 @@ from .layout import (
     META_NAME,
     combined_file_name,
     is_safe_component,
+    separate_file_name,
 )
 from .objects import StoredObject
-from .payload import PayloadSource
+from .payload import FilePayload, PayloadSource
 from .writer import WriteOutcome, append_combined, discard, publish_staged, write_separate
 
 if TYPE_CHECKING:
@@ -248,6 +249,29 @@ class WeightStore:
                 self._hold(conn, [src.key])
                 self.index.insert(conn, outcome.objects)
         return outcome.objects[0]
+
+    def adopt(self, key: str, path: str | os.PathLike[str]) -> StoredObject:
+        """Index a file the caller wrote in the store root (a temp name) as the per-weight
+        object of ``key``, by renaming it into place: no copy, no second read.
+
+        The caller must have hashed exactly the bytes it wrote to the file (as a registry
+        pull does while streaming) and found ``key``, and fsynced it; the file is renamed
+        in the transaction that records its row, or removed when the key is present.
+        """
+        split_key(key)
+        tmp = Path(path)
+        if tmp.parent != self.root or not tmp.name.startswith("."):
+            raise StoreError("only a temp file in the store root can be adopted",
+                             path=str(tmp), key=key)
+        obj = StoredObject(key=key, file=separate_file_name(key), offset=0,
+                           size=tmp.stat().st_size)
+        outcome = WriteOutcome(objects=(obj,), written_bytes=obj.size, padding_bytes=0,
+                               staged=(tmp,))
+        wanted = {key: FilePayload(key=key, size=obj.size, path=str(tmp))}
+        rows = self.index.locate(wanted)
+        stale = {k: rows[k] for k in rows if k not in self._present(rows, wanted)}
+        found, new = self._record(wanted, outcome, stale, publish=True)
+        return {**found, **new}[key]
 
     def _hold(self, conn: Any, keys: Iterable[str]) -> None:
         lease = self._lease_id()

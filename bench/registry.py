@@ -1,0 +1,263 @@
+"""Push and pull through a real OCI registry on loopback, against the transport's limit.
+
+Figures (medians of ``--runs`` interleaved runs; the machine is shared, so they are noisy):
+
+- push and pull of a ``--size-mb`` package (combined layout, 16 MB tensors) against the
+  transport's limit measured in the same run with the same HTTP library (``requests``):
+  one streaming PUT of the package's weight file as a single blob, and one streaming GET of
+  it into a file. Target: push and pull throughput >= 0.8x the limit (so the time ratio
+  below is <= 1.25).
+- bytes uploaded for a one-tensor update (an encoder, version 1.0.1 changing one weight
+  matrix), against the changed payload bytes. Target <= 1.05 for the weight blobs; all
+  bytes sent (models, summary, assembly record, config and manifests included) are shown
+  for scale.
+- bytes fetched by a device pull, against the device's live bytes (``bundle.json``).
+  Target = 1.00.
+
+Every run starts a fresh registry (its own storage folder) and a fresh local store, so
+nothing is skipped or mounted. Run as ``python bench/registry.py``; needs the
+``docker-registry`` binary (Debian's CNCF distribution registry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+
+sys.path.insert(0, str(harness.REPO))
+
+from tests.registry_server import BINARY, RegistryServer
+
+RECIPE = """\
+package: {package}
+version: "{version}"
+store: {{path: {store}, hash: {hash}}}
+models:
+  - name: {model}
+    source: {source}
+{scenarios}layouts:
+  - {{name: release, external_weight: combined}}
+{devices}output: {out}
+"""
+
+
+def build_package(workdir: Path, name: str, model: Any, version: str, hash_: str,
+                  scenario: bool = False) -> Path:
+    from weightstore.build import BuildOptions, build
+
+    src = workdir / f"{name}-{version}.onnx"
+    import onnx
+
+    onnx.save(model, str(src))
+    recipe = workdir / f"{name}-{version}.yaml"
+    recipe.write_text(RECIPE.format(
+        package=name, version=version, store=workdir / f"{name}-store", hash=hash_,
+        model=name, source=src, out=workdir / "out",
+        scenarios=("    scenarios:\n      - {name: half, passes: [cast-fp16, cleanup], "
+                   "requires: {accelerator: npu}}\n") if scenario else "",
+        devices=("devices:\n  - {name: npu, capabilities: {accelerator: npu}, "
+                 "scenario: auto}\n") if scenario else ""))
+    (result,) = build(recipe, BuildOptions(jobs=4)).packages
+    return result.path
+
+
+def fresh_registry(workdir: Path, name: str) -> RegistryServer:
+    folder = workdir / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return RegistryServer(folder).start()
+
+
+def transport_limit(host: str, path: Path) -> tuple[float, float]:
+    """Seconds for one streaming PUT, then one streaming GET, of ``path`` as one blob,
+    with the client's own plumbing (requests, 1 MiB pieces), no hashing."""
+    from weightstore.registry.client import CHUNK, RegistryClient, Transport
+    from weightstore.registry.push import file_pieces
+    from weightstore.registry.reference import parse_reference
+
+    size = path.stat().st_size
+    # the digest is needed by the protocol; computed before the clock starts
+    import hashlib
+
+    h = hashlib.sha256()
+    for piece in file_pieces(path)(0, size):
+        h.update(piece)
+    digest = "sha256:" + h.hexdigest()
+    client = RegistryClient(host, Transport(chunk_size=size + 1))
+    ref = parse_reference(f"{host}/raw/blob:1")
+    start = time.perf_counter()
+    location = client.start_upload(ref, digest)
+    client.put_monolithic(ref, location, digest, size, file_pieces(path))
+    put = time.perf_counter() - start
+    out = path.parent / "raw-get.bin"
+    start = time.perf_counter()
+    with client.open_blob(ref, digest) as resp, open(out, "wb") as f:
+        for data in resp.iter_content(CHUNK):
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    get = time.perf_counter() - start
+    out.unlink()
+    return put, get
+
+
+def throughput_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
+    from weightstore.registry.pull import pull
+    from weightstore.registry.push import push
+    from weightstore.samples import make_large_model
+    from weightstore.store import WeightStore
+
+    harness.log(f"building a {size_mb} MB package ...")
+    package = build_package(workdir, "big", make_large_model(size_mb * harness.MB), "1",
+                            "sha256")
+    weight_file = package / "big_weight_combined"
+    store = WeightStore(workdir / "big-store")
+    times: dict[str, list[float]] = {"put": [], "get": [], "push": [], "pull": []}
+    for i in range(runs):
+        harness.log(f"round {i + 1}/{runs}")
+        server = fresh_registry(workdir, "reg-raw")
+        try:
+            put, get = transport_limit(server.host, weight_file)
+        finally:
+            server.stop()
+        times["put"].append(put)
+        times["get"].append(get)
+        server = fresh_registry(workdir, "reg-pkg")
+        try:
+            ref = f"{server.host}/bench/big:1"
+            with store.index.writing() as conn:  # forget where blobs were: no mounts
+                conn.execute("DELETE FROM blob_repos") if _has(conn, "blob_repos") else None
+            start = time.perf_counter()
+            push(package, ref, store=store)
+            times["push"].append(time.perf_counter() - start)
+            target = workdir / "pulled"
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(workdir / "pull-store", ignore_errors=True)
+            start = time.perf_counter()
+            pull(ref, target, store=WeightStore(workdir / "pull-store"))
+            times["pull"].append(time.perf_counter() - start)
+        finally:
+            server.stop()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    size = sum(p.stat().st_size for p in package.rglob("*") if p.is_file())
+    return {"package_bytes": size, "weight_file_bytes": weight_file.stat().st_size,
+            "seconds": times, "median": med,
+            "push_vs_put": med["push"] / med["put"], "pull_vs_get": med["pull"] / med["get"]}
+
+
+def _has(conn: Any, table: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone() \
+        is not None
+
+
+def byte_figures(workdir: Path) -> dict[str, Any]:
+    from onnx import numpy_helper
+
+    from weightstore.registry.pull import pull
+    from weightstore.registry.push import push
+    from weightstore.samples import make_encoder
+    from weightstore.store import WeightStore
+
+    model = make_encoder(hidden=256, ffn=1024, layers=4, vocab=8000)
+    v1 = build_package(workdir, "enc", model, "1.0.0", "blake3", scenario=True)
+    changed = type(model)()
+    changed.CopyFrom(model)
+    for t in changed.graph.initializer:
+        if t.name == "encoder.layer.2.attention.output.dense.weight":
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 1.5, t.name))
+    v2 = build_package(workdir, "enc", changed, "1.0.1", "blake3", scenario=True)
+    server = fresh_registry(workdir, "reg-bytes")
+    try:
+        store = WeightStore(workdir / "enc-store")
+        ref = f"{server.host}/bench/enc"
+        push(v1, f"{ref}:1.0.0", store=store)
+        update = push(v2, f"{ref}:1.0.1", store=store)
+        old, new = (_payloads(v) for v in (v1, v2))
+        changed_bytes = sum(n for k, n in new.items() if k not in old)
+        metadata = update.sent_bytes - update.uploaded_weight_bytes  # incl. manifests
+        device = pull(f"{ref}:1.0.0", workdir / "npu", store=WeightStore(workdir / "dev"),
+                      device="npu")
+        bundle = json.loads((v1 / "devices" / "npu" / "bundle.json").read_text())
+        live = sum(m["live_bytes"] for m in bundle["models"])
+        device_update = pull(f"{ref}:1.0.1", workdir / "npu2",
+                             store=WeightStore(workdir / "dev"), device="npu")
+    finally:
+        server.stop()
+    return {
+        "package_payload_bytes": sum(new.values()),
+        "update_changed_payload_bytes": changed_bytes,
+        "update_uploaded_weight_bytes": update.uploaded_weight_bytes,
+        "update_sent_bytes": update.sent_bytes,
+        "update_metadata_bytes": metadata,
+        "update_sent_vs_changed": update.sent_bytes / changed_bytes,
+        "update_weight_ratio": update.uploaded_weight_bytes / changed_bytes,
+        "device_live_bytes": live,
+        "device_fetched_bytes": device.fetched_bytes,
+        "device_ratio": device.fetched_bytes / live,
+        "device_update_fetched_bytes": device_update.fetched_bytes,
+    }
+
+
+def _payloads(folder: Path) -> dict[str, int]:
+    summary = json.loads((folder / "summary.json").read_text())
+    return {w["id"]: w["size"] for m in summary["models"] for w in m["external_weights"]}
+
+
+def run(workdir: Path, size_mb: int, runs: int, as_json: bool) -> int:
+    found = {"throughput": throughput_runs(workdir, size_mb, runs),
+             "bytes": byte_figures(workdir)}
+    t, b = found["throughput"], found["bytes"]
+    targets = [
+        harness.Target("push time / one streaming PUT", t["push_vs_put"], 1.25),
+        harness.Target("pull time / one streaming GET", t["pull_vs_get"], 1.25),
+        harness.Target("update: all bytes sent / changed payloads", b["update_sent_vs_changed"],
+                       None, 3),
+        harness.Target("update weight bytes / changed", b["update_weight_ratio"], 1.05, 3),
+        harness.Target("device fetched / live bytes", b["device_ratio"], 1.0, 3),
+    ]
+    if as_json:
+        found["targets"] = [x.as_json() for x in targets]
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    med = t["median"]
+    mb = t["package_bytes"] / harness.MB
+    print(f"package {mb:.0f} MB, {runs} runs, medians (noisy shared machine)")
+    for name in ("put", "push", "get", "pull"):
+        print(f"  {name:>5}: {med[name]:6.2f} s  {mb / med[name]:7.1f} MB/s")
+    print(f"one-tensor update: changed payloads {b['update_changed_payload_bytes']} B, "
+          f"weights uploaded {b['update_uploaded_weight_bytes']} B, all bytes sent "
+          f"{b['update_sent_bytes']} B (metadata {b['update_metadata_bytes']} B); package "
+          f"payloads {b['package_payload_bytes']} B")
+    print(f"device pull: live {b['device_live_bytes']} B, fetched "
+          f"{b['device_fetched_bytes']} B; 1.0.0 -> 1.0.1 on the device fetched "
+          f"{b['device_update_fetched_bytes']} B")
+    print()
+    print("\n".join(harness.target_table(targets, "figure", 42, 10)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3)
+    harness.add_common_arguments(parser, "the packages, stores and registries")
+    args = parser.parse_args(argv)
+    if BINARY is None:
+        print("bench: error: docker-registry is not installed", file=sys.stderr)
+        return 2
+    code = harness.in_workdir(args.workdir, args.keep,
+                              lambda w: run(w, args.size_mb, args.runs, args.json))
+    return 0 if code is None else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

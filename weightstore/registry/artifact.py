@@ -1,0 +1,363 @@
+"""The package as an OCI artifact in the CNCF ModelPack v1 shape: a pure planner.
+
+Metadata in (``summary.json`` and the folder's file list), descriptors and documents out;
+no payload bytes are read here. The unit of transfer is the weight payload, not the file:
+
+- one layer per distinct payload (``application/vnd.cncf.model.weight.v1.raw``), carrying
+  ``org.weightstore.payload`` (its store key); a per-weight file ``weight_<hex>`` is exactly
+  its payload, so its layer also carries ``org.cncf.model.filepath`` and a generic
+  ModelPack or ORAS client gets a working folder;
+- one assembly record (:data:`ASSEMBLY_TYPE`) saying which payload sits at which offset
+  of every weight file, zero bytes everywhere else; ``weightstore pull`` rebuilds combined
+  and split files byte for byte from it;
+- every other file (models, ``summary.json``, device folders) as one layer with its
+  ``org.cncf.model.filepath``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackageError, RegistryError
+from ..hashing import split_key
+from ..summary import FORMAT_VERSION as SUMMARY_VERSION
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.cncf.model.config.v1+json"
+WEIGHT_TYPE = "application/vnd.cncf.model.weight.v1.raw"
+FILE_TYPE = "application/vnd.cncf.model.weight.config.v1.raw"
+ASSEMBLY_TYPE = "application/vnd.weightstore.assembly.v1+json"
+FILEPATH = "org.cncf.model.filepath"
+PAYLOAD = "org.weightstore.payload"
+ASSEMBLY_VERSION = 1
+SUMMARY_NAME = "summary.json"
+FIXED_EPOCH = 0  # createdAt when SOURCE_DATE_EPOCH is not set: builds carry no time
+
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
+_SEPARATE = re.compile(r"(?:.*/)?weight_[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One payload at one offset of a weight file."""
+
+    key: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    name: str  # relative to the package folder, '/'-separated
+    size: int
+    pieces: tuple[Piece, ...]  # by offset; bytes outside them are zero
+
+    @property
+    def is_separate(self) -> bool:
+        """Exactly one payload: a per-weight file, pushed as its own layer."""
+        return (len(self.pieces) == 1 and self.pieces[0].offset == 0
+                and self.pieces[0].size == self.size and bool(_SEPARATE.fullmatch(self.name)))
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """(offset, length) of every range no piece covers: padding, zero bytes."""
+        out, pos = [], 0
+        for p in self.pieces:
+            if p.offset > pos:
+                out.append((pos, p.offset - pos))
+            pos = max(pos, p.offset + p.size)
+        if self.size > pos:
+            out.append((pos, self.size - pos))
+        return out
+
+
+@dataclass(frozen=True)
+class PackagePlan:
+    """What a package folder holds, as the artifact sees it."""
+
+    package: str
+    version: str
+    layout: str
+    hash: str
+    fingerprint: str
+    weight_files: tuple[WeightFile, ...]
+    other_files: tuple[str, ...]  # every other regular file, '/'-separated, sorted
+
+    def payload_sizes(self) -> dict[str, int]:
+        """Every distinct payload key with its size, in file then offset order."""
+        out: dict[str, int] = {}
+        for f in self.weight_files:
+            for p in f.pieces:
+                out.setdefault(p.key, p.size)
+        return out
+
+    def payload_sources(self) -> dict[str, tuple[str, int]]:
+        """Where each payload's bytes first sit in the package: (file, offset)."""
+        out: dict[str, tuple[str, int]] = {}
+        for f in self.weight_files:
+            for p in f.pieces:
+                out.setdefault(p.key, (f.name, p.offset))
+        return out
+
+
+def read_summary(folder: Path) -> dict[str, Any]:
+    path = folder / SUMMARY_NAME
+    try:
+        summary = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise PackageError("not a package folder (no summary.json)", folder=str(folder)) from None
+    except (OSError, ValueError) as exc:
+        raise PackageError(f"unreadable summary.json: {exc}", file=str(path)) from None
+    version = summary.get("format_version") if isinstance(summary, dict) else None
+    if type(version) is not int or not 1 <= version <= SUMMARY_VERSION:
+        raise PackageError("unsupported summary.json format version", file=str(path),
+                           version=version)
+    return summary
+
+
+def plan_package(folder: Path, summary: Mapping[str, Any], files: list[str]) -> PackagePlan:
+    """Split the folder's ``files`` into weight files (from the summary) and the rest."""
+    try:
+        sizes = {str(f["name"]): int(f["size"]) for f in summary["files"]}
+        pieces: dict[str, set[tuple[int, int, str]]] = {name: set() for name in sizes}
+        for model in summary["models"]:
+            for w in model["external_weights"]:
+                location = str(w["location"])
+                if location in pieces:
+                    pieces[location].add((int(w["offset"]), int(w["size"]), str(w["id"])))
+        head = (str(summary["package"]), str(summary["version"]),
+                str(summary["layout"]["name"]), str(summary["hash"]),
+                str(summary["fingerprint"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PackageError(f"malformed summary.json: {exc!r}", folder=str(folder)) from None
+    present = set(files)
+    weight_files = []
+    for name in sorted(sizes):
+        if name not in present:
+            raise PackageError("a weight file the summary lists is missing", folder=str(folder),
+                               file=name)
+        weight_files.append(_weight_file(name, sizes[name], pieces[name]))
+    others = tuple(sorted(present - set(sizes)))
+    return PackagePlan(*head, weight_files=tuple(weight_files), other_files=others)
+
+
+def _weight_file(name: str, size: int, found: set[tuple[int, int, str]]) -> WeightFile:
+    ordered = sorted(found)
+    end = 0
+    for offset, length, key in ordered:
+        split_key(key)
+        if offset < end or offset + length > size or length < 0:
+            raise PackageError("weight ranges overlap or leave their file", file=name,
+                               offset=offset, size=length, key=key)
+        end = offset + length
+    return WeightFile(name, size, tuple(Piece(k, o, n) for o, n, k in ordered))
+
+
+def list_files(folder: Path) -> list[str]:
+    """Every regular file below ``folder`` ('/'-separated); hidden names are build
+    leftovers and locks, never part of a package. Symlinks are refused."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                raise PackageError("package folders hold only regular files", file=str(path))
+            out.append(path.relative_to(folder).as_posix())
+    return out
+
+
+# -- documents --------------------------------------------------------------------------
+
+
+def canonical(doc: Any) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def created_at(environ: Mapping[str, str] | None = None) -> str:
+    """RFC 3339 time from ``SOURCE_DATE_EPOCH`` (reproducible builds), else the fixed
+    epoch: the same package always gives the same artifact."""
+    env = os.environ if environ is None else environ
+    text = env.get("SOURCE_DATE_EPOCH", "").strip()
+    try:
+        seconds = int(text) if text else FIXED_EPOCH
+    except ValueError:
+        raise RegistryError("SOURCE_DATE_EPOCH must be an integer", value=text) from None
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Artifact:
+    """Descriptors and documents of one push; ``blobs`` are every layer plus config."""
+
+    manifest: bytes
+    config: bytes
+    assembly: bytes
+    layers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def manifest_digest(self) -> str:
+        return sha256_digest(self.manifest)
+
+
+def assembly_record(plan: PackagePlan, sha256: Mapping[str, str]) -> bytes:
+    return canonical({
+        "format_version": ASSEMBLY_VERSION,
+        "package": plan.package, "version": plan.version, "layout": plan.layout,
+        "hash": plan.hash,
+        "files": [{"name": f.name, "size": f.size,
+                   "pieces": [{"key": p.key, "digest": sha256[p.key], "offset": p.offset,
+                               "size": p.size} for p in f.pieces]}
+                  for f in plan.weight_files],
+    })
+
+
+def build_artifact(plan: PackagePlan, payload_sha256: Mapping[str, str],
+                   file_digests: Mapping[str, tuple[str, int]], created: str) -> Artifact:
+    """Config, assembly record and manifest for ``plan``; ``file_digests`` are the
+    (sha256, size) of every other file."""
+    layers: list[dict[str, Any]] = []
+    separate = {f.pieces[0].key: f.name for f in plan.weight_files if f.is_separate}
+    for key, size in plan.payload_sizes().items():
+        annotations = {PAYLOAD: key}
+        if key in separate:
+            annotations[FILEPATH] = separate[key]
+        layers.append({"mediaType": WEIGHT_TYPE, "digest": payload_sha256[key], "size": size,
+                       "annotations": annotations})
+    assembly = assembly_record(plan, payload_sha256)
+    layers.append({"mediaType": ASSEMBLY_TYPE, "digest": sha256_digest(assembly),
+                   "size": len(assembly)})
+    for name in plan.other_files:
+        digest, size = file_digests[name]
+        layers.append({"mediaType": FILE_TYPE, "digest": digest, "size": size,
+                       "annotations": {FILEPATH: name}})
+    config = canonical({
+        "descriptor": {"name": plan.package, "version": plan.version, "createdAt": created},
+        "config": {"format": "onnx"},
+        "modelfs": {"type": "layers", "diffIds": [layer["digest"] for layer in layers]},
+    })
+    manifest = canonical({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "artifactType": ARTIFACT_TYPE,
+        "config": {"mediaType": CONFIG_TYPE, "digest": sha256_digest(config),
+                   "size": len(config)},
+        "layers": layers,
+        "annotations": {"org.opencontainers.image.version": plan.version,
+                        "org.weightstore.layout": plan.layout,
+                        "org.weightstore.fingerprint": plan.fingerprint},
+    })
+    return Artifact(manifest=manifest, config=config, assembly=assembly, layers=layers)
+
+
+# -- reading an artifact back -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParsedArtifact:
+    """A pulled manifest, checked: what to fetch and how to assemble it."""
+
+    config: dict[str, Any]  # the config descriptor
+    assembly: dict[str, Any]  # the assembly layer's descriptor
+    files: dict[str, dict[str, Any]]  # filepath -> descriptor of other files
+    payloads: dict[str, dict[str, Any]]  # store key -> descriptor
+    annotations: dict[str, str]
+
+
+def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
+    """Check a manifest's shape; every problem is a :class:`RegistryError` naming it."""
+    def bad(why: str, **ctx: Any) -> RegistryError:
+        return RegistryError(f"malformed model manifest: {why}", reference=reference, **ctx)
+
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise bad("not JSON") from None
+    if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
+        raise bad("not an OCI manifest (schemaVersion 2)")
+    if doc.get("artifactType") != ARTIFACT_TYPE:
+        raise bad("not a ModelPack artifact", artifactType=doc.get("artifactType"))
+    config = doc.get("config")
+    if not _descriptor_ok(config) or config["mediaType"] != CONFIG_TYPE:
+        raise bad("config descriptor missing or of another type")
+    layers = doc.get("layers")
+    if not isinstance(layers, list):
+        raise bad("no layer list")
+    assembly = None
+    files: dict[str, dict[str, Any]] = {}
+    payloads: dict[str, dict[str, Any]] = {}
+    for i, layer in enumerate(layers):
+        if not _descriptor_ok(layer):
+            raise bad("layer descriptor malformed", layer=i)
+        notes = layer.get("annotations") or {}
+        if not isinstance(notes, dict):
+            raise bad("layer annotations are not an object", layer=i)
+        if layer["mediaType"] == ASSEMBLY_TYPE:
+            assembly = layer
+        elif layer["mediaType"] == WEIGHT_TYPE and PAYLOAD in notes:
+            try:
+                split_key(notes[PAYLOAD])
+            except (ValueError, TypeError):
+                raise bad("payload key malformed", layer=i) from None
+            payloads[notes[PAYLOAD]] = layer
+        elif FILEPATH in notes:
+            files[_safe_path(notes[FILEPATH], reference)] = layer
+    if assembly is None:
+        raise bad("no assembly record layer")
+    annotations = doc.get("annotations") or {}
+    return ParsedArtifact(config, assembly, files, payloads,
+                          annotations if isinstance(annotations, dict) else {})
+
+
+def _descriptor_ok(d: Any) -> bool:
+    return (isinstance(d, dict) and isinstance(d.get("mediaType"), str)
+            and isinstance(d.get("digest"), str) and bool(_SHA256.fullmatch(d["digest"]))
+            and type(d.get("size")) is int and d["size"] >= 0)
+
+
+def _safe_path(name: Any, reference: str) -> str:
+    """A layer's file path must stay inside the package folder."""
+    if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
+            or any(part in ("", ".", "..") or part.startswith(".")
+                   for part in name.split("/"))):
+        raise RegistryError("malformed model manifest: unsafe file path", reference=reference,
+                            filepath=name)
+    return name
+
+
+def parse_assembly(data: bytes, parsed: ParsedArtifact, reference: str) -> list[WeightFile]:
+    """The weight files of an assembly record, each piece's payload in the manifest."""
+    try:
+        doc = json.loads(data)
+        if doc.get("format_version") != ASSEMBLY_VERSION:
+            raise RegistryError("unsupported assembly record version", reference=reference,
+                                version=doc.get("format_version"))
+        out = []
+        for f in doc["files"]:
+            name = _safe_path(f["name"], reference)
+            found = {(int(p["offset"]), int(p["size"]), str(p["key"])) for p in f["pieces"]}
+            for _, size, key in found:
+                layer = parsed.payloads.get(key)
+                if layer is None or layer["size"] != size:
+                    raise RegistryError("malformed model manifest: assembly names a payload "
+                                        "without its layer", reference=reference, key=key)
+            out.append(_weight_file(name, int(f["size"]), found))
+    except (ValueError, KeyError, TypeError, AttributeError, PackageError) as exc:
+        if isinstance(exc, RegistryError):
+            raise
+        raise RegistryError(f"malformed assembly record: {exc}", reference=reference) from None
+    return out

@@ -1,0 +1,330 @@
+"""A small client over the OCI distribution spec, on ``requests``.
+
+Why not oras-py: it uploads a blob by reading it whole into memory for a monolithic PUT
+(or by fixed chunks without resuming from the registry's offset), downloads one blob at a
+time into a file it names itself, and hashes nothing while streaming; we need bodies
+streamed from byte ranges of existing files, sha256 (and the store's own hash) computed
+on the bytes as they arrive, uploads that resume from the offset the registry reports, and
+many blobs in flight. See ``docs/registry.md``.
+
+Every request goes through :meth:`RegistryClient.request`: auth challenges answered
+(Basic, or Bearer tokens cached per scope), 429/5xx and dropped connections retried with
+exponential backoff (``Retry-After`` honoured, capped), every failure turned into a typed
+error by :func:`.responses.error_for`. One ``requests.Session`` per thread keeps
+connections alive; loopback registries ignore proxy settings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin
+
+import requests
+
+from ..errors import RegistryAuthError, RegistryError, RegistryUnreachableError
+from .auth import Challenge, Credentials, find_credentials, parse_challenge
+from .reference import (
+    Reference,
+    base_url,
+    blob_url,
+    is_loopback,
+    manifest_url,
+    upload_url,
+    with_query,
+)
+from .responses import RETRYABLE, error_for
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CHUNK = 1 << 20  # bytes per write to the socket
+CHUNKED_ABOVE = 64 << 20  # blobs larger than this are sent as PATCH chunks of this size
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Network settings shared by every request of one command."""
+
+    insecure: bool = False
+    connect_timeout: float = 10.0
+    read_timeout: float = 120.0
+    attempts: int = 5
+    backoff: float = 0.25  # seconds before the first retry; doubles, capped at max_backoff
+    max_backoff: float = 8.0
+    chunk_size: int = CHUNKED_ABOVE
+
+
+class Body:
+    """A request body streamed from ``opener(start)``; its length is known, so requests
+    sends ``Content-Length`` and writes each piece as it comes (no whole-blob buffer)."""
+
+    def __init__(self, length: int, pieces: Callable[[], Iterable[bytes]]) -> None:
+        self.length = length
+        self._pieces = pieces
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._pieces())
+
+
+class RegistryClient:
+    """Talks to one registry host; safe to share between threads."""
+
+    def __init__(self, host: str, transport: Transport | None = None,
+                 credentials: Credentials | None = None, *, push: bool = False) -> None:
+        self.host = host
+        # one scope for every request of a command: one token serves them all
+        self.actions = "pull,push" if push else "pull"
+        self.transport = transport or Transport()
+        self._credentials = credentials
+        self._credentials_looked = credentials is not None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._token_lock = threading.Lock()  # one token request at a time
+        self._tokens: dict[str, str] = {}  # scope -> "Bearer <token>"
+        self._basic = False  # the registry asked for Basic auth
+        self.sent_bytes = 0
+        self.received_bytes = 0
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = not is_loopback(self.host)  # no proxy for loopback
+            self._local.session = session
+        return session
+
+    def credentials(self) -> Credentials | None:
+        with self._lock:
+            if not self._credentials_looked:
+                self._credentials = find_credentials(self.host)
+                self._credentials_looked = True
+            return self._credentials
+
+    def _auth_header(self, scope: str) -> str | None:
+        with self._lock:
+            token = self._tokens.get(scope)
+        if token is not None:
+            return token
+        if self._basic:
+            creds = self.credentials()
+            return creds.basic() if creds else None
+        return None
+
+    def request(self, method: str, url: str, *, scope: str, ok: Iterable[int],
+                headers: dict[str, str] | None = None,
+                body: Callable[[], Any] | None = None, stream: bool = False,
+                reference: Any = None, digest: str | None = None,
+                action: str | None = None) -> requests.Response:
+        """One logical request: auth, retries and typed errors. ``body`` makes a fresh
+        body for every attempt."""
+        ok = set(ok)
+        t = self.transport
+        auth_tries = 0
+        attempt = 0
+        while True:
+            send = dict(headers or {})
+            auth = self._auth_header(scope)
+            if auth:
+                send["Authorization"] = auth
+            try:
+                resp = self._session().request(
+                    method, url, headers=send, data=body() if body else None,
+                    stream=stream, allow_redirects=True,
+                    timeout=(t.connect_timeout, t.read_timeout))
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                attempt += 1
+                if attempt >= t.attempts:
+                    raise RegistryUnreachableError(
+                        "registry unreachable", host=self.host,
+                        reference=str(reference) if reference else None, digest=digest,
+                        action=action, detail=type(exc).__name__) from None
+                self._sleep(attempt, None)
+                continue
+            if resp.status_code in ok:
+                return resp
+            content = resp.content if not stream or resp.status_code >= 300 else b""
+            if resp.status_code == 401 and auth_tries < 2:
+                auth_tries += 1
+                if self._answer(parse_challenge(resp.headers.get("WWW-Authenticate")),
+                                scope, reference, auth):
+                    continue
+            if resp.status_code in RETRYABLE and attempt + 1 < t.attempts:
+                attempt += 1
+                self._sleep(attempt, resp.headers.get("Retry-After"))
+                continue
+            raise error_for(resp.status_code, content, reference=reference, digest=digest,
+                            action=action)
+
+    def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        t = self.transport
+        delay = min(t.max_backoff, t.backoff * 2 ** (attempt - 1))
+        if retry_after and retry_after.isdigit():
+            delay = min(t.max_backoff, max(delay, float(retry_after)))
+        time.sleep(delay)
+
+    def _answer(self, challenge: Challenge | None, scope: str, reference: Any,
+                sent: str | None) -> bool:
+        """Prepare credentials for a 401; False when there is nothing more to try."""
+        if challenge is None:
+            return False
+        creds = self.credentials()
+        if challenge.scheme == "basic":
+            if creds is None or (self._basic and sent is not None):
+                return False  # no credentials, or the ones we sent were refused
+            self._basic = True
+            return True
+        if challenge.scheme != "bearer" or "realm" not in challenge.params:
+            return False
+        with self._token_lock:
+            with self._lock:
+                if self._tokens.get(scope) not in (None, sent):
+                    return True  # another thread fetched a token meanwhile
+            return self._fetch_token(challenge, scope, reference, creds)
+
+    def _fetch_token(self, challenge: Challenge, scope: str, reference: Any,
+                     creds: Credentials | None) -> bool:
+        params = {"service": challenge.params.get("service", "")}
+        params["scope"] = challenge.params.get("scope", scope)
+        headers = {"Authorization": creds.basic()} if creds else {}
+        try:
+            resp = self._session().get(challenge.params["realm"], params=params,
+                                       headers=headers, timeout=(
+                                           self.transport.connect_timeout,
+                                           self.transport.read_timeout))
+        except (requests.ConnectionError, requests.Timeout):
+            raise RegistryUnreachableError("token service unreachable",
+                                           realm=challenge.params["realm"]) from None
+        if resp.status_code != 200:
+            raise RegistryAuthError("authentication refused by the token service",
+                                    reference=str(reference) if reference else None,
+                                    status=resp.status_code)
+        try:
+            doc = resp.json()
+            token = doc.get("token") or doc["access_token"]
+        except (ValueError, KeyError, AttributeError):
+            raise RegistryAuthError("token service answered without a token",
+                                    realm=challenge.params["realm"]) from None
+        with self._lock:
+            self._tokens[scope] = f"Bearer {token}"
+        return True
+
+    # -- the spec's operations -----------------------------------------------------------
+
+    def _scope(self, ref: Reference) -> str:
+        return f"repository:{ref.repository}:{self.actions}"
+
+    def ping(self) -> None:
+        """``GET /v2/``: reachable, and our credentials (if asked for) accepted."""
+        self.request("GET", base_url(self.host, self.transport.insecure), scope="",
+                     ok={200}, action="ping")
+
+    def has_blob(self, ref: Reference, digest: str) -> bool:
+        resp = self.request("HEAD", blob_url(ref, digest, self.transport.insecure),
+                            scope=self._scope(ref), ok={200, 404}, reference=ref,
+                            digest=digest, action="HEAD blob")
+        return resp.status_code == 200
+
+    def start_upload(self, ref: Reference, digest: str, mount_from: str | None = None,
+                     ) -> str | None:
+        """Open an upload session; None when the registry mounted the blob instead."""
+        url = upload_url(ref, self.transport.insecure,
+                         mount=digest if mount_from else None, source=mount_from)
+        resp = self.request("POST", url, scope=self._scope(ref), ok={201, 202},
+                            reference=ref, digest=digest, action="start upload",
+                            headers={"Content-Length": "0"})
+        if resp.status_code == 201:
+            return None
+        return self._location(resp, ref, digest)
+
+    def _location(self, resp: requests.Response, ref: Reference, digest: str) -> str:
+        location = resp.headers.get("Location")
+        if not location:
+            raise RegistryError("registry gave no upload location", reference=str(ref),
+                                digest=digest, status=resp.status_code)
+        return urljoin(resp.url, location)
+
+    def upload_status(self, ref: Reference, location: str, digest: str) -> int:
+        """How many bytes of an upload session the registry holds."""
+        resp = self.request("GET", location, scope=self._scope(ref), ok={204},
+                            reference=ref, digest=digest, action="upload status")
+        return _range_end(resp.headers.get("Range"))
+
+    def put_monolithic(self, ref: Reference, location: str, digest: str, size: int,
+                       pieces: Callable[[int, int], Iterable[bytes]]) -> None:
+        def body() -> Body:
+            return Body(size, lambda: self._count_sent(pieces(0, size)))
+
+        self.request("PUT", with_query(location, digest=digest),
+                     scope=self._scope(ref), ok={201}, body=body,
+                     headers={"Content-Type": "application/octet-stream"},
+                     reference=ref, digest=digest, action="upload blob")
+
+    def patch_chunk(self, ref: Reference, location: str, digest: str, start: int, end: int,
+                    pieces: Callable[[int, int], Iterable[bytes]]) -> str:
+        """Send bytes [start, end) of a blob; returns the session's next location."""
+        def body() -> Body:
+            return Body(end - start, lambda: self._count_sent(pieces(start, end)))
+
+        resp = self.request("PATCH", location, scope=self._scope(ref), ok={202},
+                            body=body, reference=ref, digest=digest, action="upload chunk",
+                            headers={"Content-Type": "application/octet-stream",
+                                     "Content-Range": f"{start}-{end - 1}"})
+        return self._location(resp, ref, digest)
+
+    def finish_upload(self, ref: Reference, location: str, digest: str) -> None:
+        self.request("PUT", with_query(location, digest=digest),
+                     scope=self._scope(ref), ok={201}, reference=ref,
+                     digest=digest, action="finish upload", headers={"Content-Length": "0"})
+
+    def _count_sent(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
+        for piece in pieces:
+            with self._lock:
+                self.sent_bytes += len(piece)
+            yield piece
+
+    def open_blob(self, ref: Reference, digest: str, start: int = 0) -> requests.Response:
+        """A streaming GET of a blob from byte ``start`` (206) or from 0 (200)."""
+        headers = {"Range": f"bytes={start}-"} if start else {}
+        return self.request("GET", blob_url(ref, digest, self.transport.insecure),
+                            scope=self._scope(ref), ok={200, 206}, stream=True,
+                            headers=headers, reference=ref, digest=digest,
+                            action="GET blob")
+
+    def count_received(self, n: int) -> None:
+        with self._lock:
+            self.received_bytes += n
+
+    def put_manifest(self, ref: Reference, target: str, data: bytes,
+                     media_type: str = MANIFEST_TYPE) -> str:
+        resp = self.request("PUT", manifest_url(ref, target, self.transport.insecure),
+                            scope=self._scope(ref), ok={201},
+                            body=lambda: data, headers={"Content-Type": media_type},
+                            reference=ref, action="PUT manifest")
+        with self._lock:
+            self.sent_bytes += len(data)
+        return resp.headers.get("Docker-Content-Digest", "")
+
+    def get_manifest(self, ref: Reference) -> tuple[bytes, str]:
+        """The manifest's bytes and media type."""
+        resp = self.request("GET", manifest_url(ref, ref.target, self.transport.insecure),
+                            scope=self._scope(ref), ok={200},
+                            headers={"Accept": MANIFEST_TYPE}, reference=ref,
+                            action="GET manifest")
+        with self._lock:
+            self.received_bytes += len(resp.content)
+        return resp.content, resp.headers.get("Content-Type", "")
+
+
+def _range_end(header: str | None) -> int:
+    """``Range: 0-<last>`` of an upload session: the count of bytes it holds."""
+    if not header or "-" not in header:
+        return 0
+    last = header.rsplit("-", 1)[1]
+    return int(last) + 1 if last.isdigit() else 0

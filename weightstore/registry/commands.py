@@ -1,0 +1,84 @@
+"""``weightstore push`` and ``weightstore pull``: parsers and handlers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from .client import Transport
+
+STORE_HELP = "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)"
+
+
+def _transport_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help=STORE_HELP)
+    p.add_argument("--jobs", type=int, default=4, help="blobs in flight (default 4)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain HTTP to a registry that is not on loopback (TLS otherwise)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for a registry answer (default 120)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def add_parsers(sub: Any) -> None:
+    ps = sub.add_parser("push", help="push a package folder to an OCI registry (CNCF "
+                                     "ModelPack shape, one layer per weight)")
+    ps.add_argument("package", help="a package folder (holding summary.json)")
+    ps.add_argument("reference", help="host[:port]/repository[:tag]")
+    ps.add_argument("--mount-from", action="append", default=[], metavar="REPOSITORY",
+                    help="another repository of the same registry to mount blobs from")
+    _transport_flags(ps)
+    pl = sub.add_parser("pull", help="pull a package (or one device's or scenario's "
+                                     "live weights) from an OCI registry")
+    pl.add_argument("reference", help="host[:port]/repository[:tag|@sha256:...]")
+    pl.add_argument("output", nargs="?", help="folder to write (default: the repository's "
+                                             "last name component)")
+    which = pl.add_mutually_exclusive_group()
+    which.add_argument("--device", help="fetch only what this device runs")
+    which.add_argument("--scenario", help="fetch only what this scenario runs")
+    pl.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    _transport_flags(pl)
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from ..store import WeightStore, resolve_store_path
+
+    return WeightStore(resolve_store_path(args.store, None))
+
+
+def _transport(args: argparse.Namespace) -> Transport:
+    if args.jobs < 1 or args.timeout <= 0:
+        raise ValueError("--jobs must be at least 1 and --timeout positive")
+    return Transport(insecure=args.insecure, read_timeout=args.timeout)
+
+
+def run_push(args: argparse.Namespace) -> int:
+    from .push import push
+
+    report = push(args.package, args.reference, store=_store(args), transport=_transport(args),
+                  jobs=args.jobs, mount_from=args.mount_from)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(f"pushed {report.reference}@{report.manifest_digest}: {report.blobs} blobs, "
+              f"{report.uploaded} uploaded ({report.uploaded_bytes / 1e6:.1f} MB), "
+              f"{report.present} already there, {report.mounted} mounted")
+    return 0
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from .pull import pull
+
+    report = pull(args.reference, args.output, store=_store(args), transport=_transport(args),
+                  jobs=args.jobs, device=args.device, scenario=args.scenario,
+                  force=args.force)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(f"pulled {report.reference} into {os.fspath(report.output)}: "
+              f"{report.payloads} weights ({report.payload_bytes / 1e6:.1f} MB), "
+              f"{report.fetched} fetched ({report.fetched_bytes / 1e6:.1f} MB), "
+              f"{report.payloads - report.fetched} from the store")
+    return 0

@@ -1,0 +1,87 @@
+"""What the store remembers for registries, in two tables of its index.
+
+``sha256_of(key, sha256)``: a blake3-keyed store computes each payload's sha256 (the
+registry's digest) once, while reading the bytes, and never again. ``blob_repos(host,
+digest, repository)``: the repositories a blob was pushed to or pulled from, so a push
+to another repository of the same registry mounts it instead of uploading it. Both are
+facts about content, never authorities: a wrong sha256 is refused by the registry on
+upload; a stale repository only costs a failed mount. Tables are created on first use;
+readers of stores without them see nothing remembered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterable
+
+from ..errors import StoreError
+from ..store import WeightStore
+from ..store.index import batched, marks
+
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS sha256_of ("
+    "key TEXT PRIMARY KEY, sha256 TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS blob_repos ("
+    "host TEXT NOT NULL, digest TEXT NOT NULL, repository TEXT NOT NULL, "
+    "PRIMARY KEY (host, digest, repository)) WITHOUT ROWID",
+)
+
+
+def known_sha256(store: WeightStore, keys: Iterable[str]) -> dict[str, str]:
+    """The remembered sha256 digest (``sha256:<hex>``) of each key that has one."""
+    out: dict[str, str] = {}
+    keys = list(keys)
+    if not keys or not store.index.exists():
+        return out
+    with store.index.reading() as conn:
+        if not _has_table(conn, "sha256_of"):
+            return out
+        for chunk in batched(keys):
+            out.update(conn.execute(
+                f"SELECT key, sha256 FROM sha256_of WHERE key IN ({marks(chunk)})", chunk))
+    return out
+
+
+def repositories(store: WeightStore, host: str, digests: Iterable[str]) -> dict[str, list[str]]:
+    """For each digest, the repositories of ``host`` known to hold it (sorted)."""
+    out: dict[str, list[str]] = {}
+    digests = list(digests)
+    if not digests or not store.index.exists():
+        return out
+    with store.index.reading() as conn:
+        if not _has_table(conn, "blob_repos"):
+            return out
+        for chunk in batched(digests):
+            for digest, repo in conn.execute(
+                    f"SELECT digest, repository FROM blob_repos WHERE host = ? AND digest IN "
+                    f"({marks(chunk)}) ORDER BY repository", [host, *chunk]):
+                out.setdefault(digest, []).append(repo)
+    return out
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    """Stores written before a first push or pull lack the tables (and the in-memory
+    snapshot of a format 1 store never has them)."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (name,)).fetchone() is not None
+
+
+def remember(store: WeightStore, *, sha256: dict[str, str] | None = None,
+             host: str | None = None, repository: str | None = None,
+             digests: Iterable[str] = ()) -> None:
+    """Record sha256 digests of keys and/or that ``repository`` holds ``digests``.
+    A store this user cannot write just does not remember."""
+    rows = sorted((sha256 or {}).items())
+    repo_rows = sorted({(host, d, repository) for d in digests}) if host and repository else []
+    if not rows and not repo_rows:
+        return
+    store._make_root()
+    if not store.writable():
+        return
+    with contextlib.suppress(StoreError), store.index.writing() as conn:
+        for statement in _TABLES:
+            conn.execute(statement)
+        conn.executemany("INSERT OR REPLACE INTO sha256_of (key, sha256) VALUES (?, ?)", rows)
+        conn.executemany("INSERT OR IGNORE INTO blob_repos (host, digest, repository) "
+                         "VALUES (?, ?, ?)", repo_rows)

@@ -1,0 +1,375 @@
+"""``weightstore pull REF [DIR] [--device D | --scenario S]``: an artifact back into a folder.
+
+The manifest first; then only the payload blobs the local store lacks, each streamed to
+a temp file beside the store's objects while its sha256 is computed, and put into the
+store (which re-hashes it against its own key) only when that digest matches: a wrong
+byte never enters the store. A blob cut off mid-stream resumes from the bytes already
+received (``Range``). Files are then assembled from the store, byte-identical to the
+pushed package (payloads at their offsets, zero bytes between them).
+
+With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
+first (the device folder's models and ``bundle.json``, or the package models with the
+scenario replayed) and only the live payloads are fetched: the output is the variant's
+self-contained folder, its weight files holding the live payloads at their offsets and
+zeros (holes) elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+import requests
+
+from ..errors import (
+    IntegrityError,
+    PackageError,
+    RegistryDigestError,
+    RegistryError,
+    ScenarioError,
+)
+from ..fsio import copy_range, file_mode, make_temp_dir, publish_dir
+from ..hashing import new_hasher, split_key
+from ..store import FilePayload, WeightStore
+from . import digests
+from .artifact import (
+    SUMMARY_NAME,
+    ParsedArtifact,
+    WeightFile,
+    parse_assembly,
+    parse_manifest,
+    sha256_digest,
+)
+from .client import CHUNK, RegistryClient, Transport
+from .reference import Reference, parse_reference
+
+STREAM_ATTEMPTS = 4
+DEVICES = "devices"
+
+
+@dataclass
+class PullReport:
+    reference: str
+    manifest_digest: str
+    output: str
+    payloads: int = 0  # payloads the output needs
+    payload_bytes: int = 0
+    fetched: int = 0  # payload blobs downloaded (the rest were in the store)
+    fetched_bytes: int = 0
+    file_bytes: int = 0  # models, summary, device records, assembly, config
+    received_bytes: int = 0  # every byte read from the registry
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], target: Path,
+             resume: bool = False, also: str | None = None) -> tuple[int, str | None]:
+    """Stream one blob to ``target``, checking its sha256 and size as it arrives. Returns
+    the bytes received and, with ``also``, the hex digest of that algorithm over the same
+    bytes. A mismatch removes ``target`` and names the digest. With ``resume``, bytes
+    already in ``target`` (a pull cut off before) are hashed and only the rest is
+    requested; if the whole then does not match, the blob is fetched once more from 0."""
+    digest, size = desc["digest"], desc["size"]
+    received = 0
+    from_zero = not resume
+    for _ in range(STREAM_ATTEMPTS):
+        hashers = _hashers(also)
+        have = target.stat().st_size if not from_zero and target.exists() else 0
+        resumed = have > 0
+        if have > size:
+            have = 0
+        with open(target, "r+b" if have else "wb") as f:
+            for data in iter(lambda: f.read(CHUNK), b"") if have else ():
+                for h in hashers:
+                    h.update(data)
+            pos, broken = have, False
+            if have < size:
+                broken, pos, count = _stream(client, ref, desc, f, have, hashers, also)
+                received += count
+            f.flush()
+            if not broken:
+                os.fsync(f.fileno())
+        if broken:
+            from_zero = False
+            continue  # resume from what arrived
+        if pos == size and "sha256:" + hashers[0].hexdigest() == digest:
+            return received, hashers[-1].hexdigest() if also else None
+        target.unlink(missing_ok=True)
+        if resumed:  # the kept prefix was bad: once more, from 0
+            from_zero = True
+            continue
+        raise RegistryDigestError("blob does not match its digest", digest=digest,
+                                  reference=str(ref), size=size, received=pos)
+    raise RegistryError("blob transfer kept breaking off", digest=digest, reference=str(ref))
+
+
+def _stream(client: RegistryClient, ref: Reference, desc: dict[str, Any], f: Any,
+            have: int, hashers: list[Any], also: str | None) -> tuple[bool, int, int]:
+    """Append the blob's bytes from ``have`` to ``f``; (broken off, end, bytes read)."""
+    resp = client.open_blob(ref, desc["digest"], have)
+    if have and resp.status_code == 200:  # the registry sent it whole
+        hashers[:] = _hashers(also)
+        have = 0
+    f.seek(have)
+    f.truncate()
+    pos = have
+    try:
+        with resp:
+            for data in resp.iter_content(CHUNK):
+                pos += len(data)
+                client.count_received(len(data))
+                if pos > desc["size"]:
+                    break
+                for h in hashers:
+                    h.update(data)
+                f.write(data)
+    except (requests.ConnectionError, requests.Timeout,
+            requests.exceptions.ChunkedEncodingError):
+        return True, pos, pos - have
+    return False, pos, pos - have
+
+
+def _hashers(also: str | None) -> list[Any]:
+    """sha256 first (the registry's digest), then the store's algorithm if another."""
+    first = hashlib.sha256()
+    return [first] if also in (None, "sha256") else [first, new_hasher(also)]
+
+
+def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
+                   desc: dict[str, Any]) -> int:
+    """Download one payload blob into the store. Its sha256 and its store key are both
+    computed on the bytes as they are written; only when both match is the file renamed
+    into the store (no copy, no second read). The partial file's name is its digest, so
+    a later pull resumes it; the blob's lock keeps two pulls from writing it at once."""
+    algo, hex_ = split_key(key)
+    name = f"pull-{desc['digest'].split(':', 1)[1]}"
+    tmp = store.root / f".{name}.tmp"
+    with store.file_lock(name):  # two pulls of one blob into one store take turns
+        if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
+            return 0  # the other one brought it
+        try:
+            received, found = download(client, ref, desc, tmp, resume=True, also=algo)
+            if found != hex_:
+                raise IntegrityError("a blob's bytes do not match the key its layer names",
+                                     digest=desc["digest"], key=key, reference=str(ref))
+            store.adopt(key, tmp)
+        except IntegrityError:
+            tmp.unlink(missing_ok=True)
+            raise
+    return received
+
+
+def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
+         store: WeightStore, transport: Transport | None = None, jobs: int = 4,
+         device: str | None = None, scenario: str | None = None,
+         force: bool = False) -> PullReport:
+    """Pull ``reference`` into ``output``; see the module docstring."""
+    if device is not None and scenario is not None:
+        raise ValueError("give a device or a scenario, not both")
+    ref = parse_reference(reference)
+    client = RegistryClient(ref.host, transport)
+    data, _ = client.get_manifest(ref)
+    manifest_digest = sha256_digest(data)
+    if ref.digest and manifest_digest != ref.digest:
+        raise RegistryDigestError("manifest does not match its digest", digest=ref.digest,
+                                  reference=str(ref))
+    parsed = parse_manifest(data, str(ref))
+    out = Path(output) if output is not None else Path(ref.repository.rsplit("/", 1)[-1])
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise PackageError("output folder is not empty (use --force to replace it)",
+                           folder=str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = PullReport(str(ref), manifest_digest, str(out))
+    stage = make_temp_dir(out.parent, f".{out.name}.")
+    result: Path | None = None
+    try:
+        config = _blob_bytes(client, ref, parsed.config, stage / ".config")
+        _check_config(config, parsed, str(ref))
+        files = parse_assembly(_blob_bytes(client, ref, parsed.assembly, stage / ".assembly"),
+                               parsed, str(ref))
+        with store.leased():
+            result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
+                                                  device=device, scenario=scenario)
+            _fetch_missing(client, ref, store, parsed, wanted, report, jobs)
+            _assemble(store, result, files, wanted)
+            digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
+                             host=ref.host, repository=ref.repository,
+                             digests=[d["digest"] for d in parsed.payloads.values()])
+            for name in (".config", ".assembly"):
+                (stage / name).unlink(missing_ok=True)
+            if out.exists() and not any(out.iterdir()):
+                out.rmdir()
+            publish_dir(result, out)
+            if device is None and scenario is None:
+                _register(store, out, parsed, wanted)
+        result = None
+    finally:
+        if result is not None and result != stage:
+            shutil.rmtree(result, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
+    report.received_bytes = client.received_bytes
+    return report
+
+
+def _blob_bytes(client: RegistryClient, ref: Reference, desc: dict[str, Any],
+                path: Path) -> bytes:
+    if desc["size"] > 64 << 20:
+        raise RegistryError("malformed model manifest: metadata blob too large",
+                            digest=desc["digest"], reference=str(ref))
+    download(client, ref, desc, path)
+    return path.read_bytes()
+
+
+def _check_config(data: bytes, parsed: ParsedArtifact, reference: str) -> None:
+    try:
+        doc = json.loads(data)
+        fmt = doc["config"]["format"]
+        diff_ids = doc["modelfs"]["diffIds"]
+    except (ValueError, KeyError, TypeError):
+        raise RegistryError("malformed model config", reference=reference) from None
+    if fmt != "onnx" or not isinstance(diff_ids, list):
+        raise RegistryError("model config is not an ONNX model pack", reference=reference,
+                            format=fmt)
+
+
+def _download_files(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
+                    names: list[str], stage: Path, report: PullReport) -> None:
+    for name in names:
+        target = stage / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        report.file_bytes += download(client, ref, parsed.files[name], target)[0]
+
+
+def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
+                  files: list[WeightFile], stage: Path, report: PullReport, *,
+                  device: str | None, scenario: str | None,
+                  ) -> tuple[Path, list[WeightFile], dict[str, int]]:
+    """Fetch the metadata the output needs and decide which payloads it needs.
+    Returns (folder to publish, weight files to write, key -> size)."""
+    if device is None and scenario is None:
+        _download_files(client, ref, parsed, sorted(parsed.files), stage, report)
+        wanted = {p.key: p.size for f in files for p in f.pieces}
+        return stage, files, _count(wanted, report)
+    from ..scenarios.resolve import live_payloads, variant
+
+    result = make_temp_dir(stage.parent, f".{stage.name}.variant.")
+    models: list[tuple[onnx.ModelProto, str | None, str]] = []
+    if device is not None:
+        prefix = f"{DEVICES}/{device}/"
+        names = sorted(n for n in parsed.files if n.startswith(prefix))
+        if not names:
+            known = sorted({n.split("/")[1] for n in parsed.files
+                            if n.startswith(f"{DEVICES}/") and n.count("/") == 2})
+            raise PackageError("no such device in the artifact", device=device,
+                               reference=str(ref), known=", ".join(known) or "none")
+        _download_files(client, ref, parsed, names, stage, report)
+        from ..bundles import read_bundle
+
+        record = read_bundle(stage, device)
+        for entry in record["models"]:
+            path = stage / prefix / entry["file"]
+            models.append((onnx.load(str(path), load_external_data=False),
+                           entry["scenario"], entry["file"]))
+            shutil.copyfile(path, result / entry["file"])
+    else:
+        _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
+        summary = json.loads((stage / SUMMARY_NAME).read_bytes())
+        entries = [(str(m["file"]), list(m.get("scenarios", []))) for m in summary["models"]]
+        if not any(scenario in names for _, names in entries):
+            raise ScenarioError("no model of the artifact has this scenario",
+                                scenario=scenario, reference=str(ref))
+        _download_files(client, ref, parsed, [f for f, _ in entries], stage, report)
+        from ..model_io import save_model
+
+        for file, names in entries:
+            chosen = scenario if scenario in names else None
+            resolved = variant(onnx.load(str(stage / file), load_external_data=False), chosen)
+            save_model(resolved, result / file)
+            models.append((resolved, chosen, file))
+    live: dict[str, int] = {}
+    for model, chosen, file in models:
+        for p in live_payloads(model, chosen):
+            if p.checksum is None or p.checksum not in parsed.payloads:
+                raise RegistryError("a live weight has no payload layer in the artifact",
+                                    reference=str(ref), model=file, weight=p.name)
+            live[p.checksum] = p.length
+    kept = []
+    for f in files:
+        pieces = tuple(p for p in f.pieces if p.key in live)
+        if pieces:
+            kept.append(WeightFile(f.name, f.size, pieces))
+    return result, kept, _count(live, report)
+
+
+def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
+    report.payloads = len(wanted)
+    report.payload_bytes = sum(wanted.values())
+    return wanted
+
+
+def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
+                   parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
+                   jobs: int) -> None:
+    missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
+    if not missing:
+        return
+    store._make_root()
+
+    def fetch(key: str) -> int:
+        return _fetch_payload(client, ref, store, key, parsed.payloads[key])
+
+    order = sorted(missing, key=lambda k: (-wanted[k], k))
+    with ThreadPoolExecutor(jobs) as pool:
+        for received in pool.map(fetch, order):
+            report.fetched += 1
+            report.fetched_bytes += received
+
+
+def _assemble(store: WeightStore, folder: Path, files: list[WeightFile],
+              wanted: dict[str, int]) -> None:
+    """Write every weight file from the store: its payloads at their offsets, zeros
+    between them (holes, never written)."""
+    objects = store.locate(wanted)
+    for f in files:
+        target = folder / f.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+        try:
+            os.ftruncate(fd, f.size)
+            for p in f.pieces:
+                obj = objects.get(p.key)
+                if obj is None:
+                    raise PackageError("a payload vanished from the store while pulling",
+                                       key=p.key)
+                src = os.open(store.path_of(obj), os.O_RDONLY)
+                try:
+                    copy_range(src, obj.offset, fd, p.offset, p.size)
+                finally:
+                    os.close(src)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _register(store: WeightStore, folder: Path, parsed: ParsedArtifact,
+              wanted: dict[str, int]) -> None:
+    """A pulled package is a root of the store, like a built one."""
+    from ..store import RootRecord
+
+    summary = json.loads((folder / SUMMARY_NAME).read_bytes())
+    try:
+        record = RootRecord(package=str(summary["package"]), version=str(summary["version"]),
+                            layout=str(summary["layout"]["name"]),
+                            folder=str(folder.absolute()),
+                            fingerprint=str(summary["fingerprint"]))
+    except (KeyError, TypeError):
+        return
+    store.register_root(record, sorted(wanted))

@@ -1,0 +1,245 @@
+"""``weightstore push PACKAGE REF``: a package folder to a registry, weight by weight.
+
+Order of work: plan the artifact from metadata (:mod:`.artifact`); find every payload's
+sha256 (free for sha256 stores, remembered in the store index for blake3 ones, else
+computed once while reading the bytes, which are checked against their key at the same
+time); then, in parallel, for every blob: HEAD (skip what the registry has), mount from
+another repository of the registry known to hold it, or upload (monolithic up to the
+chunk size, chunked above it, resuming from the offset the registry reports after a
+failed chunk). The manifest goes last, by digest and then by tag, so an interrupted push
+never leaves a tag naming missing blobs; a rerun skips every blob already sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import IntegrityError, PackageError, RegistryAuthError, RegistryError
+from ..hashing import make_key, new_hasher, split_key
+from ..store import WeightStore
+from . import digests
+from .artifact import (
+    PackagePlan,
+    build_artifact,
+    created_at,
+    list_files,
+    plan_package,
+    read_summary,
+)
+from .client import CHUNK, RegistryClient, Transport
+from .reference import Reference, parse_reference
+
+CHUNK_RETRIES = 5
+
+Pieces = Callable[[int, int], Iterable[bytes]]
+
+
+@dataclass
+class PushReport:
+    reference: str
+    manifest_digest: str
+    blobs: int = 0
+    blob_bytes: int = 0
+    present: int = 0
+    mounted: int = 0
+    uploaded: int = 0
+    uploaded_bytes: int = 0  # blob bytes we uploaded
+    uploaded_weight_bytes: int = 0  # of which weight payloads
+    sent_bytes: int = 0  # every byte of request bodies, manifests included
+    hashed_bytes: int = 0  # payload bytes read to compute sha256 digests
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def file_pieces(path: Path, base: int = 0) -> Pieces:
+    """Bytes [start, end) of a blob that sits at ``base`` in ``path``, in 1 MiB reads."""
+    def pieces(start: int, end: int) -> Iterator[bytes]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            pos = start
+            while pos < end:
+                data = os.pread(fd, min(CHUNK, end - pos), base + pos)
+                if not data:
+                    raise PackageError("file shrank while being pushed", file=str(path))
+                yield data
+                pos += len(data)
+        finally:
+            os.close(fd)
+    return pieces
+
+
+def bytes_pieces(data: bytes) -> Pieces:
+    def pieces(start: int, end: int) -> Iterator[bytes]:
+        yield data[start:end]
+    return pieces
+
+
+def _hash_range(path: Path, offset: int, size: int, algos: Iterable[str]) -> dict[str, str]:
+    hashers = {a: new_hasher(a) for a in algos}
+    for data in file_pieces(path, offset)(0, size):
+        for h in hashers.values():
+            h.update(data)
+    return {a: h.hexdigest() for a, h in hashers.items()}
+
+
+def payload_digests(folder: Path, plan: PackagePlan, store: WeightStore,
+                    jobs: int) -> tuple[dict[str, str], int]:
+    """sha256 of every payload (and the bytes read to find them). Bytes read are also
+    checked against their store key: a damaged package is never pushed."""
+    sizes = plan.payload_sizes()
+    out = {k: "sha256:" + split_key(k)[1] for k in sizes if split_key(k)[0] == "sha256"}
+    out.update(digests.known_sha256(store, [k for k in sizes if k not in out]))
+    todo = [k for k in sizes if k not in out]
+    sources = plan.payload_sources()
+
+    def compute(key: str) -> tuple[str, str]:
+        algo, hex_ = split_key(key)
+        name, offset = sources[key]
+        found = _hash_range(folder / name, offset, sizes[key], {"sha256", algo})
+        if found[algo] != hex_:
+            raise IntegrityError("package bytes do not match their key", file=name,
+                                 offset=offset, key=key, actual=make_key(algo, found[algo]))
+        return key, "sha256:" + found["sha256"]
+
+    with ThreadPoolExecutor(jobs) as pool:
+        computed = dict(pool.map(compute, todo))
+    out.update(computed)
+    if computed:
+        digests.remember(store, sha256=computed)
+    return out, sum(sizes[k] for k in todo)
+
+
+def _check_padding(folder: Path, plan: PackagePlan) -> None:
+    """Bytes of weight files outside every payload must be zero: the artifact records
+    only payloads, so anything else could not be rebuilt."""
+    for f in plan.weight_files:
+        for offset, length in f.gaps():
+            for data in file_pieces(folder / f.name, offset)(0, length):
+                if data.count(0) != len(data):
+                    raise PackageError("a weight file holds bytes no weight accounts for",
+                                       file=f.name, offset=offset, length=length)
+
+
+def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
+         transport: Transport | None = None, jobs: int = 4,
+         mount_from: Iterable[str] = ()) -> PushReport:
+    """Push the package folder to ``reference``; see the module docstring."""
+    folder = Path(package)
+    ref = parse_reference(reference)
+    if ref.digest:
+        raise RegistryError("push to a tag, not to a digest", reference=reference)
+    summary = read_summary(folder)
+    plan = plan_package(folder, summary, list_files(folder))
+    _check_padding(folder, plan)
+    sha, hashed = payload_digests(folder, plan, store, jobs)
+    file_digests = {}
+    for name in plan.other_files:
+        path = folder / name
+        file_digests[name] = ("sha256:" + _hash_range(path, 0, path.stat().st_size,
+                                                      ["sha256"])["sha256"],
+                              path.stat().st_size)
+    artifact = build_artifact(plan, sha, file_digests, created_at())
+    sources: dict[str, tuple[int, Pieces]] = {}
+    for key, (name, offset) in plan.payload_sources().items():
+        sources.setdefault(sha[key], (plan.payload_sizes()[key],
+                                      file_pieces(folder / name, offset)))
+    sources.setdefault(_digest(artifact.assembly), (len(artifact.assembly),
+                                                    bytes_pieces(artifact.assembly)))
+    for name, (digest, size) in file_digests.items():
+        sources.setdefault(digest, (size, file_pieces(folder / name)))
+    sources.setdefault(_digest(artifact.config), (len(artifact.config),
+                                                  bytes_pieces(artifact.config)))
+
+    client = RegistryClient(ref.host, transport, push=True)
+    client.ping()
+    report = PushReport(reference=str(ref), manifest_digest=artifact.manifest_digest,
+                        blobs=len(sources), blob_bytes=sum(s for s, _ in sources.values()),
+                        hashed_bytes=hashed)
+    known = digests.repositories(store, ref.host, sources)
+    extra = [r for r in mount_from if r != ref.repository]
+
+    def send(digest: str) -> tuple[str, str, int]:
+        size, pieces = sources[digest]
+        candidates = extra + [r for r in known.get(digest, []) if r != ref.repository
+                              and r not in extra]
+        return digest, upload_blob(client, ref, digest, size, pieces, candidates), size
+
+    done: list[str] = []
+    weight_digests = set(sha.values())
+    try:
+        with ThreadPoolExecutor(jobs) as pool:
+            for digest, how, size in pool.map(send, sorted(sources, key=lambda d: (
+                    -sources[d][0], d))):
+                done.append(digest)
+                setattr(report, how, getattr(report, how) + 1)
+                if how == "uploaded":
+                    report.uploaded_bytes += size
+                    if digest in weight_digests:
+                        report.uploaded_weight_bytes += size
+    finally:
+        digests.remember(store, host=ref.host, repository=ref.repository, digests=done)
+    client.put_manifest(ref, artifact.manifest_digest, artifact.manifest)
+    client.put_manifest(ref, ref.tag or "latest", artifact.manifest)
+    report.sent_bytes = client.sent_bytes
+    return report
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def upload_blob(client: RegistryClient, ref: Reference, digest: str, size: int,
+                pieces: Pieces, mount_from: list[str]) -> str:
+    """Make ``digest`` present in ``ref``'s repository: 'present', 'mounted' or
+    'uploaded'."""
+    if client.has_blob(ref, digest):
+        return "present"
+    location = None
+    for source in mount_from:
+        location = client.start_upload(ref, digest, mount_from=source)
+        if location is None:
+            return "mounted"
+        break  # the registry opened an upload instead: use it
+    if location is None:
+        location = client.start_upload(ref, digest)
+    chunk = client.transport.chunk_size
+    if size <= chunk:
+        client.put_monolithic(ref, location, digest, size, pieces)
+        return "uploaded"
+    offset, failures = 0, 0
+    while offset < size:
+        end = min(size, offset + chunk)
+        try:
+            location = client.patch_chunk(ref, location, digest, offset, end, pieces)
+            offset = end
+        except RegistryAuthError:
+            raise
+        except RegistryError:
+            failures += 1
+            if failures > CHUNK_RETRIES:
+                raise
+            offset, location = _resume(client, ref, location, digest)
+    client.finish_upload(ref, location, digest)
+    return "uploaded"
+
+
+def _resume(client: RegistryClient, ref: Reference, location: str, digest: str,
+            ) -> tuple[int, str]:
+    """Where to go on after a failed chunk: the offset the session holds, or a fresh
+    session from 0 when the registry no longer accepts that one (a chunk it received in
+    part leaves the session's state behind its bytes)."""
+    try:
+        return client.upload_status(ref, location, digest), location
+    except RegistryAuthError:
+        raise
+    except RegistryError as exc:
+        if exc.context.get("status") is None:  # unreachable: nothing to resume against
+            raise
+    return 0, client.start_upload(ref, digest) or location
