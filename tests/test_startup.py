@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime")
+HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests")
 
 
 def _imported(argv: list[str], cwd: Path) -> set[str]:

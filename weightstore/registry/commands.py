@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .client import Transport
+if TYPE_CHECKING:  # requests loads only when push or pull runs: every command parses here
+    from .client import Transport
 
 STORE_HELP = "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)"
 
@@ -51,6 +52,8 @@ def _store(args: argparse.Namespace) -> Any:
 def _transport(args: argparse.Namespace) -> Transport:
     if args.jobs < 1 or args.timeout <= 0:
         raise ValueError("--jobs must be at least 1 and --timeout positive")
+    from .client import Transport
+
     return Transport(insecure=args.insecure, read_timeout=args.timeout)
 
 
