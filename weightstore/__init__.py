@@ -21,8 +21,9 @@ its function, whatever was imported first.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -80,16 +81,4 @@ if TYPE_CHECKING:
     from .store import WeightStore
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, attribute = _EXPORTS[name]
-    module = importlib.import_module(f".{module_name}", __name__)
-    value = module if attribute is None else getattr(module, attribute)
-    if attribute is not None:  # a submodule's name is set by the import system itself
-        globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

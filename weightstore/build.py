@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, build_stamp
-from .callable_module import make_callable
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
 from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
+from .lazy import make_callable
 from .outputs import check_output_folder
 from .recipe_file import read_recipe_file
 from .store.location import resolve_store_path

@@ -6,9 +6,9 @@ import os
 from collections import Counter
 from typing import Any
 
-from .callable_module import make_callable
 from .catalogue.descriptors import WeightDescriptor, weight_descriptors
 from .catalogue.reader import read_catalogue
+from .lazy import make_callable
 
 
 def inspect_model(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -6,8 +6,9 @@ imports this package's building blocks without the command-line conversions.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 __all__ = ["ConvertReport", "convert_to_external", "convert_to_inline"]
 
@@ -15,9 +16,5 @@ if TYPE_CHECKING:
     from .api import ConvertReport, convert_to_external, convert_to_inline
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(".api", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, {name: ("api", name) for name in __all__},
+                                     __all__)

@@ -9,10 +9,9 @@ subpackage as soon as it is imported).
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports, make_callable
 
 _EXPORTS = {
     "ScenarioSelectionContext": "api", "ScenarioSelector": "api", "resolve": "api",
@@ -42,22 +41,6 @@ if TYPE_CHECKING:
     from .prepared import PreparedBinding, PreparedKey, PreparedOptions
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
-
-
-class _Callable(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return __getattr__("resolve")(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _Callable
+__getattr__, __dir__ = lazy_exports(
+    __name__, {name: (module, name) for name, module in _EXPORTS.items()}, __all__)
+make_callable(__name__, "resolve")

@@ -7,8 +7,9 @@ verifier and the lock: an up-to-date ``weightstore build`` needs none of them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "ENV_VAR": "location",
@@ -63,14 +64,5 @@ if TYPE_CHECKING:
     from .verify import Problem, VerifyReport
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(
+    __name__, {name: (module, name) for name, module in _EXPORTS.items()}, __all__)
