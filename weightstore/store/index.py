@@ -319,14 +319,7 @@ class Index:
         """Initialise the schema, migrating a format 1 store, exactly once."""
         if getattr(self._local, "current", None) == (os.getpid(), id(conn)):
             return
-        try:  # persistent; needs a moment without other writers, so retried as BEGIN is
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                self._begin(conn)
-                conn.execute("COMMIT")
-                conn.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot initialise the store index: {exc}",
-                             path=str(self.path)) from exc
+        self._ensure_wal(conn)
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > FORMAT_VERSION:
             self._check_version(conn)
@@ -335,6 +328,33 @@ class Index:
         else:
             self._refresh_marker()
         self._local.current = (os.getpid(), id(conn))
+
+    def _ensure_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL (persistent). The switch needs a moment without other
+        connections, which racing openers of a new store do not give at once: retried,
+        like a busy ``BEGIN``, until the busy timeout."""
+        deadline = time.monotonic() + self._timeout()
+        while True:
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                self._begin(conn)  # waits for writers, reporting who holds the index
+                conn.execute("COMMIT")
+                conn.execute("PRAGMA journal_mode=WAL")  # may answer the old mode: re-read
+            except sqlite3.OperationalError as exc:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise StoreError(f"cannot initialise the store index: {exc}",
+                                     path=str(self.path)) from exc
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"cannot initialise the store index: {exc}",
+                                     path=str(self.path)) from exc
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot initialise the store index: {exc}",
+                                 path=str(self.path)) from exc
+            time.sleep(0.01)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Create the tables and copy a format 1 ``meta.json`` into them.
