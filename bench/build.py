@@ -113,8 +113,8 @@ onnx.save_model(m, out, save_as_external_data=True, all_tensors_to_one_file=True
 CACHE_CHECKS = """\
 import json, statistics, sys, time
 from pathlib import Path
-from weightstore import packaging
-from weightstore.fingerprint import CACHE_NAME, FileDigests
+from weightstore.package import write as packaging
+from weightstore.package.fingerprint import CACHE_NAME, FileDigests
 from weightstore.keycache import PayloadKeyCache, RangeReader, samples_agree
 from weightstore.catalogue.schema import path_str
 from weightstore.store import WeightStore
@@ -154,7 +154,7 @@ print(json.dumps({{"digest_check_s": median(digest_check), "key_checks_s": media
 """
 
 UNCHANGED_SECONDS = 0.15  # an up-to-date build, interpreter start-up included
-RACY_SECONDS = 2  # weightstore.fingerprint.RACY_SECONDS (this parent imports no weightstore)
+RACY_SECONDS = 2  # package.fingerprint.RACY_SECONDS (this parent imports no weightstore)
 
 COPY = """\
 import shutil, sys

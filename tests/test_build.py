@@ -252,7 +252,7 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
                                                 monkeypatch):
     src = save_model(encoder_model, "models/encoder.onnx")
     recipe = write_recipe(tmp_path, {"encoder": src})
-    import weightstore.packaging as build_module
+    import weightstore.package.write as build_module
 
     calls = {"n": 0}
     real = build_module.atomic_write_bytes

@@ -18,11 +18,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from weightstore import fingerprint
 from weightstore.build import BuildOptions, build
 from weightstore.errors import PackageError
-from weightstore.fingerprint import CACHE_NAME
 from weightstore.keycache import FOLDER
+from weightstore.package import fingerprint
+from weightstore.package.fingerprint import CACHE_NAME
 
 from .test_build import tree, write_recipe
 
@@ -162,7 +162,7 @@ def _near_twins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def test_swap_that_every_sample_agrees_with(encoder_model, save_model, tmp_path, monkeypatch):
     """Only a full check of the bytes can see this swap; the package must still be right."""
-    from weightstore import packaging
+    from weightstore.package import write as packaging
 
     retries = []
     real = packaging.distrust_cached_keys

@@ -16,7 +16,6 @@ import pytest
 from onnx import numpy_helper
 
 from weightstore.build import BuildOptions, build
-from weightstore.bundles import check_live
 from weightstore.cli import main
 from weightstore.errors import (
     PackageError,
@@ -26,6 +25,7 @@ from weightstore.errors import (
     RegistryNotFoundError,
     RegistryUnreachableError,
 )
+from weightstore.package.bundles import check_live
 from weightstore.registry.artifact import ARTIFACT_TYPE, sha256_digest
 from weightstore.registry.client import RegistryClient, Transport
 from weightstore.registry.pull import pull

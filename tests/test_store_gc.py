@@ -17,7 +17,7 @@ import pytest
 
 from weightstore.build import BuildOptions, build
 from weightstore.cli import main
-from weightstore.package_check import check_package
+from weightstore.package.check import check_package
 from weightstore.samples import make_encoder
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 
@@ -399,7 +399,7 @@ def test_a_build_rewrites_a_damaged_object_from_its_source(
 
 def test_a_damaged_object_without_a_source_is_left_to_the_copy_error(tmp_path: Path,
                                                                      ) -> None:
-    from weightstore.packaging import heal
+    from weightstore.package.write import heal
 
     store = WeightStore(tmp_path / "store")
     (p,) = payloads(("a", 100))

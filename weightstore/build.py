@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, build_stamp
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
-from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .lazy import make_callable
-from .outputs import check_output_folder
+from .package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
+from .package.outputs import check_output_folder
+from .package.summary import CONTENTS_SINCE, SUMMARY_NAME
+from .package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from .recipe_file import read_recipe_file
 from .store.location import resolve_store_path
-from .summary import CONTENTS_SINCE, SUMMARY_NAME
-from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
     from .recipe import Layout, LoadedRecipe, ModelEntry, Recipe
@@ -264,9 +264,10 @@ def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool
 def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict | None]],
                    store_root: Path, digests: FileDigests, options: BuildOptions,
                    result: BuildResult) -> None:
-    from . import packaging  # onnx and the catalogue: only when something must be built
+    # onnx and the catalogue: only when something must be built
     from .keycache import StaleKeyError
     from .model_io import PROTOBUF_LIMIT
+    from .package import write as packaging
     from .scenarios.storage import read_scenarios
     from .store import WeightStore
 
@@ -323,8 +324,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     *, trust_cache: bool = True) -> None:
     """Fill the store for ``todo``'s layouts and write them; each layout written is
     removed from ``todo``."""
-    from . import packaging
     from .locking import target_lock
+    from .package import write as packaging
 
     recipe = loaded.recipe
     report = packaging.fill_store(

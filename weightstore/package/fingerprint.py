@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .cache_mac import entry_mac, verify_mac
-from .fsio import atomic_write_bytes
-from .hashing import digest_bytes, digest_file, make_key
+from .. import __version__
+from ..cache_mac import entry_mac, verify_mac
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, digest_file, make_key
 
 if TYPE_CHECKING:
-    from .recipe import Layout
+    from ..recipe import Layout
 
 FINGERPRINT_ALGO = "blake3"
 CACHE_NAME = "source-digests.json"
