@@ -84,7 +84,7 @@ output: out
 GENERATE = """\
 import os, sys
 import onnx
-from weightstore.samples import make_encoder, make_large_model
+from tests.samples import make_encoder, make_large_model
 path, size, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if kind == "transformer":
     # a BERT-like export: 8 layers of hidden 384 (about 7 MB each) and an embedding table

@@ -14,10 +14,10 @@ import pytest
 from weightstore.build import BuildOptions, build
 from weightstore.convert import convert_to_inline
 from weightstore.errors import PackageError
-from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.store import WeightStore
 
 from .helpers import store_index
+from .samples import run_onnxruntime, sample_inputs
 
 ALL_LAYOUTS = """
   - {name: embedded, external_weight: embedded}

@@ -15,8 +15,9 @@ import pytest
 from weightstore import build_stamp
 from weightstore.build import BuildOptions, build
 from weightstore.errors import PackageError
-from weightstore.samples import make_encoder
 from weightstore.store.location import user_cache_dir
+
+from .samples import make_encoder
 
 RECIPE = """\
 package: pkg

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from weightstore.build import BuildOptions, build
 from weightstore.cli import main
-from weightstore.samples import run_onnxruntime
 
+from .samples import run_onnxruntime
 from .test_build import tree
 
 HIDDEN = 24  # 24 x 24 float32: 2304 bytes, above the default size threshold

@@ -31,11 +31,11 @@ from weightstore.registry.client import RegistryClient, Transport
 from weightstore.registry.pull import pull
 from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
-from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
 from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
 
 from .registry_server import RegistryServer, needs_registry, running_registry
+from .samples import make_encoder, run_onnxruntime, sample_inputs
 
 pytestmark = needs_registry
 

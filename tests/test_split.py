@@ -15,10 +15,10 @@ from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package.bundles import assemble, satisfies
 from weightstore.package.check import check_files, check_package
-from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
 from weightstore.scenarios.resolve import live_payloads, variant
 from weightstore.scenarios.variants import runnable_variant
 
+from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import tree
 
 RECIPE = """\

@@ -18,10 +18,10 @@ import pytest
 from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.package.check import check_package
-from weightstore.samples import make_encoder
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 
 from .helpers import store_files, store_index
+from .samples import make_encoder
 from .test_build import write_recipe
 
 COMBINED = "\n  - {name: c, external_weight: combined, size_threshold: 256}\n"
