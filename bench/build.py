@@ -115,7 +115,7 @@ import json, statistics, sys, time
 from pathlib import Path
 from weightstore.package import write as packaging
 from weightstore.package.fingerprint import CACHE_NAME, FileDigests
-from weightstore.keycache import PayloadKeyCache, RangeReader, samples_agree
+from weightstore.caches.payload_keys import PayloadKeyCache, RangeReader, samples_agree
 from weightstore.catalogue.schema import path_str
 from weightstore.store import WeightStore
 model, store_root = Path(sys.argv[1]), Path(sys.argv[2])

@@ -12,8 +12,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore import build_stamp
 from weightstore.build import BuildOptions, build
+from weightstore.caches import build_stamp
 from weightstore.errors import PackageError
 from weightstore.store.location import user_cache_dir
 

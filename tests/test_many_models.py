@@ -182,7 +182,7 @@ def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
     # a rewrite within the same tick); this test rewrites files seconds apart by design
     monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
     # no payload shared between models: the payload-key cache proves a key two models
-    # claim by hashing the second claim (see weightstore.keycache)
+    # claim by hashing the second claim (see weightstore.caches.payload_keys)
     recipe = write_many(tmp_path, 5, MANY_LAYOUTS, shared_weight=False)
     hashed = HashedBytes(monkeypatch)
     build(recipe, BuildOptions(jobs=2))

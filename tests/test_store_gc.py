@@ -89,7 +89,7 @@ def test_an_up_to_date_build_registers_a_missing_root(tmp_path: Path) -> None:
     store.remove_roots(str(root.id))
     assert store.roots() == []
     # as after an upgrade: no build stamp yet, so the packages are checked one by one
-    from weightstore import build_stamp
+    from weightstore.caches import build_stamp
     from weightstore.store.location import user_cache_dir
 
     shutil.rmtree(user_cache_dir() / build_stamp.FOLDER, ignore_errors=True)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, build_stamp
+from . import __version__
+from .caches import build_stamp
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
 from .lazy import make_callable
@@ -86,7 +87,7 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     file's folder, or ``base_dir`` (default: the current folder) for an object or mapping.
     An unchanged package is reported ``up-to-date`` and nothing is written; a recipe file
     whose bytes, sources and packages match its build stamp is decided without being
-    parsed (:mod:`.build_stamp`).
+    parsed (:mod:`.caches.build_stamp`).
     """
     options = options or BuildOptions()
     if not isinstance(recipe, (str, os.PathLike)):
@@ -265,7 +266,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                    store_root: Path, digests: FileDigests, options: BuildOptions,
                    result: BuildResult) -> None:
     # onnx and the catalogue: only when something must be built
-    from .keycache import StaleKeyError
+    from .caches.payload_keys import StaleKeyError
     from .model_io import PROTOBUF_LIMIT
     from .package import write as packaging
     from .scenarios.storage import read_scenarios

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import onnx
 
+from ..caches.derived_keys import DerivedKeyCache
+from ..caches.payload_keys import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from ..catalogue.payload import expected_nbytes
 from ..catalogue.schema import Path as TensorPath
 from ..catalogue.schema import path_str
 from ..convert.placement import Placement
 from ..convert.weights import ModelWeights, Weight, declared_checksum
-from ..derived_keys import DerivedKeyCache
 from ..errors import IntegrityError, StoreError
 from ..fsio import atomic_write_bytes, make_temp_dir, publish_dir
 from ..hashing import digest_bytes, make_key, split_key
-from ..keycache import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..model_io import serialize_model
@@ -116,7 +116,7 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
 
     Embedded layouts keep every weight inline and need nothing from the store. Keys of
     unchanged sources come from the payload-key cache when they pass its checks
-    (:mod:`weightstore.keycache`).
+    (:mod:`weightstore.caches.payload_keys`).
     """
     layouts = [layout for layout in layouts if layout.external_weight != "embedded"]
     report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",

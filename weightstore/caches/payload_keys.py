@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import IntegrityError
-from .fsio import atomic_write_bytes
-from .hashing import digest_bytes, split_key
+from ..errors import IntegrityError
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, split_key
 
 FOLDER = "payload-keys"
 FORMAT_VERSION = 1

@@ -28,14 +28,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .cache_mac import entry_mac, verify_mac
-from .catalogue.locations import resolve_location
-from .errors import ExternalDataError
-from .fsio import atomic_write_bytes
-from .hashing import digest_bytes, make_key
-from .package.fingerprint import FINGERPRINT_ALGO, FileDigests
-from .store.location import user_cache_dir
+from .. import __version__
+from ..catalogue.locations import resolve_location
+from ..errors import ExternalDataError
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, make_key
+from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
+from ..store.location import user_cache_dir
+from .mac import entry_mac, verify_mac
 
 FORMAT_VERSION = 1
 FOLDER = "build-stamps"
