@@ -84,7 +84,7 @@ output: out
 GENERATE = """\
 import os, sys
 import onnx
-from weightstore.samples import make_encoder, make_large_model
+from tests.samples import make_encoder, make_large_model
 path, size, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if kind == "transformer":
     # a BERT-like export: 8 layers of hidden 384 (about 7 MB each) and an embedding table
@@ -113,9 +113,9 @@ onnx.save_model(m, out, save_as_external_data=True, all_tensors_to_one_file=True
 CACHE_CHECKS = """\
 import json, statistics, sys, time
 from pathlib import Path
-from weightstore import packaging
-from weightstore.fingerprint import CACHE_NAME, FileDigests
-from weightstore.keycache import PayloadKeyCache, RangeReader, samples_agree
+from weightstore.package import write as packaging
+from weightstore.package.fingerprint import CACHE_NAME, FileDigests
+from weightstore.caches.payload_keys import PayloadKeyCache, RangeReader, samples_agree
 from weightstore.catalogue.schema import path_str
 from weightstore.store import WeightStore
 model, store_root = Path(sys.argv[1]), Path(sys.argv[2])
@@ -154,7 +154,7 @@ print(json.dumps({{"digest_check_s": median(digest_check), "key_checks_s": media
 """
 
 UNCHANGED_SECONDS = 0.15  # an up-to-date build, interpreter start-up included
-RACY_SECONDS = 2  # weightstore.fingerprint.RACY_SECONDS (this parent imports no weightstore)
+RACY_SECONDS = 2  # package.fingerprint.RACY_SECONDS (this parent imports no weightstore)
 
 COPY = """\
 import shutil, sys

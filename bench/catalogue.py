@@ -75,7 +75,7 @@ ENCODER = {"vocab": 16000, "hidden": 512, "heads": 8, "layers": 8, "ffn": 2048,
 GENERATE_ENCODER = """\
 import json, os, sys
 import onnx
-from weightstore.samples import make_encoder
+from tests.samples import make_encoder
 path = sys.argv[1]
 tmp = path[: -len(".onnx")] + ".partial.onnx"
 onnx.save(make_encoder(**json.loads(sys.argv[2]), name="bench-encoder"), tmp)
@@ -84,7 +84,7 @@ os.replace(tmp, path)
 
 GENERATE_BIG = """\
 import os, sys
-from weightstore.samples import write_large_single_file
+from tests.samples import write_large_single_file
 path, size = sys.argv[1], int(sys.argv[2])
 tmp = path[: -len(".onnx")] + ".partial.onnx"
 write_large_single_file(tmp, size)

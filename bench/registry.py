@@ -111,9 +111,9 @@ def transport_limit(host: str, path: Path) -> tuple[float, float]:
 
 
 def throughput_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
+    from tests.samples import make_large_model
     from weightstore.registry.pull import pull
     from weightstore.registry.push import push
-    from weightstore.samples import make_large_model
     from weightstore.store import WeightStore
 
     harness.log(f"building a {size_mb} MB package ...")
@@ -162,9 +162,9 @@ def _has(conn: Any, table: str) -> bool:
 def byte_figures(workdir: Path) -> dict[str, Any]:
     from onnx import numpy_helper
 
+    from tests.samples import make_encoder
     from weightstore.registry.pull import pull
     from weightstore.registry.push import push
-    from weightstore.samples import make_encoder
     from weightstore.store import WeightStore
 
     model = make_encoder(hidden=256, ffn=1024, layers=4, vocab=8000)

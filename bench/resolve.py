@@ -116,7 +116,7 @@ import numpy, onnx, onnxruntime
 import weightstore
 import weightstore.load.prepared, weightstore.load.session, weightstore.resolve.api
 import weightstore.resolve.binding, weightstore.resolve.prepared_cache, weightstore.store
-import weightstore.summary
+import weightstore.package.summary
 from weightstore.load import LoadReport, RecordingReader, WeightManager
 from weightstore.resolve.prepared import PreparedOptions
 out = {"rss_imports": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

@@ -81,13 +81,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.samples import make_encoder
 from weightstore.catalogue.schema import PAYLOAD_FIELDS
 from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.convert.weights import ModelWeights
 from weightstore.passes.analysis import iter_scopes
 from weightstore.passes.base import SMALL_VALUE_LIMIT, run_passes
 from weightstore.passes.registry import get_pass
-from weightstore.samples import make_encoder
 from weightstore.scenarios.api import (
     add_modification_scenario,
     check_scenarios,

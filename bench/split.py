@@ -84,7 +84,7 @@ output: out
 GENERATE = """\
 import json, math, os, sys
 import onnx
-from weightstore.samples import make_encoder
+from tests.samples import make_encoder
 path, target, layers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 shape = json.loads(sys.argv[4])
 MIN_VOCAB = 1000
@@ -378,7 +378,7 @@ def compare_outputs(package_model: str, targets: list[list[Any]], sample: dict[s
     """
     import numpy as np
 
-    from weightstore.samples import run_onnxruntime, sample_inputs
+    from tests.samples import run_onnxruntime, sample_inputs
     from weightstore.scenarios.variants import runnable_variant
 
     results: list[dict[str, Any]] = []

@@ -122,7 +122,7 @@ print(json.dumps({"max_hold": max(all_holds), "transactions": len(all_holds),
 
 GENERATE = r"""
 import sys
-from weightstore.samples import write_large_single_file
+from tests.samples import write_large_single_file
 write_large_single_file(sys.argv[1], int(sys.argv[2]), seed=int(sys.argv[3]))
 """
 

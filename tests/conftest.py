@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 import pytest
 
-from weightstore.samples import make_encoder, make_shared_pair
+from .samples import make_encoder, make_shared_pair
 
 SaveModel = Callable[..., Path]
 

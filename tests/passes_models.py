@@ -353,7 +353,7 @@ def runnable(full: onnx.ModelProto, protos: Sequence) -> onnx.ModelProto:
 def encoder_with_fixed_pooler(use_pooler: bool = True) -> onnx.ModelProto:
     """The sample encoder with its ``use_pooler`` input fixed by a Constant node, as a
     deployment that always pools would export it: the pooler If becomes foldable."""
-    from weightstore.samples import make_encoder
+    from .samples import make_encoder
 
     model = make_encoder()
     kept = [i for i in model.graph.input if i.name != "use_pooler"]

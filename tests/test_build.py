@@ -14,10 +14,10 @@ import pytest
 from weightstore.build import BuildOptions, build
 from weightstore.convert import convert_to_inline
 from weightstore.errors import PackageError
-from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.store import WeightStore
 
 from .helpers import store_index
+from .samples import run_onnxruntime, sample_inputs
 
 ALL_LAYOUTS = """
   - {name: embedded, external_weight: embedded}
@@ -252,7 +252,7 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
                                                 monkeypatch):
     src = save_model(encoder_model, "models/encoder.onnx")
     recipe = write_recipe(tmp_path, {"encoder": src})
-    import weightstore.packaging as build_module
+    import weightstore.package.write as build_module
 
     calls = {"n": 0}
     real = build_module.atomic_write_bytes

@@ -10,12 +10,12 @@ import pytest
 
 from weightstore.build import BuildOptions, build
 from weightstore.hashing import digest_bytes
-from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.scenarios.api import replay_modification_scenario, scenario_names
 from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
 
 from .helpers import store_index
+from .samples import run_onnxruntime, sample_inputs
 from .test_build import tree, write_recipe
 
 LAYOUTS = """
@@ -31,7 +31,7 @@ SCENARIOS = ("    scenarios:\n"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from weightstore.samples import make_encoder
+    from .samples import make_encoder
 
     folder = tmp_path_factory.mktemp("scen")
     model = make_encoder()
@@ -164,8 +164,9 @@ def test_dead_added_weights_are_not_packaged(encoder_model, save_model, tmp_path
 def test_moved_constants_are_packaged_and_run(tmp_path, save_model):
     """fold-constant-if moves a branch's weights into the parent graph: a device model,
     replayed from metadata, loads them from the package files."""
-    from weightstore.bundles import assemble
-    from weightstore.samples import make_encoder
+    from weightstore.package.bundles import assemble
+
+    from .samples import make_encoder
 
     model = make_encoder()
     # the pooler switch becomes a Constant, so the If folds

@@ -12,11 +12,12 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore import build_stamp
 from weightstore.build import BuildOptions, build
+from weightstore.caches import build_stamp
 from weightstore.errors import PackageError
-from weightstore.samples import make_encoder
 from weightstore.store.location import user_cache_dir
+
+from .samples import make_encoder
 
 RECIPE = """\
 package: pkg
@@ -124,8 +125,8 @@ def test_forged_stamp_is_not_trusted(project: Path) -> None:
     onnx.save(make_encoder(seed=5), source)
     (stamp,) = _stamps()
     doc = json.loads(stamp.read_text())
-    from weightstore.fingerprint import FINGERPRINT_ALGO
     from weightstore.hashing import digest_file, make_key
+    from weightstore.package.fingerprint import FINGERPRINT_ALGO
 
     doc["sources"][str(source)]["digest"] = make_key(
         FINGERPRINT_ALGO, digest_file(FINGERPRINT_ALGO, source))

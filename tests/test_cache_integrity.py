@@ -18,11 +18,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from weightstore import fingerprint
 from weightstore.build import BuildOptions, build
+from weightstore.caches.payload_keys import FOLDER
 from weightstore.errors import PackageError
-from weightstore.fingerprint import CACHE_NAME
-from weightstore.keycache import FOLDER
+from weightstore.package import fingerprint
+from weightstore.package.fingerprint import CACHE_NAME
 
 from .test_build import tree, write_recipe
 
@@ -146,7 +146,7 @@ def test_payload_keys_of_another_model(shared_pair, save_model, tmp_path):
 
 def _near_twins(model: onnx.ModelProto) -> onnx.ModelProto:
     """Make K equal to Q except in bytes no sampled page covers."""
-    from weightstore.keycache import sample_ranges
+    from weightstore.caches.payload_keys import sample_ranges
 
     inits = {t.name: t for t in model.graph.initializer}
     q = numpy_helper.to_array(inits[Q]).copy()
@@ -162,7 +162,7 @@ def _near_twins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def test_swap_that_every_sample_agrees_with(encoder_model, save_model, tmp_path, monkeypatch):
     """Only a full check of the bytes can see this swap; the package must still be right."""
-    from weightstore import packaging
+    from weightstore.package import write as packaging
 
     retries = []
     real = packaging.distrust_cached_keys
@@ -268,7 +268,7 @@ def test_wrong_size_in_source_digest_entry(shared_pair, save_model, tmp_path):
 
 def test_cache_key_must_be_private(tmp_path, monkeypatch):
     """A key others can read authenticates nothing: no entry is trusted or written."""
-    from weightstore import cache_mac
+    from weightstore.caches import mac as cache_mac
 
     src = tmp_path / "model.bin"
     src.write_bytes(b"z" * 100)

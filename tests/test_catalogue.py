@@ -14,8 +14,8 @@ from weightstore.catalogue.descriptors import weight_descriptors
 from weightstore.catalogue.reader import read_catalogue
 from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.inspect import inspect_model
-from weightstore.samples import make_encoder
 
+from .samples import make_encoder
 from .test_convert import _typed_model
 
 

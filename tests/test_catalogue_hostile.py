@@ -14,7 +14,8 @@ from weightstore.catalogue.descriptors import weight_descriptors
 from weightstore.catalogue.reader import MAX_DEPTH, read_catalogue
 from weightstore.catalogue.wire import encode_varint
 from weightstore.errors import ModelError, WeightstoreError
-from weightstore.samples import make_encoder
+
+from .samples import make_encoder
 
 SMALL = make_encoder(vocab=50, hidden=16, heads=2, layers=1, ffn=32, max_seq=8)
 SMALL_BYTES = SMALL.SerializeToString()

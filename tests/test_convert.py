@@ -22,7 +22,8 @@ from weightstore.errors import (
     IntegrityError,
     PathEscapeError,
 )
-from weightstore.samples import run_onnxruntime, sample_inputs
+
+from .samples import run_onnxruntime, sample_inputs
 
 FORMS = ("external-data", "file-constant")
 

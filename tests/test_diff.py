@@ -14,7 +14,8 @@ from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.release.api import ReleaseOptions, release
 from weightstore.release.diff import diff_packages, open_view
-from weightstore.samples import make_encoder
+
+from .samples import make_encoder
 
 CHANGED = "encoder.layer.0.attention.self.query.weight"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import time
 
-from weightstore import fingerprint
-from weightstore.fingerprint import FileDigests
 from weightstore.hashing import digest_bytes
+from weightstore.package import fingerprint
+from weightstore.package.fingerprint import FileDigests
 
 
 def _age(path, seconds=60):

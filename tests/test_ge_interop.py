@@ -17,7 +17,8 @@ from onnx import TensorProto, helper
 from weightstore.cli import main
 from weightstore.convert import convert_to_inline
 from weightstore.errors import ConversionError, PathEscapeError
-from weightstore.samples import run_onnxruntime
+
+from .samples import run_onnxruntime
 
 VALUES = np.arange(6, dtype=np.float32).reshape(2, 3) * 1.5
 OTHER = -VALUES

@@ -6,7 +6,7 @@ import json
 
 import weightstore.convert.weights as weights_module
 from weightstore.build import BuildOptions, build
-from weightstore.keycache import FOLDER
+from weightstore.caches.payload_keys import FOLDER
 
 from .test_build import tree, write_recipe
 

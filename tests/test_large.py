@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from weightstore.samples import _large_chain, write_large_single_file
+from .samples import _large_chain, write_large_single_file
 
 pytestmark = [
     pytest.mark.large,

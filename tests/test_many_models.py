@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from weightstore.build import BuildOptions, build
 from weightstore.cli import main
-from weightstore.samples import run_onnxruntime
 
+from .samples import run_onnxruntime
 from .test_build import tree
 
 HIDDEN = 24  # 24 x 24 float32: 2304 bytes, above the default size threshold
@@ -133,7 +133,7 @@ class HashedBytes:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import weightstore.convert.weights as weights_module
-        import weightstore.fingerprint as fingerprint_module
+        import weightstore.package.fingerprint as fingerprint_module
 
         self.payloads: dict[str, int] = {}
         self.files: dict[str, int] = {}
@@ -176,13 +176,13 @@ def count_derivations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
-    import weightstore.fingerprint as fingerprint_module
+    import weightstore.package.fingerprint as fingerprint_module
 
     # source files just written are too fresh for the digest cache (timestamps could miss
     # a rewrite within the same tick); this test rewrites files seconds apart by design
     monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
     # no payload shared between models: the payload-key cache proves a key two models
-    # claim by hashing the second claim (see weightstore.keycache)
+    # claim by hashing the second claim (see weightstore.caches.payload_keys)
     recipe = write_many(tmp_path, 5, MANY_LAYOUTS, shared_weight=False)
     hashed = HashedBytes(monkeypatch)
     build(recipe, BuildOptions(jobs=2))
@@ -207,7 +207,7 @@ def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
 def test_changed_model_alone_recomputes_its_scenario_weights(tmp_path, monkeypatch):
     """Weights a scenario derives (fp16 copies here) are found again by key for the models
     that did not change; the package equals one built from an empty store."""
-    import weightstore.fingerprint as fingerprint_module
+    import weightstore.package.fingerprint as fingerprint_module
 
     monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
     computed = count_derivations(monkeypatch)

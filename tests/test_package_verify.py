@@ -89,7 +89,7 @@ def test_same_size_corruption_is_never_up_to_date(package):
 
 
 def test_up_to_date_check_reads_no_unchanged_file_twice(package, monkeypatch):
-    import weightstore.fingerprint as fp
+    import weightstore.package.fingerprint as fp
 
     recipe, _ = package
     monkeypatch.setattr(fp, "RACY_SECONDS", -1)  # the files are fresh: trust them anyway

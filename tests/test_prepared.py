@@ -22,9 +22,10 @@ from weightstore.resolve.binding import PERSISTED, PORTABLE, prepared_key
 from weightstore.resolve.kernels import CpuKernels, select_kernels
 from weightstore.resolve.prepare import prepare
 from weightstore.resolve.prepared import PreparedOptions
-from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
+
+from .samples import run_onnxruntime, sample_inputs
 
 
 @pytest.fixture

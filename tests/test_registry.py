@@ -16,7 +16,6 @@ import pytest
 from onnx import numpy_helper
 
 from weightstore.build import BuildOptions, build
-from weightstore.bundles import check_live
 from weightstore.cli import main
 from weightstore.errors import (
     PackageError,
@@ -26,16 +25,17 @@ from weightstore.errors import (
     RegistryNotFoundError,
     RegistryUnreachableError,
 )
+from weightstore.package.bundles import check_live
 from weightstore.registry.artifact import ARTIFACT_TYPE, sha256_digest
 from weightstore.registry.client import RegistryClient, Transport
 from weightstore.registry.pull import pull
 from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
-from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
 from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
 
 from .registry_server import RegistryServer, needs_registry, running_registry
+from .samples import make_encoder, run_onnxruntime, sample_inputs
 
 pytestmark = needs_registry
 

@@ -18,7 +18,8 @@ from weightstore.load import RecordingReader
 from weightstore.passes.analysis import Scope
 from weightstore.resolve.constants import ValueKind, analyze
 from weightstore.resolve.source import open_source
-from weightstore.samples import run_onnxruntime
+
+from .samples import run_onnxruntime
 
 SEED_ORDER = ["parse", "replay", "transform", "cleanup", "inference", "fold-known",
               "placement", "prepared", "closure"]

@@ -1,4 +1,4 @@
-"""Tests for the sample model generators in ``weightstore.samples``."""
+"""Tests for the sample model generators in ``tests.samples``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from weightstore.samples import (
+from .samples import (
     FUNCTION_DOMAIN,
     make_encoder,
     make_large_model,

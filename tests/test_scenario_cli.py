@@ -9,9 +9,10 @@ import onnx
 import pytest
 
 from weightstore.cli import main
-from weightstore.samples import run_onnxruntime, sample_inputs
 from weightstore.scenarios.api import replay_modification_scenario, scenario_names
 from weightstore.scenarios.variants import runnable_variant
+
+from .samples import run_onnxruntime, sample_inputs
 
 
 @pytest.fixture

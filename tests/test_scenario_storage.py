@@ -10,16 +10,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from weightstore._proto import generate
 from weightstore._proto import weightstore_pb2 as pb
 from weightstore.catalogue.reader import read_catalogue
 from weightstore.catalogue.wire import LEN, VARINT, encode_varint, iter_fields
 from weightstore.errors import ScenarioError
 from weightstore.hashing import digest_bytes
-from weightstore.samples import make_encoder
 from weightstore.scenarios.digest import base_graph_digest, default_payload_identity
 from weightstore.scenarios.storage import FIELD, read_scenarios, write_scenarios
 from weightstore.scenarios.variants import metadata_of
+
+from .samples import make_encoder
 
 OTHER_FIELD = 20999  # another provisional field some other tool might use
 
@@ -88,13 +88,14 @@ def _with_unknown_varint(model: onnx.ModelProto, number: int, value: int) -> Non
 
 def test_generated_descriptor_is_current(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools", reason="grpcio-tools (dev extra) compiles the schema")
+    from tools import generate_proto
     from weightstore._proto import descriptor
 
-    fresh = generate.regenerate(tmp_path)
+    fresh = generate_proto.regenerate(tmp_path)
     committed = Path(descriptor.__file__)
     assert fresh.read_bytes() == committed.read_bytes(), (
         "weightstore/_proto/descriptor.py is out of date with schemas/weightstore.proto: "
-        "run `python -m weightstore._proto.generate`")
+        "run `python tools/generate_proto.py`")
     assert pb.DESCRIPTOR.serialized_pb == descriptor.SERIALIZED
 
 

@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from weightstore.catalogue.shape_inputs import function_shape_positions, shape_input_names
 from weightstore.convert import convert_to_external
-from weightstore.samples import run_onnxruntime
+
+from .samples import run_onnxruntime
 
 LOCAL = "local"
 OPSETS = [helper.make_opsetid("", 18), helper.make_opsetid(LOCAL, 1)]

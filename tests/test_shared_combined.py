@@ -12,10 +12,10 @@ import pytest
 
 from weightstore.build import BuildOptions, build
 from weightstore.errors import PackageError, RecipeError
-from weightstore.fingerprint import layout_fingerprint
+from weightstore.package.fingerprint import layout_fingerprint
 from weightstore.recipe import Layout, parse_recipe_text
-from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
 
+from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import runnable, tree, write_recipe
 
 LAYOUTS = """

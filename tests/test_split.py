@@ -11,14 +11,14 @@ import onnx
 import pytest
 
 from weightstore.build import BuildOptions, build
-from weightstore.bundles import assemble, satisfies
 from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
-from weightstore.package_check import check_files, check_package
-from weightstore.samples import make_encoder, run_onnxruntime, sample_inputs
+from weightstore.package.bundles import assemble, satisfies
+from weightstore.package.check import check_files, check_package
 from weightstore.scenarios.resolve import live_payloads, variant
 from weightstore.scenarios.variants import runnable_variant
 
+from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import tree
 
 RECIPE = """\
@@ -244,7 +244,7 @@ def test_two_models_share_a_file_group(shared_pair, save_model, tmp_path):
 
 
 def test_auto_without_a_match_runs_the_default_graph():
-    from weightstore.bundles import select_scenario
+    from weightstore.package.bundles import select_scenario
     from weightstore.recipe import Device
 
     offered = [("half", {"accelerator": "npu"}), ("fused", {"kernels": ["fa"]})]

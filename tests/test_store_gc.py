@@ -17,11 +17,11 @@ import pytest
 
 from weightstore.build import BuildOptions, build
 from weightstore.cli import main
-from weightstore.package_check import check_package
-from weightstore.samples import make_encoder
+from weightstore.package.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 
 from .helpers import store_files, store_index
+from .samples import make_encoder
 from .test_build import write_recipe
 
 COMBINED = "\n  - {name: c, external_weight: combined, size_threshold: 256}\n"
@@ -89,7 +89,7 @@ def test_an_up_to_date_build_registers_a_missing_root(tmp_path: Path) -> None:
     store.remove_roots(str(root.id))
     assert store.roots() == []
     # as after an upgrade: no build stamp yet, so the packages are checked one by one
-    from weightstore import build_stamp
+    from weightstore.caches import build_stamp
     from weightstore.store.location import user_cache_dir
 
     shutil.rmtree(user_cache_dir() / build_stamp.FOLDER, ignore_errors=True)
@@ -399,7 +399,7 @@ def test_a_build_rewrites_a_damaged_object_from_its_source(
 
 def test_a_damaged_object_without_a_source_is_left_to_the_copy_error(tmp_path: Path,
                                                                      ) -> None:
-    from weightstore.packaging import heal
+    from weightstore.package.write import heal
 
     store = WeightStore(tmp_path / "store")
     (p,) = payloads(("a", 100))

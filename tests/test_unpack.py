@@ -17,12 +17,13 @@ from weightstore.hashing import digest_bytes
 from weightstore.release.api import ReleaseOptions, release
 from weightstore.release.inventory import verify_package
 from weightstore.release.unpack import unpack
-from weightstore.samples import run_onnxruntime, sample_inputs
+
+from .samples import run_onnxruntime, sample_inputs
 
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
-    from weightstore.samples import make_encoder
+    from .samples import make_encoder
 
     root = tmp_path_factory.mktemp("unpack")
     model = make_encoder(vocab=200, hidden=32, layers=1, ffn=64)

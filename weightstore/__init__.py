@@ -44,9 +44,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "add_scenario": ("scenarios.operations", "add_scenario"),
     "remove_scenario": ("scenarios.operations", "remove_scenario"),
     "replay_scenario": ("scenarios.operations", "replay_scenario"),
-    "check_package": ("package_check", "check_package"),
-    "CheckReport": ("package_check", "CheckReport"),
-    "bundle": ("bundles", "assemble"),
+    "check_package": ("package.check", "check_package"),
+    "CheckReport": ("package.check", "CheckReport"),
+    "bundle": ("package.bundles", "assemble"),
     "WeightStore": ("store", "WeightStore"),
     "resolve": ("resolve", None),
     "load": ("load", None),
@@ -65,10 +65,10 @@ __all__ = [
 if TYPE_CHECKING:
     from . import build, inspect, load, resolve
     from .build import BuildOptions, BuildResult, PackageResult
-    from .bundles import assemble as bundle
     from .convert import ConvertReport, convert_to_external, convert_to_inline
     from .errors import WeightstoreError
-    from .package_check import CheckReport, check_package
+    from .package.bundles import assemble as bundle
+    from .package.check import CheckReport, check_package
     from .recipe import Recipe, load_recipe
     from .resolve import ResolvedModel
     from .scenarios.operations import (

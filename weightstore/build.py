@@ -27,16 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, build_stamp
+from . import __version__
+from .caches import build_stamp
 from .catalogue.locations import resolve_location
 from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
-from .fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from .lazy import make_callable
-from .outputs import check_output_folder
+from .package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
+from .package.outputs import check_output_folder
+from .package.summary import CONTENTS_SINCE, SUMMARY_NAME
+from .package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from .recipe_file import read_recipe_file
 from .store.location import resolve_store_path
-from .summary import CONTENTS_SINCE, SUMMARY_NAME
-from .summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
     from .recipe import Layout, LoadedRecipe, ModelEntry, Recipe
@@ -86,7 +87,7 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     file's folder, or ``base_dir`` (default: the current folder) for an object or mapping.
     An unchanged package is reported ``up-to-date`` and nothing is written; a recipe file
     whose bytes, sources and packages match its build stamp is decided without being
-    parsed (:mod:`.build_stamp`).
+    parsed (:mod:`.caches.build_stamp`).
     """
     options = options or BuildOptions()
     if not isinstance(recipe, (str, os.PathLike)):
@@ -264,9 +265,10 @@ def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool
 def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict | None]],
                    store_root: Path, digests: FileDigests, options: BuildOptions,
                    result: BuildResult) -> None:
-    from . import packaging  # onnx and the catalogue: only when something must be built
-    from .keycache import StaleKeyError
+    # onnx and the catalogue: only when something must be built
+    from .caches.payload_keys import StaleKeyError
     from .model_io import PROTOBUF_LIMIT
+    from .package import write as packaging
     from .scenarios.storage import read_scenarios
     from .store import WeightStore
 
@@ -323,8 +325,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     *, trust_cache: bool = True) -> None:
     """Fill the store for ``todo``'s layouts and write them; each layout written is
     removed from ``todo``."""
-    from . import packaging
     from .locking import target_lock
+    from .package import write as packaging
 
     recipe = loaded.recipe
     report = packaging.fill_store(

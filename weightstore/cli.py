@@ -300,7 +300,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .package_check import check_package
+    from .package.check import check_package
 
     report = check_package(args.package, scenario=args.scenario, device=args.device,
                            verify=args.verify)
@@ -318,7 +318,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_bundle(args: argparse.Namespace) -> int:
-    from .bundles import assemble
+    from .package.bundles import assemble
 
     record = assemble(args.package, args.device, args.output, verify=not args.no_verify)
     files = ", ".join(f["name"] for f in record["files"]) or "no weight files"

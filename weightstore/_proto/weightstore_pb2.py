@@ -2,7 +2,7 @@
 
 ``descriptor.py`` holds the serialized ``FileDescriptorProto`` of
 ``schemas/weightstore.proto`` (the source of truth; regenerate with
-``python -m weightstore._proto.generate``). The classes come from protobuf's public
+``python tools/generate_proto.py``). The classes come from protobuf's public
 ``descriptor_pool`` and ``message_factory``, not from generated code, so no protobuf
 runtime version is baked in: any protobuf onnx accepts will do. The schema imports
 ``onnx/onnx-ml.proto``, which onnx's own module registers first, so the messages embed

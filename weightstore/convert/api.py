@@ -20,7 +20,7 @@ from ..hashing import digest_bytes
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..model_io import save_model
-from ..outputs import check_outputs, files_read, scenario_locations
+from ..package.outputs import check_outputs, files_read, scenario_locations
 from ..progress import Progress
 from ..scenarios.api import rebase_scenarios
 from ..scenarios.storage import read_scenarios

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import PackageError, RegistryError
 from ..hashing import split_key
-from ..summary import FORMAT_VERSION as SUMMARY_VERSION
+from ..package.summary import FORMAT_VERSION as SUMMARY_VERSION
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"

@@ -271,7 +271,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
             raise PackageError("no such device in the artifact", device=device,
                                reference=str(ref), known=", ".join(known) or "none")
         _download_files(client, ref, parsed, names, stage, report)
-        from ..bundles import read_bundle
+        from ..package.bundle_record import read_bundle
 
         record = read_bundle(stage, device)
         for entry in record["models"]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..errors import PackageError
 from ..fsio import atomic_writer, fsync_dir, make_temp_dir
 from ..hashing import digest_file
-from ..summary import SUMMARY_NAME
+from ..package.summary import SUMMARY_NAME
 from .archive import plan_archive, source_date_epoch, write_archive
 from .compression import Compression
 from .inventory import read_summary_bytes

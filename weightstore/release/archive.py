@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 from ..errors import IntegrityError, PackageError
 from ..hashing import make_key, new_hasher
-from ..summary import SUMMARY_NAME
+from ..package.summary import SUMMARY_NAME
 from .compression import Compression
 from .stage import Stage
 

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError
-from ..summary import SUMMARY_NAME
+from ..package.bundle_record import BUNDLE_NAME
+from ..package.summary import SUMMARY_NAME
 from .inventory import check_summary, read_summary
 from .reader import open_archive, read_small
-
-BUNDLE_NAME = "bundle.json"
 
 
 @dataclass(frozen=True)

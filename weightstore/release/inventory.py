@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import PackageError
 from ..hashing import digest_file, make_key
-from ..summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
+from ..package.summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
 
 
 def package_files(folder: Path) -> list[str]:

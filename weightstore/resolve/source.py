@@ -48,7 +48,7 @@ class ModelSource:
 
 
 def _summary(folder: Path) -> dict[str, Any]:
-    from ..summary import SUMMARY_NAME  # loads the recipe machinery: only for packages
+    from ..package.summary import SUMMARY_NAME  # loads the recipe machinery: only for packages
 
     try:
         summary = json.loads((folder / SUMMARY_NAME).read_text())
@@ -92,7 +92,7 @@ def open_source(source: str | os.PathLike[str], *, model: str | None = None,
 
 
 def _apply_device(out: ModelSource, package: Path, device: str) -> None:
-    from ..bundles import read_bundle
+    from ..package.bundle_record import read_bundle
 
     try:
         record = read_bundle(package, device)

@@ -19,7 +19,7 @@ from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
 from ..convert.weights import ModelWeights
 from ..model_io import save_model
-from ..outputs import check_outputs, files_read, scenario_locations
+from ..package.outputs import check_outputs, files_read, scenario_locations
 from .api import (
     AddModificationScenarioOptions,
     add_modification_scenario,

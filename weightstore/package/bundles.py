@@ -23,19 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from .catalogue.locations import resolve_location
-from .errors import PackageError
-from .fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
-from .model_io import save_model
-from .scenarios.resolve import live_payloads, variant
+from ..errors import PackageError
+from ..fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
+from ..model_io import save_model
+from ..scenarios.resolve import live_payloads, variant
+from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
+from .check import check_files
 
 if TYPE_CHECKING:  # reading bundle records needs no recipe machinery
-    from .recipe import Device
-
-BUNDLE_NAME = "bundle.json"
-FORMAT_VERSION = 1
-DEVICES = "devices"
-
+    from ..recipe import Device
 
 def satisfies(capabilities: Mapping[str, Any], requires: Mapping[str, Any]) -> bool:
     """Does a device with ``capabilities`` meet every requirement?"""
@@ -96,33 +92,6 @@ def write_device(folder: Path, device: Device, models: Sequence[tuple[str, onnx.
     return record
 
 
-def read_bundle(package: Path, device: str) -> dict[str, Any]:
-    path = package / DEVICES / device / BUNDLE_NAME
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        known = sorted(p.name for p in (package / DEVICES).glob("*")) if (
-            package / DEVICES).is_dir() else []
-        raise PackageError("no such device in the package", device=device,
-                           package=str(package), known=", ".join(known) or "none") from None
-    except (OSError, ValueError) as exc:
-        raise PackageError(f"unreadable bundle record: {exc}", file=str(path)) from None
-    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
-        raise PackageError("unsupported bundle format version", file=str(path),
-                           version=record.get("format_version") if isinstance(record, dict)
-                           else None)
-    try:
-        models = [(str(m["file"]), m.get("scenario")) for m in record["models"]]
-        files = [(str(f["name"]), int(f["size"])) for f in record["files"]]
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise PackageError("malformed bundle record", file=str(path)) from None
-    for name, _ in models:  # names stay inside their folders, whoever wrote the record
-        resolve_location(path.parent, name, where=str(path))
-    for name, _ in files:
-        resolve_location(package, name, where=str(path))
-    return record
-
-
 def assemble(package: str | os.PathLike[str], device: str,
              output: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
     """Copy ``device``'s models and only the weight files they need into ``output``.
@@ -171,9 +140,7 @@ def _copy_file(src: Path, dst: Path, size: int) -> None:
 
 
 def check_live(model_path: Path, scenario: str | None, *, verify: bool) -> list[str]:
-    """Problems with the files a resolved (device) model needs; see :mod:`package_check`."""
-    from .package_check import check_files
-
+    """Problems with the files a resolved (device) model needs; see :mod:`.check`."""
     model = onnx.load(str(model_path), load_external_data=False)
     return check_files(model_path.parent, live_payloads(model, scenario), scenario,
                        verify=verify, strict=True)

@@ -4,7 +4,7 @@ A derived weight (an fp16 copy, a fused Q/K/V matrix) is computed from the sourc
 payloads by its scenario's records, so the source's content and the records determine its
 bytes; a rebuild whose source and scenarios did not change need not compute it again.
 Nothing cheaper than that computation could check a remembered key, so an entry carries a
-MAC under the user's own secret (:mod:`weightstore.cache_mac`) binding the source's
+MAC under the user's own secret (:mod:`weightstore.caches.mac`) binding the source's
 identity, the algorithm and the keys: an entry another user wrote, or one edited,
 swapped or truncated, is ignored and the weights are computed. The cache lives in the
 store::
@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .cache_mac import entry_mac, verify_mac
-from .errors import IntegrityError
-from .fsio import atomic_write_bytes
-from .hashing import digest_bytes, split_key
+from ..errors import IntegrityError
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, split_key
+from .mac import entry_mac, verify_mac
 
 FOLDER = "derived-keys"
 FORMAT_VERSION = 1

@@ -15,27 +15,27 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import onnx
 
-from .catalogue.payload import expected_nbytes
-from .catalogue.schema import Path as TensorPath
-from .catalogue.schema import path_str
-from .convert.placement import Placement
-from .convert.weights import ModelWeights, Weight, declared_checksum
-from .derived_keys import DerivedKeyCache
-from .errors import IntegrityError, StoreError
-from .fsio import atomic_write_bytes, make_temp_dir, publish_dir
-from .hashing import digest_bytes, make_key, split_key
-from .keycache import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
-from .layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
-from .layout.writer import FileRange, write_plan
-from .model_io import serialize_model
-from .progress import Progress
-from .recipe import Layout, Recipe
-from .store import BytesPayload, PayloadSource, StoredObject, WeightStore
-from .store.writer import describe
+from ..caches.derived_keys import DerivedKeyCache
+from ..caches.payload_keys import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
+from ..catalogue.payload import expected_nbytes
+from ..catalogue.schema import Path as TensorPath
+from ..catalogue.schema import path_str
+from ..convert.placement import Placement
+from ..convert.weights import ModelWeights, Weight, declared_checksum
+from ..errors import IntegrityError, StoreError
+from ..fsio import atomic_write_bytes, make_temp_dir, publish_dir
+from ..hashing import digest_bytes, make_key, split_key
+from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
+from ..layout.writer import FileRange, write_plan
+from ..model_io import serialize_model
+from ..progress import Progress
+from ..recipe import Layout, Recipe
+from ..store import BytesPayload, PayloadSource, StoredObject, WeightStore
+from ..store.writer import describe
 from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
 
 if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that use them
-    from .scenarios.package import AddedWeight, PackagedScenario
+    from ..scenarios.package import AddedWeight, PackagedScenario
 
 COMMON_GROUP = "common"
 DEFAULT_GROUP = "default"
@@ -55,7 +55,7 @@ class Source:
         """Weights the scenarios add that ``layout`` puts in its weight files."""
         if not self.scenarios:
             return []
-        from .scenarios.package import externalized
+        from ..scenarios.package import externalized
 
         embedded = layout.external_weight == "embedded"
         return [w for sc in self.scenarios for w in sc.added
@@ -116,7 +116,7 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
 
     Embedded layouts keep every weight inline and need nothing from the store. Keys of
     unchanged sources come from the payload-key cache when they pass its checks
-    (:mod:`weightstore.keycache`).
+    (:mod:`weightstore.caches.payload_keys`).
     """
     layouts = [layout for layout in layouts if layout.external_weight != "embedded"]
     report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
@@ -196,7 +196,7 @@ def _added_ids(s: Source) -> list[tuple[str, AddedWeight]]:
     """Each weight the scenarios of ``s`` add, under its id in the derived-key cache."""
     if not s.scenarios:
         return []
-    from .scenarios.package import added_weight_ids
+    from ..scenarios.package import added_weight_ids
 
     return [pair for sc in s.scenarios for pair in added_weight_ids(sc)]
 
@@ -231,7 +231,7 @@ def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[
         report[k] += v
     if not s.scenarios:
         return
-    from .scenarios.package import externalized, hash_added
+    from ..scenarios.package import externalized, hash_added
 
     todo = [w for sc in s.scenarios for w in sc.added if not w.key]  # the rest are stored
     for weight, data in hash_added(todo, algo):  # one at a time: bounded
@@ -446,7 +446,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                            read_added, written, recipe.store.hash))
         devices = (_write_devices(tmp, recipe, sources)
                    if layout.external_weight != "embedded" else [])
-        from .release.inventory import package_contents
+        from ..release.inventory import package_contents
 
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
@@ -490,7 +490,7 @@ def _package_model(source: Source, weights: list[Weight], where: dict[str, Plann
     }
     model = source.weights.materialize(placements, layout.constants)
     if source.scenarios:
-        from .scenarios.package import attach
+        from ..scenarios.package import attach
 
         placed = {id(w) for w in source.added_weights(layout)}
         attach(model, source.scenarios,
@@ -510,7 +510,7 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     ``<prefix>.S.data``; otherwise ``<prefix>.common.data``. A payload live nowhere still
     belongs to the base graph, so it goes to the default file.
     """
-    from .scenarios.resolve import live_payloads, variant
+    from ..scenarios.resolve import live_payloads, variant
 
     users: dict[str, set[str]] = {}
     index = store.locate(w.key for s, _ in per_model for sc in s.scenarios for w in sc.added
@@ -580,7 +580,7 @@ def offered_scenarios(recipe: Recipe, sources: list[Source]) -> list[tuple[str, 
 
 
 def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> list[dict]:
-    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.bundles`);
+    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.package.bundles`);
     returns what the summary records of them."""
     if not recipe.devices:
         return []

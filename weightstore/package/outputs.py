@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConversionError, PackageError
+from ..errors import ConversionError, PackageError
 
 if TYPE_CHECKING:  # build checks its output folder before anything imports onnx
     import onnx
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # build checks its output folder before anything imports onnx
 
 def files_read(src: Path, metadata: onnx.ModelProto, data_files: Iterable[Path]) -> set[Path]:
     """Every file reading ``src`` (whose metadata model is given) may open."""
-    from .catalogue.locations import resolve_location
+    from ..catalogue.locations import resolve_location
 
     out = {src.resolve(), *(Path(p).resolve() for p in data_files)}
     for location in scenario_locations(metadata):
@@ -31,7 +31,7 @@ def files_read(src: Path, metadata: onnx.ModelProto, data_files: Iterable[Path])
 
 def scenario_locations(model: onnx.ModelProto) -> set[str]:
     """External locations used by the scenarios' added weights (relative to the model)."""
-    from .scenarios.storage import read_scenarios
+    from ..scenarios.storage import read_scenarios
 
     return {e.value for s in read_scenarios(model) for r in s.rewrites
             for t in r.added_initializers for e in t.external_data if e.key == "location"}

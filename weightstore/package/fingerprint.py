@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .cache_mac import entry_mac, verify_mac
-from .fsio import atomic_write_bytes
-from .hashing import digest_bytes, digest_file, make_key
+from .. import __version__
+from ..caches.mac import entry_mac, verify_mac
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, digest_file, make_key
 
 if TYPE_CHECKING:
-    from .recipe import Layout
+    from ..recipe import Layout
 
 FINGERPRINT_ALGO = "blake3"
 CACHE_NAME = "source-digests.json"
@@ -41,7 +41,7 @@ class FileDigests:
 
     The cache file sits in the store, which a group may share, and a digest cannot be
     checked without reading the whole file; so every entry carries a MAC under the user's
-    own key (:mod:`weightstore.cache_mac`) binding path, stamp and digest. An entry that
+    own key (:mod:`weightstore.caches.mac`) binding path, stamp and digest. An entry that
     fails it, however it was damaged, is hashed again.
     """
 

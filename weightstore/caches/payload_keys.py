@@ -1,7 +1,7 @@
 """Payload digest keys remembered per source model, so unchanged models are not re-hashed.
 
 A source model is identified by the content digests of its file and of its external data
-files (see :mod:`weightstore.fingerprint`); the digest keys of its payloads are a pure
+files (see :mod:`weightstore.package.fingerprint`); the digest keys of its payloads are a pure
 function of that content. The cache lives in the store, beside ``meta.json``::
 
     <store root>/payload-keys/<blake3 of the identity>.<algo>.json
@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import IntegrityError
-from .fsio import atomic_write_bytes
-from .hashing import digest_bytes, split_key
+from ..errors import IntegrityError
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, split_key
 
 FOLDER = "payload-keys"
 FORMAT_VERSION = 1

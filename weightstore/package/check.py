@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .catalogue.locations import resolve_location
-from .errors import ExternalDataError, IntegrityError, PackageError, ScenarioError
-from .hashing import ALGORITHMS, digest_file
-from .scenarios.resolve import LivePayload, live_payloads, variant
-from .scenarios.storage import read_scenarios
-from .scenarios.variants import metadata_of
+from ..catalogue.locations import resolve_location
+from ..errors import ExternalDataError, IntegrityError, PackageError, ScenarioError
+from ..hashing import ALGORITHMS, digest_file
+from ..scenarios.resolve import LivePayload, live_payloads, variant
+from ..scenarios.storage import read_scenarios
+from ..scenarios.variants import metadata_of
+from .bundle_record import read_bundle
 from .summary import SUMMARY_NAME
 
 
@@ -84,8 +85,6 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
                   device: str | None = None, verify: bool = False) -> CheckReport:
     """Resolve every model of a package folder for a scenario or device, then check the
     files its live weights need."""
-    from .bundles import read_bundle
-
     if scenario is not None and device is not None:
         raise ScenarioError("choose a scenario or a device, not both")
     folder = Path(package)

@@ -12,7 +12,7 @@ layout selection, store choice), what the last successful build decided from::
          "mac"}                                       keyed blake3 over all the rest
 
 While the recipe's bytes, the weightstore version and every source's content digest
-(served by :class:`~weightstore.fingerprint.FileDigests`, whose stat cache makes this
+(served by :class:`~weightstore.package.fingerprint.FileDigests`, whose stat cache makes this
 cheap) are unchanged, the recipe gives the recorded fingerprints: each package is then up
 to date exactly when its ``summary.json`` carries that fingerprint and its files are
 intact, the test the full check ends with. Anything else (no stamp, a failed MAC, a
@@ -28,14 +28,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .cache_mac import entry_mac, verify_mac
-from .catalogue.locations import resolve_location
-from .errors import ExternalDataError
-from .fingerprint import FINGERPRINT_ALGO, FileDigests
-from .fsio import atomic_write_bytes
-from .hashing import digest_bytes, make_key
-from .store.location import user_cache_dir
+from .. import __version__
+from ..catalogue.locations import resolve_location
+from ..errors import ExternalDataError
+from ..fsio import atomic_write_bytes
+from ..hashing import digest_bytes, make_key
+from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
+from ..store.location import user_cache_dir
+from .mac import entry_mac, verify_mac
 
 FORMAT_VERSION = 1
 FOLDER = "build-stamps"
