@@ -149,8 +149,17 @@ class Index:
             if self._version(conn) < FORMAT_VERSION:
                 # being created or migrated right now: what meta.json says until then
                 conn.execute("COMMIT")
-                yield self._legacy_snapshot(initialising=True)
-                return
+                try:
+                    snapshot = self._legacy_snapshot(initialising=True)
+                except StoreError:
+                    # the marker replaces meta.json only after the creation commits: if
+                    # it appeared since our look, the index is ready; read it instead
+                    if self._version(conn) < FORMAT_VERSION:
+                        raise
+                    conn.execute("BEGIN")
+                else:
+                    yield snapshot
+                    return
             self._check_version(conn)
             yield conn
         except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
