@@ -501,3 +501,26 @@ def test_a_chunk_cut_off_midway_is_resumed_or_restarted(packages, registry, tmp_
     finally:
         proxy.shutdown()
         proxy.server_close()
+
+
+def test_a_tampered_sha256_mapping_is_computed_again(packages, registry, tmp_path) -> None:
+    """The remembered key -> sha256 rows sit in a store a group may share: swapping two of
+    them must not make a push skip uploads and name other blobs for those payloads."""
+    import shutil
+    import sqlite3
+
+    source = packages["v1"]["separate"]
+    store = WeightStore(shutil.copytree(packages["store"].root, tmp_path / "store"))
+    push(source, f"{registry.host}/tamper/first:1.0.0", store=store)  # remembers every row
+    sizes = _payloads(source)
+    a, b = sorted(sizes)[:2]
+    with sqlite3.connect(store.index.path) as conn:
+        rows = dict(conn.execute("SELECT key, sha256 FROM sha256_signed WHERE key IN (?, ?)",
+                                 (a, b)))
+        conn.execute("UPDATE sha256_signed SET sha256 = ? WHERE key = ?", (rows[b], a))
+        conn.execute("UPDATE sha256_signed SET sha256 = ? WHERE key = ?", (rows[a], b))
+    ref = f"{registry.host}/tamper/second:1.0.0"
+    report = push(source, ref, store=store)
+    assert report.hashed_bytes == sizes[a] + sizes[b]  # only the two forged rows
+    pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "fresh"))
+    _same_tree(source, tmp_path / "out")

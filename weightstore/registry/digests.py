@@ -1,12 +1,16 @@
 """What the store remembers for registries, in two tables of its index.
 
-``sha256_of(key, sha256)``: a blake3-keyed store computes each payload's sha256 (the
-registry's digest) once, while reading the bytes, and never again. ``blob_repos(host,
-digest, repository)``: the repositories a blob was pushed to or pulled from, so a push
-to another repository of the same registry mounts it instead of uploading it. Both are
-facts about content, never authorities: a wrong sha256 is refused by the registry on
-upload; a stale repository only costs a failed mount. Tables are created on first use;
-readers of stores without them see nothing remembered.
+``sha256_signed(key, sha256, mac)``: a blake3-keyed store computes each payload's sha256
+(the registry's digest) once, while reading the bytes, and never again. A push that
+believes a wrong mapping would skip the upload (the registry already holds the blob it
+names) and publish an artifact whose layer holds other bytes, and the index sits in a
+store a group may share; so each row carries a MAC under the user's own key
+(:mod:`weightstore.caches.mac`), and a row that fails it (written by another user,
+edited, swapped) is computed again from the bytes. ``blob_repos(host, digest,
+repository)``: the repositories a blob was pushed to or pulled from, so a push to another
+repository of the same registry mounts it instead of uploading it; a stale row only costs
+a failed mount, since a mount names the digest the push computed. Tables are created on
+first use; readers of stores without them see nothing remembered.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import contextlib
 import sqlite3
 from collections.abc import Iterable
 
+from ..caches.mac import entry_mac, verify_mac
 from ..errors import StoreError
 from ..store import WeightStore
 from ..store.index import batched, marks
 
 _TABLES = (
-    "CREATE TABLE IF NOT EXISTS sha256_of ("
-    "key TEXT PRIMARY KEY, sha256 TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS sha256_signed ("
+    "key TEXT PRIMARY KEY, sha256 TEXT NOT NULL, mac TEXT NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS blob_repos ("
     "host TEXT NOT NULL, digest TEXT NOT NULL, repository TEXT NOT NULL, "
     "PRIMARY KEY (host, digest, repository)) WITHOUT ROWID",
@@ -29,18 +34,27 @@ _TABLES = (
 
 
 def known_sha256(store: WeightStore, keys: Iterable[str]) -> dict[str, str]:
-    """The remembered sha256 digest (``sha256:<hex>``) of each key that has one."""
+    """The remembered sha256 digest (``sha256:<hex>``) of each key that has one whose MAC
+    holds; every other key is left out (its caller hashes the bytes)."""
     out: dict[str, str] = {}
     keys = list(keys)
     if not keys or not store.index.exists():
         return out
     with store.index.reading() as conn:
-        if not _has_table(conn, "sha256_of"):
+        if not _has_table(conn, "sha256_signed"):
             return out
         for chunk in batched(keys):
-            out.update(conn.execute(
-                f"SELECT key, sha256 FROM sha256_of WHERE key IN ({marks(chunk)})", chunk))
+            for key, sha256, mac in conn.execute(
+                    f"SELECT key, sha256, mac FROM sha256_signed WHERE key IN ({marks(chunk)})",
+                    chunk):
+                if verify_mac(_signed(key, sha256), mac):
+                    out[key] = sha256
     return out
+
+
+def _signed(key: str, sha256: str) -> dict[str, str]:
+    """What a row's MAC covers: moving a digest to another key breaks it."""
+    return {"key": key, "sha256": sha256}
 
 
 def repositories(store: WeightStore, host: str, digests: Iterable[str]) -> dict[str, list[str]]:
@@ -72,7 +86,8 @@ def remember(store: WeightStore, *, sha256: dict[str, str] | None = None,
              digests: Iterable[str] = ()) -> None:
     """Record sha256 digests of keys and/or that ``repository`` holds ``digests``.
     A store this user cannot write just does not remember."""
-    rows = sorted((sha256 or {}).items())
+    rows = [(key, digest, mac) for key, digest in sorted((sha256 or {}).items())
+            if (mac := entry_mac(_signed(key, digest))) is not None]
     repo_rows = sorted({(host, d, repository) for d in digests}) if host and repository else []
     if not rows and not repo_rows:
         return
@@ -82,6 +97,7 @@ def remember(store: WeightStore, *, sha256: dict[str, str] | None = None,
     with contextlib.suppress(StoreError), store.index.writing() as conn:
         for statement in _TABLES:
             conn.execute(statement)
-        conn.executemany("INSERT OR REPLACE INTO sha256_of (key, sha256) VALUES (?, ?)", rows)
+        conn.executemany("INSERT OR REPLACE INTO sha256_signed (key, sha256, mac) "
+                         "VALUES (?, ?, ?)", rows)
         conn.executemany("INSERT OR IGNORE INTO blob_repos (host, digest, repository) "
                          "VALUES (?, ?, ?)", repo_rows)
