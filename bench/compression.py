@@ -13,9 +13,10 @@ Data sets (weight bytes only, concatenated in model order):
   distribution of freshly initialized weights (less regular than trained ones), in the
   three types (``--synthetic-mb 0``: none).
 
-For levels 1, 3, 9 and 19, long-distance matching off and on (128 MiB window), the
-compression runs as ``weightstore release`` runs it (multi-threaded, one worker per CPU,
-pinned job size, checksum and content size), in this process, timed alone with
+For levels 1, 3, 9 and 19, long-distance matching off and on (128 MiB window), and with
+zstd 1.5.7's block pre-splitter at libzstd's default as well as off (as releases set it),
+the compression runs as ``weightstore release`` runs it (multi-threaded, one worker per
+CPU, pinned job size, checksum and content size), in this process, timed alone with
 ``time.perf_counter``; medians of ``--runs`` runs (level 19: one run on synthetic data).
 Figures: ratio (compressed / raw; lower is better), compression and decompression MB/s.
 The machine may be shared: expect noise in the speeds, not in the ratios.
@@ -87,16 +88,18 @@ def synthetic(mb: int) -> bytes:
     return (rng.standard_normal(mb * 250_000).astype(np.float32) * 0.02).tobytes()
 
 
-def measure(data: bytes, level: int, ldm: bool, runs: int) -> dict[str, Any]:
+def measure(data: bytes, level: int, ldm: bool, presplit: bool, runs: int) -> dict[str, Any]:
     import zstandard
 
     from weightstore.release.compression import Compression
+    from weightstore.release.zstd_frame import compress
 
-    params = Compression(level, ldm).parameters(os.cpu_count() or 1)
+    params = [(k, 0 if k == "blockSplitterLevel" and presplit else v)
+              for k, v in Compression(level, ldm).parameters(os.cpu_count() or 1)]
     comp, decomp, size = [], [], 0
     for _ in range(runs):
         t = time.perf_counter()
-        out = zstandard.ZstdCompressor(compression_params=params).compress(data)
+        out = compress(params, data)
         comp.append(time.perf_counter() - t)
         t = time.perf_counter()
         back = zstandard.ZstdDecompressor().decompress(out)
@@ -104,7 +107,7 @@ def measure(data: bytes, level: int, ldm: bool, runs: int) -> dict[str, Any]:
         assert back == data
         size = len(out)
     mb = len(data) / 1e6
-    return {"level": level, "long": ldm, "ratio": size / len(data),
+    return {"level": level, "long": ldm, "presplit": presplit, "ratio": size / len(data),
             "compress_mb_s": mb / statistics.median(comp),
             "decompress_mb_s": mb / statistics.median(decomp)}
 
@@ -127,20 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, data in sets.items():
         for level in LEVELS:
-            for ldm in (False, True):
+            for ldm, presplit in ((False, False), (False, True), (True, False)):
                 runs = 1 if level == 19 and name.startswith("synthetic") else args.runs
-                print(f"{name} level {level} long {ldm} ...", file=sys.stderr, flush=True)
+                print(f"{name} level {level} long {ldm} pre-split {presplit} ...",
+                      file=sys.stderr, flush=True)
                 rows.append({"data": name, "bytes": len(data),
-                             **measure(data, level, ldm, runs)})
+                             **measure(data, level, ldm, presplit, runs)})
     if args.json:
         print(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=2))
         return 0
     print(f"{os.cpu_count()} CPU(s); ratio = compressed / raw (lower is better)")
-    print(f"{'data':<16}{'MB':>8}{'level':>6}{'long':>6}{'ratio':>8}{'comp MB/s':>11}"
-          f"{'dec MB/s':>10}")
+    print(f"{'data':<16}{'MB':>8}{'level':>6}{'long':>6}{'presplit':>9}{'ratio':>8}"
+          f"{'comp MB/s':>11}{'dec MB/s':>10}")
     for r in rows:
-        long = "on" if r["long"] else "off"
-        print(f"{r['data']:<16}{r['bytes'] / 1e6:>8.1f}{r['level']:>6}{long:>6}"
+        long, split = ("on" if r[k] else "off" for k in ("long", "presplit"))
+        print(f"{r['data']:<16}{r['bytes'] / 1e6:>8.1f}{r['level']:>6}{long:>6}{split:>9}"
               f"{r['ratio']:>8.4f}{r['compress_mb_s']:>11.0f}{r['decompress_mb_s']:>10.0f}")
     return 0
 

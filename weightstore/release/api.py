@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import queue
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,7 @@ from ..errors import PackageError
 from ..fsio import atomic_writer, fsync_dir, make_temp_dir
 from ..hashing import digest_file
 from ..package.summary import SUMMARY_NAME
-from .archive import plan_archive, source_date_epoch, write_archive
+from .archive import CHUNK, plan_archive, source_date_epoch, write_archive
 from .compression import Compression
 from .inventory import read_summary_bytes
 from .provenance import (
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 RELEASES_DIR = "releases"
 QUEUED_CHUNKS = 8  # compressed chunks (4 MiB each) waiting for the writer thread
+BUFFERS = QUEUED_CHUNKS + 2  # output buffers: queued, being written, being filled
 WRITEBACK_STEP = 64 << 20  # bytes written between two writeback requests
 
 
@@ -160,7 +163,7 @@ def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOption
                    ) -> ArchiveRecord:
     plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
     with atomic_writer(folder / plan.file_name) as f:
-        sink = _Sha256Writer(f)
+        sink = _ArchiveFile(f)
         try:
             write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
                           options.jobs)
@@ -170,10 +173,14 @@ def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOption
                          p.summary["fingerprint"])
 
 
-class _Sha256Writer:
-    """Hashes the compressed bytes and writes them to the file in a :class:`Stage`.
+class _ArchiveFile:
+    """The compressor's output sink: the archive's sha256 and its writing to the file, each
+    in a :class:`Stage` of its own, so that neither waits for the other (each costs about
+    what one zstd worker does).
 
-    Written ranges are handed to the kernel for writeback as they accumulate
+    Output buffers come from a fixed pool and go back to it once both stages are done with
+    them, so memory stays at ``BUFFERS`` chunks and no chunk is copied on its way to the
+    file. Written ranges are handed to the kernel for writeback as they accumulate
     (``posix_fadvise``), so the final fsync waits only for the last ones.
     """
 
@@ -181,30 +188,62 @@ class _Sha256Writer:
         self._f = f
         self._h = hashlib.sha256()
         self._written = self._synced = 0
-        self._stage = Stage(self._write, "release-writer", QUEUED_CHUNKS)
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        self._made = 0
+        self._users: dict[int, int] = {}  # id(buffer) -> stages still using it
+        self._lock = threading.Lock()
+        self._stages: list[Stage[tuple[bytearray, int]]] = [
+            Stage(self._hash, "release-sha256", QUEUED_CHUNKS, done=self._release),
+            Stage(self._write, "release-writer", QUEUED_CHUNKS, done=self._release)]
         self.size = 0
 
-    def _write(self, data: bytes) -> None:
-        self._h.update(data)
-        self._f.write(data)
-        self._written += len(data)
+    def _hash(self, item: tuple[bytearray, int]) -> None:
+        self._h.update(memoryview(item[0])[:item[1]])
+
+    def _write(self, item: tuple[bytearray, int]) -> None:
+        buffer, n = item
+        self._f.write(memoryview(buffer)[:n])
+        self._written += n
         if self._written - self._synced >= WRITEBACK_STEP and hasattr(os, "posix_fadvise"):
             self._f.flush()
             os.posix_fadvise(self._f.fileno(), self._synced, self._written - self._synced,
                              os.POSIX_FADV_DONTNEED)
             self._synced = self._written
 
-    def write(self, data: bytes) -> int:
-        self._stage.put(bytes(data))
-        self.size += len(data)
-        return len(data)
+    def _release(self, item: tuple[bytearray, int]) -> None:
+        with self._lock:
+            self._users[id(item[0])] -= 1
+            if self._users[id(item[0])]:
+                return
+            del self._users[id(item[0])]
+        self._free.put(item[0])
 
-    def flush(self) -> None:
-        pass  # the file is flushed and fsynced by its atomic writer after close()
+    def buffer(self) -> bytearray:
+        if self._made < BUFFERS:
+            try:
+                return self._free.get_nowait()
+            except queue.Empty:
+                self._made += 1
+                return bytearray(CHUNK)
+        return self._free.get()
+
+    def submit(self, buffer: bytearray, size: int) -> None:
+        with self._lock:
+            self._users[id(buffer)] = len(self._stages)
+        for stage in self._stages:
+            stage.put((buffer, size))
+        self.size += size
 
     def close(self) -> str:
         """Wait for every queued chunk; the sha256 hex digest of all of them."""
-        self._stage.close()
+        errors = []
+        for stage in self._stages:
+            try:
+                stage.close()
+            except BaseException as exc:  # the other stage is still waited for
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         return self._h.hexdigest()
 
 

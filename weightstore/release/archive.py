@@ -27,13 +27,13 @@ import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..errors import IntegrityError, PackageError
 from ..hashing import make_key, new_hasher
 from ..package.summary import SUMMARY_NAME
 from .compression import Compression
-from .stage import Stage
+from .zstd_frame import Frame, Sink
 
 SUFFIX = ".tar.zst"
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip can hold
@@ -134,63 +134,57 @@ def _padded_to(size: int, unit: int) -> int:
     return (size + unit - 1) // unit * unit
 
 
-def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: BinaryIO,
+def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Sink,
                   compression: Compression, workers: int,
                   progress: Callable[[int], None] | None = None) -> None:
     """Stream the package at ``folder`` into ``out`` as the plan says.
 
-    Every file is read once, hashed on the way and checked against the summary's size and
-    digest: a package changed since its summary was written fails here, naming the file.
+    Every file is read once, into one reused buffer, hashed on the way and checked against
+    the summary's size and digest: a package changed since its summary was written fails
+    here, naming the file.
     """
-    import zstandard
-
-    compressor = zstandard.ZstdCompressor(compression_params=compression.parameters(workers))
+    frame = Frame(compression.parameters(workers), plan.tar_size, out)
+    buffer = memoryview(bytearray(CHUNK))
     written = 0
-    # not a ``with``: closing a writer short of its announced size would raise over the
-    # real error; on failure the output is discarded anyway
-    z = compressor.stream_writer(out, size=plan.tar_size, closefd=False, write_size=CHUNK)
     for header, entry in zip(plan.headers(), plan.entries, strict=True):
-        z.write(header)
+        frame.write(header)
         written += len(header)
         if entry.is_dir:
             continue
         if entry.source == SUMMARY_NAME:
-            z.write(summary_bytes)
+            frame.write(summary_bytes)
         else:
-            _copy_file(folder / str(entry.source), entry, z, progress)
+            _copy_file(folder / str(entry.source), entry, frame, buffer, progress)
         pad = _padded(entry.size) - entry.size
-        z.write(bytes(pad))
+        frame.write(bytes(pad))
         written += entry.size + pad
-    z.write(bytes(plan.tar_size - written))
-    z.close()  # ends the frame
+    frame.write(bytes(plan.tar_size - written))
+    frame.close()
 
 
-def _copy_file(path: Path, entry: ArchiveEntry, z: Any,
+def _copy_file(path: Path, entry: ArchiveEntry, frame: Frame, buffer: memoryview,
                progress: Callable[[int], None] | None) -> None:
-    """Feed one file to the compressor; its digest is taken in a :class:`Stage`, off the
-    feeding thread."""
+    """Feed one file to the compressor, hashing it on the way (the compressor's workers
+    run meanwhile: the feeding thread only copies into their job buffers)."""
     algo = str(entry.digest).partition(":")[0]
     hasher = new_hasher(algo, threads=False)
-    stage = Stage(hasher.update, "release-hash")
     remaining = entry.size
-    try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != entry.size:
-                raise IntegrityError("package file differs from its summary (size)",
-                                     file=str(path), expected=entry.size, actual=size)
-            while remaining:
-                chunk = f.read(min(CHUNK, remaining))
-                if not chunk:
-                    raise IntegrityError("package file ended early", file=str(path),
-                                         missing=remaining)
-                stage.put(chunk)
-                z.write(chunk)
-                remaining -= len(chunk)
-                if progress is not None:
-                    progress(len(chunk))
-    finally:
-        stage.close()
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != entry.size:
+            raise IntegrityError("package file differs from its summary (size)",
+                                 file=str(path), expected=entry.size, actual=size)
+        while remaining:
+            n = f.readinto(buffer[:min(len(buffer), remaining)])
+            if not n:
+                raise IntegrityError("package file ended early", file=str(path),
+                                     missing=remaining)
+            chunk = buffer[:n]
+            hasher.update(chunk)
+            frame.write(chunk)
+            remaining -= n
+            if progress is not None:
+                progress(n)
     actual = make_key(algo, hasher.hexdigest())
     if actual != entry.digest:
         raise IntegrityError("package file differs from its summary (digest)",

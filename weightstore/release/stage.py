@@ -1,9 +1,9 @@
 """One pipeline stage on a thread of its own, behind a bounded queue.
 
 Archiving feeds zstd's workers from one thread; whatever else that thread does (hashing
-the input, hashing and writing the output) leaves them without input meanwhile. Those
-jobs run here instead, in order, with at most ``depth`` chunks waiting (bounded memory);
-an error is raised again on the feeding thread at its next call.
+and writing the output) leaves them without input meanwhile. Such jobs run here instead,
+in order, with at most ``depth`` items waiting (bounded memory); an error is raised again
+on the feeding thread at its next call.
 """
 
 from __future__ import annotations
@@ -11,32 +11,41 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
-class Stage:
-    def __init__(self, work: Callable[[bytes], None], name: str, depth: int = 8) -> None:
+class Stage(Generic[T]):
+    def __init__(self, work: Callable[[T], None], name: str, depth: int = 8,
+                 done: Callable[[T], None] | None = None) -> None:
+        """``done``, if given, gets every item once the stage is through with it, whether
+        its work ran, failed or was skipped after an earlier error (to recycle buffers)."""
         self._work = work
-        self._queue: queue.Queue[bytes | None] = queue.Queue(depth)
+        self._done = done
+        self._queue: queue.Queue[tuple[T] | None] = queue.Queue(depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while (data := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
             if self._error is None:
                 try:
-                    self._work(data)
+                    self._work(item[0])
                 except BaseException as exc:  # re-raised on the feeding thread
                     self._error = exc
+            if self._done is not None:
+                self._done(item[0])
 
-    def put(self, data: bytes) -> None:
-        """Queue one chunk; it must not be changed afterwards (pass ``bytes``)."""
+    def put(self, item: T) -> None:
+        """Queue one item; the stage owns it until its work is done."""
         if self._error is not None:
             raise self._error
-        self._queue.put(data)
+        self._queue.put((item,))
 
     def close(self) -> None:
-        """Wait until every queued chunk is done; raise the stage's error, if any."""
+        """Wait until every queued item is done; raise the stage's error, if any."""
         self._queue.put(None)
         self._thread.join()
         if self._error is not None:
