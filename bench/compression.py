@@ -14,7 +14,7 @@ Data sets (weight bytes only, concatenated in model order):
   three types (``--synthetic-mb 0``: none).
 
 For levels 1, 3, 9 and 19, long-distance matching off and on (128 MiB window), and with
-zstd 1.5.7's block pre-splitter at libzstd's default as well as off (as releases set it),
+zstd 1.5.7's block pre-splitter as releases set it, at libzstd's default (0) and off (1),
 the compression runs as ``weightstore release`` runs it (multi-threaded, one worker per
 CPU, pinned job size, checksum and content size), in this process, timed alone with
 ``time.perf_counter``; medians of ``--runs`` runs (level 19: one run on synthetic data).
@@ -37,6 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 LEVELS = (1, 3, 9, 19)
+# (long-distance matching, ZSTD_c_blockSplitterLevel): None is the release's own setting;
+# 0 is libzstd's default pre-splitter, 1 none at all (zstd before 1.5.7)
+SETTINGS = ((False, None), (False, 0), (False, 1), (True, None))
 
 
 def real_weights(corpus: Path) -> bytes:
@@ -88,13 +91,14 @@ def synthetic(mb: int) -> bytes:
     return (rng.standard_normal(mb * 250_000).astype(np.float32) * 0.02).tobytes()
 
 
-def measure(data: bytes, level: int, ldm: bool, presplit: bool, runs: int) -> dict[str, Any]:
+def measure(data: bytes, level: int, ldm: bool, splitter: int | None, runs: int,
+            ) -> dict[str, Any]:
     import zstandard
 
     from weightstore.release.compression import Compression
     from weightstore.release.zstd_frame import compress
 
-    params = [(k, 0 if k == "blockSplitterLevel" and presplit else v)
+    params = [(k, splitter if k == "blockSplitterLevel" and splitter is not None else v)
               for k, v in Compression(level, ldm).parameters(os.cpu_count() or 1)]
     comp, decomp, size = [], [], 0
     for _ in range(runs):
@@ -107,7 +111,8 @@ def measure(data: bytes, level: int, ldm: bool, presplit: bool, runs: int) -> di
         assert back == data
         size = len(out)
     mb = len(data) / 1e6
-    return {"level": level, "long": ldm, "presplit": presplit, "ratio": size / len(data),
+    splitter = dict(params)["blockSplitterLevel"]
+    return {"level": level, "long": ldm, "splitter": splitter, "ratio": size / len(data),
             "compress_mb_s": mb / statistics.median(comp),
             "decompress_mb_s": mb / statistics.median(decomp)}
 
@@ -130,21 +135,22 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, data in sets.items():
         for level in LEVELS:
-            for ldm, presplit in ((False, False), (False, True), (True, False)):
+            for ldm, splitter in SETTINGS:
                 runs = 1 if level == 19 and name.startswith("synthetic") else args.runs
-                print(f"{name} level {level} long {ldm} pre-split {presplit} ...",
+                print(f"{name} level {level} long {ldm} pre-splitter {splitter} ...",
                       file=sys.stderr, flush=True)
                 rows.append({"data": name, "bytes": len(data),
-                             **measure(data, level, ldm, presplit, runs)})
+                             **measure(data, level, ldm, splitter, runs)})
     if args.json:
         print(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=2))
         return 0
     print(f"{os.cpu_count()} CPU(s); ratio = compressed / raw (lower is better)")
-    print(f"{'data':<16}{'MB':>8}{'level':>6}{'long':>6}{'presplit':>9}{'ratio':>8}"
+    print(f"{'data':<16}{'MB':>8}{'level':>6}{'long':>6}{'split':>6}{'ratio':>8}"
           f"{'comp MB/s':>11}{'dec MB/s':>10}")
     for r in rows:
-        long, split = ("on" if r[k] else "off" for k in ("long", "presplit"))
-        print(f"{r['data']:<16}{r['bytes'] / 1e6:>8.1f}{r['level']:>6}{long:>6}{split:>9}"
+        long = "on" if r["long"] else "off"
+        print(f"{r['data']:<16}{r['bytes'] / 1e6:>8.1f}{r['level']:>6}{long:>6}"
+              f"{r['splitter']:>6}"
               f"{r['ratio']:>8.4f}{r['compress_mb_s']:>11.0f}{r['decompress_mb_s']:>10.0f}")
     return 0
 

@@ -147,9 +147,11 @@ def test_release_refuses_a_package_changed_since_its_summary(released, tmp_path)
     recipe, _ = released
     package = recipe.parent / "out" / "pkg" / "1.0.0" / "combined"
     weights = package / "encoder_weight_combined"
+    before = weights.stat()
     data = bytearray(weights.read_bytes())
     data[7] ^= 1
-    weights.write_bytes(bytes(data))
+    weights.write_bytes(bytes(data))  # same size, in place, times put back
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
     out = tmp_path / "bad"
     assert main(["release", str(package), "--output", str(out)]) == 2
     assert [p for p in out.iterdir()] == []  # the temp archive is gone

@@ -1,0 +1,100 @@
+"""The zstd frame writer and the archive's output pipeline: pinned frames, exact sizes,
+bounded buffers, and failures that neither hang nor leave files behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import zstandard
+
+from tests.release_helpers import make_checkout
+from weightstore.errors import PackageError
+from weightstore.release import api
+from weightstore.release.api import ReleaseOptions, release
+from weightstore.release.compression import PRESPLIT, Compression
+from weightstore.release.zstd_frame import BytesSink, Frame, compress
+
+
+def _weights(n: int) -> bytes:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    return (rng.standard_normal(n // 4).astype(np.float32) * 0.02).tobytes()
+
+
+def test_frame_carries_size_and_checksum_and_round_trips():
+    data = _weights(3 << 20)
+    out = compress(Compression().parameters(2), data)
+    params = zstandard.get_frame_parameters(out)
+    assert params.content_size == len(data) and params.has_checksum and params.dict_id == 0
+    assert zstandard.ZstdDecompressor().decompress(out) == data
+
+
+def test_frame_bytes_do_not_depend_on_workers_or_write_sizes():
+    data = _weights(20 << 20)  # more than two 8 MiB jobs
+    frames = set()
+    for workers, step in ((1, len(data)), (2, 1 << 20), (3, 123_457)):
+        sink = BytesSink(chunk=65_536)
+        frame = Frame(Compression().parameters(workers), len(data), sink)
+        for i in range(0, len(data), step):
+            frame.write(memoryview(data)[i:i + step])
+        frame.close()
+        frames.add(sink.getvalue())
+    assert len(frames) == 1
+
+
+def test_presplitter_setting_is_applied():
+    """Setting 2 against libzstd's default (0) at level 3: different bytes, so the
+    setting reaches libzstd (on real weights the two differ; see docs/formats.md)."""
+    rng = __import__("numpy").random.default_rng(3)
+    # blocks whose statistics change every 48 KiB: where a pre-splitter cuts
+    parts = [(rng.standard_normal(12_288) * scale).astype("float32").tobytes()
+             for scale in (0.02, 1.0, 1e-4, 30.0) * 8]
+    data = b"".join(parts)
+    ours = Compression().parameters(2)
+    assert ("blockSplitterLevel", PRESPLIT) in ours
+    default = [(k, 0 if k == "blockSplitterLevel" else v) for k, v in ours]
+    assert compress(ours, data) != compress(default, data)
+
+
+def test_frame_refuses_a_wrong_size_and_an_unknown_setting():
+    frame = Frame(Compression().parameters(1), 10, BytesSink())
+    frame.write(b"12345")
+    with pytest.raises(PackageError, match="zstd"):
+        frame.close()
+    with pytest.raises(PackageError, match="zstd"):
+        Frame([("windowLog", 40)], 0, BytesSink())
+
+
+def test_a_failing_writer_neither_hangs_nor_leaves_files(encoder_model, tmp_path,
+                                                          monkeypatch):
+    """Output buffers go back to the pool even after the writer failed: the feeding
+    thread gets the error instead of waiting for a buffer forever."""
+    recipe = make_checkout(tmp_path / "checkout", encoder_model)
+    release(recipe, ReleaseOptions(jobs=1))
+    package = recipe.parent / "out" / "pkg" / "1.0.0" / "combined"
+    monkeypatch.setattr(api, "CHUNK", 4096)  # many buffers for a small archive
+    made: list[int] = []
+    original = api._ArchiveFile.buffer
+
+    def counted(self):
+        buffer = original(self)
+        made.append(id(buffer))
+        return buffer
+
+    writes: list[int] = []
+
+    def full(self, item):  # the disk fills up after a few chunks
+        writes.append(item[1])
+        if len(writes) > api.BUFFERS + 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(api._ArchiveFile, "buffer", counted)
+    monkeypatch.setattr(api._ArchiveFile, "_write", full)
+    out = tmp_path / "full"
+    with pytest.raises(OSError, match="No space"):
+        release(package, ReleaseOptions(output=str(out), jobs=2))
+    assert len(set(made)) <= api.BUFFERS < len(made)  # buffers were recycled
+    assert list(out.iterdir()) == []
