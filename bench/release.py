@@ -21,7 +21,10 @@ untimed warm-up each (the page cache stays warm for all alike):
 
 Targets: release / tar+zstd time <= 1.0 (medians), archive size / pipeline size <= 1.0
 (the same or a better ratio), release peak RSS <= 200 MB. The machine may be shared: the
-figures are medians of ``--runs`` runs, and noise is expected. A measurement, not a gate:
+figures are medians of ``--runs`` runs, and noise is expected; for scale, the table also
+gives the median of the per-round ratios (each round runs the variants back to back, so a
+load that changes between rounds cancels out) and the ratio of CPU times (user + system,
+from ``wait4``), which the load disturbs least. A measurement, not a gate:
 the exit code is 0 whatever the figures (2 when a measured command fails).
 """
 
@@ -55,9 +58,19 @@ class Variant:
     def median(self) -> float:
         return statistics.median(r.seconds for r in self.runs)
 
+    def cpu_median(self) -> float:
+        return statistics.median(r.cpu_seconds for r in self.runs)
+
     def figures(self) -> dict[str, Any]:
         return {"times_s": [r.seconds for r in self.runs], "median_s": self.median(),
+                "cpu_s": [r.cpu_seconds for r in self.runs], "median_cpu_s": self.cpu_median(),
                 "max_peak_rss_bytes": max(r.peak_rss for r in self.runs)}
+
+
+def paired(a: Variant, b: Variant) -> float:
+    """Median of the per-round ratios a/b: the two ran one after the other in each round,
+    so a load that drifts between rounds cancels out of each ratio."""
+    return statistics.median(x.seconds / y.seconds for x, y in zip(a.runs, b.runs, strict=True))
 
 
 def missing_tools() -> list[str]:
@@ -138,6 +151,10 @@ def run_all(size_mb: int, runs: int, level: int, workdir: Path) -> dict[str, Any
         sizes["pipeline_bytes"] = (workdir / "pipeline.tar.zst").stat().st_size
         found += [Target("release / tar+zstd time", by["release"].median()
                          / by["tar+zstd"].median(), 1.0),
+                  Target("  per-round ratios, median", paired(by["release"], by["tar+zstd"]),
+                         None),
+                  Target("  CPU time (user + system)", by["release"].cpu_median()
+                         / by["tar+zstd"].cpu_median(), None),
                   Target("release / (tar+zstd, sha256sum)", by["release"].median()
                          / by["+sha256sum"].median(), None),
                   Target("archive / pipeline size", sizes["archive_bytes"]
@@ -162,10 +179,10 @@ def report(r: dict[str, Any]) -> str:
              + (f", pipeline {s['pipeline_bytes'] / MB:.1f} MB (ratio "
                 f"{s['pipeline_bytes'] / s['package_bytes']:.4f})" if "pipeline_bytes" in s
                 else ""), "",
-             f"{'variant':<10}{'median s':>10}{'runs s':>28}{'peak RSS MB':>13}"]
+             f"{'variant':<10}{'median s':>10}{'runs s':>34}{'CPU s':>8}{'peak RSS MB':>13}"]
     for name, f in r["variants"].items():
         times = " ".join(f"{t:.2f}" for t in f["times_s"])
-        lines.append(f"{name:<10}{f['median_s']:>10.3f}{times:>28}"
+        lines.append(f"{name:<10}{f['median_s']:>10.3f}{times:>34}{f['median_cpu_s']:>8.2f}"
                      f"{f['max_peak_rss_bytes'] / MB:>13.1f}")
     if r["missing"]:
         lines.append(f"tar+zstd skipped: {', '.join(r['missing'])} not found")
