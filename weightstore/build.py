@@ -100,7 +100,7 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     stamp = build_stamp.stamp_path(absolute, options.models, options.layouts,
                                    resolve_store_path(options.store, None))
     if not options.force and not options.dry_run:
-        done = _stamped(stamp, absolute, data)
+        done = _stamped(stamp, absolute, data, options.jobs)
         if done is not None:
             return done
     from .recipe import load_recipe_bytes
@@ -109,8 +109,12 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     return _build(loaded, options, stamp=(stamp, data))
 
 
-def _stamped(stamp: Path, recipe: Path, data: bytes) -> BuildResult | None:
-    """The result of an up-to-date build proven by the stamp, None when it proves nothing."""
+def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int) -> BuildResult | None:
+    """The result of a build proven by the stamp, None when it proves nothing.
+
+    Packages in place must be up to date; a missing package folder is materialized from
+    the store by its fingerprint's action record (:mod:`.package.materialize`), which
+    needs neither onnx, numpy nor pydantic."""
     doc = build_stamp.load(stamp, recipe, data)
     if doc is None:
         return None
@@ -119,6 +123,7 @@ def _stamped(stamp: Path, recipe: Path, data: bytes) -> BuildResult | None:
     if not build_stamp.sources_unchanged(doc, digests):
         return None
     result = BuildResult(store_root)
+    missing = []
     for p in doc["packages"]:
         target = Path(p["path"])
         try:
@@ -126,12 +131,33 @@ def _stamped(stamp: Path, recipe: Path, data: bytes) -> BuildResult | None:
             summary = _existing_summary(target, force=False)
         except PackageError:
             return None
-        if (summary is None or summary.get("fingerprint") != p["fingerprint"]
+        if summary is None:
+            missing.append((p, target))
+            continue
+        if (summary.get("fingerprint") != p["fingerprint"]
                 or not _intact(target, summary, digests)):
             return None
         result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
+    if missing:
+        from .package.materialize import materialize
+
+        for p, target in missing:
+            done = materialize(store_root, target, p["fingerprint"], jobs=jobs)
+            if done is None:
+                return None  # the full build decides (what was published stays valid)
+            result.packages.append(PackageResult(p["layout"], target, "built", done.summary))
+            _count_reused(result, done)
+        order = [p["layout"] for p in doc["packages"]]
+        result.packages.sort(key=lambda r: order.index(r.layout))
     digests.save()
     return result
+
+
+def _count_reused(result: BuildResult, done: Any) -> None:
+    """A materialized package writes nothing to the store and reuses all its payloads."""
+    for k, v in (("written_objects", 0), ("written_bytes", 0), ("padding_bytes", 0),
+                 ("reused_objects", done.reused_objects), ("reused_bytes", done.reused_bytes)):
+        result.store_report[k] = result.store_report.get(k, 0) + v
 
 
 def _build(loaded: LoadedRecipe, options: BuildOptions,
@@ -299,6 +325,10 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                                        "external weight layout or a lower size_threshold",
                                        model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
+        if not options.force and not options.dry_run:
+            todo = [t for t in todo if not _materialized(store_root, *t, options, result)]
+            if not todo:
+                return
         store = WeightStore(store_root)
         if options.dry_run:
             result.store_report = packaging.plan_store(
@@ -319,14 +349,32 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         packaging.close_sources(sources)
 
 
+def _materialized(store_root: Path, layout: Layout, target: Path, fingerprint: str,
+                  options: BuildOptions, result: BuildResult) -> bool:
+    """Publish a missing package folder from the store by its action record (no
+    conversion); False when there is none or the store cannot serve it."""
+    if target.exists() or layout.external_weight == "embedded":
+        return False
+    from .package.materialize import materialize
+
+    done = materialize(store_root, target, fingerprint, jobs=options.jobs)
+    if done is None:
+        return False
+    result.packages.append(PackageResult(layout.name, target, "built", done.summary))
+    _count_reused(result, done)
+    return True
+
+
 def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     sources: list, store: Any, digests: FileDigests, options: BuildOptions,
                     result: BuildResult,
                     *, trust_cache: bool = True) -> None:
     """Fill the store for ``todo``'s layouts and write them; each layout written is
     removed from ``todo``."""
+    from .caches import build_actions
     from .locking import target_lock
     from .package import write as packaging
+    from .package.materialize import register_root
 
     recipe = loaded.recipe
     report = packaging.fill_store(
@@ -348,21 +396,13 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                 _refuse(target, existing, fp, layout, [s.identity for s in sources])
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress)
-            register_root(store, layout, target, summary)
+            # its other files go into the store too: a later build materializes it
+            stored = build_actions.record(store, target, summary, jobs=options.jobs)
+            register_root(store, target, summary)
+        for k, v in stored.items():
+            result.store_report[k] = result.store_report.get(k, 0) + v
         result.packages.append(PackageResult(layout.name, target, "built", summary))
         todo.pop(0)
-
-
-def register_root(store, layout: Layout, target: Path, summary: dict[str, Any]) -> None:
-    """Record in the store that ``target`` holds this package and which keys it uses."""
-    if layout.external_weight == "embedded":
-        return  # nothing of the store is in it
-    from .store import RootRecord
-
-    keys = sorted({w["id"] for m in summary["models"] for w in m["external_weights"]})
-    store.register_root(RootRecord(package=summary["package"], version=summary["version"],
-                                   layout=layout.name, folder=str(target.absolute()),
-                                   fingerprint=summary["fingerprint"]), keys)
 
 
 def _ensure_root(store_root: Path, layout: Layout, target: Path,
@@ -374,6 +414,7 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
     if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
         return
     try:
+        from .package.materialize import register_root
         from .store.roots import is_registered
 
         with Index(store_root).reading() as conn:  # the usual case: one indexed lookup
@@ -381,7 +422,7 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
                 return
         from .store import WeightStore
 
-        register_root(WeightStore(store_root), layout, target, summary)
+        register_root(WeightStore(store_root), target, summary)
     except (StoreError, KeyError, TypeError):
         pass  # a store that cannot take it costs only gc's protection, never the build
 

@@ -35,8 +35,9 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..fsio import copy_range, file_mode, make_temp_dir, publish_dir
+from ..fsio import make_temp_dir, publish_dir
 from ..hashing import new_hasher, split_key
+from ..package.assembly import assemble
 from ..store import FilePayload, WeightStore
 from . import digests
 from .artifact import (
@@ -199,7 +200,7 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
             result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
                                                   device=device, scenario=scenario)
             _fetch_missing(client, ref, store, parsed, wanted, report, jobs)
-            _assemble(store, result, files, wanted)
+            assemble(store, result, files, jobs=jobs)
             digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
                              host=ref.host, repository=ref.repository,
                              digests=[d["digest"] for d in parsed.payloads.values()])
@@ -331,32 +332,6 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
         for received in pool.map(fetch, order):
             report.fetched += 1
             report.fetched_bytes += received
-
-
-def _assemble(store: WeightStore, folder: Path, files: list[WeightFile],
-              wanted: dict[str, int]) -> None:
-    """Write every weight file from the store: its payloads at their offsets, zeros
-    between them (holes, never written)."""
-    objects = store.locate(wanted)
-    for f in files:
-        target = folder / f.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
-        try:
-            os.ftruncate(fd, f.size)
-            for p in f.pieces:
-                obj = objects.get(p.key)
-                if obj is None:
-                    raise PackageError("a payload vanished from the store while pulling",
-                                       key=p.key)
-                src = os.open(store.path_of(obj), os.O_RDONLY)
-                try:
-                    copy_range(src, obj.offset, fd, p.offset, p.size)
-                finally:
-                    os.close(src)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _register(store: WeightStore, folder: Path, parsed: ParsedArtifact,
