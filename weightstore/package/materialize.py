@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..caches import build_actions
-from ..errors import IntegrityError, StoreError
+from ..errors import IntegrityError, PackageError, StoreError
 from ..fsio import make_temp_dir, publish_dir
 from .assembly import MissingPayloadError, assemble, summary_weight_files
 from .summary import SUMMARY_NAME
@@ -53,18 +53,19 @@ def materialize(store_root: Path, target: Path, fingerprint: str, *,
     if not (store_root / INDEX_NAME).is_file():
         return None
     store = WeightStore(store_root)
-    with store.leased(), target_lock(target, store.root):
+    # No lease: every byte copied is checked against its key, so an object that gc
+    # takes meanwhile costs a real build, never a wrong package.
+    with target_lock(target, store.root):
         if target.exists():  # published meanwhile: the full check decides about it
             return None
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp: Path | None = make_temp_dir(target.parent, f".{target.name}.")
         try:
             try:
-                digests = assemble(store, tmp, record.files, jobs=jobs,
-                                   file_digest=record.hash)
+                assemble(store, tmp, record.files, jobs=jobs)
             except (MissingPayloadError, IntegrityError, StoreError, OSError):
                 return None  # a real build writes the package (and heals the store)
-            summary = _agreeing_summary(tmp, digests, fingerprint)
+            summary = _agreeing_summary(tmp, record)
             if summary is None:
                 return None
             publish_dir(tmp, target)
@@ -77,19 +78,29 @@ def materialize(store_root: Path, target: Path, fingerprint: str, *,
     return Materialized(summary, len(weights), sum(weights.values()))
 
 
-def _agreeing_summary(folder: Path, digests: Mapping[str, str],
-                      fingerprint: str) -> dict[str, Any] | None:
-    """The materialized summary when it is of ``fingerprint`` and lists exactly the files
-    assembled, each with the digest it was assembled with."""
+def _agreeing_summary(folder: Path, record: build_actions.ActionRecord,
+                      ) -> dict[str, Any] | None:
+    """The materialized summary when it is of the record's fingerprint and lists exactly
+    the files assembled, with their sizes, and the other files' digests as the keys they
+    were assembled from (weight files: their payloads were checked piece by piece, and
+    the bytes between are zeros by construction)."""
     try:
         summary = json.loads((folder / SUMMARY_NAME).read_bytes())
-        listed = {str(c["path"]): str(c["digest"]) for c in summary["contents"]}
-        if summary["fingerprint"] != fingerprint:
+        listed = {str(c["path"]): (int(c["size"]), str(c["digest"]))
+                  for c in summary["contents"]}
+        weights = {f.name for f in summary_weight_files(summary)}
+        if summary["fingerprint"] != record.fingerprint:
             return None
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, PackageError):
         return None
-    assembled = {name: d for name, d in digests.items() if name != SUMMARY_NAME}
-    return summary if listed == assembled else None
+    files = {f.name: f for f in record.files if f.name != SUMMARY_NAME}
+    if listed.keys() != files.keys():
+        return None
+    for name, (size, digest) in listed.items():
+        f = files[name]
+        if f.size != size or (name not in weights and f.pieces[0].key != digest):
+            return None
+    return summary
 
 
 def register_root(store: WeightStore, target: Path, summary: Mapping[str, Any]) -> None:
