@@ -99,17 +99,19 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     absolute, data = read_recipe_file(recipe)
     stamp = build_stamp.stamp_path(absolute, options.models, options.layouts,
                                    resolve_store_path(options.store, None))
+    seen: list[FileDigests] = []  # digests the stamp's check took: never taken twice
     if not options.force and not options.dry_run:
-        done = _stamped(stamp, absolute, data, options.jobs)
+        done = _stamped(stamp, absolute, data, options.jobs, seen)
         if done is not None:
             return done
     from .recipe import load_recipe_bytes
 
     loaded = load_recipe_bytes(absolute, data, os.fspath(recipe))
-    return _build(loaded, options, stamp=(stamp, data))
+    return _build(loaded, options, stamp=(stamp, data), seen=seen)
 
 
-def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int) -> BuildResult | None:
+def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int,
+             seen: list[FileDigests]) -> BuildResult | None:
     """The result of a build proven by the stamp, None when it proves nothing.
 
     Packages in place must be up to date; a missing package folder is materialized from
@@ -120,6 +122,7 @@ def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int) -> BuildResult |
         return None
     store_root = Path(doc["store"])
     digests = FileDigests(store_root / CACHE_NAME)
+    seen.append(digests)
     if not build_stamp.sources_unchanged(doc, digests):
         return None
     result = BuildResult(store_root)
@@ -161,7 +164,8 @@ def _count_reused(result: BuildResult, done: Any) -> None:
 
 
 def _build(loaded: LoadedRecipe, options: BuildOptions,
-           stamp: tuple[Path, bytes] | None = None) -> BuildResult:
+           stamp: tuple[Path, bytes] | None = None,
+           seen: list[FileDigests] | None = None) -> BuildResult:
     from .selection import select_part
 
     loaded = select_part(loaded, options.models, options.layouts)
@@ -170,7 +174,8 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     if store_root.exists() and not store_root.is_dir():
         raise StoreError("store path exists and is not a folder", path=str(store_root))
     result = BuildResult(store_root)
-    digests = FileDigests(store_root / CACHE_NAME)
+    digests = next((d for d in seen or () if d.cache_file == store_root / CACHE_NAME),
+                   None) or FileDigests(store_root / CACHE_NAME)
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)

@@ -51,6 +51,10 @@ class FileDigests:
         self._saved: dict[str, dict[str, Any]] = _load_cache(cache_file)
         self._fresh: dict[str, dict[str, Any]] = {}
 
+    @property
+    def cache_file(self) -> Path | None:
+        return self._file
+
     def of(self, path: Path, algo: str = FINGERPRINT_ALGO) -> str:
         """``"<algo>:<hex>"`` of the file's content; a file changed since it was last
         hashed (size, inode, mtime or ctime differ) is hashed again."""
