@@ -97,7 +97,9 @@ class MissingPayloadError(PackageError):
 def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
              jobs: int = 4, file_digest: str | None = None) -> dict[str, str]:
     """Write ``files`` into ``folder`` from the store: every piece copied from its object
-    and re-hashed against its key, zeros (holes) elsewhere, each file fsynced.
+    and re-hashed against its key, zeros (holes) elsewhere, each file fsynced. ``folder``
+    is a temp folder the caller publishes with :func:`~weightstore.fsio.publish_dir`,
+    which fsyncs it once for all the files.
 
     Returns ``{file name: "<algo>:<hex>"}`` of each whole file with ``file_digest`` (an
     algorithm), taken in the same read-back. Under :meth:`WeightStore.leased` the
@@ -122,4 +124,5 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
                                       store=str(store.root))
         return FileRange(store.path_of(obj), obj.offset, stored=True)
 
-    return write_plan(plan, folder, locate, jobs=jobs, file_digest=file_digest)
+    return write_plan(plan, folder, locate, jobs=jobs, file_digest=file_digest,
+                      sync_dir=False)
