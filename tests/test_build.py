@@ -259,12 +259,12 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
     calls = {"n": 0}
     real = build_module.atomic_write_bytes
 
-    def failing(path, data):
+    def failing(path, data, **kwargs):
         if path.name.endswith(".onnx"):  # the third layout's model
             calls["n"] += 1
             if calls["n"] == 3:
                 raise OSError(28, "No space left on device", str(path))
-        return real(path, data)
+        return real(path, data, **kwargs)
 
     monkeypatch.setattr(build_module, "atomic_write_bytes", failing)
     with pytest.raises(OSError):

@@ -123,6 +123,10 @@ def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int,
     store_root = Path(doc["store"])
     digests = FileDigests(store_root / CACHE_NAME)
     seen.append(digests)
+    if not _can_materialize(doc, store_root):
+        # the full build follows: its sources are hashed meanwhile, on the second CPU
+        digests.prefetch(Path(model) for model in doc["sources"])
+        return None
     if not build_stamp.sources_unchanged(doc, digests):
         return None
     result = BuildResult(store_root)
@@ -156,6 +160,16 @@ def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int,
     return result
 
 
+def _can_materialize(doc: dict[str, Any], store_root: Path) -> bool:
+    """Has every package folder the stamp names that is missing a sound action record?"""
+    missing = [p for p in doc["packages"] if not Path(p["path"]).exists()]
+    if not missing:
+        return True
+    from .caches import build_actions
+
+    return all(build_actions.load(store_root, p["fingerprint"]) is not None for p in missing)
+
+
 def _count_reused(result: BuildResult, done: Any) -> None:
     """A materialized package writes nothing to the store and reuses all its payloads."""
     for k, v in (("written_objects", 0), ("written_bytes", 0), ("padding_bytes", 0),
@@ -176,6 +190,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     result = BuildResult(store_root)
     digests = next((d for d in seen or () if d.cache_file == store_root / CACHE_NAME),
                    None) or FileDigests(store_root / CACHE_NAME)
+    digests.prefetch(loaded.model_source(m) for m in loaded.models())  # while onnx loads
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)
