@@ -8,8 +8,9 @@ Usage: ``python bench/build.py [--size-mb 256,1024] [--runs 5] [--model chain|tr
 targets there are cold <= 1.5x and warm <= 0.8x onnx's whole process, and an up-to-date
 build <= 0.15 s, whole process.
 
-Every measured run is a fresh subprocess, timed around the process, with its peak RSS taken
-from ``os.wait4``; interpreter start-up is therefore part of every variant alike. The page
+Every measured run is a fresh subprocess, timed around the process, with its peak RSS and
+CPU time (user + system, less sensitive to a busy machine than wall time) taken from
+``os.wait4``; interpreter start-up is therefore part of every variant alike. The page
 cache cannot be dropped without root, so each variant gets one untimed warm-up run and all
 of them see a warm cache; ``os.sync()`` runs (untimed) before every run so that writeback
 left over from the previous one does not land on the next. fsync calls made by the measured
@@ -174,9 +175,11 @@ class Variant:
 
     def figures(self) -> dict[str, Any]:
         times = [r.seconds for r in self.runs]
+        cpu = [r.cpu_seconds for r in self.runs]
         rss = [r.peak_rss for r in self.runs]
         return {"times_s": times, "median_s": statistics.median(times), "min_s": min(times),
-                "max_s": max(times), "peak_rss_bytes": rss, "max_peak_rss_bytes": max(rss)}
+                "max_s": max(times), "cpu_s": cpu, "median_cpu_s": statistics.median(cpu),
+                "peak_rss_bytes": rss, "max_peak_rss_bytes": max(rss)}
 
 
 def measure(argv: list[str], workdir: Path, log_name: str) -> Process:
@@ -337,6 +340,8 @@ def cache_checks(workdir: Path, model: Path) -> dict[str, float]:
 def ratios(variants: dict[str, Variant], model_bytes: int,
            checks: dict[str, float]) -> list[Target]:
     med = {name: statistics.median(r.seconds for r in v.runs) for name, v in variants.items()}
+    cpu = {name: statistics.median(r.cpu_seconds for r in v.runs)
+           for name, v in variants.items()}
     cold_rss = max(r.peak_rss for r in variants["cold"].runs)
     return [
         Target("cache checks / hashing",
@@ -346,6 +351,8 @@ def ratios(variants: dict[str, Variant], model_bytes: int,
         Target("warm / onnx", med["warm"] / med["onnx"], 0.8),
         Target("warm-convert / onnx", med["warm-convert"] / med["onnx"], None),
         Target("cold / onnx", med["cold"] / med["onnx"], 1.5),
+        Target("warm / onnx, CPU time", cpu["warm"] / cpu["onnx"], None),
+        Target("cold / onnx, CPU time", cpu["cold"] / cpu["onnx"], None),
         Target("unchanged / cold", med["unchanged"] / med["cold"], 0.2),
         Target("unchanged, whole process (s)", med["unchanged"], UNCHANGED_SECONDS, digits=3),
         Target("cold peak RSS / model size", cold_rss / model_bytes, 1.5),
@@ -360,12 +367,13 @@ def report(variants: list[Variant], found: list[Target], model: str, model_bytes
         f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, "
         f"RSS floor {harness.rss_floor() / MB:.1f} MB",
         "",
-        f"{'variant':<13}{'median s':>10}{'min s':>9}{'max s':>9}{'peak RSS MB':>13}",
+        f"{'variant':<13}{'median s':>10}{'min s':>9}{'max s':>9}{'cpu s':>8}"
+        f"{'peak RSS MB':>13}",
     ]
     for v in variants:
         f = v.figures()
         lines.append(f"{v.name:<13}{f['median_s']:>10.3f}{f['min_s']:>9.3f}{f['max_s']:>9.3f}"
-                     f"{f['max_peak_rss_bytes'] / MB:>13.1f}")
+                     f"{f['median_cpu_s']:>8.3f}{f['max_peak_rss_bytes'] / MB:>13.1f}")
     lines += ["", *harness.target_table(found, "ratio", 28, 7)]
     return "\n".join(lines)
 

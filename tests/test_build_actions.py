@@ -223,3 +223,19 @@ def test_no_record_without_a_private_key(tmp_path: Path,
     recipe = write_recipe(tmp_path, {"encoder": tmp_path / "encoder.onnx"}, LAYOUTS)
     build(recipe)
     assert _records(_store(recipe)) == []
+
+
+def test_a_sha256_store_materializes_too(tmp_path: Path, encoder_model: onnx.ModelProto,
+                                        conversions: list[str]) -> None:
+    onnx.save(encoder_model, tmp_path / "encoder.onnx")
+    recipe = write_recipe(tmp_path, {"encoder": tmp_path / "encoder.onnx"}, LAYOUTS)
+    recipe.write_text(recipe.read_text().replace("hash: blake3", "hash: sha256"))
+    build(recipe)
+    expected = tree(tmp_path / "out")
+    conversions.clear()
+    shutil.rmtree(tmp_path / "out")
+    assert [p.status for p in build(recipe).packages] == ["built", "built"]
+    assert conversions == []
+    assert tree(tmp_path / "out") == expected
+    summary = json.loads((tmp_path / "out/pkg/1.0.0/combined/summary.json").read_text())
+    assert summary["hash"] == "sha256"
