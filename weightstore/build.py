@@ -40,6 +40,7 @@ from .recipe_file import read_recipe_file
 from .store.location import resolve_store_path
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
+    from .package.materialize import Materialized
     from .recipe import Layout, LoadedRecipe, ModelEntry, Recipe
 
 
@@ -87,7 +88,9 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     file's folder, or ``base_dir`` (default: the current folder) for an object or mapping.
     An unchanged package is reported ``up-to-date`` and nothing is written; a recipe file
     whose bytes, sources and packages match its build stamp is decided without being
-    parsed (:mod:`.caches.build_stamp`).
+    parsed (:mod:`.caches.build_stamp`). A missing package folder whose build the store
+    already holds is materialized from the store by its action record instead of being
+    converted again (:mod:`.package.materialize`; never with ``force``).
     """
     options = options or BuildOptions()
     if not isinstance(recipe, (str, os.PathLike)):
@@ -170,7 +173,7 @@ def _can_materialize(doc: dict[str, Any], store_root: Path) -> bool:
     return all(build_actions.load(store_root, p["fingerprint"]) is not None for p in missing)
 
 
-def _count_reused(result: BuildResult, done: Any) -> None:
+def _count_reused(result: BuildResult, done: Materialized) -> None:
     """A materialized package writes nothing to the store and reuses all its payloads."""
     for k, v in (("written_objects", 0), ("written_bytes", 0), ("padding_bytes", 0),
                  ("reused_objects", done.reused_objects), ("reused_bytes", done.reused_bytes)):

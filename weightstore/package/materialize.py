@@ -4,9 +4,10 @@ The warm build: the store already holds every payload of a package, and the acti
 record (:mod:`weightstore.caches.build_actions`) of its fingerprint says which objects
 make which file. Materializing copies them into a temp folder beside the package
 (:func:`~weightstore.package.assembly.assemble`: every byte re-hashed against its store
-key), checks that every file is the one ``summary.json`` lists with its digest, and
-publishes the folder by the package writer's rules (its lock, an atomic rename, its root
-registered). It needs neither onnx, numpy nor pydantic, and reads no source byte.
+key), checks that the assembled ``summary.json`` is of that fingerprint and lists exactly
+the files assembled, and publishes the folder by the package writer's rules (its lock, an
+atomic rename, its root registered). It needs neither onnx, numpy nor pydantic, and
+reads no source byte.
 
 Anything that does not hold (no record, a record failing its MAC, an object missing or
 damaged in the store, a file disagreeing with the summary, a folder that appeared
