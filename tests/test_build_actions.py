@@ -239,3 +239,40 @@ def test_a_sha256_store_materializes_too(tmp_path: Path, encoder_model: onnx.Mod
     assert tree(tmp_path / "out") == expected
     summary = json.loads((tmp_path / "out/pkg/1.0.0/combined/summary.json").read_text())
     assert summary["hash"] == "sha256"
+
+
+def test_a_read_only_store_materializes_without_writing(
+        project: Path, conversions: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a read-only mount: the objects are all there, so nothing needs writing."""
+    import sqlite3
+
+    from weightstore.store.index import Index
+
+    store = _store(project)
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
+    monkeypatch.setattr(Index, "writable", lambda self: False)
+    monkeypatch.setattr(Index, "writing", None)  # any write would fail loudly
+    assert [p.status for p in build(project).packages] == ["built", "built"]
+    assert conversions == []
+    assert tree(project.parent / "out") == tree(project.parent / "expected")
+    after = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
+    assert after == before
+
+
+def _statuses(recipe: str) -> list[str]:
+    return [p.status for p in build(recipe).packages]
+
+
+def test_two_builds_materializing_one_folder_take_turns(project: Path) -> None:
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.map(_statuses, [str(project)] * 2)
+    for layout in zip(*results, strict=True):  # each folder is published once
+        assert sorted(layout) == ["built", "up-to-date"]
+    assert tree(project.parent / "out") == tree(project.parent / "expected")
+    assert not [p for p in (project.parent / "out/pkg/1.0.0").iterdir()
+                if p.name.startswith(".")]
