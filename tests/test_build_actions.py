@@ -276,3 +276,11 @@ def test_two_builds_materializing_one_folder_take_turns(project: Path) -> None:
     assert tree(project.parent / "out") == tree(project.parent / "expected")
     assert not [p for p in (project.parent / "out/pkg/1.0.0").iterdir()
                 if p.name.startswith(".")]
+
+
+def test_the_action_key_names_the_store_format_in_force() -> None:
+    from weightstore.store.index import FORMAT_VERSION
+
+    assert build_actions.STORE_FORMAT_VERSION == FORMAT_VERSION
+    assert build_actions.action_key("blake3:" + "0" * 64) != build_actions.action_key(
+        "blake3:" + "1" * 64)

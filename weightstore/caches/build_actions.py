@@ -59,9 +59,6 @@ class ActionRecord:
     layout: str
     files: tuple[WeightFile, ...]
 
-    def payload_sizes(self) -> dict[str, int]:
-        return {p.key: p.size for f in self.files for p in f.pieces}
-
 
 def action_key(fingerprint: str) -> str:
     """Everything the package's bytes depend on: the fingerprint and the formats."""
