@@ -74,7 +74,8 @@ def materialize(store_root: Path, target: Path, fingerprint: str, *,
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        register_root(store, target, summary)
+        if not _registered(store, target, record.fingerprint):
+            register_root(store, target, summary)
     weights = {p.key: p.size for f in summary_weight_files(summary) for p in f.pieces}
     return Materialized(summary, len(weights), sum(weights.values()))
 
@@ -102,6 +103,15 @@ def _agreeing_summary(folder: Path, record: build_actions.ActionRecord,
         if f.size != size or (name not in weights and f.pieces[0].key != digest):
             return None
     return summary
+
+
+def _registered(store: WeightStore, target: Path, fingerprint: str) -> bool:
+    """Does the store already have this folder's root at this fingerprint (the folder was
+    removed and is materialized back)? Then it names these very keys: no write needed."""
+    from ..store.roots import is_registered
+
+    with store.index.reading() as conn:
+        return is_registered(conn, str(target.absolute()), fingerprint)
 
 
 def register_root(store: WeightStore, target: Path, summary: Mapping[str, Any]) -> None:
