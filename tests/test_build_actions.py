@@ -284,3 +284,24 @@ def test_the_action_key_names_the_store_format_in_force() -> None:
     assert build_actions.STORE_FORMAT_VERSION == FORMAT_VERSION
     assert build_actions.action_key("blake3:" + "0" * 64) != build_actions.action_key(
         "blake3:" + "1" * 64)
+
+
+def test_assembly_never_writes_over_a_file(tmp_path: Path) -> None:
+    from weightstore.errors import PackageError
+    from weightstore.package.assembly import assemble, weight_file
+    from weightstore.store import BytesPayload
+
+    store = WeightStore(tmp_path / "store")
+    payload = BytesPayload.of(b"x" * 100)
+    store.put([payload], kind="separate")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"a model")
+    piece = [(0, 100, payload.key)]
+    with pytest.raises(PackageError, match="already in the folder"):
+        assemble(store, folder, [weight_file("model.onnx", 100, piece)])
+    with pytest.raises(PackageError, match="already in the folder"):
+        assemble(store, folder, [weight_file("w", 100, piece), weight_file("w", 100, piece)])
+    assert (folder / "model.onnx").read_bytes() == b"a model"
+    assemble(store, folder, [weight_file("w", 128, piece)])
+    assert (folder / "w").read_bytes() == b"x" * 100 + bytes(28)

@@ -15,6 +15,7 @@ its key never reaches a package.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -105,12 +106,19 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
     algorithm), taken in the same read-back. Under :meth:`WeightStore.leased` the
     payloads are held until the lease ends, so gc cannot take them meanwhile. A payload
     the store lacks is a :class:`MissingPayloadError`; a damaged one an
-    :class:`~weightstore.errors.IntegrityError` naming the store file and the repair.
+    :class:`~weightstore.errors.IntegrityError` naming the store file and the repair; a
+    file already in the folder (or listed twice) a :class:`PackageError`.
     """
     from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload
     from ..layout.writer import FileRange, write_plan
 
     files = list(files)
+    seen: set[str] = set()
+    for f in files:  # never written over: another file of the folder, or one listed twice
+        if f.name in seen or os.path.lexists(folder / f.name):
+            raise PackageError("a file to assemble is already in the folder", file=f.name,
+                               folder=str(folder))
+        seen.add(f.name)
     objects = store.locate({p.key for f in files for p in f.pieces})
     plan = LayoutPlan("combined", 1, tuple(
         PlannedFile(f.name, f.size, tuple(PlannedPayload(p.key, p.size, f.name, p.offset)
