@@ -14,10 +14,11 @@ from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package.bundles import assemble, satisfies
-from weightstore.package.check import check_files, check_package
+from weightstore.package.check import check_package, file_problems, variant_of
 from weightstore.scenarios.resolve import live_payloads, variant
 from weightstore.scenarios.variants import runnable_variant
 
+from . import resolve_models as rm
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import tree
 
@@ -182,10 +183,9 @@ def test_missing_scenario_file_fails_only_that_scenario(package, tmp_path):
     assert not report.ok
     assert all("scenario=fused" in p and "location=pk.fused.data" in p and "initializer=" in p
                for p in report.problems)
-    model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
-    live = live_payloads(variant(model, "fused"), "fused")
+    live = variant_of(path / "encoder.onnx", "fused").external
     with pytest.raises(ExternalDataError) as err:
-        check_files(path, live, "fused", verify=False, strict=True)
+        file_problems(path, live, "fused", verify=False, strict=True)
     assert err.value.context["scenario"] == "fused"
     assert err.value.context["location"] == "pk.fused.data"
 
@@ -383,3 +383,34 @@ def test_file_constant_packages_list_and_check_their_files(encoder_model, save_m
     os.remove(package.path / "m_weight_combined")
     report = check_package(package.path)
     assert not report.ok and "model=m.onnx" in report.problems[0]
+
+
+@pytest.mark.parametrize("build_model", [rm.shape_if_model, rm.not_if_model],
+                         ids=["equal-gather-shape", "not-constant"])
+def test_dead_if_branch_weights_are_not_required(build_model, tmp_path):
+    """check and bundle resolve like a load: an If whose condition is known from metadata
+    keeps only its live branch, so the dead branch's weight file may go missing."""
+    model = build_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"package: p\nversion: '1'\nmodels: [{{name: m, source: {src}}}]\n"
+                      "layouts: [{name: s, external_weight: separate}]\n"
+                      f"devices: [{{name: d}}]\noutput: {tmp_path / 'out'}\n")
+    package = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=1)).packages[0]
+    where = {w["name"]: w["location"] for w in package.summary["models"][0]["external_weights"]}
+    record = json.loads((package.path / "devices/d/bundle.json").read_text())
+    assert where["w_then"] in {f["name"] for f in record["files"]}
+    assert where["w_else"] not in {f["name"] for f in record["files"]}
+    os.remove(package.path / where["w_else"])
+    report = check_package(package.path, verify=True)
+    assert report.ok, report.problems
+    assert where["w_else"] not in report.models[0]["files"]
+    assemble(package.path, "d", tmp_path / "bundle")
+    inputs = {"x": sample_inputs(model, seed=3)["x"]}
+    for e, a in zip(run_onnxruntime(model, inputs),
+                    run_onnxruntime(tmp_path / "bundle" / "m.onnx", inputs), strict=True):
+        assert e.tobytes() == a.tobytes()
+    os.remove(package.path / where["w_then"])  # the live branch's file still matters
+    report = check_package(package.path)
+    assert not report.ok and "initializer=w_then" in report.problems[0]
