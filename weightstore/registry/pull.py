@@ -170,8 +170,9 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
 def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
          store: WeightStore, transport: Transport | None = None, jobs: int = 4,
          device: str | None = None, scenario: str | None = None,
-         force: bool = False) -> PullReport:
-    """Pull ``reference`` into ``output``; see the module docstring."""
+         force: bool = False, progress: bool | None = False) -> PullReport:
+    """Pull ``reference`` into ``output``; see the module docstring. ``progress``: a bar
+    over the payload bytes to fetch, with rate and ETA (None: only on a terminal)."""
     if device is not None and scenario is not None:
         raise ValueError("give a device or a scenario, not both")
     ref = parse_reference(reference)
@@ -198,7 +199,7 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
         with store.leased():
             result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
                                                   device=device, scenario=scenario)
-            _fetch_missing(client, ref, store, parsed, wanted, report, jobs)
+            _fetch_missing(client, ref, store, parsed, wanted, report, jobs, progress)
             _assemble(store, result, files, wanted)
             digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
                              host=ref.host, repository=ref.repository,
@@ -317,7 +318,9 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                    parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
-                   jobs: int) -> None:
+                   jobs: int, progress: bool | None = False) -> None:
+    from ..progress import Progress
+
     missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
     if not missing:
         return
@@ -327,10 +330,15 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
         return _fetch_payload(client, ref, store, key, parsed.payloads[key])
 
     order = sorted(missing, key=lambda k: (-wanted[k], k))
-    with ThreadPoolExecutor(jobs) as pool:
-        for received in pool.map(fetch, order):
-            report.fetched += 1
-            report.fetched_bytes += received
+    try:
+        with (Progress("pulling", sum(wanted[k] for k in missing), enabled=progress) as bar,
+              ThreadPoolExecutor(jobs) as pool):
+            client.on_blob_bytes = bar.advance
+            for received in pool.map(fetch, order):
+                report.fetched += 1
+                report.fetched_bytes += received
+    finally:
+        client.on_blob_bytes = None
 
 
 def _assemble(store: WeightStore, folder: Path, files: list[WeightFile],
