@@ -414,3 +414,39 @@ def test_dead_if_branch_weights_are_not_required(build_model, tmp_path):
     os.remove(package.path / where["w_then"])  # the live branch's file still matters
     report = check_package(package.path)
     assert not report.ok and "initializer=w_then" in report.problems[0]
+
+
+def test_check_needs_exactly_what_a_load_resolves(package):
+    """One liveness: check's payloads for each variant are the load's manifest entries."""
+    import weightstore
+
+    _, _, _, packages = package
+    path = packages["split"].path
+    for scenario in (None, "fused", "half", "both"):
+        report = check_package(path, scenario=scenario)
+        checked = {(e.source.file, e.source.offset, e.source.length)
+                   for e in variant_of(path / "encoder.onnx", scenario).external}
+        with weightstore.resolve(path, scenario=scenario) as r:
+            loaded = {(e.source.file, e.source.offset, e.source.length)
+                      for e in r.payload_manifest.active if e.source.file}
+        assert checked == loaded, scenario
+        assert report.models[0]["files"] == sorted({f for f, _, _ in loaded})
+
+
+def test_a_live_weight_without_an_eligible_payload_is_a_problem(package, tmp_path):
+    _, _, _, packages = package
+    path = tmp_path / "copy"
+    shutil.copytree(packages["split"].path, path)
+    model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
+    victim = next(t for t in model.graph.initializer
+                  if t.data_location == onnx.TensorProto.EXTERNAL)
+    for e in victim.external_data:
+        if e.key == "length":
+            e.value = str(int(e.value) + 4)
+    onnx.save(model, str(path / "encoder.onnx"))
+    report = check_package(path)
+    assert not report.ok
+    assert report.problems == [
+        f"live weight has no eligible payload (scenario=(default), initializer={victim.name}, "
+        f"location={next(e.value for e in victim.external_data if e.key == 'location')}, "
+        "model=encoder.onnx)"]

@@ -125,29 +125,18 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         bundle = read_bundle(folder, device)
         chosen = {str(m["file"]): m["scenario"] for m in bundle["models"]}
     report = CheckReport(str(folder), scenario, device)
-    sources = [(file, open_source(folder, model=name)) for name, file in models]
-    try:
-        held = [(file, src, meta, {s.scenario for s in read_scenarios(meta)})
-                for file, src in sources for meta in [src.metadata()]]
-        if scenario is not None and not any(scenario in names for *_, names in held):
-            raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder))
-        # every selection, replay and liveness first; files only after all of them
-        resolved = []
-        for file, src, meta, names in held:
-            selected = chosen.get(file) if device is not None else (
-                scenario if scenario in names else None)
-            entries: Sequence[ManifestEntry] = ()
-            problems: list[str] = []
-            try:
-                entries = resolve_variant(src, selected, model=meta).external
-            except ResolutionError as exc:
-                if "eligible payload" not in exc.message:
-                    raise
-                problems.append(str(_without_phase(exc, file)))
-            resolved.append((file, selected, entries, problems))
-    finally:
-        for _, src in sources:
-            src.close()
+    held: dict[str, set[str]] = {}  # model file -> the scenarios it holds
+    for name, file in models:
+        with contextlib.closing(open_source(folder, model=name)) as source:
+            held[file] = {s.scenario for s in read_scenarios(source.metadata())}
+    if scenario is not None and not any(scenario in names for names in held.values()):
+        raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder))
+    # every selection, replay and liveness first; files only after all of them
+    resolved = []
+    for name, file in models:
+        selected = chosen.get(file) if device is not None else (
+            scenario if scenario in held[file] else None)
+        resolved.append((file, selected, *_live_entries(folder, name, file, selected)))
     for file, selected, entries, problems in resolved:
         problems += file_problems(folder, entries, selected, verify=verify, strict=False,
                                   model=file)
@@ -160,8 +149,22 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     return report
 
 
+def _live_entries(folder: Path, name: str, file: str, scenario: str | None,
+                  ) -> tuple[Sequence[ManifestEntry], list[str]]:
+    """The external entries model ``name`` needs for ``scenario``; a live weight without
+    an eligible payload is a problem to report, not an error."""
+    with contextlib.closing(open_source(folder, model=name)) as source:
+        try:
+            return resolve_variant(source, scenario).external, []
+        except ResolutionError as exc:
+            if "eligible payload" not in exc.message:
+                raise
+            return (), [str(_without_phase(exc, file))]
+
+
 def _without_phase(exc: WeightstoreError, model: str) -> WeightstoreError:
     """A resolution error as a check reports it: the model named, the phase left out."""
-    context = {k: v for k, v in exc.context.items() if k != "phase"}
+    context = {"scenario": exc.context.get("scenario") or "(default)"}
+    context.update((k, v) for k, v in exc.context.items() if k not in ("phase", "scenario"))
     context.setdefault("model", model)
     return ScenarioError(exc.message, **context)
