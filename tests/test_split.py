@@ -15,7 +15,8 @@ from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package.bundles import assemble, satisfies
 from weightstore.package.check import check_package, file_problems, variant_of
-from weightstore.scenarios.resolve import live_payloads, variant
+from weightstore.resolve.variant import variant_graph
+from weightstore.scenarios.resolve import live_payloads
 from weightstore.scenarios.variants import runnable_variant
 
 from . import resolve_models as rm
@@ -85,7 +86,7 @@ def test_file_membership_is_reconstructible_from_external_data(package):
     model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
     users: dict[str, set[str]] = {}
     for name in (None, "fused", "half", "both"):
-        for p in live_payloads(variant(model, name), name):
+        for p in live_payloads(variant_graph(model, name), name):
             users.setdefault(p.checksum, set()).add(name or "default")
     where = _locations(model)
     for key, location in where.items():
@@ -104,17 +105,17 @@ def test_file_membership_is_reconstructible_from_external_data(package):
 def test_group_rules(package):
     _, _, _, packages = package
     model = onnx.load(str(packages["split"].path / "encoder.onnx"), load_external_data=False)
-    names = {p.name: p.location for p in live_payloads(variant(model, None))}
+    names = {p.name: p.location for p in live_payloads(variant_graph(model, None))}
     # the Q/K/V weights are fused (or cast) by every scenario: only the default graph
     assert names["encoder.layer.0.attention.self.query.weight"] == "pk.default.data"
-    fused = {p.name: p.location for p in live_payloads(variant(model, "fused"), "fused")}
-    both = {p.name: p.location for p in live_payloads(variant(model, "both"), "both")}
+    fused = {p.name: p.location for p in live_payloads(variant_graph(model, "fused"), "fused")}
+    both = {p.name: p.location for p in live_payloads(variant_graph(model, "both"), "both")}
     # the fused fp32 weight is used by one scenario only
     fused_name = next(n for n in fused if n.endswith(".fused_qkv"))
     assert fused[fused_name] == "pk.fused.data"
     # a payload live in the default graph and in a scenario is shared: common
-    default_keys = {p.checksum: p.location for p in live_payloads(variant(model, None))}
-    fused_keys = {p.checksum for p in live_payloads(variant(model, "fused"), "fused")}
+    default_keys = {p.checksum: p.location for p in live_payloads(variant_graph(model, None))}
+    fused_keys = {p.checksum for p in live_payloads(variant_graph(model, "fused"), "fused")}
     shared = set(default_keys) & fused_keys
     assert shared and {default_keys[k] for k in shared} == {"pk.common.data"}
     assert both  # the third scenario resolves too
@@ -123,9 +124,9 @@ def test_group_rules(package):
 def test_scenario_weights_shared_by_two_scenarios_go_to_common(package):
     _, _, _, packages = package
     model = onnx.load(str(packages["split"].path / "encoder.onnx"), load_external_data=False)
-    half = {p.checksum: p for p in live_payloads(variant(model, "half"), "half")}
-    both = {p.checksum: p for p in live_payloads(variant(model, "both"), "both")}
-    default = {p.checksum for p in live_payloads(variant(model, None))}
+    half = {p.checksum: p for p in live_payloads(variant_graph(model, "half"), "half")}
+    both = {p.checksum: p for p in live_payloads(variant_graph(model, "both"), "both")}
+    default = {p.checksum for p in live_payloads(variant_graph(model, None))}
     two_scenarios = (set(half) & set(both)) - default
     assert two_scenarios  # fp16 copies of weights both cast scenarios keep
     assert all(half[k].location == "pk.common.data" for k in two_scenarios)
@@ -283,7 +284,7 @@ def test_a_model_without_the_scenario_runs_its_default_in_that_variant(
     package = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=2)).packages[0]
     b = onnx.load(str(package.path / "b.onnx"), load_external_data=False)
     # b's weights are live in the default variant and (as b's default) in "fused"
-    assert {p.location for p in live_payloads(variant(b, None))} <= {"two.common.data"}
+    assert {p.location for p in live_payloads(variant_graph(b, None))} <= {"two.common.data"}
     os.remove(package.path / "two.default.data")
     assert check_package(package.path, scenario="fused").ok
     assemble(package.path, "d", tmp_path / "bundle")

@@ -14,7 +14,6 @@ Scenario selection is metadata only: an explicit scenario, null (the default gra
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -62,29 +61,27 @@ def write_device(folder: Path, device: Device, models: Sequence[tuple[str, onnx.
                  ) -> dict[str, Any]:
     """Write ``devices/<device>/`` in a package being built; returns its bundle record.
 
-    ``models`` are ``(model name, packaged model, scenario)``, each packaged model already
-    written as ``<name>.onnx`` in ``folder``; a model without that scenario runs its
-    default graph. Each is resolved as a load would (:mod:`weightstore.resolve.variant`):
-    the device's model is the final graph, and its files are those its live weights need.
+    ``models`` are ``(model name, packaged model, scenario)``; a model without that
+    scenario runs its default graph. Each is resolved as a load resolves it
+    (:func:`weightstore.resolve.variant.variant_graph`): the device's model is the final
+    graph, and its files are those its live weights need.
     """
-    from ..resolve.source import open_source
-    from ..resolve.variant import resolve_variant
+    from ..resolve.variant import variant_graph
+    from ..scenarios.resolve import live_payloads
 
     out = folder / DEVICES / device.name
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     files: dict[str, int] = {}
     for name, model, scenario in models:
-        with contextlib.closing(open_source(folder / f"{name}.onnx", model=name)) as source:
-            resolved = resolve_variant(source, scenario, model=model)
-        live = resolved.external
-        size = save_model(resolved.model, out / f"{name}.onnx")
-        for e in live:
-            files[e.source.file] = max(files.get(e.source.file, 0),
-                                       e.source.offset + e.source.length)
+        resolved = variant_graph(model, scenario)
+        live = live_payloads(resolved, scenario)
+        size = save_model(resolved, out / f"{name}.onnx")
+        for p in live:
+            files[p.location] = max(files.get(p.location, 0), p.offset + p.length)
         entries.append({"name": name, "file": f"{name}.onnx", "scenario": scenario,
-                        "model_bytes": size, "live_weights": sum(len(e.values) for e in live),
-                        "live_bytes": sum(e.source.length for e in live)})
+                        "model_bytes": size, "live_weights": len(live),
+                        "live_bytes": sum(p.length for p in live)})
     record = {
         "format_version": FORMAT_VERSION,
         "device": device.name,

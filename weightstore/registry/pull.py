@@ -259,7 +259,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         _download_files(client, ref, parsed, sorted(parsed.files), stage, report)
         wanted = {p.key: p.size for f in files for p in f.pieces}
         return stage, files, _count(wanted, report)
-    from ..scenarios.resolve import live_payloads, variant
+    from ..resolve.variant import variant_graph
+    from ..scenarios.resolve import live_payloads
 
     result = make_temp_dir(stage.parent, f".{stage.name}.variant.")
     models: list[tuple[onnx.ModelProto, str | None, str]] = []
@@ -292,7 +293,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
 
         for file, names in entries:
             chosen = scenario if scenario in names else None
-            resolved = variant(onnx.load(str(stage / file), load_external_data=False), chosen)
+            resolved = variant_graph(onnx.load(str(stage / file), load_external_data=False),
+                                     chosen)
             save_model(resolved, result / file)
             models.append((resolved, chosen, file))
     live: dict[str, int] = {}

@@ -43,7 +43,8 @@ class PayloadClosure(Closure):
         return False
 
 
-VARIANT_PHASES = (Replay, CleanupPhase, Inference, FoldKnown, PayloadClosure)
+LIVENESS_PHASES = (Replay, CleanupPhase, Inference, FoldKnown)
+VARIANT_PHASES = (*LIVENESS_PHASES, PayloadClosure)
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,26 @@ def resolve_variant(source: ModelSource, scenario: str | None, *,
     used. No payload is read. Errors are :class:`~weightstore.errors.ResolutionError`
     naming the phase and the scenario.
     """
-    graph = model if model is not None else source.metadata()
+    state, report = _run(source, model if model is not None else source.metadata(),
+                         scenario, VARIANT_PHASES)
+    return Variant(state.model, scenario,
+                   RequiredPayloadManifest(state.entries, state.load_derivations), report)
+
+
+def variant_graph(model: onnx.ModelProto, scenario: str | None) -> onnx.ModelProto:
+    """The final graph of ``scenario`` of a model in hand (no file behind it: a package
+    model being planned, one just downloaded), by the same phases; its live payloads are
+    then the graph's own external data (:func:`weightstore.scenarios.resolve.live_payloads`).
+    """
+    state, _ = _run(None, model, scenario, LIVENESS_PHASES)
+    return state.model
+
+
+def _run(source: ModelSource | None, graph: onnx.ModelProto, scenario: str | None,
+         phases: tuple[type, ...]) -> tuple[ResolutionState, TransformationReport]:
     if scenario is None:  # a replayed scenario's graph is stripped by the replay
         graph = strip_scenarios(graph)
     kind, kernels = catalogue_for({})
-    state = ResolutionState(source, graph, scenario, kind, kernels)
-    report = run_pipeline(state, [phase() for phase in VARIANT_PHASES])
-    return Variant(state.model, scenario,
-                   RequiredPayloadManifest(state.entries, state.load_derivations), report)
+    # the liveness phases never look at the source: only the closure locates payloads
+    state = ResolutionState(source, graph, scenario, kind, kernels)  # type: ignore[arg-type]
+    return state, run_pipeline(state, [phase() for phase in phases])
