@@ -1,13 +1,14 @@
 """One variant of a model and the payloads it needs: the resolution pipeline's liveness
 phases, for the callers that ask only "which payloads does this scenario need".
 
-``weightstore check``, device bundles and anything else that plans from liveness use this,
-so "which payloads does a scenario or device need" has one implementation: the seed's
-replay -> cleanup -> shape and constant-result analysis -> folding of proven ``If``
-conditions -> payload closure, the same phases :func:`weightstore.resolve` runs. It stops
-short of kernels and prepared objects (the portable payloads are what a package's files
-hold), and of the file checks: callers decide whether a missing file is a problem to
-collect or an error to raise (see :mod:`weightstore.package.check`).
+``weightstore check``, device bundles, the build's split planning, ``scenario replay`` and
+``pull --device/--scenario`` use this, so "which payloads does a scenario or device need"
+has one implementation: the seed's replay -> cleanup -> shape and constant-result analysis
+-> folding of proven ``If`` conditions -> payload closure, the same phases
+:func:`weightstore.resolve` runs. It stops short of kernels and prepared objects (the
+portable payloads are what a package's files hold), and of the file checks: callers decide
+whether a missing file is a problem to collect or an error to raise (see
+:mod:`weightstore.package.check`).
 """
 
 from __future__ import annotations
