@@ -149,7 +149,7 @@ def test_pipes_get_no_bar(project, command):
     assert "B/s" not in result.stdout
 
 
-@pytest.mark.parametrize("command", ["build", "store verify", "bundle", "release", "pull"])
+@pytest.mark.parametrize("command", ["store verify", "bundle", "release", "pull"])
 def test_quiet_terminal_gets_no_bar(project, command):
     code, shown = on_terminal(["-q", *_argv(project, command)])
     assert code == 0, shown
