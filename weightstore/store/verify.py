@@ -109,6 +109,8 @@ def check_rows(root: Path, objects: list[StoredObject], jobs: int,
         if (rehash and file_size is not None and obj.end <= file_size
                 and obj.key not in trusted):
             to_hash.append(obj)
+        elif rehash and progress is not None:
+            progress(obj.size)  # nothing to hash: the bar still reaches its end
     problems.extend(_overlaps(objects))
 
     def check(obj: StoredObject) -> Problem | None:
