@@ -113,6 +113,7 @@ COMMANDS: dict[str, Callable[[dict], list[str]]] = {
                         str(_out(p, "store"))],
     "store verify": lambda p: ["store", "verify", "--store", str(p["store"])],
     "verify": lambda p: ["verify", str(p["package"])],
+    "check --verify": lambda p: ["check", str(p["package"]), "--verify"],
     "convert": lambda p: ["convert", "to-external", str(p["src"]),
                           str(_out(p, "converted") / "m.onnx")],
     "bundle": lambda p: ["bundle", str(p["package"]), "d", "--output", str(_out(p, "bundle"))],
@@ -149,7 +150,8 @@ def test_pipes_get_no_bar(project, command):
     assert "B/s" not in result.stdout
 
 
-@pytest.mark.parametrize("command", ["store verify", "bundle", "release", "pull"])
+@pytest.mark.parametrize("command", ["store verify", "check --verify", "bundle", "release",
+                                     "pull"])
 def test_quiet_terminal_gets_no_bar(project, command):
     code, shown = on_terminal(["-q", *_argv(project, command)])
     assert code == 0, shown

@@ -304,7 +304,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from .package.check import check_package
 
     report = check_package(args.package, scenario=args.scenario, device=args.device,
-                           verify=args.verify)
+                           verify=args.verify, progress=requested(args))
     if args.json:
         _print_json(report.to_dict())
     else:

@@ -108,9 +108,13 @@ def variant_of(model_path: Path, scenario: str | None) -> Variant:
 
 
 def check_package(package: str | os.PathLike[str], *, scenario: str | None = None,
-                  device: str | None = None, verify: bool = False) -> CheckReport:
+                  device: str | None = None, verify: bool = False,
+                  progress: bool | None = False) -> CheckReport:
     """Resolve every model of a package folder for a scenario or device, then check the
-    files its live weights need."""
+    files its live weights need. ``progress``: with ``verify``, a bar over the bytes to
+    re-hash (None: only on an interactive terminal)."""
+    from ..progress import Progress
+
     if scenario is not None and device is not None:
         raise ScenarioError("choose a scenario or a device, not both")
     folder = Path(package)
@@ -137,15 +141,17 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         selected = chosen.get(file) if device is not None else (
             scenario if scenario in held[file] else None)
         resolved.append((file, selected, *_live_entries(folder, name, file, selected)))
-    for file, selected, entries, problems in resolved:
-        problems += file_problems(folder, entries, selected, verify=verify, strict=False,
-                                  model=file)
-        report.problems.extend(problems)
-        report.models.append({"file": file, "scenario": selected,
-                              "live_weights": sum(len(e.values) for e in entries),
-                              "live_bytes": sum(e.source.length for e in entries),
-                              "files": sorted({e.source.file for e in entries}),
-                              "problems": len(problems)})
+    total = sum(e.source.length for _, _, entries, _ in resolved for e in entries)
+    with Progress("verifying", total, enabled=progress if verify else False) as bar:
+        for file, selected, entries, problems in resolved:
+            problems += file_problems(folder, entries, selected, verify=verify,
+                                      strict=False, model=file, progress=bar.advance)
+            report.problems.extend(problems)
+            report.models.append({"file": file, "scenario": selected,
+                                  "live_weights": sum(len(e.values) for e in entries),
+                                  "live_bytes": sum(e.source.length for e in entries),
+                                  "files": sorted({e.source.file for e in entries}),
+                                  "problems": len(problems)})
     return report
 
 
