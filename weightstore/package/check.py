@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from ..catalogue.locations import resolve_location
 from ..errors import (
     ExternalDataError,
@@ -30,7 +32,7 @@ from ..errors import (
 )
 from ..hashing import ALGORITHMS, digest_file
 from ..resolve.manifest import ManifestEntry
-from ..resolve.source import open_source
+from ..resolve.source import ModelSource, open_source
 from ..resolve.variant import Variant, resolve_variant
 from ..scenarios.storage import read_scenarios
 from .bundle_record import read_bundle
@@ -129,18 +131,21 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         bundle = read_bundle(folder, device)
         chosen = {str(m["file"]): m["scenario"] for m in bundle["models"]}
     report = CheckReport(str(folder), scenario, device)
-    held: dict[str, set[str]] = {}  # model file -> the scenarios it holds
-    for name, file in models:
-        with contextlib.closing(open_source(folder, model=name)) as source:
-            held[file] = {s.scenario for s in read_scenarios(source.metadata())}
-    if scenario is not None and not any(scenario in names for names in held.values()):
-        raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder))
-    # every selection, replay and liveness first; files only after all of them
-    resolved = []
-    for name, file in models:
-        selected = chosen.get(file) if device is not None else (
-            scenario if scenario in held[file] else None)
-        resolved.append((file, selected, *_live_entries(folder, name, file, selected)))
+    with contextlib.ExitStack() as opened:  # each model file opened once
+        sources = {file: opened.enter_context(contextlib.closing(
+            open_source(folder, model=name))) for name, file in models}
+        metadata = {file: source.metadata() for file, source in sources.items()}
+        held = {file: {s.scenario for s in read_scenarios(meta)}
+                for file, meta in metadata.items()}
+        if scenario is not None and not any(scenario in names for names in held.values()):
+            raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder))
+        # every selection, replay and liveness first; files only after all of them
+        resolved = []
+        for file, source in sources.items():
+            selected = chosen.get(file) if device is not None else (
+                scenario if scenario in held[file] else None)
+            resolved.append((file, selected,
+                             *_live_entries(source, metadata[file], file, selected)))
     total = sum(e.source.length for _, _, entries, _ in resolved for e in entries)
     with Progress("verifying", total, enabled=progress if verify else False) as bar:
         for file, selected, entries, problems in resolved:
@@ -155,17 +160,16 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     return report
 
 
-def _live_entries(folder: Path, name: str, file: str, scenario: str | None,
-                  ) -> tuple[Sequence[ManifestEntry], list[str]]:
-    """The external entries model ``name`` needs for ``scenario``; a live weight without
-    an eligible payload is a problem to report, not an error."""
-    with contextlib.closing(open_source(folder, model=name)) as source:
-        try:
-            return resolve_variant(source, scenario).external, []
-        except ResolutionError as exc:
-            if "eligible payload" not in exc.message:
-                raise
-            return (), [str(_without_phase(exc, file))]
+def _live_entries(source: ModelSource, meta: onnx.ModelProto, file: str,
+                  scenario: str | None) -> tuple[Sequence[ManifestEntry], list[str]]:
+    """The external entries a model needs for ``scenario``; a live weight without an
+    eligible payload is a problem to report, not an error."""
+    try:
+        return resolve_variant(source, scenario, model=meta).external, []
+    except ResolutionError as exc:
+        if "eligible payload" not in exc.message:
+            raise
+        return (), [str(_without_phase(exc, file))]
 
 
 def _without_phase(exc: WeightstoreError, model: str) -> WeightstoreError:
