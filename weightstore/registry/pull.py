@@ -152,7 +152,8 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
     algo, hex_ = split_key(key)
     name = f"pull-{desc['digest'].split(':', 1)[1]}"
     tmp = store.root / f".{name}.tmp"
-    with store.file_lock(name):  # two pulls of one blob into one store take turns
+    # two pulls of one blob into one store take turns; the lock's file goes with it
+    with store.file_lock(name, removable=True):
         if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
             return 0  # the other one brought it
         try:

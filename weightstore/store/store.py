@@ -337,15 +337,17 @@ class WeightStore:
         with self.file_lock(file):  # every sibling busy: wait for the first
             yield file
 
-    def file_lock(self, file: str, timeout: float | None = None):
-        """The lock of one combined file: appends and compaction of it take turns."""
+    def file_lock(self, file: str, timeout: float | None = None, *, removable: bool = False):
+        """The lock of one combined file: appends and compaction of it take turns.
+        ``removable``: a lock of something transient (one blob being pulled), whose file
+        goes when it is released (see :func:`weightstore.locking.file_lock`)."""
         from ..locking import file_lock
 
         folder = self.root / LOCKS_DIR
         folder.mkdir(exist_ok=True)
         return file_lock(folder / f"{file}.lock",
                          self.lock_timeout if timeout is None else timeout, StoreError,
-                         f"store file {file}")
+                         f"store file {file}", removable=removable)
 
     # -- reading -----------------------------------------------------------------------
 
