@@ -75,7 +75,8 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
         with contextlib.suppress(OSError):
             atomic_write_bytes(holder, json.dumps({
                 "pid": os.getpid(), "host": socket.gethostname(),
-                "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
+                "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode(),
+                durable=False)  # a note for waiters: no fsync, a crash makes it moot
         yield path
     finally:
         with contextlib.suppress(OSError):

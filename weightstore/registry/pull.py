@@ -20,6 +20,8 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,7 @@ from ..errors import (
 )
 from ..fsio import copy_range, file_mode, make_temp_dir, publish_dir
 from ..hashing import new_hasher, split_key
-from ..store import FilePayload, WeightStore
+from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
 from .artifact import (
     SUMMARY_NAME,
@@ -144,8 +146,10 @@ def _hashers(also: str | None) -> list[Any]:
 
 
 def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
-                   desc: dict[str, Any]) -> int:
-    """Download one payload blob into the store. Its sha256 and its store key are both
+                   desc: dict[str, Any], adopt: Callable[[str, Path], StoredObject],
+                   ) -> tuple[int, StoredObject | None]:
+    """Download one payload blob into the store: (bytes received, its object, or None
+    when another pull brought it meanwhile). Its sha256 and its store key are both
     computed on the bytes as they are written; only when both match is the file renamed
     into the store (no copy, no second read). The partial file's name is its digest, so
     a later pull resumes it; the blob's lock keeps two pulls from writing it at once."""
@@ -155,17 +159,16 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
     # two pulls of one blob into one store take turns; the lock's file goes with it
     with store.file_lock(name, removable=True):
         if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
-            return 0  # the other one brought it
+            return 0, None  # the other one brought it
         try:
             received, found = download(client, ref, desc, tmp, resume=True, also=algo)
             if found != hex_:
                 raise IntegrityError("a blob's bytes do not match the key its layer names",
                                      digest=desc["digest"], key=key, reference=str(ref))
-            store.adopt(key, tmp)
+            return received, adopt(key, tmp)
         except IntegrityError:
             tmp.unlink(missing_ok=True)
             raise
-    return received
 
 
 def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
@@ -199,8 +202,9 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
         with store.leased():
             result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
                                                   device=device, scenario=scenario)
-            _fetch_missing(client, ref, store, parsed, wanted, report, jobs)
-            _assemble(store, result, files, wanted)
+            with _Assembly(result, files) as assembly:
+                _fetch_missing(client, ref, store, parsed, wanted, report, jobs, assembly)
+                assembly.finish(store)
             digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
                              host=ref.host, repository=ref.repository,
                              digests=[d["digest"] for d in parsed.payloads.values()])
@@ -318,14 +322,19 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                    parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
-                   jobs: int) -> None:
+                   jobs: int, assembly: _Assembly) -> None:
     missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
     if not missing:
         return
     store._make_root()
+    adoption = _GroupAdoption(store)
 
     def fetch(key: str) -> int:
-        return _fetch_payload(client, ref, store, key, parsed.payloads[key])
+        received, obj = _fetch_payload(client, ref, store, key, parsed.payloads[key],
+                                       adoption.adopt)
+        if obj is not None:
+            assembly.place(store, obj)  # on this thread, while the others download
+        return received
 
     order = sorted(missing, key=lambda k: (-wanted[k], k))
     with ThreadPoolExecutor(jobs) as pool:
@@ -334,30 +343,98 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
             report.fetched_bytes += received
 
 
-def _assemble(store: WeightStore, folder: Path, files: list[WeightFile],
-              wanted: dict[str, int]) -> None:
-    """Write every weight file from the store: its payloads at their offsets, zeros
-    between them (holes, never written)."""
-    objects = store.locate(wanted)
-    for f in files:
-        target = folder / f.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
-        try:
-            os.ftruncate(fd, f.size)
-            for p in f.pieces:
-                obj = objects.get(p.key)
-                if obj is None:
-                    raise PackageError("a payload vanished from the store while pulling",
-                                       key=p.key)
-                src = os.open(store.path_of(obj), os.O_RDONLY)
+class _GroupAdoption:
+    """Puts verified blobs into the store, the blobs that finish while a commit runs
+    together in the next one: the index's write transaction (a commit and a directory
+    fsync) is taken once per group instead of once per blob, and the threads that wait
+    for it go on downloading sooner. A failed commit fails every blob of its group."""
+
+    def __init__(self, store: WeightStore) -> None:
+        self._store = store
+        self._cond = threading.Condition()
+        self._queue: dict[str, Path] = {}
+        self._done: dict[str, StoredObject | BaseException] = {}
+        self._busy = False
+
+    def adopt(self, key: str, tmp: Path) -> StoredObject:
+        with self._cond:
+            self._queue[key] = tmp
+            while key not in self._done:
+                if self._busy:  # a commit is running: ours goes in the next one
+                    self._cond.wait()
+                    continue
+                self._busy = True
+                group, self._queue = self._queue, {}
+                self._cond.release()
                 try:
-                    copy_range(src, obj.offset, fd, p.offset, p.size)
+                    result: dict[str, Any] = dict(self._store.adopt_many(group))
+                except BaseException as exc:  # every waiter of the group raises it
+                    result = dict.fromkeys(group, exc)
                 finally:
-                    os.close(src)
-            os.fsync(fd)
-        finally:
+                    self._cond.acquire()
+                    self._busy = False
+                self._done.update(result)
+                self._cond.notify_all()
+            found = self._done.pop(key)
+        if isinstance(found, BaseException):
+            raise found
+        return found
+
+
+class _Assembly:
+    """The output's weight files: every payload at its offsets, zeros between them (holes,
+    never written). A fetched payload is copied in (by the kernel, from its store object)
+    on the thread that fetched it, as soon as it is in the store, so the copies overlap
+    the other blobs' downloads; :meth:`finish` copies the payloads the store already had
+    and makes the files durable."""
+
+    def __init__(self, folder: Path, files: list[WeightFile]) -> None:
+        self._folder, self._files = folder, files
+        self._fds: list[int] = []
+        self._places: dict[str, list[tuple[int, int, int]]] = {}  # key -> (fd, offset, size)
+        self._placed: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> _Assembly:
+        try:
+            for f in self._files:
+                target = self._folder / f.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+                self._fds.append(fd)
+                os.ftruncate(fd, f.size)
+                for p in f.pieces:
+                    self._places.setdefault(p.key, []).append((fd, p.offset, p.size))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds:
             os.close(fd)
+        self._fds = []
+
+    def place(self, store: WeightStore, obj: StoredObject) -> None:
+        src = os.open(store.path_of(obj), os.O_RDONLY)
+        try:
+            for fd, offset, size in self._places.get(obj.key, ()):
+                copy_range(src, obj.offset, fd, offset, size)
+        finally:
+            os.close(src)
+        with self._lock:
+            self._placed.add(obj.key)
+
+    def finish(self, store: WeightStore) -> None:
+        rest = [k for k in self._places if k not in self._placed]
+        objects = store.locate(rest)
+        for key in rest:
+            obj = objects.get(key)
+            if obj is None:
+                raise PackageError("a payload vanished from the store while pulling", key=key)
+            self.place(store, obj)
+        for fd in self._fds:
+            os.fsync(fd)
 
 
 def _register(store: WeightStore, folder: Path, parsed: ParsedArtifact,
