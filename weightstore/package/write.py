@@ -510,7 +510,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     ``<prefix>.S.data``; otherwise ``<prefix>.common.data``. A payload live nowhere still
     belongs to the base graph, so it goes to the default file.
     """
-    from ..scenarios.resolve import live_payloads, variant
+    from ..resolve.variant import variant_graph
+    from ..scenarios.resolve import live_payloads
 
     users: dict[str, set[str]] = {}
     index = store.locate(w.key for s, _ in per_model for sc in s.scenarios for w in sc.added
@@ -533,7 +534,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
             selected = name if name in own else None
             if selected not in resolved:
                 resolved[selected] = {p.checksum or "" for p in
-                                      live_payloads(variant(model, selected), selected)}
+                                      live_payloads(variant_graph(model, selected),
+                                                    selected)}
             for key in resolved[selected]:
                 users.setdefault(key, set()).add(name or DEFAULT_GROUP)
 

@@ -64,10 +64,11 @@ def _transport(args: argparse.Namespace) -> Transport:
 
 
 def run_push(args: argparse.Namespace) -> int:
+    from ..progress import requested
     from .push import push
 
     report = push(args.package, args.reference, store=_store(args), transport=_transport(args),
-                  jobs=args.jobs, mount_from=args.mount_from)
+                  jobs=args.jobs, mount_from=args.mount_from, progress=requested(args))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:
@@ -80,11 +81,12 @@ def run_push(args: argparse.Namespace) -> int:
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    from ..progress import requested
     from .pull import pull
 
     report = pull(args.reference, args.output, store=_store(args), transport=_transport(args),
                   jobs=args.jobs, device=args.device, scenario=args.scenario,
-                  force=args.force)
+                  force=args.force, progress=requested(args))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:

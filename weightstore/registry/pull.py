@@ -174,8 +174,9 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
 def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
          store: WeightStore, transport: Transport | None = None, jobs: int = 4,
          device: str | None = None, scenario: str | None = None,
-         force: bool = False) -> PullReport:
-    """Pull ``reference`` into ``output``; see the module docstring."""
+         force: bool = False, progress: bool | None = False) -> PullReport:
+    """Pull ``reference`` into ``output``; see the module docstring. ``progress``: a bar
+    over the payload bytes to fetch, with rate and ETA (None: only on a terminal)."""
     if device is not None and scenario is not None:
         raise ValueError("give a device or a scenario, not both")
     ref = parse_reference(reference)
@@ -203,7 +204,8 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
             result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
                                                   device=device, scenario=scenario)
             with _Assembly(result, files) as assembly:
-                _fetch_missing(client, ref, store, parsed, wanted, report, jobs, assembly)
+                _fetch_missing(client, ref, store, parsed, wanted, report, jobs, assembly,
+                               progress)
                 assembly.finish(store)
             digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
                              host=ref.host, repository=ref.repository,
@@ -263,7 +265,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         _download_files(client, ref, parsed, sorted(parsed.files), stage, report)
         wanted = {p.key: p.size for f in files for p in f.pieces}
         return stage, files, _count(wanted, report)
-    from ..scenarios.resolve import live_payloads, variant
+    from ..resolve.variant import variant_graph
+    from ..scenarios.resolve import live_payloads
 
     result = make_temp_dir(stage.parent, f".{stage.name}.variant.")
     models: list[tuple[onnx.ModelProto, str | None, str]] = []
@@ -296,7 +299,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
 
         for file, names in entries:
             chosen = scenario if scenario in names else None
-            resolved = variant(onnx.load(str(stage / file), load_external_data=False), chosen)
+            resolved = variant_graph(onnx.load(str(stage / file), load_external_data=False),
+                                     chosen)
             save_model(resolved, result / file)
             models.append((resolved, chosen, file))
     live: dict[str, int] = {}
@@ -322,7 +326,9 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                    parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
-                   jobs: int, assembly: _Assembly) -> None:
+                   jobs: int, assembly: _Assembly, progress: bool | None = False) -> None:
+    from ..progress import Progress
+
     missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
     if not missing:
         return
@@ -337,10 +343,15 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
         return received
 
     order = sorted(missing, key=lambda k: (-wanted[k], k))
-    with ThreadPoolExecutor(jobs) as pool:
-        for received in pool.map(fetch, order):
-            report.fetched += 1
-            report.fetched_bytes += received
+    try:
+        with (Progress("pulling", sum(wanted[k] for k in missing), enabled=progress) as bar,
+              ThreadPoolExecutor(jobs) as pool):
+            client.on_blob_bytes = bar.advance
+            for received in pool.map(fetch, order):
+                report.fetched += 1
+                report.fetched_bytes += received
+    finally:
+        client.on_blob_bytes = None
 
 
 class _GroupAdoption:

@@ -139,8 +139,11 @@ def _check_padding(folder: Path, plan: PackagePlan) -> None:
 
 def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
          transport: Transport | None = None, jobs: int = 4,
-         mount_from: Iterable[str] = ()) -> PushReport:
-    """Push the package folder to ``reference``; see the module docstring."""
+         mount_from: Iterable[str] = (), progress: bool | None = False) -> PushReport:
+    """Push the package folder to ``reference``; see the module docstring. ``progress``:
+    a bar over the blob bytes with rate and ETA (None: only on a terminal)."""
+    from ..progress import Progress
+
     folder = Path(package)
     ref = parse_reference(reference)
     if ref.digest:
@@ -186,10 +189,16 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     weight_digests = set(sha.values())
     sessions.prune()
     try:
-        with ThreadPoolExecutor(jobs) as pool:
+        with (Progress("pushing", report.blob_bytes, enabled=progress) as bar,
+              ThreadPoolExecutor(jobs) as pool):
+            client.on_blob_bytes = bar.advance
             for digest, how, size, held in pool.map(send, sorted(sources, key=lambda d: (
                     -sources[d][0], d))):
                 done.append(digest)
+                if how != "uploaded":
+                    bar.advance(size)
+                elif held:
+                    bar.advance(held)  # already on the registry from a killed push
                 setattr(report, how, getattr(report, how) + 1)
                 if held:
                     report.resumed += 1
@@ -199,6 +208,7 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
                     if digest in weight_digests:
                         report.uploaded_weight_bytes += size - held
     finally:
+        client.on_blob_bytes = None
         digests.remember(store, host=ref.host, repository=ref.repository, digests=done)
     client.put_manifest(ref, artifact.manifest_digest, artifact.manifest)
     client.put_manifest(ref, ref.tag or "latest", artifact.manifest)

@@ -424,23 +424,24 @@ class WeightStore:
         with self.index.reading() as conn:
             return compute_stats(self.root, self.index.files(conn))
 
-    def verify(self, *, jobs: int = 4) -> VerifyReport:
+    def verify(self, *, jobs: int = 4, progress: bool | None = False) -> VerifyReport:
         """Re-hash every object of one snapshot without blocking writers.
 
         A finding is reported only if a fresh look still shows the same row (gc or
-        compaction may have moved or removed it meanwhile).
+        compaction may have moved or removed it meanwhile). ``progress``: a bar with rate
+        and ETA (None: only on an interactive terminal).
         """
         from .verify import verify_store
 
         self._require_root()
-        return verify_store(self, jobs)
+        return verify_store(self, jobs, progress=progress)
 
-    def repair(self, *, jobs: int = 4) -> RepairReport:
+    def repair(self, *, jobs: int = 4, progress: bool | None = False) -> RepairReport:
         """Verify, then drop every entry whose bytes are damaged (see :mod:`.repair`)."""
         from .repair import repair_store
 
         self._require_root()
-        return repair_store(self, jobs)
+        return repair_store(self, jobs, progress=progress)
 
     # -- roots and gc ------------------------------------------------------------------
 
