@@ -1,11 +1,13 @@
 """``weightstore pull REF [DIR] [--device D | --scenario S]``: an artifact back into a folder.
 
 The manifest first; then only the payload blobs the local store lacks, each streamed to
-a temp file beside the store's objects while its sha256 is computed, and put into the
-store (which re-hashes it against its own key) only when that digest matches: a wrong
+a temp file beside the store's objects while its sha256 (and its store key, for a store
+of another algorithm) is computed, and put into the store only when both match: a wrong
 byte never enters the store. A blob cut off mid-stream resumes from the bytes already
-received (``Range``). Files are then assembled from the store, byte-identical to the
-pushed package (payloads at their offsets, zero bytes between them).
+received (``Range``). The output's weight files are written from the store,
+byte-identical to the pushed package (payloads at their offsets, zero bytes between
+them): a fetched payload is copied in by the kernel on the thread that fetched it, while
+the other blobs download, and the payloads the store already had at the end.
 
 With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
 first (the device folder's models and ``bundle.json``, or the package models with the
