@@ -1,11 +1,13 @@
 """``weightstore pull REF [DIR] [--device D | --scenario S]``: an artifact back into a folder.
 
 The manifest first; then only the payload blobs the local store lacks, each streamed to
-a temp file beside the store's objects while its sha256 is computed, and put into the
-store (which re-hashes it against its own key) only when that digest matches: a wrong
+a temp file beside the store's objects while its sha256 (and its store key, for a store
+of another algorithm) is computed, and put into the store only when both match: a wrong
 byte never enters the store. A blob cut off mid-stream resumes from the bytes already
-received (``Range``). Files are then assembled from the store, byte-identical to the
-pushed package (payloads at their offsets, zero bytes between them).
+received (``Range``). Files are then assembled from the store
+(:mod:`weightstore.package.assembly`: every piece re-hashed against its key as it is
+copied), byte-identical to the pushed package (payloads at their offsets, zero bytes
+between them).
 
 With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
 first (the device folder's models and ``bundle.json``, or the package models with the
@@ -20,6 +22,8 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +42,7 @@ from ..errors import (
 from ..fsio import make_temp_dir, publish_dir
 from ..hashing import new_hasher, split_key
 from ..package.assembly import assemble
-from ..store import FilePayload, WeightStore
+from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
 from .artifact import (
     SUMMARY_NAME,
@@ -145,27 +149,29 @@ def _hashers(also: str | None) -> list[Any]:
 
 
 def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
-                   desc: dict[str, Any]) -> int:
-    """Download one payload blob into the store. Its sha256 and its store key are both
+                   desc: dict[str, Any], adopt: Callable[[str, Path], StoredObject],
+                   ) -> tuple[int, StoredObject | None]:
+    """Download one payload blob into the store: (bytes received, its object, or None
+    when another pull brought it meanwhile). Its sha256 and its store key are both
     computed on the bytes as they are written; only when both match is the file renamed
     into the store (no copy, no second read). The partial file's name is its digest, so
     a later pull resumes it; the blob's lock keeps two pulls from writing it at once."""
     algo, hex_ = split_key(key)
     name = f"pull-{desc['digest'].split(':', 1)[1]}"
     tmp = store.root / f".{name}.tmp"
-    with store.file_lock(name):  # two pulls of one blob into one store take turns
+    # two pulls of one blob into one store take turns; the lock's file goes with it
+    with store.file_lock(name, removable=True):
         if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
-            return 0  # the other one brought it
+            return 0, None  # the other one brought it
         try:
             received, found = download(client, ref, desc, tmp, resume=True, also=algo)
             if found != hex_:
                 raise IntegrityError("a blob's bytes do not match the key its layer names",
                                      digest=desc["digest"], key=key, reference=str(ref))
-            store.adopt(key, tmp)
+            return received, adopt(key, tmp)
         except IntegrityError:
             tmp.unlink(missing_ok=True)
             raise
-    return received
 
 
 def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
@@ -328,9 +334,10 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
     if not missing:
         return
     store._make_root()
+    adoption = _GroupAdoption(store)
 
     def fetch(key: str) -> int:
-        return _fetch_payload(client, ref, store, key, parsed.payloads[key])
+        return _fetch_payload(client, ref, store, key, parsed.payloads[key], adoption.adopt)[0]
 
     order = sorted(missing, key=lambda k: (-wanted[k], k))
     try:
@@ -342,6 +349,44 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                 report.fetched_bytes += received
     finally:
         client.on_blob_bytes = None
+
+
+class _GroupAdoption:
+    """Puts verified blobs into the store, the blobs that finish while a commit runs
+    together in the next one: the index's write transaction (a commit and a directory
+    fsync) is taken once per group instead of once per blob, and the threads that wait
+    for it go on downloading sooner. A failed commit fails every blob of its group."""
+
+    def __init__(self, store: WeightStore) -> None:
+        self._store = store
+        self._cond = threading.Condition()
+        self._queue: dict[str, Path] = {}
+        self._done: dict[str, StoredObject | BaseException] = {}
+        self._busy = False
+
+    def adopt(self, key: str, tmp: Path) -> StoredObject:
+        with self._cond:
+            self._queue[key] = tmp
+            while key not in self._done:
+                if self._busy:  # a commit is running: ours goes in the next one
+                    self._cond.wait()
+                    continue
+                self._busy = True
+                group, self._queue = self._queue, {}
+                self._cond.release()
+                try:
+                    result: dict[str, Any] = dict(self._store.adopt_many(group))
+                except BaseException as exc:  # every waiter of the group raises it
+                    result = dict.fromkeys(group, exc)
+                finally:
+                    self._cond.acquire()
+                    self._busy = False
+                self._done.update(result)
+                self._cond.notify_all()
+            found = self._done.pop(key)
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
 
 def _register(store: WeightStore, folder: Path, parsed: ParsedArtifact,
