@@ -99,23 +99,15 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
 
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
-<<<<<<< HEAD
-                  sync_dir: bool = True) -> Iterator[BinaryIO]:
+                  sync_dir: bool = True, durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``.
 
     The file gets the mode an ordinary ``open()`` would give it (0666 less the umask), so
     published packages and shared stores are readable by others as usual. ``sync_dir``
     False leaves the folder's fsync to the caller: a temp folder published by
     :func:`publish_dir`, which fsyncs it once for all its files before renaming it.
-=======
-                  durable: bool = True) -> Iterator[BinaryIO]:
-    """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``.
-
-    The file gets the mode an ordinary ``open()`` would give it (0666 less the umask), so
-    published packages and shared stores are readable by others as usual. ``durable=False``
-    skips both fsyncs, for notes that mean nothing after a crash (who holds a lock): still
-    never torn, only possibly lost.
->>>>>>> registry-resume
+    ``durable=False`` skips both fsyncs, for notes that mean nothing after a crash (who
+    holds a lock): still never torn, only possibly lost.
     """
     path = Path(path)
     try:
@@ -132,11 +124,7 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
                 os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
-<<<<<<< HEAD
-        if sync_dir:
-=======
-        if durable:
->>>>>>> registry-resume
+        if durable and sync_dir:
             fsync_dir(path.parent)
     except OSError as exc:
         if exc.filename is None and exc.errno in WRITE_ERRNOS:
@@ -157,13 +145,8 @@ def _with_path(exc: OSError, path: Path) -> OSError:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview, *,
-<<<<<<< HEAD
-                       sync_dir: bool = True) -> None:
-    with atomic_writer(path, sync_dir=sync_dir) as f:
-=======
-                       durable: bool = True) -> None:
-    with atomic_writer(path, durable=durable) as f:
->>>>>>> registry-resume
+                       sync_dir: bool = True, durable: bool = True) -> None:
+    with atomic_writer(path, sync_dir=sync_dir, durable=durable) as f:
         f.write(data)
 
 
