@@ -172,6 +172,7 @@ def run_all(size_mb: int, runs: int, level: int, workdir: Path) -> dict[str, Any
 
 def report(r: dict[str, Any]) -> str:
     s = r["sizes"]
+    width = max(len(" ".join(f"{t:.2f}" for t in f["times_s"])) for f in r["variants"].values())
     lines = [f"package {s['package_bytes'] / MB:.1f} MB, zstd level {r['level']}, {r['runs']} "
              f"run(s), {r['cpus']} CPU(s), RSS floor {harness.rss_floor() / MB:.1f} MB",
              f"archive {s['archive_bytes'] / MB:.1f} MB (ratio "
@@ -179,11 +180,12 @@ def report(r: dict[str, Any]) -> str:
              + (f", pipeline {s['pipeline_bytes'] / MB:.1f} MB (ratio "
                 f"{s['pipeline_bytes'] / s['package_bytes']:.4f})" if "pipeline_bytes" in s
                 else ""), "",
-             f"{'variant':<10}{'median s':>10}{'runs s':>34}{'CPU s':>8}{'peak RSS MB':>13}"]
+             f"{'variant':<10}{'median s':>10}  {'runs s':<{width}}{'CPU s':>8}"
+             f"{'peak RSS MB':>13}"]
     for name, f in r["variants"].items():
         times = " ".join(f"{t:.2f}" for t in f["times_s"])
-        lines.append(f"{name:<10}{f['median_s']:>10.3f}{times:>34}{f['median_cpu_s']:>8.2f}"
-                     f"{f['max_peak_rss_bytes'] / MB:>13.1f}")
+        lines.append(f"{name:<10}{f['median_s']:>10.3f}  {times:<{width}}"
+                     f"{f['median_cpu_s']:>8.2f}{f['max_peak_rss_bytes'] / MB:>13.1f}")
     if r["missing"]:
         lines.append(f"tar+zstd skipped: {', '.join(r['missing'])} not found")
     lines += ["", *harness.target_table(r["targets"], "figure", 28, 9)]

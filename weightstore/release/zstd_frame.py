@@ -40,7 +40,10 @@ class Frame:
         from zstandard.backend_cffi import ffi, lib
 
         self._ffi, self._lib, self._sink = ffi, lib, sink
-        self._cctx = ffi.gc(lib.ZSTD_createCCtx(), lib.ZSTD_freeCCtx)
+        cctx = lib.ZSTD_createCCtx()
+        if cctx == ffi.NULL:
+            raise MemoryError("zstd: cannot allocate a compression context")
+        self._cctx = ffi.gc(cctx, lib.ZSTD_freeCCtx)
         for name, value in parameters:
             self._check(lib.ZSTD_CCtx_setParameter(self._cctx, getattr(lib, f"ZSTD_c_{name}"),
                                                    value), f"{name}={value}")
