@@ -14,7 +14,9 @@ CPU kernels' pre-packed weights beside an optimized copy of the graph
 
 Resolution then binds each requirement to its packed payload when the keys match (same
 runtime version, CPU features, lineage, ...), and falls back to the portable weights when
-they do not.
+they do not. The record also says whether the runtime uses a packed payload as it is
+(:mod:`.packing_probe`): when it packs the source again anyway, resolution prefers the
+portable weights and keeps only the companion's optimized graph.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..errors import PackageError
 from ..fsio import atomic_write_bytes
 from ..hashing import digest_bytes, make_key
 from ..model_io import save_model
+from .packing_probe import packing_reused
 from .prepared import PreparedOptions
 from .prepared_cache import FORMAT_VERSION, record_paths
 
@@ -176,6 +179,7 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
                "scenario": resolved.selected_scenario, "device": device,
                "graph_digest": resolved.graph_digest, "runtime": runtime_version(),
                "cpu_features": list(cpu_features()), "optimization_level": optimization_level,
+               "packing_reused": packing_reused(),
                "objects": sorted(objects, key=lambda o: (o["value"], o["kernel"])),
                "runtime_values": runtime_values}
         atomic_write_bytes(record_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n")
