@@ -15,7 +15,7 @@ import weightstore
 from tests import passes_models as pm
 from tests import resolve_models as rm
 from weightstore.cli import main
-from weightstore.errors import PackageError
+from weightstore.errors import PackageError, ResolutionError
 from weightstore.load import LoadReport, RecordingReader, WeightManager, plan_reads
 from weightstore.load.executor import execute
 from weightstore.resolve.binding import COSTLIER, PERSISTED, PORTABLE, prepared_key
@@ -265,3 +265,8 @@ def test_runtime_that_reuses_packed_weights_gets_the_persisted_payloads(prepared
     _record_says(package, None)  # a record that predates the probe: in the seed's order
     with weightstore.resolve(package, device="cpu", store=store) as r:
         assert r.bindings and all(b.selected == PERSISTED for b in r.bindings)
+
+
+def test_unknown_prepared_preference_is_an_error():
+    with pytest.raises(ResolutionError, match="unknown prepared preference"):
+        PreparedOptions(prefer="fastest")

@@ -52,15 +52,20 @@ class PrepareResult:
     runtime_values: int
     runtime: str
     cpu_features: tuple[str, ...]
+    packing_reused: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"record": str(self.record), "objects": self.objects,
                 "packed_bytes": self.packed_bytes, "runtime_values": self.runtime_values,
-                "runtime": self.runtime, "cpu_features": list(self.cpu_features)}
+                "runtime": self.runtime, "cpu_features": list(self.cpu_features),
+                "packing_reused": self.packing_reused}
 
     def describe(self) -> str:
+        note = ("" if self.packing_reused is not False else
+                f" ({self.runtime} packs the sources again to check packed objects: loads "
+                "use the portable weights with the optimized graph)")
         return (f"prepared {self.objects} packed objects ({self.packed_bytes} bytes) for "
-                f"{self.runtime}; record {self.record}")
+                f"{self.runtime}; record {self.record}{note}")
 
 
 def _requirement(candidates: list, kernel: str) -> Any:
@@ -185,4 +190,5 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
         atomic_write_bytes(record_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n")
                            .encode())
     return PrepareResult(record_path, len(objects), sum(o["length"] for o in objects),
-                         len(runtime_values), runtime_version(), cpu_features())
+                         len(runtime_values), runtime_version(), cpu_features(),
+                         packing_reused())

@@ -109,3 +109,10 @@ class PreparedOptions:
     resident: Mapping[str, Any] | None = None  # key digest -> resident object
     records: bool = True  # look up the package's prepared records (``weightstore prepare``)
     prefer: str = CHEAPER  # CHEAPER: skip persisted forms the runtime packs again anyway
+
+    def __post_init__(self) -> None:
+        if self.prefer not in (CHEAPER, IN_ORDER):
+            from ..errors import ResolutionError
+
+            raise ResolutionError("unknown prepared preference", prefer=self.prefer,
+                                  known=f"{CHEAPER}, {IN_ORDER}")
