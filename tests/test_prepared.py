@@ -270,3 +270,53 @@ def test_runtime_that_reuses_packed_weights_gets_the_persisted_payloads(prepared
 def test_unknown_prepared_preference_is_an_error():
     with pytest.raises(ResolutionError, match="unknown prepared preference"):
         PreparedOptions(prefer="fastest")
+
+
+WIDE_GELU_RECIPE = """\
+package: wide
+version: "1"
+store: {{path: {store}}}
+models: [{{name: encoder, source: {src}}}]
+layouts: [{{name: release, external_weight: combined, alignment: 4096}}]
+devices: [{{name: cpu, capabilities: {{device: cpu}}, scenario: null}}]
+output: {out}
+"""
+
+
+def test_corrupt_runtime_made_value_gives_up_the_companion(tmp_path):
+    """A value onnxruntime created for the companion graph (here the GELU function's
+    channel scale, inlined and folded) that fails its checksum makes the load use the
+    resolved graph and its portable weights: a correct session."""
+    from weightstore.build import BuildOptions, build
+
+    from .samples import make_encoder
+
+    src = tmp_path / "encoder.onnx"
+    onnx.save(make_encoder(ffn=1040), str(src))  # a channel scale above the small limit
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(WIDE_GELU_RECIPE.format(store=tmp_path / "store", src=src,
+                                              out=tmp_path / "out"))
+    build(recipe, BuildOptions(jobs=2))
+    package, store = tmp_path / "out" / "wide" / "1" / "release", tmp_path / "store"
+    assert main(["prepare", str(package), "--device", "cpu", "--store", str(store)]) == 0
+    path = package / "prepared" / "cpu" / "encoder.json"
+    doc = json.loads(path.read_text())
+    doc["packing_reused"] = False  # whatever the installed runtime does
+    path.write_text(json.dumps(doc))
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        made = [e for e in r.payload_manifest.active if e.origin == "runtime"]
+        assert made and r.prepared_graph is not None
+        ws = WeightStore(store)
+        obj = ws.lookup(made[0].source.store_key)
+        with open(ws.path_of(obj), "r+b") as f:
+            f.seek(obj.offset)
+            head = f.read(4)
+            f.seek(obj.offset)
+            f.write(bytes(b ^ 0xFF for b in head))
+        report = LoadReport()
+        session = weightstore.load(r, report=report, manager=WeightManager())
+        assert report.fell_back == {made[0].id: "portable"}
+        full = runnable_variant(package / "encoder.onnx", None)
+        feed = sample_inputs(full)
+        for a, b in zip(session.run(None, feed), run_onnxruntime(full, feed), strict=True):
+            np.testing.assert_array_equal(a, b)
