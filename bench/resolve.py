@@ -38,6 +38,8 @@ reported (the machine is shared: expect noise). In each process:
 * ``load-packed``: the same with ``PreparedOptions(prefer="in-order")``: the persisted
   packed forms are read and handed over, as the seed's order has it (what they cost);
 * ``load-portable``: without prepared records (the plain graph, packed at creation);
+* ``load-buffers``: the same with the package's weight files already in memory, given as
+  caller buffers (peak RSS above the state with those buffers resident: the load's own);
 * ``ort`` and ``ort-extended``: ``onnxruntime.InferenceSession(path)`` on onnx's
   external-data model (file-backed, the same weights), with default session options and
   at the companion's optimization level (``extended``);
@@ -65,7 +67,8 @@ from harness import MB, Target
 
 DEFAULT_LAYERS, DEFAULT_SMALL_MB, DEFAULT_RUNS = 12, 20, 5
 SHAPES = ("chain", "encoder")
-LOAD_MODES = ("load-prepared", "load-packed", "load-portable", "ort", "ort-extended")
+LOAD_MODES = ("load-prepared", "load-packed", "load-portable", "load-buffers", "ort",
+              "ort-extended")
 PHASES = {
     "metadata parse": ("parse",),
     "transformation and cleanup": ("replay", "transform", "cleanup"),
@@ -207,16 +210,21 @@ if mode == "resolve":
     out["dead_branch_dropped"] = "else.w" not in values
     out["bindings"] = sorted({b.selected for b in r.bindings})
 elif mode.startswith("load-"):
-    options = PreparedOptions(records=mode != "load-portable",
+    options = PreparedOptions(records=mode in ("load-prepared", "load-packed"),
                               prefer=IN_ORDER if mode == "load-packed" else "cheaper")
     reader = RecordingReader()
     report = LoadReport()
     start = time.perf_counter()
     r = weightstore.resolve(package, device="cpu", store=store, prepared=options)
+    buffers = {}
+    if mode == "load-buffers":  # the weight files already in the caller's memory
+        for name in {e.source.file for e in r.payload_manifest.active if e.source.file}:
+            buffers[name] = numpy.fromfile(os.path.join(package, name), dtype=numpy.uint8)
     with open("/proc/self/statm") as f:  # resident now, before the load (Linux)
         out["rss_resolved"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     middle, cpu = time.perf_counter(), time.process_time()
-    s = weightstore.load(r, reader=reader, report=report, manager=WeightManager())
+    s = weightstore.load(r, reader=reader, report=report, manager=WeightManager(),
+                         buffers=buffers)
     out["seconds"] = time.perf_counter() - middle  # from the resolved package
     out["cpu_seconds"] = time.process_time() - cpu  # every thread's
     out["with_resolve_seconds"] = time.perf_counter() - start
@@ -393,6 +401,9 @@ def figures(data: dict[str, Any]) -> tuple[dict[str, Any], list[Target]]:
                    (portable["peak_rss"] - floor) / portable["live_bytes"], 1.2),
             Target(f"{shape}: peak RSS above the resolved state / live (portable)",
                    portable["rss_above_resolved"] / portable["live_bytes"], None),
+            Target(f"{shape}: peak RSS above the caller's buffers / live (caller buffers)",
+                   m["load-buffers"]["rss_above_resolved"] / m["load-buffers"]["live_bytes"],
+                   None),
             Target(f"{shape}: peak RSS above imports / live (packed forms)",
                    (packed["peak_rss"] - floor) / packed["live_bytes"], None),
             Target(f"{shape}: peak RSS above imports / weights (onnxruntime)",
