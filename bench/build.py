@@ -8,8 +8,9 @@ Usage: ``python bench/build.py [--size-mb 256,1024] [--runs 5] [--model chain|tr
 targets there are cold <= 1.5x and warm <= 0.8x onnx's whole process, and an up-to-date
 build <= 0.15 s, whole process.
 
-Every measured run is a fresh subprocess, timed around the process, with its peak RSS taken
-from ``os.wait4``; interpreter start-up is therefore part of every variant alike. The page
+Every measured run is a fresh subprocess, timed around the process, with its peak RSS and
+CPU time (user + system, less sensitive to a busy machine than wall time) taken from
+``os.wait4``; interpreter start-up is therefore part of every variant alike. The page
 cache cannot be dropped without root, so each variant gets one untimed warm-up run and all
 of them see a warm cache; ``os.sync()`` runs (untimed) before every run so that writeback
 left over from the previous one does not land on the next. fsync calls made by the measured
@@ -21,7 +22,10 @@ evenly.
 Variants:
 
 * ``cold``: build with an empty store and no output folder;
-* ``warm``: store already filled by an earlier build, output folder removed first;
+* ``warm``: store already filled by an earlier build, output folder removed first: the
+  package is materialized from the store by its action record (no conversion);
+* ``warm-convert``: like ``warm`` with the store's action records deleted first, so the
+  package is converted again (payload keys from the caches, no source byte hashed);
 * ``unchanged``: everything in place; the build must report the package up-to-date. This
   is the steady state: the package's files are older than the source-digest cache's racy
   window (2 s) and an earlier check has cached their digests;
@@ -29,7 +33,8 @@ Variants:
   the package's files once (a file written within the racy window is never trusted from
   its stat stamp);
 * ``rehash``: like ``warm`` with the store's caches (``source-digests.json``,
-  ``payload-keys/``) deleted first, so every source byte is hashed again;
+  ``payload-keys/``, ``build-actions/``) deleted first, so every source byte is hashed
+  again;
 * ``onnx``: ``onnx.load`` + ``onnx.save_model`` to one external-data file;
 * ``copy``: ``shutil.copyfile`` of the model.
 
@@ -170,9 +175,11 @@ class Variant:
 
     def figures(self) -> dict[str, Any]:
         times = [r.seconds for r in self.runs]
+        cpu = [r.cpu_seconds for r in self.runs]
         rss = [r.peak_rss for r in self.runs]
         return {"times_s": times, "median_s": statistics.median(times), "min_s": min(times),
-                "max_s": max(times), "peak_rss_bytes": rss, "max_peak_rss_bytes": max(rss)}
+                "max_s": max(times), "cpu_s": cpu, "median_cpu_s": statistics.median(cpu),
+                "peak_rss_bytes": rss, "max_peak_rss_bytes": max(rss)}
 
 
 def measure(argv: list[str], workdir: Path, log_name: str) -> Process:
@@ -249,10 +256,18 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
         return build(cold_store)
 
     def warm() -> list[str]:
+        if not (warm_store / "build-actions").exists():
+            _rm(out)
+            untimed_build(warm_store)
+        _rm(out)
+        return build(warm_store)
+
+    def warm_convert() -> list[str]:
         if not warm_store.exists():
             _rm(out)
             untimed_build(warm_store)
         _rm(out)
+        _rm(warm_store / "build-actions")
         return build(warm_store)
 
     def unchanged() -> list[str]:
@@ -275,6 +290,7 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
         _rm(out)
         _rm(warm_store / "source-digests.json")
         _rm(warm_store / "payload-keys")
+        _rm(warm_store / "build-actions")
         return build(warm_store)
 
     def onnx_save() -> list[str]:
@@ -290,6 +306,7 @@ def make_variants(workdir: Path, model: Path, recipe: Path) -> list[Variant]:
     return [
         Variant("cold", cold, _expect("built", lambda n: n > 0)),
         Variant("warm", warm, _expect("built", lambda n: n == 0)),
+        Variant("warm-convert", warm_convert, _expect("built", lambda n: n == 0)),
         Variant("unchanged", unchanged, _expect("up-to-date")),
         Variant("1st-check", first_check, _expect("up-to-date")),
         Variant("rehash", rehash, _expect("built", lambda n: n == 0)),
@@ -323,14 +340,19 @@ def cache_checks(workdir: Path, model: Path) -> dict[str, float]:
 def ratios(variants: dict[str, Variant], model_bytes: int,
            checks: dict[str, float]) -> list[Target]:
     med = {name: statistics.median(r.seconds for r in v.runs) for name, v in variants.items()}
+    cpu = {name: statistics.median(r.cpu_seconds for r in v.runs)
+           for name, v in variants.items()}
     cold_rss = max(r.peak_rss for r in variants["cold"].runs)
     return [
         Target("cache checks / hashing",
                (checks["key_checks_s"] + checks["digest_check_s"]) / checks["hash_s"], 0.05,
                digits=4),
-        Target("warm / rehash", med["warm"] / med["rehash"], None),
+        Target("warm-convert / rehash", med["warm-convert"] / med["rehash"], None),
         Target("warm / onnx", med["warm"] / med["onnx"], 0.8),
+        Target("warm-convert / onnx", med["warm-convert"] / med["onnx"], None),
         Target("cold / onnx", med["cold"] / med["onnx"], 1.5),
+        Target("warm / onnx, CPU time", cpu["warm"] / cpu["onnx"], None),
+        Target("cold / onnx, CPU time", cpu["cold"] / cpu["onnx"], None),
         Target("unchanged / cold", med["unchanged"] / med["cold"], 0.2),
         Target("unchanged, whole process (s)", med["unchanged"], UNCHANGED_SECONDS, digits=3),
         Target("cold peak RSS / model size", cold_rss / model_bytes, 1.5),
@@ -345,12 +367,13 @@ def report(variants: list[Variant], found: list[Target], model: str, model_bytes
         f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, "
         f"RSS floor {harness.rss_floor() / MB:.1f} MB",
         "",
-        f"{'variant':<11}{'median s':>10}{'min s':>9}{'max s':>9}{'peak RSS MB':>13}",
+        f"{'variant':<13}{'median s':>10}{'min s':>9}{'max s':>9}{'cpu s':>8}"
+        f"{'peak RSS MB':>13}",
     ]
     for v in variants:
         f = v.figures()
-        lines.append(f"{v.name:<11}{f['median_s']:>10.3f}{f['min_s']:>9.3f}{f['max_s']:>9.3f}"
-                     f"{f['max_peak_rss_bytes'] / MB:>13.1f}")
+        lines.append(f"{v.name:<13}{f['median_s']:>10.3f}{f['min_s']:>9.3f}{f['max_s']:>9.3f}"
+                     f"{f['median_cpu_s']:>8.3f}{f['max_peak_rss_bytes'] / MB:>13.1f}")
     lines += ["", *harness.target_table(found, "ratio", 28, 7)]
     return "\n".join(lines)
 
@@ -391,7 +414,7 @@ def bench_size(size_mb: int, runs: int, workdir: Path,
         for v in variants:
             v.runs.append(run_once(v, workdir))
     for v in variants:
-        if v.name == "warm":  # leave the warm store's caches in place for the checks
+        if v.name == "warm-convert":  # leave the warm store's caches in place for the checks
             run_once(v, workdir)
     checks = cache_checks(workdir, model)
     harness.log(f"cache checks: {json.dumps(checks)}")

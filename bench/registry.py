@@ -176,6 +176,8 @@ def byte_figures(workdir: Path) -> dict[str, Any]:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 1.5, t.name))
     v2 = build_package(workdir, "enc", changed, "1.0.1", "blake3", scenario=True)
     server = fresh_registry(workdir, "reg-bytes")
+    for name in ("npu", "npu2", "dev"):  # left by an earlier run in a kept workdir
+        shutil.rmtree(workdir / name, ignore_errors=True)
     try:
         store = WeightStore(workdir / "enc-store")
         ref = f"{server.host}/bench/enc"

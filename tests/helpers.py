@@ -28,3 +28,14 @@ def set_row(store: WeightStore, key: str, **fields: object) -> None:
         for name, value in fields.items():
             assert name in ("file", "offset", "size")
             conn.execute(f"UPDATE objects SET {name} = ? WHERE key = ?", (value, key))
+
+
+def package_objects(folder: Path) -> dict[str, int]:
+    """The store objects a build keeps of a package's other files (model files, device
+    files, ``summary.json``) for its action record: key -> size."""
+    import json
+
+    from weightstore.caches.build_actions import whole_files
+
+    data = (folder / "summary.json").read_bytes()
+    return {f.pieces[0].key: f.size for f in whole_files(json.loads(data), data)}

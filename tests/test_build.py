@@ -16,7 +16,7 @@ from weightstore.convert import convert_to_inline
 from weightstore.errors import PackageError
 from weightstore.store import WeightStore
 
-from .helpers import store_index
+from .helpers import package_objects, store_index
 from .samples import run_onnxruntime, sample_inputs
 
 ALL_LAYOUTS = """
@@ -185,19 +185,21 @@ def test_dedup_across_models_and_builds(shared_pair, save_model, tmp_path):
     shared = ids["a"].keys() & ids["b"].keys()
     assert shared and ids["a"].keys() != ids["b"].keys()
     unique = {**ids["a"], **ids["b"]}
+    files = package_objects(result.packages[0].path)  # models and summary, for its record
     stats = WeightStore(store_dir).stats()
-    assert stats.objects == len(unique)
-    assert stats.payload_bytes == sum(unique.values())
+    assert stats.objects == len(unique) + len(files)
+    assert stats.payload_bytes == sum(unique.values()) + sum(files.values())
     assert stats.bytes_on_disk == stats.payload_bytes + stats.padding_bytes
     report = result.store_report
-    assert report["written_objects"] == len(unique)
+    assert report["written_objects"] == len(unique) + len(files)
     assert report["reused_objects"] == len(shared)  # b's shared payloads were already in
-    # a second recipe over the same store writes nothing new
+    # a second recipe over the same store writes nothing new but its summary (layout d)
     other = tmp_path / "again"
     other.mkdir()
     recipe2 = write_recipe(other, paths, layouts.replace("name: c", "name: d"))
     again = build(recipe2, BuildOptions(store=str(store_dir), jobs=2))
-    assert again.store_report["written_objects"] == 0
+    assert again.store_report["written_objects"] == len(
+        package_objects(again.packages[0].path).keys() - files.keys()) == 1
     assert WeightStore(store_dir).verify().ok
 
 
@@ -257,12 +259,12 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
     calls = {"n": 0}
     real = build_module.atomic_write_bytes
 
-    def failing(path, data):
+    def failing(path, data, **kwargs):
         if path.name.endswith(".onnx"):  # the third layout's model
             calls["n"] += 1
             if calls["n"] == 3:
                 raise OSError(28, "No space left on device", str(path))
-        return real(path, data)
+        return real(path, data, **kwargs)
 
     monkeypatch.setattr(build_module, "atomic_write_bytes", failing)
     with pytest.raises(OSError):

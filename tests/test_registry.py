@@ -34,6 +34,7 @@ from weightstore.registry.reference import parse_reference
 from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
 
+from .registry_proxy import relay
 from .registry_server import RegistryServer, needs_registry, running_registry
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 
@@ -131,6 +132,7 @@ def test_round_trip_is_bit_identical_and_runs(packages, registry, tmp_path, layo
     if layout != "embedded":
         assert pulled.fetched_bytes == pulled.payload_bytes > 0
         assert store.verify().ok
+        assert not list((store.root / "locks").iterdir())  # each blob's lock went with it
         assert [r.folder for r in store.roots()] == [str((tmp_path / "out").absolute())]
     # the same pull again reads every payload from the store
     again = pull(ref, tmp_path / "again", store=store)
@@ -263,23 +265,14 @@ class _Corrupting(BaseHTTPRequestHandler):
         pass
 
     def _forward(self) -> None:
-        conn = http.client.HTTPConnection(self.upstream, timeout=30)
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-        conn.request(self.command, self.path, headers=headers)
-        resp = conn.getresponse()
-        body = resp.read()
+        relay(self, self.upstream, b"", change=self._corrupt)
+
+    def _corrupt(self, body: bytes) -> bytes:
         if self.command == "GET" and self.path.endswith(self.target) and body:
-            body = bytearray(body)
-            body[len(body) // 2] ^= 0x01
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(bytes(body))
-        conn.close()
+            flipped = bytearray(body)
+            flipped[len(body) // 2] ^= 0x01
+            return bytes(flipped)
+        return body
 
     do_GET = do_HEAD = _forward
 
@@ -442,9 +435,9 @@ class _Dropping(BaseHTTPRequestHandler):
     def _forward(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        conn = http.client.HTTPConnection(self.upstream, timeout=30)
         if self.command == "PATCH" and len(self.dropped) < 2:
             self.dropped.append(self.path)
+            conn = http.client.HTTPConnection(self.upstream, timeout=30)
             conn.putrequest("PATCH", self.path, skip_host=True, skip_accept_encoding=True)
             for k, v in self.headers.items():
                 conn.putheader(k, v)
@@ -453,21 +446,7 @@ class _Dropping(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.close()
             return
-        conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
-        for k, v in self.headers.items():
-            conn.putheader(k, v)
-        conn.endheaders(body or None)
-        resp = conn.getresponse()
-        data = resp.read()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-        conn.close()
+        relay(self, self.upstream, body)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _forward
 

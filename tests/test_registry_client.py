@@ -183,3 +183,49 @@ def test_adopt_renames_a_verified_temp_file_once(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         store.adopt(payload.key, outside)
     assert store.verify().ok
+
+
+def test_blobs_finishing_together_are_adopted_in_one_transaction(tmp_path: Path) -> None:
+    import threading
+
+    from weightstore.registry.pull import _GroupAdoption
+    from weightstore.store import BytesPayload, WeightStore
+
+    store = WeightStore(tmp_path / "store")
+    store.put([BytesPayload.of(b"x" * 10)], kind="separate")
+    payloads = [BytesPayload.of(os.urandom(1000 + i)) for i in range(6)]
+    adoption = _GroupAdoption(store)
+    real = store.adopt_many
+    groups: list[int] = []
+    first_commit = threading.Event()
+    release = threading.Event()
+
+    def slow_first(paths):  # the first commit runs while the others finish
+        groups.append(len(paths))
+        if len(groups) == 1:
+            first_commit.set()
+            release.wait(10)
+        return real(paths)
+
+    store.adopt_many = slow_first  # type: ignore[method-assign]
+    found = {}
+
+    def finish(p) -> None:
+        tmp = store.root / f".pull-{p.key.split(':')[1]}.tmp"
+        tmp.write_bytes(p.data)
+        found[p.key] = adoption.adopt(p.key, tmp)
+
+    first = threading.Thread(target=finish, args=(payloads[0],))
+    first.start()
+    assert first_commit.wait(10)
+    rest = [threading.Thread(target=finish, args=(p,)) for p in payloads[1:]]
+    for t in rest:
+        t.start()
+    while len(adoption._queue) < len(rest):  # all five wait for the running commit
+        threading.Event().wait(0.01)
+    release.set()
+    for t in [first, *rest]:
+        t.join(10)
+    assert groups == [1, 5]
+    assert {k: store.read(o) for k, o in found.items()} == {p.key: p.data for p in payloads}
+    assert store.verify().ok

@@ -14,10 +14,12 @@ from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package.bundles import assemble, satisfies
-from weightstore.package.check import check_files, check_package
-from weightstore.scenarios.resolve import live_payloads, variant
+from weightstore.package.check import check_package, file_problems, variant_of
+from weightstore.resolve.variant import variant_graph
+from weightstore.scenarios.resolve import live_payloads
 from weightstore.scenarios.variants import runnable_variant
 
+from . import resolve_models as rm
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import tree
 
@@ -84,7 +86,7 @@ def test_file_membership_is_reconstructible_from_external_data(package):
     model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
     users: dict[str, set[str]] = {}
     for name in (None, "fused", "half", "both"):
-        for p in live_payloads(variant(model, name), name):
+        for p in live_payloads(variant_graph(model, name), name):
             users.setdefault(p.checksum, set()).add(name or "default")
     where = _locations(model)
     for key, location in where.items():
@@ -103,17 +105,17 @@ def test_file_membership_is_reconstructible_from_external_data(package):
 def test_group_rules(package):
     _, _, _, packages = package
     model = onnx.load(str(packages["split"].path / "encoder.onnx"), load_external_data=False)
-    names = {p.name: p.location for p in live_payloads(variant(model, None))}
+    names = {p.name: p.location for p in live_payloads(variant_graph(model, None))}
     # the Q/K/V weights are fused (or cast) by every scenario: only the default graph
     assert names["encoder.layer.0.attention.self.query.weight"] == "pk.default.data"
-    fused = {p.name: p.location for p in live_payloads(variant(model, "fused"), "fused")}
-    both = {p.name: p.location for p in live_payloads(variant(model, "both"), "both")}
+    fused = {p.name: p.location for p in live_payloads(variant_graph(model, "fused"), "fused")}
+    both = {p.name: p.location for p in live_payloads(variant_graph(model, "both"), "both")}
     # the fused fp32 weight is used by one scenario only
     fused_name = next(n for n in fused if n.endswith(".fused_qkv"))
     assert fused[fused_name] == "pk.fused.data"
     # a payload live in the default graph and in a scenario is shared: common
-    default_keys = {p.checksum: p.location for p in live_payloads(variant(model, None))}
-    fused_keys = {p.checksum for p in live_payloads(variant(model, "fused"), "fused")}
+    default_keys = {p.checksum: p.location for p in live_payloads(variant_graph(model, None))}
+    fused_keys = {p.checksum for p in live_payloads(variant_graph(model, "fused"), "fused")}
     shared = set(default_keys) & fused_keys
     assert shared and {default_keys[k] for k in shared} == {"pk.common.data"}
     assert both  # the third scenario resolves too
@@ -122,9 +124,9 @@ def test_group_rules(package):
 def test_scenario_weights_shared_by_two_scenarios_go_to_common(package):
     _, _, _, packages = package
     model = onnx.load(str(packages["split"].path / "encoder.onnx"), load_external_data=False)
-    half = {p.checksum: p for p in live_payloads(variant(model, "half"), "half")}
-    both = {p.checksum: p for p in live_payloads(variant(model, "both"), "both")}
-    default = {p.checksum for p in live_payloads(variant(model, None))}
+    half = {p.checksum: p for p in live_payloads(variant_graph(model, "half"), "half")}
+    both = {p.checksum: p for p in live_payloads(variant_graph(model, "both"), "both")}
+    default = {p.checksum for p in live_payloads(variant_graph(model, None))}
     two_scenarios = (set(half) & set(both)) - default
     assert two_scenarios  # fp16 copies of weights both cast scenarios keep
     assert all(half[k].location == "pk.common.data" for k in two_scenarios)
@@ -182,10 +184,9 @@ def test_missing_scenario_file_fails_only_that_scenario(package, tmp_path):
     assert not report.ok
     assert all("scenario=fused" in p and "location=pk.fused.data" in p and "initializer=" in p
                for p in report.problems)
-    model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
-    live = live_payloads(variant(model, "fused"), "fused")
+    live = variant_of(path / "encoder.onnx", "fused").external
     with pytest.raises(ExternalDataError) as err:
-        check_files(path, live, "fused", verify=False, strict=True)
+        file_problems(path, live, "fused", verify=False, strict=True)
     assert err.value.context["scenario"] == "fused"
     assert err.value.context["location"] == "pk.fused.data"
 
@@ -283,7 +284,7 @@ def test_a_model_without_the_scenario_runs_its_default_in_that_variant(
     package = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=2)).packages[0]
     b = onnx.load(str(package.path / "b.onnx"), load_external_data=False)
     # b's weights are live in the default variant and (as b's default) in "fused"
-    assert {p.location for p in live_payloads(variant(b, None))} <= {"two.common.data"}
+    assert {p.location for p in live_payloads(variant_graph(b, None))} <= {"two.common.data"}
     os.remove(package.path / "two.default.data")
     assert check_package(package.path, scenario="fused").ok
     assemble(package.path, "d", tmp_path / "bundle")
@@ -383,3 +384,70 @@ def test_file_constant_packages_list_and_check_their_files(encoder_model, save_m
     os.remove(package.path / "m_weight_combined")
     report = check_package(package.path)
     assert not report.ok and "model=m.onnx" in report.problems[0]
+
+
+@pytest.mark.parametrize("build_model", [rm.shape_if_model, rm.not_if_model],
+                         ids=["equal-gather-shape", "not-constant"])
+def test_dead_if_branch_weights_are_not_required(build_model, tmp_path):
+    """check and bundle resolve like a load: an If whose condition is known from metadata
+    keeps only its live branch, so the dead branch's weight file may go missing."""
+    model = build_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"package: p\nversion: '1'\nmodels: [{{name: m, source: {src}}}]\n"
+                      "layouts: [{name: s, external_weight: separate}]\n"
+                      f"devices: [{{name: d}}]\noutput: {tmp_path / 'out'}\n")
+    package = build(recipe, BuildOptions(store=str(tmp_path / "st"), jobs=1)).packages[0]
+    where = {w["name"]: w["location"] for w in package.summary["models"][0]["external_weights"]}
+    record = json.loads((package.path / "devices/d/bundle.json").read_text())
+    assert where["w_then"] in {f["name"] for f in record["files"]}
+    assert where["w_else"] not in {f["name"] for f in record["files"]}
+    os.remove(package.path / where["w_else"])
+    report = check_package(package.path, verify=True)
+    assert report.ok, report.problems
+    assert where["w_else"] not in report.models[0]["files"]
+    assemble(package.path, "d", tmp_path / "bundle")
+    inputs = {"x": sample_inputs(model, seed=3)["x"]}
+    for e, a in zip(run_onnxruntime(model, inputs),
+                    run_onnxruntime(tmp_path / "bundle" / "m.onnx", inputs), strict=True):
+        assert e.tobytes() == a.tobytes()
+    os.remove(package.path / where["w_then"])  # the live branch's file still matters
+    report = check_package(package.path)
+    assert not report.ok and "initializer=w_then" in report.problems[0]
+
+
+def test_check_needs_exactly_what_a_load_resolves(package):
+    """One liveness: check's payloads for each variant are the load's manifest entries."""
+    import weightstore
+
+    _, _, _, packages = package
+    path = packages["split"].path
+    for scenario in (None, "fused", "half", "both"):
+        report = check_package(path, scenario=scenario)
+        checked = {(e.source.file, e.source.offset, e.source.length)
+                   for e in variant_of(path / "encoder.onnx", scenario).external}
+        with weightstore.resolve(path, scenario=scenario) as r:
+            loaded = {(e.source.file, e.source.offset, e.source.length)
+                      for e in r.payload_manifest.active if e.source.file}
+        assert checked == loaded, scenario
+        assert report.models[0]["files"] == sorted({f for f, _, _ in loaded})
+
+
+def test_a_live_weight_without_an_eligible_payload_is_a_problem(package, tmp_path):
+    _, _, _, packages = package
+    path = tmp_path / "copy"
+    shutil.copytree(packages["split"].path, path)
+    model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
+    victim = next(t for t in model.graph.initializer
+                  if t.data_location == onnx.TensorProto.EXTERNAL)
+    for e in victim.external_data:
+        if e.key == "length":
+            e.value = str(int(e.value) + 4)
+    onnx.save(model, str(path / "encoder.onnx"))
+    report = check_package(path)
+    assert not report.ok
+    assert report.problems == [
+        f"live weight has no eligible payload (scenario=(default), initializer={victim.name}, "
+        f"location={next(e.value for e in victim.external_data if e.key == 'location')}, "
+        "model=encoder.onnx)"]

@@ -564,6 +564,38 @@ def test_a_waiting_writer_names_the_holder_every_ten_seconds(
     assert err.count("waiting") >= 2
 
 
+_TAKE_TURNS = """
+import sys, time
+from pathlib import Path
+from weightstore.errors import StoreError
+from weightstore.locking import file_lock
+lock, counter = Path(sys.argv[1]), Path(sys.argv[2])
+for _ in range(int(sys.argv[3])):
+    with file_lock(lock, -1, StoreError, "test", removable=True):
+        value = int(counter.read_text())
+        time.sleep(0.0005)  # a read-modify-write that overlaps if two hold the lock
+        counter.write_text(str(value + 1))
+"""
+
+
+def test_a_removable_lock_goes_with_its_holder_and_stays_exclusive(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from weightstore.locking import file_lock
+
+    lock, counter = tmp_path / "pull-x.lock", tmp_path / "counter"
+    with file_lock(lock, 0, StoreError, "test", removable=True):
+        assert lock_is_held(lock)
+    assert not lock.exists() and not list(tmp_path.glob("*.holder"))
+    counter.write_text("0")
+    procs = [subprocess.Popen([sys.executable, "-c", _TAKE_TURNS, str(lock), str(counter),
+                               "40"]) for _ in range(3)]
+    assert [p.wait(60) for p in procs] == [0, 0, 0]
+    assert counter.read_text() == "120"  # no two processes ever held it at once
+    assert not lock.exists()
+
+
 # -- crash safety -------------------------------------------------------------------------
 
 

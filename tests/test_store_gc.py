@@ -20,7 +20,7 @@ from weightstore.cli import main
 from weightstore.package.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 
-from .helpers import store_files, store_index
+from .helpers import package_objects, store_files, store_index
 from .samples import make_encoder
 from .test_build import write_recipe
 
@@ -69,8 +69,11 @@ def test_builds_register_roots_and_ls_shows_sizes(tmp_path: Path,
     assert [(r.layout, r.live) for r in roots] == [("c", True), ("c", True), ("s", True)]
     a_c, b_c, a_s = roots
     assert a_c.folder.startswith(str(tmp_path / "a"))
-    assert a_c.size == a_s.size > 0 and a_c.objects == a_s.objects
-    assert a_c.exclusive_bytes == 0  # a's two layouts share every payload
+    # a's two layouts share every payload; each also keeps its own model and summary
+    files_c, files_s = package_objects(package_of(r1)), package_objects(package_of(r1, "s"))
+    assert a_c.size - sum(files_c.values()) == a_s.size - sum(files_s.values()) > 0
+    assert a_c.objects - len(files_c) == a_s.objects - len(files_s)
+    assert a_c.exclusive_bytes == sum(files_c.values())
     assert 0 < b_c.exclusive_bytes <= b_c.size  # b shares little with a
     assert a_c.folder == str(package_of(r1))
     assert main(["store", "ls", "--store", str(store), "--json"]) == 0
@@ -107,7 +110,8 @@ def test_gc_keeps_what_live_roots_use_and_deletes_the_rest(tmp_path: Path) -> No
     build(r2, BuildOptions(store=str(store_dir), jobs=2))
     store = WeightStore(store_dir)
     before = store_index(store)
-    b_keys = {k for k, o in before.items() if o.kind == "separate"}
+    kept = package_objects(package_of(r1))  # a's model and summary files, for its record
+    b_keys = {k for k, o in before.items() if o.kind == "separate"} - kept.keys()
     shutil.rmtree(package_of(r2, "s"))  # the package is gone: its root is dead
     plan = store.plan_gc()
     assert [r.layout for r in plan.dead_roots] == ["s"]
@@ -116,7 +120,8 @@ def test_gc_keeps_what_live_roots_use_and_deletes_the_rest(tmp_path: Path) -> No
     result = plan.execute(store)
     assert result.dropped_roots == 1 and result.deleted_objects == len(b_keys)
     assert set(store_index(store)) == set(before) - b_keys
-    assert not [n for n in store_files(store.root) if n.startswith("weight_")]
+    assert [n for n in store_files(store.root) if n.startswith("weight_")] == sorted(
+        before[k].file for k in kept)
     assert store.verify().ok
     assert check_package(package_of(r1), verify=True).ok
     # the deleted payloads come back with the next build

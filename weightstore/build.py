@@ -40,6 +40,7 @@ from .recipe_file import read_recipe_file
 from .store.location import resolve_store_path
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
+    from .package.materialize import Materialized
     from .recipe import Layout, LoadedRecipe, ModelEntry, Recipe
 
 
@@ -87,7 +88,9 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     file's folder, or ``base_dir`` (default: the current folder) for an object or mapping.
     An unchanged package is reported ``up-to-date`` and nothing is written; a recipe file
     whose bytes, sources and packages match its build stamp is decided without being
-    parsed (:mod:`.caches.build_stamp`).
+    parsed (:mod:`.caches.build_stamp`). A missing package folder whose build the store
+    already holds is materialized from the store by its action record instead of being
+    converted again (:mod:`.package.materialize`; never with ``force``).
     """
     options = options or BuildOptions()
     if not isinstance(recipe, (str, os.PathLike)):
@@ -99,26 +102,38 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     absolute, data = read_recipe_file(recipe)
     stamp = build_stamp.stamp_path(absolute, options.models, options.layouts,
                                    resolve_store_path(options.store, None))
+    seen: list[FileDigests] = []  # digests the stamp's check took: never taken twice
     if not options.force and not options.dry_run:
-        done = _stamped(stamp, absolute, data)
+        done = _stamped(stamp, absolute, data, options.jobs, seen)
         if done is not None:
             return done
     from .recipe import load_recipe_bytes
 
     loaded = load_recipe_bytes(absolute, data, os.fspath(recipe))
-    return _build(loaded, options, stamp=(stamp, data))
+    return _build(loaded, options, stamp=(stamp, data), seen=seen)
 
 
-def _stamped(stamp: Path, recipe: Path, data: bytes) -> BuildResult | None:
-    """The result of an up-to-date build proven by the stamp, None when it proves nothing."""
+def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int,
+             seen: list[FileDigests]) -> BuildResult | None:
+    """The result of a build proven by the stamp, None when it proves nothing.
+
+    Packages in place must be up to date; a missing package folder is materialized from
+    the store by its fingerprint's action record (:mod:`.package.materialize`), which
+    needs neither onnx, numpy nor pydantic."""
     doc = build_stamp.load(stamp, recipe, data)
     if doc is None:
         return None
     store_root = Path(doc["store"])
     digests = FileDigests(store_root / CACHE_NAME)
+    seen.append(digests)
+    if not _can_materialize(doc, store_root):
+        # the full build follows: its sources are hashed meanwhile, on the second CPU
+        digests.prefetch(Path(model) for model in doc["sources"])
+        return None
     if not build_stamp.sources_unchanged(doc, digests):
         return None
     result = BuildResult(store_root)
+    missing = []
     for p in doc["packages"]:
         target = Path(p["path"])
         try:
@@ -126,16 +141,48 @@ def _stamped(stamp: Path, recipe: Path, data: bytes) -> BuildResult | None:
             summary = _existing_summary(target, force=False)
         except PackageError:
             return None
-        if (summary is None or summary.get("fingerprint") != p["fingerprint"]
+        if summary is None:
+            missing.append((p, target))
+            continue
+        if (summary.get("fingerprint") != p["fingerprint"]
                 or not _intact(target, summary, digests)):
             return None
         result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
+    if missing:
+        from .package.materialize import materialize
+
+        for p, target in missing:
+            done = materialize(store_root, target, p["fingerprint"], jobs=jobs)
+            if done is None:
+                return None  # the full build decides (what was published stays valid)
+            result.packages.append(PackageResult(p["layout"], target, "built", done.summary))
+            _count_reused(result, done)
+        order = [p["layout"] for p in doc["packages"]]
+        result.packages.sort(key=lambda r: order.index(r.layout))
     digests.save()
     return result
 
 
+def _can_materialize(doc: dict[str, Any], store_root: Path) -> bool:
+    """Has every package folder the stamp names that is missing a sound action record?"""
+    missing = [p for p in doc["packages"] if not Path(p["path"]).exists()]
+    if not missing:
+        return True
+    from .caches import build_actions
+
+    return all(build_actions.load(store_root, p["fingerprint"]) is not None for p in missing)
+
+
+def _count_reused(result: BuildResult, done: Materialized) -> None:
+    """A materialized package writes nothing to the store and reuses all its payloads."""
+    for k, v in (("written_objects", 0), ("written_bytes", 0), ("padding_bytes", 0),
+                 ("reused_objects", done.reused_objects), ("reused_bytes", done.reused_bytes)):
+        result.store_report[k] = result.store_report.get(k, 0) + v
+
+
 def _build(loaded: LoadedRecipe, options: BuildOptions,
-           stamp: tuple[Path, bytes] | None = None) -> BuildResult:
+           stamp: tuple[Path, bytes] | None = None,
+           seen: list[FileDigests] | None = None) -> BuildResult:
     from .selection import select_part
 
     loaded = select_part(loaded, options.models, options.layouts)
@@ -144,7 +191,9 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     if store_root.exists() and not store_root.is_dir():
         raise StoreError("store path exists and is not a folder", path=str(store_root))
     result = BuildResult(store_root)
-    digests = FileDigests(store_root / CACHE_NAME)
+    digests = next((d for d in seen or () if d.cache_file == store_root / CACHE_NAME),
+                   None) or FileDigests(store_root / CACHE_NAME)
+    digests.prefetch(loaded.model_source(m) for m in loaded.models())  # while onnx loads
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)
@@ -299,6 +348,10 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                                        "external weight layout or a lower size_threshold",
                                        model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
+        if not options.force and not options.dry_run:
+            todo = [t for t in todo if not _materialized(store_root, *t, options, result)]
+            if not todo:
+                return
         store = WeightStore(store_root)
         if options.dry_run:
             result.store_report = packaging.plan_store(
@@ -319,14 +372,32 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         packaging.close_sources(sources)
 
 
+def _materialized(store_root: Path, layout: Layout, target: Path, fingerprint: str,
+                  options: BuildOptions, result: BuildResult) -> bool:
+    """Publish a missing package folder from the store by its action record (no
+    conversion); False when there is none or the store cannot serve it."""
+    if target.exists() or layout.external_weight == "embedded":
+        return False
+    from .package.materialize import materialize
+
+    done = materialize(store_root, target, fingerprint, jobs=options.jobs)
+    if done is None:
+        return False
+    result.packages.append(PackageResult(layout.name, target, "built", done.summary))
+    _count_reused(result, done)
+    return True
+
+
 def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     sources: list, store: Any, digests: FileDigests, options: BuildOptions,
                     result: BuildResult,
                     *, trust_cache: bool = True) -> None:
     """Fill the store for ``todo``'s layouts and write them; each layout written is
     removed from ``todo``."""
+    from .caches import build_actions
     from .locking import target_lock
     from .package import write as packaging
+    from .package.materialize import register_root
 
     recipe = loaded.recipe
     report = packaging.fill_store(
@@ -348,21 +419,13 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                 _refuse(target, existing, fp, layout, [s.identity for s in sources])
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress)
-            register_root(store, layout, target, summary)
+            # its other files go into the store too: a later build materializes it
+            stored = build_actions.record(store, target, summary, jobs=options.jobs)
+            register_root(store, target, summary)
+        for k, v in stored.items():
+            result.store_report[k] = result.store_report.get(k, 0) + v
         result.packages.append(PackageResult(layout.name, target, "built", summary))
         todo.pop(0)
-
-
-def register_root(store, layout: Layout, target: Path, summary: dict[str, Any]) -> None:
-    """Record in the store that ``target`` holds this package and which keys it uses."""
-    if layout.external_weight == "embedded":
-        return  # nothing of the store is in it
-    from .store import RootRecord
-
-    keys = sorted({w["id"] for m in summary["models"] for w in m["external_weights"]})
-    store.register_root(RootRecord(package=summary["package"], version=summary["version"],
-                                   layout=layout.name, folder=str(target.absolute()),
-                                   fingerprint=summary["fingerprint"]), keys)
 
 
 def _ensure_root(store_root: Path, layout: Layout, target: Path,
@@ -374,6 +437,7 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
     if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
         return
     try:
+        from .package.materialize import register_root
         from .store.roots import is_registered
 
         with Index(store_root).reading() as conn:  # the usual case: one indexed lookup
@@ -381,7 +445,7 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
                 return
         from .store import WeightStore
 
-        register_root(WeightStore(store_root), layout, target, summary)
+        register_root(WeightStore(store_root), target, summary)
     except (StoreError, KeyError, TypeError):
         pass  # a store that cannot take it costs only gc's protection, never the build
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import __version__
 from .errors import WeightstoreError
+from .progress import requested
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
@@ -174,7 +175,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
                                              force=args.force, models=tuple(args.model),
                                              layouts=tuple(args.layout),
-                                             progress=False if args.quiet else None,
+                                             progress=requested(args),
                                              dry_run=args.dry_run))
     if args.json:
         _print_json(result.to_dict())
@@ -225,7 +226,7 @@ def _cmd_store(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.repair:
         return _cmd_store_repair(store, args)
-    report = store.verify(jobs=args.jobs)
+    report = store.verify(jobs=args.jobs, progress=requested(args))
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -236,7 +237,7 @@ def _cmd_store(args: argparse.Namespace) -> int:
 
 
 def _cmd_store_repair(store: Any, args: argparse.Namespace) -> int:
-    report = store.repair(jobs=args.jobs)
+    report = store.repair(jobs=args.jobs, progress=requested(args))
     if args.json:
         _print_json(report.to_dict())
         return EXIT_OK if report.ok else EXIT_FAILED
@@ -273,7 +274,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         report = convert_to_external(args.input, args.output, form=form,
                                      threshold=args.threshold, algo=args.hash,
                                      alignment=args.alignment,
-                                     progress=False if args.quiet else None)
+                                     progress=requested(args))
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -303,7 +304,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from .package.check import check_package
 
     report = check_package(args.package, scenario=args.scenario, device=args.device,
-                           verify=args.verify)
+                           verify=args.verify, progress=requested(args))
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -320,7 +321,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_bundle(args: argparse.Namespace) -> int:
     from .package.bundles import assemble
 
-    record = assemble(args.package, args.device, args.output, verify=not args.no_verify)
+    record = assemble(args.package, args.device, args.output, verify=not args.no_verify,
+                      progress=requested(args))
     files = ", ".join(f["name"] for f in record["files"]) or "no weight files"
     print(f"assembled {args.device} in {args.output}: "
           f"{', '.join(m['file'] for m in record['models'])} + {files}")

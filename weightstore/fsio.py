@@ -98,11 +98,16 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[BinaryIO]:
+def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
+                  sync_dir: bool = True, durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``.
 
     The file gets the mode an ordinary ``open()`` would give it (0666 less the umask), so
-    published packages and shared stores are readable by others as usual.
+    published packages and shared stores are readable by others as usual. ``sync_dir``
+    False leaves the folder's fsync to the caller: a temp folder published by
+    :func:`publish_dir`, which fsyncs it once for all its files before renaming it.
+    ``durable=False`` skips both fsyncs, for notes that mean nothing after a crash (who
+    holds a lock): still never torn, only possibly lost.
     """
     path = Path(path)
     try:
@@ -115,10 +120,12 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bi
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
-        fsync_dir(path.parent)
+        if durable and sync_dir:
+            fsync_dir(path.parent)
     except OSError as exc:
         if exc.filename is None and exc.errno in WRITE_ERRNOS:
             raise _with_path(exc, path) from None
@@ -137,8 +144,9 @@ def _with_path(exc: OSError, path: Path) -> OSError:
     return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
-    with atomic_writer(path) as f:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview, *,
+                       sync_dir: bool = True, durable: bool = True) -> None:
+    with atomic_writer(path, sync_dir=sync_dir, durable=durable) as f:
         f.write(data)
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from .errors import PackageError, WeightstoreError
 from .fsio import atomic_write_bytes, file_mode
@@ -27,25 +28,39 @@ LOCKS_DIR = "locks"
 WAIT_REPORT_SECONDS = 10.0
 
 
+class _Replaced(Exception):
+    """The lock was taken on a file no longer at the lock's path (its holder removed it)."""
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: str,
-              ) -> Iterator[Path]:
+              *, removable: bool = False) -> Iterator[Path]:
     """Hold ``path`` exclusively (negative timeout: wait forever).
 
     The lock file gets an ordinary file's mode (0666 less the umask), so every user who may
     write a shared store or output folder can also lock it. The holder writes its pid, host
     and start time to ``<path>.holder``; a waiter prints them on stderr every
     :data:`WAIT_REPORT_SECONDS` instead of waiting silently.
-    """
-    from filelock import FileLock, Timeout  # imported on first use: it costs ~35 ms
 
-    lock = FileLock(path, mode=file_mode())
+    ``removable``: for locks named after something transient (one blob being pulled), so
+    that their files do not pile up. The holder unlinks the lock file before it unlocks;
+    every taker checks, once it holds the lock, that the file it locked is still the one at
+    the path, and otherwise takes the lock again (a waiter that had opened the removed file
+    would else hold a lock nobody else sees). flock locks the file, not its name, so this
+    check is what makes removal safe; filelock exposes the locked descriptor for it through
+    ``on_acquired`` (filelock 4). With an older filelock the file is kept.
+    """
+    from filelock import Timeout  # imported on first use: it costs ~35 ms
+
+    lock, removing = _new_lock(path, removable)
     start = time.monotonic()
     while True:
         left = float("inf") if timeout < 0 else timeout - (time.monotonic() - start)
         try:
             lock.acquire(timeout=max(0.0, min(WAIT_REPORT_SECONDS, left)))
             break
+        except _Replaced:
+            continue  # the holder before us removed the file: lock the one at the path now
         except Timeout as exc:
             if time.monotonic() - start >= timeout >= 0:
                 raise error(f"timed out waiting for the {what} lock; {holder_text(path)}",
@@ -60,12 +75,37 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
         with contextlib.suppress(OSError):
             atomic_write_bytes(holder, json.dumps({
                 "pid": os.getpid(), "host": socket.gethostname(),
-                "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
+                "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode(),
+                durable=False)  # a note for waiters: no fsync, a crash makes it moot
         yield path
     finally:
         with contextlib.suppress(OSError):
             os.unlink(holder)
+        if removing:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # while still held: see the docstring
         lock.release()
+
+
+def _new_lock(path: Path, removable: bool) -> tuple[Any, bool]:
+    """A FileLock, and whether its file may be removed on release."""
+    from filelock import FileLock
+
+    if not removable:
+        return FileLock(path, mode=file_mode()), False
+
+    def same_file(fd: int) -> None:
+        try:
+            here = os.stat(path)
+        except FileNotFoundError:
+            raise _Replaced from None
+        if not os.path.samestat(here, os.fstat(fd)):
+            raise _Replaced
+
+    try:
+        return FileLock(path, mode=file_mode(), on_acquired=same_file), True
+    except TypeError:  # filelock 3: no access to the locked descriptor, keep the file
+        return FileLock(path, mode=file_mode()), False
 
 
 def _holder_path(path: Path) -> Path:

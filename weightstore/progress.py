@@ -13,11 +13,15 @@ import sys
 import threading
 from typing import TextIO
 
-from tqdm import tqdm
-
 
 def interactive(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("CI")
+
+
+def requested(args: object) -> bool | None:
+    """The bar setting a command line asks for: never under ``-q``, otherwise only on an
+    interactive terminal (None)."""
+    return False if getattr(args, "quiet", False) else None
 
 
 class Progress:
@@ -31,10 +35,13 @@ class Progress:
         self.total = max(total, 1)
         self.done = 0
         self._lock = threading.Lock()
-        self._bar = (tqdm(total=self.total, desc=label, unit="B", unit_scale=True,
-                          file=self.stream, mininterval=0.1, dynamic_ncols=True,
-                          leave=True)
-                     if self.enabled else None)
+        self._bar = None
+        if self.enabled:  # tqdm's import is paid only where a bar is drawn
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, desc=label, unit="B", unit_scale=True,
+                             file=self.stream, mininterval=0.1, dynamic_ncols=True,
+                             leave=True)
 
     def advance(self, n: int) -> None:
         if self._bar is None:

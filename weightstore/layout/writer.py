@@ -57,7 +57,7 @@ PayloadLocator = Callable[[str], "FileRange | bytes"]
 
 def write_plan(plan: LayoutPlan, folder: Path, locate: PayloadLocator, *, jobs: int = 4,
                progress: Callable[[int], None] | None = None,
-               file_digest: str | None = None) -> dict[str, str]:
+               file_digest: str | None = None, sync_dir: bool = True) -> dict[str, str]:
     """Write every file of ``plan`` into ``folder``; ``locate(key)`` finds each payload.
 
     Copies are spread by payload, not by file, so one big combined file keeps every worker
@@ -65,7 +65,9 @@ def write_plan(plan: LayoutPlan, folder: Path, locate: PayloadLocator, *, jobs: 
     that one read verifies its payloads and, with ``file_digest`` (an algorithm), also
     digests the whole file, padding included. Returns ``{file name: "<algo>:<hex>"}``
     (empty without ``file_digest``), so callers never read a written byte again to list
-    it. Files are opened a batch at a time.
+    it. Files are opened a batch at a time. ``sync_dir`` False: ``folder`` is a temp
+    folder its caller publishes with :func:`~weightstore.fsio.publish_dir` (one fsync of
+    the folder for every file, instead of one per file).
     """
     for parent in sorted({(folder / f.name).parent for f in plan.files}):
         parent.mkdir(parents=True, exist_ok=True)  # split separate layouts: group folders
@@ -74,15 +76,16 @@ def write_plan(plan: LayoutPlan, folder: Path, locate: PayloadLocator, *, jobs: 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         for i in range(0, len(plan.files), batch):
             digests.update(_write_batch(plan.files[i:i + batch], folder, locate, pool,
-                                        progress, file_digest))
+                                        progress, file_digest, sync_dir))
     return digests
 
 
 def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLocator,
                  pool: ThreadPoolExecutor, progress: Callable[[int], None] | None,
-                 file_digest: str | None) -> dict[str, str]:
+                 file_digest: str | None, sync_dir: bool) -> dict[str, str]:
     with contextlib.ExitStack() as stack:
-        handles = [stack.enter_context(atomic_writer(folder / f.name, "w+b")) for f in files]
+        handles = [stack.enter_context(atomic_writer(folder / f.name, "w+b",
+                                                     sync_dir=sync_dir)) for f in files]
         copies = {(f.name, p.offset): pool.submit(_copy_payload, h.fileno(), p, locate,
                                                   folder / f.name)
                   for f, h in zip(files, handles, strict=True) for p in f.payloads}

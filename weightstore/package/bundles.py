@@ -26,9 +26,8 @@ import onnx
 from ..errors import PackageError
 from ..fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
 from ..model_io import save_model
-from ..scenarios.resolve import live_payloads, variant
 from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
-from .check import check_files
+from .check import file_problems, variant_of
 
 if TYPE_CHECKING:  # reading bundle records needs no recipe machinery
     from ..recipe import Device
@@ -63,14 +62,19 @@ def write_device(folder: Path, device: Device, models: Sequence[tuple[str, onnx.
     """Write ``devices/<device>/`` in a package being built; returns its bundle record.
 
     ``models`` are ``(model name, packaged model, scenario)``; a model without that
-    scenario runs its default graph.
+    scenario runs its default graph. Each is resolved as a load resolves it
+    (:func:`weightstore.resolve.variant.variant_graph`): the device's model is the final
+    graph, and its files are those its live weights need.
     """
+    from ..resolve.variant import variant_graph
+    from ..scenarios.resolve import live_payloads
+
     out = folder / DEVICES / device.name
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     files: dict[str, int] = {}
     for name, model, scenario in models:
-        resolved = variant(model, scenario)
+        resolved = variant_graph(model, scenario)
         live = live_payloads(resolved, scenario)
         size = save_model(resolved, out / f"{name}.onnx")
         for p in live:
@@ -93,12 +97,17 @@ def write_device(folder: Path, device: Device, models: Sequence[tuple[str, onnx.
 
 
 def assemble(package: str | os.PathLike[str], device: str,
-             output: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
+             output: str | os.PathLike[str], *, verify: bool = True,
+             progress: bool | None = False) -> dict[str, Any]:
     """Copy ``device``'s models and only the weight files they need into ``output``.
 
     The result loads directly in onnxruntime. With ``verify``, every live payload is
     re-hashed against its checksum. ``output`` is written as a temp folder and renamed.
+    ``progress``: bars with rate and ETA for copying and verifying (None: only on a
+    terminal).
     """
+    from ..progress import Progress
+
     package, output = Path(package), Path(output)
     record = read_bundle(package, device)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -109,11 +118,19 @@ def assemble(package: str | os.PathLike[str], device: str,
         source = package / DEVICES / device
         for entry in record["models"]:
             shutil.copyfile(source / entry["file"], tmp / entry["file"])
-        for f in record["files"]:
-            _copy_file(package / f["name"], tmp / f["name"], f["size"])
+        with Progress("copying", sum(f["size"] for f in record["files"]),
+                      enabled=progress) as bar:
+            for f in record["files"]:
+                _copy_file(package / f["name"], tmp / f["name"], f["size"])
+                bar.advance(f["size"])
         if verify:
-            for entry in record["models"]:
-                check_live(tmp / entry["file"], entry["scenario"], verify=True)
+            resolved = [(entry, variant_of(tmp / entry["file"], None))
+                        for entry in record["models"]]
+            total = sum(e.source.length for _, v in resolved for e in v.external)
+            with Progress("verifying", total, enabled=progress) as bar:
+                for entry, v in resolved:
+                    file_problems(tmp, v.external, entry["scenario"], verify=True,
+                                  strict=True, progress=bar.advance)
         if output.exists():
             output.rmdir()
         publish_dir(tmp, output)
@@ -140,8 +157,7 @@ def _copy_file(src: Path, dst: Path, size: int) -> None:
 
 
 def check_live(model_path: Path, scenario: str | None, *, verify: bool) -> list[str]:
-    """Problems with the files a resolved (device) model needs; see :mod:`.check`."""
-    model = onnx.load(str(model_path), load_external_data=False)
-    return check_files(model_path.parent, live_payloads(model, scenario), scenario,
-                       verify=verify, strict=True)
-
+    """Problems with the files a device model (a resolved variant: ``scenario`` names it
+    in messages) needs; the first one raises (see :func:`.check.file_problems`)."""
+    return file_problems(model_path.parent, variant_of(model_path, None).external, scenario,
+                         verify=verify, strict=True)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..caches.mac import entry_mac, verify_mac
+from ..errors import WeightstoreError
 from ..fsio import atomic_write_bytes
 from ..hashing import digest_bytes, digest_file, make_key
 
@@ -50,10 +52,41 @@ class FileDigests:
         self._file = cache_file
         self._saved: dict[str, dict[str, Any]] = _load_cache(cache_file)
         self._fresh: dict[str, dict[str, Any]] = {}
+        self._prefetch: threading.Thread | None = None
+
+    def prefetch(self, paths: Iterable[Path]) -> None:
+        """Start taking the digests of ``paths`` on a background thread, so that they are
+        ready by the time they are asked for: blake3 releases the GIL, so a cold build
+        hashes its sources on the second CPU while it imports onnx and parses. Errors are
+        left for :meth:`of` to raise. Any later call waits for it first."""
+        todo = [Path(p) for p in paths]
+        if self._prefetch is not None or not todo:
+            return
+
+        def run() -> None:
+            for path in todo:
+                with contextlib.suppress(OSError, ValueError, WeightstoreError):
+                    self._of(path, FINGERPRINT_ALGO)
+
+        self._prefetch = threading.Thread(target=run, name="weightstore-digests", daemon=True)
+        self._prefetch.start()
+
+    def _settle(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.join()
+            self._prefetch = None
+
+    @property
+    def cache_file(self) -> Path | None:
+        return self._file
 
     def of(self, path: Path, algo: str = FINGERPRINT_ALGO) -> str:
         """``"<algo>:<hex>"`` of the file's content; a file changed since it was last
         hashed (size, inode, mtime or ctime differ) is hashed again."""
+        self._settle()
+        return self._of(path, algo)
+
+    def _of(self, path: Path, algo: str) -> str:
         path = Path(path).resolve()
         st = os.stat(path)
         stamp = {"size": st.st_size, "ino": st.st_ino, "dev": st.st_dev,
@@ -75,6 +108,7 @@ class FileDigests:
 
     def save(self) -> None:
         """Write new entries to the cache file (last writer wins: it is only a cache)."""
+        self._settle()
         if self._file is None or not self._fresh or not self._file.parent.is_dir():
             return
         entries = {**_load_cache(self._file), **self._fresh}

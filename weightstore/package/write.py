@@ -416,7 +416,8 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             while True:
                 try:
                     written = write_plan(plan, tmp, locate, jobs=jobs,
-                                         progress=bar.advance, file_digest=recipe.store.hash)
+                                         progress=bar.advance, file_digest=recipe.store.hash,
+                                         sync_dir=False)
                     break
                 except IntegrityError as exc:
                     key = exc.context.get("key", "")
@@ -454,7 +455,8 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                   devices=devices,
                                   contents=package_contents(tmp, recipe.store.hash, jobs,
                                                            known=written))
-        atomic_write_bytes(tmp / SUMMARY_NAME, render(summary))  # every file is fsynced
+        # every file is fsynced; the folder once, when it is published
+        atomic_write_bytes(tmp / SUMMARY_NAME, render(summary), sync_dir=False)
         publish_dir(tmp, target)
         tmp = None
         return summary
@@ -510,7 +512,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     ``<prefix>.S.data``; otherwise ``<prefix>.common.data``. A payload live nowhere still
     belongs to the base graph, so it goes to the default file.
     """
-    from ..scenarios.resolve import live_payloads, variant
+    from ..resolve.variant import variant_graph
+    from ..scenarios.resolve import live_payloads
 
     users: dict[str, set[str]] = {}
     index = store.locate(w.key for s, _ in per_model for sc in s.scenarios for w in sc.added
@@ -533,7 +536,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
             selected = name if name in own else None
             if selected not in resolved:
                 resolved[selected] = {p.checksum or "" for p in
-                                      live_payloads(variant(model, selected), selected)}
+                                      live_payloads(variant_graph(model, selected),
+                                                    selected)}
             for key in resolved[selected]:
                 users.setdefault(key, set()).add(name or DEFAULT_GROUP)
 
@@ -611,7 +615,7 @@ def _write_model(folder: Path, source: Source, weights: list[Weight],
     added = source.added_weights(layout)
     file_name = f"{source.name}.onnx"
     data = serialize_model(model, file_name)
-    atomic_write_bytes(folder / file_name, data)
+    atomic_write_bytes(folder / file_name, data, sync_dir=False)  # a temp folder
     written[file_name] = make_key(algo, digest_bytes(algo, data))
     size = len(data)
     placed = {w.site.path for w in weights}

@@ -28,6 +28,8 @@ from typing import Any
 
 from ..errors import PackageError, RegistryError
 from ..hashing import split_key
+from ..package.assembly import WeightFile, summary_weight_files
+from ..package.assembly import weight_file as _weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_VERSION
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -43,40 +45,6 @@ SUMMARY_NAME = "summary.json"
 FIXED_EPOCH = 0  # createdAt when SOURCE_DATE_EPOCH is not set: builds carry no time
 
 _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
-_SEPARATE = re.compile(r"(?:.*/)?weight_[0-9a-f]{64}")
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One payload at one offset of a weight file."""
-
-    key: str
-    offset: int
-    size: int
-
-
-@dataclass(frozen=True)
-class WeightFile:
-    name: str  # relative to the package folder, '/'-separated
-    size: int
-    pieces: tuple[Piece, ...]  # by offset; bytes outside them are zero
-
-    @property
-    def is_separate(self) -> bool:
-        """Exactly one payload: a per-weight file, pushed as its own layer."""
-        return (len(self.pieces) == 1 and self.pieces[0].offset == 0
-                and self.pieces[0].size == self.size and bool(_SEPARATE.fullmatch(self.name)))
-
-    def gaps(self) -> list[tuple[int, int]]:
-        """(offset, length) of every range no piece covers: padding, zero bytes."""
-        out, pos = [], 0
-        for p in self.pieces:
-            if p.offset > pos:
-                out.append((pos, p.offset - pos))
-            pos = max(pos, p.offset + p.size)
-        if self.size > pos:
-            out.append((pos, self.size - pos))
-        return out
 
 
 @dataclass(frozen=True)
@@ -126,39 +94,19 @@ def read_summary(folder: Path) -> dict[str, Any]:
 def plan_package(folder: Path, summary: Mapping[str, Any], files: list[str]) -> PackagePlan:
     """Split the folder's ``files`` into weight files (from the summary) and the rest."""
     try:
-        sizes = {str(f["name"]): int(f["size"]) for f in summary["files"]}
-        pieces: dict[str, set[tuple[int, int, str]]] = {name: set() for name in sizes}
-        for model in summary["models"]:
-            for w in model["external_weights"]:
-                location = str(w["location"])
-                if location in pieces:
-                    pieces[location].add((int(w["offset"]), int(w["size"]), str(w["id"])))
+        found = summary_weight_files(summary)
         head = (str(summary["package"]), str(summary["version"]),
                 str(summary["layout"]["name"]), str(summary["hash"]),
                 str(summary["fingerprint"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise PackageError(f"malformed summary.json: {exc!r}", folder=str(folder)) from None
     present = set(files)
-    weight_files = []
-    for name in sorted(sizes):
-        if name not in present:
+    for f in found:
+        if f.name not in present:
             raise PackageError("a weight file the summary lists is missing", folder=str(folder),
-                               file=name)
-        weight_files.append(_weight_file(name, sizes[name], pieces[name]))
-    others = tuple(sorted(present - set(sizes)))
-    return PackagePlan(*head, weight_files=tuple(weight_files), other_files=others)
-
-
-def _weight_file(name: str, size: int, found: set[tuple[int, int, str]]) -> WeightFile:
-    ordered = sorted(found)
-    end = 0
-    for offset, length, key in ordered:
-        split_key(key)
-        if offset < end or offset + length > size or length < 0:
-            raise PackageError("weight ranges overlap or leave their file", file=name,
-                               offset=offset, size=length, key=key)
-        end = offset + length
-    return WeightFile(name, size, tuple(Piece(k, o, n) for o, n, k in ordered))
+                               file=f.name)
+    others = tuple(sorted(present - {f.name for f in found}))
+    return PackagePlan(*head, weight_files=tuple(found), other_files=others)
 
 
 def list_files(folder: Path) -> list[str]:

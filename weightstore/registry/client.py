@@ -89,6 +89,7 @@ class RegistryClient:
         self._basic = False  # the registry asked for Basic auth
         self.sent_bytes = 0
         self.received_bytes = 0
+        self.on_blob_bytes: Callable[[int], None] | None = None  # a progress bar's advance
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -287,6 +288,8 @@ class RegistryClient:
         for piece in pieces:
             with self._lock:
                 self.sent_bytes += len(piece)
+            if self.on_blob_bytes is not None:
+                self.on_blob_bytes(len(piece))
             yield piece
 
     def open_blob(self, ref: Reference, digest: str, start: int = 0) -> requests.Response:
@@ -300,6 +303,8 @@ class RegistryClient:
     def count_received(self, n: int) -> None:
         with self._lock:
             self.received_bytes += n
+        if self.on_blob_bytes is not None:
+            self.on_blob_bytes(n)
 
     def put_manifest(self, ref: Reference, target: str, data: bytes,
                      media_type: str = MANIFEST_TYPE) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # requests loads only when push or pull runs: every command parses here
@@ -30,6 +31,9 @@ def add_parsers(sub: Any) -> None:
     ps.add_argument("reference", help="host[:port]/repository[:tag]")
     ps.add_argument("--mount-from", action="append", default=[], metavar="REPOSITORY",
                     help="another repository of the same registry to mount blobs from")
+    ps.add_argument("--chunk-size", type=int, default=None, metavar="BYTES",
+                    help="blobs larger than this are sent in chunks of this size, each "
+                         "recorded so a killed push resumes (default 64 MiB)")
     _transport_flags(ps)
     pl = sub.add_parser("pull", help="pull a package (or one device's or scenario's "
                                      "live weights) from an OCI registry")
@@ -50,33 +54,39 @@ def _store(args: argparse.Namespace) -> Any:
 
 
 def _transport(args: argparse.Namespace) -> Transport:
-    if args.jobs < 1 or args.timeout <= 0:
-        raise ValueError("--jobs must be at least 1 and --timeout positive")
+    chunk = getattr(args, "chunk_size", None)
+    if args.jobs < 1 or args.timeout <= 0 or (chunk is not None and chunk < 1):
+        raise ValueError("--jobs and --chunk-size must be at least 1 and --timeout positive")
     from .client import Transport
 
-    return Transport(insecure=args.insecure, read_timeout=args.timeout)
+    transport = Transport(insecure=args.insecure, read_timeout=args.timeout)
+    return transport if chunk is None else replace(transport, chunk_size=chunk)
 
 
 def run_push(args: argparse.Namespace) -> int:
+    from ..progress import requested
     from .push import push
 
     report = push(args.package, args.reference, store=_store(args), transport=_transport(args),
-                  jobs=args.jobs, mount_from=args.mount_from)
+                  jobs=args.jobs, mount_from=args.mount_from, progress=requested(args))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:
         print(f"pushed {report.reference}@{report.manifest_digest}: {report.blobs} blobs, "
               f"{report.uploaded} uploaded ({report.uploaded_bytes / 1e6:.1f} MB), "
-              f"{report.present} already there, {report.mounted} mounted")
+              f"{report.present} already there, {report.mounted} mounted"
+              + (f", {report.resumed} resumed ({report.resumed_bytes / 1e6:.1f} MB "
+                 f"already sent)" if report.resumed else ""))
     return 0
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    from ..progress import requested
     from .pull import pull
 
     report = pull(args.reference, args.output, store=_store(args), transport=_transport(args),
                   jobs=args.jobs, device=args.device, scenario=args.scenario,
-                  force=args.force)
+                  force=args.force, progress=requested(args))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:

@@ -1,11 +1,13 @@
 """``weightstore pull REF [DIR] [--device D | --scenario S]``: an artifact back into a folder.
 
 The manifest first; then only the payload blobs the local store lacks, each streamed to
-a temp file beside the store's objects while its sha256 is computed, and put into the
-store (which re-hashes it against its own key) only when that digest matches: a wrong
+a temp file beside the store's objects while its sha256 (and its store key, for a store
+of another algorithm) is computed, and put into the store only when both match: a wrong
 byte never enters the store. A blob cut off mid-stream resumes from the bytes already
-received (``Range``). Files are then assembled from the store, byte-identical to the
-pushed package (payloads at their offsets, zero bytes between them).
+received (``Range``). Files are then assembled from the store
+(:mod:`weightstore.package.assembly`: every piece re-hashed against its key as it is
+copied), byte-identical to the pushed package (payloads at their offsets, zero bytes
+between them).
 
 With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
 first (the device folder's models and ``bundle.json``, or the package models with the
@@ -20,6 +22,8 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +39,10 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..fsio import copy_range, file_mode, make_temp_dir, publish_dir
+from ..fsio import make_temp_dir, publish_dir
 from ..hashing import new_hasher, split_key
-from ..store import FilePayload, WeightStore
+from ..package.assembly import assemble
+from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
 from .artifact import (
     SUMMARY_NAME,
@@ -144,34 +149,37 @@ def _hashers(also: str | None) -> list[Any]:
 
 
 def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
-                   desc: dict[str, Any]) -> int:
-    """Download one payload blob into the store. Its sha256 and its store key are both
+                   desc: dict[str, Any], adopt: Callable[[str, Path], StoredObject],
+                   ) -> tuple[int, StoredObject | None]:
+    """Download one payload blob into the store: (bytes received, its object, or None
+    when another pull brought it meanwhile). Its sha256 and its store key are both
     computed on the bytes as they are written; only when both match is the file renamed
     into the store (no copy, no second read). The partial file's name is its digest, so
     a later pull resumes it; the blob's lock keeps two pulls from writing it at once."""
     algo, hex_ = split_key(key)
     name = f"pull-{desc['digest'].split(':', 1)[1]}"
     tmp = store.root / f".{name}.tmp"
-    with store.file_lock(name):  # two pulls of one blob into one store take turns
+    # two pulls of one blob into one store take turns; the lock's file goes with it
+    with store.file_lock(name, removable=True):
         if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
-            return 0  # the other one brought it
+            return 0, None  # the other one brought it
         try:
             received, found = download(client, ref, desc, tmp, resume=True, also=algo)
             if found != hex_:
                 raise IntegrityError("a blob's bytes do not match the key its layer names",
                                      digest=desc["digest"], key=key, reference=str(ref))
-            store.adopt(key, tmp)
+            return received, adopt(key, tmp)
         except IntegrityError:
             tmp.unlink(missing_ok=True)
             raise
-    return received
 
 
 def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
          store: WeightStore, transport: Transport | None = None, jobs: int = 4,
          device: str | None = None, scenario: str | None = None,
-         force: bool = False) -> PullReport:
-    """Pull ``reference`` into ``output``; see the module docstring."""
+         force: bool = False, progress: bool | None = False) -> PullReport:
+    """Pull ``reference`` into ``output``; see the module docstring. ``progress``: a bar
+    over the payload bytes to fetch, with rate and ETA (None: only on a terminal)."""
     if device is not None and scenario is not None:
         raise ValueError("give a device or a scenario, not both")
     ref = parse_reference(reference)
@@ -198,8 +206,8 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
         with store.leased():
             result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
                                                   device=device, scenario=scenario)
-            _fetch_missing(client, ref, store, parsed, wanted, report, jobs)
-            _assemble(store, result, files, wanted)
+            _fetch_missing(client, ref, store, parsed, wanted, report, jobs, progress)
+            assemble(store, result, files, jobs=jobs)
             digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
                              host=ref.host, repository=ref.repository,
                              digests=[d["digest"] for d in parsed.payloads.values()])
@@ -258,7 +266,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         _download_files(client, ref, parsed, sorted(parsed.files), stage, report)
         wanted = {p.key: p.size for f in files for p in f.pieces}
         return stage, files, _count(wanted, report)
-    from ..scenarios.resolve import live_payloads, variant
+    from ..resolve.variant import variant_graph
+    from ..scenarios.resolve import live_payloads
 
     result = make_temp_dir(stage.parent, f".{stage.name}.variant.")
     models: list[tuple[onnx.ModelProto, str | None, str]] = []
@@ -291,7 +300,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
 
         for file, names in entries:
             chosen = scenario if scenario in names else None
-            resolved = variant(onnx.load(str(stage / file), load_external_data=False), chosen)
+            resolved = variant_graph(onnx.load(str(stage / file), load_external_data=False),
+                                     chosen)
             save_model(resolved, result / file)
             models.append((resolved, chosen, file))
     live: dict[str, int] = {}
@@ -317,46 +327,66 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                    parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
-                   jobs: int) -> None:
+                   jobs: int, progress: bool | None = False) -> None:
+    from ..progress import Progress
+
     missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
     if not missing:
         return
     store._make_root()
+    adoption = _GroupAdoption(store)
 
     def fetch(key: str) -> int:
-        return _fetch_payload(client, ref, store, key, parsed.payloads[key])
+        return _fetch_payload(client, ref, store, key, parsed.payloads[key], adoption.adopt)[0]
 
     order = sorted(missing, key=lambda k: (-wanted[k], k))
-    with ThreadPoolExecutor(jobs) as pool:
-        for received in pool.map(fetch, order):
-            report.fetched += 1
-            report.fetched_bytes += received
+    try:
+        with (Progress("pulling", sum(wanted[k] for k in missing), enabled=progress) as bar,
+              ThreadPoolExecutor(jobs) as pool):
+            client.on_blob_bytes = bar.advance
+            for received in pool.map(fetch, order):
+                report.fetched += 1
+                report.fetched_bytes += received
+    finally:
+        client.on_blob_bytes = None
 
 
-def _assemble(store: WeightStore, folder: Path, files: list[WeightFile],
-              wanted: dict[str, int]) -> None:
-    """Write every weight file from the store: its payloads at their offsets, zeros
-    between them (holes, never written)."""
-    objects = store.locate(wanted)
-    for f in files:
-        target = folder / f.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
-        try:
-            os.ftruncate(fd, f.size)
-            for p in f.pieces:
-                obj = objects.get(p.key)
-                if obj is None:
-                    raise PackageError("a payload vanished from the store while pulling",
-                                       key=p.key)
-                src = os.open(store.path_of(obj), os.O_RDONLY)
+class _GroupAdoption:
+    """Puts verified blobs into the store, the blobs that finish while a commit runs
+    together in the next one: the index's write transaction (a commit and a directory
+    fsync) is taken once per group instead of once per blob, and the threads that wait
+    for it go on downloading sooner. A failed commit fails every blob of its group."""
+
+    def __init__(self, store: WeightStore) -> None:
+        self._store = store
+        self._cond = threading.Condition()
+        self._queue: dict[str, Path] = {}
+        self._done: dict[str, StoredObject | BaseException] = {}
+        self._busy = False
+
+    def adopt(self, key: str, tmp: Path) -> StoredObject:
+        with self._cond:
+            self._queue[key] = tmp
+            while key not in self._done:
+                if self._busy:  # a commit is running: ours goes in the next one
+                    self._cond.wait()
+                    continue
+                self._busy = True
+                group, self._queue = self._queue, {}
+                self._cond.release()
                 try:
-                    copy_range(src, obj.offset, fd, p.offset, p.size)
+                    result: dict[str, Any] = dict(self._store.adopt_many(group))
+                except BaseException as exc:  # every waiter of the group raises it
+                    result = dict.fromkeys(group, exc)
                 finally:
-                    os.close(src)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+                    self._cond.acquire()
+                    self._busy = False
+                self._done.update(result)
+                self._cond.notify_all()
+            found = self._done.pop(key)
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
 
 def _register(store: WeightStore, folder: Path, parsed: ParsedArtifact,

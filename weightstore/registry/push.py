@@ -6,8 +6,10 @@ computed once while reading the bytes, which are checked against their key at th
 time); then, in parallel, for every blob: HEAD (skip what the registry has), mount from
 another repository of the registry known to hold it, or upload (monolithic up to the
 chunk size, chunked above it, resuming from the offset the registry reports after a
-failed chunk). The manifest goes last, by digest and then by tag, so an interrupted push
-never leaves a tag naming missing blobs; a rerun skips every blob already sent.
+failed chunk). A chunked upload's session is recorded after every chunk
+(:mod:`.sessions`), so a push killed mid-blob continues that blob on the rerun from where
+the registry has it. The manifest goes last, by digest and then by tag, so an interrupted
+push never leaves a tag naming missing blobs; a rerun skips every blob already sent.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import IntegrityError, PackageError, RegistryAuthError, RegistryError
+from ..errors import (
+    IntegrityError,
+    PackageError,
+    RegistryAuthError,
+    RegistryDigestError,
+    RegistryError,
+)
 from ..hashing import make_key, new_hasher, split_key
 from ..store import WeightStore
-from . import digests
+from . import digests, sessions
 from .artifact import (
     PackagePlan,
     build_artifact,
@@ -51,6 +59,8 @@ class PushReport:
     uploaded: int = 0
     uploaded_bytes: int = 0  # blob bytes we uploaded
     uploaded_weight_bytes: int = 0  # of which weight payloads
+    resumed: int = 0  # uploads continued on the session a killed push left
+    resumed_bytes: int = 0  # bytes the registry held of those (not sent again)
     sent_bytes: int = 0  # every byte of request bodies, manifests included
     hashed_bytes: int = 0  # payload bytes read to compute sha256 digests
 
@@ -129,8 +139,11 @@ def _check_padding(folder: Path, plan: PackagePlan) -> None:
 
 def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
          transport: Transport | None = None, jobs: int = 4,
-         mount_from: Iterable[str] = ()) -> PushReport:
-    """Push the package folder to ``reference``; see the module docstring."""
+         mount_from: Iterable[str] = (), progress: bool | None = False) -> PushReport:
+    """Push the package folder to ``reference``; see the module docstring. ``progress``:
+    a bar over the blob bytes with rate and ETA (None: only on a terminal)."""
+    from ..progress import Progress
+
     folder = Path(package)
     ref = parse_reference(reference)
     if ref.digest:
@@ -165,25 +178,37 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     known = digests.repositories(store, ref.host, sources)
     extra = [r for r in mount_from if r != ref.repository]
 
-    def send(digest: str) -> tuple[str, str, int]:
+    def send(digest: str) -> tuple[str, str, int, int]:
         size, pieces = sources[digest]
         candidates = extra + [r for r in known.get(digest, []) if r != ref.repository
                               and r not in extra]
-        return digest, upload_blob(client, ref, digest, size, pieces, candidates), size
+        how, held = upload_blob(client, ref, digest, size, pieces, candidates)
+        return digest, how, size, held
 
     done: list[str] = []
     weight_digests = set(sha.values())
+    sessions.prune()
     try:
-        with ThreadPoolExecutor(jobs) as pool:
-            for digest, how, size in pool.map(send, sorted(sources, key=lambda d: (
+        with (Progress("pushing", report.blob_bytes, enabled=progress) as bar,
+              ThreadPoolExecutor(jobs) as pool):
+            client.on_blob_bytes = bar.advance
+            for digest, how, size, held in pool.map(send, sorted(sources, key=lambda d: (
                     -sources[d][0], d))):
                 done.append(digest)
+                if how != "uploaded":
+                    bar.advance(size)
+                elif held:
+                    bar.advance(held)  # already on the registry from a killed push
                 setattr(report, how, getattr(report, how) + 1)
+                if held:
+                    report.resumed += 1
+                    report.resumed_bytes += held
                 if how == "uploaded":
-                    report.uploaded_bytes += size
+                    report.uploaded_bytes += size - held
                     if digest in weight_digests:
-                        report.uploaded_weight_bytes += size
+                        report.uploaded_weight_bytes += size - held
     finally:
+        client.on_blob_bytes = None
         digests.remember(store, host=ref.host, repository=ref.repository, digests=done)
     client.put_manifest(ref, artifact.manifest_digest, artifact.manifest)
     client.put_manifest(ref, ref.tag or "latest", artifact.manifest)
@@ -196,38 +221,110 @@ def _digest(data: bytes) -> str:
 
 
 def upload_blob(client: RegistryClient, ref: Reference, digest: str, size: int,
-                pieces: Pieces, mount_from: list[str]) -> str:
-    """Make ``digest`` present in ``ref``'s repository: 'present', 'mounted' or
-    'uploaded'."""
+                pieces: Pieces, mount_from: list[str]) -> tuple[str, int]:
+    """Make ``digest`` present in ``ref``'s repository: ('present' | 'mounted' |
+    'uploaded', bytes the registry already held from a session a killed push left)."""
     if client.has_blob(ref, digest):
-        return "present"
+        sessions.forget(ref.host, ref.repository, digest)
+        return "present", 0
     location = None
     for source in mount_from:
         location = client.start_upload(ref, digest, mount_from=source)
         if location is None:
-            return "mounted"
+            sessions.forget(ref.host, ref.repository, digest)
+            return "mounted", 0
         break  # the registry opened an upload instead: use it
-    if location is None:
-        location = client.start_upload(ref, digest)
-    chunk = client.transport.chunk_size
-    if size <= chunk:
+    if size <= client.transport.chunk_size:
+        location = location or client.start_upload(ref, digest)
         client.put_monolithic(ref, location, digest, size, pieces)
-        return "uploaded"
-    offset, failures = 0, 0
-    while offset < size:
-        end = min(size, offset + chunk)
+        return "uploaded", 0
+    with sessions.claimed(ref.host, ref.repository, digest) as recorded:
+        upload = _ChunkedUpload(client, ref, digest, size, pieces, recorded)
+        return "uploaded", upload.run(location)
+
+
+class _ChunkedUpload:
+    """One blob sent in ``PATCH`` chunks on a session recorded after every chunk the
+    registry acknowledged (:mod:`.sessions`), so that a rerun after the process was
+    killed continues from where the registry has it."""
+
+    def __init__(self, client: RegistryClient, ref: Reference, digest: str, size: int,
+                 pieces: Pieces, recorded: bool) -> None:
+        self.client, self.ref, self.digest, self.size = client, ref, digest, size
+        self.pieces = pieces
+        self.recorded = recorded  # False: another push holds this blob's record
+        self.chunk = client.transport.chunk_size
+
+    def run(self, location: str | None) -> int:
+        """Send the blob; returns the bytes a recorded session already held."""
+        offset = 0
+        if location is None and self.recorded:
+            location, offset = self._recorded()
+        if location is None:
+            location = self.client.start_upload(self.ref, self.digest)
         try:
-            location = client.patch_chunk(ref, location, digest, offset, end, pieces)
-            offset = end
+            self._send(location, offset)
+        except RegistryDigestError:
+            if not offset:
+                raise
+            # the session held other bytes than ours (another client's, or a file that
+            # changed since): send the whole blob again on a new session
+            self._forget()
+            self._send(self.client.start_upload(self.ref, self.digest), 0)
+            offset = 0
+        self._forget()
+        return offset
+
+    def _recorded(self) -> tuple[str | None, int]:
+        """The recorded session and the bytes the registry holds of it; (None, 0) when
+        there is none to continue (no record, a session the registry no longer knows or
+        refuses, one holding more than the record explains)."""
+        ref, digest = self.ref, self.digest
+        record = sessions.load(ref.host, ref.repository, digest, self.size)
+        if record is None:
+            return None, 0
+        try:
+            held = self.client.upload_status(ref, record.location, digest)
         except RegistryAuthError:
             raise
-        except RegistryError:
-            failures += 1
-            if failures > CHUNK_RETRIES:
+        except RegistryError as exc:
+            if exc.context.get("status") is None:  # unreachable: nothing to ask
                 raise
-            offset, location = _resume(client, ref, location, digest)
-    client.finish_upload(ref, location, digest)
-    return "uploaded"
+            held = -1
+        # "Range: 0-0" says 0 or 1 byte: start again rather than guess
+        if held < 2 or held > min(self.size, record.sent + record.chunk):
+            self._forget()
+            return None, 0
+        return record.location, held
+
+    def _send(self, location: str, offset: int) -> None:
+        client, ref, digest = self.client, self.ref, self.digest
+        self._save(location, offset)
+        failures = 0
+        while offset < self.size:
+            end = min(self.size, offset + self.chunk)
+            try:
+                location = client.patch_chunk(ref, location, digest, offset, end, self.pieces)
+                offset = end
+            except RegistryAuthError:
+                raise
+            except RegistryError:
+                failures += 1
+                if failures > CHUNK_RETRIES:
+                    raise
+                offset, location = _resume(client, ref, location, digest)
+            self._save(location, offset)
+        client.finish_upload(ref, location, digest)
+
+    def _save(self, location: str, sent: int) -> None:
+        if self.recorded:
+            sessions.save(sessions.UploadSession(
+                registry=self.ref.host, repository=self.ref.repository, digest=self.digest,
+                size=self.size, location=location, sent=sent, chunk=self.chunk))
+
+    def _forget(self) -> None:
+        if self.recorded:
+            sessions.forget(self.ref.host, self.ref.repository, self.digest)
 
 
 def _resume(client: RegistryClient, ref: Reference, location: str, digest: str,

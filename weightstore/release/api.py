@@ -56,6 +56,7 @@ class ReleaseOptions:
     jobs: int = min(8, os.cpu_count() or 4)  # zstd workers (the bytes do not depend on it)
     compression: Compression = field(default_factory=Compression)
     epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else a fixed epoch
+    progress: bool | None = False  # bars with rate and ETA (None: only on a terminal)
 
 
 @dataclass
@@ -97,7 +98,8 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
 def _release_recipe(loaded: LoadedRecipe, options: ReleaseOptions) -> ReleaseResult:
     from ..build import BuildOptions, build
 
-    result = build(loaded, BuildOptions(store=options.store, jobs=options.jobs))
+    result = build(loaded, BuildOptions(store=options.store, jobs=options.jobs,
+                                        progress=options.progress))
     recipe = loaded.recipe
     output = Path(options.output or loaded.output_dir() / RELEASES_DIR
                   / f"{recipe.package}-{recipe.version}")
@@ -158,12 +160,17 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
 
 def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOptions,
                    ) -> ArchiveRecord:
+    from ..progress import Progress
+
     plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
-    with atomic_writer(folder / plan.file_name) as f:
+    total = sum(e.size for e in plan.entries if not e.is_dir and e.source != SUMMARY_NAME)
+    with (atomic_writer(folder / plan.file_name) as f,
+          Progress(f"archiving {p.summary['layout']['name']}", total,
+                   enabled=options.progress) as bar):
         sink = _Sha256Writer(f)
         try:
             write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
-                          options.jobs)
+                          options.jobs, bar.advance)
         finally:
             sha256 = sink.close()
     return ArchiveRecord(plan.file_name, p.summary["layout"]["name"], sha256, sink.size,

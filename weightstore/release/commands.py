@@ -52,9 +52,10 @@ def _print_json(data: Any) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from ..progress import requested
     from .inventory import verify_package
 
-    report = verify_package(args.package, jobs=args.jobs)
+    report = verify_package(args.package, jobs=args.jobs, progress=requested(args))
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -66,12 +67,14 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_release(args: argparse.Namespace) -> int:
+    from ..progress import requested
     from .api import ReleaseOptions, check_release, release
     from .compression import DEFAULT_LEVEL, Compression
 
     options = ReleaseOptions(
         output=args.output, store=args.store, jobs=args.jobs,
-        compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long))
+        compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long),
+        progress=requested(args))
     if args.check:
         result = check_release(args.target, options)
         if args.json:

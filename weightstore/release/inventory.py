@@ -144,11 +144,12 @@ class VerifyReport:
 
 
 def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
-                   digest: Callable[[str, Path], str] | None = None) -> VerifyReport:
+                   digest: Callable[[str, Path], str] | None = None, *,
+                   progress: bool | None = False) -> VerifyReport:
     """Re-hash every file of a package against its summary; unlisted files are problems too.
 
     ``digest(algo, path)`` defaults to a full re-hash; the up-to-date check passes a stat
-    cache instead.
+    cache instead. ``progress``: a bar over the bytes (None: only on a terminal).
     """
     folder = Path(folder)
     summary = read_summary(folder)
@@ -180,8 +181,16 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
                            f"content is {actual}, the summary says {entry['digest']}")
         return None
 
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        found = list(pool.map(check, contents))
+    def counted(entry: dict[str, Any]) -> Problem | None:
+        found = check(entry)
+        bar.advance(entry["size"])
+        return found
+
+    from ..progress import Progress
+
+    with (Progress("verifying", sum(e["size"] for e in contents), enabled=progress) as bar,
+          ThreadPoolExecutor(max(1, jobs)) as pool):
+        found = list(pool.map(counted, contents))
     report.files = len(contents)
     report.bytes_hashed = sum(e["size"] for e, p in zip(contents, found, strict=True)
                               if p is None or p.kind == "digest")

@@ -1,8 +1,9 @@
-"""Resolving a variant from metadata: select, replay, clean up, and list its live payloads.
+"""The live payloads of a resolved graph: each external tensor's location, range and
+checksum, checked to be an eligible payload, nothing read.
 
-The seed's order: parse metadata and verify the selected scenario record; replay it
-without dereferencing payloads; clean up and compute final liveness; collect payload
-descriptors from the live initializers. Nothing here opens a weight file: checking the
+Resolving the graph itself (replay, cleanup, constant-result folding) is
+:mod:`weightstore.resolve`'s: :func:`weightstore.resolve.variant.variant_graph` for a model
+in hand, :func:`weightstore.resolve.variant.resolve_variant` for a model file. Checking the
 files that hold the live payloads is a separate, later step.
 """
 
@@ -15,9 +16,6 @@ import onnx
 from ..catalogue.payload import expected_nbytes, external_info
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ScenarioError
-from ..passes.base import run_passes
-from ..passes.cleanup import Cleanup, prune
-from .api import apply_scenario, check_scenarios, find_scenario, strip_scenarios, verify_base
 
 
 @dataclass(frozen=True)
@@ -30,21 +28,6 @@ class LivePayload:
     offset: int
     length: int
     checksum: str | None
-
-
-def variant(model: onnx.ModelProto, scenario: str | None) -> onnx.ModelProto:
-    """The selected variant of ``model`` (default graph when ``scenario`` is None), with
-    dead nodes, initializers, value_info and functions removed. Metadata only."""
-    if scenario is None:
-        resolved = strip_scenarios(model)
-    else:
-        check_scenarios(model)
-        record = find_scenario(model, scenario)
-        verify_base(model, record)
-        resolved = apply_scenario(model, record)
-    cleaned = run_passes(resolved, [Cleanup()]).model
-    prune(cleaned)
-    return cleaned
 
 
 def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None,

@@ -28,7 +28,6 @@ from ..passes.base import run_passes
 from ..passes.registry import get_pass
 from .api import find_scenario, strip_scenarios
 from .derive import resolver
-from .resolve import variant
 from .rewriting import LocalRewriting, derivations_of
 
 
@@ -79,14 +78,16 @@ def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np
 def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx.ModelProto:
     """The model (or one of its scenarios) with every live payload inline.
 
-    Resolution happens on metadata; then each live tensor without its value gets it: from
-    its own external data when the model stores it (checksum verified), computed when a
-    record derives it, else from the base model's weight of that name.
+    Resolution happens on metadata, as a load resolves; then each live tensor without its
+    value gets it: from its own external data when the model stores it (checksum verified),
+    computed when a record derives it, else from the base model's weight of that name.
     """
+    from ..resolve.variant import variant_graph  # resolution is the deploy side's
+
     path = Path(path)
     with read_catalogue(path) as catalogue:
         meta = metadata_model(catalogue)
-        resolved = variant(meta, scenario)
+        resolved = variant_graph(meta, scenario)
         derivations = {}
         if scenario is not None:
             for rewrite in find_scenario(meta, scenario).rewrites:

@@ -63,15 +63,16 @@ class RepairReport:
         }
 
 
-def repair_store(store: WeightStore, jobs: int) -> RepairReport:
+def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False,
+                 ) -> RepairReport:
     rebuilt = None
     try:
-        found = verify_store(store, jobs)
+        found = verify_store(store, jobs, progress=progress)
     except StoreError as exc:
         if "index" not in exc.message:
             raise
         rebuilt = rebuild_index(store, jobs)
-        found = verify_store(store, jobs)
+        found = verify_store(store, jobs, progress=progress)
     snapshot_bad = {p.key for p in found.problems
                     if p.key is not None and p.kind not in NOT_DAMAGE}
     dropped: list[StoredObject] = []

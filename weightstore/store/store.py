@@ -258,20 +258,30 @@ class WeightStore:
         pull does while streaming) and found ``key``, and fsynced it; the file is renamed
         in the transaction that records its row, or removed when the key is present.
         """
-        split_key(key)
-        tmp = Path(path)
-        if tmp.parent != self.root or not tmp.name.startswith("."):
-            raise StoreError("only a temp file in the store root can be adopted",
-                             path=str(tmp), key=key)
-        obj = StoredObject(key=key, file=separate_file_name(key), offset=0,
-                           size=tmp.stat().st_size)
-        outcome = WriteOutcome(objects=(obj,), written_bytes=obj.size, padding_bytes=0,
-                               staged=(tmp,))
-        wanted = {key: FilePayload(key=key, size=obj.size, path=str(tmp))}
+        return self.adopt_many({key: path})[key]
+
+    def adopt_many(self, paths: dict[str, str | os.PathLike[str]]) -> dict[str, StoredObject]:
+        """:meth:`adopt` for several files in one transaction (one commit, one directory
+        fsync): a pull adopts together the blobs that finished while another commit ran."""
+        objects, staged, wanted = [], [], {}
+        for key, path in paths.items():
+            split_key(key)
+            tmp = Path(path)
+            if tmp.parent != self.root or not tmp.name.startswith("."):
+                raise StoreError("only a temp file in the store root can be adopted",
+                                 path=str(tmp), key=key)
+            obj = StoredObject(key=key, file=separate_file_name(key), offset=0,
+                               size=tmp.stat().st_size)
+            objects.append(obj)
+            staged.append(tmp)
+            wanted[key] = FilePayload(key=key, size=obj.size, path=str(tmp))
+        outcome = WriteOutcome(objects=tuple(objects), padding_bytes=0, staged=tuple(staged),
+                               written_bytes=sum(o.size for o in objects))
         rows = self.index.locate(wanted)
         stale = {k: rows[k] for k in rows if k not in self._present(rows, wanted)}
         found, new = self._record(wanted, outcome, stale, publish=True)
-        return {**found, **new}[key]
+        merged = {**found, **new}
+        return {key: merged[key] for key in paths}
 
     def _hold(self, conn: Any, keys: Iterable[str]) -> None:
         lease = self._lease_id()
@@ -337,15 +347,17 @@ class WeightStore:
         with self.file_lock(file):  # every sibling busy: wait for the first
             yield file
 
-    def file_lock(self, file: str, timeout: float | None = None):
-        """The lock of one combined file: appends and compaction of it take turns."""
+    def file_lock(self, file: str, timeout: float | None = None, *, removable: bool = False):
+        """The lock of one combined file: appends and compaction of it take turns.
+        ``removable``: a lock of something transient (one blob being pulled), whose file
+        goes when it is released (see :func:`weightstore.locking.file_lock`)."""
         from ..locking import file_lock
 
         folder = self.root / LOCKS_DIR
         folder.mkdir(exist_ok=True)
         return file_lock(folder / f"{file}.lock",
                          self.lock_timeout if timeout is None else timeout, StoreError,
-                         f"store file {file}")
+                         f"store file {file}", removable=removable)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -412,23 +424,24 @@ class WeightStore:
         with self.index.reading() as conn:
             return compute_stats(self.root, self.index.files(conn))
 
-    def verify(self, *, jobs: int = 4) -> VerifyReport:
+    def verify(self, *, jobs: int = 4, progress: bool | None = False) -> VerifyReport:
         """Re-hash every object of one snapshot without blocking writers.
 
         A finding is reported only if a fresh look still shows the same row (gc or
-        compaction may have moved or removed it meanwhile).
+        compaction may have moved or removed it meanwhile). ``progress``: a bar with rate
+        and ETA (None: only on an interactive terminal).
         """
         from .verify import verify_store
 
         self._require_root()
-        return verify_store(self, jobs)
+        return verify_store(self, jobs, progress=progress)
 
-    def repair(self, *, jobs: int = 4) -> RepairReport:
+    def repair(self, *, jobs: int = 4, progress: bool | None = False) -> RepairReport:
         """Verify, then drop every entry whose bytes are damaged (see :mod:`.repair`)."""
         from .repair import repair_store
 
         self._require_root()
-        return repair_store(self, jobs)
+        return repair_store(self, jobs, progress=progress)
 
     # -- roots and gc ------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,9 +93,11 @@ def verify_objects(root: Path, index: dict[str, StoredObject], jobs: int,
 
 def check_rows(root: Path, objects: list[StoredObject], jobs: int,
                trusted: Collection[str] = (), *, rehash: bool = True,
+               progress: Callable[[int], None] | None = None,
                ) -> tuple[list[Problem], int]:
     """The problems of ``objects`` (every row of each file they name), and the bytes
-    hashed (none without ``rehash``: structure only)."""
+    hashed (none without ``rehash``: structure only). ``progress`` is told the size of
+    each object once it is checked."""
     problems: list[Problem] = []
     sizes: dict[str, int | None] = {}
     to_hash: list[StoredObject] = []
@@ -107,10 +109,18 @@ def check_rows(root: Path, objects: list[StoredObject], jobs: int,
         if (rehash and file_size is not None and obj.end <= file_size
                 and obj.key not in trusted):
             to_hash.append(obj)
+        elif rehash and progress is not None:
+            progress(obj.size)  # nothing to hash: the bar still reaches its end
     problems.extend(_overlaps(objects))
+
+    def check(obj: StoredObject) -> Problem | None:
+        found = _check_digest(root, obj)
+        if progress is not None:
+            progress(obj.size)
+        return found
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        problems.extend(p for p in pool.map(lambda o: _check_digest(root, o), to_hash)
-                        if p is not None)
+        problems.extend(p for p in pool.map(check, to_hash) if p is not None)
     return problems, sum(o.size for o in to_hash)
 
 
@@ -199,22 +209,30 @@ def _size(path: Path) -> int | None:
 VERIFY_BATCH = 20_000  # rows checked at a time: memory stays flat however large the store
 
 
-def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True) -> VerifyReport:
+def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True,
+                 progress: bool | None = False) -> VerifyReport:
     """Verify one snapshot of ``store``'s index, streamed in batches of whole files, then
-    keep the findings that still hold (``rehash=False``: structure only)."""
+    keep the findings that still hold (``rehash=False``: structure only). ``progress``:
+    a bar over the bytes to hash (None: only on an interactive terminal)."""
+    from ..progress import Progress
+
     problems: list[Problem] = []
     seen: dict[str, StoredObject] = {}  # the rows behind the problems
     objects = hashed = 0
     with store.index.reading() as conn:
-        ends = {file: end for file, _, _, end in store.index.files(conn)}
-        batch: list[StoredObject] = []
-        for obj in store.index.objects_by_file(conn):
-            if len(batch) >= VERIFY_BATCH and obj.file != batch[-1].file:
-                objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects,
-                                       hashed)
-                batch = []
-            batch.append(obj)
-        objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects, hashed)
+        files = store.index.files(conn)
+        ends = {file: end for file, _, _, end in files}
+        total = sum(size or 0 for _, _, size, _ in files) if rehash else 0
+        with Progress("verifying", total, enabled=progress if rehash else False) as bar:
+            batch: list[StoredObject] = []
+            for obj in store.index.objects_by_file(conn):
+                if len(batch) >= VERIFY_BATCH and obj.file != batch[-1].file:
+                    objects, hashed = _run(store, batch, jobs, rehash, problems, seen,
+                                           objects, hashed, bar.advance)
+                    batch = []
+                batch.append(obj)
+            objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects,
+                                   hashed, bar.advance)
     report = VerifyReport(root=str(store.root), objects=objects, bytes_hashed=hashed,
                           problems=tuple(sorted(problems, key=_order)),
                           warnings=leftovers(store.root, ends))
@@ -223,8 +241,8 @@ def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True) -> Verif
 
 def _run(store: WeightStore, batch: list[StoredObject], jobs: int, rehash: bool,
          problems: list[Problem], seen: dict[str, StoredObject], objects: int, hashed: int,
-         ) -> tuple[int, int]:
-    found, n = check_rows(store.root, batch, jobs, rehash=rehash)
+         progress: Callable[[int], None] | None = None) -> tuple[int, int]:
+    found, n = check_rows(store.root, batch, jobs, rehash=rehash, progress=progress)
     rows = {obj.key: obj for obj in batch}
     for p in found:
         if p.key is not None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError
-from ..fsio import align_up, copy_range, file_mode, fsync_dir, write_all
+from ..fsio import align_up, copy_range, file_mode, fsync_dir, start_writeback, write_all
 from ..hashing import digest_fd, make_key, split_key
 from .layout import separate_file_name
 from .objects import StoredObject
@@ -98,6 +98,7 @@ def _stage_one(root: Path, src: PayloadSource) -> tuple[StoredObject, Path]:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
         copy_payload(src, fd, 0)
+        start_writeback(fd)  # the disk works while the object is re-hashed
         check_written(src, fd, 0)
         os.fsync(fd)
     except BaseException:
@@ -160,6 +161,7 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
                     placed.append(StoredObject(key=src.key, file=file, offset=offset,
                                                size=src.size))
                     end = offset + src.size
+                start_writeback(fd)  # the disk works while the last ranges are re-hashed
             except BaseException as exc:
                 error = exc
         # Every check has finished; keep the objects before the first one that failed.

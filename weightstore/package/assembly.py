@@ -1,0 +1,136 @@
+"""Assembling package files from the store: which payload sits at which offset of a file.
+
+A package's weight files are nothing but store payloads at known offsets with zero bytes
+between them, so a package can be rebuilt byte for byte from the store and a description
+of its files: a registry pull does it from the artifact's assembly record, a warm build
+from its action record (:mod:`weightstore.caches.build_actions`). A file that is one
+object from offset 0 to its end (a model file, ``summary.json``, a ``weight_<hex>`` file)
+is the special case of one piece.
+
+Assembly goes through the package writer (:func:`weightstore.layout.writer.write_plan`):
+kernel copies out of the store, then one read-back per file that re-hashes every piece
+against its key, each file published by temp + fsync + rename. A byte that does not match
+its key never reaches a package.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PackageError
+from ..hashing import split_key
+
+if TYPE_CHECKING:
+    from ..store import WeightStore
+
+_SEPARATE = re.compile(r"(?:.*/)?weight_[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One payload at one offset of a file."""
+
+    key: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    name: str  # relative to the package folder, '/'-separated
+    size: int
+    pieces: tuple[Piece, ...]  # by offset; bytes outside them are zero
+
+    @property
+    def is_separate(self) -> bool:
+        """Exactly one payload: a per-weight file, pushed as its own layer."""
+        return (len(self.pieces) == 1 and self.pieces[0].offset == 0
+                and self.pieces[0].size == self.size and bool(_SEPARATE.fullmatch(self.name)))
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """(offset, length) of every range no piece covers: padding, zero bytes."""
+        out, pos = [], 0
+        for p in self.pieces:
+            if p.offset > pos:
+                out.append((pos, p.offset - pos))
+            pos = max(pos, p.offset + p.size)
+        if self.size > pos:
+            out.append((pos, self.size - pos))
+        return out
+
+
+def weight_file(name: str, size: int, found: Iterable[tuple[int, int, str]]) -> WeightFile:
+    """A file of ``size`` bytes holding ``(offset, length, key)`` pieces; ranges that overlap
+    or leave the file, and malformed keys, are a :class:`PackageError`."""
+    ordered = sorted(set(found))
+    end = 0
+    for offset, length, key in ordered:
+        split_key(key)
+        if offset < end or offset + length > size or length < 0:
+            raise PackageError("weight ranges overlap or leave their file", file=name,
+                               offset=offset, size=length, key=key)
+        end = offset + length
+    return WeightFile(name, size, tuple(Piece(k, o, n) for o, n, k in ordered))
+
+
+def summary_weight_files(summary: Mapping[str, Any]) -> list[WeightFile]:
+    """The weight files ``summary.json`` lists, each with the payloads its models place
+    in it (sorted by name). A malformed summary raises KeyError, TypeError or ValueError."""
+    sizes = {str(f["name"]): int(f["size"]) for f in summary["files"]}
+    pieces: dict[str, set[tuple[int, int, str]]] = {name: set() for name in sizes}
+    for model in summary["models"]:
+        for w in model["external_weights"]:
+            location = str(w["location"])
+            if location in pieces:
+                pieces[location].add((int(w["offset"]), int(w["size"]), str(w["id"])))
+    return [weight_file(name, sizes[name], pieces[name]) for name in sorted(sizes)]
+
+
+class MissingPayloadError(PackageError):
+    """A piece's payload is not in the store (never stored, or collected since)."""
+
+
+def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
+             jobs: int = 4, file_digest: str | None = None) -> dict[str, str]:
+    """Write ``files`` into ``folder`` from the store: every piece copied from its object
+    and re-hashed against its key, zeros (holes) elsewhere, each file fsynced. ``folder``
+    is a temp folder the caller publishes with :func:`~weightstore.fsio.publish_dir`,
+    which fsyncs it once for all the files.
+
+    Returns ``{file name: "<algo>:<hex>"}`` of each whole file with ``file_digest`` (an
+    algorithm), taken in the same read-back. Under :meth:`WeightStore.leased` the
+    payloads are held until the lease ends, so gc cannot take them meanwhile. A payload
+    the store lacks is a :class:`MissingPayloadError`; a damaged one an
+    :class:`~weightstore.errors.IntegrityError` naming the store file and the repair; a
+    file already in the folder (or listed twice) a :class:`PackageError`.
+    """
+    from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload
+    from ..layout.writer import FileRange, write_plan
+
+    files = list(files)
+    seen: set[str] = set()
+    for f in files:  # never written over: another file of the folder, or one listed twice
+        if f.name in seen or os.path.lexists(folder / f.name):
+            raise PackageError("a file to assemble is already in the folder", file=f.name,
+                               folder=str(folder))
+        seen.add(f.name)
+    objects = store.locate({p.key for f in files for p in f.pieces})
+    plan = LayoutPlan("combined", 1, tuple(
+        PlannedFile(f.name, f.size, tuple(PlannedPayload(p.key, p.size, f.name, p.offset)
+                                          for p in f.pieces))
+        for f in files))
+
+    def locate(key: str) -> FileRange:
+        obj = objects.get(key)
+        if obj is None:
+            raise MissingPayloadError("a payload is missing from the store", key=key,
+                                      store=str(store.root))
+        return FileRange(store.path_of(obj), obj.offset, stored=True)
+
+    return write_plan(plan, folder, locate, jobs=jobs, file_digest=file_digest,
+                      sync_dir=False)
