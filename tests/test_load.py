@@ -212,6 +212,33 @@ def test_caller_buffers_win_over_the_package_folder(split):
                              manager=WeightManager())
 
 
+def test_caller_buffers_of_packed_weights_are_handed_over_without_copies(split,
+                                                                        monkeypatch):
+    import weightstore.load.session as session_module
+
+    handed: dict = {}
+    bind = session_module.bind_payloads
+
+    def spy(*args, **kwargs):
+        out = bind(*args, **kwargs)
+        handed.update(kwargs["handed"])
+        return out
+
+    monkeypatch.setattr(session_module, "bind_payloads", spy)
+    with weightstore.resolve(split) as r:
+        memory = np.fromfile(split / "pk.common.data", dtype=np.uint8)
+        session = weightstore.load(r, buffers={"pk.common.data": memory},
+                                   manager=WeightManager())
+        packed = packed_only(r, r.frozen_model())
+        from_buffer = {v for e in r.payload_manifest.active
+                       if e.source.file == "pk.common.data" for v in e.values}
+        main = {t.name for t in r.frozen_model().graph.initializer}  # not the If's
+        assert handed and set(handed) == packed & from_buffer & main
+        assert all(np.shares_memory(a, memory) for a in handed.values())
+        feed, expected = _reference(split, None)
+        np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
+
+
 def test_package_folder_with_only_models_runs_from_the_store(built, split, tmp_path):
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -15,13 +15,14 @@ import weightstore
 from tests import passes_models as pm
 from tests import resolve_models as rm
 from weightstore.cli import main
-from weightstore.errors import PackageError
+from weightstore.errors import PackageError, ResolutionError
 from weightstore.load import LoadReport, RecordingReader, WeightManager, plan_reads
 from weightstore.load.executor import execute
-from weightstore.resolve.binding import PERSISTED, PORTABLE, prepared_key
+from weightstore.resolve.binding import COSTLIER, PERSISTED, PORTABLE, prepared_key
 from weightstore.resolve.kernels import CpuKernels, select_kernels
+from weightstore.resolve.packing_probe import packing_reused
 from weightstore.resolve.prepare import prepare
-from weightstore.resolve.prepared import PreparedOptions
+from weightstore.resolve.prepared import IN_ORDER, PreparedOptions
 from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
 
@@ -37,6 +38,9 @@ def prepared(split_build, tmp_path):
     shutil.copytree(split_build / "store", store)
     assert main(["prepare", str(package), "--device", "cpu", "--store", str(store)]) == 0
     return package, store
+
+
+IN_ORDER_OPTIONS = PreparedOptions(prefer=IN_ORDER)  # persisted forms even where costlier
 
 
 def _outputs_match(resolved, session, package):
@@ -104,7 +108,8 @@ def test_prepare_records_packed_weights_by_key_in_the_store(prepared):
 
 def test_compatible_packed_entry_is_bound_and_loads(prepared):
     package, store = prepared
-    with weightstore.resolve(package, device="cpu", store=store) as r:
+    with weightstore.resolve(package, device="cpu", store=store,
+                             prepared=IN_ORDER_OPTIONS) as r:
         assert r.prepared_graph is not None
         assert all(b.selected == PERSISTED for b in r.bindings)
         packed = [e for e in r.payload_manifest.active if e.origin == "prepared"]
@@ -125,9 +130,10 @@ def test_compatible_packed_entry_skips_all_portable_sources_in_its_lineage(prepa
     class PackedOnly(CpuKernels):
         keeps_source = False
 
-    with weightstore.resolve(package, device="cpu", store=store) as normal:
-        assert normal.payload_manifest.dormant == ()  # onnxruntime reads sources anyway
     with weightstore.resolve(package, device="cpu", store=store,
+                             prepared=IN_ORDER_OPTIONS) as normal:
+        assert normal.payload_manifest.dormant == ()  # onnxruntime reads sources anyway
+    with weightstore.resolve(package, device="cpu", store=store, prepared=IN_ORDER_OPTIONS,
                              phases=_phases_with(PackedOnly())) as r:
         m = r.payload_manifest
         packed = {e.id for e in m.active if e.origin == "prepared"}
@@ -182,7 +188,8 @@ def test_missing_trusted_digest_makes_the_cache_entry_unverified(tmp_path):
 
 def test_corrupt_packed_payload_activates_the_portable_fallback(prepared):
     package, store = prepared
-    with weightstore.resolve(package, device="cpu", store=store) as r:
+    with weightstore.resolve(package, device="cpu", store=store,
+                             prepared=IN_ORDER_OPTIONS) as r:
         victim = next(e for e in r.payload_manifest.active if e.origin == "prepared")
         ws = WeightStore(store)
         obj = ws.lookup(victim.source.store_key)
@@ -206,10 +213,110 @@ def test_prepare_refuses_what_it_cannot_prepare(prepared, tmp_path, capsys):
 
 def test_resident_prepared_object_comes_first(prepared):
     package, store = prepared
-    with weightstore.resolve(package, device="cpu", store=store) as r:
+    with weightstore.resolve(package, device="cpu", store=store,
+                             prepared=IN_ORDER_OPTIONS) as r:
         persisted = {b.key.digest: b.active for b in r.bindings}
     options = PreparedOptions(resident=persisted)
     with weightstore.resolve(package, device="cpu", store=store, prepared=options) as r:
         assert {b.selected for b in r.bindings} == {"resident"}
         assert all(not b.rejected for b in r.bindings)
         _outputs_match(r, weightstore.load(r, manager=WeightManager()), package)
+
+
+def _record_says(package, reused):
+    path = package / "prepared" / "cpu" / "encoder.json"
+    doc = json.loads(path.read_text())
+    doc["packing_reused"] = reused
+    path.write_text(json.dumps(doc))
+
+
+def test_prepare_records_whether_the_runtime_reuses_packed_weights(prepared):
+    package, _ = prepared
+    record = json.loads((package / "prepared" / "cpu" / "encoder.json").read_text())
+    assert record["packing_reused"] is packing_reused()
+    assert isinstance(record["packing_reused"], bool)  # this onnxruntime persists packings
+
+
+def test_runtime_that_packs_again_gets_portable_weights_and_the_optimized_graph(prepared):
+    """Where onnxruntime packs every source again to check a persisted form, the packed
+    payloads are not read: the bindings are portable, and the session is created from the
+    companion's optimized graph with the portable weights alone."""
+    package, store = prepared
+    _record_says(package, False)
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        assert r.bindings and all(b.selected == PORTABLE and (PERSISTED, COSTLIER) in b.rejected
+                                  for b in r.bindings)
+        assert not [e for e in r.payload_manifest.entries if e.origin == "prepared"]
+        companion = onnx.load_from_string(r.prepared_graph)
+        assert not [e for t in companion.graph.initializer for e in t.external_data
+                    if e.key.startswith("prepacked")]
+        assert any(n.domain == "com.microsoft" for n in companion.graph.node)  # optimized
+        reader, report = RecordingReader(), LoadReport()
+        session = weightstore.load(r, reader=reader, report=report, manager=WeightManager())
+        assert reader.bytes_read == report.read_bytes == r.payload_manifest.active_bytes
+        _outputs_match(r, session, package)
+
+
+def test_runtime_that_reuses_packed_weights_gets_the_persisted_payloads(prepared):
+    package, store = prepared
+    _record_says(package, True)
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        assert r.bindings and all(b.selected == PERSISTED for b in r.bindings)
+    _record_says(package, None)  # a record that predates the probe: in the seed's order
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        assert r.bindings and all(b.selected == PERSISTED for b in r.bindings)
+
+
+def test_unknown_prepared_preference_is_an_error():
+    with pytest.raises(ResolutionError, match="unknown prepared preference"):
+        PreparedOptions(prefer="fastest")
+
+
+WIDE_GELU_RECIPE = """\
+package: wide
+version: "1"
+store: {{path: {store}}}
+models: [{{name: encoder, source: {src}}}]
+layouts: [{{name: release, external_weight: combined, alignment: 4096}}]
+devices: [{{name: cpu, capabilities: {{device: cpu}}, scenario: null}}]
+output: {out}
+"""
+
+
+def test_corrupt_runtime_made_value_gives_up_the_companion(tmp_path):
+    """A value onnxruntime created for the companion graph (here the GELU function's
+    channel scale, inlined and folded) that fails its checksum makes the load use the
+    resolved graph and its portable weights: a correct session."""
+    from weightstore.build import BuildOptions, build
+
+    from .samples import make_encoder
+
+    src = tmp_path / "encoder.onnx"
+    onnx.save(make_encoder(ffn=1040), str(src))  # a channel scale above the small limit
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(WIDE_GELU_RECIPE.format(store=tmp_path / "store", src=src,
+                                              out=tmp_path / "out"))
+    build(recipe, BuildOptions(jobs=2))
+    package, store = tmp_path / "out" / "wide" / "1" / "release", tmp_path / "store"
+    assert main(["prepare", str(package), "--device", "cpu", "--store", str(store)]) == 0
+    path = package / "prepared" / "cpu" / "encoder.json"
+    doc = json.loads(path.read_text())
+    doc["packing_reused"] = False  # whatever the installed runtime does
+    path.write_text(json.dumps(doc))
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        made = [e for e in r.payload_manifest.active if e.origin == "runtime"]
+        assert made and r.prepared_graph is not None
+        ws = WeightStore(store)
+        obj = ws.lookup(made[0].source.store_key)
+        with open(ws.path_of(obj), "r+b") as f:
+            f.seek(obj.offset)
+            head = f.read(4)
+            f.seek(obj.offset)
+            f.write(bytes(b ^ 0xFF for b in head))
+        report = LoadReport()
+        session = weightstore.load(r, report=report, manager=WeightManager())
+        assert report.fell_back == {made[0].id: "portable"}
+        full = runnable_variant(package / "encoder.onnx", None)
+        feed = sample_inputs(full)
+        for a, b in zip(session.run(None, feed), run_onnxruntime(full, feed), strict=True):
+            np.testing.assert_array_equal(a, b)

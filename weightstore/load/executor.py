@@ -9,6 +9,7 @@ verified in turn); otherwise the load fails naming the initializer and location.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -127,19 +128,27 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
                     streamed[entry.id][0].update(data[max(o, start) - start:
                                                       min(o + n, stop) - start])
 
-        bounce = memoryview(bytearray(BOUNCE)) if sink is not None else None
-        for k in lane:
-            c = plan.chunks[k]
-            start = c.offset - run.offset
-            if sink is None:
-                reader.read_into(run.path, c.offset, view[start:start + c.length])
-                feed(start, view[start:start + c.length])
-                continue
-            for pos in range(0, c.length, BOUNCE):  # through a buffer that stays in cache
-                piece = bounce[:min(BOUNCE, c.length - pos)]  # type: ignore[index]
-                reader.read_into(run.path, c.offset + pos, piece)
-                feed(start + pos, piece)
-                sink[0].write(sink[1][first.run] + start + pos, piece)
+        # the bounce buffer is a mapping of its own: unmapped when the lane ends, where a
+        # heap buffer would stay in the worker thread's malloc arena, resident
+        bounce = mmap.mmap(-1, BOUNCE) if sink is not None else None
+        try:
+            for k in lane:
+                c = plan.chunks[k]
+                start = c.offset - run.offset
+                if sink is None or bounce is None:
+                    reader.read_into(run.path, c.offset, view[start:start + c.length])
+                    feed(start, view[start:start + c.length])
+                    continue
+                with memoryview(bounce) as whole:
+                    for pos in range(0, c.length, BOUNCE):  # through a buffer in cache
+                        piece = whole[:min(BOUNCE, c.length - pos)]
+                        reader.read_into(run.path, c.offset + pos, piece)
+                        feed(start + pos, piece)
+                        sink[0].write(sink[1][first.run] + start + pos, piece)
+                        piece.release()
+        finally:
+            if bounce is not None:
+                bounce.close()
         for entry, o, n in members:
             data = view[o:o + n]
             if entry.id not in streamed:

@@ -1,8 +1,9 @@
 """A private, memory-mapped data file that onnxruntime maps instead of copying.
 
-onnxruntime copies weights handed to it from memory, but maps external data it reads from
-a file. So a load reads its payloads straight into one file of its own, in a fresh
-``0700`` temporary folder (on ``/dev/shm`` where there is one, so the file is memory),
+onnxruntime copies weights handed to it as in-memory files, and those it keeps using
+(not packed) when handed over as arrays, but maps external data it reads from a file.
+So a load reads its payloads straight into one file of its own, in a fresh ``0700``
+temporary folder (on ``/dev/shm`` where there is one, so the file is memory),
 through a shared mapping: each slot starts 4096-aligned, checksums are verified from the
 mapping, and the graph's tensors point at their slots. onnxruntime then maps the same
 pages: the bytes exist once. Nothing but this process writes the file, and nothing is

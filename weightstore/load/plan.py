@@ -12,7 +12,7 @@ verify groups of whole entries independently.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +71,10 @@ class ReadPlan:
 
 def place(entry: ManifestEntry, folder: Path, model_file: Path,
           buffers: Mapping[str, int], store: StoreLocator | None,
-          located: Mapping[str, object]) -> Placement:
-    """The source of one entry's bytes, by priority (caller buffer > folder > store)."""
+          located: Mapping[str, object],
+          in_folder: Callable[[ManifestEntry], Path | None] | None = None) -> Placement:
+    """The source of one entry's bytes, by priority (caller buffer > folder > store).
+    ``in_folder``: the entry's file in the folder, or None when it has none there."""
     s = entry.source
     if entry.origin in STORE_ONLY:  # packed payloads live in the store only
         hit = located.get(s.store_key) if s.store_key else None
@@ -87,9 +89,8 @@ def place(entry: ManifestEntry, folder: Path, model_file: Path,
                             file=s.file, offset=s.offset, length=s.length, buffer=size,
                             initializer=entry.values[0])
         return Placement(entry.id, BUFFER, None, s.file, s.offset, s.length)
-    path = model_file if not s.file else resolve_location(folder, s.file,
-                                                          where=entry.values[0])
-    if path.is_file():
+    path = model_file if not s.file else (in_folder or _folder_file(folder))(entry)
+    if path is not None and path.is_file():
         return Placement(entry.id, FOLDER, path, None, s.offset, s.length)
     hit = located.get(s.store_key) if s.store_key else None
     if hit is not None:
@@ -98,18 +99,34 @@ def place(entry: ManifestEntry, folder: Path, model_file: Path,
                     location=s.file or model_file.name, store_key=s.store_key)
 
 
+def _folder_file(folder: Path) -> Callable[[ManifestEntry], Path | None]:
+    """An entry's file in ``folder`` (None when absent), each file name resolved and
+    checked once: a package's entries mostly share one or two files."""
+    found: dict[str, Path | None] = {}
+
+    def in_folder(entry: ManifestEntry) -> Path | None:
+        name = entry.source.file
+        if name not in found:
+            path = resolve_location(folder, name, where=entry.values[0])
+            found[name] = path if path.is_file() else None
+        return found[name]
+
+    return in_folder
+
+
 def plan_reads(entries: Sequence[ManifestEntry], folder: Path, model_file: Path, *,
                buffers: Mapping[str, int] | None = None, store: StoreLocator | None = None,
                chunk: int = CHUNK) -> ReadPlan:
     """Placements, coalesced runs and chunks for ``entries`` (pure but for ``stat`` and
     one store lookup for the entries the folder lacks)."""
     buffers = buffers or {}
+    in_folder = _folder_file(folder)
     missing = [e.source.store_key for e in entries
                if e.source.store_key and (e.origin in STORE_ONLY or (
                    e.source.file and e.source.file not in buffers
-                   and not (folder / e.source.file).is_file()))]
+                   and in_folder(e) is None))]
     located = store.locate(missing) if store is not None and missing else {}
-    placements = tuple(place(e, folder, model_file, buffers, store, located)
+    placements = tuple(place(e, folder, model_file, buffers, store, located, in_folder)
                        for e in entries)
     ranges: dict[tuple[Path, int, int], list[str]] = {}
     for p in placements:

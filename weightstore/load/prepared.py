@@ -1,4 +1,4 @@
-"""A session from a prepared companion: onnxruntime maps packed weights from a file.
+"""A session from a prepared companion: the optimized graph, and any packed weights bound.
 
 onnxruntime uses serialized pre-packed weights only when it reads external data from
 files itself (from memory, it packs again). So the active entries are read straight into
@@ -60,7 +60,9 @@ def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None
             model_path = mapped.folder / "prepared.onnx"
             model_path.write_bytes(companion.SerializeToString())
             options = session_options or ort.SessionOptions()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            # the companion is the graph as onnxruntime optimized it when it was prepared:
+            # optimizing it again would redo that work and find nothing more to do
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             return create_session(ort, model_path, options, providers, report)
     finally:
         if own_reader:

@@ -226,6 +226,11 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
          session_options: Any = None, report: LoadReport | None = None) -> Any:
     """An onnxruntime session of ``resolved``, reading exactly its active payloads.
 
+    ``buffers`` (file name -> bytes-like) supply payloads from the caller's memory (GE's
+    user memory by file name), verified like bytes read; the weights onnxruntime packs are
+    handed over without a copy (the caller keeps the memory unchanged while the session
+    is created), the others are copied into the load's private data file.
+
     With prepared weights bound (``weightstore prepare``), the session is created from the
     prepared companion; a packed payload failing its checksum makes it fall back to the
     portable weights (read anyway: onnxruntime checks packed weights against them).
@@ -250,48 +255,59 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
             return session
         resolved = resolved.without_prepared()  # a packed payload failed: portable weights
     views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
+    packed = packed_only(resolved, model)
     active = read_active(resolved, buffers=views, reader=reader, jobs=jobs,
-                         manager=manager, report=report, mapped=True,
-                         unshared=packed_only(resolved, model))
+                         manager=manager, report=report, mapped=True, unshared=packed)
+    handed: dict[str, np.ndarray] = {}
     try:
-        # onnxruntime takes weights from memory only if all come from there: caller
-        # buffers send every weight that way; otherwise all are mapped from files
-        where = {} if views else {k: (active.files[n].path.name, offset)
-                                  for k, (n, offset) in active.where.items()}
-        spill = None if views else SpillFile(active.files[0].folder)
+        # weights read here are mapped by onnxruntime from the load's data files. Weights
+        # in caller buffers that onnxruntime packs are handed over as they are: it packs
+        # them from the caller's memory, no copy. It would copy the others (embeddings,
+        # norms, biases) into memory of its own: they join the data files instead, which
+        # it maps, so the bytes it keeps using are a copy nobody else writes to
+        where = {k: (active.files[n].path.name, offset) for k, (n, offset)
+                 in active.where.items()}
+        spill = SpillFile(active.files[0].folder)
         try:
-            files = bind_payloads(model, resolved, active.data, views, where,
-                                  spill.append if spill else None)
+            bind_payloads(model, resolved, active.data, views, where, spill.append,
+                          handed=handed, hand=packed)
         finally:
-            if spill is not None:
-                spill.close()
+            spill.close()
         for file in active.files:
             file.release()  # onnxruntime maps the pages; ours would count them twice
         options = session_options or ort.SessionOptions()
-        names = sorted(files)
-        if names:
-            options.add_external_initializers_from_files_in_memory(
-                names, [files[n] for n in names], [len(files[n]) for n in names])
+        values = [ort.OrtValue.ortvalue_from_numpy(handed[n]) for n in sorted(handed)]
+        if values:
+            options.add_external_initializers(sorted(handed), values)
         path = active.files[0].folder / "model.onnx"
         path.write_bytes(model.SerializeToString())
         session = create_session(ort, path, options, providers, report)
     finally:
         for file in reversed(active.files):  # the first owns the folder
             file.remove_folder()
-    weakref.finalize(session, manager.release, list(active.held))
+    # the session uses the handed-over memory for its lifetime: keep it until then
+    weakref.finalize(session, _release, manager, list(active.held), values)
     return session
+
+
+def _release(manager: WeightManager, held: list[str], values: list[Any]) -> None:
+    manager.release(held)
+    values.clear()
 
 
 def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
                   data: Mapping[str, memoryview], views: Mapping[str, memoryview],
                   where: Mapping[str, tuple[str, int]] | None = None,
-                  spill: Callable[[memoryview], tuple[str, int]] | None = None,
-                  ) -> dict[str, memoryview]:
+                  spill: Callable[[memoryview], tuple[str, int]] | None = None, *,
+                  handed: dict[str, np.ndarray] | None = None,
+                  hand: Collection[str] = ()) -> dict[str, memoryview]:
     """Point every live tensor of ``model`` whose payload is omitted at its bytes: its
     slot in a mapped data file (``where``: entry id -> file name and offset), else an
     in-memory file per manifest entry (main graph; written to a file through ``spill``
     when given) or inline (subgraphs, functions). Returns the in-memory files by name
-    (caller buffers included)."""
+    (caller buffers included, unless ``handed`` is given: then each main-graph tensor
+    of a value in ``hand`` held by a caller buffer is put there, by name, as an array over
+    that buffer, and the others are bound like bytes read here)."""
     where = where or {}
     manifest = resolved.payload_manifest
     by_value = {v: e for e in manifest.entries if e.status == ACTIVE
@@ -314,7 +330,10 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue
         e = by_value.get(name)
-        if e is not None and e.source.file in views and site.container is model.graph:
+        if (e is not None and e.source.file in views and site.container is model.graph
+                and (handed is None or name in hand)):
+            if handed is not None:  # aligned as onnxruntime reads it (copied only if not)
+                handed[t.name] = np.require(_array(e, data[e.id]), requirements="A")
             continue  # the caller's buffer under the model's own file name
         if e is not None and e.id in where:
             point_at(t, where[e.id][0], where[e.id][1], len(data[e.id]))
@@ -337,6 +356,6 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
             t.ClearField("external_data")
             t.data_location = onnx.TensorProto.DEFAULT
             t.raw_data = bytes(payload)
-    for name, view in views.items():
-        files[name] = view
+    if handed is None:
+        files.update(views)
     return files

@@ -120,4 +120,5 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
         payload_manifest=RequiredPayloadManifest(state.entries, state.load_derivations),
         transformations=report, source=src,
         prepared_graph=None if state.companion is None
-        else state.companion.companion().SerializeToString())
+        else state.companion.companion({b.active.source.store_key for b in state.bindings
+                                        if b.active is not None}).SerializeToString())

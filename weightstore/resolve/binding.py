@@ -11,6 +11,7 @@ import onnx
 from ..catalogue.payload import external_info
 from ..catalogue.sites import iter_tensor_sites
 from .prepared import (
+    CHEAPER,
     DERIVED,
     PERSISTED,
     PORTABLE,
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from .phases import ResolutionState
 
 PACKED_FORMAT = "onnxruntime-prepacked-v1"
+COSTLIER = ("the runtime packs the source again to check a persisted form (probed by "
+            "weightstore prepare): the portable source alone is cheaper")
 
 
 def runtime_version() -> str:
@@ -103,12 +106,17 @@ def bind_prepared(state: ResolutionState) -> tuple[PreparedBinding, ...]:
                                            resident[key.digest]))
                 continue
             rejected.append((RESIDENT, "not resident"))
-            found = state.prepared.cache.lookup(key) if state.prepared.cache else None
-            if found is not None:
+            cache = state.prepared.cache
+            found = cache.lookup(key) if cache else None
+            if found is not None and state.prepared.prefer == CHEAPER and getattr(
+                    cache, "packing_reused", None) is False:
+                rejected.append((PERSISTED, COSTLIER))
+            elif found is not None:
                 out.append(PreparedBinding(req.value, key, PERSISTED, reason, found,
                                            tuple(rejected)))
                 continue
-            rejected.append((PERSISTED, "no compatible persisted payload"))
+            else:
+                rejected.append((PERSISTED, "no compatible persisted payload"))
         if req.value in state.derivations and digest is None:  # computed at load
             out.append(PreparedBinding(req.value, key, DERIVED, reason, None,
                                        tuple(rejected)))

@@ -48,11 +48,15 @@ class ResolvedModel:
 
     @property
     def tolerated_failures(self) -> frozenset[str]:
-        """Active entries whose checksum failure falls back rather than fails: the packed
-        payloads of a prepared companion (the portable weights are read anyway)."""
+        """Active entries whose checksum failure falls back rather than fails: the payloads
+        only a prepared companion needs (packed forms, values the runtime made); the load
+        then gives the companion up for the resolved graph and its portable weights."""
         if self.prepared_graph is None:
             return frozenset()
-        return frozenset(e.id for e in self.payload_manifest.active if e.origin == "prepared")
+        from .manifest import STORE_ONLY
+
+        return frozenset(e.id for e in self.payload_manifest.active
+                         if e.origin in STORE_ONLY)
 
     @property
     def metadata_model(self) -> onnx.ModelProto:

@@ -25,7 +25,7 @@ from ..passes.fold_constant_if import FoldConstantIf
 from ..passes.registry import get_pass
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
-from .binding import PERSISTED, RESIDENT, bind_prepared
+from .binding import COSTLIER, PERSISTED, RESIDENT, bind_prepared
 from .closure import check_active_files, payload_closure
 from .constants import ConstantResults, analyze
 from .kernels import KernelCatalogue, PreparedRequirement, select_kernels
@@ -245,7 +245,10 @@ class PreparedResolution(_Base):
                                          cache=RecordCache(record, state.source.store))
         state.bindings = bind_prepared(state)
         if record is not None and any(b.selected in (PERSISTED, RESIDENT)
+                                      or (PERSISTED, COSTLIER) in b.rejected
                                       for b in state.bindings):
+            # the companion graph is this graph as the runtime optimizes it: used even
+            # when its packed objects are not (the portable weights are packed instead)
             state.companion = record
         return False
 

@@ -14,7 +14,9 @@ CPU kernels' pre-packed weights beside an optimized copy of the graph
 
 Resolution then binds each requirement to its packed payload when the keys match (same
 runtime version, CPU features, lineage, ...), and falls back to the portable weights when
-they do not.
+they do not. The record also says whether the runtime uses a packed payload as it is
+(:mod:`.packing_probe`): when it packs the source again anyway, resolution prefers the
+portable weights and keeps only the companion's optimized graph.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..errors import PackageError
 from ..fsio import atomic_write_bytes
 from ..hashing import digest_bytes, make_key
 from ..model_io import save_model
+from .packing_probe import packing_reused
 from .prepared import PreparedOptions
 from .prepared_cache import FORMAT_VERSION, record_paths
 
@@ -49,15 +52,20 @@ class PrepareResult:
     runtime_values: int
     runtime: str
     cpu_features: tuple[str, ...]
+    packing_reused: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"record": str(self.record), "objects": self.objects,
                 "packed_bytes": self.packed_bytes, "runtime_values": self.runtime_values,
-                "runtime": self.runtime, "cpu_features": list(self.cpu_features)}
+                "runtime": self.runtime, "cpu_features": list(self.cpu_features),
+                "packing_reused": self.packing_reused}
 
     def describe(self) -> str:
+        note = ("" if self.packing_reused is not False else
+                f" ({self.runtime} packs the sources again to check packed objects: loads "
+                "use the portable weights with the optimized graph)")
         return (f"prepared {self.objects} packed objects ({self.packed_bytes} bytes) for "
-                f"{self.runtime}; record {self.record}")
+                f"{self.runtime}; record {self.record}{note}")
 
 
 def _requirement(candidates: list, kernel: str) -> Any:
@@ -176,9 +184,11 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
                "scenario": resolved.selected_scenario, "device": device,
                "graph_digest": resolved.graph_digest, "runtime": runtime_version(),
                "cpu_features": list(cpu_features()), "optimization_level": optimization_level,
+               "packing_reused": packing_reused(),
                "objects": sorted(objects, key=lambda o: (o["value"], o["kernel"])),
                "runtime_values": runtime_values}
         atomic_write_bytes(record_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n")
                            .encode())
     return PrepareResult(record_path, len(objects), sum(o["length"] for o in objects),
-                         len(runtime_values), runtime_version(), cpu_features())
+                         len(runtime_values), runtime_version(), cpu_features(),
+                         packing_reused())

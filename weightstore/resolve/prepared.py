@@ -12,6 +12,10 @@ Compatibility is equality of the :class:`PreparedKey`: source lineage (payload d
 device, provider, runtime version, CPU features, packed format, shape, dtype and graph
 optimization level. A source without a trusted digest makes the cache entry
 unverifiable, so the portable recipe is chosen without reading the source to decide.
+
+A persisted payload is skipped, by default, when the runtime packs the source again to
+check it (what ``weightstore prepare`` probed and recorded): reading it would add its bytes
+and a comparison to the packing it was meant to save.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ PERSISTED = "persisted"
 DERIVED = "derived"
 PORTABLE = "portable"
 CANDIDATE_ORDER = (RESIDENT, PERSISTED, DERIVED, PORTABLE)
+CHEAPER = "cheaper"  # PreparedOptions.prefer: the candidate cheapest on the runtime
+IN_ORDER = "in-order"  # the first eligible candidate, whatever it costs
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,12 @@ class PreparedBinding:
 class PreparedCache(Protocol):
     """Where persisted packed payloads are looked up (metadata only)."""
 
+    @property
+    def packing_reused(self) -> bool | None:
+        """Does the runtime use these payloads as they are (True) or pack their sources
+        again to check them (False)? None when unknown."""
+        ...
+
     def lookup(self, key: PreparedKey) -> Any | None:
         """The packed payload's WeightSource for ``key``, or None."""
         ...
@@ -96,3 +108,11 @@ class PreparedOptions:
     optimization_level: str = "extended"
     resident: Mapping[str, Any] | None = None  # key digest -> resident object
     records: bool = True  # look up the package's prepared records (``weightstore prepare``)
+    prefer: str = CHEAPER  # CHEAPER: skip persisted forms the runtime packs again anyway
+
+    def __post_init__(self) -> None:
+        if self.prefer not in (CHEAPER, IN_ORDER):
+            from ..errors import ResolutionError
+
+            raise ResolutionError("unknown prepared preference", prefer=self.prefer,
+                                  known=f"{CHEAPER}, {IN_ORDER}")

@@ -7,18 +7,23 @@ blobs themselves, and any initializer the runtime created, go into the weight st
 digest; portable weights are referenced by their digest, never copied.
 
 Lookups are metadata only: a record entry answers a :class:`PreparedKey` when the keys are
-equal (same lineage, runtime version, CPU features, ...) and the store holds the blob.
+equal (same lineage, runtime version, CPU features, ...) and the store holds the blob. The
+record also says whether that runtime uses a packed blob as it is or packs the source
+again (``packing_reused``, probed by ``weightstore prepare``), and which runtime, CPU
+features and optimization level its companion graph was optimized for.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
+from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
 from .closure import WeightSource
 from .locator import StoreLocator
@@ -43,9 +48,27 @@ class PreparedRecord:
     graph_path: Path
     objects: dict[str, dict[str, Any]]  # key digest -> object
     runtime_values: dict[str, dict[str, Any]]  # initializer -> {store_key, length, ...}
+    runtime: str = ""
+    cpu_features: tuple[str, ...] = ()
+    optimization_level: str = ""
+    packing_reused: bool | None = None  # None: not probed (an older record)
 
-    def companion(self) -> onnx.ModelProto:
-        return onnx.load(str(self.graph_path), load_external_data=False)
+    def companion(self, packed: Collection[str] | None = None) -> onnx.ModelProto:
+        """The companion graph; with ``packed`` (store keys), only the ``prepacked_N``
+        entries of those packed payloads are kept (the others are not read)."""
+        model = onnx.load(str(self.graph_path), load_external_data=False)
+        if packed is None:
+            return model
+        for site in iter_tensor_sites(model):
+            t = site.tensor
+            kept = [(e.key, e.value) for e in t.external_data
+                    if not e.key.startswith("prepacked") or e.value.partition("|")[2] in packed]
+            if len(kept) != len(t.external_data):
+                del t.external_data[:]
+                for key, value in kept:
+                    e = t.external_data.add()
+                    e.key, e.value = key, value
+        return model
 
 
 def read_record(package: Path, target: str | None, model: str) -> PreparedRecord | None:
@@ -57,9 +80,13 @@ def read_record(package: Path, target: str | None, model: str) -> PreparedRecord
         if doc.get("format_version") != FORMAT_VERSION:
             raise PackageError("unsupported prepared record version", file=str(path),
                                version=doc.get("format_version"))
+        reused = doc.get("packing_reused")
         return PreparedRecord(str(doc["graph_digest"]), graph,
                               {o["key_digest"]: o for o in doc["objects"]},
-                              dict(doc.get("runtime_values", {})))
+                              dict(doc.get("runtime_values", {})), str(doc.get("runtime", "")),
+                              tuple(doc.get("cpu_features", ())),
+                              str(doc.get("optimization_level", "")),
+                              None if reused is None else bool(reused))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PackageError(f"unreadable prepared record: {exc}", file=str(path)) from None
 
@@ -70,6 +97,10 @@ class RecordCache:
     def __init__(self, record: PreparedRecord, store: StoreLocator | None) -> None:
         self.record = record
         self.store = store
+
+    @property
+    def packing_reused(self) -> bool | None:
+        return self.record.packing_reused
 
     def lookup(self, key: PreparedKey) -> WeightSource | None:
         obj = self.record.objects.get(key.digest)
