@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+import locale
+import os
+import subprocess
+import sys
 import tarfile
-from collections.abc import Sequence
+import time
+import traceback
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -31,6 +40,70 @@ def make_checkout(root: Path, model: onnx.ModelProto, hash_algo: str = "blake3")
     recipe = root / "recipe.yaml"
     recipe.write_text(RECIPE.format(hash=hash_algo))
     return recipe
+
+
+REPO = Path(__file__).resolve().parents[1]
+OTHER_UID = 65534  # nobody
+
+
+def released_files(checkout: Path) -> dict[str, bytes]:
+    """The release folder of :func:`make_checkout`'s recipe, by file name."""
+    out = checkout / "out" / "releases" / "pkg-1.0.0"
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def run_as_other_user(warm: Path, checkout: Path, argv: Sequence[str], env: Mapping[str, str],
+                      umask: int, uid: int = OTHER_UID) -> dict[str, Any]:
+    """Run ``weightstore`` as root in ``warm``, then as ``uid`` in ``checkout``, in one new
+    process of this interpreter; returns its report (exit codes, ids, output).
+
+    The other user can run neither this interpreter (often under a private home folder) nor
+    read its stdlib, so the process starts as root, loads every lazy import in the run as
+    root, then drops to ``uid`` with no supplementary groups and runs the same command
+    in-process with its own environment, ``umask``, TZ and locale. Not a fork of the test
+    process: blake3's thread pool, once started, does not survive a fork.
+    """
+    request = {"warm": str(warm), "checkout": str(checkout), "argv": list(argv),
+               "env": dict(env), "umask": umask, "uid": uid}
+    full = {**os.environ, "PYTHONPATH": str(REPO)}
+    full.pop("WEIGHTSTORE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", "import sys; from tests.release_helpers "
+                           "import _release_twice; _release_twice(sys.argv[1])",
+                           json.dumps(request)], env=full, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _release_twice(request_json: str) -> None:
+    """The process :func:`run_as_other_user` starts; prints its report as JSON."""
+    from weightstore.cli import main
+
+    request = json.loads(request_json)
+    argv, uid, umask = request["argv"], request["uid"], request["umask"]
+    report: dict[str, Any] = {}
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            os.chdir(request["warm"])
+            report["warm_exit"] = main(argv)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.environ.clear()
+            os.environ.update(request["env"])
+            time.tzset()
+            locale.setlocale(locale.LC_ALL, "")
+            os.umask(umask)
+            os.chdir(request["checkout"])
+            report.update(uid=os.getuid(), euid=os.geteuid(), gid=os.getgid(),
+                          groups=os.getgroups(), umask=os.umask(umask), tz=time.tzname[0],
+                          locale=locale.setlocale(locale.LC_ALL))
+            report["exit"] = main(argv)
+    except BaseException:
+        report["error"] = traceback.format_exc()
+    report["output"] = out.getvalue()
+    print(json.dumps(report))
 
 
 def tar_zst(members: Sequence[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:

@@ -9,12 +9,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
-from tests.release_helpers import make_checkout
+from tests.release_helpers import OTHER_UID, make_checkout, released_files, run_as_other_user
 from weightstore.cli import main
 from weightstore.release.api import ReleaseOptions, check_release, release
 from weightstore.release.archive import DEFAULT_EPOCH, plan_archive, source_date_epoch
@@ -165,54 +166,23 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def _release_in(checkout: Path, umask: str, env: dict[str, str], jobs: int,
-                user: int | None = None) -> dict[str, bytes]:
+def _release_in(checkout: Path, umask: str, env: dict[str, str], jobs: int) -> dict[str, bytes]:
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}
     full.pop("WEIGHTSTORE_DIR", None)
-
-    def drop() -> None:
-        if user is not None:
-            os.setgid(user)
-            os.setuid(user)
-
     subprocess.run([sys.executable, "-c", CHILD, umask, "release", "recipe.yaml", "--jobs",
-                    str(jobs)], cwd=checkout, env=full, check=True, capture_output=True,
-                   preexec_fn=drop if user is not None else None)
-    out = checkout / "out" / "releases" / "pkg-1.0.0"
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+                    str(jobs)], cwd=checkout, env=full, check=True, capture_output=True)
+    return released_files(checkout)
 
 
-def _other_user(tmp_path: Path) -> int | None:
-    """``nobody``'s uid when this process may switch to it and it can run Python here."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return None
-    for p in [tmp_path, *tmp_path.rglob("*")]:
-        os.chmod(p, 0o777 if p.is_dir() else 0o666)
-
-    def drop() -> None:
-        os.setgid(65534)
-        os.setuid(65534)
-
-    try:
-        subprocess.run([sys.executable, "-c", "import weightstore"], check=True,
-                       capture_output=True, preexec_fn=drop,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return 65534
-
-
-def test_reproducible_across_paths_users_umask_tz_locale_threads_and_stores(
-        encoder_model, tmp_path):
+def test_reproducible_across_paths_umask_tz_locale_threads_and_stores(encoder_model, tmp_path):
     a = tmp_path / "a"
     b = tmp_path / "some" / "other place" / "b"
     make_checkout(a, encoder_model)
     make_checkout(b, encoder_model)
     first = _release_in(a, "022", {"TZ": "UTC", "LC_ALL": "C"}, jobs=1)
-    user = _other_user(tmp_path)
     other = _release_in(b, "077", {"TZ": "Pacific/Chatham", "LC_ALL": "C.UTF-8",
-                                   "LANG": "fr_FR.UTF-8", "HOME": str(b)}, jobs=3, user=user)
-    assert other == first  # other path, user, umask, TZ, locale, thread count, cold store
+                                   "LANG": "fr_FR.UTF-8", "HOME": str(b)}, jobs=3)
+    assert other == first  # other path, umask, TZ, locale, thread count, cold store
     shutil.rmtree(a / "out")  # warm store, fresh output
     warm = _release_in(a, "002", {"TZ": "America/St_Johns"}, jobs=2)
     assert warm == first
@@ -220,6 +190,38 @@ def test_reproducible_across_paths_users_umask_tz_locale_threads_and_stores(
     assert again == first
     assert sorted(first) == ["SHA256SUMS", "pkg-1.0.0-combined.tar.zst",
                              "pkg-1.0.0-separate.tar.zst", "release.json"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="releasing as another user needs root to switch users (CI runs as root)")
+def test_reproducible_across_users(encoder_model):
+    """Root releases in one checkout, ``nobody`` in another (its own, under another path,
+    umask 077, TZ and locale): the same bytes. Any failure to run as ``nobody`` fails."""
+    base = Path(tempfile.mkdtemp(prefix="weightstore-users-"))  # not under pytest's 0700 root
+    try:
+        os.chmod(base, 0o755)
+        mine = base / "root"
+        theirs = base / "other user" / "b"
+        make_checkout(mine, encoder_model)
+        make_checkout(theirs, encoder_model)
+        for p in [theirs.parent, theirs, *theirs.rglob("*")]:
+            os.chown(p, OTHER_UID, OTHER_UID)  # the other user's checkout
+        env = {"HOME": str(theirs), "XDG_CACHE_HOME": str(theirs / ".cache"),
+               "TZ": "Pacific/Chatham", "LC_ALL": "C.UTF-8", "LANG": "fr_FR.UTF-8",
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        report = run_as_other_user(mine, theirs, ["release", "recipe.yaml", "--jobs", "3"],
+                                   env, umask=0o077)
+        assert "error" not in report, report["error"]
+        assert report["warm_exit"] == 0 and report["exit"] == 0, report["output"]
+        assert (report["uid"], report["euid"], report["gid"], report["groups"]) == (
+            OTHER_UID, OTHER_UID, OTHER_UID, [])
+        assert report["umask"] == 0o077 and report["tz"] != "UTC"
+        out = theirs / "out" / "releases" / "pkg-1.0.0"
+        made = [out, *out.iterdir(), theirs / "store", theirs / "out" / "pkg"]
+        assert {p.stat().st_uid for p in made} == {OTHER_UID}  # written by the other user
+        assert released_files(theirs) == released_files(mine)
+    finally:
+        shutil.rmtree(base)
 
 
 def test_check_passes_and_names_the_first_difference(released, capsys):

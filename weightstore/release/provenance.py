@@ -13,6 +13,7 @@ the whole Statement what ``cosign attest-blob --statement`` takes.
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 from collections.abc import Mapping, Sequence
@@ -47,7 +48,15 @@ def render_sums(archives: Sequence[ArchiveRecord]) -> bytes:
 
 
 def tool_versions() -> dict[str, str]:
-    from importlib import metadata  # ~30 ms: only when a release is written
+    return dict(_tool_versions())
+
+
+@functools.cache
+def _tool_versions() -> dict[str, str]:
+    """Read once per process: the libraries loaded cannot change under it, and the metadata
+    scan costs ~30 ms and needs the installation to stay readable (a process that dropped
+    its privileges after loading them still records the same versions)."""
+    from importlib import metadata  # only when a release is written
 
     out = {"weightstore": __version__, "python": platform.python_version()}
     for name in LIBRARIES:
