@@ -26,7 +26,9 @@ from ..errors import PackageError
 from ..hashing import split_key
 
 if TYPE_CHECKING:
-    from ..store import WeightStore
+    from concurrent.futures import Future
+
+    from ..store import StoredObject, WeightStore
 
 _SEPARATE = re.compile(r"(?:.*/)?weight_[0-9a-f]{64}")
 
@@ -96,7 +98,8 @@ class MissingPayloadError(PackageError):
 
 
 def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
-             jobs: int = 4, file_digest: str | None = None) -> dict[str, str]:
+             jobs: int = 4, file_digest: str | None = None,
+             arriving: Mapping[str, Future[StoredObject]] | None = None) -> dict[str, str]:
     """Write ``files`` into ``folder`` from the store: every piece copied from its object
     and re-hashed against its key, zeros (holes) elsewhere, each file fsynced. ``folder``
     is a temp folder the caller publishes with :func:`~weightstore.fsio.publish_dir`,
@@ -108,6 +111,11 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
     the store lacks is a :class:`MissingPayloadError`; a damaged one an
     :class:`~weightstore.errors.IntegrityError` naming the store file and the repair; a
     file already in the folder (or listed twice) a :class:`PackageError`.
+
+    ``arriving``: payloads still on their way into the store (a pull's downloads), each
+    a future of its object. Assembly starts at once; a piece whose payload is not yet in
+    the store waits for its future (and raises what it raises), so copies overlap the
+    downloads while every piece is still re-hashed against its key.
     """
     from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload
     from ..layout.writer import FileRange, write_plan
@@ -127,6 +135,8 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
 
     def locate(key: str) -> FileRange:
         obj = objects.get(key)
+        if obj is None and arriving is not None and key in arriving:
+            obj = arriving[key].result()
         if obj is None:
             raise MissingPayloadError("a payload is missing from the store", key=key,
                                       store=str(store.root))

@@ -4,10 +4,10 @@ The manifest first; then only the payload blobs the local store lacks, each stre
 a temp file beside the store's objects while its sha256 (and its store key, for a store
 of another algorithm) is computed, and put into the store only when both match: a wrong
 byte never enters the store. A blob cut off mid-stream resumes from the bytes already
-received (``Range``). Files are then assembled from the store
-(:mod:`weightstore.package.assembly`: every piece re-hashed against its key as it is
-copied), byte-identical to the pushed package (payloads at their offsets, zero bytes
-between them).
+received (``Range``). Meanwhile the output's files are assembled from the store
+(:mod:`weightstore.package.assembly`: every piece copied as soon as its payload is in,
+while other blobs still download, and re-hashed against its key), byte-identical to the
+pushed package (payloads at their offsets, zero bytes between them).
 
 With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
 first (the device folder's models and ``bundle.json``, or the package models with the
@@ -24,7 +24,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,8 +206,8 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
         with store.leased():
             result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
                                                   device=device, scenario=scenario)
-            _fetch_missing(client, ref, store, parsed, wanted, report, jobs, progress)
-            assemble(store, result, files, jobs=jobs)
+            _fetch_and_assemble(client, ref, store, parsed, wanted, report, jobs, progress,
+                                result, files)
             digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
                              host=ref.host, repository=ref.repository,
                              digests=[d["digest"] for d in parsed.payloads.values()])
@@ -325,9 +325,38 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
     return wanted
 
 
+def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStore,
+                        parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
+                        jobs: int, progress: bool | None, folder: Path,
+                        files: list[WeightFile]) -> None:
+    """Fetch the missing payloads while the output's files are assembled from the store:
+    a piece is copied (and re-hashed) as soon as its payload is in, so the copies overlap
+    the downloads that are still running."""
+    arriving: dict[str, Future[StoredObject]] = {k: Future() for k in wanted}
+    with ThreadPoolExecutor(1) as runner:
+        assembling = runner.submit(assemble, store, folder, files, jobs=jobs,
+                                   arriving=arriving)
+        try:
+            _fetch_missing(client, ref, store, parsed, wanted, report, jobs, progress,
+                           arriving)
+        except BaseException as exc:
+            for future in arriving.values():
+                if not future.done():
+                    future.set_exception(exc)
+            wait([assembling])
+            raise
+        # what the store already had, or another pull brought meanwhile
+        settle = [k for k, f in arriving.items() if not f.done()]
+        found = store.locate(settle) if settle else {}
+        for key in settle:
+            arriving[key].set_result(found.get(key))  # type: ignore[arg-type]
+        assembling.result()
+
+
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                    parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
-                   jobs: int, progress: bool | None = False) -> None:
+                   jobs: int, progress: bool | None,
+                   arriving: dict[str, Future[StoredObject]]) -> None:
     from ..progress import Progress
 
     missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
@@ -337,7 +366,11 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
     adoption = _GroupAdoption(store)
 
     def fetch(key: str) -> int:
-        return _fetch_payload(client, ref, store, key, parsed.payloads[key], adoption.adopt)[0]
+        received, obj = _fetch_payload(client, ref, store, key, parsed.payloads[key],
+                                       adoption.adopt)
+        if obj is not None:
+            arriving[key].set_result(obj)  # its pieces are copied while others download
+        return received
 
     order = sorted(missing, key=lambda k: (-wanted[k], k))
     try:
