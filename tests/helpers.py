@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from weightstore.store import StoredObject, WeightStore
 
 
@@ -39,3 +41,23 @@ def package_objects(folder: Path) -> dict[str, int]:
 
     data = (folder / "summary.json").read_bytes()
     return {f.pieces[0].key: f.size for f in whole_files(json.loads(data), data)}
+
+
+def index_bytes(root: Path) -> dict[str, bytes]:
+    """The store index's files, byte for byte (compare before and after to prove no write)."""
+    return {p.name: p.read_bytes() for p in root.iterdir() if p.name.startswith("index")}
+
+
+def freeze_index(root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
+    """Make the store at ``root`` behave as a read-only index (any write fails loudly),
+    after folding its WAL into the main file; returns :func:`index_bytes` of it."""
+    import sqlite3
+
+    from weightstore.store.index import Index
+
+    conn = sqlite3.connect(root / "index.sqlite")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    monkeypatch.setattr(Index, "writable", lambda self: False)
+    monkeypatch.setattr(Index, "writing", None)
+    return index_bytes(root)

@@ -70,3 +70,17 @@ def test_an_arrived_object_is_still_re_hashed(tmp_path: Path) -> None:
         assemble(store, folder, [weight_file("w", 300, [(0, 300, late.key)])],
                  arriving=arriving)
     assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "hidden", "inside"), [
+    ("a/b", True, True), ("devices/npu/m.onnx", False, True), (".x", True, True),
+    (".x", False, False), ("a/.lock", False, False), ("a/../b", True, False),
+    ("/a", True, False), ("", True, False), ("a\\b", True, False), ("a\x00", True, False),
+    ("a//b", True, False), ("a/./b", True, False), ("..", True, False), (None, True, False),
+])
+def test_one_rule_keeps_archive_manifest_and_record_paths_inside(name, hidden, inside):
+    """Unpacked archive members, artifact file paths and action record names all pass
+    through this check."""
+    from weightstore.fsio import is_relative_inside
+
+    assert is_relative_inside(name, hidden=hidden) is inside

@@ -244,22 +244,14 @@ def test_a_sha256_store_materializes_too(tmp_path: Path, encoder_model: onnx.Mod
 def test_a_read_only_store_materializes_without_writing(
         project: Path, conversions: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a read-only mount: the objects are all there, so nothing needs writing."""
-    import sqlite3
-
-    from weightstore.store.index import Index
+    from .helpers import freeze_index, index_bytes
 
     store = _store(project)
-    conn = sqlite3.connect(store / "index.sqlite")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    before = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
-    monkeypatch.setattr(Index, "writable", lambda self: False)
-    monkeypatch.setattr(Index, "writing", None)  # any write would fail loudly
+    before = freeze_index(store, monkeypatch)
     assert [p.status for p in build(project).packages] == ["built", "built"]
     assert conversions == []
     assert tree(project.parent / "out") == tree(project.parent / "expected")
-    after = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
-    assert after == before
+    assert index_bytes(store) == before
 
 
 def _statuses(recipe: str) -> list[str]:

@@ -333,25 +333,19 @@ def test_a_read_only_store_serves_a_build_without_writing(
         tmp_path: Path, encoder_model, save_model, monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a read-only mount: every payload present, so the build needs no write."""
     from weightstore.build import BuildOptions, build
-    from weightstore.store.index import Index
 
+    from .helpers import freeze_index, index_bytes
     from .test_build import write_recipe
 
     src = save_model(encoder_model, "m.onnx")
     recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n")
     store = tmp_path / "store"
     build(recipe, BuildOptions(store=str(store), jobs=2))
-    conn = sqlite3.connect(store / "index.sqlite")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    before = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
-    monkeypatch.setattr(Index, "writable", lambda self: False)
-    monkeypatch.setattr(Index, "writing", None)  # any write would fail loudly
+    before = freeze_index(store, monkeypatch)
     result = build(recipe, BuildOptions(store=str(store), jobs=2, force=True))
     assert result.store_report["written_objects"] == 0
     assert WeightStore(store).verify().ok
-    after = {p.name: p.read_bytes() for p in store.iterdir() if p.name.startswith("index")}
-    assert after == before
+    assert index_bytes(store) == before
 
 
 def test_a_writer_waiting_for_the_index_names_the_running_builds(

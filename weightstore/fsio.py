@@ -297,5 +297,16 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+def is_relative_inside(name: object, *, hidden: bool = True) -> bool:
+    """``name`` is a '/'-separated relative path that stays inside its folder: not empty
+    or absolute, no ``..``, ``.`` or empty component, no backslash or NUL; with ``hidden``
+    False, no component starting with a dot either (temp files and locks are hidden)."""
+    if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
+            or "\x00" in name):
+        return False
+    return not any(p in ("", ".", "..") or (not hidden and p.startswith("."))
+                   for p in name.split("/"))
+
+
 def align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment

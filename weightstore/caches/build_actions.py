@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..errors import PackageError
-from ..fsio import atomic_write_bytes
+from ..fsio import atomic_write_bytes, is_relative_inside
 from ..hashing import digest_bytes, make_key, split_key
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
@@ -95,9 +95,7 @@ def load(store_root: Path, fingerprint: str) -> ActionRecord | None:
 
 def _file(doc: Mapping[str, Any]) -> WeightFile:
     name = doc["name"]
-    parts = name.split("/") if isinstance(name, str) else [""]
-    if (name.startswith("/") or "\\" in name or "\x00" in name
-            or any(p in ("", ".", "..") or p.startswith(".") for p in parts)):
+    if not is_relative_inside(name, hidden=False):
         raise ValueError("unsafe file name in an action record")
     if type(doc["size"]) is not int or doc["size"] < 0:
         raise ValueError("bad file size in an action record")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError, RegistryError
+from ..fsio import is_relative_inside
 from ..hashing import split_key
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
@@ -279,9 +280,7 @@ def _descriptor_ok(d: Any) -> bool:
 
 def _safe_path(name: Any, reference: str) -> str:
     """A layer's file path must stay inside the package folder."""
-    if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
-            or any(part in ("", ".", "..") or part.startswith(".")
-                   for part in name.split("/"))):
+    if not is_relative_inside(name, hidden=False):
         raise RegistryError("malformed model manifest: unsafe file path", reference=reference,
                             filepath=name)
     return name

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import PackageError
+from ..fsio import is_relative_inside
 from ..hashing import digest_file, make_key
 from ..package.summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
 
@@ -105,12 +106,9 @@ def check_summary(summary: Any, where: str) -> None:
 def check_member_path(name: str, where: str) -> PurePosixPath:
     """A relative path that stays inside its folder: no absolute path, no ``..``, no empty,
     ``.`` or backslash component, no NUL."""
-    path = PurePosixPath(name)
-    parts = name.split("/")
-    if (not name or path.is_absolute() or "\\" in name or "\x00" in name
-            or any(p in ("", ".", "..") for p in parts)):
+    if not is_relative_inside(name):
         raise PackageError("unsafe path", path=name, file=where)
-    return path
+    return PurePosixPath(name)
 
 
 @dataclass(frozen=True)
