@@ -98,3 +98,11 @@ def test_a_failing_writer_neither_hangs_nor_leaves_files(encoder_model, tmp_path
         release(package, ReleaseOptions(output=str(out), jobs=2))
     assert len(set(made)) <= api.BUFFERS < len(made)  # buffers were recycled
     assert list(out.iterdir()) == []
+
+
+def test_a_zstandard_without_its_cffi_module_is_a_one_line_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "zstandard.backend_cffi", None)  # import fails
+    with pytest.raises(PackageError, match="cffi backend"):
+        Frame(Compression().parameters(1), 0, BytesSink())

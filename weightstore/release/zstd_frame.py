@@ -37,7 +37,12 @@ class Frame:
     """One frame of exactly ``size`` bytes of content (it is announced in the header)."""
 
     def __init__(self, parameters: Sequence[tuple[str, int]], size: int, sink: Sink) -> None:
-        from zstandard.backend_cffi import ffi, lib
+        try:
+            from zstandard.backend_cffi import ffi, lib
+        except ImportError as exc:  # a zstandard built without its cffi module
+            raise PackageError("zstd: this zstandard installation lacks its cffi backend "
+                               "(install zstandard's wheel, with cffi)",
+                               detail=str(exc)) from None
 
         self._ffi, self._lib, self._sink = ffi, lib, sink
         cctx = lib.ZSTD_createCCtx()
