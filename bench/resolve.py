@@ -32,9 +32,10 @@ reported (the machine is shared: expect noise). In each process:
   ``weightstore.load``: the time from the resolved package to a ready session (and with
   resolution), bytes read against the manifest's live bytes, and onnxruntime's own share
   (``LoadReport.runtime_seconds``; the rest is reading, verifying and writing the bytes).
-  On a runtime that packs every source again to check a persisted packed form (onnxruntime
-  1.32, as ``weightstore prepare`` probes), resolution binds the portable weights and the
-  load uses the companion's optimized graph with optimizations disabled;
+  On a runtime that packs every source even when a persisted packed form is supplied
+  (onnxruntime 1.22 to 1.32, as ``weightstore prepare`` probes), resolution binds the
+  portable weights and the load uses the companion's optimized graph with optimizations
+  disabled;
 * ``load-packed``: the same with ``PreparedOptions(prefer="in-order")``: the persisted
   packed forms are read and handed over, as the seed's order has it (what they cost);
 * ``load-portable``: without prepared records (the plain graph, packed at creation);
