@@ -29,6 +29,25 @@ def test_jobs_not_an_integer(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+def test_usage_errors_take_the_one_line_form(tmp_path, capsys):
+    """A command line argparse refuses gets the form every other error has: one line,
+    exit 2, and a JSON object when ``--json`` was asked for."""
+    recipe = str(tmp_path / "r.yaml")
+    assert main(["build", recipe, "--jobs", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("weightstore: error: ")
+    assert "--jobs: not an integer" in err and "weightstore build --help" in err
+    assert main(["build", recipe, "--jobs", "x", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().err)
+    assert doc == {"error": "argument --jobs: not an integer",
+                   "context": {"usage": "weightstore build --help"}}
+    assert main(["store", "rm", "nope", "--json"]) == 2  # store rm has no --json
+    doc = json.loads(capsys.readouterr().err)
+    assert doc["error"] == "unrecognized arguments: --json"
+    assert main(["nosuchcommand"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def test_help_is_plain_text():
     for args in ([], ["convert"], ["convert", "to-inline"], ["build"], ["store", "verify"]):
         res = _run(*args, "--help")

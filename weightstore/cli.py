@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .errors import WeightstoreError
@@ -27,8 +27,20 @@ def _jobs(text: str) -> int:
     return value
 
 
+class _UsageError(WeightstoreError, ValueError):
+    """A command line argparse refuses; reported like every other error."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its usage errors raised rather than printed with the usage text, so that
+    they take the one-line (or, under ``--json``, JSON) form of every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message, usage=f"{self.prog} --help")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="weightstore", description=__doc__.replace("``", ""))
+    p = _Parser(prog="weightstore", description=__doc__.replace("``", ""))
     p.add_argument("--version", action="version", version=f"weightstore {__version__}")
     loud = p.add_mutually_exclusive_group()
     loud.add_argument("-q", "--quiet", action="store_true",
@@ -364,7 +376,11 @@ COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
 def main(argv: Sequence[str] | None = None) -> int:
     from .release.commands import COMMANDS as RELEASE_COMMANDS
 
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        return _report(exc, argparse.Namespace(json="--json" in argv, verbose=False))
     quiet = args.quiet and not getattr(args, "json", False)
     try:
         with contextlib.ExitStack() as stack:
