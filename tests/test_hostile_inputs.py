@@ -3,6 +3,7 @@ a hang, a traceback or a crash of the process."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -189,6 +190,29 @@ def test_nul_in_paths_is_a_one_line_error(tmp_path, capsys):
     assert main(["convert", "to-inline", "m\0.onnx", str(tmp_path / "o.onnx")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("weightstore: error: ") and "file=" in err
+
+
+@pytest.mark.parametrize("where", ["models[0].source", "output", "store.path"])
+def test_nul_in_a_recipe_path_names_its_key(tmp_path, capsys, where):
+    """A NUL in a path the recipe gives is refused with its file, line and key, before
+    any file or store is touched (it used to end in a bare "embedded null byte")."""
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_model([numpy_helper.from_array(np.zeros(4, np.float32), "W")],
+                           outputs=["W"]).SerializeToString())
+    fields = {"models[0].source": '"m.onnx"', "output": '"out"', "store.path": '"store"'}
+    fields[where] = fields[where][:-1] + '\\0x"'
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        'package: p\nversion: "1"\n'
+        f"store: {{path: {fields['store.path']}}}\n"
+        f"models:\n  - {{name: m, source: {fields['models[0].source']}}}\n"
+        "layouts: [{name: c, external_weight: combined}]\n"
+        f"output: {fields['output']}\n")
+    assert main(["build", str(recipe), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().err)
+    assert "NUL" in doc["error"] and doc["context"]["key"] == where
+    assert doc["context"]["line"] in (3, 5, 7)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "r.yaml"]
 
 
 # -- item 7: bounded inputs ----------------------------------------------------------------------

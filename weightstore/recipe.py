@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -45,6 +46,16 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
+def _no_nul(value: str) -> str:
+    """No file system takes a NUL in a path: refuse it here, where its key is known."""
+    if "\x00" in value:
+        raise PydanticCustomError("nul_in_path", "path contains a NUL byte")
+    return value
+
+
+PathText = Annotated[NonEmpty, AfterValidator(_no_nul)]
+
+
 class _Model(BaseModel):
     """Shared config: unknown keys are errors, values are immutable, YAML types are kept.
 
@@ -70,7 +81,7 @@ def _require_unique_names(items: Iterable[Any], kind: str) -> None:
 class StoreConfig(_Model):
     """Where weights are kept and how they are addressed."""
 
-    path: NonEmpty | None = Field(
+    path: PathText | None = Field(
         None,
         description="Folder of the content-addressed weight store, relative to the recipe's "
         "folder. Omit to use the build command's default.",
@@ -107,7 +118,7 @@ class ModelEntry(_Model):
     """One ONNX model to package."""
 
     name: Name = Field(description="Model name, unique within the recipe; used as a file name.")
-    source: NonEmpty = Field(
+    source: PathText = Field(
         description="Path of the ONNX model file, relative to the recipe's folder."
     )
     scenarios: list[ScenarioEntry] = Field(
@@ -218,7 +229,7 @@ class Recipe(_Model):
         description="Deployment targets: each gets a devices/<name>/ folder in every package "
                     "with the models it runs and the weight files they need."
     )
-    output: NonEmpty = Field(
+    output: PathText = Field(
         "dist", description="Output folder for built packages, relative to the recipe's folder."
     )
 
