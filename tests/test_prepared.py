@@ -106,6 +106,32 @@ def test_prepare_records_packed_weights_by_key_in_the_store(prepared):
                for t in companion.graph.initializer for e in t.external_data)
 
 
+def test_a_prepared_package_still_verifies(prepared, capsys):
+    """``weightstore verify`` checks the prepared companion graph against the digest its
+    record lists, instead of calling the files ``prepare`` adds unlisted."""
+    package, _ = prepared
+    companion = package / "prepared" / "cpu" / "encoder.onnx"
+    record = json.loads(companion.with_suffix(".json").read_text())
+    assert record["companion"]["file"] == "encoder.onnx"
+    assert record["companion"]["size"] == companion.stat().st_size
+    capsys.readouterr()
+    assert main(["verify", str(package), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]
+    data = bytearray(companion.read_bytes())
+    data[-1] ^= 1
+    companion.write_bytes(bytes(data))
+    (package / "prepared" / "cpu" / "stray.bin").write_bytes(b"x")
+    assert main(["verify", str(package), "--json"]) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert [(p["kind"], p["path"]) for p in problems] == [
+        ("digest", "prepared/cpu/encoder.onnx"), ("unexpected", "prepared/cpu/stray.bin")]
+    companion.unlink()
+    assert main(["verify", str(package), "--json"]) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert ("missing", "prepared/cpu/encoder.onnx") in [(p["kind"], p["path"])
+                                                         for p in problems]
+
+
 def test_compatible_packed_entry_is_bound_and_loads(prepared):
     package, store = prepared
     with weightstore.resolve(package, device="cpu", store=store,

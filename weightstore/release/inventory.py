@@ -200,7 +200,16 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
         report.problems.append(Problem("unexpected", exc.context.get("path", ""),
                                        "not a regular file"))
         present = []
+    unlisted = [name for name in present if name not in listed]
+    if any(name.startswith("prepared/") for name in unlisted):
+        from ..resolve.prepared_cache import companion_contents
+
+        records, graphs = companion_contents(unlisted, folder)
+        report.files += len(graphs)
+        report.problems += [p for p in map(check, graphs) if p is not None]
+        known = {*records, *(g["path"] for g in graphs)}
+        unlisted = [name for name in unlisted if name not in known]
     report.problems += [Problem("unexpected", name, "not listed in the summary")
-                        for name in present if name not in listed]
+                        for name in unlisted]
     report.problems.sort(key=lambda p: p.path)
     return report

@@ -179,8 +179,11 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
         WeightStore(store).put(payloads, kind="separate")
         record_path, graph_path = record_paths(package, device, resolved.source.name)
         record_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(graph_path, companion.SerializeToString())
+        graph_bytes = companion.SerializeToString()
+        atomic_write_bytes(graph_path, graph_bytes)
         doc = {"format_version": FORMAT_VERSION, "model": resolved.source.name,
+               "companion": {"file": graph_path.name, "size": len(graph_bytes),
+                             "digest": make_key(algo, digest_bytes(algo, graph_bytes))},
                "scenario": resolved.selected_scenario, "device": device,
                "graph_digest": resolved.graph_digest, "runtime": runtime_version(),
                "cpu_features": list(cpu_features()), "optimization_level": optimization_level,

@@ -40,6 +40,31 @@ def record_paths(package: Path, target: str | None, model: str) -> tuple[Path, P
     return folder / f"{model}.json", folder / f"{model}.onnx"
 
 
+def companion_contents(names: Collection[str], folder: Path,
+                       ) -> tuple[list[str], list[dict[str, Any]]]:
+    """What ``weightstore verify`` checks among the files of a package its summary does
+    not list (``names``, relative POSIX paths): the readable prepared records, and each
+    one's companion graph as ``{"path", "size", "digest"}`` from the record."""
+    records: list[str] = []
+    graphs: list[dict[str, Any]] = []
+    for name in sorted(names):
+        parts = name.split("/")
+        if len(parts) != 3 or parts[0] != PREPARED or not parts[2].endswith(".json"):
+            continue
+        try:
+            doc = json.loads((folder / name).read_text())
+            graph = doc["companion"]
+            entry = {"path": f"{PREPARED}/{parts[1]}/{graph['file']}",
+                     "size": int(graph["size"]), "digest": str(graph["digest"])}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a readable record: verify reports it as unlisted
+        if (doc.get("format_version") == FORMAT_VERSION and ":" in entry["digest"]
+                and "/" not in graph["file"] and str(graph["file"]).endswith(".onnx")):
+            records.append(name)
+            graphs.append(entry)
+    return records, graphs
+
+
 @dataclass(frozen=True)
 class PreparedRecord:
     """One model's prepared companion for one target."""
