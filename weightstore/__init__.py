@@ -1,7 +1,7 @@
 """weightstore: a declarative build tool with a content-addressed weight store for ONNX models.
 
-The public Python API is what ``__all__`` lists; ``docs/api.md`` shows it at work. Every
-command of the ``weightstore`` program has a function here:
+The public Python API is what ``__all__`` lists; ``docs/api.md`` shows it at work. The
+commands that build, inspect, convert, check and load have a function here:
 
 * ``build(recipe, BuildOptions(...))``: a recipe file, a :class:`Recipe` or a mapping;
 * ``inspect(model)``: every weight of a model, from metadata only;
@@ -11,7 +11,9 @@ command of the ``weightstore`` program has a function here:
   ``replay_scenario``: modification scenarios stored in a model file;
 * ``check_package`` and ``bundle``: a built package, for a scenario or a device;
 * ``WeightStore``: the store itself (stats, verify, repair);
-* ``resolve(source, ...)`` and ``load(resolved)``: the deploy side.
+* ``resolve(source, ...)`` and ``load(resolved)``: the deploy side, with ``prepare``
+  (a device's prepared weights), ``PreparedOptions`` (how ``resolve`` uses them) and the
+  ``ScenarioSelectionContext`` a ``selector`` is given.
 
 Names load on first use (PEP 562): ``import weightstore`` stays cheap, so the command
 line, which imports this package first, pays only for what its command needs.
@@ -51,15 +53,19 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "resolve": ("resolve", None),
     "load": ("load", None),
     "ResolvedModel": ("resolve", "ResolvedModel"),
+    "ScenarioSelectionContext": ("resolve", "ScenarioSelectionContext"),
+    "PreparedOptions": ("resolve", "PreparedOptions"),
+    "prepare": ("resolve.prepare", "prepare"),
     "WeightstoreError": ("errors", "WeightstoreError"),
 }
 
 __all__ = [
-    "BuildOptions", "BuildResult", "CheckReport", "ConvertReport", "PackageResult", "Recipe",
-    "ResolvedModel", "WeightStore", "WeightstoreError", "__version__", "add_scenario",
-    "build", "bundle", "check_package", "convert_to_external", "convert_to_inline",
-    "inspect", "list_scenarios", "load", "load_recipe", "remove_scenario",
-    "replay_scenario", "resolve", "show_scenario",
+    "BuildOptions", "BuildResult", "CheckReport", "ConvertReport", "PackageResult",
+    "PreparedOptions", "Recipe", "ResolvedModel", "ScenarioSelectionContext", "WeightStore",
+    "WeightstoreError", "__version__", "add_scenario", "build", "bundle", "check_package",
+    "convert_to_external", "convert_to_inline", "inspect", "list_scenarios", "load",
+    "load_recipe", "prepare", "remove_scenario", "replay_scenario", "resolve",
+    "show_scenario",
 ]
 
 if TYPE_CHECKING:
@@ -70,7 +76,8 @@ if TYPE_CHECKING:
     from .package.bundles import assemble as bundle
     from .package.check import CheckReport, check_package
     from .recipe import Recipe, load_recipe
-    from .resolve import ResolvedModel
+    from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext
+    from .resolve.prepare import prepare
     from .scenarios.operations import (
         add_scenario,
         list_scenarios,
