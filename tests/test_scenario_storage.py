@@ -390,6 +390,9 @@ def test_scenario_messages_load_under_an_older_protobuf_runtime(tmp_path: Path) 
     import subprocess
     import sys
 
+    pytest.importorskip("google.protobuf.runtime_version",
+                        reason="a protobuf before 5.26 is itself the older runtime")
+
     path = tmp_path / "m.onnx"
     model = _add_model()
     write_scenarios(model, [_scenario()])

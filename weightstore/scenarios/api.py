@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import onnx
-from google.protobuf import unknown_fields
 
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.payload import expected_nbytes
@@ -21,7 +20,7 @@ from ..convert.encoding import clear_payload, has_payload
 from ..errors import ScenarioError
 from .digest import base_graph_digest
 from .rewriting import LocalRewriting, apply_record, normalize
-from .storage import FIELD, read_scenarios, write_scenarios
+from .storage import FIELD, read_scenarios, unknown_field_set, write_scenarios
 
 REPLAY_FORMAT_VERSION = 1
 DIGEST_ALGORITHMS = ("blake3", "sha256")
@@ -107,10 +106,11 @@ def remove_modification_scenario(model: onnx.ModelProto, scenario: str) -> None:
 def strip_scenarios(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` without its scenarios (every other field kept)."""
     out = onnx.ModelProto()
-    if all(f.field_number == FIELD for f in unknown_fields.UnknownFieldSet(model)):
+    if all(f.field_number == FIELD for f in unknown_field_set(model)):
         for descriptor, value in model.ListFields():  # known fields only: no re-parse
             target = getattr(out, descriptor.name)
-            if descriptor.is_repeated:
+            if (descriptor.is_repeated if hasattr(descriptor, "is_repeated")  # protobuf 5
+                    else descriptor.label == descriptor.LABEL_REPEATED):
                 target.extend(value)
             elif descriptor.message_type is not None:
                 target.CopyFrom(value)

@@ -10,9 +10,9 @@ every other field, known or unknown, byte for byte.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import onnx
-from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError
 
 from .._proto import weightstore_pb2 as pb
@@ -26,10 +26,21 @@ FIELD = 20000
 ModelModificationScenarioProto = pb.ModelModificationScenarioProto
 
 
+def unknown_field_set(message: onnx.ModelProto) -> Any:
+    """The message's unknown fields (``field_number``, ``wire_type``, ``data``), through
+    the API the installed protobuf has: ``google.protobuf.unknown_fields`` since 4.22,
+    ``Message.UnknownFields()`` before it (onnx accepts protobuf from 3.20)."""
+    try:
+        from google.protobuf import unknown_fields
+    except ImportError:
+        return message.UnknownFields()
+    return unknown_fields.UnknownFieldSet(message)
+
+
 def _entries(model: onnx.ModelProto) -> list[bytes]:
     """The raw bytes of every field-20000 entry, in file order."""
     out: list[bytes] = []
-    for entry in unknown_fields.UnknownFieldSet(model):
+    for entry in unknown_field_set(model):
         if entry.field_number != FIELD:
             continue
         if entry.wire_type != LEN:
