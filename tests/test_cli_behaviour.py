@@ -108,6 +108,19 @@ def test_schema_goes_to_stdout(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_schema_output_errors_name_the_path_given(capsys, tmp_path):
+    """Not the temp file beside it, and not a bare "File exists"."""
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "folder").mkdir()
+    assert main(["schema", "--output", str(tmp_path / "afile" / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert "not a folder" in err and f"blocked_by={tmp_path / 'afile'}" in err
+    assert main(["schema", "--output", str(tmp_path / "folder")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"weightstore: error: Is a directory: {tmp_path / 'folder'}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "folder"]
+
+
 def test_store_commands_find_the_recipes_store(encoder_model, save_model, tmp_path, capsys):
     recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
                           "\n  - {name: c, external_weight: combined}\n",

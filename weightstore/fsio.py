@@ -122,7 +122,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:  # name the path asked for, not the temp file beside it
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
         tmp = None
         if durable and sync_dir:
             fsync_dir(path.parent)

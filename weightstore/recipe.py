@@ -590,7 +590,10 @@ def render_schema() -> str:
 
 def write_schema(path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> Path:
     """Write the schema atomically (creating its folder) and return where it went."""
+    from .package.outputs import check_output_folder
+
     target = Path(path)
+    check_output_folder(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(target, render_schema().encode("utf-8"))
     return target
