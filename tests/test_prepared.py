@@ -132,6 +132,29 @@ def test_a_prepared_package_still_verifies(prepared, capsys):
                                                          for p in problems]
 
 
+def test_store_gc_keeps_what_prepare_stored(encoder_model, save_model, tmp_path):
+    """The packed blobs are rooted by the package they were prepared for, so a gc keeps
+    them while that package lives: its root gains them, or a root is made for it."""
+    from .test_build import write_recipe
+
+    recipe = write_recipe(tmp_path, {"encoder": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    store = tmp_path / "store"
+    assert main(["build", str(recipe), "--store", str(store)]) == 0
+    built = tmp_path / "out" / "pkg" / "1.0.0" / "c"
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy)  # a package folder this store has no root for
+    for package in (built, copy):
+        assert main(["prepare", str(package), "--store", str(store)]) == 0
+    record = json.loads((built / "prepared" / "default" / "encoder.json").read_text())
+    stored = {o["store_key"] for o in record["objects"]}
+    ws = WeightStore(store)
+    assert stored and not stored & {o.key for o in ws.plan_gc().garbage}
+    assert len(ws.roots()) == 2 and all(r.live for r in ws.roots())
+    shutil.rmtree(copy)  # its root dies; the built package's root still names the blobs
+    assert not stored & {o.key for o in ws.plan_gc().garbage}
+
+
 def test_compatible_packed_entry_is_bound_and_loads(prepared):
     package, store = prepared
     with weightstore.resolve(package, device="cpu", store=store,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,15 +114,16 @@ def _registered(store: WeightStore, target: Path, fingerprint: str) -> bool:
         return is_registered(conn, str(target.absolute()), fingerprint)
 
 
-def register_root(store: WeightStore, target: Path, summary: Mapping[str, Any]) -> None:
+def register_root(store: WeightStore, target: Path, summary: Mapping[str, Any],
+                  extra: Iterable[str] = ()) -> None:
     """Record in the store that ``target`` holds this package and which keys it uses: its
     weights, and the objects of its other files (model files, ``summary.json``), which
-    its action record names."""
-    if summary["layout"]["external_weight"] == "embedded":
+    its action record names; ``extra``: more keys it keeps alive (prepared weights)."""
+    if summary["layout"]["external_weight"] == "embedded" and not extra:
         return  # nothing of the store is in it
     from ..store import RootRecord
 
-    keys = {w["id"] for m in summary["models"] for w in m["external_weights"]}
+    keys = {w["id"] for m in summary["models"] for w in m["external_weights"]} | set(extra)
     try:
         data = (target / SUMMARY_NAME).read_bytes()
         keys |= {f.pieces[0].key for f in build_actions.whole_files(summary, data)}

@@ -95,6 +95,16 @@ def _ort_optimize(source: Path, out: Path, level: str) -> None:
     ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
 
 
+def _root(store: Any, package: Path, keys: set[str]) -> None:
+    """Keep the stored blobs alive as long as the package: its root in the store names
+    them too (a root is made for a package this store has none for)."""
+    if not store.add_root_keys(package, keys):
+        from ..package.materialize import register_root
+        from ..release.inventory import read_summary
+
+        register_root(store, package, read_summary(package), extra=keys)
+
+
 def prepare(package: str | os.PathLike[str], *, model: str | None = None,
             device: str | None = None, scenario: str | None = None,
             store: str | os.PathLike[str], algo: str = "blake3",
@@ -176,7 +186,9 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
         if not objects:
             raise PackageError("onnxruntime packed none of the requested weights",
                                package=str(package), runtime=runtime_version())
-        WeightStore(store).put(payloads, kind="separate")
+        with WeightStore(store).leased() as ws:  # no gc takes them before they are rooted
+            ws.put(payloads, kind="separate")
+            _root(ws, package, {p.key for p in payloads})
         record_path, graph_path = record_paths(package, device, resolved.source.name)
         record_path.parent.mkdir(parents=True, exist_ok=True)
         graph_bytes = companion.SerializeToString()

@@ -73,6 +73,17 @@ def register(conn: sqlite3.Connection, record: RootRecord, keys: Iterable[str]) 
     return root
 
 
+def add_keys(conn: sqlite3.Connection, folder: str, keys: Iterable[str]) -> bool:
+    """Add ``keys`` to the root of ``folder`` (what its prepared weights use); False when
+    the folder has no root. Building the folder again replaces them with its new keys."""
+    row = conn.execute("SELECT id FROM roots WHERE folder = ?", (folder,)).fetchone()
+    if row is None:
+        return False
+    conn.executemany("INSERT OR IGNORE INTO root_keys (root, key) VALUES (?, ?)",
+                     ((row[0], key) for key in keys))
+    return True
+
+
 def is_registered(conn: sqlite3.Connection, folder: str, fingerprint: str) -> bool:
     row = conn.execute("SELECT fingerprint FROM roots WHERE folder = ?", (folder,)).fetchone()
     return row is not None and row[0] == fingerprint

@@ -455,6 +455,17 @@ class WeightStore:
         with self.index.writing() as conn:
             roots.register(conn, record, keys)
 
+    def add_root_keys(self, folder: str | os.PathLike[str], keys: Iterable[str]) -> bool:
+        """Add ``keys`` to the root of ``folder``; False when the store has no root for it
+        (a read-only store: True, as no gc can run on it)."""
+        from . import roots
+
+        self._make_root()
+        if not self.writable():
+            return True
+        with self.index.writing() as conn:
+            return roots.add_keys(conn, str(Path(folder).absolute()), keys)
+
     def roots(self) -> list[Root]:
         from . import roots
 
