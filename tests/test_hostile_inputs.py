@@ -215,6 +215,19 @@ def test_nul_in_a_recipe_path_names_its_key(tmp_path, capsys, where):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "r.yaml"]
 
 
+def test_an_output_summary_nested_too_deep_is_refused_in_one_line(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_model([numpy_helper.from_array(np.zeros(4, np.float32), "W")],
+                           outputs=["W"]).SerializeToString())
+    recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
+    folder = tmp_path / "out" / "pkg" / "1.0.0" / "c"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["build", str(recipe), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a package" in err
+
+
 # -- item 7: bounded inputs ----------------------------------------------------------------------
 
 def test_yaml_alias_bomb_is_refused_small_and_fast():

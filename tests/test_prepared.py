@@ -132,6 +132,29 @@ def test_a_prepared_package_still_verifies(prepared, capsys):
                                                          for p in problems]
 
 
+def test_package_documents_nested_too_deep_are_one_line_errors(prepared, capsys):
+    """summary.json, a device's bundle.json or a prepared record nested past the JSON
+    parser's depth is malformed input like any other: one line, exit 2, no traceback."""
+    package, store = prepared
+    deep = "[" * 100_000 + "]" * 100_000
+    commands = [["resolve", str(package), "--device", "cpu", "--store", str(store)],
+                ["check", str(package), "--device", "cpu"], ["verify", str(package)],
+                ["bundle", str(package), "cpu", "--output", str(package.parent / "b")],
+                ["diff", str(package), str(package)]]
+    for name in ("summary.json", "devices/cpu/bundle.json", "prepared/cpu/encoder.json"):
+        path = package / name
+        kept = path.read_bytes()
+        path.write_text(deep)
+        for argv in commands:
+            code = main(argv)
+            err = capsys.readouterr().err
+            assert "Traceback" not in err and "RecursionError" not in err, (name, argv)
+            assert code in (0, 1, 2) and (code != 2 or err.count("\n") == 1), (name, argv)
+        path.write_bytes(kept)
+    path.write_text("[]")  # a record that is not an object
+    assert main(commands[0]) == 2 and "prepared record" in capsys.readouterr().err
+
+
 def test_store_gc_keeps_what_prepare_stored(encoder_model, save_model, tmp_path):
     """The packed blobs are rooted by the package they were prepared for, so a gc keeps
     them while that package lives: its root gains them, or a root is made for it."""

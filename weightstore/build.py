@@ -20,7 +20,6 @@ Package tree (one folder per layout)::
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -246,10 +245,12 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
 
     A folder that is not a package is refused (``force`` replaces it).
     """
+    from .fsio import parse_json
+
     if not target.exists():
         return None
     try:
-        summary = json.loads((target / SUMMARY_NAME).read_text())
+        summary = parse_json((target / SUMMARY_NAME).read_text())
         if not isinstance(summary, dict) or "fingerprint" not in summary:
             raise ValueError("not a summary")
     except (OSError, ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import json
 import os
 import shutil
 import stat
@@ -17,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 COPY_CHUNK = 8 << 20
 # errors that concern the file being written, whatever else the operation touched
@@ -145,6 +146,15 @@ def _with_path(exc: OSError, path: Path) -> OSError:
     if exc.filename is not None:
         return exc
     return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
+
+
+def parse_json(data: str | bytes) -> Any:
+    """``json.loads``, a document nested deeper than the parser follows refused as the
+    malformed input it is: a ``ValueError``, as any other, never a ``RecursionError``."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview, *,

@@ -8,12 +8,12 @@ depend on it rather than on each other.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..catalogue.locations import resolve_location
 from ..errors import PackageError
+from ..fsio import parse_json
 
 BUNDLE_NAME = "bundle.json"
 FORMAT_VERSION = 1
@@ -24,7 +24,7 @@ def read_bundle(package: Path, device: str) -> dict[str, Any]:
     """``device``'s bundle record in ``package``, its names checked to stay inside."""
     path = package / DEVICES / device / BUNDLE_NAME
     try:
-        record = json.loads(path.read_text())
+        record = parse_json(path.read_text())
     except FileNotFoundError:
         known = sorted(p.name for p in (package / DEVICES).glob("*")) if (
             package / DEVICES).is_dir() else []

@@ -12,7 +12,6 @@ existence is never checked globally before replay.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from ..errors import (
     ScenarioError,
     WeightstoreError,
 )
+from ..fsio import parse_json
 from ..hashing import ALGORITHMS, digest_file
 from ..resolve.manifest import ManifestEntry
 from ..resolve.source import ModelSource, open_source
@@ -121,7 +121,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         raise ScenarioError("choose a scenario or a device, not both")
     folder = Path(package)
     try:
-        summary = json.loads((folder / SUMMARY_NAME).read_text())
+        summary = parse_json((folder / SUMMARY_NAME).read_text())
         models = [(str(m["name"]), str(m["file"])) for m in summary["models"]]
     except (OSError, ValueError, KeyError, TypeError):
         raise PackageError("not a package folder (no readable summary.json)",

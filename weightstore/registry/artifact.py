@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError, RegistryError
-from ..fsio import is_relative_inside
+from ..fsio import is_relative_inside, parse_json
 from ..hashing import split_key
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
@@ -80,7 +80,7 @@ class PackagePlan:
 def read_summary(folder: Path) -> dict[str, Any]:
     path = folder / SUMMARY_NAME
     try:
-        summary = json.loads(path.read_bytes())
+        summary = parse_json(path.read_bytes())
     except FileNotFoundError:
         raise PackageError("not a package folder (no summary.json)", folder=str(folder)) from None
     except (OSError, ValueError) as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError
+from ..fsio import parse_json
 from ..package.bundle_record import BUNDLE_NAME
 from ..package.summary import SUMMARY_NAME
 from .inventory import check_summary, read_summary
@@ -79,7 +80,7 @@ def open_view(path: str | Path) -> PackageView:
         for d in summary.get("devices", []):
             record = path / "devices" / d["name"] / BUNDLE_NAME
             try:
-                bundles[d["name"]] = json.loads(record.read_bytes())
+                bundles[d["name"]] = parse_json(record.read_bytes())
             except (OSError, ValueError) as exc:
                 raise PackageError(f"cannot read a device record: {exc}",
                                    file=str(record)) from None
@@ -99,7 +100,7 @@ def _archive_view(path: Path) -> PackageView:
             if rel == [SUMMARY_NAME] or (len(rel) == 3 and rel[0] == "devices"
                                          and rel[2] == BUNDLE_NAME):
                 try:
-                    doc = json.loads(read_small(tf, member, path))
+                    doc = parse_json(read_small(tf, member, path))
                 except ValueError as exc:
                     raise PackageError(f"archive member is not JSON: {exc}",
                                        archive=str(path), member=member.name) from None

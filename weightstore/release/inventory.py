@@ -7,7 +7,6 @@ planned from it and unpacking checks each member against it.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import PackageError
-from ..fsio import is_relative_inside
+from ..fsio import is_relative_inside, parse_json
 from ..hashing import digest_file, make_key
 from ..package.summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
 
@@ -73,7 +72,7 @@ def read_summary_bytes(folder: Path) -> tuple[bytes, dict[str, Any]]:
     path = folder / SUMMARY_NAME
     try:
         data = path.read_bytes()
-        summary = json.loads(data)
+        summary = parse_json(data)
     except FileNotFoundError:
         raise PackageError("not a package folder: no summary.json", folder=str(folder)) from None
     except (OSError, ValueError) as exc:

@@ -15,7 +15,6 @@ features and optimization level its companion graph was optimized for.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import onnx
 
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
+from ..fsio import parse_json
 from .closure import WeightSource
 from .locator import StoreLocator
 from .manifest import PayloadSource
@@ -52,11 +52,11 @@ def companion_contents(names: Collection[str], folder: Path,
         if len(parts) != 3 or parts[0] != PREPARED or not parts[2].endswith(".json"):
             continue
         try:
-            doc = json.loads((folder / name).read_text())
+            doc = parse_json((folder / name).read_text())
             graph = doc["companion"]
             entry = {"path": f"{PREPARED}/{parts[1]}/{graph['file']}",
                      "size": int(graph["size"]), "digest": str(graph["digest"])}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not a readable record: verify reports it as unlisted
         if (doc.get("format_version") == FORMAT_VERSION and ":" in entry["digest"]
                 and "/" not in graph["file"] and str(graph["file"]).endswith(".onnx")):
@@ -101,7 +101,9 @@ def read_record(package: Path, target: str | None, model: str) -> PreparedRecord
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text())
+        doc = parse_json(path.read_text())
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
         if doc.get("format_version") != FORMAT_VERSION:
             raise PackageError("unsupported prepared record version", file=str(path),
                                version=doc.get("format_version"))
@@ -112,7 +114,7 @@ def read_record(package: Path, target: str | None, model: str) -> PreparedRecord
                               tuple(doc.get("cpu_features", ())),
                               str(doc.get("optimization_level", "")),
                               None if reused is None else bool(reused))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PackageError(f"unreadable prepared record: {exc}", file=str(path)) from None
 
 

@@ -9,7 +9,6 @@ capabilities and scenario its bundle record names.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import onnx
 from ..catalogue.metadata import metadata_model
 from ..catalogue.reader import Catalogue, read_catalogue
 from ..errors import PackageError, ResolutionError
+from ..fsio import parse_json
 
 
 @dataclass
@@ -51,7 +51,7 @@ def _summary(folder: Path) -> dict[str, Any]:
     from ..package.summary import SUMMARY_NAME  # loads the recipe machinery: only for packages
 
     try:
-        summary = json.loads((folder / SUMMARY_NAME).read_text())
+        summary = parse_json((folder / SUMMARY_NAME).read_text())
         summary["models"][0]["file"]
         return summary
     except (OSError, ValueError, KeyError, TypeError, IndexError):
