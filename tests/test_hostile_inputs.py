@@ -215,6 +215,37 @@ def test_nul_in_a_recipe_path_names_its_key(tmp_path, capsys, where):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "r.yaml"]
 
 
+def test_model_metadata_nested_too_deep_is_malformed(tmp_path):
+    """JSON that weightstore keeps in a model's metadata (inline encodings, derivation
+    and requirement records) is read from a model that may be hostile: a value nested
+    past the parser's depth is a typed error, not a RecursionError."""
+    from weightstore._proto import weightstore_pb2 as pb
+    from weightstore.catalogue.descriptors import DerivedWeightRecipe
+    from weightstore.errors import ConversionError, ScenarioError
+    from weightstore.scenarios.derive import compute
+    from weightstore.scenarios.package import _requires_of
+    from weightstore.scenarios.rewriting import DERIVATION_PREFIX, derivations_of
+
+    deep = "[" * 100_000 + "]" * 100_000
+    model = _model([numpy_helper.from_array(np.zeros(4, np.float32), "W")], outputs=["W"])
+    model.metadata_props.add(key="weightstore.inline_encodings", value=deep)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(model.SerializeToString())
+    with pytest.raises(ConversionError, match="malformed metadata"):
+        convert_to_inline(src, tmp_path / "o.onnx")
+    record = pb.LocalRewritingProto()
+    record.metadata_props.add(key=DERIVATION_PREFIX + "w", value=deep)
+    with pytest.raises(ScenarioError, match="malformed derivation"):
+        derivations_of(record)
+    scenario = pb.ModelModificationScenarioProto(scenario="s")
+    scenario.metadata_props.add(key="weightstore.requires", value=deep)
+    with pytest.raises(ScenarioError, match="malformed scenario requirements"):
+        _requires_of(scenario)
+    recipe = DerivedWeightRecipe("transpose", ("W",), (("perm", deep),))
+    with pytest.raises(ScenarioError, match="perm"):
+        compute(recipe, [np.zeros((2, 3), np.float32)])
+
+
 def test_an_output_summary_nested_too_deep_is_refused_in_one_line(tmp_path, capsys):
     src = tmp_path / "m.onnx"
     src.write_bytes(_model([numpy_helper.from_array(np.zeros(4, np.float32), "W")],

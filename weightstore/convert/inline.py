@@ -7,7 +7,6 @@ against the digest recorded beside it (``checksum`` or ``file_id``) when there i
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from ..catalogue.payload import describe, expected_nbytes, read_file_range, read
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError, ExternalDataError, IntegrityError
+from ..fsio import parse_json
 from ..hashing import ALGORITHMS, digest_bytes
 from .encoding import set_payload
 from .external_data import ENCODINGS_KEY, pop_metadata
@@ -113,8 +113,8 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
     model.CopyFrom(catalogue.model)
     raw = pop_metadata(model, ENCODINGS_KEY)
     try:
-        encodings = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
+        encodings = parse_json(raw) if raw else {}
+    except ValueError:
         raise ConversionError("malformed metadata entry", key=ENCODINGS_KEY) from None
     for site in iter_tensor_sites(model):
         desc = describe(site, catalogue, base_dir)

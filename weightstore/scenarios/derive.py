@@ -24,7 +24,6 @@ folds, numpy's round-to-nearest-even casts), so the same base gives the same byt
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
@@ -34,6 +33,7 @@ from onnx import helper, numpy_helper
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..convert.encoding import clear_payload
 from ..errors import ScenarioError
+from ..fsio import parse_json
 from ..passes.base import has_payload
 
 SourceValue = Callable[[str], np.ndarray]
@@ -112,7 +112,7 @@ def _check_range(recipe: DerivedWeightRecipe, source: np.ndarray, target: np.dty
 def _transpose(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
     raw = _attrs(recipe, ("perm",))["perm"]
     try:
-        perm = json.loads(raw)
+        perm = parse_json(raw)
     except ValueError:
         perm = None
     if (not isinstance(perm, list) or not all(isinstance(p, int) for p in perm)

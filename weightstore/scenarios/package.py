@@ -33,6 +33,7 @@ from ..convert.encoding import clear_payload, has_payload, set_external, set_pay
 from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights
 from ..errors import ScenarioError, WeightstoreError
+from ..fsio import parse_json
 from ..hashing import digest_bytes, make_key
 from ..passes.base import run_passes
 from ..passes.cleanup import Cleanup, prune
@@ -104,7 +105,7 @@ def _requires_of(record: pb.ModelModificationScenarioProto) -> dict:
     for entry in record.metadata_props:
         if entry.key == REQUIRES_KEY:
             try:
-                value = json.loads(entry.value)
+                value = parse_json(entry.value)
             except ValueError:
                 value = None
             if not isinstance(value, dict):

@@ -22,6 +22,7 @@ import onnx
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..errors import ScenarioError
+from ..fsio import parse_json
 from .graphpath import FUNCTION_PREFIX, Container, parse_hop, resolve
 
 DERIVATION_PREFIX = "weightstore.derivation:"
@@ -57,7 +58,7 @@ def derivations_of(record: pb.LocalRewritingProto) -> dict[str, DerivedWeightRec
     for entry in record.metadata_props:
         if entry.key.startswith(DERIVATION_PREFIX):
             try:
-                doc = json.loads(entry.value)
+                doc = parse_json(entry.value)
                 out[entry.key[len(DERIVATION_PREFIX):]] = DerivedWeightRecipe(
                     doc["operation"], tuple(doc["sources"]),
                     tuple(sorted((str(k), str(v)) for k, v in doc["attributes"].items())))
