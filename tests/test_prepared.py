@@ -15,7 +15,7 @@ import weightstore
 from tests import passes_models as pm
 from tests import resolve_models as rm
 from weightstore.cli import main
-from weightstore.errors import PackageError, ResolutionError
+from weightstore.errors import IntegrityError, PackageError, ResolutionError
 from weightstore.load import LoadReport, RecordingReader, WeightManager, plan_reads
 from weightstore.load.executor import execute
 from weightstore.resolve.binding import COSTLIER, PERSISTED, PORTABLE, prepared_key
@@ -130,6 +130,23 @@ def test_a_prepared_package_still_verifies(prepared, capsys):
     problems = json.loads(capsys.readouterr().out)["problems"]
     assert ("missing", "prepared/cpu/encoder.onnx") in [(p["kind"], p["path"])
                                                          for p in problems]
+
+
+def test_a_changed_companion_graph_is_never_run(prepared, capsys):
+    """The companion graph is what onnxruntime runs: resolution checks it against the
+    digest its record lists, and a changed one fails naming it (never a wrong session)."""
+    package, store = prepared
+    companion = package / "prepared" / "cpu" / "encoder.onnx"
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        assert r.prepared_graph is not None  # this resolution uses the companion
+    graph = onnx.load(str(companion), load_external_data=False)
+    graph.graph.node[0].name += "-edited"
+    companion.write_bytes(graph.SerializeToString())
+    with pytest.raises(IntegrityError) as err:
+        weightstore.resolve(package, device="cpu", store=store)
+    assert err.value.context["file"] == str(companion)
+    assert main(["resolve", str(package), "--device", "cpu", "--store", str(store)]) == 2
+    assert "prepare" in capsys.readouterr().err
 
 
 def test_package_documents_nested_too_deep_are_one_line_errors(prepared, capsys):

@@ -23,8 +23,9 @@ from typing import Any
 import onnx
 
 from ..catalogue.sites import iter_tensor_sites
-from ..errors import PackageError
+from ..errors import IntegrityError, PackageError
 from ..fsio import parse_json
+from ..hashing import ALGORITHMS, digest_bytes
 from .closure import WeightSource
 from .locator import StoreLocator
 from .manifest import PayloadSource
@@ -77,11 +78,20 @@ class PreparedRecord:
     cpu_features: tuple[str, ...] = ()
     optimization_level: str = ""
     packing_reused: bool | None = None  # None: not probed (an older record)
+    graph_key: str | None = None  # the companion graph's digest (None: an older record)
 
     def companion(self, packed: Collection[str] | None = None) -> onnx.ModelProto:
-        """The companion graph; with ``packed`` (store keys), only the ``prepacked_N``
-        entries of those packed payloads are kept (the others are not read)."""
-        model = onnx.load(str(self.graph_path), load_external_data=False)
+        """The companion graph, checked against its digest (it is what the runtime runs);
+        with ``packed`` (store keys), only the ``prepacked_N`` entries of those packed
+        payloads are kept (the others are not read)."""
+        data = self.graph_path.read_bytes()
+        if self.graph_key is not None:
+            algo, _, expected = self.graph_key.partition(":")
+            if algo not in ALGORITHMS or digest_bytes(algo, data) != expected:
+                raise IntegrityError("the prepared companion graph does not match its "
+                                     "record; run weightstore prepare again",
+                                     file=str(self.graph_path), expected=self.graph_key)
+        model = onnx.load_from_string(data)
         if packed is None:
             return model
         for site in iter_tensor_sites(model):
@@ -113,7 +123,8 @@ def read_record(package: Path, target: str | None, model: str) -> PreparedRecord
                               dict(doc.get("runtime_values", {})), str(doc.get("runtime", "")),
                               tuple(doc.get("cpu_features", ())),
                               str(doc.get("optimization_level", "")),
-                              None if reused is None else bool(reused))
+                              None if reused is None else bool(reused),
+                              str(doc["companion"]["digest"]) if "companion" in doc else None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PackageError(f"unreadable prepared record: {exc}", file=str(path)) from None
 
