@@ -104,3 +104,29 @@ def test_conversions_carry_scenarios(model_path, encoder_model, tmp_path, capsys
     assert back.read_bytes() == model_path.read_bytes()  # scenarios included, byte for byte
     code, _, err = _run(capsys, "convert", "to-file-constant", m, str(tmp_path / "fc.onnx"))
     assert code == 2 and "scenarios" in err
+
+
+def test_an_in_place_add_removes_what_a_killed_one_left(model_path, capsys):
+    """A killed in-place ``scenario add`` leaves its temp copy beside the model: the next
+    rewrite of that model removes it, but never a temp file a live writer still holds."""
+    import fcntl
+    import os
+
+    folder = model_path.parent
+    dead = folder / ".m.onnx.k1ll3d00.tmp"
+    dead.write_bytes(model_path.read_bytes()[:5000])  # what the killed run wrote
+    live = folder / ".m.onnx.l1v3w0rk.tmp"
+    live.write_bytes(b"being written")
+    fresh = folder / ".m.onnx.fr3sh000.tmp"  # a writer that has only just begun
+    fresh.write_bytes(b"")
+    for path in (dead, live):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    other = folder / ".other.onnx.k1ll3d00.tmp"  # not this model's
+    other.write_bytes(b"x")
+    os.utime(other, (1_000_000_000, 1_000_000_000))
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        assert _run(capsys, "scenario", "add", str(model_path), "s", "--passes",
+                    "cleanup")[0] == 0
+    assert not dead.exists() and live.exists() and fresh.exists() and other.exists()
+    assert scenario_names(onnx.load(str(model_path), load_external_data=False)) == ["s"]

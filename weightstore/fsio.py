@@ -100,8 +100,13 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
 
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
-                  sync_dir: bool = True, durable: bool = True) -> Iterator[BinaryIO]:
+                  sync_dir: bool = True, durable: bool = True,
+                  sweep: bool = False) -> Iterator[BinaryIO]:
     """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``.
+
+    The writer holds a lock on its temp file while it writes, so a temp file that can be
+    locked has lost its writer (a killed process). ``sweep`` first removes such temp files
+    of ``path``: where a large file is rewritten in place, beside a user's own files.
 
     The file gets the mode an ordinary ``open()`` would give it (0666 less the umask), so
     published packages and shared stores are readable by others as usual. ``sync_dir``
@@ -111,10 +116,13 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
     holds a lock): still never torn, only possibly lost.
     """
     path = Path(path)
+    if sweep:
+        remove_dead_temps(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise _with_path(exc, path.parent) from None
+    _try_lock(fd)
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
@@ -138,6 +146,49 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+_FRESH_SECONDS = 60.0  # a temp file touched this recently may be one whose writer has
+# only just created it (and not yet locked it): never taken for dead
+
+
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive lock on ``fd`` without waiting; False when another holds it (or
+    the platform or file system has no such locks)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def remove_dead_temps(path: Path) -> list[Path]:
+    """Remove the temp files that atomic writes of ``path`` left when their process died:
+    older than a minute, regular, and lockable (no writer holds them)."""
+    import glob
+    import time
+
+    removed = []
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            fd = os.open(stale, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if (stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime > _FRESH_SECONDS
+                    and _try_lock(fd)):
+                os.unlink(stale)
+                removed.append(stale)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _with_path(exc: OSError, path: Path) -> OSError:

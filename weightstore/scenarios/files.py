@@ -40,7 +40,7 @@ def rewrite_scenarios_file(src: str | os.PathLike[str], dst: str | os.PathLike[s
         except ModelError as exc:
             exc.context.setdefault("file", str(src))
             raise
-        with atomic_writer(dst, "w+b") as out:
+        with atomic_writer(dst, "w+b", sweep=True) as out:  # and what a killed run left
             pos = 0
             for start, end in ranges:
                 copy_range(fd, start, out.fileno(), pos, end - start)
