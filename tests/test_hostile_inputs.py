@@ -331,6 +331,25 @@ def test_output_through_a_file_is_refused_before_the_store(encoder_model, save_m
     assert not store.exists()
 
 
+def test_an_output_folder_not_writable_is_refused_before_the_store(
+        encoder_model, save_model, tmp_path, monkeypatch):
+    """As another user would find it (the suite runs as root, who may write anywhere, so
+    the permission check itself is told "no")."""
+    import weightstore.package.outputs as outputs
+
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
+    (tmp_path / "out").mkdir()
+    real = os.access
+    monkeypatch.setattr(outputs.os, "access", lambda p, mode: (
+        Path(p) != tmp_path / "out" and real(p, mode)))
+    store = tmp_path / "store"
+    with pytest.raises(PackageError, match="not writable") as err:
+        build(recipe, BuildOptions(store=str(store)))
+    assert err.value.context["not_writable"] == str(tmp_path / "out")
+    assert not store.exists()
+
+
 
 def test_io_errors_name_their_path(tmp_path, monkeypatch):
     import errno
