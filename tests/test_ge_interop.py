@@ -116,3 +116,18 @@ def test_a_short_file_is_an_error_naming_the_node(tmp_path):
     with pytest.raises(Exception, match="past the end") as err:
         convert_to_inline(src, tmp_path / "o.onnx")
     assert err.value.context["file_path"] == "w.bin"
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.UNDEFINED, TensorProto.INT8])
+def test_bytes_that_do_not_fit_dtype_and_shape_are_an_error_naming_the_node(tmp_path, dtype):
+    """A node whose dtype and shape do not describe its bytes (an undefined type, or one
+    GE's own type numbering would read otherwise) is refused, not written as a broken
+    tensor."""
+    (tmp_path / "w.bin").write_bytes(VALUES.tobytes())
+    node = helper.make_node("FileConstant", [], ["w"], name="weight_fc", shape=[2, 3],
+                            dtype=dtype, file_path="w.bin", offset=0, length=24)
+    src = _model(node, tmp_path)
+    with pytest.raises(ConversionError, match="do not fit") as err:
+        convert_to_inline(src, tmp_path / "o.onnx")
+    assert "weight_fc" in err.value.context["where"]
+    assert not (tmp_path / "o.onnx").exists()

@@ -17,6 +17,7 @@ import onnx
 from onnx import helper
 
 from ..catalogue.graphs import iter_containers
+from ..catalogue.payload import expected_nbytes
 from ..errors import ConversionError
 from .encoding import set_payload
 from .placement import ExternalTensor
@@ -156,8 +157,15 @@ def restore_constants(model: onnx.ModelProto,
             attrs = file_constant_attributes(node)
             node_where = f"{where} node {i} ({OP_TYPE} '{node.name}')"
             tensor = _tensor(attrs, node, node_where)
-            set_payload(tensor, read(node, node_where),
-                        attribute_text(attrs.get("encoding", b"raw_data")))
+            data = read(node, node_where)
+            expected = expected_nbytes(tensor.data_type, tensor.dims)
+            if tensor.data_type == onnx.TensorProto.UNDEFINED or (
+                    expected is not None and expected != len(data)):
+                raise ConversionError("FileConstant's bytes do not fit its dtype and shape",
+                                      where=node_where, dtype=tensor.data_type,
+                                      shape=list(tensor.dims), length=len(data),
+                                      expected=expected)
+            set_payload(tensor, data, attribute_text(attrs.get("encoding", b"raw_data")))
             if attribute_text(attrs.get("origin", b"constant")) == "initializer":
                 restored_inits.append((int(attrs.get("initializer_index", 1 << 62)), tensor))
                 drop.append(i)
