@@ -22,9 +22,11 @@ from onnx import numpy_helper
 
 import weightstore
 from weightstore.build import BuildOptions, build
+from weightstore.catalogue.graphs import iter_containers
 from weightstore.catalogue.payload import expected_nbytes
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.convert.file_constant import DOMAIN, OP_TYPE
+from weightstore.errors import ModelError
 from weightstore.inspect import inspect_model
 from weightstore.package.check import check_package
 
@@ -252,7 +254,7 @@ def test_resolve_load_run_bit_identical(packages, expected_outputs, layout):
 
 def _expected_bytes(tensor: T) -> int:
     if tensor.data_type == T.STRING:
-        return 0
+        return sum(map(len, tensor.string_data))
     return expected_nbytes(tensor.data_type, tensor.dims)
 
 
@@ -262,15 +264,30 @@ def test_inspect_reports_every_tensor(packages, sources, layout):
     report = inspect_model(path)
     model = onnx.load(str(path), load_external_data=False)
     tensors = dict(cm.iter_tensors(model))
-    listed = {w["path"]: w for w in report["weights"]}
+    listed = {w["path"]: w for w in report["weights"] if w["role"] != "file-constant"}
     assert listed.keys() == tensors.keys()
+    assert report["totals"]["bytes"] == inspect_model(sources["full"])["totals"]["bytes"]
+    file_constants = [w for w in report["weights"] if w["role"] == "file-constant"]
+    assert len(file_constants) == sum(
+        1 for container, _ in iter_containers(model) for n in container.node
+        if n.op_type == OP_TYPE)
+    assert (len(file_constants) > 0) == layout.startswith("ge-")
+    for entry in file_constants:
+        assert entry["payload"]["location"] and entry["bytes"] == entry["payload"]["length"]
     for key, tensor in tensors.items():
         entry = listed[key]
         assert entry["dtype"] == cm.type_name(tensor.data_type), key
         assert entry["shape"] == list(tensor.dims), key
         assert entry["bytes"] == _expected_bytes(tensor), key
+    if layout.startswith("ge-"):
+        return
     strings = next(w for w in report["weights"] if w["name"] == "strings")
-    assert "payload" not in strings or strings["payload"]["location"] is None
+    assert strings["payload"]["encoding"] == "string_data"
+    assert strings["payload"]["location"] is None and strings["bytes"] > 300
+    assert report["totals"]["inline_bytes"] >= strings["bytes"]
+    table = weightstore.inspect.render_table(report)
+    assert "a b\\tc " in table and "inline string_data" in table
+    assert all(line.count("\t") == 0 for line in table.splitlines())
     json.dumps(report)
 
 
@@ -301,3 +318,28 @@ def test_typed_payloads_decode_like_onnx(sources, tmp_path):
         if t.name.endswith("_typed"):
             twin = next(x for x in source.graph.initializer if x.name == t.name[:-5] + "raw")
             assert numpy_helper.to_array(t).tobytes() == numpy_helper.to_array(twin).tobytes()
+
+
+# -- what cannot round trip is refused ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("data_type", "value"), [
+    (T.FLOAT16, -1), (T.BFLOAT16, 70000), (T.UINT8, 300), (T.INT8, 200), (T.BOOL, 2),
+    (T.BOOL, -1), (T.UINT16, -5), (T.INT16, 40000), (T.FLOAT8E4M3FN, 256),
+])
+def test_typed_value_out_of_range_is_refused(tmp_path, data_type, value):
+    """A typed value the element type cannot hold (onnxruntime would keep its low bits)
+    could not be written back as it was: refused, naming the tensor, not changed."""
+    count = cm.count_for(data_type, cm.THRESHOLD)
+    tensor = T(name="odd", data_type=data_type, dims=(count,))
+    tensor.int32_data.extend([0] * (count - 1) + [value])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["odd"], ["y"])], "g", [],
+        [onnx.helper.make_tensor_value_info("y", data_type, (count,))], [tensor])
+    src = tmp_path / "m.onnx"
+    src.write_bytes(onnx.helper.make_model(graph).SerializeToString())
+    with pytest.raises(ModelError, match="outside") as info:
+        convert_to_external(src, tmp_path / "x.onnx", threshold=0, jobs=1)
+    assert info.value.context["tensor"] == "graph 'g' initializer 'odd'"
+    assert info.value.context["value"] == value
+    assert not (tmp_path / "x.onnx").exists()

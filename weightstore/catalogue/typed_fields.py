@@ -119,11 +119,19 @@ def decode(fragment: bytes, encoding: str, data_type: int, dims: Sequence[int],
         raise ModelError(f"{encoding} holds {len(values)} values, the shape needs {count}",
                          where=where)
     wide = np.array(values, dtype=np.uint64 if encoding == "uint64_data" else np.int64)
-    if data_type == T.BOOL:
-        wide = wide != 0
+    narrow = wide.astype(storage)
+    limit = 1 if data_type == T.BOOL else 0x3F if data_type in SIX_BIT else None
+    lossy = ((wide < 0) | (wide > limit) if limit is not None
+             else narrow.astype(wide.dtype) != wide)
+    if lossy.any():
+        # onnx and onnxruntime would keep the low bits; writing them back could not give
+        # the tensor as it was, so the value is refused rather than guessed at
+        name = T.DataType.Name(data_type)
+        raise ModelError(f"{encoding} holds a value outside {name}'s range",
+                         where=where, value=int(wide[np.argmax(lossy)]))
     if data_type in SIX_BIT:
-        return _pack_six(wide.astype(np.uint8))
-    return wide.astype(storage).tobytes()
+        return _pack_six(narrow)
+    return narrow.tobytes()
 
 
 def encode(tensor: onnx.TensorProto, encoding: str, data: bytes) -> None:

@@ -23,7 +23,7 @@ from ..catalogue.reader import Catalogue, read_catalogue
 from ..catalogue.schema import Path as TensorPath
 from ..catalogue.shape_inputs import shape_input_names
 from ..catalogue.sites import TensorSite, iter_tensor_sites
-from ..errors import ConversionError, IntegrityError
+from ..errors import ConversionError, IntegrityError, ModelError
 from ..hashing import ALGORITHMS, digest_bytes, digest_file_many, make_key
 from .encoding import set_payload
 from .external_data import apply_external_data
@@ -166,7 +166,7 @@ class ModelWeights:
         if desc.encoding == "raw":  # hashed from the file range, a chunk at a time
             digests = digest_file_many(algos, desc.file, desc.offset, desc.length)
         else:
-            data = read_payload(desc, self.catalogue)
+            data = self.read(weight)
             digests = [digest_bytes(a, data) for a in algos]
         if declared is not None and digests[algos.index(declared[0])] != declared[1]:
             raise IntegrityError(
@@ -177,8 +177,11 @@ class ModelWeights:
         return digests[0]
 
     def read(self, weight: Weight) -> bytes:
-        return read_payload(weight.payload, self.catalogue)
-
+        try:
+            return read_payload(weight.payload, self.catalogue)
+        except ModelError as exc:
+            exc.context.setdefault("tensor", weight.site.where)
+            raise
 
     # -- output ----------------------------------------------------------------------------
 
