@@ -251,6 +251,39 @@ def naming_parts(parts: Parts) -> None:
     parts.output("with_default", T.FLOAT, (n,), "use_with_default")
 
 
+def shape_parts(parts: Parts) -> None:
+    """Shape-like inputs reached through Identity nodes (exporters add them for shared
+    constants): an initializer, a Constant through two Identities, a function's formal
+    input through an Identity in its body. onnxruntime loads them only inline."""
+    n = THRESHOLD // 4 + 1
+    parts.inits.append(numpy_helper.from_array(np.array([n, 1], np.int64), "reshape_to"))
+    parts.nodes += [
+        helper.make_node("Identity", ["reshape_to"], ["reshape_to_id"], name="shape_id"),
+        helper.make_node("Reshape", ["f32_above", "reshape_to_id"], ["reshaped"],
+                         name="reshape"),
+        helper.make_node("Constant", [], ["axes"], name="axes_c",
+                         value=numpy_helper.from_array(np.array([0], np.int64))),
+        helper.make_node("Identity", ["axes"], ["axes_1"], name="axes_id1"),
+        helper.make_node("Identity", ["axes_1"], ["axes_2"], name="axes_id2"),
+        helper.make_node("Unsqueeze", ["reshaped", "axes_2"], ["unsqueezed"],
+                         name="unsqueeze"),
+        helper.make_node("Constant", [], ["fn_shape"], name="fn_shape_c",
+                         value=numpy_helper.from_array(np.array([1, n], np.int64))),
+        helper.make_node("ReshapeVia", ["f32_above", "fn_shape"], ["fn_reshaped"],
+                         name="call_reshape", domain="local.fn"),
+    ]
+    parts.output("unsqueezed", T.FLOAT, (1, n, 1), "use_unsqueezed")
+    parts.output("fn_reshaped", T.FLOAT, (1, n), "use_fn_reshaped")
+
+
+def reshape_function() -> onnx.FunctionProto:
+    return helper.make_function(
+        "local.fn", "ReshapeVia", ["x", "shape"], ["y"],
+        [helper.make_node("Identity", ["shape"], ["s"], name="fn_shape_id"),
+         helper.make_node("Reshape", ["x", "s"], ["y"], name="fn_reshape")],
+        [helper.make_opsetid("", OPSET)])
+
+
 def sparse_initializer() -> onnx.SparseTensorProto:
     n = count_for(T.FLOAT, THRESHOLD + 4)
     values = numpy_helper.from_array(random_array(T.FLOAT, (n,), 500), "sparse_init")
@@ -343,6 +376,7 @@ def matrix_model(*, runnable_only: bool = False) -> onnx.ModelProto:
     string_parts(parts)
     naming_parts(parts)
     control_flow_parts(parts)
+    shape_parts(parts)
     n = count_for(T.FLOAT, THRESHOLD + 4)
     parts.nodes.append(helper.make_node("Constant", [], ["fn_x"], name="fn_x_c",
                                         value=raw_tensor("", T.FLOAT, (n,), 701)))
@@ -359,7 +393,8 @@ def matrix_model(*, runnable_only: bool = False) -> onnx.ModelProto:
     graph.initializer[0].doc_string = "an initializer's doc"
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid("local.fn", 1)],
-                              functions=[local_function(n)], producer_name="conformance",
+                              functions=[local_function(n), reshape_function()],
+                              producer_name="conformance",
                               doc_string="every tensor shape")
     helper.set_model_props(model, {"exporter": "conformance", "ü key": "ü value"})
     if not runnable_only:
@@ -397,8 +432,39 @@ def external_source(folder: Path) -> Path:
              for t in all_tensors]
     outputs = [helper.make_tensor_value_info(f"out_{t.name}", t.data_type, tuple(t.dims))
                for t in all_tensors]
+    # a Constant, a subgraph initializer and a function's Constant, all external, the
+    # last two without an offset (0), in one more file of the subfolder
+    more = [raw_tensor("", T.FLOAT, (n,), 960 + i) for i in range(3)]
+    (folder / "weights" / "more.bin").write_bytes(b"".join(t.raw_data for t in more))
+    for i, t in enumerate(more):
+        entries = {"location": "weights/more.bin", "length": str(len(t.raw_data))}
+        if i == 0:
+            entries["offset"] = "0"
+        else:
+            (folder / "weights" / f"more{i}.bin").write_bytes(t.raw_data)
+            entries["location"] = f"weights/more{i}.bin"
+        _make_external(t, entries)
+    nodes.append(helper.make_node("Constant", [], ["ext_const"], name="ext_const",
+                                  value=more[0]))
+    more[1].name = "sub_w"
+    branch = helper.make_graph([helper.make_node("Identity", ["sub_w"], ["sub_out"])], "sub",
+                               [], [helper.make_tensor_value_info("sub_out", T.FLOAT, (n,))],
+                               [more[1]])
+    nodes.append(helper.make_node("Constant", [], ["ext_cond"], name="ext_cond",
+                                  value=helper.make_tensor("", T.BOOL, (), [False])))
+    nodes.append(helper.make_node("If", ["ext_cond"], ["ext_if"], name="ext_if",
+                                  then_branch=branch, else_branch=branch))
+    function = helper.make_function(
+        "local.ext", "Bias", ["x"], ["y"],
+        [helper.make_node("Constant", [], ["b"], value=more[2]),
+         helper.make_node("Add", ["x", "b"], ["y"])], [helper.make_opsetid("", OPSET)])
+    nodes.append(helper.make_node("Bias", ["ext_const"], ["ext_fn"], domain="local.ext"))
+    outputs += [helper.make_tensor_value_info(v, T.FLOAT, (n,))
+                for v in ("ext_const", "ext_if", "ext_fn")]
     graph = helper.make_graph(nodes, "external", [], outputs, all_tensors)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("local.ext", 1)],
+                              functions=[function])
     path = folder / "external.onnx"
     path.write_bytes(model.SerializeToString())
     return path

@@ -243,10 +243,13 @@ def test_check_verify(packages, layout):
 
 
 @pytest.mark.parametrize("layout", ["embedded", *EXTERNAL_DATA_LAYOUTS])
-def test_resolve_load_run_bit_identical(packages, expected_outputs, layout):
+def test_resolve_load_run_bit_identical(packages, sources, expected_outputs, layout):
     with weightstore.resolve(packages / layout, model="runnable") as resolved:
         session = weightstore.load(resolved)
         _same_bits(list(session.run(None, {})), expected_outputs)
+    with weightstore.resolve(packages / layout, model="external") as resolved:
+        session = weightstore.load(resolved)
+        _same_bits(list(session.run(None, {})), run_onnxruntime(sources["external"], {}))
 
 
 # -- inspect -------------------------------------------------------------------------------
