@@ -25,6 +25,7 @@ import weightstore
 from weightstore.build import BuildOptions, build
 from weightstore.catalogue.graphs import iter_containers
 from weightstore.catalogue.payload import expected_nbytes
+from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.convert.file_constant import DOMAIN, OP_TYPE
 from weightstore.errors import ModelError
@@ -351,3 +352,111 @@ def test_typed_value_out_of_range_is_refused(tmp_path, data_type, value):
     assert info.value.context["tensor"] == "graph 'g' initializer 'odd'"
     assert info.value.context["value"] == value
     assert not (tmp_path / "x.onnx").exists()
+
+
+# -- sources already converted ---------------------------------------------------------------
+
+
+def _values(path: Path) -> dict[tuple[tuple[str, ...], str], bytes]:
+    """Every tensor by graph and value name (a FileConstant source gives its weights back
+    as Constant nodes, which runtimes treat as initializers: the name inside the value of
+    a Constant is not compared), inline."""
+    out = {}
+    for site in iter_tensor_sites(onnx.load(str(path))):
+        tensor = T()
+        tensor.CopyFrom(site.tensor)
+        if site.role in ("initializer", "constant"):
+            tensor.ClearField("name")
+        where = site.value_name or site.key
+        if not site.value_name and site.node is not None:  # by node name: nodes may move
+            where = f"{site.node.name}/{'/'.join(site.key.split('/')[-3:])}"
+        out[(site.scope, where)] = tensor.SerializeToString()
+    return out
+
+
+@pytest.mark.parametrize("second", ["external-data", "file-constant", "inline"])
+def test_converted_source_converts_again_exactly(sources, tmp_path, second):
+    """A model external data was made of (typed fields recorded in its metadata) goes to
+    either form, or back inline through a threshold nothing reaches, with every typed
+    field restored."""
+    first = tmp_path / "first" / "model.onnx"
+    first.parent.mkdir()
+    convert_to_external(sources["full"], first, threshold=cm.THRESHOLD, jobs=2)
+    out = tmp_path / "second" / "model.onnx"
+    out.parent.mkdir()
+    form = "external-data" if second == "inline" else second
+    convert_to_external(first, out, form=form, threshold=1 << 40 if second == "inline" else 0,
+                        jobs=2)
+    back = tmp_path / "back.onnx"
+    convert_to_inline(out, back)
+    assert back.read_bytes() == sources["full"].read_bytes()
+
+
+def _ge_source(sources: dict[str, Path], folder: Path) -> Path:
+    """The runnable matrix as GE holds it: FileConstant nodes (ours) in a folder of its
+    own, plus three GE wrote (default domain): by ``file_path`` without ``length``, by a
+    ``value`` tensor holding external data, by a ``value`` tensor holding its bytes."""
+    path = folder / "ge" / "model.onnx"
+    path.parent.mkdir(parents=True)
+    convert_to_external(sources["runnable"], path, form="file-constant",
+                        threshold=cm.THRESHOLD, jobs=2)
+    model = onnx.load(str(path), load_external_data=False)
+    values = cm.random_array(T.FLOAT, (2, 3), 990)
+    (path.parent / "ge_weight.bin").write_bytes(values.tobytes())
+    external = T(name="ge_v", data_type=T.FLOAT, dims=(2, 3), data_location=T.EXTERNAL)
+    for key, value in (("location", "ge_weight.bin"), ("offset", "0"), ("length", "24")):
+        external.external_data.add(key=key, value=value)
+    held = numpy_helper.from_array(cm.random_array(T.FLOAT, (2, 3), 991), "ge_h")
+    for node in reversed([
+            onnx.helper.make_node("FileConstant", [], ["ge_w"], name="ge_fc",
+                                  file_path="ge_weight.bin", shape=[2, 3], dtype=T.FLOAT),
+            onnx.helper.make_node("FileConstant", [], ["ge_v"], name="ge_fv", value=external),
+            onnx.helper.make_node("FileConstant", [], ["ge_h"], name="ge_fh", value=held)]):
+        model.graph.node.insert(0, node)
+    for name in ("ge_w", "ge_v", "ge_h"):
+        model.graph.node.append(onnx.helper.make_node("Identity", [name], [f"out_{name}"]))
+        model.graph.output.append(onnx.helper.make_tensor_value_info(f"out_{name}", T.FLOAT,
+                                                                     (2, 3)))
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_file_constant_source_builds_self_contained(sources, expected_outputs, tmp_path):
+    """GE models (FileConstant nodes) as build sources: every layout holds its weights
+    itself (the embedded one inline), checks, and runs bit-identical."""
+    src = _ge_source(sources, tmp_path)
+    inline = tmp_path / "inline.onnx"
+    convert_to_inline(src, inline)
+    reference = run_onnxruntime(inline, {})
+    _same_bits(reference[:-3], expected_outputs)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"package: ge\nversion: '1'\nmodels:\n  - {{name: m, source: {src}}}\n"
+                      f"layouts:{LAYOUTS}output: out\n")
+    build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=2))
+    for layout in ("embedded", *EXTERNAL_DATA_LAYOUTS, *FILE_CONSTANT_LAYOUTS):
+        folder = tmp_path / "out" / "ge" / "1" / layout
+        assert check_package(folder, verify=True).ok, layout
+        back = tmp_path / f"{layout}.onnx"
+        convert_to_inline(folder / "m.onnx", back)
+        assert _values(back) == _values(inline), layout
+        if layout in FILE_CONSTANT_LAYOUTS:
+            continue
+        model = onnx.load(str(folder / "m.onnx"), load_external_data=False)
+        assert not any(n.op_type == OP_TYPE for c, _ in iter_containers(model) for n in c.node)
+        with weightstore.resolve(folder) as resolved:
+            _same_bits(list(weightstore.load(resolved).run(None, {})), reference)
+
+
+@pytest.mark.parametrize("form", ["external-data", "file-constant"])
+def test_file_constant_source_converts_to_another_folder(sources, tmp_path, form):
+    src = _ge_source(sources, tmp_path)
+    inline = tmp_path / "inline.onnx"
+    convert_to_inline(src, inline)
+    out = tmp_path / "elsewhere" / "model.onnx"
+    out.parent.mkdir()
+    convert_to_external(src, out, form=form, threshold=0, jobs=2)
+    back = tmp_path / "back.onnx"
+    convert_to_inline(out, back)
+    assert _values(back) == _values(inline)
+    if form == "external-data":
+        _same_bits(run_onnxruntime(out, {}), run_onnxruntime(inline, {}))

@@ -23,7 +23,7 @@ from .external_data import ENCODINGS_KEY, pop_metadata
 from .file_constant import attribute_text, file_constant_attributes, restore_constants
 
 
-def _file_constant_file(attrs: Mapping[str, object], base_dir: Path,
+def file_constant_file(attrs: Mapping[str, object], base_dir: Path,
                         value_bins: Mapping[str, Path], where: str,
                         ) -> tuple[Path, dict[str, str]]:
     """The file a FileConstant node reads, in GE's order: the ``location`` attribute, then
@@ -86,7 +86,7 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
         value = attrs.get("value")
         if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
             return value.raw_data  # GE's value tensor, its external data read above
-        path, named = _file_constant_file(attrs, base_dir, value_bins or {}, where)
+        path, named = file_constant_file(attrs, base_dir, value_bins or {}, where)
         try:
             offset = int(attrs.get("offset", 0))
             length = int(attrs["length"]) if "length" in attrs else expected_nbytes(

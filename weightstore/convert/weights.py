@@ -29,6 +29,7 @@ from .encoding import set_payload
 from .external_data import apply_external_data
 from .file_constant import apply_file_constant, can_hold
 from .placement import ExternalTensor, Placement
+from .sources import file_constants_as_external, recorded_encodings
 
 Form = str  # "external-data" | "file-constant"
 
@@ -65,13 +66,22 @@ class ModelWeights:
     sites: list[TensorSite]
     shape_names: frozenset[str]
     keys: dict[TensorPath, str] = field(default_factory=dict)
+    encodings: dict[str, str] = field(default_factory=dict)  # external: recorded typed field
     _inputs: dict[int, frozenset[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> ModelWeights:
+    def open(cls, path: str | os.PathLike[str], *, fold: bool = False) -> ModelWeights:
+        """Catalogue ``path``. ``fold``, for a model about to be written in another form
+        or folder: its recorded typed encodings and its FileConstant nodes are folded
+        into its tensors (see :mod:`.sources`), so every weight is written or inlined
+        and none keeps pointing at a file the output does not hold."""
         catalogue = read_catalogue(path)
         try:
             base_dir = catalogue.source.parent
+            encodings: dict[str, str] = {}
+            if fold:
+                encodings = recorded_encodings(catalogue.model)
+                file_constants_as_external(catalogue, base_dir, encodings)
             sites = list(iter_tensor_sites(catalogue.model))
             descriptors = {}
             for site in sites:
@@ -79,7 +89,7 @@ class ModelWeights:
                 if desc is not None:
                     descriptors[site.path] = desc
             return cls(catalogue, base_dir, descriptors, sites,
-                       shape_input_names(catalogue.model))
+                       shape_input_names(catalogue.model), encodings=encodings)
         except BaseException:
             catalogue.close()
             raise
@@ -189,6 +199,13 @@ class ModelWeights:
         """Structure and small values, weights omitted (see :mod:`catalogue.metadata`)."""
         return metadata_model(self.catalogue, small_limit)
 
+    def encoding(self, site: TensorSite, desc: PayloadDescriptor) -> str:
+        """The field a tensor's values go back to inline: its own typed field, the one
+        recorded for it when it is external, else ``raw_data``."""
+        if desc.encoding != "raw":
+            return desc.encoding
+        return self.encodings.get(site.key, "raw_data") if desc.is_external else "raw_data"
+
     def materialize(self, placements: Mapping[TensorPath, Placement], form: Form,
                     ) -> onnx.ModelProto:
         """The output model: placed tensors external (in ``form``), all others inline."""
@@ -201,10 +218,10 @@ class ModelWeights:
                 continue
             placement = placements.get(site.path)
             if placement is not None:
-                encoding = "raw_data" if desc.encoding == "raw" else desc.encoding
-                external.append(ExternalTensor(site, placement, encoding))
+                external.append(ExternalTensor(site, placement, self.encoding(site, desc)))
             elif desc.is_external:
-                set_payload(site.tensor, read_payload(desc, self.catalogue))
+                set_payload(site.tensor, read_payload(desc, self.catalogue),
+                            self.encoding(site, desc))
             else:
                 self.catalogue.restore(site.tensor, site.path, site.where)
         if form == "external-data":
