@@ -1,12 +1,12 @@
 """A source model's weights in the one shape the writers take: tensors, inline or external.
 
-Two things a source can hold make it differ from a plain model, and both are folded in
-here, on the catalogued metadata, before any weight is selected:
+Two things a source can hold make it differ from a plain model; ``ModelWeights.open``
+folds both into the catalogued metadata before any weight is selected:
 
 * the typed encodings an earlier conversion recorded in ``metadata_props``
-  (:data:`~.external_data.ENCODINGS_KEY`): its external tensors keep them, whichever
+  (:func:`~.external_data.recorded_encodings`): its external tensors keep them, whichever
   form they are written in next, and the entry is rewritten for the output;
-* ``FileConstant`` nodes (ours, or GE's): each becomes, in place, a ``Constant`` node whose
+* ``FileConstant`` nodes (ours, or GE's; here): each becomes, in place, a ``Constant`` node whose
   value is external data at the node's file range, so its payload is hashed, verified
   against a ``file_id`` digest, placed or inlined like any other, and never left pointing
   at a file outside the output's folder. The node keeps its index, so no other tensor's
@@ -16,19 +16,15 @@ here, on the catalogued metadata, before any weight is selected:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import onnx
 
 from ..catalogue.graphs import iter_containers
-from ..catalogue.payload import expected_nbytes
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
-from ..errors import ConversionError
 from ..hashing import ALGORITHMS
 from .encoding import set_external
-from .external_data import ENCODINGS_KEY, pop_metadata
 from .file_constant import (
     OP_TYPE,
     attribute_text,
@@ -37,19 +33,7 @@ from .file_constant import (
     tensor_of,
     to_constant,
 )
-from .inline import file_constant_file
-
-
-def recorded_encodings(model: onnx.ModelProto) -> dict[str, str]:
-    """Take the typed encodings an earlier conversion recorded out of ``model``."""
-    raw = pop_metadata(model, ENCODINGS_KEY)
-    try:
-        encodings = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        raise ConversionError("malformed metadata entry", key=ENCODINGS_KEY) from None
-    if not isinstance(encodings, dict):
-        raise ConversionError("malformed metadata entry", key=ENCODINGS_KEY)
-    return {str(k): str(v) for k, v in encodings.items()}
+from .inline import file_constant_file, file_constant_range
 
 
 def file_constants_as_external(catalogue: Catalogue, base_dir: Path,
@@ -100,16 +84,7 @@ def _point_at_file(tensor: onnx.TensorProto, attrs: dict[str, object], base_dir:
     """Make ``tensor`` external data at the FileConstant's file range (GE's order of
     attributes naming the file; a ``file_id`` digest becomes the checksum to verify)."""
     _, named = file_constant_file(attrs, base_dir, {}, where)
-    try:
-        offset = int(attrs.get("offset", 0))
-        length = int(attrs["length"]) if "length" in attrs else expected_nbytes(
-            tensor.data_type, list(tensor.dims))
-    except (TypeError, ValueError):
-        raise ConversionError("FileConstant offset, length, dtype or shape is not usable",
-                              where=where) from None
-    if length is None:
-        raise ConversionError("FileConstant has no length and a type of no fixed size",
-                              where=where)
+    offset, length = file_constant_range(attrs, where)
     file_id = attribute_text(attrs.get("file_id") or "")
     algo, sep, _ = file_id.partition(":")
     checksum = file_id if sep and algo in ALGORITHMS else ""

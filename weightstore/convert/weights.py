@@ -26,10 +26,10 @@ from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..errors import ConversionError, IntegrityError, ModelError
 from ..hashing import ALGORITHMS, digest_bytes, digest_file_many, make_key
 from .encoding import set_payload
-from .external_data import apply_external_data
+from .external_data import apply_external_data, recorded_encodings
 from .file_constant import apply_file_constant, can_hold
 from .placement import ExternalTensor, Placement
-from .sources import file_constants_as_external, recorded_encodings
+from .sources import file_constants_as_external
 
 Form = str  # "external-data" | "file-constant"
 
