@@ -16,13 +16,15 @@ folds both into the catalogued metadata before any weight is selected:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import Message
 
-from ..catalogue.graphs import iter_containers
 from ..catalogue.reader import Catalogue
-from ..catalogue.sites import iter_tensor_sites
+from ..catalogue.schema import CHILDREN, Kind, path_str
+from ..catalogue.schema import Path as TensorPath
 from ..hashing import ALGORITHMS
 from .encoding import set_external
 from .file_constant import (
@@ -42,41 +44,54 @@ def file_constants_as_external(catalogue: Catalogue, base_dir: Path,
     external data (mutates the metadata model, records typed encodings in
     ``encodings``); returns how many were turned."""
     model = catalogue.model
-    # a GE value tensor held inline: its payload moves from attribute k to attribute 0
-    inline_values = {id(site.tensor): site.path for site in iter_tensor_sites(model)
-                     if site.node is not None and site.node.op_type == OP_TYPE
-                     and site.path in catalogue.payloads}
-    made: list[tuple[onnx.TensorProto, str]] = []
-    for container, scope in iter_containers(model):
-        for index, node in enumerate(container.node):
-            if node.op_type != OP_TYPE:
-                continue
-            where = f"{scope} node {index} ({OP_TYPE} '{node.name}')"
-            attrs = file_constant_attributes(node)
-            value = attrs.get("value")
-            moved = None
-            if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
-                attribute = next(a for a in node.attribute if a.name == "value")
-                moved = inline_values.get(id(attribute.t))
-                tensor = onnx.TensorProto()
-                tensor.CopyFrom(attribute.t)
-            else:
-                tensor = tensor_of(attrs, node, where)
-                _point_at_file(tensor, attrs, base_dir, where)
-            encoding = attribute_text(attrs.get("encoding", b"raw_data"))
-            made.append((to_constant(node, attrs, tensor), encoding))
-            if moved is not None:
-                new = (*moved[:-2], (5, 0), (5, 0))
-                catalogue.payloads[new] = catalogue.payloads.pop(moved)
-    if made:
+    found = [(node, path, where) for node, path, where in _nodes(model, Kind.MODEL, (), "")
+             if node.op_type == OP_TYPE]
+    for node, path, where in found:
+        where = f"{where} node {path[-1][1]} ({OP_TYPE} '{node.name}')"
+        attrs = file_constant_attributes(node)
+        value = attrs.get("value")
+        held = None  # a GE value tensor holding its bytes: they stay where they are
+        if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
+            index = next(i for i, a in enumerate(node.attribute) if a.name == "value")
+            held = (*path, (5, index), (5, 0))
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+        else:
+            tensor = tensor_of(attrs, node, where)
+            _point_at_file(tensor, attrs, base_dir, where)
+        to_constant(node, attrs, tensor)
+        value_path = (*path, (5, 0), (5, 0))  # the Constant's only attribute is its value
+        if held is not None and held in catalogue.payloads:
+            catalogue.payloads[value_path] = catalogue.payloads.pop(held)
+        encoding = attribute_text(attrs.get("encoding", b"raw_data"))
+        if encoding != "raw_data":
+            encodings[path_str(value_path)] = encoding
+    if found:
         drop_domain(model.opset_import)
         for function in model.functions:
             drop_domain(function.opset_import)
-        typed = {id(t): e for t, e in made if e != "raw_data"}
-        for site in iter_tensor_sites(model):
-            if id(site.tensor) in typed:
-                encodings[site.key] = typed[id(site.tensor)]
-    return len(made)
+    return len(found)
+
+
+def _nodes(msg: Message, kind: Kind, path: TensorPath, where: str,
+           ) -> Iterator[tuple[onnx.NodeProto, TensorPath, str]]:
+    """Every node below ``msg`` with its structural path and its graph or function."""
+    for number, (child_kind, repeated) in CHILDREN[kind].items():
+        if child_kind in (Kind.TENSOR, Kind.SPARSE):
+            continue
+        field = msg.DESCRIPTOR.fields_by_number[number].name
+        values = list(getattr(msg, field)) if repeated else \
+            [getattr(msg, field)] if msg.HasField(field) else []
+        for i, value in enumerate(values):
+            sub = (*path, (number, i))
+            inner = where
+            if child_kind is Kind.GRAPH:
+                inner = f"graph '{value.name}'"
+            elif child_kind is Kind.FUNCTION:
+                inner = f"function {value.domain}:{value.name}"
+            if child_kind is Kind.NODE:
+                yield value, sub, where
+            yield from _nodes(value, child_kind, sub, inner)
 
 
 def _point_at_file(tensor: onnx.TensorProto, attrs: dict[str, object], base_dir: Path,
