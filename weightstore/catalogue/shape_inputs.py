@@ -194,10 +194,11 @@ def shape_input_names(model: onnx.ModelProto) -> frozenset[str]:
     """
     positions = function_shape_positions(model) if len(model.functions) else {}
     names: set[str] = set()
-    for node in iter_nodes(model):
+    nodes = list(iter_nodes(model))
+    for node in nodes:
         names.update(_direct(node))
         for i in positions.get(_call_key(node), ()):
             if i < len(node.input) and node.input[i]:
                 names.add(node.input[i])
-    _close(names, _producers(iter_nodes(model)))
+    _close(names, _producers(nodes))
     return frozenset(names)

@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import Message
 
+from ..catalogue.graphs import iter_nodes
 from ..catalogue.reader import Catalogue
 from ..catalogue.schema import CHILDREN, Kind, path_str
 from ..catalogue.schema import Path as TensorPath
@@ -44,6 +45,8 @@ def file_constants_as_external(catalogue: Catalogue, base_dir: Path,
     external data (mutates the metadata model, records typed encodings in
     ``encodings``); returns how many were turned."""
     model = catalogue.model
+    if not any(node.op_type == OP_TYPE for node in iter_nodes(model)):
+        return 0  # the common case, told by the quicker walk
     found = [(node, path, where) for node, path, where in _nodes(model, Kind.MODEL, (), "")
              if node.op_type == OP_TYPE]
     for node, path, where in found:
