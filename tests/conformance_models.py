@@ -249,6 +249,14 @@ def naming_parts(parts: Parts) -> None:
     parts.inits.append(default)  # opset < 9 exporters list every initializer as an input
     parts.inputs.append(helper.make_tensor_value_info("with_default", T.FLOAT, (n,)))
     parts.output("with_default", T.FLOAT, (n,), "use_with_default")
+    # a MatMul weight (onnxruntime packs it) whose bytes an int32 tensor listed first holds
+    weight = random_array(T.FLOAT, (n, 2), 402)
+    parts.inits.append(numpy_helper.from_array(weight.view(np.int32).reshape(-1), "mm_twin"))
+    parts.output("mm_twin", T.INT32, (2 * n,), "use_mm_twin")
+    parts.inits.append(numpy_helper.from_array(weight, "mm_weight"))
+    parts.nodes.append(helper.make_node("MatMul", ["with_default", "mm_weight"], ["mm"],
+                                        name="matmul"))
+    parts.output("mm", T.FLOAT, (2,), "use_mm")
 
 
 def shape_parts(parts: Parts) -> None:

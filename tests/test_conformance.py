@@ -253,6 +253,11 @@ def test_resolve_load_run_bit_identical(packages, sources, expected_outputs, lay
     with weightstore.resolve(packages / layout, model="runnable") as resolved:
         session = weightstore.load(resolved)
         _same_bits(list(session.run(None, {})), expected_outputs)
+        if layout != "embedded":  # the weight files from the caller's memory, by name
+            files = {e.source.file for e in resolved.payload_manifest.entries}
+            buffers = {f: (packages / layout / f).read_bytes() for f in files if f}
+            session = weightstore.load(resolved, buffers=buffers)
+            _same_bits(list(session.run(None, {})), expected_outputs)
     with weightstore.resolve(packages / layout, model="external") as resolved:
         session = weightstore.load(resolved)
         _same_bits(list(session.run(None, {})), run_onnxruntime(sources["external"], {}))
