@@ -4,8 +4,10 @@
 the little-endian bytes, so they are copied, never converted through Python floats (which
 would quiet signalling NaNs). The varint fields (``int32_data``, ``int64_data``,
 ``uint64_data``) are decoded by protobuf and narrowed with numpy to the element type's
-storage width. Element counts are checked against the shape first, so a hostile shape
-cannot make anything allocate more than the payload's own size.
+storage width; a value that does not fit (300 for a UINT8, -1 for a FLOAT16's bit
+pattern) is refused, since narrowing it could not be undone. Element counts are checked
+against the shape first, so a hostile shape cannot make anything allocate more than the
+payload's own size.
 """
 
 from __future__ import annotations

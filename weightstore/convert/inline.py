@@ -30,8 +30,8 @@ from .file_constant import (
 
 
 def file_constant_file(attrs: Mapping[str, object], base_dir: Path,
-                        value_bins: Mapping[str, Path], where: str,
-                        ) -> tuple[Path, dict[str, str]]:
+                       value_bins: Mapping[str, Path], where: str,
+                       ) -> tuple[Path, dict[str, str]]:
     """The file a FileConstant node reads, in GE's order: the ``location`` attribute, then
     ``file_path`` (both relative to the model and kept inside its folder), then
     ``file_id`` through the map the user gave. Also returns what named it, for errors."""
