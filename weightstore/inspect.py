@@ -38,7 +38,8 @@ def inspect_model(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _file_constants(model: onnx.ModelProto) -> list[dict[str, Any]]:
-    """One entry per FileConstant node, from its attributes (GE's ``value`` form too)."""
+    """One entry per FileConstant node, from its attributes (a node holding GE's
+    ``value`` tensor is listed by that tensor)."""
     from .convert.file_constant import (
         attribute_text,
         file_constant_attributes,
@@ -50,6 +51,8 @@ def _file_constants(model: onnx.ModelProto) -> list[dict[str, Any]]:
         for index, node in enumerate(container.node):
             if not is_any_file_constant(node):
                 continue
+            if any(a.name == "value" and a.HasField("t") for a in node.attribute):
+                continue  # GE's value tensor: listed with the tensors already
             where = f"{scope} node {index} (FileConstant '{node.name}')"
             attrs = file_constant_attributes(node)
             try:
