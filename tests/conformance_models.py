@@ -164,6 +164,8 @@ def element_type_parts(parts: Parts, types: list[int], *, seed: int = 0) -> None
         seed += 1
         parts.inits.append(raw_tensor(f"{name}_scalar", data_type, (), seed))
         parts.output(f"{name}_scalar", data_type, (), f"use_{name}_scalar")
+        parts.inits.append(typed_tensor(f"{name}_scalar_typed", data_type, (), seed))
+        parts.output(f"{name}_scalar_typed", data_type, (), f"use_{name}_scalar_typed")
         parts.inits.append(raw_tensor(f"{name}_empty", data_type, (3, 0), seed))
         parts.output(f"{name}_empty", data_type, (3, 0), f"use_{name}_empty")
 

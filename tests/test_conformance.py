@@ -328,9 +328,11 @@ def test_typed_payloads_decode_like_onnx(sources, tmp_path):
         typed = {e.key: e.value for e in by_name[f"{name}_typed"].external_data}
         assert raw["checksum"] == typed["checksum"], name
     source = onnx.load(str(sources["full"]))
+    by_name = {t.name: t for t in source.graph.initializer}
     for t in source.graph.initializer:
         if t.name.endswith("_typed"):
-            twin = next(x for x in source.graph.initializer if x.name == t.name[:-5] + "raw")
+            twin = by_name[t.name[:-6] if t.name.endswith("_scalar_typed")
+                           else t.name[:-5] + "raw"]
             assert numpy_helper.to_array(t).tobytes() == numpy_helper.to_array(twin).tobytes()
 
 
