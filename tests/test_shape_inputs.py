@@ -264,3 +264,21 @@ def test_shape_input_behind_identity_stays_inline(tmp_path, op):
     x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
     for a, b in zip(run_onnxruntime(out, x), run_onnxruntime(src, x), strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_split_to_sequence_sizes_stay_inline(tmp_path):
+    """onnxruntime's shape inference reads SplitToSequence's ``split`` too."""
+    graph = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["X", "sizes"], ["seq"], axis=1),
+         helper.make_node("SequenceAt", ["seq", "at"], ["Y"])], "main",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([2, 4], dtype=np.int64), "sizes"),
+         numpy_helper.from_array(np.array(1, dtype=np.int64), "at")])
+    model = helper.make_model(graph, opset_imports=BODY_OPSETS)
+    assert "sizes" in shape_input_names(model)
+    src, out = tmp_path / "m.onnx", tmp_path / "x.onnx"
+    onnx.save(model, str(src))
+    convert_to_external(src, out, threshold=0, jobs=1)
+    x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
+    assert run_onnxruntime(out, x)[0].tobytes() == run_onnxruntime(src, x)[0].tobytes()

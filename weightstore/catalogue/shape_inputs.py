@@ -34,6 +34,7 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Range": (0, 1, 2),
     "OneHot": (1,),
     "Split": (1,),
+    "SplitToSequence": (1,),
     "CenterCropPad": (1, 2),
     "NonMaxSuppression": (2, 3, 4),
     "ReduceSum": (1,),
