@@ -181,4 +181,4 @@ def test_inspect_table(tmp_path):
     from weightstore.inspect import render_table
 
     text = render_table(inspect_model(path))
-    assert "sparse" in text and "metadata" in text and "tensors" in text.splitlines()[-1]
+    assert "sparse" in text and "inline string_data" in text and "tensors" in text.splitlines()[-1]

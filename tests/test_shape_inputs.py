@@ -226,3 +226,59 @@ def test_model_without_functions_unchanged(encoder_model):
     direct = {n.input[1] for g in [encoder_model.graph] for n in g.node
               if n.op_type == "Reshape"}
     assert direct <= shape_input_names(encoder_model)
+
+
+@pytest.mark.parametrize("op", ["Reshape", "Expand", "Unsqueeze", "Slice", "ReduceSum"])
+def test_shape_input_behind_identity_stays_inline(tmp_path, op):
+    """Exporters put ``Identity`` nodes in front of shared shape constants; onnxruntime's
+    shape inference reads through them, so what they copy must stay inline too (even at
+    threshold 0), in a function body as in the graph. A Cast it does not read through."""
+    data = {"Reshape": [3, 4], "Expand": [2, 6], "Unsqueeze": [0], "Slice": [0],
+            "ReduceSum": [1]}[op]
+    extra = {"Slice": ["S_end"]}.get(op, [])
+    s = numpy_helper.from_array(np.array(data, dtype=np.int64), "S")
+    end = numpy_helper.from_array(np.array([1], dtype=np.int64), "S_end")
+    w, _ = _weights()
+    body = _function("F", ["X", "shp"], ["Y"], [
+        helper.make_node("Identity", ["shp"], ["shp1"]),
+        helper.make_node(op, ["X", "shp1", *extra], ["Y"])])
+    cast = numpy_helper.from_array(np.array(data, dtype=np.int32), "C")
+    nodes = [helper.make_node("Add", ["X", "W"], ["A"]),
+             helper.make_node("Identity", ["S"], ["S1"]),
+             helper.make_node("Identity", ["S1"], ["S2"]),
+             helper.make_node(op, ["A", "S2", *extra], ["Y"]),
+             helper.make_node("Cast", ["C"], ["C1"], to=TensorProto.INT64),
+             helper.make_node(op, ["A", "C1", *extra], ["Y2"]),
+             _call("F", ["A", "S"], ["Y3"])]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+               for n in ("Y", "Y2", "Y3")]
+    model = _model(nodes, [body], [w, s, cast] + ([end] if extra else []), _io()[0], outputs)
+    names = shape_input_names(model)
+    assert {"S", "S1", "S2", "C1"} <= names and "C" not in names
+    src, out = tmp_path / "m.onnx", tmp_path / "x.onnx"
+    onnx.save(model, str(src))
+    convert_to_external(src, out, threshold=0, jobs=1)
+    external = {t.name for t in onnx.load(str(out), load_external_data=False).graph.initializer
+                if t.data_location == TensorProto.EXTERNAL}
+    assert external == {"W", "C"}
+    x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
+    for a, b in zip(run_onnxruntime(out, x), run_onnxruntime(src, x), strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_split_to_sequence_sizes_stay_inline(tmp_path):
+    """onnxruntime's shape inference reads SplitToSequence's ``split`` too."""
+    graph = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["X", "sizes"], ["seq"], axis=1),
+         helper.make_node("SequenceAt", ["seq", "at"], ["Y"])], "main",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([2, 4], dtype=np.int64), "sizes"),
+         numpy_helper.from_array(np.array(1, dtype=np.int64), "at")])
+    model = helper.make_model(graph, opset_imports=BODY_OPSETS)
+    assert "sizes" in shape_input_names(model)
+    src, out = tmp_path / "m.onnx", tmp_path / "x.onnx"
+    onnx.save(model, str(src))
+    convert_to_external(src, out, threshold=0, jobs=1)
+    x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
+    assert run_onnxruntime(out, x)[0].tobytes() == run_onnxruntime(src, x)[0].tobytes()

@@ -53,10 +53,11 @@ class WeightDescriptor:
     function: str | None = None  # "domain:name" when inside a model-local function
     source_digest: str | None = None  # "algo:hex" when the model records one
     derivation: DerivedWeightRecipe | None = None
+    string_bytes: int = 0  # strings: the bytes of their string_data, always inline
 
     @property
     def nbytes(self) -> int:
-        return self.payload.nbytes if self.payload is not None else 0
+        return self.payload.nbytes if self.payload is not None else self.string_bytes
 
     @property
     def is_empty(self) -> bool:
@@ -87,7 +88,10 @@ class WeightDescriptor:
             "function": self.function,
             "path": path_str(self.path),
         }
-        if p is not None:
+        if p is None and self.element_type == onnx.TensorProto.STRING:
+            out["payload"] = {"file": None, "offset": None, "length": self.string_bytes,
+                              "encoding": "string_data", "location": None, "checksum": None}
+        elif p is not None:
             out["payload"] = {
                 "file": p.file.name, "offset": p.offset, "length": p.length,
                 "encoding": p.encoding, "location": p.location, "checksum": p.checksum,
@@ -107,5 +111,6 @@ def weight_descriptors(catalogue: Catalogue, base_dir: Path | None = None,
             name=name, element_type=site.tensor.data_type, dims=tuple(site.tensor.dims),
             origin=PayloadOrigin.PORTABLE, payload=payload, role=site.role, where=site.where,
             path=site.path, scope=site.scope, function=site.function,
-            source_digest=payload.checksum if payload is not None else None))
+            source_digest=payload.checksum if payload is not None else None,
+            string_bytes=sum(map(len, site.tensor.string_data))))
     return out

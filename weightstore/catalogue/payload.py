@@ -8,53 +8,21 @@ Recovering the bytes reads exactly the descriptor's range.
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from ..errors import ExternalDataError, ModelError
 from ..fsio import NotRegularFileError, open_regular, read_exact
 from . import typed_fields
+from .element_types import expected_nbytes
 from .locations import resolve_location
 from .reader import Catalogue
 from .sites import TensorSite
 
 SMALL_VALUE_LIMIT = 4096  # bytes: values this small are metadata (shapes, conditions)
-
-_FOUR_BIT = {
-    getattr(onnx.TensorProto, n)
-    for n in ("INT4", "UINT4", "FLOAT4E2M1")
-    if hasattr(onnx.TensorProto, n)
-}
-
-
-def expected_nbytes(data_type: int, dims: list[int] | tuple[int, ...]) -> int | None:
-    """Little-endian byte size of a tensor, or None for strings/unknown types."""
-    itemsize = _itemsize(data_type)
-    if itemsize is None:
-        return None
-    count = math.prod(dims)
-    if itemsize == 0:  # 4-bit types: two values per byte
-        return (count + 1) // 2
-    return count * itemsize
-
-
-@functools.cache
-def _itemsize(data_type: int) -> int | None:
-    """Bytes per element (0 for 4-bit types), None for strings and unknown types."""
-    if data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
-        return None
-    if data_type in _FOUR_BIT:
-        return 0
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,16 @@ onnxruntime refuses to load a model whose shape-like input (Reshape's ``shape``,
 ``starts``, ...) is external data, so tensors feeding such inputs stay inline whatever their
 size. The table is by op_type (standard domain) -> input positions.
 
-A value also reaches a shape-like input when it is passed to a model-local function whose
+A value also reaches a shape-like input through ``Identity`` nodes (onnxruntime's shape
+inference reads through them: an exporter's ``Identity`` of a shared shape constant is
+enough to fail the load), and when it is passed to a model-local function whose
 body (or a function it calls, or a subgraph inside either) uses that formal input at a
 shape-like position; the actual arguments at such positions are collected too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import onnx
 
@@ -32,6 +34,7 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Range": (0, 1, 2),
     "OneHot": (1,),
     "Split": (1,),
+    "SplitToSequence": (1,),
     "CenterCropPad": (1, 2),
     "NonMaxSuppression": (2, 3, 4),
     "ReduceSum": (1,),
@@ -63,6 +66,11 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
 
 FunctionKey = tuple[str, str, str]  # (domain, name, overload)
 
+# onnxruntime's shape inference reads a shape-like input's value through these (and
+# refuses when the tensor behind them is external data); Cast, Concat and the like it
+# does not see through, so their inputs may leave the model
+TRANSPARENT = frozenset({"Identity"})
+
 
 def _domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
@@ -82,6 +90,26 @@ def _direct(node: onnx.NodeProto) -> Iterator[str]:
         for i in SHAPE_INPUTS.get(node.op_type, ()):
             if i < len(node.input) and node.input[i]:
                 yield node.input[i]
+
+
+def _producers(nodes: Iterable[onnx.NodeProto]) -> dict[str, str]:
+    """Output name -> input name of every standard node the shape inference sees through."""
+    return {node.output[0]: node.input[0] for node in nodes
+            if node.domain in ("", "ai.onnx") and node.op_type in TRANSPARENT
+            and node.input and node.output and node.input[0]}
+
+
+def _close(names: set[str], producers: dict[str, str]) -> set[str]:
+    """Add to ``names`` what reaches them through transparent nodes; returns the added."""
+    added: set[str] = set()
+    stack = list(names)
+    while stack:
+        source = producers.get(stack.pop())
+        if source is not None and source not in names:
+            names.add(source)
+            added.add(source)
+            stack.append(source)
+    return added
 
 
 def _body_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
@@ -113,6 +141,7 @@ def function_shape_positions(model: onnx.ModelProto) -> dict[FunctionKey, frozen
     formals: list[dict[str, list[int]]] = []
     # callee key -> (calling function index, actual arguments) for every call in a body
     callers: dict[FunctionKey, list[tuple[int, list[str]]]] = {key: [] for key in keys}
+    producers: list[dict[str, str]] = []
     for index, function in enumerate(model.functions):
         names: set[str] = set()
         for node in _body_nodes(function):
@@ -120,6 +149,8 @@ def function_shape_positions(model: onnx.ModelProto) -> dict[FunctionKey, frozen
             sites = callers.get(_call_key(node))
             if sites is not None:
                 sites.append((index, list(node.input)))
+        producers.append(_producers(_body_nodes(function)))
+        _close(names, producers[-1])
         reaching.append(names)
         positions: dict[str, list[int]] = {}
         for i, name in enumerate(function.input):
@@ -133,7 +164,9 @@ def function_shape_positions(model: onnx.ModelProto) -> dict[FunctionKey, frozen
         if not name or name in reaching[index]:
             return
         reaching[index].add(name)
-        mark(index, name)
+        for reached in (name, *_close({name}, producers[index]) - reaching[index]):
+            reaching[index].add(reached)
+            mark(index, reached)
 
     def mark(index: int, name: str) -> None:
         for i in formals[index].get(name, ()):
@@ -162,9 +195,11 @@ def shape_input_names(model: onnx.ModelProto) -> frozenset[str]:
     """
     positions = function_shape_positions(model) if len(model.functions) else {}
     names: set[str] = set()
-    for node in iter_nodes(model):
+    nodes = list(iter_nodes(model))
+    for node in nodes:
         names.update(_direct(node))
         for i in positions.get(_call_key(node), ()):
             if i < len(node.input) and node.input[i]:
                 names.add(node.input[i])
+    _close(names, _producers(nodes))
     return frozenset(names)

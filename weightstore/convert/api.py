@@ -76,7 +76,7 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     and writing (None: only on an interactive terminal).
     """
     src, dst = Path(src), Path(dst)
-    with ModelWeights.open(src) as mw:
+    with ModelWeights.open(src, fold=True) as mw:
         source_meta = mw.metadata_model(SMALL_VALUE_LIMIT)
         inputs = files_read(src, source_meta, {d.file for d in mw.descriptors.values()})
         _check_scenarios(source_meta, src, dst, form)

@@ -49,11 +49,14 @@ def set_payload(tensor: onnx.TensorProto, data: bytes, encoding: str = "raw_data
 
 def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int,
                  checksum: str) -> None:
-    """Point ``tensor`` at external data with only the keys onnxruntime accepts."""
+    """Point ``tensor`` at external data with only the keys onnxruntime accepts (no
+    ``checksum`` when it is empty)."""
     clear_payload(tensor)
     tensor.data_location = onnx.TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)),
                        ("length", str(length)), ("checksum", checksum)):
+        if not value:
+            continue
         entry = tensor.external_data.add()
         entry.key = key
         entry.value = value

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import onnx
 
+from ..errors import ConversionError
+from ..fsio import parse_json
 from .encoding import set_external
 from .placement import ExternalTensor
 
@@ -28,6 +30,19 @@ def apply_external_data(model: onnx.ModelProto, tensors: Sequence[ExternalTensor
             typed[ext.site.key] = ext.encoding
     if typed:
         set_metadata(model, ENCODINGS_KEY, json.dumps(typed, sort_keys=True))
+
+
+def recorded_encodings(model: onnx.ModelProto) -> dict[str, str]:
+    """Take the typed encodings a conversion recorded out of ``model``: tensor path ->
+    typed field."""
+    raw = pop_metadata(model, ENCODINGS_KEY)
+    try:
+        encodings = parse_json(raw) if raw else {}
+    except ValueError:
+        raise ConversionError("malformed metadata entry", key=ENCODINGS_KEY) from None
+    if not isinstance(encodings, dict):
+        raise ConversionError("malformed metadata entry", key=ENCODINGS_KEY)
+    return {str(k): str(v) for k, v in encodings.items()}
 
 
 def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:

@@ -156,7 +156,7 @@ def restore_constants(model: onnx.ModelProto,
             converted += 1
             attrs = file_constant_attributes(node)
             node_where = f"{where} node {i} ({OP_TYPE} '{node.name}')"
-            tensor = _tensor(attrs, node, node_where)
+            tensor = tensor_of(attrs, node, node_where)
             data = read(node, node_where)
             expected = expected_nbytes(tensor.data_type, tensor.dims)
             if tensor.data_type == onnx.TensorProto.UNDEFINED or (
@@ -170,15 +170,7 @@ def restore_constants(model: onnx.ModelProto,
                 restored_inits.append((int(attrs.get("initializer_index", 1 << 62)), tensor))
                 drop.append(i)
                 continue
-            node.ClearField("attribute")
-            node.op_type = "Constant"
-            if "constant_domain" in attrs:
-                node.domain = attribute_text(attrs["constant_domain"])
-            else:
-                node.ClearField("domain")
-            node.attribute.append(helper.make_attribute(
-                "value", tensor, doc_string=attribute_text(attrs["value_doc_string"])
-                if "value_doc_string" in attrs else None))
+            to_constant(node, attrs, tensor)
         if not converted:
             continue
         count += converted
@@ -187,10 +179,26 @@ def restore_constants(model: onnx.ModelProto,
         for index, tensor in sorted(restored_inits, key=lambda x: x[0]):
             container.initializer.insert(min(index, len(container.initializer)), tensor)
         if isinstance(container, onnx.FunctionProto):
-            _drop_domain(container.opset_import)
+            drop_domain(container.opset_import)
     if count:
-        _drop_domain(model.opset_import)
+        drop_domain(model.opset_import)
     return count
+
+
+def to_constant(node: onnx.NodeProto, attrs: dict[str, object],
+                tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """Make a FileConstant node (``attrs``: its attributes) the Constant it stands for,
+    in place, its value ``tensor``; returns the value as the node now holds it."""
+    node.ClearField("attribute")
+    node.op_type = "Constant"
+    if "constant_domain" in attrs:
+        node.domain = attribute_text(attrs["constant_domain"])
+    else:
+        node.ClearField("domain")
+    node.attribute.append(helper.make_attribute(
+        "value", tensor, doc_string=attribute_text(attrs["value_doc_string"])
+        if "value_doc_string" in attrs else None))
+    return node.attribute[0].t
 
 
 def attribute_text(value: object) -> str:
@@ -213,7 +221,8 @@ def file_constant_attributes(node: onnx.NodeProto) -> dict[str, object]:
     return attrs
 
 
-def _tensor(attrs: dict[str, object], node: onnx.NodeProto, where: str) -> onnx.TensorProto:
+def tensor_of(attrs: dict[str, object], node: onnx.NodeProto, where: str) -> onnx.TensorProto:
+    """The tensor a FileConstant node stands for, without its payload."""
     for required in ("dtype", "shape"):
         if required not in attrs:
             raise ConversionError(f"FileConstant lacks attribute '{required}'", where=where)
@@ -227,7 +236,7 @@ def _tensor(attrs: dict[str, object], node: onnx.NodeProto, where: str) -> onnx.
     return tensor
 
 
-def _drop_domain(opsets) -> None:
+def drop_domain(opsets) -> None:
     for i, o in enumerate(opsets):
         if o.domain == DOMAIN:
             del opsets[i]

@@ -17,10 +17,9 @@ from ..catalogue.payload import describe, expected_nbytes, read_file_range, read
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError, ExternalDataError, IntegrityError
-from ..fsio import parse_json
 from ..hashing import ALGORITHMS, digest_bytes
 from .encoding import set_payload
-from .external_data import ENCODINGS_KEY, pop_metadata
+from .external_data import recorded_encodings
 from .file_constant import (
     attribute_text,
     file_constant_attributes,
@@ -30,9 +29,9 @@ from .file_constant import (
 )
 
 
-def _file_constant_file(attrs: Mapping[str, object], base_dir: Path,
-                        value_bins: Mapping[str, Path], where: str,
-                        ) -> tuple[Path, dict[str, str]]:
+def file_constant_file(attrs: Mapping[str, object], base_dir: Path,
+                       value_bins: Mapping[str, Path], where: str,
+                       ) -> tuple[Path, dict[str, str]]:
     """The file a FileConstant node reads, in GE's order: the ``location`` attribute, then
     ``file_path`` (both relative to the model and kept inside its folder), then
     ``file_id`` through the map the user gave. Also returns what named it, for errors."""
@@ -63,7 +62,7 @@ def check_digest(data: bytes, key: str | None, **context: object) -> None:
                              actual=f"{algo}:{actual}", **context)
 
 
-def _file_constant_range(attrs: Mapping[str, object], where: str) -> tuple[int, int]:
+def file_constant_range(attrs: Mapping[str, object], where: str) -> tuple[int, int]:
     """A FileConstant's ``(offset, length)``; the length from dtype and shape when the
     node gives none."""
     try:
@@ -92,7 +91,7 @@ def file_constant_bytes(model: onnx.ModelProto) -> int:
             if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
                 continue
             with contextlib.suppress(ConversionError):
-                total += max(_file_constant_range(attrs, where)[1], 0)
+                total += max(file_constant_range(attrs, where)[1], 0)
     return total
 
 
@@ -111,11 +110,7 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
     base_dir = base_dir or catalogue.source.parent
     model = onnx.ModelProto()
     model.CopyFrom(catalogue.model)
-    raw = pop_metadata(model, ENCODINGS_KEY)
-    try:
-        encodings = parse_json(raw) if raw else {}
-    except ValueError:
-        raise ConversionError("malformed metadata entry", key=ENCODINGS_KEY) from None
+    encodings = recorded_encodings(model)
     for site in iter_tensor_sites(model):
         desc = describe(site, catalogue, base_dir)
         if desc is None:
@@ -133,8 +128,8 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
         value = attrs.get("value")
         if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
             return value.raw_data  # GE's value tensor, its external data read above
-        path, named = _file_constant_file(attrs, base_dir, value_bins or {}, where)
-        offset, length = _file_constant_range(attrs, where)
+        path, named = file_constant_file(attrs, base_dir, value_bins or {}, where)
+        offset, length = file_constant_range(attrs, where)
         if not path.is_file():
             raise ExternalDataError("FileConstant file is missing", where=where, **named)
         size = path.stat().st_size

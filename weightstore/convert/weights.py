@@ -23,12 +23,13 @@ from ..catalogue.reader import Catalogue, read_catalogue
 from ..catalogue.schema import Path as TensorPath
 from ..catalogue.shape_inputs import shape_input_names
 from ..catalogue.sites import TensorSite, iter_tensor_sites
-from ..errors import ConversionError, IntegrityError
+from ..errors import ConversionError, IntegrityError, ModelError
 from ..hashing import ALGORITHMS, digest_bytes, digest_file_many, make_key
 from .encoding import set_payload
-from .external_data import apply_external_data
+from .external_data import apply_external_data, recorded_encodings
 from .file_constant import apply_file_constant, can_hold
 from .placement import ExternalTensor, Placement
+from .sources import file_constants_as_external
 
 Form = str  # "external-data" | "file-constant"
 
@@ -65,13 +66,22 @@ class ModelWeights:
     sites: list[TensorSite]
     shape_names: frozenset[str]
     keys: dict[TensorPath, str] = field(default_factory=dict)
+    encodings: dict[str, str] = field(default_factory=dict)  # external: recorded typed field
     _inputs: dict[int, frozenset[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> ModelWeights:
+    def open(cls, path: str | os.PathLike[str], *, fold: bool = False) -> ModelWeights:
+        """Catalogue ``path``. ``fold``, for a model about to be written in another form
+        or folder: its recorded typed encodings and its FileConstant nodes are folded
+        into its tensors (see :mod:`.sources`), so every weight is written or inlined
+        and none keeps pointing at a file the output does not hold."""
         catalogue = read_catalogue(path)
         try:
             base_dir = catalogue.source.parent
+            encodings: dict[str, str] = {}
+            if fold:
+                encodings = recorded_encodings(catalogue.model)
+                file_constants_as_external(catalogue, base_dir, encodings)
             sites = list(iter_tensor_sites(catalogue.model))
             descriptors = {}
             for site in sites:
@@ -79,7 +89,7 @@ class ModelWeights:
                 if desc is not None:
                     descriptors[site.path] = desc
             return cls(catalogue, base_dir, descriptors, sites,
-                       shape_input_names(catalogue.model))
+                       shape_input_names(catalogue.model), encodings=encodings)
         except BaseException:
             catalogue.close()
             raise
@@ -166,7 +176,7 @@ class ModelWeights:
         if desc.encoding == "raw":  # hashed from the file range, a chunk at a time
             digests = digest_file_many(algos, desc.file, desc.offset, desc.length)
         else:
-            data = read_payload(desc, self.catalogue)
+            data = self.read(weight)
             digests = [digest_bytes(a, data) for a in algos]
         if declared is not None and digests[algos.index(declared[0])] != declared[1]:
             raise IntegrityError(
@@ -177,14 +187,24 @@ class ModelWeights:
         return digests[0]
 
     def read(self, weight: Weight) -> bytes:
-        return read_payload(weight.payload, self.catalogue)
-
+        try:
+            return read_payload(weight.payload, self.catalogue)
+        except ModelError as exc:
+            exc.context.setdefault("tensor", weight.site.where)
+            raise
 
     # -- output ----------------------------------------------------------------------------
 
     def metadata_model(self, small_limit: int) -> onnx.ModelProto:
         """Structure and small values, weights omitted (see :mod:`catalogue.metadata`)."""
         return metadata_model(self.catalogue, small_limit)
+
+    def encoding(self, site: TensorSite, desc: PayloadDescriptor) -> str:
+        """The field a tensor's values go back to inline: its own typed field, the one
+        recorded for it when it is external, else ``raw_data``."""
+        if desc.encoding != "raw":
+            return desc.encoding
+        return self.encodings.get(site.key, "raw_data") if desc.is_external else "raw_data"
 
     def materialize(self, placements: Mapping[TensorPath, Placement], form: Form,
                     ) -> onnx.ModelProto:
@@ -198,10 +218,10 @@ class ModelWeights:
                 continue
             placement = placements.get(site.path)
             if placement is not None:
-                encoding = "raw_data" if desc.encoding == "raw" else desc.encoding
-                external.append(ExternalTensor(site, placement, encoding))
+                external.append(ExternalTensor(site, placement, self.encoding(site, desc)))
             elif desc.is_external:
-                set_payload(site.tensor, read_payload(desc, self.catalogue))
+                set_payload(site.tensor, read_payload(desc, self.catalogue),
+                            self.encoding(site, desc))
             else:
                 self.catalogue.restore(site.tensor, site.path, site.where)
         if form == "external-data":

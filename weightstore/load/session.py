@@ -65,9 +65,10 @@ def create_session(ort: Any, path: Path, options: Any, providers: Sequence[str],
         report.runtime_seconds += time.perf_counter() - start
 
 
-def _array(entry: ManifestEntry, data: memoryview) -> np.ndarray:
-    dtype = helper.tensor_dtype_to_np_dtype(entry.dtype)
-    return np.frombuffer(data, dtype=dtype).reshape(entry.dims)
+def _array(entry: ManifestEntry, value: str, data: memoryview) -> np.ndarray:
+    """The bytes as ``value`` holds them (an entry's values may differ in type)."""
+    dtype, dims = entry.value_type(value)
+    return np.frombuffer(data, dtype=helper.tensor_dtype_to_np_dtype(dtype)).reshape(dims)
 
 
 def point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int,
@@ -318,7 +319,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         e = by_value.get(name)
         if e is None:
             raise LoadError("a derivation source is not in the manifest", source=name)
-        return _array(e, data[e.id])
+        return _array(e, name, data[e.id])
 
     recipes = {d.value: DerivedWeightRecipe(d.operation, d.sources, d.attributes)
                for d in manifest.derivations}
@@ -333,7 +334,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         if (e is not None and e.source.file in views and site.container is model.graph
                 and (handed is None or name in hand)):
             if handed is not None:  # aligned as onnxruntime reads it (copied only if not)
-                handed[t.name] = np.require(_array(e, data[e.id]), requirements="A")
+                handed[t.name] = np.require(_array(e, name, data[e.id]), requirements="A")
             continue  # the caller's buffer under the model's own file name
         if e is not None and e.id in where:
             point_at(t, where[e.id][0], where[e.id][1], len(data[e.id]))

@@ -78,7 +78,7 @@ def open_sources(models: list[tuple[str, Path]]) -> list[Source]:
     sources: list[Source] = []
     try:
         for name, path in models:
-            weights = ModelWeights.open(path)
+            weights = ModelWeights.open(path, fold=True)
             weights.park()
             sources.append(Source(name, weights))
     except BaseException:

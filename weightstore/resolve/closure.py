@@ -118,9 +118,10 @@ class _Builder:
                                     src.checksum or store_key, store_key, src.spans)
         entry = self.entries.setdefault(key, {
             "source": src, "values": [], "reasons": [], "origin": origin,
-            "dtype": ws.dtype, "dims": ws.dims, "fallback_for": fallback_for})
+            "dtype": ws.dtype, "dims": ws.dims, "fallback_for": fallback_for, "types": []})
         if value not in entry["values"]:
             entry["values"].append(value)
+            entry["types"].append((ws.dtype, tuple(ws.dims)))
         for r in reasons:
             if r not in entry["reasons"]:
                 entry["reasons"].append(r)
@@ -136,7 +137,8 @@ class _Builder:
             out.append(ManifestEntry(
                 ids[key], key[0], e["origin"], e["source"], tuple(e["values"]),
                 tuple(e["reasons"]), e["dtype"], e["dims"],
-                ids.get(e["fallback_for"]) if e["fallback_for"] is not None else None))
+                ids.get(e["fallback_for"]) if e["fallback_for"] is not None else None,
+                tuple(e["types"])))
         return tuple(sorted(out, key=lambda x: x.id))
 
 

@@ -263,8 +263,9 @@ def _node_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,
     evaluator = EVALUATORS.get(node.op_type) if standard and len(node.output) == 1 else None
     if evaluator is not None:
         try:
-            value = evaluator(node, [r for r in inputs],
-                              [dims.get(n) for n in node.input])
+            with np.errstate(all="ignore"):  # NaN, overflow: IEEE results, as a runtime's
+                value = evaluator(node, [r for r in inputs],
+                                  [dims.get(n) for n in node.input])
         except (ValueError, IndexError, TypeError, KeyError):
             value = None
         if value is not None and value.nbytes <= limit:

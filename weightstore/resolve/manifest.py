@@ -54,6 +54,15 @@ class ManifestEntry:
     dtype: int = 0
     dims: tuple[int, ...] = ()
     fallback_for: str | None = None  # a dormant entry: the active entry it stands behind
+    # (dtype, dims) of each value, in the order of ``values``: one byte range may hold
+    # tensors of different types (all-zero biases of two dtypes, a tensor and its view)
+    types: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def value_type(self, value: str) -> tuple[int, tuple[int, ...]]:
+        """``(dtype, dims)`` of one value this entry supplies."""
+        if len(self.types) == len(self.values) and value in self.values:
+            return self.types[self.values.index(value)]
+        return self.dtype, self.dims
 
     def to_dict(self) -> dict[str, Any]:
         s = self.source
