@@ -238,6 +238,31 @@ def test_eight_processes_build_into_one_store(tmp_path: Path) -> None:
     assert len(ws.roots()) == 8
 
 
+def test_a_file_removed_while_the_store_is_listed_is_left_out(tmp_path, monkeypatch):
+    """Listing a store races writers and gc that remove files (an emptied combined file):
+    one gone between the listing and its stat is simply not there, not an error."""
+    from weightstore.store import layout
+
+    (tmp_path / "a_weight_combined").write_bytes(b"x" * 3)
+    (tmp_path / "b_weight_combined").write_bytes(b"y" * 5)
+    real = os.scandir
+
+    class Listing:
+        def __init__(self, path):
+            self.it = real(path)
+
+        def __enter__(self):
+            entries = list(self.it)
+            (tmp_path / "a_weight_combined").unlink()  # gone before it is stat'ed
+            return iter(entries)
+
+        def __exit__(self, *exc):
+            self.it.close()
+
+    monkeypatch.setattr(layout.os, "scandir", Listing)
+    assert layout.scan(tmp_path).objects == {"b_weight_combined": 5}
+
+
 def _gc_loop(store: str, stop: str, done: str) -> None:
     ws = WeightStore(store)
     runs = deleted = 0

@@ -78,5 +78,8 @@ def scan(root: Path) -> Listing:
             if is_temp_name(entry.name):
                 temps.append(entry.name)
             elif is_object_name(entry.name):
-                objects[entry.name] = entry.stat(follow_symlinks=False).st_size
+                try:
+                    objects[entry.name] = entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue  # removed since it was listed (gc, a writer's empty sibling)
     return Listing(objects=dict(sorted(objects.items())), temps=tuple(sorted(temps)))
