@@ -127,7 +127,17 @@ def test_bytes_that_do_not_fit_dtype_and_shape_are_an_error_naming_the_node(tmp_
     node = helper.make_node("FileConstant", [], ["w"], name="weight_fc", shape=[2, 3],
                             dtype=dtype, file_path="w.bin", offset=0, length=24)
     src = _model(node, tmp_path)
-    with pytest.raises(ConversionError, match="do not fit") as err:
+    with pytest.raises(ConversionError, match=r"do not fit|not an ONNX element") as err:
         convert_to_inline(src, tmp_path / "o.onnx")
     assert "weight_fc" in err.value.context["where"]
     assert not (tmp_path / "o.onnx").exists()
+    recipe = tmp_path / "r.yaml"  # as a build's source: refused too, nothing built
+    recipe.write_text('package: p\nversion: "1"\nmodels: [{name: m, source: ge.onnx}]\n'
+                      "layouts: [{name: c, external_weight: combined, size_threshold: 4}]\n")
+    from weightstore.build import BuildOptions, build
+    from weightstore.errors import WeightstoreError
+
+    with pytest.raises(WeightstoreError) as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "store")))
+    assert "fc" in str(err.value.context.get("where"))
+    assert not (tmp_path / "dist").exists()

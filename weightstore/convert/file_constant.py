@@ -159,8 +159,7 @@ def restore_constants(model: onnx.ModelProto,
             tensor = tensor_of(attrs, node, node_where)
             data = read(node, node_where)
             expected = expected_nbytes(tensor.data_type, tensor.dims)
-            if tensor.data_type == onnx.TensorProto.UNDEFINED or (
-                    expected is not None and expected != len(data)):
+            if expected is not None and expected != len(data):
                 raise ConversionError("FileConstant's bytes do not fit its dtype and shape",
                                       where=node_where, dtype=tensor.data_type,
                                       shape=list(tensor.dims), length=len(data),
@@ -232,6 +231,9 @@ def tensor_of(attrs: dict[str, object], node: onnx.NodeProto, where: str) -> onn
     elif attribute_text(attrs.get("origin", b"constant")) == "initializer":
         tensor.name = node.output[0]
     tensor.data_type = int(attrs["dtype"])
+    if tensor.data_type == onnx.TensorProto.UNDEFINED:  # GE's own DT_FLOAT is 0
+        raise ConversionError("FileConstant dtype is not an ONNX element type", where=where,
+                              dtype=tensor.data_type)
     tensor.dims.extend(int(d) for d in attrs["shape"])
     return tensor
 
