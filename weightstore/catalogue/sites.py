@@ -64,7 +64,21 @@ def _describe(container: Message) -> str:
 
 def iter_tensor_sites(model: onnx.ModelProto) -> Iterator[TensorSite]:
     """Yield every tensor in ``model``, depth first, in file-independent structural order."""
-    yield from _walk(model, Kind.MODEL, (), _Context())
+    yield from _walk(model, Kind.MODEL, (), _ROOT)
+
+
+_ROOT = _Context()
+# kind -> (field number, field name, child kind, repeated) for the fields leading to tensors
+_FIELDS: dict[Kind, tuple[tuple[int, str, Kind, bool], ...]] = {}
+
+
+def _fields(msg: Message, kind: Kind) -> tuple[tuple[int, str, Kind, bool], ...]:
+    out = _FIELDS.get(kind)
+    if out is None:
+        by_number = msg.DESCRIPTOR.fields_by_number
+        out = _FIELDS[kind] = tuple((number, by_number[number].name, child, repeated)
+                                    for number, (child, repeated) in CHILDREN[kind].items())
+    return out
 
 
 def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[TensorSite]:
@@ -77,18 +91,34 @@ def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[Tenso
         yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container, ctx.index,
                          ctx.node, ctx.scope)
         return
-    for number, (child_kind, repeated) in CHILDREN[kind].items():
-        fd = msg.DESCRIPTOR.fields_by_number[number]
+    for number, name, child_kind, repeated in _fields(msg, kind):
         if repeated:
-            values = list(getattr(msg, fd.name))
-        elif msg.HasField(fd.name):
-            values = [getattr(msg, fd.name)]
+            values = getattr(msg, name)
+            if not values:
+                continue
+        elif msg.HasField(name):
+            values = (getattr(msg, name),)
         else:
-            values = []
+            continue
+        holds = _HOLDS.get(child_kind)
         for i, value in enumerate(values):
-            sub = (*path, (number, i))
-            yield from _walk(value, child_kind, sub, _child(ctx, msg, kind, child_kind, value, i,
-                                                            repeated))
+            if holds is not None and not holds(value):
+                continue  # nothing below: no context, path or generator made for it
+            yield from _walk(value, child_kind, (*path, (number, i)),
+                             _child(ctx, msg, kind, child_kind, value, i, repeated))
+
+
+def _attribute_holds(attr: onnx.AttributeProto) -> bool:
+    """Does an attribute hold a tensor, a graph or a sparse tensor (most hold a number)?"""
+    return (attr.HasField("t") or attr.HasField("g") or attr.HasField("sparse_tensor")
+            or len(attr.tensors) > 0 or len(attr.graphs) > 0 or len(attr.sparse_tensors) > 0)
+
+
+# kind -> whether a message of that kind may lead to a tensor, where a cheap test tells
+_HOLDS = {
+    Kind.ATTRIBUTE: _attribute_holds,
+    Kind.NODE: lambda node: any(_attribute_holds(a) for a in node.attribute),
+}
 
 
 def _child(ctx: _Context, msg: Message, kind: Kind, child_kind: Kind, value: Message, i: int,

@@ -18,7 +18,7 @@ and the location.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from ..catalogue.reader import Catalogue
 from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ExternalDataError, ResolutionError, ScenarioError
-from ..passes.analysis import iter_scopes, node_reads
+from ..passes.analysis import child_scopes, defined_names, iter_scopes, output_names
 from ..scenarios.resolve import live_payloads
 from .manifest import ACTIVE, DORMANT, STORE_ONLY, Derivation, ManifestEntry, PayloadSource
 from .prepared import PreparedBinding
@@ -83,19 +83,39 @@ def _site_source(site: TensorSite, catalogue: Catalogue | None) -> WeightSource 
                                       spans=desc.spans), t.data_type, dims, site.where)
 
 
-def consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """Value name -> readable reasons it is live: the nodes that read it."""
+def consumers(model: onnx.ModelProto, names: Collection[str] | None = None,
+              ) -> dict[str, list[str]]:
+    """Value name -> readable reasons it is live: the nodes that read it (only for
+    ``names``, when given). What each subgraph captures is found once, innermost first."""
+    scopes = list(iter_scopes(model))
+    captured: dict[tuple[str, ...], set[str]] = {}
+    reads: dict[tuple[str, ...], list[set[str]]] = {}
+    for scope in reversed(scopes):  # every subgraph before the graph holding it
+        c = scope.container
+        per_node = []
+        for i, node in enumerate(c.node):
+            read = {name for name in node.input if name}
+            for child in child_scopes(scope, i):
+                read |= captured[child.path]
+            per_node.append(read)
+        reads[scope.path] = per_node
+        captured[scope.path] = (set(output_names(c)).union(*per_node)
+                                - defined_names(c))
     out: dict[str, list[str]] = {}
-    for scope in iter_scopes(model):
-        for i, node in enumerate(scope.container.node):
+    for scope in scopes:
+        for i, (node, read) in enumerate(zip(scope.container.node, reads[scope.path],
+                                             strict=True)):
+            wanted = sorted(read if names is None else read.intersection(names))
+            if not wanted:
+                continue
             label = node.name or (node.output[0] if node.output else f"#{i}")
             direct = set(node.input)
-            for name in sorted(node_reads(node)):
+            for name in wanted:
                 how = "input of" if name in direct else "captured by"
                 out.setdefault(name, []).append(f"{how} {node.op_type} '{label}'")
-        for o in getattr(scope.container, "output", ()):
-            name = o if isinstance(o, str) else o.name
-            out.setdefault(name, []).append("graph output")
+        for name in output_names(scope.container):
+            if names is None or name in names:
+                out.setdefault(name, []).append("graph output")
     return out
 
 
@@ -140,7 +160,7 @@ class _Builder:
         return tuple(sorted(out, key=lambda x: x.id))
 
 
-def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
+def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], *,
                     derivations: Mapping, scenario: str | None,
                     store_keys: Mapping[tuple[str, int], str] | None = None,
                     bindings: Sequence[PreparedBinding] = (), keeps_source: bool = False,
@@ -148,12 +168,14 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
                     ) -> tuple[tuple[ManifestEntry, ...], tuple[Derivation, ...]]:
     """Manifest entries and load-time derivations for the live weights of ``model``.
 
-    A bound packed payload is active; its portable source is a dormant fallback, or stays
-    active when the runtime reads it anyway (``keeps_source``). ``runtime_values`` are
+    ``catalogue`` gives the base model's catalogue, asked for only when a live weight's
+    bytes must be found among the base model's own payloads (a packaged model's weights
+    are external data: its file is then never walked). A bound packed payload is active;
+    its portable source is a dormant fallback, or stays active when the runtime reads it
+    anyway (``keeps_source``). ``runtime_values`` are
     initializers a prepared companion graph holds that the runtime created (store keys).
     """
-    base = base_sources(catalogue)
-    why = consumers(model)
+    base: dict[str, list[WeightSource]] | None = None  # walked only when a weight needs it
     builder = _Builder(store_keys or {})
     derived: dict[str, Derivation] = {}
     bound: dict[str, PreparedBinding] = {}
@@ -166,6 +188,9 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
         if ws is None or ws.source is None:
             recipe = derivations.get(name)
             if recipe is None:
+                nonlocal base
+                if base is None:
+                    base = base_sources(catalogue())
                 found = base.get(name, [])
                 if not found:
                     raise ResolutionError("live weight has no eligible payload",
@@ -203,7 +228,8 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
 
     declared: dict[str, tuple[int, tuple[int, ...]]] = {}
     live_sites = []
-    for site in iter_tensor_sites(model):
+    sites = list(iter_tensor_sites(model))
+    for site in sites:
         t = site.tensor
         name = site.value_name or t.name
         declared[name] = (t.data_type, tuple(int(d) for d in t.dims))
@@ -213,9 +239,10 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
             continue  # a genuinely empty tensor
         live_sites.append((site, name))
     try:
-        external = {p.name: p for p in live_payloads(model, scenario)}
+        external = {p.name: p for p in live_payloads(model, scenario, sites=sites)}
     except ScenarioError as exc:
         raise ResolutionError(exc.message, phase="closure", **exc.context) from None
+    why = consumers(model, {name for _, name in live_sites} | set(external))
     for site, name in live_sites:
         reasons = why.get(name, []) or [f"live {site.role}"]
         if site.tensor.data_location == onnx.TensorProto.EXTERNAL:

@@ -169,21 +169,42 @@ EVALUATORS: dict[str, Evaluator] = {
 SHAPE_OPS = ("Shape", "Size")  # need only their input's static shape, not its value
 
 
-class ConstantResults:
-    """The classification of every value of every graph of a model, by graph path
-    (functions' values stay dynamic: their inputs come from each call site)."""
+@dataclass(frozen=True)
+class _Graph:
+    """What one graph defines, for lookups: value name -> its definition, where node
+    outputs hide inputs and inputs hide initializers (an overridable initializer)."""
 
-    def __init__(self, tables: dict[tuple[str, ...], dict[str, ValueResult]]) -> None:
-        self._tables = tables
+    nodes: dict[str, onnx.NodeProto]
+    inputs: frozenset[str]
+    initializers: dict[str, onnx.TensorProto]
+    declared: Shapes  # fully static dims the graph itself declares
+
+    def defines(self, name: str) -> bool:
+        return name in self.nodes or name in self.inputs or name in self.initializers
+
+
+class ConstantResults:
+    """The classification of the values of a model's graphs, by graph path (functions'
+    values stay dynamic: their inputs come from each call site).
+
+    Demand-driven: a value is classified when asked, from the values it depends on, each
+    once (memoized), so folding an ``If`` costs the cone of its condition, not the graph.
+    A ``Shape`` or ``Size`` whose input's dims the graph declares needs nothing else;
+    onnx's shape inference runs at most once, and only when one needs dims it does not.
+    The model must not change while the results are in use.
+    """
+
+    def __init__(self, model: onnx.ModelProto, limit: int = SMALL_VALUE_LIMIT) -> None:
+        self._model = model
+        self._limit = limit
+        self._graphs: dict[tuple[str, ...], _Graph | None] = {}
+        self._memo: dict[tuple[tuple[str, ...], str], ValueResult] = {}
+        self._inferred: dict[tuple[str, ...], Shapes] | None = None
 
     def result(self, scope: Scope | None, name: str) -> ValueResult:
         """What ``name`` is as seen from ``scope`` (innermost definition wins)."""
-        while scope is not None:
-            table = self._tables.get(scope.path)
-            if table is not None and name in table:
-                return table[name]
-            scope = scope.parent
-        return DYNAMIC
+        found = self._defining(scope, name)
+        return DYNAMIC if found is None else self._evaluate(found, name)
 
     def known(self, scope: Scope | None, name: str) -> np.ndarray | None:
         """The small known value of ``name``, or None (the passes' ``known`` hook)."""
@@ -191,11 +212,97 @@ class ConstantResults:
         return r.value if r.kind == ValueKind.KNOWN else None
 
     def counts(self) -> dict[str, int]:
+        """How many values of each kind the model's graphs hold (classifies them all)."""
         out = {k.value: 0 for k in ValueKind}
-        for table in self._tables.values():
-            for r in table.values():
-                out[r.kind.value] += 1
+        for scope in iter_scopes(self._model, functions=False):
+            g = self._graph(scope)
+            assert g is not None
+            names = dict.fromkeys([*g.inputs, *g.initializers, *g.nodes])
+            for name in names:  # nodes in graph order: dependencies are already known
+                out[self._evaluate(scope, name).kind.value] += 1
         return out
+
+    # -- lookups ---------------------------------------------------------------------
+
+    def _graph(self, scope: Scope) -> _Graph | None:
+        """The index of ``scope``'s graph, made on first use; None inside a function."""
+        if scope.path in self._graphs:
+            return self._graphs[scope.path]
+        root = scope
+        while root.parent is not None:
+            root = root.parent
+        g = None
+        if not root.is_function:
+            c = scope.container
+            declared: Shapes = {}
+            for vi in [*c.input, *c.value_info, *c.output]:
+                dims = _dims(vi)
+                if dims is not None:
+                    declared[vi.name] = dims
+            inits = initializers(c)
+            declared.update((n, tuple(int(d) for d in t.dims)) for n, t in inits.items())
+            g = _Graph({o: node for node in c.node for o in node.output if o},
+                       frozenset(input_names(c)), inits, declared)
+        self._graphs[scope.path] = g
+        return g
+
+    def _defining(self, scope: Scope | None, name: str) -> Scope | None:
+        """The innermost scope from ``scope`` outwards that defines ``name``."""
+        while scope is not None:
+            g = self._graph(scope)
+            if g is None:
+                return None
+            if g.defines(name):
+                return scope
+            scope = scope.parent
+        return None
+
+    def _dims(self, scope: Scope, name: str) -> tuple[int, ...] | None:
+        """Static dims of ``name`` in ``scope``'s own graph: declared, else inferred."""
+        g = self._graph(scope)
+        if g is not None and name in g.declared:
+            return g.declared[name]
+        if self._inferred is None:
+            self._inferred = static_shapes(self._model)
+        return self._inferred.get(scope.path, {}).get(name)
+
+    # -- evaluation ------------------------------------------------------------------
+
+    def _evaluate(self, scope: Scope, name: str) -> ValueResult:
+        """The result of ``name`` defined in ``scope``; the values it depends on first,
+        by an explicit stack (a long chain is no deep recursion)."""
+        key = (scope.path, name)
+        if key in self._memo:
+            return self._memo[key]
+        stack = [(scope, name)]
+        open_: set[tuple[tuple[str, ...], str]] = {key}
+        while stack:
+            s, n = stack[-1]
+            g = self._graph(s)
+            assert g is not None
+            node = g.nodes.get(n)
+            needed = [] if node is None else [
+                (d, i) for i in _inputs_needed(node, self, s)
+                for d in [self._defining(s, i)]
+                if d is not None and (d.path, i) not in self._memo]
+            fresh = [(d, i) for d, i in needed if (d.path, i) not in open_]
+            if fresh:
+                for d, i in fresh:
+                    open_.add((d.path, i))
+                stack.extend(fresh)
+                continue
+            for d, i in needed:  # a cycle (not a valid graph): nothing is known of it
+                self._memo[(d.path, i)] = DYNAMIC
+            if node is not None:
+                outcome = _node_result(s, node, self, self._limit)
+            elif n in g.inputs:
+                outcome = DYNAMIC
+            else:
+                value = small_value(g.initializers[n])
+                outcome = CONSTANT if value is None else ValueResult(ValueKind.KNOWN, value)
+            self._memo[(s.path, n)] = outcome
+            stack.pop()
+        return self._memo[key]
 
 
 def static_shapes(model: onnx.ModelProto) -> dict[tuple[str, ...], Shapes]:
@@ -229,50 +336,60 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 
 
 def analyze(model: onnx.ModelProto, limit: int = SMALL_VALUE_LIMIT) -> ConstantResults:
-    """Classify every value of ``model``'s graphs, outer graphs before their subgraphs."""
-    shapes = static_shapes(model)
-    tables: dict[tuple[str, ...], dict[str, ValueResult]] = {}
-    results = ConstantResults(tables)
-    for scope in iter_scopes(model, functions=False):
-        g = scope.container
-        table: dict[str, ValueResult] = {}
-        tables[scope.path] = table
-        dims = shapes.get(scope.path, {})
-        for name in input_names(g):
-            table[name] = DYNAMIC
-        for name, t in initializers(g).items():
-            if name not in table:
-                value = small_value(t)
-                table[name] = CONSTANT if value is None else ValueResult(ValueKind.KNOWN, value)
-        for node in g.node:
-            outcome = _node_result(scope, node, results, dims, limit)
-            for o in node.output:
-                if o:
-                    table[o] = outcome
-    return results
+    """The constant results of ``model``'s graphs, each value classified when asked."""
+    return ConstantResults(model, limit)
 
 
-def _node_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,
-                 dims: Shapes, limit: int) -> ValueResult:
-    standard = node.domain in STANDARD_DOMAINS
+def _decided(node: onnx.NodeProto) -> ValueResult | None:
+    """A node's result when it does not depend on its inputs' results."""
     if is_constant(node):
         value = constant_node_value(node)
         return CONSTANT if value is None else ValueResult(ValueKind.KNOWN, value)
+    if (node.domain not in STANDARD_DOMAINS or not node.input
+            or node.op_type in NONDETERMINISTIC or node_subgraphs(node)):
+        return DYNAMIC  # unknown semantics, effects, randomness or control flow
+    return None
+
+
+def _inputs_needed(node: onnx.NodeProto, results: ConstantResults,
+                   scope: Scope) -> list[str]:
+    """The inputs whose results decide ``node``'s: none for a Shape or Size whose input
+    has static dims, nor for a node decided by itself."""
+    if _decided(node) is not None:
+        return []
+    if node.op_type in SHAPE_OPS:
+        if results._dims(scope, node.input[0]) is not None:
+            return []
+        return [node.input[0]] if node.input[0] else []
+    return [name for name in node.input if name]
+
+
+def _node_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,
+                 limit: int) -> ValueResult:
+    decided = _decided(node)
+    if decided is not None:
+        return decided
+    if node.op_type in SHAPE_OPS:
+        dims = results._dims(scope, node.input[0])
+        if dims is not None and len(node.output) == 1:
+            try:
+                value = EVALUATORS[node.op_type](node, [], [dims])
+            except (ValueError, IndexError, TypeError, KeyError):
+                value = None
+            if value is not None and value.nbytes <= limit:
+                return ValueResult(ValueKind.KNOWN, np.asarray(value))
+        first = results.result(scope, node.input[0]) if node.input[0] else CONSTANT
+        return CONSTANT if first.kind != ValueKind.DYNAMIC else DYNAMIC
     inputs = [results.result(scope, name) if name else ValueResult(ValueKind.KNOWN, None)
               for name in node.input]
-    evaluator = EVALUATORS.get(node.op_type) if standard and len(node.output) == 1 else None
+    evaluator = EVALUATORS.get(node.op_type) if len(node.output) == 1 else None
     if evaluator is not None:
         try:
-            value = evaluator(node, [r for r in inputs],
-                              [dims.get(n) for n in node.input])
+            value = evaluator(node, inputs, [])
         except (ValueError, IndexError, TypeError, KeyError):
             value = None
         if value is not None and value.nbytes <= limit:
             return ValueResult(ValueKind.KNOWN, np.asarray(value))
-    if (standard and node.input and node.op_type not in NONDETERMINISTIC
-            and node.op_type not in SHAPE_OPS and not node_subgraphs(node)
-            and all(r.kind != ValueKind.DYNAMIC for r in inputs)):
-        return CONSTANT
-    if standard and node.op_type in SHAPE_OPS and inputs and inputs[0].kind != ValueKind.DYNAMIC:
+    if all(r.kind != ValueKind.DYNAMIC for r in inputs):
         return CONSTANT
     return DYNAMIC

@@ -164,14 +164,17 @@ class CleanupPhase(_Base):
 
     name = "cleanup"
 
+    changed = False
+
     def run(self, state: ResolutionState) -> bool:
-        changed = _apply(state, [Cleanup()])
+        self.changed = _apply(state, [Cleanup()])
         prune(state.model)
         state.fresh.add("cleanup")
-        return changed
+        return self.changed
 
     def ensures(self, state: ResolutionState) -> None:
-        if run_passes(state.model, [Cleanup()]).rewrites:
+        # a run that found nothing to remove has just proved the graph clean
+        if self.changed and run_passes(state.model, [Cleanup()]).rewrites:
             raise ResolutionError("cleanup left dead nodes or weights")
 
 
@@ -265,7 +268,7 @@ class Closure(_Base):
     def run(self, state: ResolutionState) -> bool:
         runtime = state.companion.runtime_values if state.companion is not None else {}
         state.entries, state.load_derivations = payload_closure(
-            state.model, state.source.catalogue, derivations=state.derivations,
+            state.model, lambda: state.source.catalogue, derivations=state.derivations,
             scenario=state.scenario, store_keys=state.source.store_keys,
             bindings=state.bindings, keeps_source=state.kernels.keeps_source,
             runtime_values=runtime)

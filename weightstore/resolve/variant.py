@@ -39,7 +39,7 @@ class PayloadClosure(Closure):
 
     def run(self, state: ResolutionState) -> bool:
         state.entries, state.load_derivations = payload_closure(
-            state.model, state.source.catalogue, derivations=state.derivations,
+            state.model, lambda: state.source.catalogue, derivations=state.derivations,
             scenario=state.scenario, store_keys=state.source.store_keys)
         return False
 
