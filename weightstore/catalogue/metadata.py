@@ -18,7 +18,7 @@ import onnx
 from ..convert.encoding import TYPED_FIELDS
 from .payload import SMALL_VALUE_LIMIT, expected_nbytes
 from .reader import Catalogue, refuse_duplicate_initializers
-from .sites import iter_tensor_sites
+from .sites import iter_tensor_sites, iter_tensors
 
 # files up to this size may be parsed whole: a larger one holds large payloads (or is a
 # graph so big that the catalogue's bounded reads are worth their time anyway)
@@ -53,8 +53,7 @@ def parse_metadata(data: bytes, source: Path, small_limit: int = SMALL_VALUE_LIM
         return None
     if not model.HasField("graph") or not model.ir_version:
         return None
-    for site in iter_tensor_sites(model):
-        t = site.tensor
+    for t in iter_tensors(model):
         if _inline(t):
             nbytes = expected_nbytes(t.data_type, list(t.dims))
             if (nbytes is None or nbytes > small_limit

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -68,44 +68,19 @@ def iter_tensor_sites(model: onnx.ModelProto) -> Iterator[TensorSite]:
 
 
 _ROOT = _Context()
-# kind -> (field number, field name, child kind, repeated) for the fields leading to tensors
-_FIELDS: dict[Kind, tuple[tuple[int, str, Kind, bool], ...]] = {}
 
 
-def _fields(msg: Message, kind: Kind) -> tuple[tuple[int, str, Kind, bool], ...]:
-    out = _FIELDS.get(kind)
-    if out is None:
-        by_number = msg.DESCRIPTOR.fields_by_number
-        out = _FIELDS[kind] = tuple((number, by_number[number].name, child, repeated)
-                                    for number, (child, repeated) in CHILDREN[kind].items())
-    return out
+class _Step:
+    """How the walk goes on from a message of one kind: the fields leading to tensors
+    (field name, the child's step, repeated?, a cheap test that a child may lead to one).
+    Built once, so the walk neither hashes kinds nor looks up descriptors."""
 
+    __slots__ = ("fields", "holds", "kind")
 
-def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[TensorSite]:
-    if kind is Kind.TENSOR:
-        where = _describe(ctx.container) if ctx.container is not None else "model"
-        if ctx.role == "initializer":
-            where += f" initializer '{msg.name}'"
-        elif ctx.node is not None:
-            where += f" node {ctx.index} ({ctx.node.op_type} '{ctx.node.name}')"
-        yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container, ctx.index,
-                         ctx.node, ctx.scope)
-        return
-    for number, name, child_kind, repeated in _fields(msg, kind):
-        if repeated:
-            values = getattr(msg, name)
-            if not values:
-                continue
-        elif msg.HasField(name):
-            values = (getattr(msg, name),)
-        else:
-            continue
-        holds = _HOLDS.get(child_kind)
-        for i, value in enumerate(values):
-            if holds is not None and not holds(value):
-                continue  # nothing below: no context, path or generator made for it
-            yield from _walk(value, child_kind, (*path, (number, i)),
-                             _child(ctx, msg, kind, child_kind, value, i, repeated))
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.fields: tuple[tuple[int, str, _Step, bool], ...] = ()
+        self.holds: Callable[[Message], bool] | None = None
 
 
 def _attribute_holds(attr: onnx.AttributeProto) -> bool:
@@ -114,11 +89,74 @@ def _attribute_holds(attr: onnx.AttributeProto) -> bool:
             or len(attr.tensors) > 0 or len(attr.graphs) > 0 or len(attr.sparse_tensors) > 0)
 
 
-# kind -> whether a message of that kind may lead to a tensor, where a cheap test tells
-_HOLDS = {
-    Kind.ATTRIBUTE: _attribute_holds,
-    Kind.NODE: lambda node: any(_attribute_holds(a) for a in node.attribute),
-}
+def _steps() -> dict[Kind, _Step]:
+    steps = {kind: _Step(kind) for kind in Kind}
+    for kind, step in steps.items():
+        fields = getattr(onnx, kind.value).DESCRIPTOR.fields_by_number
+        step.fields = tuple((number, fields[number].name, steps[child], repeated)
+                            for number, (child, repeated) in CHILDREN[kind].items())
+    steps[Kind.ATTRIBUTE].holds = _attribute_holds
+    steps[Kind.NODE].holds = lambda node: any(_attribute_holds(a) for a in node.attribute)
+    return steps
+
+
+_STEPS = _steps()
+
+
+def iter_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """The tensors of :func:`iter_tensor_sites`, in its order, without their sites (for
+    a question about the tensors alone: no path, context or description is made)."""
+    stack: list[tuple[Message, _Step]] = [(model, _STEPS[Kind.MODEL])]
+    while stack:
+        msg, step = stack.pop()
+        if step.kind is Kind.TENSOR:
+            yield msg  # type: ignore[misc]
+            continue
+        children = []
+        for _, name, child, repeated in step.fields:
+            if repeated:
+                values = getattr(msg, name)
+            elif msg.HasField(name):
+                values = (getattr(msg, name),)
+            else:
+                continue
+            holds = child.holds
+            children.extend((v, child) for v in values if holds is None or holds(v))
+        stack.extend(reversed(children))
+
+
+def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[TensorSite]:
+    """Depth first, by an explicit stack: a tensor deep in nested subgraphs is yielded
+    once, not passed up through a generator per level."""
+    stack = [(msg, _STEPS[kind], path, ctx)]
+    while stack:
+        msg, step, path, ctx = stack.pop()
+        if step.kind is Kind.TENSOR:
+            where = _describe(ctx.container) if ctx.container is not None else "model"
+            if ctx.role == "initializer":
+                where += f" initializer '{msg.name}'"
+            elif ctx.node is not None:
+                where += f" node {ctx.index} ({ctx.node.op_type} '{ctx.node.name}')"
+            yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container,
+                             ctx.index, ctx.node, ctx.scope)
+            continue
+        children = []
+        for number, name, child, repeated in step.fields:
+            if repeated:
+                values = getattr(msg, name)
+                if not values:
+                    continue
+            elif msg.HasField(name):
+                values = (getattr(msg, name),)
+            else:
+                continue
+            holds = child.holds
+            for i, value in enumerate(values):
+                if holds is not None and not holds(value):
+                    continue  # nothing below: no context or path made for it
+                children.append((value, child, (*path, (number, i)),
+                                 _child(ctx, msg, step.kind, child.kind, value, i, repeated)))
+        stack.extend(reversed(children))
 
 
 def _child(ctx: _Context, msg: Message, kind: Kind, child_kind: Kind, value: Message, i: int,

@@ -11,28 +11,27 @@ exactly one source:
 
 A prepared binding (see :mod:`.prepared`) makes its packed payload active and turns the
 portable payload into a dormant fallback. Only then are the files holding active entries
-looked at (existence and size, never their bytes): a missing file nothing live uses is
-irrelevant, a missing file something live uses fails naming the scenario, the initializer
-and the location.
+looked at (:mod:`.files`: existence and size, never their bytes): a missing file nothing
+live uses is irrelevant, a missing file something live uses fails naming the scenario,
+the initializer and the location.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import onnx
 
-from ..catalogue.locations import resolve_location
 from ..catalogue.payload import describe, expected_nbytes, external_info
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ExternalDataError, ResolutionError, ScenarioError
-from ..passes.analysis import child_scopes, defined_names, iter_scopes, output_names
+from ..passes.analysis import defined_names, node_subgraphs, output_names
+from ..scenarios.graphpath import Container
 from ..scenarios.resolve import live_payloads
-from .manifest import ACTIVE, DORMANT, STORE_ONLY, Derivation, ManifestEntry, PayloadSource
+from .manifest import ACTIVE, DORMANT, Derivation, ManifestEntry, PayloadSource
 from .prepared import PreparedBinding
 
 
@@ -87,34 +86,34 @@ def consumers(model: onnx.ModelProto, names: Collection[str] | None = None,
               ) -> dict[str, list[str]]:
     """Value name -> readable reasons it is live: the nodes that read it (only for
     ``names``, when given). What each subgraph captures is found once, innermost first."""
-    scopes = list(iter_scopes(model))
-    captured: dict[tuple[str, ...], set[str]] = {}
-    reads: dict[tuple[str, ...], list[set[str]]] = {}
-    for scope in reversed(scopes):  # every subgraph before the graph holding it
-        c = scope.container
-        per_node = []
-        for i, node in enumerate(c.node):
+    order: list[tuple[Container, list[set[str]]]] = []  # graphs, outer first
+
+    def captured(c: Container) -> set[str]:
+        per_node: list[set[str]] = []
+        order.append((c, per_node))
+        for node in c.node:
             read = {name for name in node.input if name}
-            for child in child_scopes(scope, i):
-                read |= captured[child.path]
+            for _, g in node_subgraphs(node):
+                read |= captured(g)
             per_node.append(read)
-        reads[scope.path] = per_node
-        captured[scope.path] = (set(output_names(c)).union(*per_node)
-                                - defined_names(c))
+        return set(output_names(c)).union(*per_node) - defined_names(c)
+
+    captured(model.graph)
+    for f in model.functions:
+        captured(f)
+    wanted = None if names is None else set(names)
     out: dict[str, list[str]] = {}
-    for scope in scopes:
-        for i, (node, read) in enumerate(zip(scope.container.node, reads[scope.path],
-                                             strict=True)):
-            wanted = sorted(read if names is None else read.intersection(names))
-            if not wanted:
+    for c, per_node in order:
+        for i, (node, read) in enumerate(zip(c.node, per_node, strict=True)):
+            found = read if wanted is None else read & wanted
+            if not found:
                 continue
             label = node.name or (node.output[0] if node.output else f"#{i}")
-            direct = set(node.input)
-            for name in wanted:
-                how = "input of" if name in direct else "captured by"
+            for name in sorted(found):
+                how = "input of" if name in node.input else "captured by"
                 out.setdefault(name, []).append(f"{how} {node.op_type} '{label}'")
-        for name in output_names(scope.container):
-            if names is None or name in names:
+        for name in output_names(c):
+            if wanted is None or name in wanted:
                 out.setdefault(name, []).append("graph output")
     return out
 
@@ -267,34 +266,3 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
                                                    checksum=p.checksum), 0, (), p.where),
                         p.name, why.get(p.name, []) or ["FileConstant"], origin="portable")
     return builder.freeze(), tuple(derived[k] for k in derived)
-
-
-def check_active_files(folder: Path, entries: Sequence[ManifestEntry], model_file: Path,
-                       scenario: str | None, *, store=None) -> None:
-    """Every active entry's file exists and holds its range (sizes only, no bytes read).
-
-    An entry whose file is missing from the folder but whose bytes the store holds (by
-    its key) is fine: the loader reads it from the store.
-    """
-    sizes: dict[str, int | None] = {}
-    for e in entries:
-        if e.status != ACTIVE or e.origin in STORE_ONLY:
-            continue  # prepared objects were located in the store when they were bound
-        s = e.source
-        if not s.file:
-            size = model_file.stat().st_size
-        else:
-            if s.file not in sizes:
-                path = resolve_location(folder, s.file, where=e.values[0])
-                sizes[s.file] = path.stat().st_size if path.is_file() else None
-            size = sizes[s.file]
-        if size is None and store is not None and s.store_key and store.locate(
-                [s.store_key]).get(s.store_key) is not None:
-            continue
-        context = {"phase": "closure", "scenario": scenario or "(default)",
-                   "initializer": e.values[0], "location": s.file or model_file.name}
-        if size is None:
-            raise ResolutionError("live weight's file is missing or unreadable", **context)
-        if s.offset + s.length > size:
-            raise ResolutionError("live weight's byte range lies outside its file",
-                                  offset=s.offset, length=s.length, file_size=size, **context)

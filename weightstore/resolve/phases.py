@@ -26,8 +26,9 @@ from ..passes.registry import get_pass
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
 from .binding import COSTLIER, PERSISTED, RESIDENT, bind_prepared
-from .closure import check_active_files, payload_closure
+from .closure import payload_closure
 from .constants import ConstantResults, analyze
+from .files import file_problems
 from .kernels import KernelCatalogue, PreparedRequirement, select_kernels
 from .manifest import Derivation, ManifestEntry
 from .prepared import PreparedBinding, PreparedOptions
@@ -257,9 +258,18 @@ class PreparedResolution(_Base):
 
 
 class Closure(_Base):
-    """Payload dependency closure; then the files of active entries are checked."""
+    """Payload dependency closure; then the files of active entries are checked
+    (:mod:`.files`), the first problem failing the resolution. ``Closure.located``, for
+    callers that judge the files themselves, stops once the entries are located."""
 
     name = "closure"
+    check_files = True
+
+    @classmethod
+    def located(cls) -> Closure:
+        phase = cls()
+        phase.check_files = False
+        return phase
 
     def requires(self, state: ResolutionState) -> None:
         if not {"cleanup", "inference"} <= state.fresh:
@@ -272,8 +282,9 @@ class Closure(_Base):
             scenario=state.scenario, store_keys=state.source.store_keys,
             bindings=state.bindings, keeps_source=state.kernels.keeps_source,
             runtime_values=runtime)
-        check_active_files(state.source.folder, state.entries, state.source.path,
-                           state.scenario, store=state.source.store)
+        if self.check_files:
+            file_problems(state.source.folder, state.entries, state.scenario, strict=True,
+                          model_file=state.source.path, store=state.source.store)
         return False
 
 
