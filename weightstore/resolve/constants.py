@@ -14,7 +14,7 @@ dead branch's weights never enter the payload manifest. Nothing here reads a pay
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -35,6 +35,7 @@ from ..passes.analysis import (
     node_subgraphs,
 )
 from ..passes.base import small_value
+from ..scenarios import graphpath
 
 
 class ValueKind(str, Enum):
@@ -199,7 +200,8 @@ class ConstantResults:
         self._limit = limit
         self._graphs: dict[tuple[str, ...], _Graph | None] = {}
         self._memo: dict[tuple[tuple[str, ...], str], ValueResult] = {}
-        self._inferred: dict[tuple[str, ...], Shapes] | None = None
+        self._inferred: onnx.ModelProto | None = None  # onnx's shape inference, once
+        self._inferred_dims: dict[tuple[str, ...], Shapes] = {}
 
     def result(self, scope: Scope | None, name: str) -> ValueResult:
         """What ``name`` is as seen from ``scope`` (innermost definition wins)."""
@@ -262,9 +264,13 @@ class ConstantResults:
         g = self._graph(scope)
         if g is not None and name in g.declared:
             return g.declared[name]
-        if self._inferred is None:
-            self._inferred = static_shapes(self._model)
-        return self._inferred.get(scope.path, {}).get(name)
+        table = self._inferred_dims.get(scope.path)
+        if table is None:
+            if self._inferred is None:
+                self._inferred = inferred_model(self._model)
+            table = self._inferred_dims[scope.path] = _static_dims(
+                graphpath.resolve(self._inferred, scope.path))
+        return table.get(name)
 
     # -- evaluation ------------------------------------------------------------------
 
@@ -305,23 +311,47 @@ class ConstantResults:
         return self._memo[key]
 
 
-def static_shapes(model: onnx.ModelProto) -> dict[tuple[str, ...], Shapes]:
-    """Value name -> fully static dims (or None), per graph path, from onnx's shape
-    inference over the metadata model (types and dims only: payloads are not needed)."""
+class ValueCounts(Mapping[str, int]):
+    """:meth:`ConstantResults.counts`, taken on first read: classifying every value costs
+    the whole graph, which a report of the resolution wants and a load does not."""
+
+    def __init__(self, results: ConstantResults | None) -> None:
+        self._results = results
+        self._counts: dict[str, int] | None = None
+
+    def _get(self) -> dict[str, int]:
+        if self._counts is None:
+            self._counts = {} if self._results is None else self._results.counts()
+            self._results = None
+        return self._counts
+
+    def __getitem__(self, key: str) -> int:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with onnx's shape inference applied (types and dims only: payloads are
+    not needed); the model itself when inference fails."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:
-        inferred = model
-    out: dict[tuple[str, ...], Shapes] = {}
-    for scope in iter_scopes(inferred, functions=False):
-        g = scope.container
-        table: Shapes = {}
-        for vi in [*g.input, *g.value_info, *g.output]:
-            table[vi.name] = _dims(vi)
-        for t in g.initializer:
-            table[t.name] = tuple(int(d) for d in t.dims)
-        out[scope.path] = table
-    return out
+        return model
+
+
+def _static_dims(g: onnx.GraphProto) -> Shapes:
+    """Value name -> fully static dims (or None) of what one graph declares."""
+    table: Shapes = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        table[vi.name] = _dims(vi)
+    for t in g.initializer:
+        table[t.name] = tuple(int(d) for d in t.dims)
+    return table
 
 
 def _dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:

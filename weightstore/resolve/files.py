@@ -36,7 +36,7 @@ def file_problems(folder: Path, entries: Sequence[ManifestEntry], scenario: str 
     (and ``model`` when given).
     """
     problems: list[str] = []
-    sizes: dict[str, int | None] = {}
+    files: dict[str, tuple[Path, int | None]] = {}  # each file located and sized once
     for e in entries:
         s = e.source
         if e.status != ACTIVE or e.origin in STORE_ONLY:
@@ -48,15 +48,12 @@ def file_problems(folder: Path, entries: Sequence[ManifestEntry], scenario: str 
         if model is not None:
             context = {"model": model, **context}
         try:
-            if s.file:
-                path = resolve_location(folder, s.file, where=e.values[0])
-            else:
-                assert model_file is not None
-                path = model_file
-            key = s.file or ""
-            if key not in sizes:
-                sizes[key] = path.stat().st_size if path.is_file() else None
-            size = sizes[key]
+            if s.file not in files:
+                path = (resolve_location(folder, s.file, where=e.values[0]) if s.file
+                        else model_file)
+                assert path is not None
+                files[s.file] = (path, path.stat().st_size if path.is_file() else None)
+            path, size = files[s.file]
             if size is None and store is not None and s.store_key and store.locate(
                     [s.store_key]).get(s.store_key) is not None:
                 continue
