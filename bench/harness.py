@@ -12,6 +12,7 @@ lowest peak any child can report.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -152,6 +153,17 @@ def target_table(found: list[Target], heading: str, name_width: int,
             lines.append(f"MISS: {t.name} = {t.value:.{t.digits}f}, target <= {t.target:g} "
                          f"({over:.0f}% over)")
     return lines
+
+
+def print_figures(as_json: bool, summary: dict[str, Any], targets: list[Target],
+                  text: Callable[[], str], **extra: Any) -> None:
+    """Print a benchmark's figures: as JSON (summary, targets and ``extra``), or its text
+    report."""
+    if as_json:
+        print(json.dumps({"summary": summary, "targets": [t.as_json() for t in targets],
+                          **extra}, indent=2))
+    else:
+        print(text())
 
 
 def log(message: str) -> None:

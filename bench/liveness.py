@@ -310,11 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         models.update((p.stem.replace("_", "-"), p) for p in extra)
         data = run_all(models, args.layers, args.runs, args.calls, args.baseline, workdir)
         summary, targets = figures(data)
-        if args.json:
-            print(json.dumps({"summary": summary, "targets": [t.as_json() for t in targets],
-                              "load_average": data["load_average"]}, indent=2))
-        else:
-            print(report(data, summary, targets))
+        harness.print_figures(args.json, summary, targets,
+                              lambda: report(data, summary, targets),
+                              load_average=data["load_average"])
         return 0
 
     harness.in_workdir(args.workdir, args.keep, work)
