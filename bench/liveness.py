@@ -127,7 +127,7 @@ LOAD = "import sys, onnx; onnx.load(sys.argv[1], load_external_data=sys.argv[2] 
 
 def baseline_checkout(rev: str, workdir: Path) -> Path | None:
     """A detached worktree of ``rev`` in the workdir (made once), or None without git."""
-    folder = workdir / "baseline"
+    folder = workdir / "baseline-checkout"
     if (folder / "weightstore").is_dir():
         return folder
     try:
@@ -230,7 +230,7 @@ def run_all(models: dict[str, Path], layers: int, runs: int, calls: int, rev: st
                     r["in"].append(in_process(tree, checkout, folder, name, calls, workdir))
         load.append(os.getloadavg()[0])
     finally:
-        if base is not None and workdir.joinpath("baseline") == base:
+        if base is not None:
             drop_checkout(base)
     return {"rows": rows, "runs": runs, "calls": calls, "layers": layers, "baseline": rev,
             "load_average": load, "trees": list(checkouts)}

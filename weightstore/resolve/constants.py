@@ -200,18 +200,22 @@ class ConstantResults:
         self._limit = limit
         self._graphs: dict[tuple[str, ...], _Graph | None] = {}
         self._memo: dict[tuple[tuple[str, ...], str], ValueResult] = {}
+        self._unknown: set[tuple[tuple[str, ...], str]] = set()  # known not to be known
         self._inferred: onnx.ModelProto | None = None  # onnx's shape inference, once
         self._inferred_dims: dict[tuple[str, ...], Shapes] = {}
 
     def result(self, scope: Scope | None, name: str) -> ValueResult:
         """What ``name`` is as seen from ``scope`` (innermost definition wins)."""
         found = self._defining(scope, name)
-        return DYNAMIC if found is None else self._evaluate(found, name)
+        out = DYNAMIC if found is None else self._evaluate(found, name)
+        assert out is not None
+        return out
 
     def known(self, scope: Scope | None, name: str) -> np.ndarray | None:
         """The small known value of ``name``, or None (the passes' ``known`` hook)."""
-        r = self.result(scope, name)
-        return r.value if r.kind == ValueKind.KNOWN else None
+        found = self._defining(scope, name)
+        r = None if found is None else self._evaluate(found, name, known_only=True)
+        return r.value if r is not None and r.kind == ValueKind.KNOWN else None
 
     def counts(self) -> dict[str, int]:
         """How many values of each kind the model's graphs hold (classifies them all)."""
@@ -274,12 +278,21 @@ class ConstantResults:
 
     # -- evaluation ------------------------------------------------------------------
 
-    def _evaluate(self, scope: Scope, name: str) -> ValueResult:
+    def _evaluate(self, scope: Scope, name: str, known_only: bool = False,
+                  ) -> ValueResult | None:
         """The result of ``name`` defined in ``scope``; the values it depends on first,
-        by an explicit stack (a long chain is no deep recursion)."""
+        by an explicit stack (a long chain is no deep recursion).
+
+        With ``known_only`` only whether the value is *known* is decided (None: it is
+        not, constant or dynamic alike): a value is known only through evaluators over
+        known values, so the walk follows evaluators and stops at any other node, where
+        a full classification would follow every input back to the graph's inputs.
+        """
         key = (scope.path, name)
         if key in self._memo:
             return self._memo[key]
+        if known_only and key in self._unknown:
+            return None
         stack = [(scope, name)]
         open_: set[tuple[tuple[str, ...], str]] = {key}
         while stack:
@@ -287,10 +300,11 @@ class ConstantResults:
             g = self._graph(s)
             assert g is not None
             node = g.nodes.get(n)
-            needed = [] if node is None else [
-                (d, i) for i in _inputs_needed(node, self, s)
-                for d in [self._defining(s, i)]
-                if d is not None and (d.path, i) not in self._memo]
+            wanted = [] if node is None else (
+                _known_inputs(node) if known_only else _inputs_needed(node, self, s))
+            needed = [(d, i) for i in wanted for d in [self._defining(s, i)]
+                      if d is not None and (d.path, i) not in self._memo
+                      and not (known_only and (d.path, i) in self._unknown)]
             fresh = [(d, i) for d, i in needed if (d.path, i) not in open_]
             if fresh:
                 for d, i in fresh:
@@ -299,16 +313,26 @@ class ConstantResults:
                 continue
             for d, i in needed:  # a cycle (not a valid graph): nothing is known of it
                 self._memo[(d.path, i)] = DYNAMIC
+            outcome: ValueResult | None
             if node is not None:
-                outcome = _node_result(s, node, self, self._limit)
+                outcome = (_known_result(s, node, self, self._limit) if known_only
+                           else _node_result(s, node, self, self._limit))
             elif n in g.inputs:
                 outcome = DYNAMIC
             else:
                 value = small_value(g.initializers[n])
                 outcome = CONSTANT if value is None else ValueResult(ValueKind.KNOWN, value)
-            self._memo[(s.path, n)] = outcome
+            if outcome is None:
+                self._unknown.add((s.path, n))
+            else:
+                self._memo[(s.path, n)] = outcome
             stack.pop()
-        return self._memo[key]
+        return self._memo.get(key)
+
+    def _settled(self, scope: Scope, name: str) -> ValueResult | None:
+        """The result already decided for ``name`` as seen from ``scope``, if any."""
+        found = self._defining(scope, name)
+        return DYNAMIC if found is None else self._memo.get((found.path, name))
 
 
 class ValueCounts(Mapping[str, int]):
@@ -392,6 +416,46 @@ def _inputs_needed(node: onnx.NodeProto, results: ConstantResults,
             return []
         return [node.input[0]] if node.input[0] else []
     return [name for name in node.input if name]
+
+
+def _known_inputs(node: onnx.NodeProto) -> list[str]:
+    """The inputs whose values an evaluator needs: none for any other node (its value is
+    never known but by itself), nor for a Shape or Size (their input's dims suffice)."""
+    if (_decided(node) is not None or node.op_type in SHAPE_OPS or len(node.output) != 1
+            or node.op_type not in EVALUATORS):
+        return []
+    return [name for name in node.input if name]
+
+
+def _known_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,
+                  limit: int) -> ValueResult | None:
+    """``node``'s result when it is known (or decided by the node alone); None when its
+    value is not known (its inputs' results as :func:`_known_inputs` asked are settled)."""
+    decided = _decided(node)
+    if decided is not None:
+        return decided
+    evaluator = EVALUATORS.get(node.op_type) if len(node.output) == 1 else None
+    if evaluator is None:
+        return None
+    inputs: list[ValueResult] = []
+    dims: list[tuple[int, ...] | None] = []
+    if node.op_type in SHAPE_OPS:
+        dims = [results._dims(scope, node.input[0])]
+        if dims[0] is None:
+            return None
+    else:
+        for name in node.input:
+            r = results._settled(scope, name) if name else ValueResult(ValueKind.KNOWN, None)
+            if r is None or r.kind != ValueKind.KNOWN:
+                return None
+            inputs.append(r)
+    try:
+        value = evaluator(node, inputs, dims)
+    except (ValueError, IndexError, TypeError, KeyError):
+        value = None
+    if value is not None and value.nbytes <= limit:
+        return ValueResult(ValueKind.KNOWN, np.asarray(value))
+    return None
 
 
 def _node_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,

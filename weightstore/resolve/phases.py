@@ -25,14 +25,12 @@ from ..passes.fold_constant_if import FoldConstantIf
 from ..passes.registry import get_pass
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
-from .binding import COSTLIER, PERSISTED, RESIDENT, bind_prepared
 from .closure import payload_closure
 from .constants import ConstantResults, analyze
 from .files import file_problems
 from .kernels import KernelCatalogue, PreparedRequirement, select_kernels
 from .manifest import Derivation, ManifestEntry
 from .prepared import PreparedBinding, PreparedOptions
-from .prepared_cache import RecordCache, read_record
 from .source import ModelSource
 
 ANALYSES = ("cleanup", "inference", "placement")
@@ -235,7 +233,10 @@ class PreparedResolution(_Base):
                                   stale=", ".join(sorted(set(ANALYSES) - state.fresh)))
 
     def run(self, state: ResolutionState) -> bool:
+        # imported here: checks, bundles and builds resolve liveness without them
+        from .binding import COSTLIER, PERSISTED, RESIDENT, bind_prepared
         from .model import graph_digest  # imported by now: model imports this module
+        from .prepared_cache import RecordCache, read_record
 
         record = None
         if (state.prepared.records and state.prepared.cache is None
