@@ -32,9 +32,10 @@ reported (the machine is shared: expect noise). In each process:
   ``weightstore.load``: the time from the resolved package to a ready session (and with
   resolution), bytes read against the manifest's live bytes, and onnxruntime's own share
   (``LoadReport.runtime_seconds``; the rest is reading, verifying and writing the bytes).
-  On a runtime that packs every source again to check a persisted packed form (onnxruntime
-  1.32, as ``weightstore prepare`` probes), resolution binds the portable weights and the
-  load uses the companion's optimized graph with optimizations disabled;
+  On a runtime that packs every source even when a persisted packed form is supplied
+  (onnxruntime 1.22 to 1.32, as ``weightstore prepare`` probes), resolution binds the
+  portable weights and the load uses the companion's optimized graph with optimizations
+  disabled;
 * ``load-packed``: the same with ``PreparedOptions(prefer="in-order")``: the persisted
   packed forms are read and handed over, as the seed's order has it (what they cost);
 * ``load-portable``: without prepared records (the plain graph, packed at creation);
@@ -43,6 +44,11 @@ reported (the machine is shared: expect noise). In each process:
 * ``ort`` and ``ort-extended``: ``onnxruntime.InferenceSession(path)`` on onnx's
   external-data model (file-backed, the same weights), with default session options and
   at the companion's optimization level (``extended``);
+* ``ort-prepacked``: onnxruntime's own route to persisted packed weights, without
+  weightstore: the optimized model and the pre-packed data file it wrote itself
+  (``session.save_external_prepacked_constant_initializers``, at ``extended``), which it
+  maps itself, created with optimizations disabled: the floor for any loader of persisted
+  packed forms on this runtime;
 * ``imports``: the imports alone, for the RSS floor.
 
 Targets: resolution reads 0 payload bytes; its time at 10x weights <= 1.1x its time at
@@ -68,7 +74,7 @@ from harness import MB, Target
 DEFAULT_LAYERS, DEFAULT_SMALL_MB, DEFAULT_RUNS = 12, 20, 5
 SHAPES = ("chain", "encoder")
 LOAD_MODES = ("load-prepared", "load-packed", "load-portable", "load-buffers", "ort",
-              "ort-extended")
+              "ort-extended", "ort-prepacked")
 PHASES = {
     "metadata parse": ("parse",),
     "transformation and cleanup": ("replay", "transform", "cleanup"),
@@ -236,10 +242,14 @@ elif mode.startswith("load-"):
     out["companion"] = r.prepared_graph is not None
     out["bindings"] = sorted({b.selected for b in r.bindings})
     out["output"] = digest(s)
-elif mode in ("ort", "ort-extended"):
+elif mode.startswith("ort"):
     so = onnxruntime.SessionOptions()  # default options, or the companion's level
     if mode == "ort-extended":
         so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    if mode == "ort-prepacked":  # its own optimized model and packed weights
+        so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        ort_model = os.path.join(os.path.dirname(os.path.dirname(ort_model)),
+                                 "onnx-prepacked", "model.onnx")
     start, cpu = time.perf_counter(), time.process_time()
     s = onnxruntime.InferenceSession(ort_model, so, providers=["CPUExecutionProvider"])
     out["seconds"] = time.perf_counter() - start
@@ -264,6 +274,20 @@ def hidden_for(mb: float) -> int:
     return h
 
 
+ORT_PREPACK = r'''
+import sys, onnxruntime
+source, out = sys.argv[1:3]
+so = onnxruntime.SessionOptions()
+so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+so.optimized_model_filepath = out
+for key, value in (("session.save_external_prepacked_constant_initializers", "1"),
+                   ("session.optimized_model_external_initializers_file_name", "model.data"),
+                   ("session.optimized_model_external_initializers_min_size_in_bytes", "1024")):
+    so.add_session_config_entry(key, value)
+onnxruntime.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+'''
+
+
 def make_package(workdir: Path, name: str, shape: str, size: int, layers: int) -> Path:
     folder = workdir / name
     if not (folder / "out").is_dir():
@@ -277,6 +301,12 @@ def make_package(workdir: Path, name: str, shape: str, size: int, layers: int) -
         harness.run_process([sys.executable, "-m", "weightstore", "prepare",
                              str(package_of(folder, shape)), "--device", "cpu", "--store",
                              str(folder / "store")], workdir, f"prepare-{name}")
+    own = folder / "onnx-prepacked"
+    if not (own / "model.onnx").is_file():  # onnxruntime's own prepared companion
+        own.mkdir(exist_ok=True)
+        harness.run_process([sys.executable, "-c", ORT_PREPACK,
+                             str(folder / "onnx-external" / "model.onnx"),
+                             str(own / "model.onnx")], workdir, f"ort-prepack-{name}")
     return folder
 
 
@@ -389,6 +419,10 @@ def figures(data: dict[str, Any]) -> tuple[dict[str, Any], list[Target]]:
                    prepared["runtime_seconds"] / ort["seconds"], None),
             Target(f"{shape}:   CPU seconds / onnxruntime's",
                    prepared["cpu_seconds"] / ort["cpu_seconds"], None),
+            Target(f"{shape}: onnxruntime's own prepacked companion / onnxruntime",
+                   m["ort-prepacked"]["seconds"] / ort["seconds"], None),
+            Target(f"{shape}:   CPU seconds / onnxruntime's",
+                   m["ort-prepacked"]["cpu_seconds"] / ort["cpu_seconds"], None),
             Target(f"{shape}: ready session packed forms / onnxruntime",
                    packed["seconds"] / ort["seconds"], None),
             Target(f"{shape}: ready session portable / onnxruntime",

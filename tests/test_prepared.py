@@ -237,6 +237,22 @@ def test_prepare_records_whether_the_runtime_reuses_packed_weights(prepared):
     assert isinstance(record["packing_reused"], bool)  # this onnxruntime persists packings
 
 
+def test_probe_sees_the_runtime_pack_sources_again():
+    """onnxruntime packs every source weight at session creation even when a persisted
+    packed form is supplied (``SessionState::PrepackConstantInitializedTensors`` calls
+    ``PrePack`` first and only then looks the packed bytes' hash up among the blobs read
+    from disk; 1.32 also compares them). Up to 1.31 it then computes with the persisted
+    blob, so a probe that changed the blob would see its bytes used and call the packing
+    reused; the probe changes the source and keeps the blob, which tells them apart on
+    every version: the installed one, whichever it is, is seen packing again."""
+    import onnxruntime as ort
+
+    major, minor = (int(x) for x in ort.__version__.split(".")[:2])
+    if (major, minor) > (1, 32):
+        pytest.skip(f"onnxruntime {ort.__version__} is newer than the versions checked")
+    assert packing_reused() is False
+
+
 def test_runtime_that_packs_again_gets_portable_weights_and_the_optimized_graph(prepared):
     """Where onnxruntime packs every source again to check a persisted form, the packed
     payloads are not read: the bindings are portable, and the session is created from the

@@ -116,6 +116,8 @@ COMMANDS: dict[str, Callable[[dict], list[str]]] = {
     "check --verify": lambda p: ["check", str(p["package"]), "--verify"],
     "convert": lambda p: ["convert", "to-external", str(p["src"]),
                           str(_out(p, "converted") / "m.onnx")],
+    "convert to-inline": lambda p: ["convert", "to-inline", str(p["package"] / "encoder.onnx"),
+                                    str(_out(p, "inlined") / "m.onnx")],
     "bundle": lambda p: ["bundle", str(p["package"]), "d", "--output", str(_out(p, "bundle"))],
     "release": lambda p: ["release", str(p["package"]), "--output", str(_out(p, "release"))],
     "push": lambda p: ["push", str(p["package"]),
@@ -130,7 +132,7 @@ def _argv(project: dict, command: str) -> list[str]:
     if command in ("push", "pull") and project["registry"] is None:
         pytest.skip("docker-registry is not installed")
     argv = COMMANDS[command](project)
-    if command == "convert":
+    if command.startswith("convert"):
         Path(argv[-1]).parent.mkdir()
     return argv
 

@@ -268,7 +268,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
     if args.direction == "to-inline":
         report = convert_to_inline(args.input, args.output,
-                                   value_bins=parse_value_bins(args.value_bins))
+                                   value_bins=parse_value_bins(args.value_bins),
+                                   progress=requested(args))
     else:
         form = "file-constant" if args.direction == "to-file-constant" else "external-data"
         report = convert_to_external(args.input, args.output, form=form,

@@ -27,7 +27,7 @@ from ..scenarios.storage import read_scenarios
 from ..scenarios.variants import metadata_of
 from ..store.layout import COMBINED_SUFFIX
 from .file_constant import file_constant_locations
-from .inline import inline_model
+from .inline import file_constant_bytes, inline_model
 from .placement import Placement
 from .weights import ModelWeights, Weight
 
@@ -148,23 +148,29 @@ def _data_files_of(dst: Path) -> set[Path]:
 
 def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                       value_bins: Mapping[str, str | os.PathLike[str]] | None = None,
-                      ) -> ConvertReport:
+                      progress: bool | None = False) -> ConvertReport:
     """Bring every external payload and FileConstant back into the model, verified.
 
     FileConstant nodes GE made are resolved as GE does (``location``, then ``file_path``,
     then ``file_id`` through ``value_bins``, GE's ``ge.exec.value_bins``); one that cannot
-    be resolved is an error naming it.
+    be resolved is an error naming it. ``progress``: a bar for the payload bytes read
+    (None: only on an interactive terminal).
     """
     src, dst = Path(src), Path(dst)
     bins = {k: Path(v) for k, v in (value_bins or {}).items()}
     with read_catalogue(src) as catalogue:
-        files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}
+        external = [w.payload for w in weight_descriptors(catalogue)
+                    if w.payload and w.payload.is_external]
+        files = {p.file for p in external}
         files |= {src.parent / loc for loc in file_constant_locations(catalogue.model)}
         files |= set(bins.values())
         source_meta = metadata_of(src)
         check_outputs(src, files_read(src, source_meta, files), [dst])
         _check_scenarios(source_meta, src, dst, "inline")
-        model: onnx.ModelProto = inline_model(catalogue, value_bins=bins)
+        total = sum(p.length for p in external) + file_constant_bytes(catalogue.model)
+        with Progress("reading", total, enabled=progress) as bar:
+            model: onnx.ModelProto = inline_model(catalogue, value_bins=bins,
+                                                  progress=bar.advance)
         rebase_scenarios(source_meta, model)
     save_model(model, dst)
     return ConvertReport(dst, None, 0, 0, 0)

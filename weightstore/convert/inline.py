@@ -6,8 +6,9 @@ against the digest recorded beside it (``checksum`` or ``file_id``) when there i
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import onnx
@@ -20,7 +21,13 @@ from ..errors import ConversionError, ExternalDataError, IntegrityError
 from ..hashing import ALGORITHMS, digest_bytes
 from .encoding import set_payload
 from .external_data import ENCODINGS_KEY, pop_metadata
-from .file_constant import attribute_text, file_constant_attributes, restore_constants
+from .file_constant import (
+    attribute_text,
+    file_constant_attributes,
+    is_any_file_constant,
+    iter_containers,
+    restore_constants,
+)
 
 
 def _file_constant_file(attrs: Mapping[str, object], base_dir: Path,
@@ -56,12 +63,51 @@ def check_digest(data: bytes, key: str | None, **context: object) -> None:
                              actual=f"{algo}:{actual}", **context)
 
 
+def _file_constant_range(attrs: Mapping[str, object], where: str) -> tuple[int, int]:
+    """A FileConstant's ``(offset, length)``; the length from dtype and shape when the
+    node gives none."""
+    try:
+        offset = int(attrs.get("offset", 0))
+        length = int(attrs["length"]) if "length" in attrs else expected_nbytes(
+            int(attrs["dtype"]), [int(d) for d in attrs["shape"]])
+    except (TypeError, ValueError, KeyError):
+        raise ConversionError("FileConstant offset, length, dtype or shape is not "
+                              "usable", where=where) from None
+    if length is None:
+        raise ConversionError("FileConstant has no length and a type of no fixed size",
+                              where=where)
+    return offset, length
+
+
+def file_constant_bytes(model: onnx.ModelProto) -> int:
+    """The payload bytes the model's FileConstant nodes read from their files (for a
+    progress total; a node whose range is unusable counts 0 here and fails when read)."""
+    total = 0
+    for container, where in iter_containers(model):
+        for node in container.node:
+            if not is_any_file_constant(node):
+                continue
+            attrs = file_constant_attributes(node)
+            value = attrs.get("value")
+            if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
+                continue
+            with contextlib.suppress(ConversionError):
+                total += max(_file_constant_range(attrs, where)[1], 0)
+    return total
+
+
 def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
-                 value_bins: Mapping[str, Path] | None = None) -> onnx.ModelProto:
+                 value_bins: Mapping[str, Path] | None = None,
+                 progress: Callable[[int], None] | None = None) -> onnx.ModelProto:
     """A copy of the catalogued model with every payload inline, encodings restored.
 
     ``value_bins`` maps GE ``file_id`` values to files (GE's ``ge.exec.value_bins``).
+    ``progress(n)`` is told of every ``n`` payload bytes read from a file.
     """
+    def advance(n: int) -> None:
+        if progress is not None:
+            progress(n)
+
     base_dir = base_dir or catalogue.source.parent
     model = onnx.ModelProto()
     model.CopyFrom(catalogue.model)
@@ -77,6 +123,7 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
         if desc.is_external:
             data = read_payload(desc, catalogue)
             check_digest(data, desc.checksum, where=site.where, location=desc.location)
+            advance(len(data))
             set_payload(site.tensor, data, encodings.get(site.key, "raw_data"))
         else:
             catalogue.restore(site.tensor, site.path, site.where)
@@ -87,16 +134,7 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
         if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
             return value.raw_data  # GE's value tensor, its external data read above
         path, named = _file_constant_file(attrs, base_dir, value_bins or {}, where)
-        try:
-            offset = int(attrs.get("offset", 0))
-            length = int(attrs["length"]) if "length" in attrs else expected_nbytes(
-                int(attrs["dtype"]), [int(d) for d in attrs["shape"]])
-        except (TypeError, ValueError, KeyError):
-            raise ConversionError("FileConstant offset, length, dtype or shape is not "
-                                  "usable", where=where) from None
-        if length is None:
-            raise ConversionError("FileConstant has no length and a type of no fixed size",
-                                  where=where)
+        offset, length = _file_constant_range(attrs, where)
         if not path.is_file():
             raise ExternalDataError("FileConstant file is missing", where=where, **named)
         size = path.stat().st_size
@@ -108,6 +146,7 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
         file_id = attrs.get("file_id")
         check_digest(data, attribute_text(file_id) if file_id is not None else None,
                      where=where, **named)
+        advance(length)
         return data
 
     restore_constants(model, read)

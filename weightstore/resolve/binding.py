@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from .phases import ResolutionState
 
 PACKED_FORMAT = "onnxruntime-prepacked-v1"
-COSTLIER = ("the runtime packs the source again to check a persisted form (probed by "
-            "weightstore prepare): the portable source alone is cheaper")
+COSTLIER = ("the runtime packs the source even when a persisted form is supplied (probed "
+            "by weightstore prepare): the portable source alone is cheaper")
 
 
 def runtime_version() -> str:

@@ -82,8 +82,9 @@ class KernelCatalogue(Protocol):
 class CpuKernels:
     """onnxruntime's CPU execution provider and what its kernels prepack.
 
-    onnxruntime checks a loaded packed weight against its own packing of the source and
-    keeps the source tensor, so a prepared object does not make its source dead here.
+    onnxruntime packs the source at session creation even when a packed weight is
+    supplied (then takes the supplied one in its place; 1.32 compares the two first), so
+    it needs the source tensor: a prepared object does not make its source dead here.
     """
 
     provider = "CPUExecutionProvider"

@@ -1,16 +1,23 @@
-"""Does the installed onnxruntime use a persisted packed weight as it is?
+"""Does the installed onnxruntime use a persisted packed weight without packing again?
 
-A persisted packed form pays for itself only if the runtime maps it instead of packing
-the source again. onnxruntime 1.32 does not: at session creation it packs every source
-weight anyway and compares the result with the persisted blob (a mismatch refuses the
-session, ``ValidatePrePackedWeights``), so a prepared companion costs its packed bytes on
-top of the packing it was meant to save. ``weightstore prepare`` runs this probe on the
-target machine class and records the answer; resolution then prefers the cheaper
-candidate without running anything itself.
+A persisted packed form pays for itself only if the runtime takes it instead of packing
+the source at session creation. No onnxruntime does (checked from 1.22 to 1.32): its
+``SessionState::PrepackConstantInitializedTensors`` calls every kernel's ``PrePack`` on
+the source weight first, keys the result by a hash of the freshly packed bytes, and only
+then looks that key up among the blobs read from disk. Up to 1.31 a blob found that way
+replaces the fresh packing (memory, not time, is saved); 1.32 also compares the two and
+refuses the session when they differ (``ValidatePrePackedWeights``). Either way a prepared
+companion adds its packed bytes to the packing it was meant to save.
+``weightstore prepare`` runs this probe on the target machine class and records the
+answer; resolution then prefers the cheaper candidate without running anything itself.
 
-The probe: a 64 x 64 MatMul whose packed weight onnxruntime saves; one value of the saved
-blob is changed and a session created from it. A runtime that packs again refuses it or
-computes the unchanged product; one that uses the blob as it is computes the changed one.
+The probe: a 64 x 64 MatMul whose packed weight onnxruntime saves; then the *source*
+weight in the saved data file is changed (each value + 1) and the packed blob kept. A
+runtime that packs the source again computes the changed product (1.22 to 1.31: the fresh
+packing's key no longer names the blob) or refuses the session (1.32); only one that
+takes the blob without packing computes the product of the weight it was packed from.
+(Changing the blob instead would tell whether its bytes are used, which 1.22 to 1.31 do
+after packing anyway.)
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import functools
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -39,10 +47,16 @@ def _model() -> onnx.ModelProto:
                              ir_version=8)
 
 
+def _options(ort: Any) -> Any:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return so
+
+
 @functools.cache
 def packing_reused() -> bool | None:
     """True when onnxruntime uses a persisted packed weight without packing its source
-    again, False when it packs again (and checks), None when it persists none."""
+    again, False when it packs the source again, None when it persists none."""
     import onnxruntime as ort
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
@@ -50,8 +64,7 @@ def packing_reused() -> bool | None:
     with tempfile.TemporaryDirectory(prefix="weightstore-probe-") as tmp:
         folder = Path(tmp)
         onnx.save(_model(), str(folder / "plain.onnx"))
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so = _options(ort)
         so.optimized_model_filepath = str(folder / "packed.onnx")
         for key, value in (("session.save_external_prepacked_constant_initializers", "1"),
                            ("session.optimized_model_external_initializers_file_name",
@@ -61,24 +74,22 @@ def packing_reused() -> bool | None:
             so.add_session_config_entry(key, value)
         plain = ort.InferenceSession(str(folder / "plain.onnx"), so,
                                      providers=["CPUExecutionProvider"])
-        expected = plain.run(None, {"x": x})[0]
+        packed_from = plain.run(None, {"x": x})[0]
         saved = onnx.load(str(folder / "packed.onnx"), load_external_data=False)
-        entry = next((v for t in saved.graph.initializer
-                      for k, v in external_info(t).items() if k.startswith("prepacked")),
-                     None)
-        if entry is None:
+        source = next((t for t in saved.graph.initializer
+                       if any(k.startswith("prepacked") for k in external_info(t))), None)
+        if source is None:
             return None
-        offset = int(entry.partition("|")[2].split(";")[0])
-        with open(folder / "packed.data", "r+b") as f:  # the first packed value, + 1.0
+        info = external_info(source)
+        offset, length = int(info.get("offset", "0")), int(info["length"])
+        with open(folder / "packed.data", "r+b") as f:  # the source + 1.0; the blob kept
             f.seek(offset)
-            value = np.frombuffer(f.read(4), dtype=np.float32) + np.float32(1.0)
+            changed = np.frombuffer(f.read(length), dtype=np.float32) + np.float32(1.0)
             f.seek(offset)
-            f.write(value.tobytes())
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            f.write(changed.tobytes())
         try:
-            session = ort.InferenceSession(str(folder / "packed.onnx"), so,
+            session = ort.InferenceSession(str(folder / "packed.onnx"), _options(ort),
                                            providers=["CPUExecutionProvider"])
         except Fail:  # "do not match the buffers generated by the current kernel"
             return False
-        return not np.array_equal(session.run(None, {"x": x})[0], expected)
+        return bool(np.array_equal(session.run(None, {"x": x})[0], packed_from))

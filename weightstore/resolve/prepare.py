@@ -62,7 +62,7 @@ class PrepareResult:
 
     def describe(self) -> str:
         note = ("" if self.packing_reused is not False else
-                f" ({self.runtime} packs the sources again to check packed objects: loads "
+                f" ({self.runtime} packs the sources even with packed objects: loads "
                 "use the portable weights with the optimized graph)")
         return (f"prepared {self.objects} packed objects ({self.packed_bytes} bytes) for "
                 f"{self.runtime}; record {self.record}{note}")

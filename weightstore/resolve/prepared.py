@@ -13,9 +13,10 @@ device, provider, runtime version, CPU features, packed format, shape, dtype and
 optimization level. A source without a trusted digest makes the cache entry
 unverifiable, so the portable recipe is chosen without reading the source to decide.
 
-A persisted payload is skipped, by default, when the runtime packs the source again to
-check it (what ``weightstore prepare`` probed and recorded): reading it would add its bytes
-and a comparison to the packing it was meant to save.
+A persisted payload is skipped, by default, when the runtime packs the source anyway
+(what ``weightstore prepare`` probed and recorded; every onnxruntime from 1.22 to 1.32
+does): reading it would add its bytes, and on 1.32 a comparison, to the packing it was
+meant to save.
 """
 
 from __future__ import annotations
