@@ -112,17 +112,23 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
         if step.kind is Kind.TENSOR:
             yield msg  # type: ignore[misc]
             continue
-        children = []
-        for _, name, child, repeated in step.fields:
-            if repeated:
-                values = getattr(msg, name)
-            elif msg.HasField(name):
-                values = (getattr(msg, name),)
-            else:
-                continue
-            holds = child.holds
-            children.extend((v, child) for v in values if holds is None or holds(v))
-        stack.extend(reversed(children))
+        stack.extend(reversed([(value, child) for _, _, value, child, _ in _children(msg, step)]))
+
+
+def _children(msg: Message, step: _Step) -> Iterator[tuple[int, int, Message, _Step, bool]]:
+    """(field number, index, value, its step, repeated?) of each child that may lead to a
+    tensor, in field then index order."""
+    for number, name, child, repeated in step.fields:
+        if repeated:
+            values = getattr(msg, name)
+        elif msg.HasField(name):
+            values = (getattr(msg, name),)
+        else:
+            continue
+        holds = child.holds
+        for i, value in enumerate(values):
+            if holds is None or holds(value):  # else nothing below: no context or path made
+                yield number, i, value, child, repeated
 
 
 def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[TensorSite]:
@@ -140,23 +146,10 @@ def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[Tenso
             yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container,
                              ctx.index, ctx.node, ctx.scope)
             continue
-        children = []
-        for number, name, child, repeated in step.fields:
-            if repeated:
-                values = getattr(msg, name)
-                if not values:
-                    continue
-            elif msg.HasField(name):
-                values = (getattr(msg, name),)
-            else:
-                continue
-            holds = child.holds
-            for i, value in enumerate(values):
-                if holds is not None and not holds(value):
-                    continue  # nothing below: no context or path made for it
-                children.append((value, child, (*path, (number, i)),
-                                 _child(ctx, msg, step.kind, child.kind, value, i, repeated)))
-        stack.extend(reversed(children))
+        stack.extend(reversed([
+            (value, child, (*path, (number, i)),
+             _child(ctx, msg, step.kind, child.kind, value, i, repeated))
+            for number, i, value, child, repeated in _children(msg, step)]))
 
 
 def _child(ctx: _Context, msg: Message, kind: Kind, child_kind: Kind, value: Message, i: int,
