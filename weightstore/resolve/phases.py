@@ -22,7 +22,6 @@ from ..errors import ResolutionError, WeightstoreError
 from ..passes.base import PassContext, RewritePass, run_passes
 from ..passes.cleanup import Cleanup, prune
 from ..passes.fold_constant_if import FoldConstantIf
-from ..passes.registry import get_pass
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
 from .closure import payload_closure
@@ -154,6 +153,8 @@ class Transform(_Base):
     name = "transform"
 
     def run(self, state: ResolutionState) -> bool:
+        from ..passes.registry import get_pass  # every pass module: only when asked for
+
         passes = [get_pass(p) if isinstance(p, str) else p for p in state.transformations]
         return _apply(state, passes) if passes else False
 
