@@ -87,6 +87,17 @@ def test_large_inline_payloads_are_left_out_by_the_catalogue(tmp_path, walks):
     assert not meta.graph.initializer[0].raw_data  # the large word embedding: omitted
 
 
+def test_a_catalogue_asked_for_after_a_rewrite_is_refused(split, tmp_path):
+    """The catalogue walked late must describe the file the metadata was parsed from."""
+    path = tmp_path / "encoder.onnx"
+    shutil.copyfile(split / "encoder.onnx", path)
+    with contextlib.closing(open_source(path)) as src:
+        with open(path, "ab") as f:  # rewritten in place: the same inode, other bytes
+            f.write(b"\x00")
+        with pytest.raises(ModelError, match="changed since it was parsed"):
+            src.catalogue  # noqa: B018
+
+
 def test_a_model_that_is_not_onnx_still_fails_naming_the_file(tmp_path):
     path = tmp_path / "bad.onnx"
     path.write_bytes(b"\x08\x07" * 10)

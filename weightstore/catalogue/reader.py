@@ -146,7 +146,7 @@ class Catalogue:
         catalogued (every byte range recorded for it would be wrong)."""
         fd = _open_model(self.source)
         try:
-            if _stamp(os.fstat(fd)) != self._stamp:
+            if file_stamp(os.fstat(fd)) != self._stamp:
                 raise ModelError("model file changed since the build catalogued it",
                                  file=str(self.source))
         except BaseException:
@@ -237,7 +237,7 @@ def catalogue_from(fd: int, source: FsPath) -> Catalogue:
             raise ModelError("not an ONNX model: no graph or ir_version", file=str(source))
         payloads = stripper.payloads
         refuse_ambiguous(model, lambda site: site.path in payloads, source)
-        return Catalogue(source, model, payloads, size, fd, _stamp(st))
+        return Catalogue(source, model, payloads, size, fd, file_stamp(st))
     except BaseException:
         os.close(fd)
         raise
@@ -285,6 +285,6 @@ def _open_model(source: FsPath) -> int:
         raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
 
 
-def _stamp(st: os.stat_result) -> tuple[int, ...]:
+def file_stamp(st: os.stat_result) -> tuple[int, ...]:
     """The file's identity and version: a rewrite or a replacement changes it."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -21,7 +21,7 @@ from typing import Any
 import onnx
 
 from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metadata
-from ..catalogue.reader import Catalogue, catalogue_from, open_model
+from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
 from ..errors import ModelError, PackageError, ResolutionError
 from ..fsio import read_exact
 
@@ -44,6 +44,7 @@ class ModelSource:
     _fd: int | None = field(default=None, repr=False)
     _catalogue: Catalogue | None = field(default=None, repr=False)
     _metadata: onnx.ModelProto | None = field(default=None, repr=False)
+    _stamp: tuple[int, ...] = field(default=(), repr=False)  # the file the metadata is of
 
     @classmethod
     def open(cls, path: Path, name: str, **kwargs: Any) -> ModelSource:
@@ -66,6 +67,9 @@ class ModelSource:
         if self._catalogue is None:
             if self._fd is None:
                 raise ModelError("model source is closed", file=str(self.path))
+            if file_stamp(os.fstat(self._fd)) != self._stamp:
+                raise ModelError("model file changed since it was parsed",
+                                 file=str(self.path))
             fd, self._fd = self._fd, None
             self._catalogue = catalogue_from(fd, self.path)  # owns the descriptor now
         return self._catalogue
@@ -83,7 +87,8 @@ class ModelSource:
 
     def _parse(self) -> onnx.ModelProto:
         if self._catalogue is None and self._fd is not None:
-            size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
+            self._stamp, size = file_stamp(st), st.st_size
             if 0 < size <= WHOLE_PARSE_LIMIT:
                 try:
                     data = read_exact(self._fd, 0, size)
@@ -103,6 +108,7 @@ class ModelSource:
 
     @property
     def closed(self) -> bool:
+        """Is the model file closed (the source's and its catalogue's descriptor alike)?"""
         return self._fd is None and (self._catalogue is None or self._catalogue._fd is None)
 
 
