@@ -12,6 +12,7 @@ lowest peak any child can report.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -36,12 +37,13 @@ class BenchError(Exception):
     """A measured command failed or did not do what its variant expects."""
 
 
-def child_env(workdir: Path) -> dict[str, str]:
-    """The environment for children: this checkout first on the import path, and a bytecode
-    cache in the workdir, so that no run recompiles its modules (as an installed package
-    would not) even where ``PYTHONDONTWRITEBYTECODE`` is set."""
+def child_env(workdir: Path, checkout: Path = REPO) -> dict[str, str]:
+    """The environment for children: this checkout (or ``checkout``, another one) first on
+    the import path, and a bytecode cache in the workdir, so that no run recompiles its
+    modules (as an installed package would not) even where ``PYTHONDONTWRITEBYTECODE`` is
+    set."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), env.get("PYTHONPATH")) if p)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
     return env
@@ -59,20 +61,24 @@ class Process:
 
 
 def run_process(argv: list[str], workdir: Path, log_name: str, timeout: float | None = None,
-                *, merge_stderr: bool = False) -> Process:
+                *, merge_stderr: bool = False, checkout: Path = REPO,
+                cwd: Path | None = None) -> Process:
     """Run ``argv`` in a fresh process; its output, wall time and peak RSS.
 
     Stderr goes to ``<log_name>.log`` in the workdir and is quoted when the process fails;
     with ``merge_stderr`` stdout goes there as well and the output is both. A process still
     running after ``timeout`` seconds is killed and returned with ``killed`` set; any other
-    non-zero exit raises ``BenchError``.
+    non-zero exit raises ``BenchError``. ``checkout``: the weightstore the child imports
+    (another checkout of the project, to compare with an earlier version; give a ``cwd``
+    outside this checkout then, since Python puts the current folder first on the path).
     """
     log_path = workdir / f"{log_name}.log"
     with open(log_path, "w+b") as err, tempfile.TemporaryFile(dir=workdir) as out:
         sink = err if merge_stderr else out
         expired = threading.Event()
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=sink, stderr=err, env=child_env(workdir),
+        proc = subprocess.Popen(argv, stdout=sink, stderr=err,
+                                env=child_env(workdir, checkout), cwd=cwd,
                                 stdin=subprocess.DEVNULL)
 
         def kill() -> None:
@@ -147,6 +153,17 @@ def target_table(found: list[Target], heading: str, name_width: int,
             lines.append(f"MISS: {t.name} = {t.value:.{t.digits}f}, target <= {t.target:g} "
                          f"({over:.0f}% over)")
     return lines
+
+
+def print_figures(as_json: bool, summary: dict[str, Any], targets: list[Target],
+                  text: Callable[[], str], **extra: Any) -> None:
+    """Print a benchmark's figures: as JSON (summary, targets and ``extra``), or its text
+    report."""
+    if as_json:
+        print(json.dumps({"summary": summary, "targets": [t.as_json() for t in targets],
+                          **extra}, indent=2))
+    else:
+        print(text())
 
 
 def log(message: str) -> None:

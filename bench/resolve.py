@@ -489,11 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     def work(workdir: Path) -> int:
         data = run_all(args.layers, args.small_mb, args.runs, workdir)
         summary, targets = figures(data)
-        if args.json:
-            print(json.dumps({"summary": summary, "targets": [t.as_json() for t in targets],
-                              "sizes": data["sizes"]}, indent=2))
-        else:
-            print(report(data, summary, targets))
+        harness.print_figures(args.json, summary, targets,
+                              lambda: report(data, summary, targets), sizes=data["sizes"])
         return 0
 
     harness.in_workdir(args.workdir, args.keep, work)

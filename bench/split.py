@@ -379,7 +379,7 @@ def compare_outputs(package_model: str, targets: list[list[Any]], sample: dict[s
     import numpy as np
 
     from tests.samples import run_onnxruntime, sample_inputs
-    from weightstore.scenarios.variants import runnable_variant
+    from weightstore.resolve.runnable import runnable_variant
 
     results: list[dict[str, Any]] = []
     inputs = None

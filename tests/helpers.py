@@ -1,4 +1,4 @@
-"""Small helpers shared by the store tests."""
+"""Small helpers shared by the tests (the store tests most of all)."""
 
 from __future__ import annotations
 
@@ -61,3 +61,17 @@ def freeze_index(root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes
     monkeypatch.setattr(Index, "writable", lambda self: False)
     monkeypatch.setattr(Index, "writing", None)
     return index_bytes(root)
+
+
+def record_calls(monkeypatch, owner: object, attribute: str) -> list[tuple]:
+    """Wrap ``owner.attribute`` for the test: each call still runs, and its positional
+    arguments are appended to the returned list."""
+    calls: list[tuple] = []
+    real = getattr(owner, attribute)
+
+    def recorded(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attribute, recorded)
+    return calls

@@ -10,8 +10,8 @@ import pytest
 
 from weightstore.build import BuildOptions, build
 from weightstore.hashing import digest_bytes
+from weightstore.resolve.runnable import runnable_variant
 from weightstore.scenarios.api import replay_modification_scenario, scenario_names
-from weightstore.scenarios.variants import runnable_variant
 from weightstore.store import WeightStore
 
 from .helpers import store_index

@@ -22,7 +22,7 @@ from weightstore.load import mapped as mapped_module
 from weightstore.load.executor import execute, lanes
 from weightstore.load.mapped import MappedData, layout
 from weightstore.load.session import packed_only
-from weightstore.scenarios.variants import runnable_variant
+from weightstore.resolve.runnable import runnable_variant
 
 from .samples import run_onnxruntime, sample_inputs
 

@@ -23,7 +23,7 @@ from weightstore.resolve.kernels import CpuKernels, select_kernels
 from weightstore.resolve.packing_probe import packing_reused
 from weightstore.resolve.prepare import prepare
 from weightstore.resolve.prepared import IN_ORDER, PreparedOptions
-from weightstore.scenarios.variants import runnable_variant
+from weightstore.resolve.runnable import runnable_variant
 from weightstore.store import WeightStore
 
 from .samples import run_onnxruntime, sample_inputs

@@ -31,7 +31,7 @@ from weightstore.registry.client import RegistryClient, Transport
 from weightstore.registry.pull import pull
 from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
-from weightstore.scenarios.variants import runnable_variant
+from weightstore.resolve.runnable import runnable_variant
 from weightstore.store import WeightStore
 
 from .registry_proxy import relay

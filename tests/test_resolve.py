@@ -49,9 +49,9 @@ def test_resolved_model_is_frozen_and_owns_its_source(split):
     copy = r.metadata_model
     del copy.graph.node[:]  # edits a copy: the frozen graph is untouched
     assert len(r.metadata_model.graph.node) > 0
-    assert r.source.catalogue._fd is not None
+    assert not r.source.closed
     r.close()
-    assert r.source.catalogue._fd is None
+    assert r.source.closed
 
 
 def test_changing_the_graph_after_resolution_is_rejected(split):

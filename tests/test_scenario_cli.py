@@ -9,8 +9,8 @@ import onnx
 import pytest
 
 from weightstore.cli import main
+from weightstore.resolve.runnable import runnable_variant
 from weightstore.scenarios.api import replay_modification_scenario, scenario_names
-from weightstore.scenarios.variants import runnable_variant
 
 from .samples import run_onnxruntime, sample_inputs
 

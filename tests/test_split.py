@@ -14,10 +14,11 @@ from weightstore.build import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package.bundles import assemble, satisfies
-from weightstore.package.check import check_package, file_problems, variant_of
+from weightstore.package.check import check_package, variant_of
+from weightstore.resolve.files import file_problems
+from weightstore.resolve.runnable import runnable_variant
 from weightstore.resolve.variant import variant_graph
 from weightstore.scenarios.resolve import live_payloads
-from weightstore.scenarios.variants import runnable_variant
 
 from . import resolve_models as rm
 from .samples import make_encoder, run_onnxruntime, sample_inputs

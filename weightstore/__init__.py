@@ -45,7 +45,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "show_scenario": ("scenarios.operations", "show_scenario"),
     "add_scenario": ("scenarios.operations", "add_scenario"),
     "remove_scenario": ("scenarios.operations", "remove_scenario"),
-    "replay_scenario": ("scenarios.operations", "replay_scenario"),
+    "replay_scenario": ("resolve.runnable", "replay_scenario"),
     "check_package": ("package.check", "check_package"),
     "CheckReport": ("package.check", "CheckReport"),
     "bundle": ("package.bundles", "assemble"),
@@ -78,11 +78,11 @@ if TYPE_CHECKING:
     from .recipe import Recipe, load_recipe
     from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext
     from .resolve.prepare import prepare
+    from .resolve.runnable import replay_scenario
     from .scenarios.operations import (
         add_scenario,
         list_scenarios,
         remove_scenario,
-        replay_scenario,
         show_scenario,
     )
     from .store import WeightStore

@@ -308,6 +308,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_scenario(args: argparse.Namespace) -> int:
+    if args.scenario_command == "replay":  # resolves the variant: the deploy side's
+        from .resolve import commands as resolve_commands
+
+        return resolve_commands.replay_command(args)
     from .scenarios import commands
 
     return commands.run(args)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
+from typing import TYPE_CHECKING
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -24,6 +25,9 @@ from .filebytes import FileBytes
 from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
 from .wire import LEN, Field, encode_varint, iter_fields
+
+if TYPE_CHECKING:
+    from .sites import TensorSite
 
 MAX_DEPTH = 96
 
@@ -142,7 +146,7 @@ class Catalogue:
         catalogued (every byte range recorded for it would be wrong)."""
         fd = _open_model(self.source)
         try:
-            if _stamp(os.fstat(fd)) != self._stamp:
+            if file_stamp(os.fstat(fd)) != self._stamp:
                 raise ModelError("model file changed since the build catalogued it",
                                  file=str(self.source))
         except BaseException:
@@ -200,9 +204,19 @@ class _Stripper:
 def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
     """Catalogue ``path``: the metadata model and the byte range of every payload."""
     source = FsPath(path)
+    return catalogue_from(open_model(source), source)
+
+
+def open_model(source: FsPath) -> int:
+    """A descriptor of the model file ``source`` (a regular file), or a ModelError."""
     if source.is_dir():
         raise ModelError("model path is a folder", file=str(source))
-    fd = _open_model(source)
+    return _open_model(source)
+
+
+def catalogue_from(fd: int, source: FsPath) -> Catalogue:
+    """Catalogue the model file open at ``fd``; the catalogue owns ``fd`` from here on
+    (closed on error too)."""
     try:
         st = os.fstat(fd)
         size = st.st_size
@@ -221,19 +235,30 @@ def read_catalogue(path: str | os.PathLike[str]) -> Catalogue:
             raise ModelError(f"not an ONNX model: {exc}", file=str(source)) from None
         if not model.HasField("graph") or not model.ir_version:
             raise ModelError("not an ONNX model: no graph or ir_version", file=str(source))
-        _refuse_ambiguous(model, stripper.payloads, source)
-        return Catalogue(source, model, stripper.payloads, size, fd, _stamp(st))
+        payloads = stripper.payloads
+        refuse_ambiguous(model, lambda site: site.path in payloads, source)
+        return Catalogue(source, model, payloads, size, fd, file_stamp(st))
     except BaseException:
         os.close(fd)
         raise
 
 
-def _refuse_ambiguous(model: onnx.ModelProto, payloads: dict[Path, InlinePayload],
-                      source: FsPath) -> None:
+def refuse_ambiguous(model: onnx.ModelProto, inline: Callable[[TensorSite], bool],
+                     source: FsPath) -> None:
     """Refuse what a runtime would have to guess: two initializers of one name in one
-    graph, or a tensor holding its data both inline and as external data."""
+    graph, or a tensor holding its data both inline (``inline(site)``) and as external
+    data."""
     from .sites import iter_tensor_sites
 
+    refuse_duplicate_initializers(model, source)
+    for site in iter_tensor_sites(model):
+        if site.tensor.data_location == onnx.TensorProto.EXTERNAL and inline(site):
+            raise ModelError("tensor holds its data both inline and as external data",
+                             where=site.where, file=str(source))
+
+
+def refuse_duplicate_initializers(model: onnx.ModelProto, source: FsPath) -> None:
+    """Refuse two initializers of one name in one graph."""
     for container, where in iter_containers(model):
         if not isinstance(container, onnx.GraphProto):
             continue
@@ -245,10 +270,6 @@ def _refuse_ambiguous(model: onnx.ModelProto, payloads: dict[Path, InlinePayload
                 raise ModelError("two initializers share a name in one graph", where=where,
                                  initializer=name, file=str(source))
             seen.add(name)
-    for site in iter_tensor_sites(model):
-        if site.tensor.data_location == onnx.TensorProto.EXTERNAL and site.path in payloads:
-            raise ModelError("tensor holds its data both inline and as external data",
-                             where=site.where, file=str(source))
 
 
 def _open_model(source: FsPath) -> int:
@@ -264,6 +285,6 @@ def _open_model(source: FsPath) -> int:
         raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
 
 
-def _stamp(st: os.stat_result) -> tuple[int, ...]:
+def file_stamp(st: os.stat_result) -> tuple[int, ...]:
     """The file's identity and version: a rewrite or a replacement changes it."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -64,31 +64,92 @@ def _describe(container: Message) -> str:
 
 def iter_tensor_sites(model: onnx.ModelProto) -> Iterator[TensorSite]:
     """Yield every tensor in ``model``, depth first, in file-independent structural order."""
-    yield from _walk(model, Kind.MODEL, (), _Context())
+    yield from _walk(model, Kind.MODEL, (), _ROOT)
+
+
+_ROOT = _Context()
+
+
+class _Step:
+    """How the walk goes on from a message of one kind: the fields leading to tensors
+    (field name, the child's step, repeated?, a cheap test that a child may lead to one).
+    Built once, so the walk neither hashes kinds nor looks up descriptors."""
+
+    __slots__ = ("fields", "holds", "kind")
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.fields: tuple[tuple[int, str, _Step, bool], ...] = ()
+        self.holds: Callable[[Message], bool] | None = None
+
+
+def _attribute_holds(attr: onnx.AttributeProto) -> bool:
+    """Does an attribute hold a tensor, a graph or a sparse tensor (most hold a number)?"""
+    return (attr.HasField("t") or attr.HasField("g") or attr.HasField("sparse_tensor")
+            or len(attr.tensors) > 0 or len(attr.graphs) > 0 or len(attr.sparse_tensors) > 0)
+
+
+def _steps() -> dict[Kind, _Step]:
+    steps = {kind: _Step(kind) for kind in Kind}
+    for kind, step in steps.items():
+        fields = getattr(onnx, kind.value).DESCRIPTOR.fields_by_number
+        step.fields = tuple((number, fields[number].name, steps[child], repeated)
+                            for number, (child, repeated) in CHILDREN[kind].items())
+    steps[Kind.ATTRIBUTE].holds = _attribute_holds
+    steps[Kind.NODE].holds = lambda node: any(_attribute_holds(a) for a in node.attribute)
+    return steps
+
+
+_STEPS = _steps()
+
+
+def iter_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """The tensors of :func:`iter_tensor_sites`, in its order, without their sites (for
+    a question about the tensors alone: no path, context or description is made)."""
+    stack: list[tuple[Message, _Step]] = [(model, _STEPS[Kind.MODEL])]
+    while stack:
+        msg, step = stack.pop()
+        if step.kind is Kind.TENSOR:
+            yield msg  # type: ignore[misc]
+            continue
+        stack.extend(reversed([(value, child) for _, _, value, child, _ in _children(msg, step)]))
+
+
+def _children(msg: Message, step: _Step) -> Iterator[tuple[int, int, Message, _Step, bool]]:
+    """(field number, index, value, its step, repeated?) of each child that may lead to a
+    tensor, in field then index order."""
+    for number, name, child, repeated in step.fields:
+        if repeated:
+            values = getattr(msg, name)
+        elif msg.HasField(name):
+            values = (getattr(msg, name),)
+        else:
+            continue
+        holds = child.holds
+        for i, value in enumerate(values):
+            if holds is None or holds(value):  # else nothing below: no context or path made
+                yield number, i, value, child, repeated
 
 
 def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[TensorSite]:
-    if kind is Kind.TENSOR:
-        where = _describe(ctx.container) if ctx.container is not None else "model"
-        if ctx.role == "initializer":
-            where += f" initializer '{msg.name}'"
-        elif ctx.node is not None:
-            where += f" node {ctx.index} ({ctx.node.op_type} '{ctx.node.name}')"
-        yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container, ctx.index,
-                         ctx.node, ctx.scope)
-        return
-    for number, (child_kind, repeated) in CHILDREN[kind].items():
-        fd = msg.DESCRIPTOR.fields_by_number[number]
-        if repeated:
-            values = list(getattr(msg, fd.name))
-        elif msg.HasField(fd.name):
-            values = [getattr(msg, fd.name)]
-        else:
-            values = []
-        for i, value in enumerate(values):
-            sub = (*path, (number, i))
-            yield from _walk(value, child_kind, sub, _child(ctx, msg, kind, child_kind, value, i,
-                                                            repeated))
+    """Depth first, by an explicit stack: a tensor deep in nested subgraphs is yielded
+    once, not passed up through a generator per level."""
+    stack = [(msg, _STEPS[kind], path, ctx)]
+    while stack:
+        msg, step, path, ctx = stack.pop()
+        if step.kind is Kind.TENSOR:
+            where = _describe(ctx.container) if ctx.container is not None else "model"
+            if ctx.role == "initializer":
+                where += f" initializer '{msg.name}'"
+            elif ctx.node is not None:
+                where += f" node {ctx.index} ({ctx.node.op_type} '{ctx.node.name}')"
+            yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container,
+                             ctx.index, ctx.node, ctx.scope)
+            continue
+        stack.extend(reversed([
+            (value, child, (*path, (number, i)),
+             _child(ctx, msg, step.kind, child.kind, value, i, repeated))
+            for number, i, value, child, repeated in _children(msg, step)]))
 
 
 def _child(ctx: _Context, msg: Message, kind: Kind, child_kind: Kind, value: Message, i: int,

@@ -26,8 +26,9 @@ import onnx
 from ..errors import PackageError
 from ..fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
 from ..model_io import save_model
+from ..resolve.files import file_problems
 from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
-from .check import file_problems, variant_of
+from .check import variant_of
 
 if TYPE_CHECKING:  # reading bundle records needs no recipe machinery
     from ..recipe import Device
@@ -124,7 +125,8 @@ def assemble(package: str | os.PathLike[str], device: str,
                 _copy_file(package / f["name"], tmp / f["name"], f["size"])
                 bar.advance(f["size"])
         if verify:
-            resolved = [(entry, variant_of(tmp / entry["file"], None))
+            resolved = [(entry, variant_of(tmp / entry["file"], entry["scenario"],
+                                           final=True))
                         for entry in record["models"]]
             total = sum(e.source.length for _, v in resolved for e in v.external)
             with Progress("verifying", total, enabled=progress) as bar:
@@ -158,6 +160,8 @@ def _copy_file(src: Path, dst: Path, size: int) -> None:
 
 def check_live(model_path: Path, scenario: str | None, *, verify: bool) -> list[str]:
     """Problems with the files a device model (a resolved variant: ``scenario`` names it
-    in messages) needs; the first one raises (see :func:`.check.file_problems`)."""
-    return file_problems(model_path.parent, variant_of(model_path, None).external, scenario,
+    in messages) needs; the first one raises (see
+    :func:`weightstore.resolve.files.file_problems`)."""
+    return file_problems(model_path.parent,
+                         variant_of(model_path, scenario, final=True).external, scenario,
                          verify=verify, strict=True)

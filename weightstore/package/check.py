@@ -13,24 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from ..catalogue.locations import resolve_location
-from ..errors import (
-    ExternalDataError,
-    IntegrityError,
-    PackageError,
-    ResolutionError,
-    ScenarioError,
-    WeightstoreError,
-)
+from ..errors import PackageError, ResolutionError, ScenarioError, WeightstoreError
 from ..fsio import parse_json
-from ..hashing import ALGORITHMS, digest_file
+from ..resolve.files import file_problems
 from ..resolve.manifest import ManifestEntry
 from ..resolve.source import ModelSource, open_source
 from ..resolve.variant import Variant, resolve_variant
@@ -56,57 +48,12 @@ class CheckReport:
                 "ok": self.ok, "models": self.models, "problems": self.problems}
 
 
-def file_problems(folder: Path, entries: Sequence[ManifestEntry], scenario: str | None, *,
-                  verify: bool, strict: bool, model: str | None = None,
-                  progress: Callable[[int], None] | None = None) -> list[str]:
-    """Problems with the files holding ``entries``' payloads (empty when all is well).
-
-    Sizes and ranges are checked; with ``verify`` the bytes are re-hashed against their
-    checksums too (``progress`` is told each entry's length). With ``strict`` the first
-    problem raises instead, naming the scenario, the initializer and the location.
-    """
-    problems: list[str] = []
-    sizes: dict[str, int | None] = {}
-    for e in entries:
-        s = e.source
-        if not s.file:
-            continue  # inline in the model file, which was just read
-        context = {"model": model, "scenario": scenario or "(default)",
-                   "initializer": e.values[0], "location": s.file}
-        try:
-            path = resolve_location(folder, s.file, where=e.values[0])
-            if s.file not in sizes:
-                sizes[s.file] = path.stat().st_size if path.is_file() else None
-            size = sizes[s.file]
-            if size is None:
-                raise ExternalDataError("live weight's file is missing or unreadable",
-                                        **context)
-            if s.offset + s.length > size:
-                raise ExternalDataError("live weight's byte range lies outside its file",
-                                        offset=s.offset, length=s.length, file_size=size,
-                                        **context)
-            if verify:
-                algo, _, expected = (s.checksum or "").partition(":")
-                if algo not in ALGORITHMS:
-                    raise IntegrityError("live weight has no checksum this tool can verify",
-                                         checksum=s.checksum, **context)
-                if digest_file(algo, path, s.offset, s.length) != expected:
-                    raise IntegrityError("live weight's bytes do not match their checksum",
-                                         checksum=s.checksum, **context)
-                if progress is not None:
-                    progress(s.length)
-        except (ExternalDataError, IntegrityError) as exc:
-            if strict:
-                raise
-            problems.append(str(exc))
-    return problems
-
-
-def variant_of(model_path: Path, scenario: str | None) -> Variant:
+def variant_of(model_path: Path, scenario: str | None, *, final: bool = False) -> Variant:
     """Resolve ``scenario`` of the model file at ``model_path`` from its metadata (no
-    payload read), the file closed afterwards."""
+    payload read), the file closed afterwards; ``final``: the file is a resolved variant
+    (a device model), ``scenario`` the one it was resolved for."""
     with contextlib.closing(open_source(model_path)) as source:
-        return resolve_variant(source, scenario)
+        return resolve_variant(source, scenario, final=final)
 
 
 def check_package(package: str | os.PathLike[str], *, scenario: str | None = None,

@@ -105,6 +105,8 @@ def prune(model: onnx.ModelProto) -> None:
     _prune_value_info(model.graph, set())
     for f in model.functions:
         _prune_value_info(f, set())
+    if not model.functions:
+        return
     called = _called_functions(model)
     kept = [f for f in model.functions if _function_key(f) in called]
     if len(kept) != len(model.functions):

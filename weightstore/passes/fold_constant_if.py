@@ -26,6 +26,7 @@ except inside an If being folded (that one is inlined whole).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -70,9 +71,9 @@ class FoldConstantIf:
 
     def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         self._known = ctx.known or known_value
-        self._counts = tensor_name_counts(model)
-        self._defs = _definition_counts(model)
-        self._names = NameAllocator(model_names(model))
+        self._model = model
+        for cached in ("_counts", "_defs", "_names"):  # an instance may run again
+            self.__dict__.pop(cached, None)
         self._fresh: set[str] = set()
         roots = [Scope((), model.graph)]
         roots += [Scope((function_hop(f),), f) for f in model.functions]
@@ -80,6 +81,20 @@ class FoldConstantIf:
         for root in roots:
             records += self._walk(root)
         return records
+
+    # model-wide name facts, gathered only once an If with a known condition is found:
+    # a model without one costs a walk over its nodes, nothing more
+    @functools.cached_property
+    def _counts(self) -> dict[str, int]:
+        return tensor_name_counts(self._model)
+
+    @functools.cached_property
+    def _defs(self) -> dict[str, int]:
+        return _definition_counts(self._model)
+
+    @functools.cached_property
+    def _names(self) -> NameAllocator:
+        return NameAllocator(model_names(self._model))
 
     def _walk(self, scope: Scope) -> list[LocalRewriting]:
         records: list[LocalRewriting] = []

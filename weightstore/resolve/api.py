@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import ResolutionError, WeightstoreError
 from ..passes.base import RewritePass
 from ..scenarios.storage import read_scenarios
+from .constants import ValueCounts
 from .kernels import catalogue_for
 from .locator import StoreLocator, WeightStoreLocator
 from .manifest import RequiredPayloadManifest
@@ -110,11 +111,10 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
     report = TransformationReport((PhaseReport(PARSE, parse_seconds, False),
                                    *report.phases), report.rewrites)
     data = state.model.SerializeToString()
-    counts = state.constants.counts() if state.constants is not None else {}
     return ResolvedModel(
         model_bytes=data, graph_digest=graph_digest(data), selected_scenario=scenario,
         device=kind, capabilities=MappingProxyType(caps),
-        constant_counts=MappingProxyType(counts),
+        constant_counts=ValueCounts(state.constants),
         placement=MappingProxyType(dict(state.placement)),
         prepared_requirements=state.requirements, bindings=state.bindings,
         payload_manifest=RequiredPayloadManifest(state.entries, state.load_derivations),

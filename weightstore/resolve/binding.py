@@ -32,10 +32,18 @@ COSTLIER = ("the runtime packs the source even when a persisted form is supplied
 
 def runtime_version() -> str:
     import sys
-    from importlib.metadata import PackageNotFoundError, version
 
     if "onnxruntime" in sys.modules:
         return f"onnxruntime {sys.modules['onnxruntime'].__version__}"
+    return _installed_runtime()
+
+
+@functools.cache
+def _installed_runtime() -> str:
+    """The installed onnxruntime's version, read from its metadata once per process (a
+    resolution asks once per requirement)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return f"onnxruntime {version('onnxruntime')}"
     except PackageNotFoundError:

@@ -11,28 +11,27 @@ exactly one source:
 
 A prepared binding (see :mod:`.prepared`) makes its packed payload active and turns the
 portable payload into a dormant fallback. Only then are the files holding active entries
-looked at (existence and size, never their bytes): a missing file nothing live uses is
-irrelevant, a missing file something live uses fails naming the scenario, the initializer
-and the location.
+looked at (:mod:`.files`: existence and size, never their bytes): a missing file nothing
+live uses is irrelevant, a missing file something live uses fails naming the scenario,
+the initializer and the location.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import onnx
 
-from ..catalogue.locations import resolve_location
 from ..catalogue.payload import describe, expected_nbytes, external_info
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ExternalDataError, ResolutionError, ScenarioError
-from ..passes.analysis import iter_scopes, node_reads
+from ..passes.analysis import defined_names, node_subgraphs, output_names
+from ..scenarios.graphpath import Container
 from ..scenarios.resolve import live_payloads
-from .manifest import ACTIVE, DORMANT, STORE_ONLY, Derivation, ManifestEntry, PayloadSource
+from .manifest import ACTIVE, DORMANT, Derivation, ManifestEntry, PayloadSource
 from .prepared import PreparedBinding
 
 
@@ -83,19 +82,39 @@ def _site_source(site: TensorSite, catalogue: Catalogue | None) -> WeightSource 
                                       spans=desc.spans), t.data_type, dims, site.where)
 
 
-def consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """Value name -> readable reasons it is live: the nodes that read it."""
+def consumers(model: onnx.ModelProto, names: Collection[str] | None = None,
+              ) -> dict[str, list[str]]:
+    """Value name -> readable reasons it is live: the nodes that read it (only for
+    ``names``, when given). What each subgraph captures is found once, innermost first."""
+    order: list[tuple[Container, list[set[str]]]] = []  # graphs, outer first
+
+    def captured(c: Container) -> set[str]:
+        per_node: list[set[str]] = []
+        order.append((c, per_node))
+        for node in c.node:
+            read = {name for name in node.input if name}
+            for _, g in node_subgraphs(node):
+                read |= captured(g)
+            per_node.append(read)
+        return set(output_names(c)).union(*per_node) - defined_names(c)
+
+    captured(model.graph)
+    for f in model.functions:
+        captured(f)
+    wanted = None if names is None else set(names)
     out: dict[str, list[str]] = {}
-    for scope in iter_scopes(model):
-        for i, node in enumerate(scope.container.node):
+    for c, per_node in order:
+        for i, (node, read) in enumerate(zip(c.node, per_node, strict=True)):
+            found = read if wanted is None else read & wanted
+            if not found:
+                continue
             label = node.name or (node.output[0] if node.output else f"#{i}")
-            direct = set(node.input)
-            for name in sorted(node_reads(node)):
-                how = "input of" if name in direct else "captured by"
+            for name in sorted(found):
+                how = "input of" if name in node.input else "captured by"
                 out.setdefault(name, []).append(f"{how} {node.op_type} '{label}'")
-        for o in getattr(scope.container, "output", ()):
-            name = o if isinstance(o, str) else o.name
-            out.setdefault(name, []).append("graph output")
+        for name in output_names(c):
+            if wanted is None or name in wanted:
+                out.setdefault(name, []).append("graph output")
     return out
 
 
@@ -142,7 +161,7 @@ class _Builder:
         return tuple(sorted(out, key=lambda x: x.id))
 
 
-def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
+def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], *,
                     derivations: Mapping, scenario: str | None,
                     store_keys: Mapping[tuple[str, int], str] | None = None,
                     bindings: Sequence[PreparedBinding] = (), keeps_source: bool = False,
@@ -150,12 +169,14 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
                     ) -> tuple[tuple[ManifestEntry, ...], tuple[Derivation, ...]]:
     """Manifest entries and load-time derivations for the live weights of ``model``.
 
-    A bound packed payload is active; its portable source is a dormant fallback, or stays
-    active when the runtime reads it anyway (``keeps_source``). ``runtime_values`` are
+    ``catalogue`` gives the base model's catalogue, asked for only when a live weight's
+    bytes must be found among the base model's own payloads (a packaged model's weights
+    are external data: its file is then never walked). A bound packed payload is active;
+    its portable source is a dormant fallback, or stays active when the runtime reads it
+    anyway (``keeps_source``). ``runtime_values`` are
     initializers a prepared companion graph holds that the runtime created (store keys).
     """
-    base = base_sources(catalogue)
-    why = consumers(model)
+    base: dict[str, list[WeightSource]] | None = None  # walked only when a weight needs it
     builder = _Builder(store_keys or {})
     derived: dict[str, Derivation] = {}
     bound: dict[str, PreparedBinding] = {}
@@ -168,6 +189,9 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
         if ws is None or ws.source is None:
             recipe = derivations.get(name)
             if recipe is None:
+                nonlocal base
+                if base is None:
+                    base = base_sources(catalogue())
                 found = base.get(name, [])
                 if not found:
                     raise ResolutionError("live weight has no eligible payload",
@@ -205,7 +229,8 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
 
     declared: dict[str, tuple[int, tuple[int, ...]]] = {}
     live_sites = []
-    for site in iter_tensor_sites(model):
+    sites = list(iter_tensor_sites(model))
+    for site in sites:
         t = site.tensor
         name = site.value_name or t.name
         declared[name] = (t.data_type, tuple(int(d) for d in t.dims))
@@ -215,9 +240,10 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
             continue  # a genuinely empty tensor
         live_sites.append((site, name))
     try:
-        external = {p.name: p for p in live_payloads(model, scenario)}
+        external = {p.name: p for p in live_payloads(model, scenario, sites=sites)}
     except ScenarioError as exc:
         raise ResolutionError(exc.message, phase="closure", **exc.context) from None
+    why = consumers(model, {name for _, name in live_sites} | set(external))
     for site, name in live_sites:
         reasons = why.get(name, []) or [f"live {site.role}"]
         if site.tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -242,34 +268,3 @@ def payload_closure(model: onnx.ModelProto, catalogue: Catalogue, *,
                                                    checksum=p.checksum), 0, (), p.where),
                         p.name, why.get(p.name, []) or ["FileConstant"], origin="portable")
     return builder.freeze(), tuple(derived[k] for k in derived)
-
-
-def check_active_files(folder: Path, entries: Sequence[ManifestEntry], model_file: Path,
-                       scenario: str | None, *, store=None) -> None:
-    """Every active entry's file exists and holds its range (sizes only, no bytes read).
-
-    An entry whose file is missing from the folder but whose bytes the store holds (by
-    its key) is fine: the loader reads it from the store.
-    """
-    sizes: dict[str, int | None] = {}
-    for e in entries:
-        if e.status != ACTIVE or e.origin in STORE_ONLY:
-            continue  # prepared objects were located in the store when they were bound
-        s = e.source
-        if not s.file:
-            size = model_file.stat().st_size
-        else:
-            if s.file not in sizes:
-                path = resolve_location(folder, s.file, where=e.values[0])
-                sizes[s.file] = path.stat().st_size if path.is_file() else None
-            size = sizes[s.file]
-        if size is None and store is not None and s.store_key and store.locate(
-                [s.store_key]).get(s.store_key) is not None:
-            continue
-        context = {"phase": "closure", "scenario": scenario or "(default)",
-                   "initializer": e.values[0], "location": s.file or model_file.name}
-        if size is None:
-            raise ResolutionError("live weight's file is missing or unreadable", **context)
-        if s.offset + s.length > size:
-            raise ResolutionError("live weight's byte range lies outside its file",
-                                  offset=s.offset, length=s.length, file_size=size, **context)

@@ -1,4 +1,5 @@
-"""``weightstore resolve``, ``weightstore run`` and ``weightstore prepare``."""
+"""``weightstore resolve``, ``weightstore run``, ``weightstore prepare`` and
+``weightstore scenario replay`` (a variant resolved, then written runnable)."""
 
 from __future__ import annotations
 
@@ -126,4 +127,12 @@ def prepare_command(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
         print(result.describe())
+    return 0
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    from .runnable import replay_scenario
+
+    size = replay_scenario(args.model, args.name, args.output)
+    print(f"wrote {args.output} ({size} bytes), scenario {args.name} replayed")
     return 0

@@ -22,16 +22,14 @@ from ..errors import ResolutionError, WeightstoreError
 from ..passes.base import PassContext, RewritePass, run_passes
 from ..passes.cleanup import Cleanup, prune
 from ..passes.fold_constant_if import FoldConstantIf
-from ..passes.registry import get_pass
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
-from .binding import COSTLIER, PERSISTED, RESIDENT, bind_prepared
-from .closure import check_active_files, payload_closure
+from .closure import payload_closure
 from .constants import ConstantResults, analyze
+from .files import file_problems
 from .kernels import KernelCatalogue, PreparedRequirement, select_kernels
 from .manifest import Derivation, ManifestEntry
 from .prepared import PreparedBinding, PreparedOptions
-from .prepared_cache import RecordCache, read_record
 from .source import ModelSource
 
 ANALYSES = ("cleanup", "inference", "placement")
@@ -155,6 +153,8 @@ class Transform(_Base):
     name = "transform"
 
     def run(self, state: ResolutionState) -> bool:
+        from ..passes.registry import get_pass  # every pass module: only when asked for
+
         passes = [get_pass(p) if isinstance(p, str) else p for p in state.transformations]
         return _apply(state, passes) if passes else False
 
@@ -164,14 +164,17 @@ class CleanupPhase(_Base):
 
     name = "cleanup"
 
+    changed = False
+
     def run(self, state: ResolutionState) -> bool:
-        changed = _apply(state, [Cleanup()])
+        self.changed = _apply(state, [Cleanup()])
         prune(state.model)
         state.fresh.add("cleanup")
-        return changed
+        return self.changed
 
     def ensures(self, state: ResolutionState) -> None:
-        if run_passes(state.model, [Cleanup()]).rewrites:
+        # a run that found nothing to remove has just proved the graph clean
+        if self.changed and run_passes(state.model, [Cleanup()]).rewrites:
             raise ResolutionError("cleanup left dead nodes or weights")
 
 
@@ -231,7 +234,10 @@ class PreparedResolution(_Base):
                                   stale=", ".join(sorted(set(ANALYSES) - state.fresh)))
 
     def run(self, state: ResolutionState) -> bool:
+        # imported here: checks, bundles and builds resolve liveness without them
+        from .binding import COSTLIER, PERSISTED, RESIDENT, bind_prepared
         from .model import graph_digest  # imported by now: model imports this module
+        from .prepared_cache import RecordCache, read_record
 
         record = None
         if (state.prepared.records and state.prepared.cache is None
@@ -254,9 +260,18 @@ class PreparedResolution(_Base):
 
 
 class Closure(_Base):
-    """Payload dependency closure; then the files of active entries are checked."""
+    """Payload dependency closure; then the files of active entries are checked
+    (:mod:`.files`), the first problem failing the resolution. ``Closure.located``, for
+    callers that judge the files themselves, stops once the entries are located."""
 
     name = "closure"
+    check_files = True
+
+    @classmethod
+    def located(cls) -> Closure:
+        phase = cls()
+        phase.check_files = False
+        return phase
 
     def requires(self, state: ResolutionState) -> None:
         if not {"cleanup", "inference"} <= state.fresh:
@@ -265,12 +280,13 @@ class Closure(_Base):
     def run(self, state: ResolutionState) -> bool:
         runtime = state.companion.runtime_values if state.companion is not None else {}
         state.entries, state.load_derivations = payload_closure(
-            state.model, state.source.catalogue, derivations=state.derivations,
+            state.model, lambda: state.source.catalogue, derivations=state.derivations,
             scenario=state.scenario, store_keys=state.source.store_keys,
             bindings=state.bindings, keeps_source=state.kernels.keeps_source,
             runtime_values=runtime)
-        check_active_files(state.source.folder, state.entries, state.source.path,
-                           state.scenario, store=state.source.store)
+        if self.check_files:
+            file_problems(state.source.folder, state.entries, state.scenario, strict=True,
+                          model_file=state.source.path, store=state.source.store)
         return False
 
 

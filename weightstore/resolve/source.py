@@ -1,7 +1,10 @@
 """Opening what resolution starts from: a package folder or a model file.
 
-Only the model file is opened (through the wire-level catalogue: structure read, payloads
-located, none read); external weight files are not touched here. A package folder
+Only the model file is opened, and parsed once: a model whose inline payloads are all
+small (a packaged one) is its own metadata model and is parsed whole by protobuf; only
+when a phase needs the byte range of an omitted inline payload, or the file holds large
+ones, is it read through the wire-level catalogue (structure read, payloads located, none
+read). External weight files are not touched here. A package folder
 also yields the store key of each external weight from its ``summary.json`` (so the
 loader can fetch the same bytes from the shared store by digest) and, per device, the
 capabilities and scenario its bundle record names.
@@ -16,35 +19,96 @@ from typing import Any
 
 import onnx
 
-from ..catalogue.metadata import metadata_model
-from ..catalogue.reader import Catalogue, read_catalogue
-from ..errors import PackageError, ResolutionError
-from ..fsio import parse_json
+from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metadata
+from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
+from ..errors import ModelError, PackageError, ResolutionError
+from ..fsio import parse_json, read_exact
 
 
 @dataclass
 class ModelSource:
-    """One model file opened for resolution; owned by the ResolvedModel made from it."""
+    """One model file opened for resolution; owned by the ResolvedModel made from it.
+
+    The file stays open from :func:`open_source` to :meth:`close`, so the catalogue,
+    when a phase asks for it, describes the very file the metadata was parsed from.
+    """
 
     path: Path  # the model file
     name: str
-    catalogue: Catalogue
     package: Path | None = None
     store_keys: dict[tuple[str, int], str] = field(default_factory=dict)  # (location, offset)
     device_scenario: str | None = None
     device_capabilities: dict[str, Any] = field(default_factory=dict)
     store: Any = None  # a locator.StoreLocator, when a store is known
+    _fd: int | None = field(default=None, repr=False)
+    _catalogue: Catalogue | None = field(default=None, repr=False)
+    _metadata: onnx.ModelProto | None = field(default=None, repr=False)
+    _stamp: tuple[int, ...] = field(default=(), repr=False)  # the file the metadata is of
+
+    @classmethod
+    def open(cls, path: Path, name: str, **kwargs: Any) -> ModelSource:
+        """Open and parse the model file (a malformed one fails here, naming the file)."""
+        source = cls(path, name, _fd=open_model(path), **kwargs)
+        try:
+            source._metadata = source._parse()
+        except BaseException:
+            source.close()
+            raise
+        return source
 
     @property
     def folder(self) -> Path:
         return self.path.parent
 
+    @property
+    def catalogue(self) -> Catalogue:
+        """The file's catalogue (payload byte ranges), walked on first use."""
+        if self._catalogue is None:
+            if self._fd is None:
+                raise ModelError("model source is closed", file=str(self.path))
+            if file_stamp(os.fstat(self._fd)) != self._stamp:
+                raise ModelError("model file changed since it was parsed",
+                                 file=str(self.path))
+            fd, self._fd = self._fd, None
+            self._catalogue = catalogue_from(fd, self.path)  # owns the descriptor now
+        return self._catalogue
+
     def metadata(self) -> onnx.ModelProto:
-        """Structure and small values; large payloads omitted, external files unopened."""
+        """Structure and small values; large payloads omitted, external files unopened.
+
+        Parsed once, when the source was opened; each call returns a copy the caller may
+        transform.
+        """
+        assert self._metadata is not None
+        out = onnx.ModelProto()
+        out.CopyFrom(self._metadata)
+        return out
+
+    def _parse(self) -> onnx.ModelProto:
+        if self._catalogue is None and self._fd is not None:
+            st = os.fstat(self._fd)
+            self._stamp, size = file_stamp(st), st.st_size
+            if 0 < size <= WHOLE_PARSE_LIMIT:
+                try:
+                    data = read_exact(self._fd, 0, size)
+                except (EOFError, OSError):
+                    data = None  # the catalogue names the problem
+                model = None if data is None else parse_metadata(data, self.path)
+                if model is not None:
+                    return model
         return metadata_model(self.catalogue)
 
     def close(self) -> None:
-        self.catalogue.close()
+        if self._catalogue is not None:
+            self._catalogue.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def closed(self) -> bool:
+        """Is the model file closed (the source's and its catalogue's descriptor alike)?"""
+        return self._fd is None and (self._catalogue is None or self._catalogue._fd is None)
 
 
 def _summary(folder: Path) -> dict[str, Any]:
@@ -78,8 +142,7 @@ def open_source(source: str | os.PathLike[str], *, model: str | None = None,
         entry = models[model]
         keys = {(w["location"], int(w["offset"])): w["id"]
                 for w in entry.get("external_weights", ())}
-        out = ModelSource(path / entry["file"], model, read_catalogue(path / entry["file"]),
-                          package=path, store_keys=keys)
+        out = ModelSource.open(path / entry["file"], model, package=path, store_keys=keys)
         if device is not None:
             _apply_device(out, path, device)
         return out
@@ -88,7 +151,7 @@ def open_source(source: str | os.PathLike[str], *, model: str | None = None,
                               device=device, model=str(path))
     if not path.is_file():
         raise ResolutionError("no such model file or package folder", source=str(path))
-    return ModelSource(path, model or path.stem, read_catalogue(path))
+    return ModelSource.open(path, model or path.stem)
 
 
 def _apply_device(out: ModelSource, package: Path, device: str) -> None:

@@ -7,18 +7,22 @@ has one implementation: the seed's replay -> cleanup -> shape and constant-resul
 -> folding of proven ``If`` conditions -> payload closure, the same phases
 :func:`weightstore.resolve` runs. It stops short of kernels and prepared objects (the
 portable payloads are what a package's files hold), and of the file checks: callers decide
-whether a missing file is a problem to collect or an error to raise (see
-:mod:`weightstore.package.check`).
+whether a missing file is a problem to collect or an error to raise
+(:func:`weightstore.resolve.files.file_problems`).
+
+A graph these phases already produced (a device model a build wrote, a pulled variant) is
+their fixpoint: resolving it again changes nothing, so for such a *final* graph only the
+payload closure is taken.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx
 
 from ..scenarios.api import strip_scenarios
-from .closure import payload_closure
 from .kernels import catalogue_for
 from .manifest import ManifestEntry, RequiredPayloadManifest
 from .phases import (
@@ -26,6 +30,7 @@ from .phases import (
     Closure,
     FoldKnown,
     Inference,
+    Phase,
     Replay,
     ResolutionState,
     TransformationReport,
@@ -33,19 +38,10 @@ from .phases import (
 )
 from .source import ModelSource
 
-
-class PayloadClosure(Closure):
-    """The payload closure alone: entries located, their files not looked at."""
-
-    def run(self, state: ResolutionState) -> bool:
-        state.entries, state.load_derivations = payload_closure(
-            state.model, state.source.catalogue, derivations=state.derivations,
-            scenario=state.scenario, store_keys=state.source.store_keys)
-        return False
-
-
-LIVENESS_PHASES = (Replay, CleanupPhase, Inference, FoldKnown)
-VARIANT_PHASES = (*LIVENESS_PHASES, PayloadClosure)
+LIVENESS_PHASES: tuple[Callable[[], Phase], ...] = (Replay, CleanupPhase, Inference,
+                                                      FoldKnown)
+VARIANT_PHASES = (*LIVENESS_PHASES, Closure.located)
+FINAL_PHASES = (Closure.located,)
 
 
 @dataclass(frozen=True)
@@ -65,16 +61,19 @@ class Variant:
 
 
 def resolve_variant(source: ModelSource, scenario: str | None, *,
-                    model: onnx.ModelProto | None = None) -> Variant:
+                    model: onnx.ModelProto | None = None, final: bool = False) -> Variant:
     """Resolve ``scenario`` (None: the default graph) of the model ``source`` opened.
 
-    ``model`` is that file's graph already in hand: its metadata model, or the file parsed
-    in full (a package being built has it); by default the source's metadata model is
-    used. No payload is read. Errors are :class:`~weightstore.errors.ResolutionError`
-    naming the phase and the scenario.
+    ``model`` is that file's graph already in hand (its metadata model, or the file parsed
+    in full: a package being built has it); by default the source's metadata model is
+    used. ``final``: the file is a graph these phases produced (a device model): its
+    payloads are closed over as they are, and ``scenario`` only names it in messages. No
+    payload is read. Errors are :class:`~weightstore.errors.ResolutionError` naming the
+    phase and the scenario.
     """
-    state, report = _run(source, model if model is not None else source.metadata(),
-                         scenario, VARIANT_PHASES)
+    graph = model if model is not None else source.metadata()
+    state, report = _run(source, graph, scenario, FINAL_PHASES if final else VARIANT_PHASES,
+                         final=final)
     return Variant(state.model, scenario,
                    RequiredPayloadManifest(state.entries, state.load_derivations), report)
 
@@ -89,10 +88,13 @@ def variant_graph(model: onnx.ModelProto, scenario: str | None) -> onnx.ModelPro
 
 
 def _run(source: ModelSource | None, graph: onnx.ModelProto, scenario: str | None,
-         phases: tuple[type, ...]) -> tuple[ResolutionState, TransformationReport]:
-    if scenario is None:  # a replayed scenario's graph is stripped by the replay
+         phases: tuple[Callable[[], Phase], ...], *, final: bool = False,
+         ) -> tuple[ResolutionState, TransformationReport]:
+    if scenario is None and not final:  # a replayed scenario's graph is stripped by replay
         graph = strip_scenarios(graph)
     kind, kernels = catalogue_for({})
     # the liveness phases never look at the source: only the closure locates payloads
     state = ResolutionState(source, graph, scenario, kind, kernels)  # type: ignore[arg-type]
+    if final:
+        state.fresh |= {"cleanup", "inference"}  # the graph is the phases' fixpoint
     return state, run_pipeline(state, [phase() for phase in phases])

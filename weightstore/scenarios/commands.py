@@ -1,5 +1,5 @@
-"""``weightstore scenario list|show|add|remove|replay``: printing around
-:mod:`.operations`."""
+"""``weightstore scenario list|show|add|remove``: printing around :mod:`.operations`
+(``scenario replay`` resolves a variant: :mod:`weightstore.resolve.commands`)."""
 
 from __future__ import annotations
 
@@ -60,10 +60,4 @@ def _remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay(args: argparse.Namespace) -> int:
-    size = operations.replay_scenario(args.model, args.name, args.output)
-    print(f"wrote {args.output} ({size} bytes), scenario {args.name} replayed")
-    return 0
-
-
-ACTIONS = {"list": _list, "show": _show, "add": _add, "remove": _remove, "replay": _replay}
+ACTIONS = {"list": _list, "show": _show, "add": _add, "remove": _remove}

@@ -1,8 +1,9 @@
 """Scenarios of model files, as functions: what ``weightstore scenario`` runs.
 
-Each takes a model file and works from its metadata (no payload byte is read except by
-``replay_scenario``, which writes a runnable model); the writing ones refuse, before
-writing anything, an output that would overwrite a file the input model reads.
+Each takes a model file and works from its metadata (no payload byte is read); the
+writing ones refuse, before writing anything, an output that would overwrite a file the
+input model reads. ``replay_scenario``, which resolves a variant and writes it runnable,
+is the deploy side's (:mod:`weightstore.resolve.runnable`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from .._proto import weightstore_pb2 as pb
 from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
 from ..convert.weights import ModelWeights
-from ..model_io import save_model
 from ..package.outputs import check_outputs, files_read, scenario_locations
 from .api import (
     AddModificationScenarioOptions,
@@ -31,7 +31,7 @@ from .files import rewrite_scenarios_file
 from .package import check_name
 from .rewriting import derivations_of
 from .storage import read_scenarios
-from .variants import runnable_variant, scenario_rewrites
+from .variants import scenario_rewrites
 
 PathLike = str | os.PathLike[str]
 
@@ -56,7 +56,7 @@ def add_scenario(model: PathLike, name: str, passes: Sequence[str], *,
     """Run ``passes`` on the model's metadata and store their records as scenario
     ``name``, in place unless ``output``; returns the file written."""
     check_name(name, str(model))
-    out = _output(model, output, replaces_input=True)
+    out = output_path(model, output, replaces_input=True)
     with ModelWeights.open(model) as mw:
         rewrites, _ = scenario_rewrites(mw, list(passes))
         meta = mw.metadata_model(SMALL_VALUE_LIMIT)
@@ -70,20 +70,13 @@ def add_scenario(model: PathLike, name: str, passes: Sequence[str], *,
 
 def remove_scenario(model: PathLike, name: str, *, output: PathLike | None = None) -> Path:
     """Drop scenario ``name``, in place unless ``output``; returns the file written."""
-    out = _output(model, output, replaces_input=True)
+    out = output_path(model, output, replaces_input=True)
     with read_catalogue(model) as catalogue:
         meta = catalogue.model
         remove_modification_scenario(meta, name)
         scenarios = read_scenarios(meta)
     rewrite_scenarios_file(model, out, scenarios)
     return out
-
-
-def replay_scenario(model: PathLike, name: str, output: PathLike) -> int:
-    """Write scenario ``name``'s model to ``output``, runnable, every payload inline;
-    returns its size in bytes."""
-    _output(model, output, replaces_input=False)
-    return save_model(runnable_variant(model, name), Path(output))
 
 
 def _summary(s: pb.ModelModificationScenarioProto) -> dict[str, Any]:
@@ -114,7 +107,7 @@ def _record(r: pb.LocalRewritingProto) -> dict[str, Any]:
     }
 
 
-def _output(model: PathLike, output: PathLike | None, *, replaces_input: bool) -> Path:
+def output_path(model: PathLike, output: PathLike | None, *, replaces_input: bool) -> Path:
     """Where the operation writes; refuses to overwrite what the input model reads (the
     model itself only when the operation rewrites it in place by design)."""
     src = Path(model)
@@ -130,5 +123,5 @@ def _output(model: PathLike, output: PathLike | None, *, replaces_input: bool) -
     return out
 
 
-__all__ = ["add_scenario", "list_scenarios", "remove_scenario", "replay_scenario",
+__all__ = ["add_scenario", "list_scenarios", "output_path", "remove_scenario",
            "show_scenario"]

@@ -216,6 +216,17 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
 
 def _final_variant(base: onnx.ModelProto, name: str,
                    records: Sequence[pb.LocalRewritingProto]) -> onnx.ModelProto:
+    """The scenario replayed and cleaned up: the weights its records must carry.
+
+    These are the first two phases of every resolution (replay, cleanup), on the same
+    primitives; the build stops there on purpose. What a resolution proves after them
+    (constant results folding an ``If``) depends on the resolver: onnx's shape inference
+    (a newer onnx may prove a dim an older supported one does not), the phases a caller
+    configures, transformations run before the analysis. A weight left out because this
+    build's analysis proved its branch dead would leave a record pointing at a tensor
+    without bytes, and any resolver that cannot prove the same would fail on replay. So
+    a record carries every weight live after replay and cleanup, structure alone.
+    """
     record = pb.ModelModificationScenarioProto(scenario=name)
     record.rewrites.extend(records)
     cleaned = run_passes(apply_scenario(base, record), [Cleanup()]).model

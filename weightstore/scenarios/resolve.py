@@ -9,12 +9,13 @@ files that hold the live payloads is a separate, later step.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx
 
 from ..catalogue.payload import expected_nbytes, external_info
-from ..catalogue.sites import iter_tensor_sites
+from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..errors import ScenarioError
 
 
@@ -30,15 +31,16 @@ class LivePayload:
     checksum: str | None
 
 
-def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None,
-                  ) -> list[LivePayload]:
+def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
+                  sites: Iterable[TensorSite] | None = None) -> list[LivePayload]:
     """Every external payload of a resolved variant, in structural order.
 
     Every tensor must hold exactly one eligible payload: inline values, or external data
-    with a location and a length that fits its type and shape.
+    with a location and a length that fits its type and shape. ``sites``: the variant's
+    tensor sites, when the caller has walked them already.
     """
     out = _file_constants(resolved, scenario)
-    for site in iter_tensor_sites(resolved):
+    for site in iter_tensor_sites(resolved) if sites is None else sites:
         t = site.tensor
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue

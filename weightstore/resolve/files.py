@@ -1,0 +1,81 @@
+"""The files behind a manifest's active entries: one rule for every command that asks.
+
+Resolution's last phase, ``weightstore check``, device bundles and pulled variants all ask
+the same question once liveness is decided: does every live payload's file exist and hold
+its byte range (and, when asked, its bytes match their checksum)? Only active entries
+count, and only after liveness: a missing file that nothing live uses is irrelevant.
+
+What differs between callers is what they do with a problem, not the rule: a load stops
+at the first one (``strict``), ``check`` collects them all to report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..catalogue.locations import resolve_location
+from ..errors import ExternalDataError, IntegrityError
+from ..hashing import ALGORITHMS, digest_file
+from .manifest import ACTIVE, STORE_ONLY, ManifestEntry
+
+
+def file_problems(folder: Path, entries: Sequence[ManifestEntry], scenario: str | None, *,
+                  strict: bool, verify: bool = False, model_file: Path | None = None,
+                  model: str | None = None, store: Any = None,
+                  progress: Callable[[int], None] | None = None) -> list[str]:
+    """Problems with the files holding the active ``entries``' payloads (empty when all
+    is well); with ``strict`` the first one raises instead.
+
+    Sizes and ranges are checked (no byte read); with ``verify`` the bytes are re-hashed
+    against their checksums too (``progress`` is told each entry's length). A payload
+    inline in the model (no file) is checked against ``model_file`` when given. A file
+    missing from ``folder`` whose bytes ``store`` (a locator) holds by key is fine: a load
+    reads them from there. Errors name the scenario, the initializer and the location
+    (and ``model`` when given).
+    """
+    problems: list[str] = []
+    files: dict[str, tuple[Path, int | None]] = {}  # each file located and sized once
+    for e in entries:
+        s = e.source
+        if e.status != ACTIVE or e.origin in STORE_ONLY:
+            continue  # prepared objects were located in the store when they were bound
+        if not s.file and model_file is None:
+            continue  # inline in the model file, which was just read
+        context = {"scenario": scenario or "(default)", "initializer": e.values[0],
+                   "location": s.file or (model_file.name if model_file else "")}
+        if model is not None:
+            context = {"model": model, **context}
+        try:
+            if s.file not in files:
+                path = (resolve_location(folder, s.file, where=e.values[0]) if s.file
+                        else model_file)
+                assert path is not None
+                files[s.file] = (path, path.stat().st_size if path.is_file() else None)
+            path, size = files[s.file]
+            if size is None and store is not None and s.store_key and store.locate(
+                    [s.store_key]).get(s.store_key) is not None:
+                continue
+            if size is None:
+                raise ExternalDataError("live weight's file is missing or unreadable",
+                                        **context)
+            if s.offset + s.length > size:
+                raise ExternalDataError("live weight's byte range lies outside its file",
+                                        offset=s.offset, length=s.length, file_size=size,
+                                        **context)
+            if verify and s.file:  # inline bytes were read with the model itself
+                algo, _, expected = (s.checksum or "").partition(":")
+                if algo not in ALGORITHMS:
+                    raise IntegrityError("live weight has no checksum this tool can verify",
+                                         checksum=s.checksum, **context)
+                if digest_file(algo, path, s.offset, s.length) != expected:
+                    raise IntegrityError("live weight's bytes do not match their checksum",
+                                         checksum=s.checksum, **context)
+                if progress is not None:
+                    progress(s.length)
+        except (ExternalDataError, IntegrityError) as exc:
+            if strict:
+                raise
+            problems.append(str(exc))
+    return problems

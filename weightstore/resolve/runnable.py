@@ -1,0 +1,70 @@
+"""A variant with its payloads inline: what ``weightstore scenario replay`` writes.
+
+Deploy-side work over the build side's records: the variant is resolved from metadata
+first, by the phases every resolution runs (:func:`.variant.variant_graph`: a scenario's
+records replayed, dead weights cleaned up, known ``If`` conditions folded), and only then
+are its *live* payloads read: a weight the scenario removed, or only a dead branch reads,
+is never read, so a missing file that only such weights use does not matter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..catalogue.payload import describe, read_payload
+from ..catalogue.sites import iter_tensor_sites
+from ..convert.encoding import has_payload, set_payload
+from ..convert.inline import check_digest
+from ..model_io import save_model
+from ..scenarios.api import find_scenario
+from ..scenarios.derive import resolver
+from ..scenarios.operations import output_path
+from ..scenarios.rewriting import derivations_of
+from ..scenarios.variants import catalogue_values
+from .source import ModelSource
+from .variant import variant_graph
+
+
+def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx.ModelProto:
+    """The model (or one of its scenarios) with every live payload inline.
+
+    Each live tensor without its value gets it: from its own external data when the model
+    stores it (checksum verified), computed when a record derives it, else from the base
+    model's weight of that name. The file is parsed once.
+    """
+    path = Path(path)
+    with contextlib.closing(ModelSource.open(path, path.stem)) as source:
+        meta = source.metadata()
+        resolved = variant_graph(meta, scenario)
+        derivations = {}
+        if scenario is not None:
+            for rewrite in find_scenario(meta, scenario).rewrites:
+                derivations.update(derivations_of(rewrite))
+        value = resolver(derivations, catalogue_values(source.catalogue, path.parent))
+        for site in iter_tensor_sites(resolved):
+            t = site.tensor
+            if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
+                continue
+            name = site.value_name or t.name
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                desc = describe(site, source.catalogue, path.parent)
+                data = read_payload(desc, source.catalogue)
+                check_digest(data, desc.checksum, where=site.where, scenario=scenario)
+            else:
+                data = numpy_helper.from_array(np.ascontiguousarray(value(name))).raw_data
+            set_payload(t, data)
+    return resolved
+
+
+def replay_scenario(model: str | os.PathLike[str], name: str,
+                    output: str | os.PathLike[str]) -> int:
+    """Write scenario ``name``'s model to ``output``, runnable, every payload inline;
+    returns its size in bytes."""
+    output_path(model, output, replaces_input=False)
+    return save_model(runnable_variant(model, name), Path(output))
