@@ -16,7 +16,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 PUBLIC = [
     "BuildOptions", "BuildResult", "CheckReport", "ConvertReport", "PackageResult",
-    "PreparedOptions", "Recipe", "ResolvedModel", "ScenarioSelectionContext", "WeightStore",
+    "PreparedOptions", "Recipe", "ResolvedModel", "ScenarioSelectionContext", "StoreReference",
+    "WeightStore",
     "WeightstoreError", "__version__", "add_scenario", "build", "bundle", "check_package",
     "convert_to_external", "convert_to_inline", "inspect", "list_scenarios", "load",
     "load_recipe", "prepare", "remove_scenario", "replay_scenario", "resolve",

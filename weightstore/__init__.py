@@ -55,16 +55,17 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ResolvedModel": ("resolve", "ResolvedModel"),
     "ScenarioSelectionContext": ("resolve", "ScenarioSelectionContext"),
     "PreparedOptions": ("resolve", "PreparedOptions"),
+    "StoreReference": ("resolve", "StoreReference"),
     "prepare": ("resolve.prepare", "prepare"),
     "WeightstoreError": ("errors", "WeightstoreError"),
 }
 
 __all__ = [
     "BuildOptions", "BuildResult", "CheckReport", "ConvertReport", "PackageResult",
-    "PreparedOptions", "Recipe", "ResolvedModel", "ScenarioSelectionContext", "WeightStore",
-    "WeightstoreError", "__version__", "add_scenario", "build", "bundle", "check_package",
-    "convert_to_external", "convert_to_inline", "inspect", "list_scenarios", "load",
-    "load_recipe", "prepare", "remove_scenario", "replay_scenario", "resolve",
+    "PreparedOptions", "Recipe", "ResolvedModel", "ScenarioSelectionContext", "StoreReference",
+    "WeightStore", "WeightstoreError", "__version__", "add_scenario", "build", "bundle",
+    "check_package", "convert_to_external", "convert_to_inline", "inspect", "list_scenarios",
+    "load", "load_recipe", "prepare", "remove_scenario", "replay_scenario", "resolve",
     "show_scenario",
 ]
 
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
     from .package.bundles import assemble as bundle
     from .package.check import CheckReport, check_package
     from .recipe import Recipe, load_recipe
-    from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext
+    from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext, StoreReference
     from .resolve.prepare import prepare
     from .resolve.runnable import replay_scenario
     from .scenarios.operations import (

@@ -69,7 +69,7 @@ class ReadPlan:
         return sum(c.length for c in self.chunks)
 
 
-def place(entry: ManifestEntry, folder: Path, model_file: Path,
+def place(entry: ManifestEntry, folder: Path | None, model_file: Path,
           buffers: Mapping[str, int], store: StoreLocator | None,
           located: Mapping[str, object],
           in_folder: Callable[[ManifestEntry], Path | None] | None = None) -> Placement:
@@ -99,10 +99,13 @@ def place(entry: ManifestEntry, folder: Path, model_file: Path,
                     location=s.file or model_file.name, store_key=s.store_key)
 
 
-def _folder_file(folder: Path) -> Callable[[ManifestEntry], Path | None]:
-    """An entry's file in ``folder`` (None when absent), each file name resolved and
-    checked once: a package's entries mostly share one or two files."""
+def _folder_file(folder: Path | None) -> Callable[[ManifestEntry], Path | None]:
+    """An entry's file in ``folder`` (None when absent, or when there is no folder: a
+    build opened from the store), each file name resolved and checked once: a package's
+    entries mostly share one or two files."""
     found: dict[str, Path | None] = {}
+    if folder is None:
+        return lambda entry: None
 
     def in_folder(entry: ManifestEntry) -> Path | None:
         name = entry.source.file
@@ -114,7 +117,7 @@ def _folder_file(folder: Path) -> Callable[[ManifestEntry], Path | None]:
     return in_folder
 
 
-def plan_reads(entries: Sequence[ManifestEntry], folder: Path, model_file: Path, *,
+def plan_reads(entries: Sequence[ManifestEntry], folder: Path | None, model_file: Path, *,
                buffers: Mapping[str, int] | None = None, store: StoreLocator | None = None,
                chunk: int = CHUNK) -> ReadPlan:
     """Placements, coalesced runs and chunks for ``entries`` (pure but for ``stat`` and

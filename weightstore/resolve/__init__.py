@@ -22,13 +22,15 @@ _EXPORTS = {
     "ResolvedModel": "model",
     "PhaseReport": "phases", "TransformationReport": "phases",
     "PreparedBinding": "prepared", "PreparedKey": "prepared", "PreparedOptions": "prepared",
+    "StoreReference": "reference",
 }
 
 __all__ = [
     "ConstantResults", "Derivation", "ManifestEntry", "PayloadSource", "PhaseReport",
     "PreparedBinding", "PreparedKey", "PreparedOptions", "PreparedRequirement",
     "RequiredPayloadManifest", "ResolvedModel", "ScenarioSelectionContext",
-    "ScenarioSelector", "TransformationReport", "ValueKind", "analyze", "resolve",
+    "ScenarioSelector", "StoreReference", "TransformationReport", "ValueKind", "analyze",
+    "resolve",
 ]
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from .model import ResolvedModel
     from .phases import PhaseReport, TransformationReport
     from .prepared import PreparedBinding, PreparedKey, PreparedOptions
+    from .reference import StoreReference
 
 
 __getattr__, __dir__ = lazy_exports(

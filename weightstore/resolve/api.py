@@ -33,6 +33,7 @@ from .phases import (
     run_pipeline,
 )
 from .prepared import PreparedOptions
+from .reference import StoreReference
 from .source import ModelSource, open_source
 
 
@@ -51,19 +52,21 @@ ScenarioSelector = Callable[[ScenarioSelectionContext], "str | None"]
 PARSE = "parse"
 
 
-def resolve(source: str | os.PathLike[str], *, model: str | None = None,
+def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | None = None,
             scenario: str | None = None, selector: ScenarioSelector | None = None,
             device: str | None = None, capabilities: Mapping[str, Any] | None = None,
             transformations: Sequence[RewritePass | str] = (),
             prepared: PreparedOptions | None = None,
             store: str | os.PathLike[str] | StoreLocator | None = None,
             phases: Sequence[Phase] | None = None) -> ResolvedModel:
-    """Resolve one model of a package folder (or a model file) from metadata alone."""
+    """Resolve one model of a package folder, a model file or a build in ``store`` (a
+    :class:`StoreReference`, or its text naming no existing path) from metadata alone."""
     if scenario is not None and selector is not None:
         raise ResolutionError("choose a scenario or a selector, not both", phase=PARSE)
     if device is not None and scenario is not None:
         raise ResolutionError("choose a scenario or a device, not both", phase=PARSE)
-    src = open_source(source, model=model, device=device)
+    root = getattr(store, "root", store) if hasattr(store, "locate") else store
+    src = open_source(source, model=model, device=device, store=root)  # type: ignore[arg-type]
     try:
         return _resolve(src, scenario=scenario, selector=selector, device=device,
                         capabilities=capabilities, transformations=transformations,

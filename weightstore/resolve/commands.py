@@ -10,12 +10,15 @@ from typing import Any
 
 from ..errors import LoadError
 
+SOURCE_HELP = ("a package folder, a model file, or a build in the store: "
+               "PACKAGE[/VERSION[/LAYOUT]][@ROOT_ID|@SUMMARY_DIGEST]")
+
 
 def register(sub: Any) -> None:
     """Add the commands' parsers to the ``weightstore`` subcommands."""
     r = sub.add_parser("resolve", help="resolve a package or model from metadata and print "
                                        "its payload manifest (no payload read)")
-    r.add_argument("source", help="a package folder or a model file")
+    r.add_argument("source", help=SOURCE_HELP)
     _common(r)
     r.add_argument("--transform", default="",
                    help="comma-separated passes to apply after the scenario")
@@ -24,7 +27,7 @@ def register(sub: Any) -> None:
 
     rn = sub.add_parser("run", help="resolve, load exactly the live payloads into "
                                     "onnxruntime, and run once on given inputs")
-    rn.add_argument("source", help="a package folder or a model file")
+    rn.add_argument("source", help=SOURCE_HELP)
     _common(rn)
     rn.add_argument("--inputs", required=True, help="a .npz file with one array per input")
     rn.add_argument("--output", help="write the outputs to this .npz file")
@@ -47,13 +50,20 @@ def _common(p: argparse.ArgumentParser) -> None:
                                         "capabilities)")
     group.add_argument("--scenario", help="a scenario stored in the model")
     p.add_argument("--store", help="store folder to take weights missing from the package "
-                                   "from (default: $WEIGHTSTORE_DIR or the user cache)")
+                                   "from, and store references' builds (default: "
+                                   "$WEIGHTSTORE_DIR or the user cache)")
+    p.add_argument("--recipe", help="use the store this recipe builds into")
 
 
 def _store(args: argparse.Namespace) -> Path:
     from ..store.location import resolve_store_path
 
-    return resolve_store_path(args.store, None)
+    configured = None
+    if getattr(args, "recipe", None):
+        from ..recipe import load_recipe
+
+        configured = load_recipe(args.recipe).store_path()
+    return resolve_store_path(args.store, configured)
 
 
 def resolve_command(args: argparse.Namespace) -> int:

@@ -21,12 +21,13 @@ from ..hashing import ALGORITHMS, digest_file
 from .manifest import ACTIVE, STORE_ONLY, ManifestEntry
 
 
-def file_problems(folder: Path, entries: Sequence[ManifestEntry], scenario: str | None, *,
+def file_problems(folder: Path | None, entries: Sequence[ManifestEntry], scenario: str | None, *,
                   strict: bool, verify: bool = False, model_file: Path | None = None,
                   model: str | None = None, store: Any = None,
                   progress: Callable[[int], None] | None = None) -> list[str]:
     """Problems with the files holding the active ``entries``' payloads (empty when all
-    is well); with ``strict`` the first one raises instead.
+    is well); with ``strict`` the first one raises instead. ``folder`` None: there is no
+    folder (a build opened from the store), every external weight is the store's.
 
     Sizes and ranges are checked (no byte read); with ``verify`` the bytes are re-hashed
     against their checksums too (``progress`` is told each entry's length). A payload
@@ -49,10 +50,10 @@ def file_problems(folder: Path, entries: Sequence[ManifestEntry], scenario: str 
             context = {"model": model, **context}
         try:
             if s.file not in files:
-                path = (resolve_location(folder, s.file, where=e.values[0]) if s.file
-                        else model_file)
-                assert path is not None
-                files[s.file] = (path, path.stat().st_size if path.is_file() else None)
+                path = (model_file if not s.file else None if folder is None
+                        else resolve_location(folder, s.file, where=e.values[0]))
+                files[s.file] = (path or Path(s.file),
+                                 path.stat().st_size if path and path.is_file() else None)
             path, size = files[s.file]
             if size is None and store is not None and s.store_key and store.locate(
                     [s.store_key]).get(s.store_key) is not None:

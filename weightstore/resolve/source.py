@@ -7,7 +7,9 @@ ones, is it read through the wire-level catalogue (structure read, payloads loca
 read). External weight files are not touched here. A package folder
 also yields the store key of each external weight from its ``summary.json`` (so the
 loader can fetch the same bytes from the shared store by digest) and, per device, the
-capabilities and scenario its bundle record names.
+capabilities and scenario its bundle record names. A store reference
+(:mod:`weightstore.resolve.reference`) yields the same from store objects, with no folder:
+its weights come from the store by digest.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metada
 from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
 from ..errors import ModelError, PackageError, ResolutionError
 from ..fsio import parse_json, read_exact
+from .reference import StoreReference
 
 
 @dataclass
@@ -40,15 +43,18 @@ class ModelSource:
     device_scenario: str | None = None
     device_capabilities: dict[str, Any] = field(default_factory=dict)
     store: Any = None  # a locator.StoreLocator, when a store is known
+    in_store: bool = False  # opened from a store reference: no folder holds its weights
     _fd: int | None = field(default=None, repr=False)
     _catalogue: Catalogue | None = field(default=None, repr=False)
     _metadata: onnx.ModelProto | None = field(default=None, repr=False)
     _stamp: tuple[int, ...] = field(default=(), repr=False)  # the file the metadata is of
 
     @classmethod
-    def open(cls, path: Path, name: str, **kwargs: Any) -> ModelSource:
-        """Open and parse the model file (a malformed one fails here, naming the file)."""
-        source = cls(path, name, _fd=open_model(path), **kwargs)
+    def open(cls, path: Path, name: str, *, fd: int | None = None,
+             **kwargs: Any) -> ModelSource:
+        """Open and parse the model file (a malformed one fails here, naming the file);
+        ``fd``: the file already open (the source owns it from here on)."""
+        source = cls(path, name, _fd=open_model(path) if fd is None else fd, **kwargs)
         try:
             source._metadata = source._parse()
         except BaseException:
@@ -57,8 +63,10 @@ class ModelSource:
         return source
 
     @property
-    def folder(self) -> Path:
-        return self.path.parent
+    def folder(self) -> Path | None:
+        """Where external weight files are looked for first; None for a build opened from
+        the store (its model file sits among store objects, not in a package)."""
+        return None if self.in_store else self.path.parent
 
     @property
     def catalogue(self) -> Catalogue:
@@ -123,26 +131,30 @@ def _summary(folder: Path) -> dict[str, Any]:
                            folder=str(folder)) from None
 
 
-def open_source(source: str | os.PathLike[str], *, model: str | None = None,
-                device: str | None = None) -> ModelSource:
-    """The model ``source`` names: a model file, or one model of a package folder
-    (``model`` by name, needed when the package holds several)."""
-    path = Path(source)
+def open_source(source: str | os.PathLike[str] | StoreReference, *,
+                model: str | None = None, device: str | None = None,
+                store: str | os.PathLike[str] | None = None) -> ModelSource:
+    """The model ``source`` names: a model file, one model of a package folder (``model``
+    by name, needed when the package holds several), or one model of a build in the store
+    at ``store`` (a :class:`StoreReference`, or its text when no such path exists)."""
+    if not isinstance(source, StoreReference):
+        path = Path(source)
+        if path.exists() or not isinstance(source, str):
+            return _open_path(path, model, device)
+        try:
+            source = StoreReference.parse(source)
+        except ResolutionError:
+            raise ResolutionError("no such model file, package folder or store reference",
+                                  source=str(path)) from None
+    return _open_reference(source, model, device, store)
+
+
+def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource:
     if path.is_dir():
         summary = _summary(path)
-        models = {m["name"]: m for m in summary["models"]}
-        if model is None:
-            if len(models) != 1:
-                raise ResolutionError("the package holds several models: name one",
-                                      package=str(path), models=", ".join(sorted(models)))
-            model = next(iter(models))
-        if model not in models:
-            raise ResolutionError("no such model in the package", model=model,
-                                  package=str(path))
-        entry = models[model]
-        keys = {(w["location"], int(w["offset"])): w["id"]
-                for w in entry.get("external_weights", ())}
-        out = ModelSource.open(path / entry["file"], model, package=path, store_keys=keys)
+        entry = _model_entry(summary, model, package=str(path))
+        out = ModelSource.open(path / entry["file"], entry["name"], package=path,
+                               store_keys=_store_keys(entry))
         if device is not None:
             _apply_device(out, path, device)
         return out
@@ -154,6 +166,44 @@ def open_source(source: str | os.PathLike[str], *, model: str | None = None,
     return ModelSource.open(path, model or path.stem)
 
 
+def _open_reference(ref: StoreReference, model: str | None, device: str | None,
+                    store: str | os.PathLike[str] | None) -> ModelSource:
+    from ..store.location import resolve_store_path
+    from .locator import WeightStoreLocator
+    from .reference import find_build, open_model_object
+
+    root = resolve_store_path(None if store is None else os.fspath(store), None)
+    build = find_build(root, ref)
+    entry = _model_entry(build.summary, model, reference=str(ref))
+    record = None if device is None else build.device_record(device)
+    path, fd = open_model_object(build, str(entry["file"]))
+    out = ModelSource.open(path, entry["name"], fd=fd, store_keys=_store_keys(entry),
+                           store=WeightStoreLocator(root), in_store=True)
+    if record is not None:
+        _apply_record(out, record)
+    return out
+
+
+def _model_entry(summary: dict[str, Any], model: str | None,
+                 **where: str) -> dict[str, Any]:
+    """The summary's entry of ``model`` (the only one when None)."""
+    models = {m["name"]: m for m in summary["models"]}
+    if model is None:
+        if len(models) != 1:
+            raise ResolutionError("the package holds several models: name one",
+                                  **where, models=", ".join(sorted(models)))
+        model = next(iter(models))
+    if model not in models:
+        raise ResolutionError("no such model in the package", model=model, **where)
+    return models[model]
+
+
+def _store_keys(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """Each external weight's store key by (location, offset), from the summary."""
+    return {(w["location"], int(w["offset"])): w["id"]
+            for w in entry.get("external_weights", ())}
+
+
 def _apply_device(out: ModelSource, package: Path, device: str) -> None:
     from ..package.bundle_record import read_bundle
 
@@ -162,6 +212,11 @@ def _apply_device(out: ModelSource, package: Path, device: str) -> None:
     except PackageError:
         out.close()
         raise
+    _apply_record(out, record)
+
+
+def _apply_record(out: ModelSource, record: dict[str, Any]) -> None:
+    """The capabilities and this model's scenario from a device's bundle record."""
     out.device_capabilities = dict(record.get("capabilities") or {})
     for m in record["models"]:
         if m.get("name") == out.name:

@@ -1,0 +1,221 @@
+"""Resolving a build by name from a shared store, with no package folder anywhere.
+
+A store reference names one build the store holds::
+
+    PACKAGE[/VERSION[/LAYOUT]][@ROOT_ID | @ALGO:HEX]
+
+The name part matches the store's roots as ``weightstore store ls`` prints them; ``@ROOT_ID``
+picks one root by its id, ``@sha256:…``/``@blake3:…`` the build whose ``summary.json``
+has that digest. The reference must come down to exactly one build (one fingerprint):
+several roots of the same fingerprint are one build.
+
+The build's action record (:mod:`weightstore.caches.build_actions`, its MAC checked as a
+warm build checks it) says which store objects are its ``summary.json`` and model files.
+Both are read from the store and hashed against their keys; the model file is opened
+from its own store file (a model file is always a separate object) and parsed from the
+very descriptor that was hashed. No package folder is looked at: every external weight is
+then located in the store by its digest, so resolution reads no payload byte and a load
+reads exactly the live ones from the store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import IntegrityError, ResolutionError, StoreError
+from ..fsio import parse_json
+
+_NAME = re.compile(r"[^/@\s]+")
+_PIN = re.compile(r"\d+|[a-z0-9]+:[0-9a-f]{16,128}")
+
+
+@dataclass(frozen=True)
+class StoreReference:
+    """``PACKAGE[/VERSION[/LAYOUT]][@ROOT_ID|@ALGO:HEX]``: one build in a store."""
+
+    package: str
+    version: str | None = None
+    layout: str | None = None
+    pin: str | None = None  # a root id or a summary digest
+
+    @classmethod
+    def parse(cls, text: str) -> StoreReference:
+        """The reference ``text`` spells, or a ResolutionError saying why not."""
+        name, at, pin = text.partition("@")
+        parts = name.split("/")
+        if (not 1 <= len(parts) <= 3 or not all(_NAME.fullmatch(p) for p in parts)
+                or (at and not _PIN.fullmatch(pin))):
+            raise ResolutionError("not a store reference (PACKAGE[/VERSION[/LAYOUT]]"
+                                  "[@ROOT_ID|@ALGO:HEX])", reference=text)
+        return cls(*parts, *([None] * (3 - len(parts))), pin=pin or None)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        name = "/".join(p for p in (self.package, self.version, self.layout) if p)
+        return f"{name}@{self.pin}" if self.pin else name
+
+    @property
+    def selector(self) -> str:
+        """The name part, as ``store pin``/``rm`` and :func:`roots.find` take it."""
+        return "/".join(p for p in (self.package, self.version, self.layout) if p)
+
+
+@dataclass(frozen=True)
+class ReferencedBuild:
+    """What a reference came down to: the build's summary and its model files' objects."""
+
+    reference: StoreReference
+    store: Path
+    fingerprint: str
+    summary: dict[str, Any]
+    model_keys: dict[str, tuple[str, int]]  # package file name -> (store key, size)
+    whole_files: dict[str, str]  # every file that is one store object -> its key
+
+    def device_record(self, device: str) -> dict[str, Any]:
+        """``device``'s bundle record, read from its store object."""
+        from ..package.bundle_record import BUNDLE_NAME, DEVICES
+        from ..store import WeightStore
+
+        name = f"{DEVICES}/{device}/{BUNDLE_NAME}"
+        context = {"reference": str(self.reference), "device": device}
+        if name not in self.whole_files:
+            known = sorted(n.split("/")[1] for n in self.whole_files
+                           if n.startswith(f"{DEVICES}/") and n.endswith(f"/{BUNDLE_NAME}"))
+            raise ResolutionError("no such device in the build", **context,
+                                  known=", ".join(known) or "none")
+        data = read_object(WeightStore(self.store), self.whole_files[name], context)
+        try:
+            record = parse_json(data.decode())
+            record["models"][0]
+            return record
+        except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError):
+            raise ResolutionError("malformed bundle record", file=name, **context) from None
+
+
+def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
+    """The one build ``ref`` names in the store at ``store_root``, its summary verified."""
+    from ..caches import build_actions
+    from ..package.summary import SUMMARY_NAME
+    from ..store import WeightStore
+    from ..store.index import INDEX_NAME
+
+    context = {"reference": str(ref), "store": str(store_root)}
+    if not (store_root / INDEX_NAME).is_file():
+        raise ResolutionError("no weight store here to resolve a store reference in",
+                              **context)
+    store = WeightStore(store_root)
+    with store.index.reading() as conn:
+        cols = [(c, v) for c, v in (("package", ref.package), ("version", ref.version),
+                                     ("layout", ref.layout)) if v is not None]
+        rows = conn.execute("SELECT id, package, version, layout, fingerprint FROM roots "
+                            "WHERE " + " AND ".join(f"{c} = ?" for c, _ in cols)
+                            + " ORDER BY id", [v for _, v in cols]).fetchall()
+        if ref.pin is not None and ref.pin.isdigit():
+            rows = [r for r in rows if r[0] == int(ref.pin)]
+        elif ref.pin is not None:
+            rows = [r for r in rows if conn.execute(
+                "SELECT 1 FROM root_keys WHERE root = ? AND key = ?",
+                (r[0], ref.pin)).fetchone()]
+        known = sorted({f"{p}/{v}/{la}" for p, v, la in conn.execute(
+            "SELECT package, version, layout FROM roots")})
+    builds: dict[str, list[tuple[Any, ...]]] = {}
+    for r in rows:
+        builds.setdefault(r[4], []).append(r)
+    if not builds:
+        raise ResolutionError("no build in the store matches the reference",
+                              known=", ".join(known[:8]) or "none", **context)
+    if len(builds) > 1:
+        raise ResolutionError(
+            "the reference matches several builds: name one with @ROOT_ID or "
+            "@SUMMARY_DIGEST", **context, matches=", ".join(
+                f"{r[1]}/{r[2]}/{r[3]}@{r[0]}" for rs in builds.values() for r in rs[:1]))
+    fingerprint = next(iter(builds))
+    record = build_actions.load(store_root, fingerprint)
+    if record is None:
+        raise ResolutionError("the build has no sound action record in the store (missing, "
+                              "written by another user, or its MAC does not hold)",
+                              fingerprint=fingerprint, **context)
+    files = {f.name: f for f in record.files}
+    summary_bytes = read_object(store, files[SUMMARY_NAME].pieces[0].key, context)
+    try:
+        summary = parse_json(summary_bytes.decode())
+        if summary["fingerprint"] != fingerprint:
+            raise ValueError("summary of another build")
+        if ref.pin is not None and not ref.pin.isdigit() and ref.pin != files[
+                SUMMARY_NAME].pieces[0].key:
+            raise ValueError("summary digest differs")
+        contents = {str(c["path"]): str(c["digest"]) for c in summary["contents"]}
+        models = {str(m["file"]) for m in summary["models"]}
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        raise ResolutionError(f"the build's summary.json does not agree with its action "
+                              f"record: {exc}", fingerprint=fingerprint, **context) from None
+    keys: dict[str, tuple[str, int]] = {}
+    for name in models:
+        f = files.get(name)
+        if f is None or len(f.pieces) != 1 or contents.get(name) != f.pieces[0].key:
+            raise ResolutionError("the build's action record does not hold its model file "
+                                  "as one store object", file=name, **context)
+        keys[name] = (f.pieces[0].key, f.size)
+    whole = {f.name: f.pieces[0].key for f in record.files
+             if len(f.pieces) == 1 and f.pieces[0].offset == 0 and f.pieces[0].size == f.size}
+    return ReferencedBuild(ref, store_root, fingerprint, summary, keys, whole)
+
+
+def read_object(store: Any, key: str, context: dict[str, Any]) -> bytes:
+    """A store object's bytes, hashed against its key (an IntegrityError otherwise)."""
+    from ..hashing import digest_bytes, split_key
+
+    obj = _located(store, key, context)
+    data = store.read(obj)
+    algo, hex_digest = split_key(key)
+    if digest_bytes(algo, data) != hex_digest:
+        raise IntegrityError("store object does not match its key", key=key,
+                             path=str(store.path_of(obj)), **context)
+    return data
+
+
+def open_model_object(build: ReferencedBuild, name: str) -> tuple[Path, int]:
+    """The store file of model file ``name`` and a descriptor of it, its bytes hashed
+    against their key through that very descriptor (what is parsed is what was checked)."""
+    from ..hashing import digest_fd, split_key
+    from ..store import WeightStore
+
+    key, size = build.model_keys[name]
+    context = {"reference": str(build.reference), "file": name}
+    store = WeightStore(build.store)
+    obj = _located(store, key, context)
+    if obj.kind != "separate" or obj.offset != 0 or obj.size != size:
+        raise IntegrityError("model file's store object is not a whole file of its size",
+                             key=key, size=obj.size, expected=size, **context)
+    path = store.path_of(obj)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise IntegrityError(f"model file's store object is unreadable: {exc.strerror}",
+                             key=key, path=str(path), **context) from None
+    try:
+        algo, hex_digest = split_key(key)
+        if (os.fstat(fd).st_size != size
+                or digest_fd(algo, fd, 0, size, name=str(path)) != hex_digest):
+            raise IntegrityError("store object does not match its key", key=key,
+                                 path=str(path), **context)
+    except BaseException:
+        os.close(fd)
+        raise
+    return path, fd
+
+
+def _located(store: Any, key: str, context: dict[str, Any]) -> Any:
+    try:
+        obj = store.lookup(key)
+    except (StoreError, ValueError) as exc:
+        raise StoreError(f"cannot look the object up: {exc}", key=key, **context) from None
+    if obj is None:
+        raise IntegrityError("the store no longer holds an object of the build", key=key,
+                             hint="a gc dropped it: pin the build's root ('weightstore "
+                                  "store pin') to keep it", **context)
+    return obj
