@@ -38,6 +38,7 @@ def file_problems(folder: Path | None, entries: Sequence[ManifestEntry], scenari
     """
     problems: list[str] = []
     files: dict[str, tuple[Path, int | None]] = {}  # each file located and sized once
+    located: dict[str, Any] | None = None  # the store's answer for the keys of such files
     for e in entries:
         s = e.source
         if e.status != ACTIVE or e.origin in STORE_ONLY:
@@ -55,9 +56,12 @@ def file_problems(folder: Path | None, entries: Sequence[ManifestEntry], scenari
                 files[s.file] = (path or Path(s.file),
                                  path.stat().st_size if path and path.is_file() else None)
             path, size = files[s.file]
-            if size is None and store is not None and s.store_key and store.locate(
-                    [s.store_key]).get(s.store_key) is not None:
-                continue
+            if size is None and store is not None and s.store_key:
+                if located is None:  # one batched lookup for every entry that may need it
+                    located = store.locate({x.source.store_key for x in entries
+                                            if x.source.file and x.source.store_key})
+                if s.store_key in located:
+                    continue
             if size is None:
                 raise ExternalDataError("live weight's file is missing or unreadable",
                                         **context)
