@@ -33,6 +33,10 @@ _NAME = re.compile(r"[^/@\s]+")
 _PIN = re.compile(r"\d+|[a-z0-9]+:[0-9a-f]{16,128}")
 
 
+class UnknownReference(ResolutionError):
+    """The store holds no build the reference names (or there is no store at all)."""
+
+
 @dataclass(frozen=True)
 class StoreReference:
     """``PACKAGE[/VERSION[/LAYOUT]][@ROOT_ID|@ALGO:HEX]``: one build in a store."""
@@ -104,7 +108,7 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
 
     context = {"reference": str(ref), "store": str(store_root)}
     if not (store_root / INDEX_NAME).is_file():
-        raise ResolutionError("no weight store here to resolve a store reference in",
+        raise UnknownReference("no weight store here to resolve a store reference in",
                               **context)
     store = WeightStore(store_root)
     with store.index.reading() as conn:
@@ -125,7 +129,7 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
     for r in rows:
         builds.setdefault(r[4], []).append(r)
     if not builds:
-        raise ResolutionError("no build in the store matches the reference",
+        raise UnknownReference("no build in the store matches the reference",
                               known=", ".join(known[:8]) or "none", **context)
     if len(builds) > 1:
         raise ResolutionError(

@@ -25,7 +25,7 @@ from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metada
 from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
 from ..errors import ModelError, PackageError, ResolutionError
 from ..fsio import parse_json, read_exact
-from .reference import StoreReference
+from .reference import StoreReference, UnknownReference
 
 
 @dataclass
@@ -137,16 +137,21 @@ def open_source(source: str | os.PathLike[str] | StoreReference, *,
     """The model ``source`` names: a model file, one model of a package folder (``model``
     by name, needed when the package holds several), or one model of a build in the store
     at ``store`` (a :class:`StoreReference`, or its text when no such path exists)."""
-    if not isinstance(source, StoreReference):
-        path = Path(source)
-        if path.exists() or not isinstance(source, str):
-            return _open_path(path, model, device)
-        try:
-            source = StoreReference.parse(source)
-        except ResolutionError:
-            raise ResolutionError("no such model file, package folder or store reference",
-                                  source=str(path)) from None
-    return _open_reference(source, model, device, store)
+    if isinstance(source, StoreReference):
+        return _open_reference(source, model, device, store)
+    path = Path(source)
+    if path.exists() or not isinstance(source, str):
+        return _open_path(path, model, device)
+    try:
+        ref = StoreReference.parse(source)
+    except ResolutionError:
+        raise ResolutionError("no such model file, package folder or store reference",
+                              source=str(path)) from None
+    try:
+        return _open_reference(ref, model, device, store)
+    except UnknownReference as exc:  # a mistyped path, as likely as an unknown build
+        raise UnknownReference(f"no such model file or package folder, and {exc.message}",
+                               **exc.context) from None
 
 
 def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource:
@@ -172,6 +177,9 @@ def _open_reference(ref: StoreReference, model: str | None, device: str | None,
     from .locator import WeightStoreLocator
     from .reference import find_build, open_model_object
 
+    if store is not None and not isinstance(store, (str, os.PathLike)):
+        raise ResolutionError("a store reference is resolved in a store folder, not through "
+                              "a locator", reference=str(ref))
     root = resolve_store_path(None if store is None else os.fspath(store), None)
     build = find_build(root, ref)
     entry = _model_entry(build.summary, model, reference=str(ref))
