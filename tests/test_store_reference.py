@@ -188,3 +188,19 @@ def test_cli_resolves_and_runs_a_store_reference(project, tmp_path, capsys):
     assert main(["resolve", "pk/9", "--store", store]) == 2
     err = capsys.readouterr().err
     assert "no build in the store matches" in err and err.count("\n") == 1
+
+
+def test_a_root_redirected_in_the_index_is_refused(project):
+    """The roots table is shared and unauthenticated: a row that names another build's
+    fingerprint must not make the reference resolve that build."""
+    import sqlite3
+
+    from weightstore.store.index import INDEX_NAME
+
+    store = project / "store"
+    other = json.loads((project / "out" / "pk" / "1" / "split-sep" / "summary.json")
+                       .read_bytes())["fingerprint"]
+    with sqlite3.connect(store / INDEX_NAME) as conn:
+        conn.execute("UPDATE roots SET fingerprint = ? WHERE layout = 'split'", (other,))
+    with pytest.raises(ResolutionError, match="not what the store's roots say"):
+        weightstore.resolve(REF, store=store)

@@ -111,20 +111,10 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
         raise UnknownReference("no weight store here to resolve a store reference in",
                               **context)
     store = WeightStore(store_root)
-    with store.index.reading() as conn:
-        cols = [(c, v) for c, v in (("package", ref.package), ("version", ref.version),
-                                     ("layout", ref.layout)) if v is not None]
-        rows = conn.execute("SELECT id, package, version, layout, fingerprint FROM roots "
-                            "WHERE " + " AND ".join(f"{c} = ?" for c, _ in cols)
-                            + " ORDER BY id", [v for _, v in cols]).fetchall()
-        if ref.pin is not None and ref.pin.isdigit():
-            rows = [r for r in rows if r[0] == int(ref.pin)]
-        elif ref.pin is not None:
-            rows = [r for r in rows if conn.execute(
-                "SELECT 1 FROM root_keys WHERE root = ? AND key = ?",
-                (r[0], ref.pin)).fetchone()]
-        known = sorted({f"{p}/{v}/{la}" for p, v, la in conn.execute(
-            "SELECT package, version, layout FROM roots")})
+    pin = ref.pin or ""
+    rows, known = store.named_roots(ref.package, ref.version, ref.layout,
+                                    root_id=int(pin) if pin.isdigit() else None,
+                                    key=pin if pin and not pin.isdigit() else None)
     builds: dict[str, list[tuple[Any, ...]]] = {}
     for r in rows:
         builds.setdefault(r[4], []).append(r)
@@ -148,6 +138,11 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
         summary = parse_json(summary_bytes.decode())
         if summary["fingerprint"] != fingerprint:
             raise ValueError("summary of another build")
+        named = (summary["package"], summary["version"], summary["layout"]["name"])
+        if any(want is not None and want != have for want, have in zip(
+                (ref.package, ref.version, ref.layout), named, strict=True)):
+            raise ValueError(f"the build is {'/'.join(named)}, not what the store's roots "
+                             "say")
         if ref.pin is not None and not ref.pin.isdigit() and ref.pin != files[
                 SUMMARY_NAME].pieces[0].key:
             raise ValueError("summary digest differs")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,10 +135,24 @@ def find(conn: sqlite3.Connection, selector: str) -> list[int]:
         return ids
     parts = selector.split("/")
     if 1 <= len(parts) <= 3:
-        cols = ("package", "version", "layout")[:len(parts)]
-        where = " AND ".join(f"{c} = ?" for c in cols)
-        return [r[0] for r in conn.execute(f"SELECT id FROM roots WHERE {where}", parts)]
+        return [r[0] for r in named(conn, parts)]
     return []
+
+
+def named(conn: sqlite3.Connection, parts: Sequence[str | None],
+          ) -> list[tuple[int, str, str, str, str]]:
+    """``(id, package, version, layout, fingerprint)`` of the roots a name names:
+    ``parts`` is ``package[, version[, layout]]``, a None part matching any."""
+    names = ("package", "version", "layout")[:len(parts)]
+    cols = [(c, v) for c, v in zip(names, parts, strict=True) if v is not None]
+    where = " AND ".join(f"{c} = ?" for c, _ in cols) or "1"
+    return conn.execute(f"SELECT id, package, version, layout, fingerprint FROM roots "
+                        f"WHERE {where} ORDER BY id", [v for _, v in cols]).fetchall()
+
+
+def holds_key(conn: sqlite3.Connection, root: int, key: str) -> bool:
+    return conn.execute("SELECT 1 FROM root_keys WHERE root = ? AND key = ?",
+                        (root, key)).fetchone() is not None
 
 
 def set_pinned(conn: sqlite3.Connection, ids: Iterable[int], pinned: bool) -> None:

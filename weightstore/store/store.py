@@ -473,6 +473,26 @@ class WeightStore:
         with self.index.reading() as conn:
             return roots.list_roots(conn)
 
+    def named_roots(self, package: str, version: str | None = None,
+                    layout: str | None = None, *, root_id: int | None = None,
+                    key: str | None = None) -> tuple[list[tuple[int, str, str, str, str]],
+                                                     list[str]]:
+        """The roots a name names, ``(id, package, version, layout, fingerprint)``, kept
+        to the one ``root_id`` or to those whose objects include ``key``; and every
+        ``package/version/layout`` the store knows (for an error to list), from one
+        snapshot of the index."""
+        from . import roots
+
+        self._require_root()
+        with self.index.reading() as conn:
+            rows = roots.named(conn, (package, version, layout))
+            if root_id is not None:
+                rows = [r for r in rows if r[0] == root_id]
+            if key is not None:
+                rows = [r for r in rows if roots.holds_key(conn, r[0], key)]
+            known = sorted({"/".join(r[1:4]) for r in roots.named(conn, ())})
+        return rows, known
+
     def pin(self, selector: str, pinned: bool = True) -> list[int]:
         from . import roots
 
