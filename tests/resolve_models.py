@@ -30,21 +30,26 @@ def _branch(name: str, weight: str, x: str = "x") -> onnx.GraphProto:
                              initializer=[_w(weight, [H, H])])
 
 
-def shape_if_model(batch: int | str = 1) -> onnx.ModelProto:
-    """``If(Equal(Gather(Shape(x), 0), 1))``: with a static batch of 1 the then-branch is
-    live and ``w_else`` is dead."""
-    nodes = [
-        helper.make_node("Shape", ["x"], ["s"]),
+def shape_if_nodes(value: str, equals: int, out: str) -> list[onnx.NodeProto]:
+    """``out = If(Equal(Gather(Shape(value), 0), equals))``, as exporters write a batch
+    test: ``w_then`` live in the then-branch, ``w_else`` in the else-branch."""
+    return [
+        helper.make_node("Shape", [value], ["s"]),
         helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(
             np.array(0, dtype=np.int64), "zero")),
         helper.make_node("Gather", ["s", "zero"], ["d0"], axis=0),
-        helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(
-            np.array(1, dtype=np.int64), "one")),
-        helper.make_node("Equal", ["d0", "one"], ["single"]),
-        helper.make_node("If", ["single"], ["h"], then_branch=_branch("then", "w_then"),
+        helper.make_node("Constant", [], ["wanted"], value=numpy_helper.from_array(
+            np.array(equals, dtype=np.int64), "wanted")),
+        helper.make_node("Equal", ["d0", "wanted"], ["cond"]),
+        helper.make_node("If", ["cond"], [out], then_branch=_branch("then", "w_then"),
                          else_branch=_branch("else", "w_else")),
-        helper.make_node("MatMul", ["h", "w_out"], ["y"]),
     ]
+
+
+def shape_if_model(batch: int | str = 1) -> onnx.ModelProto:
+    """``If(Equal(Gather(Shape(x), 0), 1))``: with a static batch of 1 the then-branch is
+    live and ``w_else`` is dead."""
+    nodes = [*shape_if_nodes("x", 1, "h"), helper.make_node("MatMul", ["h", "w_out"], ["y"])]
     graph = helper.make_graph(nodes, "shape_if", [pm._vi("x", TensorProto.FLOAT, [batch, H])],
                               [pm._vi("y", TensorProto.FLOAT, [batch, H])],
                               initializer=[_w("w_out", [H, H])])

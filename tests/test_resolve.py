@@ -94,7 +94,7 @@ def test_constant_results_classify_without_materializing():
     root = Scope((), meta.graph)
     assert results.result(root, "x").kind == ValueKind.DYNAMIC
     assert results.known(root, "s").tolist() == [1, rm.H]  # from shape inference
-    assert results.known(root, "single").item() is True
+    assert results.known(root, "cond").item() is True
     assert results.result(root, "w_out").kind == ValueKind.CONSTANT  # large: not read
     assert results.result(root, "w_out").value is None
     assert results.result(root, "y").kind == ValueKind.DYNAMIC

@@ -7,10 +7,9 @@ from __future__ import annotations
 import contextlib
 import shutil
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import weightstore
 import weightstore.resolve.source as source_module
@@ -115,17 +114,7 @@ def _dims_if_model(batch: int, length: int = 1) -> onnx.ModelProto:
     for i in range(length):
         nodes.append(helper.make_node("Relu", [value], [f"r{i}"]))
         value = f"r{i}"
-    nodes += [
-        helper.make_node("Shape", [value], ["s"]),
-        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(
-            np.array(0, dtype=np.int64), "zero")),
-        helper.make_node("Gather", ["s", "zero"], ["d0"], axis=0),
-        helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(
-            np.array(2, dtype=np.int64), "two")),
-        helper.make_node("Equal", ["d0", "two"], ["pair"]),
-        helper.make_node("If", ["pair"], ["y"], then_branch=rm._branch("then", "w_then"),
-                         else_branch=rm._branch("else", "w_else")),
-    ]
+    nodes += rm.shape_if_nodes(value, 2, "y")
     graph = helper.make_graph(nodes, "dims_if", [pm._vi("x", TensorProto.FLOAT, [batch, rm.H])],
                               [pm._vi("y", TensorProto.FLOAT, [1, rm.H])])
     return pm._model(graph)
@@ -144,7 +133,7 @@ def test_shape_inference_runs_once_however_much_is_asked(inferences):
     model = _dims_if_model(batch=2)
     results = analyze(model)
     root = Scope((), model.graph)
-    assert results.known(root, "pair").item() is True
+    assert results.known(root, "cond").item() is True
     assert results.known(root, "d0").item() == 2
     results.counts()
     assert len(inferences) == 1
@@ -164,7 +153,7 @@ def test_folding_asks_only_the_condition_cone(inferences):
 def test_a_long_chain_is_no_deep_recursion():
     model = _dims_if_model(batch=2, length=3000)
     results = analyze(model)
-    assert results.known(Scope((), model.graph), "pair").item() is True
+    assert results.known(Scope((), model.graph), "cond").item() is True
 
 
 def test_results_do_not_depend_on_the_order_of_questions():
