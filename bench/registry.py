@@ -52,7 +52,7 @@ models:
 
 def build_package(workdir: Path, name: str, model: Any, version: str, hash_: str,
                   scenario: bool = False) -> Path:
-    from weightstore.build import BuildOptions, build
+    from weightstore.build.run import BuildOptions, build
 
     src = workdir / f"{name}-{version}.onnx"
     import onnx

@@ -416,7 +416,7 @@ def external_source(folder: Path) -> Path:
     """A model whose weights are already external data, as exporters write them: in a
     subfolder, several tensors of one file at offsets (the last without ``length``), one
     with a ``checksum``, one in a file of its own; plus inline tensors."""
-    from weightstore.hashing import digest_bytes
+    from weightstore.io.digests import digest_bytes
 
     n = count_for(T.FLOAT, THRESHOLD + 4)
     (folder / "weights").mkdir(parents=True, exist_ok=True)

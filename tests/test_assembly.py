@@ -81,6 +81,6 @@ def test_an_arrived_object_is_still_re_hashed(tmp_path: Path) -> None:
 def test_one_rule_keeps_archive_manifest_and_record_paths_inside(name, hidden, inside):
     """Unpacked archive members, artifact file paths and action record names all pass
     through this check."""
-    from weightstore.fsio import is_relative_inside
+    from weightstore.io.files import is_relative_inside
 
     assert is_relative_inside(name, hidden=hidden) is inside

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.convert import convert_to_inline
 from weightstore.errors import PackageError
 from weightstore.store import WeightStore
@@ -276,7 +276,7 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
 
 def test_embedded_refuses_models_over_protobuf_limit(encoder_model, save_model, tmp_path,
                                                      monkeypatch):
-    import weightstore.model_io as model_io
+    import weightstore.io.models as model_io
 
     src = save_model(encoder_model, "models/encoder.onnx")
     recipe = write_recipe(tmp_path, {"encoder": src},
@@ -325,7 +325,7 @@ def test_package_files_are_listed_without_reading_them_again(encoder_model, save
     """The summary's file digests come from the pass that writes and verifies the files:
     no package file is read again to list it, and every digest is the file's own."""
     import weightstore.release.inventory as inventory
-    from weightstore.hashing import digest_file, make_key
+    from weightstore.io.digests import digest_file, make_key
 
     src = save_model(encoder_model, "models/encoder.onnx")
     recipe = write_recipe(tmp_path, {"encoder": src})

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build import BuildOptions, build
-from weightstore.hashing import digest_bytes
+from weightstore.build.run import BuildOptions, build
+from weightstore.io.digests import digest_bytes
 from weightstore.resolve.runnable import runnable_variant
 from weightstore.scenarios.api import replay_modification_scenario, scenario_names
 from weightstore.store import WeightStore

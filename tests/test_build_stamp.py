@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.caches import build_stamp
 from weightstore.errors import PackageError
 from weightstore.store.location import user_cache_dir
@@ -125,7 +125,7 @@ def test_forged_stamp_is_not_trusted(project: Path) -> None:
     onnx.save(make_encoder(seed=5), source)
     (stamp,) = _stamps()
     doc = json.loads(stamp.read_text())
-    from weightstore.hashing import digest_file, make_key
+    from weightstore.io.digests import digest_file, make_key
     from weightstore.package.fingerprint import FINGERPRINT_ALGO
 
     doc["sources"][str(source)]["digest"] = make_key(

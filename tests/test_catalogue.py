@@ -11,9 +11,9 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from weightstore.catalogue.descriptors import weight_descriptors
+from weightstore.catalogue.inspect import inspect_model
 from weightstore.catalogue.reader import read_catalogue
 from weightstore.catalogue.sites import iter_tensor_sites
-from weightstore.inspect import inspect_model
 
 from .samples import make_encoder
 from .test_convert import _typed_model
@@ -178,7 +178,7 @@ def _values_changed(path, name) -> bool:
 def test_inspect_table(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(_exotic_model(), str(path))
-    from weightstore.inspect import render_table
+    from weightstore.catalogue.inspect import render_table
 
     text = render_table(inspect_model(path))
     assert "sparse" in text and "inline string_data" in text and "tensors" in text.splitlines()[-1]

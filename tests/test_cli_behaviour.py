@@ -141,7 +141,7 @@ def test_refusing_a_different_build_names_what_changed(encoder_model, shared_pai
                                                         save_model, tmp_path):
     import pytest
 
-    from weightstore.build import BuildOptions, build
+    from weightstore.build.run import BuildOptions, build
     from weightstore.errors import PackageError
 
     src = save_model(encoder_model, "m.onnx")

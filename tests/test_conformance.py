@@ -22,14 +22,14 @@ from onnx import TensorProto as T
 from onnx import numpy_helper
 
 import weightstore
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.catalogue.graphs import iter_containers
+from weightstore.catalogue.inspect import inspect_model
 from weightstore.catalogue.payload import expected_nbytes
 from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.convert.file_constant import DOMAIN, OP_TYPE
 from weightstore.errors import ModelError
-from weightstore.inspect import inspect_model
 from weightstore.package.check import check_package
 
 from . import conformance_models as cm

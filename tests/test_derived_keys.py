@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.caches.derived_keys import FOLDER
 
 from .test_build import tree

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from weightstore.hashing import digest_bytes
+from weightstore.io.digests import digest_bytes
 from weightstore.package import fingerprint
 from weightstore.package.fingerprint import FileDigests
 

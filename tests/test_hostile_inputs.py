@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.errors import (
@@ -24,8 +24,8 @@ from weightstore.errors import (
     PackageError,
     RecipeError,
 )
-from weightstore.hashing import digest_bytes
-from weightstore.recipe import RECIPE_SIZE_LIMIT, load_recipe, parse_recipe_text
+from weightstore.io.digests import digest_bytes
+from weightstore.recipe.schema import RECIPE_SIZE_LIMIT, load_recipe, parse_recipe_text
 from weightstore.store import WeightStore
 
 from .test_build import write_recipe
@@ -92,7 +92,7 @@ def test_a_right_declared_checksum_builds(algo, tmp_path):
 
 def test_checksums_are_verified_in_the_hashing_read(tmp_path, monkeypatch):
     """No extra read: every payload byte range is opened once, for hashing."""
-    import weightstore.hashing as hashing
+    import weightstore.io.digests as hashing
 
     opened: list[str] = []
     real = hashing.open_regular
@@ -283,7 +283,7 @@ def test_yaml_alias_bomb_is_refused_small_and_fast():
 
 TRUNCATE_WHILE_HASHING = """
 import os, sys
-from weightstore import hashing
+from weightstore.io import digests as hashing
 from weightstore.errors import IntegrityError
 path = sys.argv[1]
 real = hashing.new_hasher
@@ -354,7 +354,7 @@ def test_an_output_folder_not_writable_is_refused_before_the_store(
 def test_io_errors_name_their_path(tmp_path, monkeypatch):
     import errno
 
-    from weightstore import fsio
+    from weightstore.io import files as fsio
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")

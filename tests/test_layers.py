@@ -39,3 +39,44 @@ def test_the_import_scan_sees_function_level_imports():
     inner = PACKAGE / "resolve" / "runnable.py"  # imports scenarios modules at the top
     assert "weightstore.scenarios.api" in _imports(inner)
     assert "weightstore.resolve.commands" in _imports(PACKAGE / "cli.py")  # in a function
+
+
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "lazy", "progress"}
+
+
+def _folder_imports(folder: str) -> set[str]:
+    """The top-level weightstore names (folders or root modules) ``folder`` imports, its own
+    left out."""
+    out = set()
+    for path in (PACKAGE / folder).glob("*.py"):
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "weightstore" and len(parts) > 1 and parts[1] != folder:
+                out.add(parts[1])
+    return out
+
+
+def test_the_package_root_holds_only_the_entry_points_and_shared_basics():
+    """Every concept lives in a folder named after it (docs/architecture.md); the root keeps
+    the entry points (``cli``, ``__main__``), the public API table and the three basics
+    every folder may use (errors, lazy exports, progress)."""
+    assert {p.stem for p in PACKAGE.glob("*.py")} == ROOT_MODULES
+
+
+def test_io_and_the_store_sit_at_the_bottom():
+    """File primitives know nothing but errors; the store knows nothing of models,
+    recipes or packages."""
+    assert _folder_imports("io") <= {"errors"}
+    assert _folder_imports("store") <= {"errors", "io", "lazy", "progress"}
+
+
+def test_only_the_command_line_and_releases_start_builds():
+    importers = {folder.name for folder in PACKAGE.iterdir()
+                 if folder.is_dir() and "build" in _folder_imports(folder.name)}
+    root = {p.stem for p in PACKAGE.glob("*.py")
+            if any(i.startswith("weightstore.build") for i in _imports(p))}
+    assert importers <= {"release"} and root <= {"cli", "__init__"}
+
+
+def test_the_folder_scan_sees_imports():
+    assert "io" in _folder_imports("store") and "recipe" in _folder_imports("build")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.release_helpers import make_checkout
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import PackageError
-from weightstore.hashing import digest_file, make_key
+from weightstore.io.digests import digest_file, make_key
 from weightstore.release.inventory import verify_package
 
 

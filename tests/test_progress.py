@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 
 from .registry_server import BINARY, running_registry
 from .samples import make_encoder

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.errors import PackageError
-from weightstore.fsio import exchange, make_temp_dir, publish_dir
+from weightstore.io.files import exchange, make_temp_dir, publish_dir
 
 from .test_build import write_recipe
 

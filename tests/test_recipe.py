@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from weightstore.errors import RecipeError
-from weightstore.recipe import (
+from weightstore.recipe.schema import (
     NAME_PATTERN,
     LoadedRecipe,
     Recipe,

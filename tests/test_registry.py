@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import (
     PackageError,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.errors import RegistryNotFoundError
 from weightstore.registry import sessions
 from weightstore.registry.client import RegistryClient, Transport

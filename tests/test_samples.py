@@ -306,7 +306,7 @@ def test_store_dir_is_isolated(isolated_env: Path) -> None:
 
 
 def test_example_recipes_are_valid() -> None:
-    from weightstore.recipe import load_recipe
+    from weightstore.recipe.schema import load_recipe
 
     root = Path(__file__).resolve().parents[1]
     for recipe in sorted((root / "recipes").glob("*.yaml")):

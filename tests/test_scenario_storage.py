@@ -14,7 +14,7 @@ from weightstore._proto import weightstore_pb2 as pb
 from weightstore.catalogue.reader import read_catalogue
 from weightstore.catalogue.wire import LEN, VARINT, encode_varint, iter_fields
 from weightstore.errors import ScenarioError
-from weightstore.hashing import digest_bytes
+from weightstore.io.digests import digest_bytes
 from weightstore.scenarios.digest import base_graph_digest, default_payload_identity
 from weightstore.scenarios.storage import FIELD, read_scenarios, write_scenarios
 from weightstore.scenarios.variants import metadata_of

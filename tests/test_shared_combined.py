@@ -10,10 +10,10 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.errors import PackageError, RecipeError
 from weightstore.package.fingerprint import layout_fingerprint
-from weightstore.recipe import Layout, parse_recipe_text
+from weightstore.recipe.schema import Layout, parse_recipe_text
 
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import runnable, tree, write_recipe

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package.bundles import assemble, satisfies
@@ -247,7 +247,7 @@ def test_two_models_share_a_file_group(shared_pair, save_model, tmp_path):
 
 def test_auto_without_a_match_runs_the_default_graph():
     from weightstore.package.bundles import select_scenario
-    from weightstore.recipe import Device
+    from weightstore.recipe.schema import Device
 
     offered = [("half", {"accelerator": "npu"}), ("fused", {"kernels": ["fa"]})]
     assert select_scenario(Device(name="d", capabilities={"cpu": True}, scenario="auto"),

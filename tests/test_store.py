@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 import weightstore.store.store as store_module
 import weightstore.store.writer as writer_module
-from weightstore import fsio
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, StoreError
-from weightstore.fsio import align_up
-from weightstore.hashing import digest_bytes, make_key
+from weightstore.io import files as fsio
+from weightstore.io.digests import digest_bytes, make_key
+from weightstore.io.files import align_up
 from weightstore.store import (
     FORMAT_VERSION,
     BytesPayload,
@@ -72,6 +72,9 @@ class FlakyPayload:
     def file_range(self) -> None:
         return None
 
+    def describe(self) -> str:
+        return "a source that fails when read"
+
 
 @dataclass(frozen=True)
 class LyingPayload:
@@ -86,6 +89,9 @@ class LyingPayload:
 
     def file_range(self) -> None:
         return None
+
+    def describe(self) -> str:
+        return "a source shorter than it claims"
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,9 @@ class ImpostorPayload:
 
     def file_range(self) -> None:
         return None
+
+    def describe(self) -> str:
+        return "a source that changed after it was hashed"
 
 
 def temp_files(root: Path) -> list[str]:
@@ -548,7 +557,7 @@ def test_lock_timeout_is_a_store_error(tmp_path: Path, capsys: pytest.CaptureFix
 def test_a_waiting_writer_names_the_holder_every_ten_seconds(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import weightstore.locking as locking
+    import weightstore.io.locks as locking
 
     monkeypatch.setattr(locking, "WAIT_REPORT_SECONDS", 0.05)
     monkeypatch.setattr(store_module, "COMBINED_SIBLINGS", 1)  # no sibling to go to
@@ -568,7 +577,7 @@ _TAKE_TURNS = """
 import sys, time
 from pathlib import Path
 from weightstore.errors import StoreError
-from weightstore.locking import file_lock
+from weightstore.io.locks import file_lock
 lock, counter = Path(sys.argv[1]), Path(sys.argv[2])
 for _ in range(int(sys.argv[3])):
     with file_lock(lock, -1, StoreError, "test", removable=True):
@@ -582,7 +591,7 @@ def test_a_removable_lock_goes_with_its_holder_and_stays_exclusive(tmp_path: Pat
     import subprocess
     import sys
 
-    from weightstore.locking import file_lock
+    from weightstore.io.locks import file_lock
 
     lock, counter = tmp_path / "pull-x.lock", tmp_path / "counter"
     with file_lock(lock, 0, StoreError, "test", removable=True):
@@ -723,7 +732,7 @@ def test_bytes_that_do_not_match_their_key_are_never_indexed(store: WeightStore,
     with pytest.raises(IntegrityError) as exc:
         store.put([impostor], kind=kind, combined_name=name, alignment=64, jobs=jobs)
     assert exc.value.context["key"] == ps[2].key
-    assert exc.value.context["source"] == "ImpostorPayload in memory"
+    assert exc.value.context["source"] == "a source that changed after it was hashed"
     assert exc.value.context["got"] == BytesPayload.of(impostor.data).key
     assert snapshot(store.root) == before  # index, objects and combined file unchanged
     assert temp_files(store.root) == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore.build import BuildOptions, build
+from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.package.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from weightstore.cli import main
 from weightstore.errors import StoreError
-from weightstore.fsio import align_up
+from weightstore.io.files import align_up
 from weightstore.store import FORMAT_VERSION, BytesPayload, StoredObject, WeightStore
 from weightstore.store.meta import encode_legacy, read_legacy
 
@@ -119,7 +119,7 @@ def _put_one(root: str, i: int) -> None:
 
 
 def test_a_build_reuses_a_migrated_store(encoder_model, save_model, tmp_path: Path) -> None:
-    from weightstore.build import BuildOptions, build
+    from weightstore.build.run import BuildOptions, build
 
     from .test_build import write_recipe
 
@@ -332,7 +332,7 @@ def test_a_lost_index_is_rebuilt_from_per_weight_objects(tmp_path: Path) -> None
 def test_a_read_only_store_serves_a_build_without_writing(
         tmp_path: Path, encoder_model, save_model, monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a read-only mount: every payload present, so the build needs no write."""
-    from weightstore.build import BuildOptions, build
+    from weightstore.build.run import BuildOptions, build
 
     from .helpers import freeze_index, index_bytes
     from .test_build import write_recipe

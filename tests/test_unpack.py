@@ -13,7 +13,7 @@ import pytest
 from tests.release_helpers import entry, make_checkout, tar_zst
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, PackageError
-from weightstore.hashing import digest_bytes
+from weightstore.io.digests import digest_bytes
 from weightstore.release.api import ReleaseOptions, release
 from weightstore.release.inventory import verify_package
 from weightstore.release.unpack import unpack

@@ -17,8 +17,8 @@ commands that build, inspect, convert, check and load have a function here:
 
 Names load on first use (PEP 562): ``import weightstore`` stays cheap, so the command
 line, which imports this package first, pays only for what its command needs.
-``build``, ``inspect``, ``resolve`` and ``load`` are also submodules; each is callable as
-its function, whatever was imported first.
+``build``, ``inspect``, ``resolve`` and ``load`` are also modules (``inspect`` is
+``catalogue.inspect``); each is callable as its function, whatever was imported first.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ __version__ = "0.1.0"
 # name -> (submodule, attribute); attribute None: the submodule itself, which is callable
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "build": ("build", None),
-    "BuildOptions": ("build", "BuildOptions"),
-    "BuildResult": ("build", "BuildResult"),
-    "PackageResult": ("build", "PackageResult"),
-    "Recipe": ("recipe", "Recipe"),
-    "load_recipe": ("recipe", "load_recipe"),
-    "inspect": ("inspect", None),
+    "BuildOptions": ("build.run", "BuildOptions"),
+    "BuildResult": ("build.run", "BuildResult"),
+    "PackageResult": ("build.run", "PackageResult"),
+    "Recipe": ("recipe.schema", "Recipe"),
+    "load_recipe": ("recipe.schema", "load_recipe"),
+    "inspect": ("catalogue.inspect", None),
     "convert_to_external": ("convert", "convert_to_external"),
     "convert_to_inline": ("convert", "convert_to_inline"),
     "ConvertReport": ("convert", "ConvertReport"),
@@ -70,13 +70,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from . import build, inspect, load, resolve
-    from .build import BuildOptions, BuildResult, PackageResult
+    from . import build, load, resolve
+    from .build.run import BuildOptions, BuildResult, PackageResult
+    from .catalogue import inspect
     from .convert import ConvertReport, convert_to_external, convert_to_inline
     from .errors import WeightstoreError
     from .package.bundles import assemble as bundle
     from .package.check import CheckReport, check_package
-    from .recipe import Recipe, load_recipe
+    from .recipe.schema import Recipe, load_recipe
     from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext, StoreReference
     from .resolve.prepare import prepare
     from .resolve.runnable import replay_scenario

@@ -182,7 +182,7 @@ def _mb(n: int) -> str:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .build import BuildOptions, build
+    from .build.run import BuildOptions, build
 
     result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
                                              force=args.force, models=tuple(args.model),
@@ -193,7 +193,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         _print_json(result.to_dict())
         return EXIT_OK
     if args.dry_run:
-        from .build_plan import render_plan
+        from .build.plan import render_plan
 
         print(render_plan(result))
         return EXIT_OK
@@ -216,7 +216,7 @@ def _open_store(args: argparse.Namespace):
 
     configured = None
     if args.recipe:
-        from .recipe import load_recipe
+        from .recipe.schema import load_recipe
 
         configured = load_recipe(args.recipe).store_path()
     return WeightStore(resolve_store_path(args.store, configured))
@@ -297,7 +297,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspect import inspect_model, render_table
+    from .catalogue.inspect import inspect_model, render_table
 
     report = inspect_model(args.model)
     if args.json:
@@ -347,7 +347,7 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from .recipe import render_schema, write_schema
+    from .recipe.schema import render_schema, write_schema
 
     if args.output is None:
         sys.stdout.write(render_schema())

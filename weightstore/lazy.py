@@ -26,8 +26,8 @@ def lazy_exports(package: str, exports: Mapping[str, tuple[str, str | None]],
     """``__getattr__`` and ``__dir__`` for ``package``.
 
     ``exports`` maps a public name to ``(submodule, attribute)``, the submodule relative to
-    the package; attribute ``None`` exports the submodule itself (which the import system
-    then sets as the package attribute on its own).
+    the package; attribute ``None`` exports the submodule itself (a nested one too, such as
+    ``catalogue.inspect`` exported as ``inspect``).
     """
     names = sorted(public)
 
@@ -36,9 +36,7 @@ def lazy_exports(package: str, exports: Mapping[str, tuple[str, str | None]],
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module_name, attribute = exports[name]
         module = importlib.import_module(f".{module_name}", package)
-        if attribute is None:
-            return module
-        value = getattr(module, attribute)
+        value = module if attribute is None else getattr(module, attribute)
         setattr(sys.modules[package], name, value)
         return value
 

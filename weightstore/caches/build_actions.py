@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..errors import PackageError
-from ..fsio import atomic_write_bytes, is_relative_inside
-from ..hashing import digest_bytes, make_key, split_key
+from ..io.digests import digest_bytes, make_key, split_key
+from ..io.files import atomic_write_bytes, is_relative_inside
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..package.summary import SUMMARY_NAME

@@ -31,8 +31,8 @@ from typing import Any
 from .. import __version__
 from ..catalogue.locations import resolve_location
 from ..errors import ExternalDataError
-from ..fsio import atomic_write_bytes
-from ..hashing import digest_bytes, make_key
+from ..io.digests import digest_bytes, make_key
+from ..io.files import atomic_write_bytes
 from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
 from ..store.location import user_cache_dir
 from .mac import entry_mac, verify_mac

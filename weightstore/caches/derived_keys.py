@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
-from ..fsio import atomic_write_bytes
-from ..hashing import digest_bytes, split_key
+from ..io.digests import digest_bytes, split_key
+from ..io.files import atomic_write_bytes
 from .mac import entry_mac, verify_mac
 
 FOLDER = "derived-keys"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..fsio import read_exact
+from ..io.files import read_exact
 
 WINDOW = 64 << 10
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import ExternalDataError, ModelError
-from ..fsio import NotRegularFileError, open_regular, read_exact
+from ..io.files import NotRegularFileError, open_regular, read_exact
 from . import typed_fields
 from .element_types import expected_nbytes
 from .locations import resolve_location

@@ -20,7 +20,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
-from ..fsio import NotRegularFileError, open_regular, read_exact
+from ..io.files import NotRegularFileError, open_regular, read_exact
 from .filebytes import FileBytes
 from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path

@@ -16,10 +16,10 @@ from ..catalogue.descriptors import weight_descriptors
 from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
 from ..errors import ConversionError, WeightstoreError
-from ..hashing import digest_bytes
+from ..io.digests import digest_bytes
+from ..io.models import save_model
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
-from ..model_io import save_model
 from ..package.outputs import check_outputs, files_read, scenario_locations
 from ..progress import Progress
 from ..scenarios.api import rebase_scenarios

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import onnx
 
 from ..errors import ConversionError
-from ..fsio import parse_json
+from ..io.files import parse_json
 from .encoding import set_external
 from .placement import ExternalTensor
 

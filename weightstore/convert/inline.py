@@ -17,7 +17,7 @@ from ..catalogue.payload import describe, expected_nbytes, read_file_range, read
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError, ExternalDataError, IntegrityError
-from ..hashing import ALGORITHMS, digest_bytes
+from ..io.digests import ALGORITHMS, digest_bytes
 from .encoding import set_payload
 from .external_data import recorded_encodings
 from .file_constant import (

@@ -26,7 +26,7 @@ from ..catalogue.graphs import iter_nodes
 from ..catalogue.reader import Catalogue
 from ..catalogue.schema import CHILDREN, Kind, path_str
 from ..catalogue.schema import Path as TensorPath
-from ..hashing import ALGORITHMS
+from ..io.digests import ALGORITHMS
 from .encoding import set_external
 from .file_constant import (
     OP_TYPE,

@@ -24,7 +24,7 @@ from ..catalogue.schema import Path as TensorPath
 from ..catalogue.shape_inputs import shape_input_names
 from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..errors import ConversionError, IntegrityError, ModelError
-from ..hashing import ALGORITHMS, digest_bytes, digest_file_many, make_key
+from ..io.digests import ALGORITHMS, digest_bytes, digest_file_many, make_key
 from .encoding import set_payload
 from .external_data import apply_external_data, recorded_encodings
 from .file_constant import apply_file_constant, can_hold

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..fsio import align_up
+from ..io.files import align_up
 from ..store.layout import combined_file_name, separate_file_name
 
 Mode = Literal["embedded", "separate", "combined"]

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
-from ..fsio import WRITE_ERRNOS, atomic_writer, copy_range, start_writeback, write_all
-from ..hashing import CHUNK, make_key, new_hasher, split_key
+from ..io.digests import CHUNK, make_key, new_hasher, split_key
+from ..io.files import WRITE_ERRNOS, atomic_writer, copy_range, start_writeback, write_all
 from .plan import LayoutPlan, PlannedFile, PlannedPayload
 
 OPEN_FILES = 64  # weight files written at once, at most
@@ -66,7 +66,7 @@ def write_plan(plan: LayoutPlan, folder: Path, locate: PayloadLocator, *, jobs: 
     digests the whole file, padding included. Returns ``{file name: "<algo>:<hex>"}``
     (empty without ``file_digest``), so callers never read a written byte again to list
     it. Files are opened a batch at a time. ``sync_dir`` False: ``folder`` is a temp
-    folder its caller publishes with :func:`~weightstore.fsio.publish_dir` (one fsync of
+    folder its caller publishes with :func:`~weightstore.io.files.publish_dir` (one fsync of
     the folder for every file, instead of one per file).
     """
     for parent in sorted({(folder / f.name).parent for f in plan.files}):

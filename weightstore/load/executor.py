@@ -19,7 +19,7 @@ import numpy as np
 
 from ..catalogue import typed_fields
 from ..errors import IntegrityError
-from ..hashing import ALGORITHMS, digest_bytes, new_hasher
+from ..io.digests import ALGORITHMS, digest_bytes, new_hasher
 from ..resolve.manifest import ManifestEntry
 from .mapped import MappedData
 from .plan import BUFFER, ReadPlan

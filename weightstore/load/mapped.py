@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import LoadError
-from ..fsio import align_up
+from ..io.files import align_up
 
 ALIGN = 4096
 DATA = "weights.data"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PackageError
-from ..hashing import split_key
+from ..io.digests import split_key
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -102,7 +102,7 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
              arriving: Mapping[str, Future[StoredObject]] | None = None) -> dict[str, str]:
     """Write ``files`` into ``folder`` from the store: every piece copied from its object
     and re-hashed against its key, zeros (holes) elsewhere, each file fsynced. ``folder``
-    is a temp folder the caller publishes with :func:`~weightstore.fsio.publish_dir`,
+    is a temp folder the caller publishes with :func:`~weightstore.io.files.publish_dir`,
     which fsyncs it once for all the files.
 
     Returns ``{file name: "<algo>:<hex>"}`` of each whole file with ``file_digest`` (an

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..catalogue.locations import resolve_location
 from ..errors import PackageError
-from ..fsio import parse_json
+from ..io.files import parse_json
 
 BUNDLE_NAME = "bundle.json"
 FORMAT_VERSION = 1

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from ..errors import PackageError
-from ..fsio import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
-from ..model_io import save_model
+from ..io.files import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
+from ..io.models import save_model
 from ..resolve.files import file_problems
 from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
 from .check import variant_of
 
 if TYPE_CHECKING:  # reading bundle records needs no recipe machinery
-    from ..recipe import Device
+    from ..recipe.schema import Device
 
 def satisfies(capabilities: Mapping[str, Any], requires: Mapping[str, Any]) -> bool:
     """Does a device with ``capabilities`` meet every requirement?"""

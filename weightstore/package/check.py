@@ -21,7 +21,7 @@ from typing import Any
 import onnx
 
 from ..errors import PackageError, ResolutionError, ScenarioError, WeightstoreError
-from ..fsio import parse_json
+from ..io.files import parse_json
 from ..resolve.files import file_problems
 from ..resolve.manifest import ManifestEntry
 from ..resolve.source import ModelSource, open_source

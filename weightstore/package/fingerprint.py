@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..caches.mac import entry_mac, verify_mac
 from ..errors import WeightstoreError
-from ..fsio import atomic_write_bytes
-from ..hashing import digest_bytes, digest_file, make_key
+from ..io.digests import digest_bytes, digest_file, make_key
+from ..io.files import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from ..recipe import Layout
+    from ..recipe.schema import Layout
 
 FINGERPRINT_ALGO = "blake3"
 CACHE_NAME = "source-digests.json"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..caches import build_actions
 from ..errors import IntegrityError, PackageError, StoreError
-from ..fsio import make_temp_dir, publish_dir
+from ..io.files import make_temp_dir, publish_dir
 from .assembly import MissingPayloadError, assemble, summary_weight_files
 from .summary import SUMMARY_NAME
 
@@ -47,7 +47,7 @@ def materialize(store_root: Path, target: Path, fingerprint: str, *,
     record = build_actions.load(store_root, fingerprint)
     if record is None:
         return None
-    from ..locking import target_lock
+    from ..io.locks import target_lock
     from ..store import WeightStore
     from ..store.index import INDEX_NAME
 

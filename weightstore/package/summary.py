@@ -15,7 +15,7 @@ from .. import __version__
 
 if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..layout.plan import LayoutPlan
-    from ..recipe import Layout
+    from ..recipe.schema import Layout
 
 SUMMARY_NAME = "summary.json"
 FORMAT_VERSION = 3  # the newest this code writes and reads
@@ -114,7 +114,7 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
 def package_format_version(settings: dict[str, Any]) -> int:
     """The oldest package format that holds these layout settings and ``contents``, which
     every summary now lists (a reader of an older format could not check it)."""
-    from ..recipe import LAYOUT_KEYS_SINCE
+    from ..recipe.schema import LAYOUT_KEYS_SINCE
 
     return max([CONTENTS_SINCE, *(LAYOUT_KEYS_SINCE[k] for k in settings
                                   if k in LAYOUT_KEYS_SINCE)])

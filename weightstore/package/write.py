@@ -23,15 +23,14 @@ from ..catalogue.schema import path_str
 from ..convert.placement import Placement
 from ..convert.weights import ModelWeights, Weight, declared_checksum
 from ..errors import IntegrityError, StoreError
-from ..fsio import atomic_write_bytes, make_temp_dir, publish_dir
-from ..hashing import digest_bytes, make_key, split_key
+from ..io.digests import digest_bytes, make_key, split_key
+from ..io.files import atomic_write_bytes, make_temp_dir, publish_dir
+from ..io.models import serialize_model
 from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from ..layout.writer import FileRange, write_plan
-from ..model_io import serialize_model
 from ..progress import Progress
-from ..recipe import Layout, Recipe
+from ..recipe.schema import Layout, Recipe
 from ..store import BytesPayload, PayloadSource, StoredObject, WeightStore
-from ..store.writer import describe
 from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
 
 if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that use them
@@ -107,6 +106,12 @@ class _WeightPayload:
     def file_range(self) -> tuple[str, int] | None:
         p = self._w.payload
         return (str(p.file), p.offset) if p.encoding == "raw" else None
+
+    def describe(self) -> str:
+        where = self.file_range()
+        if where is not None:
+            return f"{where[0]} at offset {where[1]}"
+        return f"{self._w.site.where} of {self._mw.catalogue.source}"
 
 
 def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout], algo: str,
@@ -478,7 +483,7 @@ def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: 
         return None
     healed = store.heal(source)
     print(f"weightstore: store object {key} in {damaged.file} at offset {damaged.offset} "
-          f"was damaged; rewritten from {describe(source)}", file=sys.stderr, flush=True)
+          f"was damaged; rewritten from {source.describe()}", file=sys.stderr, flush=True)
     return healed
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError, RegistryError
-from ..fsio import is_relative_inside, parse_json
-from ..hashing import split_key
+from ..io.digests import split_key
+from ..io.files import is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_VERSION

@@ -39,8 +39,8 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..fsio import make_temp_dir, publish_dir
-from ..hashing import new_hasher, split_key
+from ..io.digests import new_hasher, split_key
+from ..io.files import make_temp_dir, publish_dir
 from ..package.assembly import assemble
 from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
@@ -296,7 +296,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
             raise ScenarioError("no model of the artifact has this scenario",
                                 scenario=scenario, reference=str(ref))
         _download_files(client, ref, parsed, [f for f, _ in entries], stage, report)
-        from ..model_io import save_model
+        from ..io.models import save_model
 
         for file, names in entries:
             chosen = scenario if scenario in names else None

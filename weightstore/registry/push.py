@@ -29,7 +29,7 @@ from ..errors import (
     RegistryDigestError,
     RegistryError,
 )
-from ..hashing import make_key, new_hasher, split_key
+from ..io.digests import make_key, new_hasher, split_key
 from ..store import WeightStore
 from . import digests, sessions
 from .artifact import (

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..fsio import atomic_write_bytes
+from ..io.files import atomic_write_bytes
 from ..store.location import user_cache_dir
 
 FORMAT_VERSION = 1
@@ -60,7 +60,7 @@ def folder() -> Path:
 
 
 def _name(registry: str, repository: str, digest: str) -> str:
-    from ..hashing import digest_bytes
+    from ..io.digests import digest_bytes
 
     text = f"{registry}\0{repository}\0{digest}".encode()
     return digest_bytes("blake3", text)[:32]
@@ -114,7 +114,7 @@ def claimed(registry: str, repository: str, digest: str) -> Iterator[bool]:
     that finds it busy sends the blob on a session of its own, unrecorded (two pushes
     appending to one session would break it for both)."""
     from ..errors import RegistryError
-    from ..locking import file_lock
+    from ..io.locks import file_lock
 
     path = folder() / f"{_name(registry, repository, digest)}.lock"
     try:

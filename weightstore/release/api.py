@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import PackageError
-from ..fsio import atomic_writer, fsync_dir, make_temp_dir
-from ..hashing import digest_file
+from ..io.digests import digest_file
+from ..io.files import atomic_writer, fsync_dir, make_temp_dir
 from ..package.summary import SUMMARY_NAME
 from .archive import plan_archive, source_date_epoch, write_archive
 from .compression import Compression
@@ -44,7 +44,7 @@ from .provenance import (
 from .stage import Stage
 
 if TYPE_CHECKING:
-    from ..recipe import LoadedRecipe
+    from ..recipe.schema import LoadedRecipe
 
 RELEASES_DIR = "releases"
 # Compressed chunks of 128 KiB (about zstd's own ZSTD_CStreamOutSize): with 256 KiB or
@@ -92,7 +92,7 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
     options = options or ReleaseOptions()
     path = Path(target)
     if path.is_file():
-        from ..recipe import load_recipe
+        from ..recipe.schema import load_recipe
 
         return _release_recipe(load_recipe(path), options)
     packages = [_read_package(p) for p in _package_folders(path)]
@@ -103,7 +103,7 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
 
 
 def _release_recipe(loaded: LoadedRecipe, options: ReleaseOptions) -> ReleaseResult:
-    from ..build import BuildOptions, build
+    from ..build.run import BuildOptions, build
 
     result = build(loaded, BuildOptions(store=options.store, jobs=options.jobs,
                                         progress=options.progress))
@@ -277,7 +277,7 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
                   ) -> CheckResult:
     """Rebuild the release from scratch (temp folder, fresh store) and compare it byte for
     byte with the one in the output folder, as ``nix build --check`` does."""
-    from ..recipe import load_recipe
+    from ..recipe.schema import load_recipe
 
     options = options or ReleaseOptions()
     path = Path(recipe_path)

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import IntegrityError, PackageError
-from ..hashing import make_key, new_hasher
+from ..io.digests import make_key, new_hasher
 from ..package.summary import SUMMARY_NAME
 from .compression import Compression
 from .zstd_frame import Frame, Sink

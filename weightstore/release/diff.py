@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError
-from ..fsio import parse_json
+from ..io.files import parse_json
 from ..package.bundle_record import BUNDLE_NAME
 from ..package.summary import SUMMARY_NAME
 from .inventory import check_summary, read_summary
@@ -204,7 +204,7 @@ def _device_changes(sa: Mapping[str, Any], sb: Mapping[str, Any], files_a: Mappi
 
 def first_member_difference(a: Path, b: Path) -> str:
     """Where two archives first differ: the first member whose header or data differs."""
-    from ..hashing import new_hasher
+    from ..io.digests import new_hasher
 
     def members(path: Path):
         with open_archive(path) as tf:

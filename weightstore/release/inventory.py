@@ -16,8 +16,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import PackageError
-from ..fsio import is_relative_inside, parse_json
-from ..hashing import digest_file, make_key
+from ..io.digests import digest_file, make_key
+from ..io.files import is_relative_inside, parse_json
 from ..package.summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
 
 

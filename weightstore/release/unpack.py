@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError, PackageError
-from ..fsio import dir_mode, file_mode, fsync_dir, make_temp_dir
-from ..hashing import make_key, new_hasher
+from ..io.digests import make_key, new_hasher
+from ..io.files import dir_mode, file_mode, fsync_dir, make_temp_dir
 from ..package.summary import SUMMARY_NAME
 from .inventory import check_member_path, check_summary
 from .reader import open_archive, read_small

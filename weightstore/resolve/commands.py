@@ -60,7 +60,7 @@ def _store(args: argparse.Namespace) -> Path:
 
     configured = None
     if getattr(args, "recipe", None):
-        from ..recipe import load_recipe
+        from ..recipe.schema import load_recipe
 
         configured = load_recipe(args.recipe).store_path()
     return resolve_store_path(args.store, configured)
@@ -92,7 +92,7 @@ def resolve_command(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..fsio import atomic_writer
+    from ..io.files import atomic_writer
     from ..load import LoadReport, load
     from .api import resolve
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..catalogue.locations import resolve_location
 from ..errors import ExternalDataError, IntegrityError
-from ..hashing import ALGORITHMS, digest_file
+from ..io.digests import ALGORITHMS, digest_file
 from .manifest import ACTIVE, STORE_ONLY, ManifestEntry
 
 

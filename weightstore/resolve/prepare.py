@@ -34,9 +34,9 @@ import onnx
 from ..catalogue.payload import SMALL_VALUE_LIMIT, external_info
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
-from ..fsio import atomic_write_bytes
-from ..hashing import digest_bytes, make_key
-from ..model_io import save_model
+from ..io.digests import digest_bytes, make_key
+from ..io.files import atomic_write_bytes
+from ..io.models import save_model
 from .packing_probe import packing_reused
 from .prepared import PreparedOptions
 from .prepared_cache import FORMAT_VERSION, record_paths

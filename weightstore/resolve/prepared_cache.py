@@ -24,8 +24,8 @@ import onnx
 
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import IntegrityError, PackageError
-from ..fsio import parse_json
-from ..hashing import ALGORITHMS, digest_bytes
+from ..io.digests import ALGORITHMS, digest_bytes
+from ..io.files import parse_json
 from .closure import WeightSource
 from .locator import StoreLocator
 from .manifest import PayloadSource

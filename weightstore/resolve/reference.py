@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError, ResolutionError, StoreError
-from ..fsio import parse_json
+from ..io.files import parse_json
 
 _NAME = re.compile(r"[^/@\s]+")
 _PIN = re.compile(r"\d+|[a-z0-9]+:[0-9a-f]{16,128}")
@@ -165,7 +165,7 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
 
 def read_object(store: Any, key: str, context: dict[str, Any]) -> bytes:
     """A store object's bytes, hashed against its key (an IntegrityError otherwise)."""
-    from ..hashing import digest_bytes, split_key
+    from ..io.digests import digest_bytes, split_key
 
     obj = _located(store, key, context)
     data = store.read(obj)
@@ -179,7 +179,7 @@ def read_object(store: Any, key: str, context: dict[str, Any]) -> bytes:
 def open_model_object(build: ReferencedBuild, name: str) -> tuple[Path, int]:
     """The store file of model file ``name`` and a descriptor of it, its bytes hashed
     against their key through that very descriptor (what is parsed is what was checked)."""
-    from ..hashing import digest_fd, split_key
+    from ..io.digests import digest_fd, split_key
     from ..store import WeightStore
 
     key, size = build.model_keys[name]

@@ -21,7 +21,7 @@ from ..catalogue.payload import describe, read_payload
 from ..catalogue.sites import iter_tensor_sites
 from ..convert.encoding import has_payload, set_payload
 from ..convert.inline import check_digest
-from ..model_io import save_model
+from ..io.models import save_model
 from ..scenarios.api import find_scenario
 from ..scenarios.derive import resolver
 from ..scenarios.operations import output_path

@@ -24,7 +24,7 @@ import onnx
 from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metadata
 from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
 from ..errors import ModelError, PackageError, ResolutionError
-from ..fsio import parse_json, read_exact
+from ..io.files import parse_json, read_exact
 from .reference import StoreReference, UnknownReference
 
 

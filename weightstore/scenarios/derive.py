@@ -33,7 +33,7 @@ from onnx import helper, numpy_helper
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..convert.encoding import clear_payload
 from ..errors import ScenarioError
-from ..fsio import parse_json
+from ..io.files import parse_json
 from ..passes.base import has_payload
 
 SourceValue = Callable[[str], np.ndarray]

@@ -33,7 +33,7 @@ from ..catalogue.schema import PAYLOAD_FIELDS
 from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
-from ..hashing import ALGORITHMS, digest_bytes, new_hasher
+from ..io.digests import ALGORITHMS, digest_bytes, new_hasher
 
 PayloadIdentity = Callable[[TensorSite], str]
 _PAYLOAD_NAMES = frozenset(PAYLOAD_FIELDS.values())

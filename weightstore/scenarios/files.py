@@ -16,7 +16,7 @@ from .._proto import weightstore_pb2 as pb
 from ..catalogue.filebytes import FileBytes
 from ..catalogue.wire import iter_fields
 from ..errors import ModelError
-from ..fsio import atomic_writer, copy_range, write_all
+from ..io.files import atomic_writer, copy_range, write_all
 from .storage import FIELD
 
 

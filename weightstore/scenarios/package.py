@@ -33,8 +33,8 @@ from ..convert.encoding import clear_payload, has_payload, set_external, set_pay
 from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights
 from ..errors import ScenarioError, WeightstoreError
-from ..fsio import parse_json
-from ..hashing import digest_bytes, make_key
+from ..io.digests import digest_bytes, make_key
+from ..io.files import parse_json
 from ..passes.base import run_passes
 from ..passes.cleanup import Cleanup, prune
 from .api import apply_scenario, check_scenarios, prepare_records, strip_scenarios, verify_base
@@ -46,7 +46,7 @@ from .storage import write_scenarios
 from .variants import catalogue_values, scenario_rewrites
 
 if TYPE_CHECKING:  # scenario commands other than add do not load the recipe's models
-    from ..recipe import ScenarioEntry
+    from ..recipe.schema import ScenarioEntry
 
 DIGEST_ALGORITHM = "blake3"
 
@@ -116,7 +116,7 @@ def _requires_of(record: pb.ModelModificationScenarioProto) -> dict:
 
 def check_name(name: str, where: str) -> None:
     """Scenario names become file names in packages: same rule as recipe names."""
-    from ..recipe import NAME_MAX_LENGTH, NAME_PATTERN, RESERVED_SCENARIO_NAMES
+    from ..recipe.schema import NAME_MAX_LENGTH, NAME_PATTERN, RESERVED_SCENARIO_NAMES
 
     if (not re.fullmatch(NAME_PATTERN, name) or len(name) > NAME_MAX_LENGTH
             or name in RESERVED_SCENARIO_NAMES):

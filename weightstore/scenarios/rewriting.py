@@ -22,7 +22,7 @@ import onnx
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..errors import ScenarioError
-from ..fsio import parse_json
+from ..io.files import parse_json
 from .graphpath import FUNCTION_PREFIX, Container, parse_hop, resolve
 
 DERIVATION_PREFIX = "weightstore.derivation:"

@@ -18,8 +18,8 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError
-from ..fsio import align_up, copy_range, file_mode, fsync_dir
-from ..hashing import digest_fd, split_key
+from ..io.digests import digest_fd, split_key
+from ..io.files import align_up, copy_range, file_mode, fsync_dir
 from .layout import COMBINED_SUFFIX
 from .objects import StoredObject
 

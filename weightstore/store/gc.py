@@ -175,7 +175,7 @@ def gather(store: WeightStore, *, older_than: float = 0.0,
 def execute(plan: GcPlan, store: WeightStore,
             progress: Callable[[str], None] | None = None) -> GcResult:
     """Carry out ``plan`` (under the gc lock: one gc at a time per store)."""
-    from ..locking import file_lock
+    from ..io.locks import file_lock
     from .compact import compact_file
 
     result = GcResult()

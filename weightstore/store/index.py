@@ -39,7 +39,7 @@ from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 from ..errors import StoreError
-from ..fsio import file_mode
+from ..io.files import file_mode
 from .layout import LOCK_NAME, META_NAME
 from .objects import StoredObject
 
@@ -371,7 +371,7 @@ class Index:
         Runs under format 1's lock file, so that no older weightstore writes ``meta.json``
         meanwhile; ``meta.json`` then becomes a format 2 marker that older versions refuse.
         """
-        from ..locking import file_lock
+        from ..io.locks import file_lock
         from .meta import read_legacy
 
         with file_lock(self.root / LOCK_NAME, self.busy_timeout, StoreError, "store"):

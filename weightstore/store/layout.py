@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..hashing import split_key
+from ..io.digests import split_key
 
 META_NAME = "meta.json"
 LOCK_NAME = "meta.json.lock"
@@ -51,7 +51,7 @@ def is_safe_component(name: str) -> bool:
 
 
 def is_temp_name(name: str) -> bool:
-    """Temp files from :func:`weightstore.fsio.atomic_writer`: ``.<final>.<random>.tmp``."""
+    """Temp files from :func:`weightstore.io.files.atomic_writer`: ``.<final>.<random>.tmp``."""
     return name.startswith(".") and name.endswith(".tmp")
 
 

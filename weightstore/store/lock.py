@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import StoreError
-from ..locking import file_lock
+from ..io.locks import file_lock
 from .layout import LOCK_NAME
 
 

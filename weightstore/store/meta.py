@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import IntegrityError, StoreError
-from ..fsio import atomic_write_bytes, atomic_writer
-from ..hashing import split_key
+from ..io.digests import split_key
+from ..io.files import atomic_write_bytes, atomic_writer
 from .layout import is_safe_component
 from .objects import MAX_INT, StoredObject
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..hashing import digest_bytes, make_key
+from ..io.digests import digest_bytes, make_key
 
 
 class PayloadSource(Protocol):
@@ -29,6 +29,10 @@ class PayloadSource(Protocol):
 
     def file_range(self) -> tuple[str, int] | None:
         """``(path, offset)`` when the bytes sit in a file, else None."""
+        ...
+
+    def describe(self) -> str:
+        """Where the bytes come from, in words, for messages."""
         ...
 
 
@@ -53,6 +57,9 @@ class BytesPayload:
     def file_range(self) -> None:
         return None
 
+    def describe(self) -> str:
+        return f"{self.size} bytes in memory"
+
 
 @dataclass(frozen=True)
 class FilePayload:
@@ -70,3 +77,6 @@ class FilePayload:
 
     def file_range(self) -> tuple[str, int]:
         return os.fspath(self.path), self.offset
+
+    def describe(self) -> str:
+        return f"{os.fspath(self.path)} at offset {self.offset}"

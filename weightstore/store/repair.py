@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
-from ..hashing import ALGORITHMS, digest_file, make_key
+from ..io.digests import ALGORITHMS, digest_file, make_key
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .objects import StoredObject
 from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError, StoreError
-from ..fsio import read_exact
-from ..hashing import split_key
+from ..io.digests import split_key
+from ..io.files import read_exact
 from . import leases
 from .index import INDEX_NAME, Index
 from .layout import (
@@ -350,8 +350,8 @@ class WeightStore:
     def file_lock(self, file: str, timeout: float | None = None, *, removable: bool = False):
         """The lock of one combined file: appends and compaction of it take turns.
         ``removable``: a lock of something transient (one blob being pulled), whose file
-        goes when it is released (see :func:`weightstore.locking.file_lock`)."""
-        from ..locking import file_lock
+        goes when it is released (see :func:`weightstore.io.locks.file_lock`)."""
+        from ..io.locks import file_lock
 
         folder = self.root / LOCKS_DIR
         folder.mkdir(exist_ok=True)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..fsio import fsync_dir
+from ..io.files import fsync_dir
 from .index import batched, marks
 from .layout import is_safe_component, kind_of, scan
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError
-from ..hashing import digest_file, split_key
+from ..io.digests import digest_file, split_key
 from .layout import kind_of, scan, separate_file_name
 from .objects import StoredObject
 

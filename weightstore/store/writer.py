@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError
-from ..fsio import align_up, copy_range, file_mode, fsync_dir, start_writeback, write_all
-from ..hashing import digest_fd, make_key, split_key
+from ..io.digests import digest_fd, make_key, split_key
+from ..io.files import align_up, copy_range, file_mode, fsync_dir, start_writeback, write_all
 from .layout import separate_file_name
 from .objects import StoredObject
 from .payload import PayloadSource
@@ -202,16 +202,10 @@ def check_written(src: PayloadSource, fd: int, offset: int) -> None:
     actual = digest_fd(algo, fd, offset, src.size)
     if actual != expected:
         raise IntegrityError("payload bytes do not match their key (did the source change "
-                             "after it was hashed?)", key=src.key, source=describe(src),
+                             "after it was hashed?)", key=src.key, source=src.describe(),
                              got=make_key(algo, actual))
 
 
-def describe(src: PayloadSource) -> str:
-    """Where a payload's bytes come from, for error messages."""
-    where = src.file_range()
-    if where is not None:
-        return f"{where[0]} at offset {where[1]}"
-    return f"{type(src).__name__} in memory"
 
 
 def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:

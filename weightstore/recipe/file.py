@@ -1,6 +1,6 @@
 """Reading a recipe file: a regular file, capped in size, as bytes.
 
-Kept apart from :mod:`weightstore.recipe` (yaml and pydantic) so that an up-to-date build
+Kept apart from :mod:`weightstore.recipe.schema` (yaml and pydantic) so that an up-to-date build
 can compare a recipe's bytes with its build stamp before paying for parsing; the bytes
 read here are the ones parsed, so a stamp never describes a recipe other than the one
 validated.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import RecipeError
-from .fsio import NotRegularFileError, open_regular
+from ..errors import RecipeError
+from ..io.files import NotRegularFileError, open_regular
 
 RECIPE_SIZE_LIMIT = 1 << 20  # bytes: a recipe is a page of YAML; this is far beyond any
 

@@ -13,8 +13,8 @@ from typing import Literal, Protocol
 
 import blake3
 
-from .errors import IntegrityError
-from .fsio import NotRegularFileError, open_regular
+from ..errors import IntegrityError
+from .files import NotRegularFileError, open_regular
 
 Algorithm = Literal["blake3", "sha256"]
 ALGORITHMS: tuple[str, ...] = ("blake3", "sha256")

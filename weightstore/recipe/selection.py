@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .errors import RecipeError
-from .recipe import LoadedRecipe
+from ..errors import RecipeError
+from .schema import LoadedRecipe
 
 
 def select_part(loaded: LoadedRecipe, models: Sequence[str] = (),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .build import BuildResult
+    from .run import BuildResult
 
 
 def _mb(n: int) -> str:

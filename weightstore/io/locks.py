@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import PackageError, WeightstoreError
-from .fsio import atomic_write_bytes, file_mode
+from ..errors import PackageError, WeightstoreError
+from .files import atomic_write_bytes, file_mode
 
 PACKAGE_LOCK_TIMEOUT = 3600.0
 LOCKS_DIR = "locks"
@@ -128,7 +128,7 @@ def target_lock(target: Path, store_root: Path, timeout: float = PACKAGE_LOCK_TI
     Builds of one folder through different stores are not serialized with each other;
     publishing stays atomic for them (temp folder + rename), so neither sees a torn folder.
     """
-    from .hashing import digest_bytes
+    from .digests import digest_bytes
 
     folder = store_root / LOCKS_DIR
     folder.mkdir(parents=True, exist_ok=True)

@@ -27,9 +27,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .errors import RecipeError
-from .fsio import atomic_write_bytes
-from .recipe_file import RECIPE_SIZE_LIMIT, read_recipe_file
+from ..errors import RecipeError
+from ..io.files import atomic_write_bytes
+from .file import RECIPE_SIZE_LIMIT, read_recipe_file
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
 # and anything with a separator) can never match. Pydantic checks it with an end-anchored
@@ -590,7 +590,7 @@ def render_schema() -> str:
 
 def write_schema(path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> Path:
     """Write the schema atomically (creating its folder) and return where it went."""
-    from .package.outputs import check_output_folder
+    from ..package.outputs import check_output_folder
 
     target = Path(path)
     check_output_folder(target.parent)
@@ -600,10 +600,10 @@ def write_schema(path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m weightstore.recipe [PATH]``: regenerate the recipe schema."""
+    """``python -m weightstore.recipe.schema [PATH]``: regenerate the recipe schema."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 or any(a.startswith("-") for a in args):
-        print("usage: python -m weightstore.recipe [PATH]", file=sys.stderr)
+        print("usage: python -m weightstore.recipe.schema [PATH]", file=sys.stderr)
         return 2
     print(write_schema(args[0] if args else DEFAULT_SCHEMA_PATH))
     return 0

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import onnx
 
-from .errors import PackageError
-from .fsio import atomic_write_bytes
+from ..errors import PackageError
+from .files import atomic_write_bytes
 
 PROTOBUF_LIMIT = (2 << 30) - 1
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import onnx
 
-from .catalogue.descriptors import weight_descriptors
-from .catalogue.element_types import expected_nbytes
-from .catalogue.graphs import iter_containers
-from .catalogue.reader import read_catalogue
-from .errors import ModelError
-from .lazy import make_callable
+from ..errors import ModelError
+from ..lazy import make_callable
+from .descriptors import weight_descriptors
+from .element_types import expected_nbytes
+from .graphs import iter_containers
+from .reader import read_catalogue
 
 
 def inspect_model(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def inspect_model(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _file_constants(model: onnx.ModelProto) -> list[dict[str, Any]]:
     """One entry per FileConstant node, from its attributes (a node holding GE's
     ``value`` tensor is listed by that tensor)."""
-    from .convert.file_constant import (
+    from ..convert.file_constant import (
         attribute_text,
         file_constant_attributes,
         is_any_file_constant,

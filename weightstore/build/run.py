@@ -26,21 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .caches import build_stamp
-from .catalogue.locations import resolve_location
-from .errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
-from .lazy import make_callable
-from .package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
-from .package.outputs import check_output_folder
-from .package.summary import CONTENTS_SINCE, SUMMARY_NAME
-from .package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
-from .recipe_file import read_recipe_file
-from .store.location import resolve_store_path
+from .. import __version__
+from ..caches import build_stamp
+from ..catalogue.locations import resolve_location
+from ..errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
+from ..package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
+from ..package.outputs import check_output_folder
+from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME
+from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
+from ..recipe.file import read_recipe_file
+from ..store.location import resolve_store_path
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
-    from .package.materialize import Materialized
-    from .recipe import Layout, LoadedRecipe, ModelEntry, Recipe
+    from ..package.materialize import Materialized
+    from ..recipe.schema import Layout, LoadedRecipe, ModelEntry, Recipe
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
           base_dir: str | os.PathLike[str] | None = None) -> BuildResult:
     """Build every layout of ``recipe`` (selected by ``options``) into its package folder.
 
-    ``recipe`` is a recipe file, a :class:`~weightstore.recipe.Recipe` or a mapping of the
+    ``recipe`` is a recipe file, a :class:`~weightstore.recipe.schema.Recipe` or a mapping of the
     recipe's YAML form (or a recipe already loaded); relative paths are taken from the
     file's folder, or ``base_dir`` (default: the current folder) for an object or mapping.
     An unchanged package is reported ``up-to-date`` and nothing is written; a recipe file
@@ -93,7 +92,7 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     """
     options = options or BuildOptions()
     if not isinstance(recipe, (str, os.PathLike)):
-        from .recipe import LoadedRecipe, loaded_from
+        from ..recipe.schema import LoadedRecipe, loaded_from
 
         if isinstance(recipe, LoadedRecipe):
             return _build(recipe, options)
@@ -106,7 +105,7 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
         done = _stamped(stamp, absolute, data, options.jobs, seen)
         if done is not None:
             return done
-    from .recipe import load_recipe_bytes
+    from ..recipe.schema import load_recipe_bytes
 
     loaded = load_recipe_bytes(absolute, data, os.fspath(recipe))
     return _build(loaded, options, stamp=(stamp, data), seen=seen)
@@ -148,7 +147,7 @@ def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int,
             return None
         result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
     if missing:
-        from .package.materialize import materialize
+        from ..package.materialize import materialize
 
         for p, target in missing:
             done = materialize(store_root, target, p["fingerprint"], jobs=jobs)
@@ -167,7 +166,7 @@ def _can_materialize(doc: dict[str, Any], store_root: Path) -> bool:
     missing = [p for p in doc["packages"] if not Path(p["path"]).exists()]
     if not missing:
         return True
-    from .caches import build_actions
+    from ..caches import build_actions
 
     return all(build_actions.load(store_root, p["fingerprint"]) is not None for p in missing)
 
@@ -182,7 +181,7 @@ def _count_reused(result: BuildResult, done: Materialized) -> None:
 def _build(loaded: LoadedRecipe, options: BuildOptions,
            stamp: tuple[Path, bytes] | None = None,
            seen: list[FileDigests] | None = None) -> BuildResult:
-    from .selection import select_part
+    from ..recipe.selection import select_part
 
     loaded = select_part(loaded, options.models, options.layouts)
     recipe = loaded.recipe
@@ -245,7 +244,7 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
 
     A folder that is not a package is refused (``force`` replaces it).
     """
-    from .fsio import parse_json
+    from ..io.files import parse_json
 
     if not target.exists():
         return None
@@ -299,7 +298,7 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
 def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool:
     """Every file the summary lists is there with its digest (through the stat cache: a
     file rewritten since it was last hashed is hashed again, so a change is never missed)."""
-    from .release.inventory import verify_package
+    from ..release.inventory import verify_package
 
     version = summary.get("format_version")
     if not isinstance(version, int) or version < CONTENTS_SINCE:
@@ -316,11 +315,11 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                    store_root: Path, digests: FileDigests, options: BuildOptions,
                    result: BuildResult) -> None:
     # onnx and the catalogue: only when something must be built
-    from .caches.payload_keys import StaleKeyError
-    from .model_io import PROTOBUF_LIMIT
-    from .package import write as packaging
-    from .scenarios.storage import read_scenarios
-    from .store import WeightStore
+    from ..caches.payload_keys import StaleKeyError
+    from ..io.models import PROTOBUF_LIMIT
+    from ..package import write as packaging
+    from ..scenarios.storage import read_scenarios
+    from ..store import WeightStore
 
     recipe = loaded.recipe
     models = loaded.models()
@@ -331,7 +330,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 entry, digests.of(s.weights.catalogue.source),
                 {loc: digests.of(path) for loc, path in s.external_files})
             if entry.scenarios or read_scenarios(s.weights.catalogue.model):
-                from .scenarios.package import prepare_scenarios
+                from ..scenarios.package import prepare_scenarios
 
                 with s.weights.opened():
                     s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
@@ -379,7 +378,7 @@ def _materialized(store_root: Path, layout: Layout, target: Path, fingerprint: s
     conversion); False when there is none or the store cannot serve it."""
     if target.exists() or layout.external_weight == "embedded":
         return False
-    from .package.materialize import materialize
+    from ..package.materialize import materialize
 
     done = materialize(store_root, target, fingerprint, jobs=options.jobs)
     if done is None:
@@ -395,10 +394,10 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     *, trust_cache: bool = True) -> None:
     """Fill the store for ``todo``'s layouts and write them; each layout written is
     removed from ``todo``."""
-    from .caches import build_actions
-    from .locking import target_lock
-    from .package import write as packaging
-    from .package.materialize import register_root
+    from ..caches import build_actions
+    from ..io.locks import target_lock
+    from ..package import write as packaging
+    from ..package.materialize import register_root
 
     recipe = loaded.recipe
     report = packaging.fill_store(
@@ -433,18 +432,18 @@ def _ensure_root(store_root: Path, layout: Layout, target: Path,
                  summary: dict[str, Any]) -> None:
     """An up-to-date package registers its root if the store lacks it (a store migrated
     from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses."""
-    from .store.index import INDEX_NAME, Index
+    from ..store.index import INDEX_NAME, Index
 
     if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
         return
     try:
-        from .package.materialize import register_root
-        from .store.roots import is_registered
+        from ..package.materialize import register_root
+        from ..store.roots import is_registered
 
         with Index(store_root).reading() as conn:  # the usual case: one indexed lookup
             if is_registered(conn, str(target.absolute()), summary["fingerprint"]):
                 return
-        from .store import WeightStore
+        from ..store import WeightStore
 
         register_root(WeightStore(store_root), target, summary)
     except (StoreError, KeyError, TypeError):
@@ -516,5 +515,3 @@ def _what_changed(existing: dict[str, Any], layout: Layout,
 
 
 __all__ = ["BuildOptions", "BuildResult", "PackageResult", "build"]
-
-make_callable(__name__, "build")  # weightstore.build(recipe) is the function

@@ -1,0 +1,28 @@
+"""The build: a recipe's models hashed into the store and written as packages.
+
+:mod:`.run` is ``weightstore build`` end to end (recipe -> catalogue -> store -> packages),
+:mod:`.plan` renders what ``build --dry-run`` would do. The package itself is callable:
+``weightstore.build(recipe)`` is :func:`.run.build`, whatever was imported first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports, make_callable
+
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "build": ("run", "build"),
+    "BuildOptions": ("run", "BuildOptions"),
+    "BuildResult": ("run", "BuildResult"),
+    "PackageResult": ("run", "PackageResult"),
+    "render_plan": ("plan", "render_plan"),
+}
+__all__ = ["BuildOptions", "BuildResult", "PackageResult", "build", "render_plan"]
+
+if TYPE_CHECKING:
+    from .plan import render_plan
+    from .run import BuildOptions, BuildResult, PackageResult, build
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+make_callable(__name__, "build")  # weightstore.build(recipe) is the function
