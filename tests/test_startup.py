@@ -45,3 +45,36 @@ def folder(tmp_path: Path, encoder_model: onnx.ModelProto) -> Path:
 def test_command_imports_only_what_it_needs(folder: Path, argv: list[str],
                                             allowed: set[str]) -> None:
     assert _imported(argv, folder) <= allowed
+
+
+COLD_RECIPE = """\
+package: pkg
+version: "1.0.0"
+models:
+  - {name: encoder, source: model.onnx}
+layouts:
+  - {name: combined, external_weight: combined, size_threshold: 64, constants: external-data}
+  - {name: per-weight, external_weight: separate, size_threshold: 64}
+output: out
+"""
+
+
+def test_a_cold_build_into_external_data_never_imports_onnx(folder: Path) -> None:
+    """onnx's initialiser (its C++ extension, ml_dtypes) costs more than converting a mid-size
+    model: a build needs only onnx's message classes (weightstore.io.onnx_proto)."""
+    (folder / "recipe.yaml").write_text(COLD_RECIPE)
+    code = ("import sys, io, contextlib, json\n"
+            "from weightstore.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    assert main(['build', 'recipe.yaml', '--json']) == 0\n"
+            "print(json.dumps([p['status'] for p in json.loads(out.getvalue())['packages']]))\n"
+            "print(json.dumps(sorted(m for m in ('onnx', 'ml_dtypes', 'onnxruntime')\n"
+            "                        if m in sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
+                          text=True, check=True, env=os.environ.copy())
+    statuses, loaded = done.stdout.strip().splitlines()[-2:]
+    assert json.loads(statuses) == ["built", "built"]
+    assert json.loads(loaded) == []
+    package = folder / "out" / "pkg" / "1.0.0"
+    for layout in ("combined", "per-weight"):  # what it wrote is a model onnx accepts
+        onnx.checker.check_model(str(package / layout / "encoder.onnx"))

@@ -5,7 +5,8 @@
 ``python tools/generate_proto.py``). The classes come from protobuf's public
 ``descriptor_pool`` and ``message_factory``, not from generated code, so no protobuf
 runtime version is baked in: any protobuf onnx accepts will do. The schema imports
-``onnx/onnx-ml.proto``, which onnx's own module registers first, so the messages embed
+``onnx/onnx-ml.proto``, which onnx's own module registers first (loaded by
+:mod:`weightstore.io.onnx_proto`, without the rest of onnx), so the messages embed
 onnx's classes (``onnx.NodeProto``, ``onnx.TensorProto``, ...).
 """
 
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message
-from onnx import onnx_ml_pb2  # noqa: F401  registers the file ours imports
 
+from ..io import onnx_proto  # noqa: F401  registers the file ours imports
 from .descriptor import FILE_NAME, SERIALIZED
 
 _POOL = descriptor_pool.Default()

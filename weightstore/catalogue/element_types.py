@@ -4,6 +4,11 @@ onnx packs its sub-byte types in ``raw_data`` (and external data), least signifi
 first: 4-bit types two to a byte, 2-bit types four to a byte, 6-bit floats four to three
 bytes; a tensor takes ``ceil(elements * bits / 8)`` bytes. Every other type takes numpy's
 item size. Types an older onnx lacks are simply absent.
+
+The byte-wide types are listed here rather than asked of ``onnx.helper`` (which imports
+numpy and ml_dtypes, most of a second): a build reads sizes of every tensor before it needs
+anything else of onnx. A type missing from the table (one a newer onnx adds) is still asked
+of onnx; a test checks the table against onnx's own mapping.
 """
 
 from __future__ import annotations
@@ -12,15 +17,25 @@ import functools
 import math
 from collections.abc import Sequence
 
-import numpy as np
-import onnx
+from ..io.onnx_proto import TensorProto
 
-T = onnx.TensorProto
+T = TensorProto
 
 
 def _types(*names: str) -> frozenset[int]:
     return frozenset(getattr(T, n) for n in names if hasattr(T, n))
 
+
+# bytes per element of every type that takes whole bytes
+_BYTES = {name: size for size, names in {
+    1: ("UINT8", "INT8", "BOOL", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+        "FLOAT8E5M2FNUZ", "FLOAT8E8M0"),
+    2: ("UINT16", "INT16", "FLOAT16", "BFLOAT16"),
+    4: ("FLOAT", "INT32", "UINT32"),
+    8: ("INT64", "UINT64", "DOUBLE", "COMPLEX64"),
+    16: ("COMPLEX128",),
+}.items() for name in names}
+BYTE_WIDE = {getattr(T, name): size for name, size in _BYTES.items() if hasattr(T, name)}
 
 FOUR_BIT = _types("INT4", "UINT4", "FLOAT4E2M1")
 TWO_BIT = _types("INT2", "UINT2")
@@ -36,7 +51,12 @@ def element_bits(data_type: int) -> int | None:
         return None
     if data_type in _SUB_BYTE_BITS:
         return _SUB_BYTE_BITS[data_type]
+    if data_type in BYTE_WIDE:
+        return 8 * BYTE_WIDE[data_type]
     try:
+        import numpy as np
+        import onnx
+
         return 8 * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
     except (KeyError, TypeError, ValueError):
         return None

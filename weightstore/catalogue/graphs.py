@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import onnx
+from ..io.onnx_proto import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto
 
-Container = onnx.GraphProto | onnx.FunctionProto
+Container = GraphProto | FunctionProto
 
 
-def iter_containers(model: onnx.ModelProto) -> Iterator[tuple[Container, str]]:
+def iter_containers(model: ModelProto) -> Iterator[tuple[Container, str]]:
     """Yield ``(graph or function, readable name)`` for the main graph, training graphs,
     functions and every subgraph at any depth.
 
@@ -26,12 +26,12 @@ def iter_containers(model: onnx.ModelProto) -> Iterator[tuple[Container, str]]:
         yield container, where
         for node in container.node:
             for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
+                if attr.type == AttributeProto.GRAPH:
                     stack.append((attr.g, f"graph '{attr.g.name}'"))
-                elif attr.type == onnx.AttributeProto.GRAPHS:
+                elif attr.type == AttributeProto.GRAPHS:
                     stack.extend((g, f"graph '{g.name}'") for g in attr.graphs)
 
 
-def iter_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+def iter_nodes(model: ModelProto) -> Iterator[NodeProto]:
     for container, _ in iter_containers(model):
         yield from container.node

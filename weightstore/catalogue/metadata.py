@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import onnx
-
 from ..convert.encoding import TYPED_FIELDS
+from ..io.onnx_proto import ModelProto, TensorProto
 from .payload import SMALL_VALUE_LIMIT, expected_nbytes
 from .reader import Catalogue, refuse_duplicate_initializers
 from .sites import iter_tensor_sites, iter_tensors
@@ -26,8 +25,8 @@ WHOLE_PARSE_LIMIT = 16 << 20
 
 
 def metadata_model(catalogue: Catalogue, small_limit: int = SMALL_VALUE_LIMIT,
-                   ) -> onnx.ModelProto:
-    model = onnx.ModelProto()
+                   ) -> ModelProto:
+    model = ModelProto()
     model.CopyFrom(catalogue.model)
     for site in iter_tensor_sites(model):
         payload = catalogue.payloads.get(site.path)
@@ -41,12 +40,12 @@ def metadata_model(catalogue: Catalogue, small_limit: int = SMALL_VALUE_LIMIT,
 
 
 def parse_metadata(data: bytes, source: Path, small_limit: int = SMALL_VALUE_LIMIT,
-                   ) -> onnx.ModelProto | None:
+                   ) -> ModelProto | None:
     """The metadata model of the model file whose bytes are ``data``, parsed whole, when
     it holds no inline payload above ``small_limit`` (it is then exactly what
     :func:`metadata_model` gives); None when it does, or when anything about the file is
     in doubt: the catalogue then reads it (and names what is wrong with it)."""
-    model = onnx.ModelProto()
+    model = ModelProto()
     try:
         model.ParseFromString(data)
     except Exception:  # protobuf's DecodeError, or its depth and size limits
@@ -57,12 +56,12 @@ def parse_metadata(data: bytes, source: Path, small_limit: int = SMALL_VALUE_LIM
         if _inline(t):
             nbytes = expected_nbytes(t.data_type, list(t.dims))
             if (nbytes is None or nbytes > small_limit
-                    or t.data_location == onnx.TensorProto.EXTERNAL):
+                    or t.data_location == TensorProto.EXTERNAL):
                 return None
     refuse_duplicate_initializers(model, source)
     return model
 
 
-def _inline(tensor: onnx.TensorProto) -> bool:
+def _inline(tensor: TensorProto) -> bool:
     """Does the tensor hold payload fields (the ones the catalogue leaves out)?"""
     return tensor.HasField("raw_data") or any(len(getattr(tensor, f)) for f in TYPED_FIELDS)

@@ -12,10 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
 from ..errors import ExternalDataError, ModelError
 from ..io.files import NotRegularFileError, open_regular, read_exact
+from ..io.onnx_proto import TensorProto
 from . import typed_fields
 from .element_types import expected_nbytes
 from .locations import resolve_location
@@ -52,7 +51,7 @@ class PayloadDescriptor:
         return self.length if n is None else n
 
 
-def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+def external_info(tensor: TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in tensor.external_data}
 
 
@@ -80,7 +79,7 @@ def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadD
     dims = tuple(t.dims)
     if any(d < 0 for d in dims):
         raise ModelError("tensor has a negative dimension", where=site.where, dims=list(dims))
-    if t.data_location == onnx.TensorProto.EXTERNAL:
+    if t.data_location == TensorProto.EXTERNAL:
         info = external_info(t)
         location = info.get("location", "")
         path = resolve_location(base_dir, location, where=site.where)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING
 
-import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
 from ..io.files import NotRegularFileError, open_regular, read_exact
+from ..io.onnx_proto import GraphProto, ModelProto, TensorProto
 from .filebytes import FileBytes
 from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
@@ -73,7 +73,7 @@ class Catalogue:
     """
 
     source: FsPath
-    model: onnx.ModelProto
+    model: ModelProto
     payloads: dict[Path, InlinePayload]
     file_size: int
     _fd: int | None = field(default=None, repr=False)
@@ -104,7 +104,7 @@ class Catalogue:
         """The payload's fields as serialized TensorProto bytes (tags included)."""
         return b"".join(self.read(f.start, f.end - f.start) for f in payload.fields)
 
-    def restore(self, tensor: onnx.TensorProto, path: Path, where: str = "") -> None:
+    def restore(self, tensor: TensorProto, path: Path, where: str = "") -> None:
         """Put the payload fields left out at ``path`` back into ``tensor``, as they were."""
         payload = self.payloads.get(path)
         if payload is None:
@@ -228,7 +228,7 @@ def catalogue_from(fd: int, source: FsPath) -> Catalogue:
         except ModelError as exc:
             exc.context.setdefault("file", str(source))
             raise
-        model = onnx.ModelProto()
+        model = ModelProto()
         try:
             model.ParseFromString(metadata)
         except Exception as exc:  # protobuf's DecodeError, or its depth and size limits
@@ -243,7 +243,7 @@ def catalogue_from(fd: int, source: FsPath) -> Catalogue:
         raise
 
 
-def refuse_ambiguous(model: onnx.ModelProto, inline: Callable[[TensorSite], bool],
+def refuse_ambiguous(model: ModelProto, inline: Callable[[TensorSite], bool],
                      source: FsPath) -> None:
     """Refuse what a runtime would have to guess: two initializers of one name in one
     graph, or a tensor holding its data both inline (``inline(site)``) and as external
@@ -252,15 +252,15 @@ def refuse_ambiguous(model: onnx.ModelProto, inline: Callable[[TensorSite], bool
 
     refuse_duplicate_initializers(model, source)
     for site in iter_tensor_sites(model):
-        if site.tensor.data_location == onnx.TensorProto.EXTERNAL and inline(site):
+        if site.tensor.data_location == TensorProto.EXTERNAL and inline(site):
             raise ModelError("tensor holds its data both inline and as external data",
                              where=site.where, file=str(source))
 
 
-def refuse_duplicate_initializers(model: onnx.ModelProto, source: FsPath) -> None:
+def refuse_duplicate_initializers(model: ModelProto, source: FsPath) -> None:
     """Refuse two initializers of one name in one graph."""
     for container, where in iter_containers(model):
-        if not isinstance(container, onnx.GraphProto):
+        if not isinstance(container, GraphProto):
             continue
         seen: set[str] = set()
         names = [t.name for t in container.initializer]

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-import onnx
-
+from ..io.onnx_proto import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto
 from .graphs import iter_nodes
 
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
@@ -76,15 +75,15 @@ def _domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
 
 
-def _function_key(f: onnx.FunctionProto) -> FunctionKey:
+def _function_key(f: FunctionProto) -> FunctionKey:
     return _domain(f.domain), f.name, getattr(f, "overload", "")
 
 
-def _call_key(node: onnx.NodeProto) -> FunctionKey:
+def _call_key(node: NodeProto) -> FunctionKey:
     return _domain(node.domain), node.op_type, getattr(node, "overload", "")
 
 
-def _direct(node: onnx.NodeProto) -> Iterator[str]:
+def _direct(node: NodeProto) -> Iterator[str]:
     """Names a standard node consumes at its shape-like positions."""
     if node.domain in ("", "ai.onnx"):
         for i in SHAPE_INPUTS.get(node.op_type, ()):
@@ -92,7 +91,7 @@ def _direct(node: onnx.NodeProto) -> Iterator[str]:
                 yield node.input[i]
 
 
-def _producers(nodes: Iterable[onnx.NodeProto]) -> dict[str, str]:
+def _producers(nodes: Iterable[NodeProto]) -> dict[str, str]:
     """Output name -> input name of every standard node the shape inference sees through."""
     return {node.output[0]: node.input[0] for node in nodes
             if node.domain in ("", "ai.onnx") and node.op_type in TRANSPARENT
@@ -112,21 +111,21 @@ def _close(names: set[str], producers: dict[str, str]) -> set[str]:
     return added
 
 
-def _body_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
+def _body_nodes(function: FunctionProto) -> Iterator[NodeProto]:
     """Every node of a function body, including those of its subgraphs at any depth."""
-    stack: list[onnx.FunctionProto | onnx.GraphProto] = [function]
+    stack: list[FunctionProto | GraphProto] = [function]
     while stack:
         container = stack.pop()
         for node in container.node:
             yield node
             for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
+                if attr.type == AttributeProto.GRAPH:
                     stack.append(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
+                elif attr.type == AttributeProto.GRAPHS:
                     stack.extend(attr.graphs)
 
 
-def function_shape_positions(model: onnx.ModelProto) -> dict[FunctionKey, frozenset[int]]:
+def function_shape_positions(model: ModelProto) -> dict[FunctionKey, frozenset[int]]:
     """For each model-local function, the formal input positions that reach a shape-like input.
 
     A position counts when the body uses the formal input at a shape-like position of a
@@ -185,7 +184,7 @@ def function_shape_positions(model: onnx.ModelProto) -> dict[FunctionKey, frozen
     return {key: frozenset(positions) for key, positions in result.items() if positions}
 
 
-def shape_input_names(model: onnx.ModelProto) -> frozenset[str]:
+def shape_input_names(model: ModelProto) -> frozenset[str]:
     """Names of every value consumed at a shape-like input anywhere in the model.
 
     That is, at a shape-like position of a standard node, or passed to a model-local

@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import onnx
 from google.protobuf.message import Message
 
+from ..io import onnx_proto
+from ..io.onnx_proto import (
+    AttributeProto,
+    FunctionProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+)
 from .schema import CHILDREN, Kind, Path, path_str
 
 Role = str  # "initializer" | "constant" | "attribute" | "sparse"
@@ -18,12 +26,12 @@ class TensorSite:
     """Where one tensor lives: its path, a readable location, and its owner objects."""
 
     path: Path
-    tensor: onnx.TensorProto
+    tensor: TensorProto
     role: Role
     where: str  # e.g. "graph 'main' initializer 'W'" or "function local:Gelu node 3 (Constant)"
-    container: onnx.GraphProto | onnx.FunctionProto | None
+    container: GraphProto | FunctionProto | None
     index: int  # initializer index or node index in the container
-    node: onnx.NodeProto | None = None
+    node: NodeProto | None = None
     scope: tuple[str, ...] = ()  # graphs from the root to the container, readable
 
     @property
@@ -42,7 +50,7 @@ class TensorSite:
     @property
     def function(self) -> str | None:
         """``domain:name`` of the model-local function holding the tensor, if any."""
-        if isinstance(self.container, onnx.FunctionProto):
+        if isinstance(self.container, FunctionProto):
             return f"{self.container.domain}:{self.container.name}"
         return None
 
@@ -50,19 +58,19 @@ class TensorSite:
 @dataclass(frozen=True)
 class _Context:
     container: Message | None = None
-    node: onnx.NodeProto | None = None
+    node: NodeProto | None = None
     index: int = -1
     role: Role | None = None
     scope: tuple[str, ...] = ()
 
 
 def _describe(container: Message) -> str:
-    if isinstance(container, onnx.FunctionProto):
+    if isinstance(container, FunctionProto):
         return f"function {container.domain}:{container.name}"
     return f"graph '{container.name}'"
 
 
-def iter_tensor_sites(model: onnx.ModelProto) -> Iterator[TensorSite]:
+def iter_tensor_sites(model: ModelProto) -> Iterator[TensorSite]:
     """Yield every tensor in ``model``, depth first, in file-independent structural order."""
     yield from _walk(model, Kind.MODEL, (), _ROOT)
 
@@ -83,7 +91,7 @@ class _Step:
         self.holds: Callable[[Message], bool] | None = None
 
 
-def _attribute_holds(attr: onnx.AttributeProto) -> bool:
+def _attribute_holds(attr: AttributeProto) -> bool:
     """Does an attribute hold a tensor, a graph or a sparse tensor (most hold a number)?"""
     return (attr.HasField("t") or attr.HasField("g") or attr.HasField("sparse_tensor")
             or len(attr.tensors) > 0 or len(attr.graphs) > 0 or len(attr.sparse_tensors) > 0)
@@ -92,7 +100,7 @@ def _attribute_holds(attr: onnx.AttributeProto) -> bool:
 def _steps() -> dict[Kind, _Step]:
     steps = {kind: _Step(kind) for kind in Kind}
     for kind, step in steps.items():
-        fields = getattr(onnx, kind.value).DESCRIPTOR.fields_by_number
+        fields = getattr(onnx_proto.messages(), kind.value).DESCRIPTOR.fields_by_number
         step.fields = tuple((number, fields[number].name, steps[child], repeated)
                             for number, (child, repeated) in CHILDREN[kind].items())
     steps[Kind.ATTRIBUTE].holds = _attribute_holds
@@ -103,7 +111,7 @@ def _steps() -> dict[Kind, _Step]:
 _STEPS = _steps()
 
 
-def iter_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+def iter_tensors(model: ModelProto) -> Iterator[TensorProto]:
     """The tensors of :func:`iter_tensor_sites`, in its order, without their sites (for
     a question about the tensors alone: no path, context or description is made)."""
     stack: list[tuple[Message, _Step]] = [(model, _STEPS[Kind.MODEL])]

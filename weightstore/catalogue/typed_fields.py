@@ -16,14 +16,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
+from ..io.onnx_proto import TensorProto
 from .element_types import FOUR_BIT, SIX_BIT, TWO_BIT, expected_nbytes
 from .wire import I32, I64, LEN, encode_varint, iter_fields
 
-T = onnx.TensorProto
+T = TensorProto
 _EIGHT_BIT_FLOATS = {getattr(T, n) for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
                                              "FLOAT8E5M2FNUZ", "FLOAT8E8M0") if hasattr(T, n)}
 
@@ -136,7 +136,7 @@ def decode(fragment: bytes, encoding: str, data_type: int, dims: Sequence[int],
     return narrow.tobytes()
 
 
-def encode(tensor: onnx.TensorProto, encoding: str, data: bytes) -> None:
+def encode(tensor: TensorProto, encoding: str, data: bytes) -> None:
     """Store little-endian ``data`` in ``tensor``'s typed field ``encoding`` (bit-exact)."""
     where = f"tensor '{tensor.name}'"
     storage = _layout(encoding, tensor.data_type, where)

@@ -7,25 +7,24 @@ inline -> external -> inline gives back the very same TensorProto.
 
 from __future__ import annotations
 
-import onnx
-
 from ..catalogue import typed_fields
 from ..catalogue.schema import PAYLOAD_FIELDS
 from ..errors import ConversionError, ModelError
+from ..io.onnx_proto import TensorProto
 
 TYPED_FIELDS = frozenset(v for v in PAYLOAD_FIELDS.values() if v != "raw_data")
 
 
-def has_payload(tensor: onnx.TensorProto) -> bool:
+def has_payload(tensor: TensorProto) -> bool:
     """Is the tensor's value present inline, rather than omitted or external?"""
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+    if tensor.data_location == TensorProto.EXTERNAL:
         return False
     if tensor.raw_data or any(len(getattr(tensor, f)) for f in TYPED_FIELDS):
         return True
     return len(tensor.string_data) > 0 or 0 in tensor.dims
 
 
-def clear_payload(tensor: onnx.TensorProto) -> None:
+def clear_payload(tensor: TensorProto) -> None:
     """Remove payload fields and any external-data reference."""
     for name in PAYLOAD_FIELDS.values():
         tensor.ClearField(name)
@@ -33,7 +32,7 @@ def clear_payload(tensor: onnx.TensorProto) -> None:
     tensor.ClearField("data_location")
 
 
-def set_payload(tensor: onnx.TensorProto, data: bytes, encoding: str = "raw_data") -> None:
+def set_payload(tensor: TensorProto, data: bytes, encoding: str = "raw_data") -> None:
     """Store little-endian ``data`` in ``tensor`` as ``encoding`` (inline)."""
     clear_payload(tensor)
     if encoding == "raw_data":
@@ -47,12 +46,12 @@ def set_payload(tensor: onnx.TensorProto, data: bytes, encoding: str = "raw_data
         raise ConversionError(exc.message, encoding=encoding, tensor=tensor.name) from None
 
 
-def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int,
+def set_external(tensor: TensorProto, location: str, offset: int, length: int,
                  checksum: str) -> None:
     """Point ``tensor`` at external data with only the keys onnxruntime accepts (no
     ``checksum`` when it is empty)."""
     clear_payload(tensor)
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)),
                        ("length", str(length)), ("checksum", checksum)):
         if not value:

@@ -10,17 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import onnx
-
 from ..errors import ConversionError
 from ..io.files import parse_json
+from ..io.onnx_proto import ModelProto
 from .encoding import set_external
 from .placement import ExternalTensor
 
 ENCODINGS_KEY = "weightstore.inline_encodings"
 
 
-def apply_external_data(model: onnx.ModelProto, tensors: Sequence[ExternalTensor]) -> None:
+def apply_external_data(model: ModelProto, tensors: Sequence[ExternalTensor]) -> None:
     """Point every listed tensor at its placement (mutates ``model``)."""
     typed: dict[str, str] = {}
     for ext in tensors:
@@ -32,7 +31,7 @@ def apply_external_data(model: onnx.ModelProto, tensors: Sequence[ExternalTensor
         set_metadata(model, ENCODINGS_KEY, json.dumps(typed, sort_keys=True))
 
 
-def recorded_encodings(model: onnx.ModelProto) -> dict[str, str]:
+def recorded_encodings(model: ModelProto) -> dict[str, str]:
     """Take the typed encodings a conversion recorded out of ``model``: tensor path ->
     typed field."""
     raw = pop_metadata(model, ENCODINGS_KEY)
@@ -45,7 +44,7 @@ def recorded_encodings(model: onnx.ModelProto) -> dict[str, str]:
     return {str(k): str(v) for k, v in encodings.items()}
 
 
-def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+def set_metadata(model: ModelProto, key: str, value: str) -> None:
     for entry in model.metadata_props:
         if entry.key == key:
             entry.value = value
@@ -55,7 +54,7 @@ def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
     entry.value = value
 
 
-def pop_metadata(model: onnx.ModelProto, key: str) -> str | None:
+def pop_metadata(model: ModelProto, key: str) -> str | None:
     for i, entry in enumerate(model.metadata_props):
         if entry.key == key:
             value = entry.value

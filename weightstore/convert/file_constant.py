@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-
-import onnx
-from onnx import helper
+from typing import Any
 
 from ..catalogue.graphs import iter_containers
 from ..catalogue.payload import expected_nbytes
 from ..errors import ConversionError
+from ..io.onnx_proto import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto
 from .encoding import set_payload
 from .placement import ExternalTensor
 
@@ -27,11 +26,11 @@ OP_TYPE = "FileConstant"
 OPSET_VERSION = 1
 
 
-def is_file_constant(node: onnx.NodeProto) -> bool:
+def is_file_constant(node: NodeProto) -> bool:
     return node.op_type == OP_TYPE and node.domain == DOMAIN
 
 
-def is_any_file_constant(node: onnx.NodeProto) -> bool:
+def is_any_file_constant(node: NodeProto) -> bool:
     """Ours, or one another tool wrote (GE's are ``FileConstant`` in its own domain or
     the default one): the reverse conversion takes every one of them."""
     return node.op_type == OP_TYPE
@@ -64,15 +63,23 @@ def _attributes(ext: ExternalTensor) -> dict[str, object]:
     return attrs
 
 
-def _make_attributes(ext: ExternalTensor) -> list[onnx.AttributeProto]:
+def _helper() -> Any:
+    """``onnx.helper``, imported on first use: only FileConstant nodes need it, and a build
+    that writes none skips importing onnx (:mod:`weightstore.io.onnx_proto`)."""
+    from onnx import helper
+
+    return helper
+
+
+def _make_attributes(ext: ExternalTensor) -> list[AttributeProto]:
     return [
-        helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS) if k == "shape"
-        else helper.make_attribute(k, v)
+        _helper().make_attribute(k, v, attr_type=AttributeProto.INTS) if k == "shape"
+        else _helper().make_attribute(k, v)
         for k, v in _attributes(ext).items()
     ]
 
 
-def can_hold(ext_site_tensor: onnx.TensorProto) -> bool:
+def can_hold(ext_site_tensor: TensorProto) -> bool:
     """FileConstant carries name, dtype, shape and payload; nothing else of the tensor."""
     t = ext_site_tensor
     return not (t.doc_string or len(t.metadata_props) or t.HasField("segment"))
@@ -80,10 +87,10 @@ def can_hold(ext_site_tensor: onnx.TensorProto) -> bool:
 
 def _import_domain(opsets) -> None:
     if not any(o.domain == DOMAIN for o in opsets):
-        opsets.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
+        opsets.append(_helper().make_opsetid(DOMAIN, OPSET_VERSION))
 
 
-def apply_file_constant(model: onnx.ModelProto, tensors: Sequence[ExternalTensor]) -> None:
+def apply_file_constant(model: ModelProto, tensors: Sequence[ExternalTensor]) -> None:
     """Turn every listed Constant node / initializer into a FileConstant node (mutates)."""
     by_container: dict[int, list[ExternalTensor]] = defaultdict(list)
     containers = {}
@@ -111,7 +118,7 @@ def apply_file_constant(model: onnx.ModelProto, tensors: Sequence[ExternalTensor
                        key=lambda e: e.site.index)
         new_nodes = []
         for e in inits:
-            node = helper.make_node(OP_TYPE, [], [e.site.tensor.name], name=e.site.tensor.name,
+            node = _helper().make_node(OP_TYPE, [], [e.site.tensor.name], name=e.site.tensor.name,
                                     domain=DOMAIN)
             node.attribute.extend(_make_attributes(e))
             new_nodes.append(node)
@@ -119,13 +126,13 @@ def apply_file_constant(model: onnx.ModelProto, tensors: Sequence[ExternalTensor
             del container.initializer[e.site.index]
         for j, node in enumerate(new_nodes):
             container.node.insert(j, node)
-        if isinstance(container, onnx.FunctionProto):
+        if isinstance(container, FunctionProto):
             _import_domain(container.opset_import)
     if tensors:
         _import_domain(model.opset_import)
 
 
-def file_constant_locations(model: onnx.ModelProto) -> set[str]:
+def file_constant_locations(model: ModelProto) -> set[str]:
     """The ``location`` and ``file_path`` of every FileConstant node, as written."""
     out = set()
     for container, _ in iter_containers(model):
@@ -138,8 +145,8 @@ def file_constant_locations(model: onnx.ModelProto) -> set[str]:
     return out
 
 
-def restore_constants(model: onnx.ModelProto,
-                      read: Callable[[onnx.NodeProto, str], bytes]) -> int:
+def restore_constants(model: ModelProto,
+                      read: Callable[[NodeProto, str], bytes]) -> int:
     """Reverse of :func:`apply_file_constant`: FileConstant nodes back to their origin.
 
     Nodes another tool made (GE) become Constant nodes. ``read(node, where)`` returns the
@@ -147,7 +154,7 @@ def restore_constants(model: onnx.ModelProto,
     """
     count = 0
     for container, where in iter_containers(model):
-        restored_inits: list[tuple[int, onnx.TensorProto]] = []
+        restored_inits: list[tuple[int, TensorProto]] = []
         drop: list[int] = []
         converted = 0
         for i, node in enumerate(container.node):
@@ -177,15 +184,15 @@ def restore_constants(model: onnx.ModelProto,
             del container.node[i]
         for index, tensor in sorted(restored_inits, key=lambda x: x[0]):
             container.initializer.insert(min(index, len(container.initializer)), tensor)
-        if isinstance(container, onnx.FunctionProto):
+        if isinstance(container, FunctionProto):
             drop_domain(container.opset_import)
     if count:
         drop_domain(model.opset_import)
     return count
 
 
-def to_constant(node: onnx.NodeProto, attrs: dict[str, object],
-                tensor: onnx.TensorProto) -> onnx.TensorProto:
+def to_constant(node: NodeProto, attrs: dict[str, object],
+                tensor: TensorProto) -> TensorProto:
     """Make a FileConstant node (``attrs``: its attributes) the Constant it stands for,
     in place, its value ``tensor``; returns the value as the node now holds it."""
     node.ClearField("attribute")
@@ -194,7 +201,7 @@ def to_constant(node: onnx.NodeProto, attrs: dict[str, object],
         node.domain = attribute_text(attrs["constant_domain"])
     else:
         node.ClearField("domain")
-    node.attribute.append(helper.make_attribute(
+    node.attribute.append(_helper().make_attribute(
         "value", tensor, doc_string=attribute_text(attrs["value_doc_string"])
         if "value_doc_string" in attrs else None))
     return node.attribute[0].t
@@ -205,13 +212,13 @@ def attribute_text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def file_constant_attributes(node: onnx.NodeProto) -> dict[str, object]:
+def file_constant_attributes(node: NodeProto) -> dict[str, object]:
     """A FileConstant node's attributes, with GE's ONNX form folded in: GE's parser takes
     ``dtype``, ``shape`` and ``location``/``offset``/``length`` from a ``value`` tensor
     with external data; attributes set on the node itself win."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = {a.name: _helper().get_attribute_value(a) for a in node.attribute}
     value = attrs.get("value")
-    if isinstance(value, onnx.TensorProto):
+    if isinstance(value, TensorProto):
         attrs.setdefault("dtype", value.data_type)
         attrs.setdefault("shape", list(value.dims))
         for e in value.external_data:
@@ -220,18 +227,18 @@ def file_constant_attributes(node: onnx.NodeProto) -> dict[str, object]:
     return attrs
 
 
-def tensor_of(attrs: dict[str, object], node: onnx.NodeProto, where: str) -> onnx.TensorProto:
+def tensor_of(attrs: dict[str, object], node: NodeProto, where: str) -> TensorProto:
     """The tensor a FileConstant node stands for, without its payload."""
     for required in ("dtype", "shape"):
         if required not in attrs:
             raise ConversionError(f"FileConstant lacks attribute '{required}'", where=where)
-    tensor = onnx.TensorProto()
+    tensor = TensorProto()
     if "tensor_name" in attrs:
         tensor.name = attribute_text(attrs["tensor_name"])
     elif attribute_text(attrs.get("origin", b"constant")) == "initializer":
         tensor.name = node.output[0]
     tensor.data_type = int(attrs["dtype"])
-    if tensor.data_type == onnx.TensorProto.UNDEFINED:  # GE's own DT_FLOAT is 0
+    if tensor.data_type == TensorProto.UNDEFINED:  # GE's own DT_FLOAT is 0
         raise ConversionError("FileConstant dtype is not an ONNX element type", where=where,
                               dtype=tensor.data_type)
     tensor.dims.extend(int(d) for d in attrs["shape"])

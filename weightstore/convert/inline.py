@@ -10,14 +10,13 @@ import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import onnx
-
 from ..catalogue.locations import resolve_location
 from ..catalogue.payload import describe, expected_nbytes, read_file_range, read_payload
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError, ExternalDataError, IntegrityError
 from ..io.digests import ALGORITHMS, digest_bytes
+from ..io.onnx_proto import ModelProto, NodeProto, TensorProto
 from .encoding import set_payload
 from .external_data import recorded_encodings
 from .file_constant import (
@@ -78,7 +77,7 @@ def file_constant_range(attrs: Mapping[str, object], where: str) -> tuple[int, i
     return offset, length
 
 
-def file_constant_bytes(model: onnx.ModelProto) -> int:
+def file_constant_bytes(model: ModelProto) -> int:
     """The payload bytes the model's FileConstant nodes read from their files (for a
     progress total; a node whose range is unusable counts 0 here and fails when read)."""
     total = 0
@@ -88,7 +87,7 @@ def file_constant_bytes(model: onnx.ModelProto) -> int:
                 continue
             attrs = file_constant_attributes(node)
             value = attrs.get("value")
-            if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
+            if isinstance(value, TensorProto) and value.data_location != value.EXTERNAL:
                 continue
             with contextlib.suppress(ConversionError):
                 total += max(file_constant_range(attrs, where)[1], 0)
@@ -97,7 +96,7 @@ def file_constant_bytes(model: onnx.ModelProto) -> int:
 
 def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
                  value_bins: Mapping[str, Path] | None = None,
-                 progress: Callable[[int], None] | None = None) -> onnx.ModelProto:
+                 progress: Callable[[int], None] | None = None) -> ModelProto:
     """A copy of the catalogued model with every payload inline, encodings restored.
 
     ``value_bins`` maps GE ``file_id`` values to files (GE's ``ge.exec.value_bins``).
@@ -108,7 +107,7 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
             progress(n)
 
     base_dir = base_dir or catalogue.source.parent
-    model = onnx.ModelProto()
+    model = ModelProto()
     model.CopyFrom(catalogue.model)
     encodings = recorded_encodings(model)
     for site in iter_tensor_sites(model):
@@ -123,10 +122,10 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
         else:
             catalogue.restore(site.tensor, site.path, site.where)
 
-    def read(node: onnx.NodeProto, where: str) -> bytes:
+    def read(node: NodeProto, where: str) -> bytes:
         attrs = file_constant_attributes(node)
         value = attrs.get("value")
-        if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
+        if isinstance(value, TensorProto) and value.data_location != value.EXTERNAL:
             return value.raw_data  # GE's value tensor, its external data read above
         path, named = file_constant_file(attrs, base_dir, value_bins or {}, where)
         offset, length = file_constant_range(attrs, where)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import onnx
 from google.protobuf.message import Message
 
 from ..catalogue.graphs import iter_nodes
@@ -27,6 +26,7 @@ from ..catalogue.reader import Catalogue
 from ..catalogue.schema import CHILDREN, Kind, path_str
 from ..catalogue.schema import Path as TensorPath
 from ..io.digests import ALGORITHMS
+from ..io.onnx_proto import NodeProto, TensorProto
 from .encoding import set_external
 from .file_constant import (
     OP_TYPE,
@@ -54,10 +54,10 @@ def file_constants_as_external(catalogue: Catalogue, base_dir: Path,
         attrs = file_constant_attributes(node)
         value = attrs.get("value")
         held = None  # a GE value tensor holding its bytes: they stay where they are
-        if isinstance(value, onnx.TensorProto) and value.data_location != value.EXTERNAL:
+        if isinstance(value, TensorProto) and value.data_location != value.EXTERNAL:
             index = next(i for i, a in enumerate(node.attribute) if a.name == "value")
             held = (*path, (5, index), (5, 0))
-            tensor = onnx.TensorProto()
+            tensor = TensorProto()
             tensor.CopyFrom(value)
         else:
             tensor = tensor_of(attrs, node, where)
@@ -77,7 +77,7 @@ def file_constants_as_external(catalogue: Catalogue, base_dir: Path,
 
 
 def _nodes(msg: Message, kind: Kind, path: TensorPath, where: str,
-           ) -> Iterator[tuple[onnx.NodeProto, TensorPath, str]]:
+           ) -> Iterator[tuple[NodeProto, TensorPath, str]]:
     """Every node below ``msg`` with its structural path and its graph or function."""
     for number, (child_kind, repeated) in CHILDREN[kind].items():
         if child_kind in (Kind.TENSOR, Kind.SPARSE):
@@ -97,7 +97,7 @@ def _nodes(msg: Message, kind: Kind, path: TensorPath, where: str,
             yield from _nodes(value, child_kind, sub, inner)
 
 
-def _point_at_file(tensor: onnx.TensorProto, attrs: dict[str, object], base_dir: Path,
+def _point_at_file(tensor: TensorProto, attrs: dict[str, object], base_dir: Path,
                    where: str) -> None:
     """Make ``tensor`` external data at the FileConstant's file range (GE's order of
     attributes naming the file; a ``file_id`` digest becomes the checksum to verify)."""

@@ -15,8 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import onnx
-
 from ..catalogue.metadata import metadata_model
 from ..catalogue.payload import PayloadDescriptor, describe, read_payload
 from ..catalogue.reader import Catalogue, read_catalogue
@@ -25,6 +23,7 @@ from ..catalogue.shape_inputs import shape_input_names
 from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..errors import ConversionError, IntegrityError, ModelError
 from ..io.digests import ALGORITHMS, digest_bytes, digest_file_many, make_key
+from ..io.onnx_proto import GraphProto, ModelProto, TensorProto
 from .encoding import set_payload
 from .external_data import apply_external_data, recorded_encodings
 from .file_constant import apply_file_constant, can_hold
@@ -114,7 +113,7 @@ class ModelWeights:
     # -- selection -------------------------------------------------------------------------
 
     def _graph_inputs(self, container: object) -> frozenset[str]:
-        if not isinstance(container, onnx.GraphProto):
+        if not isinstance(container, GraphProto):
             return frozenset()
         key = id(container)
         if key not in self._inputs:
@@ -126,7 +125,7 @@ class ModelWeights:
         desc = self.descriptors.get(site.path)
         if desc is None or desc.nbytes == 0 or site.role not in ("initializer", "constant"):
             return False
-        if site.tensor.data_type == onnx.TensorProto.STRING:
+        if site.tensor.data_type == TensorProto.STRING:
             return False
         if site.value_name and site.value_name in self.shape_names:
             return False
@@ -195,7 +194,7 @@ class ModelWeights:
 
     # -- output ----------------------------------------------------------------------------
 
-    def metadata_model(self, small_limit: int) -> onnx.ModelProto:
+    def metadata_model(self, small_limit: int) -> ModelProto:
         """Structure and small values, weights omitted (see :mod:`catalogue.metadata`)."""
         return metadata_model(self.catalogue, small_limit)
 
@@ -207,9 +206,9 @@ class ModelWeights:
         return self.encodings.get(site.key, "raw_data") if desc.is_external else "raw_data"
 
     def materialize(self, placements: Mapping[TensorPath, Placement], form: Form,
-                    ) -> onnx.ModelProto:
+                    ) -> ModelProto:
         """The output model: placed tensors external (in ``form``), all others inline."""
-        model = onnx.ModelProto()
+        model = ModelProto()
         model.CopyFrom(self.catalogue.model)
         external: list[ExternalTensor] = []
         for site in iter_tensor_sites(model):

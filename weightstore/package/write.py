@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import onnx
-
 from ..caches.derived_keys import DerivedKeyCache
 from ..caches.payload_keys import PayloadKeyCache, RangeReader, StaleKeyError, samples_agree
 from ..catalogue.payload import expected_nbytes
@@ -26,6 +24,7 @@ from ..errors import IntegrityError, StoreError
 from ..io.digests import digest_bytes, make_key, split_key
 from ..io.files import atomic_write_bytes, make_temp_dir, publish_dir
 from ..io.models import serialize_model
+from ..io.onnx_proto import ModelProto, TensorProto
 from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..progress import Progress
@@ -489,7 +488,7 @@ def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: 
 
 def _package_model(source: Source, weights: list[Weight], where: dict[str, PlannedPayload],
                    layout: Layout, read_added: Callable[[AddedWeight], bytes],
-                   ) -> onnx.ModelProto:
+                   ) -> ModelProto:
     """The packaged model: weights at their planned places, scenarios attached."""
     placements = {
         w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)
@@ -593,6 +592,8 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> list[
     returns what the summary records of them."""
     if not recipe.devices:
         return []
+    import onnx
+
     from .bundles import select_scenario, write_device
 
     offered = offered_scenarios(recipe, sources)
@@ -629,14 +630,14 @@ def _write_model(folder: Path, source: Source, weights: list[Weight],
         ExternalWeightDesc(
             id=w.key, name=w.site.value_name, where=w.site.where,
             location=where[w.key].file, offset=where[w.key].offset, size=w.size,
-            dtype=onnx.TensorProto.DataType.Name(w.site.tensor.data_type),
+            dtype=TensorProto.DataType.Name(w.site.tensor.data_type),
             shape=tuple(w.site.tensor.dims))
         for w in weights)
     external += tuple(
         ExternalWeightDesc(
             id=w.key, name=w.name, where=w.where, location=where[w.key].file,
             offset=where[w.key].offset, size=w.size,
-            dtype=onnx.TensorProto.DataType.Name(w.data_type), shape=w.dims,
+            dtype=TensorProto.DataType.Name(w.data_type), shape=w.dims,
             scenario=w.scenario)
         for w in added)
     return ModelSummary(

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import onnx
 from google.protobuf.message import DecodeError
 
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.wire import LEN, iter_fields
 from ..errors import ScenarioError
+from ..io.onnx_proto import ModelProto
 
 # Local provisional range 20000..20999, not reserved upstream: adopting the field in ONNX
 # may need another number and a migration.
@@ -26,7 +26,7 @@ FIELD = 20000
 ModelModificationScenarioProto = pb.ModelModificationScenarioProto
 
 
-def unknown_field_set(message: onnx.ModelProto) -> Any:
+def unknown_field_set(message: ModelProto) -> Any:
     """The message's unknown fields (``field_number``, ``wire_type``, ``data``), through
     the API the installed protobuf has: ``google.protobuf.unknown_fields`` since 4.22,
     ``Message.UnknownFields()`` before it (onnx accepts protobuf from 3.20)."""
@@ -37,7 +37,7 @@ def unknown_field_set(message: onnx.ModelProto) -> Any:
     return unknown_fields.UnknownFieldSet(message)
 
 
-def _entries(model: onnx.ModelProto) -> list[bytes]:
+def _entries(model: ModelProto) -> list[bytes]:
     """The raw bytes of every field-20000 entry, in file order."""
     out: list[bytes] = []
     for entry in unknown_field_set(model):
@@ -50,7 +50,7 @@ def _entries(model: onnx.ModelProto) -> list[bytes]:
     return out
 
 
-def read_scenarios(model: onnx.ModelProto) -> list[ModelModificationScenarioProto]:
+def read_scenarios(model: ModelProto) -> list[ModelModificationScenarioProto]:
     """Every scenario stored in ``model``, in stored order (no validation of names)."""
     scenarios: list[ModelModificationScenarioProto] = []
     for index, data in enumerate(_entries(model)):
@@ -64,7 +64,7 @@ def read_scenarios(model: onnx.ModelProto) -> list[ModelModificationScenarioProt
     return scenarios
 
 
-def write_scenarios(model: onnx.ModelProto,
+def write_scenarios(model: ModelProto,
                     scenarios: Sequence[ModelModificationScenarioProto]) -> None:
     """Replace the scenarios stored in ``model``, in place; an empty list removes them.
 
