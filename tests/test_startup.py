@@ -59,16 +59,21 @@ output: out
 """
 
 
-def test_a_cold_build_into_external_data_never_imports_onnx(folder: Path) -> None:
-    """onnx's initialiser (its C++ extension, ml_dtypes) costs more than converting a mid-size
-    model: a build needs only onnx's message classes (weightstore.io.onnx_proto)."""
+def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: Path,
+                                                                        ) -> None:
+    """onnx's initialiser (its C++ extension, numpy, ml_dtypes) costs more than converting a
+    mid-size model: a build needs only onnx's message classes (weightstore.io.onnx_proto),
+    and typed fields (``int64_data`` of exporters' Constant nodes) narrow with ``array``."""
+    model = onnx.load(str(folder / "model.onnx"))
+    assert any(n.op_type == "Constant" and n.attribute[0].t.int64_data
+               for n in model.graph.node)  # a typed field is decoded
     (folder / "recipe.yaml").write_text(COLD_RECIPE)
     code = ("import sys, io, contextlib, json\n"
             "from weightstore.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
             "    assert main(['build', 'recipe.yaml', '--json']) == 0\n"
             "print(json.dumps([p['status'] for p in json.loads(out.getvalue())['packages']]))\n"
-            "print(json.dumps(sorted(m for m in ('onnx', 'ml_dtypes', 'onnxruntime')\n"
+            "print(json.dumps(sorted(m for m in ('onnx', 'numpy', 'ml_dtypes', 'onnxruntime')\n"
             "                        if m in sys.modules)))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
                           text=True, check=True, env=os.environ.copy())
