@@ -206,8 +206,6 @@ def check_written(src: PayloadSource, fd: int, offset: int) -> None:
                              got=make_key(algo, actual))
 
 
-
-
 def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
     """Put exactly ``src.size`` bytes at ``offset`` of ``fd``, in the kernel when possible."""
     where = src.file_range()
