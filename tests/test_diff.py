@@ -95,3 +95,16 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "x.tar.zst").write_bytes(b"garbage")
     assert main(["diff", str(tmp_path / "x.tar.zst"), str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("weightstore: error: ")
+
+
+
+@pytest.mark.parametrize("side", [0, 1])
+def test_a_missing_operand_is_named_as_either_form(two_versions, tmp_path, capsys, side):
+    """A path that does not exist may have meant a folder: the error says both forms."""
+    folder, _ = two_versions["a"]
+    missing = tmp_path / "nowhere"
+    argv = [str(folder), str(missing)] if side else [str(missing), str(folder)]
+    assert main(["diff", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("weightstore: error: no such package folder or archive")
+    assert str(missing) in err and len(err.splitlines()) == 1

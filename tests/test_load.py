@@ -252,6 +252,24 @@ def test_package_folder_with_only_models_runs_from_the_store(built, split, tmp_p
         np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
 
 
+
+def test_weights_in_neither_folder_nor_store_name_the_store_searched(built, split, tmp_path,
+                                                                    capsys):
+    """The package folder lacks its weight files and the store given is not the one that
+    built it: the one-line error says which store was searched and how to give another."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("encoder.onnx", "summary.json"):
+        shutil.copyfile(split / name, bare / name)
+    empty = tmp_path / "other-store"
+    weightstore.WeightStore(empty)
+    assert main(["resolve", str(bare), "--store", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "the store does not hold its bytes" in err and f"store={empty}" in err
+    assert "--store" in err.split("hint=", 1)[1]
+    assert main(["resolve", str(bare), "--store", str(built / "store")]) == 0
+
 def test_sessions_share_buffers_through_the_weight_manager(split):
     """Weights onnxruntime maps are held once and shared; a weight every consumer
     pre-packs is not held (onnxruntime drops it once packed), so a later load reads it."""

@@ -74,6 +74,8 @@ class PackageDiff:
 
 def open_view(path: str | Path) -> PackageView:
     path = Path(path)
+    if not path.exists():
+        raise PackageError("no such package folder or archive", path=str(path))
     if path.is_dir():
         summary = read_summary(path)
         bundles = {}

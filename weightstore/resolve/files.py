@@ -33,8 +33,8 @@ def file_problems(folder: Path | None, entries: Sequence[ManifestEntry], scenari
     against their checksums too (``progress`` is told each entry's length). A payload
     inline in the model (no file) is checked against ``model_file`` when given. A file
     missing from ``folder`` whose bytes ``store`` (a locator) holds by key is fine: a load
-    reads them from there. Errors name the scenario, the initializer and the location
-    (and ``model`` when given).
+    reads them from there; when it does not, the error names the store searched. Errors
+    name the scenario, the initializer and the location (and ``model`` when given).
     """
     problems: list[str] = []
     files: dict[str, tuple[Path, int | None]] = {}  # each file located and sized once
@@ -62,6 +62,11 @@ def file_problems(folder: Path | None, entries: Sequence[ManifestEntry], scenari
                                             if x.source.file and x.source.store_key})
                 if s.store_key in located:
                     continue
+            if size is None and store is not None and s.store_key:
+                raise ExternalDataError(
+                    "live weight's file is missing or unreadable, and the store does not "
+                    "hold its bytes", **context, store=str(getattr(store, "root", store)),
+                    hint="give the store that built the package (--store)")
             if size is None:
                 raise ExternalDataError("live weight's file is missing or unreadable",
                                         **context)
