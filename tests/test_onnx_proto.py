@@ -82,3 +82,24 @@ def test_bfloat16_and_float8_take_their_own_width_whatever_the_onnx() -> None:
     assert expected_nbytes(onnx.TensorProto.BFLOAT16, [3, 2]) == 12
     assert expected_nbytes(onnx.TensorProto.FLOAT8E4M3FN, [5]) == 5
     assert expected_nbytes(onnx.TensorProto.COMPLEX64, [2]) == 16
+
+
+def test_an_onnx_without_the_generated_module_falls_back_to_importing_onnx(tmp_path) -> None:
+    """An onnx built without ONNX-ML types has no ``onnx_ml_pb2.py``: the classes then come
+    from onnx itself (its ``onnx_pb``), still onnx's own."""
+    found = _fresh(
+        "import importlib.util, json, sys, types\n"
+        "real = importlib.util.find_spec\n"
+        "def find_spec(name, *a, **k):\n"
+        "    spec = real(name, *a, **k)\n"
+        "    if name == 'onnx':\n"
+        f"        spec.submodule_search_locations = [{str(tmp_path)!r}]\n"
+        "    return spec\n"
+        "importlib.util.find_spec = find_spec\n"
+        "from weightstore.io import onnx_proto\n"
+        "importlib.util.find_spec = real\n"
+        "loaded = 'onnx' in sys.modules\n"
+        "import onnx\n"
+        "print(json.dumps({'onnx': loaded,\n"
+        "                  'same': onnx_proto.ModelProto is onnx.ModelProto}))\n")
+    assert found == {"onnx": True, "same": True}
