@@ -182,9 +182,18 @@ def test_dry_run_prints_the_plan_and_writes_nothing(encoder_model, save_model, t
     shutil.rmtree(tmp_path / "out/pkg/1.0.0/c")
     assert main(["build", str(recipe), "--store", str(store), "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert [p["status"] for p in plan["packages"]] == ["would-build", "up-to-date"]
+    # the store has c's action record and every payload: the build would materialize it
+    assert [p["status"] for p in plan["packages"]] == ["would-materialize", "up-to-date"]
     assert plan["store_report"]["written_bytes"] == 0
     assert plan["store_report"]["reused_bytes"] == stored
+    assert not (tmp_path / "out/pkg/1.0.0/c").exists()
+    assert main(["build", str(recipe), "--store", str(store), "--dry-run"]) == 0
+    assert "materialize c:" in capsys.readouterr().out
+    for record in (store / "build-actions").iterdir():  # without its record: a conversion
+        record.unlink()
+    assert main(["build", str(recipe), "--store", str(store), "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["status"] for p in plan["packages"]] == ["would-build", "up-to-date"]
     assert not (tmp_path / "out/pkg/1.0.0/c").exists()
 
 

@@ -8,15 +8,19 @@ if TYPE_CHECKING:
     from .run import BuildResult
 
 
+VERBS = {"would-build": "build", "would-materialize": "materialize"}
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
 def render_plan(result: BuildResult) -> str:
-    """One line per layout (build or skip), then what the store would gain and reuse."""
+    """One line per layout (build, materialize from the store by its action record, or
+    skip), then what the store would gain and reuse."""
     lines = []
     for p in result.packages:
-        verb = "build" if p.status == "would-build" else "skip (up-to-date)"
+        verb = VERBS.get(p.status, "skip (up-to-date)")
         lines.append(f"{verb:>17} {p.layout}: {p.path}")
     r = result.store_report
     if r:
@@ -26,6 +30,6 @@ def render_plan(result: BuildResult) -> str:
         if r.get("derived_objects"):
             lines.append(f"  plus {r['derived_objects']} weights the scenarios derive "
                          f"({_mb(r['derived_bytes'])}), computed when built")
-    elif not any(p.status == "would-build" for p in result.packages):
+    elif not any(p.status in VERBS for p in result.packages):
         lines.append("nothing to build")
     return "\n".join(lines)

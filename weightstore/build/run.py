@@ -57,7 +57,7 @@ class BuildOptions:
 class PackageResult:
     layout: str
     path: Path
-    status: str  # "built" | "up-to-date" | "would-build" (dry run)
+    status: str  # "built" | "up-to-date" | "would-build" | "would-materialize" (dry run)
     summary: dict[str, Any]
 
 
@@ -357,8 +357,14 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             result.store_report = packaging.plan_store(
                 store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
                 options.jobs, options.progress)
-            result.packages += [PackageResult(layout.name, target, "would-build", {})
-                                for layout, target, _ in todo]
+            from ..package.materialize import can_materialize
+
+            result.packages += [
+                PackageResult(layout.name, target, "would-materialize"
+                              if layout.external_weight != "embedded"
+                              and can_materialize(store_root, target, fp)
+                              else "would-build", {})
+                for layout, target, fp in todo]
             return
         with store.leased():  # gc spares every key this build relies on until it ends
             try:

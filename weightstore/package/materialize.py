@@ -80,6 +80,22 @@ def materialize(store_root: Path, target: Path, fingerprint: str, *,
     return Materialized(summary, len(weights), sum(weights.values()))
 
 
+
+def can_materialize(store_root: Path, target: Path, fingerprint: str) -> bool:
+    """Would :func:`materialize` publish ``target`` (``build --dry-run``)? A sound record
+    and every payload it names indexed in the store; nothing is read or written, so an
+    object damaged on disk still turns the real build into a conversion."""
+    from ..store import WeightStore
+    from ..store.index import INDEX_NAME
+
+    if target.exists() or not (store_root / INDEX_NAME).is_file():
+        return False
+    record = build_actions.load(store_root, fingerprint)
+    if record is None:
+        return False
+    keys = {p.key for f in record.files for p in f.pieces}
+    return keys <= WeightStore(store_root).locate(keys).keys()
+
 def _agreeing_summary(folder: Path, record: build_actions.ActionRecord,
                       ) -> dict[str, Any] | None:
     """The materialized summary when it is of the record's fingerprint and lists exactly
