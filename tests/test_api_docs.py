@@ -82,3 +82,13 @@ def test_docs_examples_run(tmp_path: Path, encoder_model: onnx.ModelProto,
             exec(compile(block, f"docs/api.md block {i + 1}", "exec"), namespace)
         except Exception as exc:
             raise AssertionError(f"docs/api.md block {i + 1} failed:\n{block}") from exc
+
+
+@pytest.mark.parametrize(("name", "first"), [("build", "recipe"), ("inspect", "path"),
+                                             ("resolve", "source"), ("load", "resolved")])
+def test_callable_modules_show_their_function_signature(name: str, first: str) -> None:
+    """``inspect.signature`` (and editors, type checkers through the TYPE_CHECKING imports)
+    see the function's parameters, not ``(*args, **kwargs)``."""
+    import inspect
+
+    assert next(iter(inspect.signature(getattr(weightstore, name)).parameters)) == first

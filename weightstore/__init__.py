@@ -69,16 +69,17 @@ __all__ = [
     "show_scenario",
 ]
 
-if TYPE_CHECKING:
-    from . import build, load, resolve
-    from .build.run import BuildOptions, BuildResult, PackageResult
-    from .catalogue import inspect
+if TYPE_CHECKING:  # the four callable modules are typed as the functions they call
+    from .build.run import BuildOptions, BuildResult, PackageResult, build
+    from .catalogue.inspect import inspect_model as inspect
     from .convert import ConvertReport, convert_to_external, convert_to_inline
     from .errors import WeightstoreError
+    from .load.session import load
     from .package.bundles import assemble as bundle
     from .package.check import CheckReport, check_package
     from .recipe.schema import Recipe, load_recipe
     from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext, StoreReference
+    from .resolve.api import resolve
     from .resolve.prepare import prepare
     from .resolve.runnable import replay_scenario
     from .scenarios.operations import (

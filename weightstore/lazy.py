@@ -14,6 +14,7 @@ function, whatever was imported first (``inspect``, ``resolve`` and ``load`` lik
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -54,5 +55,10 @@ def make_callable(module_name: str, function_name: str) -> None:
     class CallableModule(types.ModuleType):
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             return getattr(self, function_name)(*args, **kwargs)
+
+        @property
+        def __signature__(self) -> inspect.Signature:
+            # inspect.signature(weightstore.build) gives the function's parameters
+            return inspect.signature(getattr(self, function_name))
 
     module.__class__ = CallableModule
