@@ -189,3 +189,66 @@ def test_moved_constants_are_packaged_and_run(tmp_path, save_model):
     expected = run_onnxruntime(model, inputs)
     actual = run_onnxruntime(tmp_path / "bundle" / "m.onnx", inputs)
     assert all(e.tobytes() == a.tobytes() for e, a in zip(expected, actual, strict=True))
+
+
+def test_a_damaged_derived_weight_never_reaches_an_embedded_package(tmp_path, capsys):
+    """An embedded layout keeps a scenario's derived weights inline, read from the store
+    when another layout stored them: the read is checked against the key, and a damaged
+    object is computed again from the source and rewritten, so every layout stays
+    byte-identical to a build from a fresh store."""
+    from .samples import make_encoder
+    from .test_store import flip_byte
+
+    src = tmp_path / "encoder.onnx"
+    onnx.save(make_encoder(), str(src))
+    layouts = ("\n  - {name: embedded, external_weight: embedded}"
+               "\n  - {name: combined, external_weight: combined, size_threshold: 1024}\n")
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        recipe = write_recipe(tmp_path / folder, {"encoder": src}, layouts)
+        recipe.write_text(recipe.read_text().replace(
+            f"  - {{name: encoder, source: {src}}}\n",
+            f"  - name: encoder\n    source: {src}\n" + SCENARIOS))
+        build(recipe, BuildOptions(store=str(tmp_path / folder / "store"), jobs=2))
+    recipe, root = tmp_path / "a" / "recipe.yaml", tmp_path / "a" / "store"
+    package = tmp_path / "a" / "out" / "pkg" / "1.0.0" / "combined"
+    summary = json.loads((package / "summary.json").read_text())
+    derived = {w["id"] for w in summary["models"][0]["external_weights"] if "scenario" in w}
+    store = WeightStore(root)
+    victims = [o for k, o in store_index(store).items() if k in derived]
+    assert victims
+    for obj in victims:
+        flip_byte(store.path_of(obj), obj.offset + obj.size // 2)
+    capsys.readouterr()
+    build(recipe, BuildOptions(store=str(root), jobs=2, force=True))
+    assert "was damaged; rewritten from scenario" in capsys.readouterr().err
+    assert tree(tmp_path / "a" / "out") == tree(tmp_path / "b" / "out")
+    assert store.verify().ok
+
+
+def test_a_damaged_derived_weight_copied_into_a_package_is_healed(tmp_path, capsys):
+    """Without an inline reader first, the package copy finds the damage: the weight is
+    computed again from the source and its object rewritten."""
+    from .samples import make_encoder
+    from .test_store import flip_byte
+
+    src = tmp_path / "encoder.onnx"
+    onnx.save(make_encoder(), str(src))
+    recipe = write_recipe(tmp_path, {"encoder": src}, "\n  - {name: combined, "
+                          "external_weight: combined, size_threshold: 1024}\n")
+    recipe.write_text(recipe.read_text().replace(
+        f"  - {{name: encoder, source: {src}}}\n",
+        f"  - name: encoder\n    source: {src}\n" + SCENARIOS))
+    root = tmp_path / "store"
+    result = build(recipe, BuildOptions(store=str(root), jobs=2))
+    before = tree(tmp_path / "out")
+    derived = {w["id"] for w in result.packages[0].summary["models"][0]["external_weights"]
+               if "scenario" in w}
+    store = WeightStore(root)
+    obj = next(o for k, o in store_index(store).items() if k in derived)
+    flip_byte(store.path_of(obj), obj.offset)
+    capsys.readouterr()
+    build(recipe, BuildOptions(store=str(root), jobs=2, force=True))
+    assert "was damaged; rewritten from scenario" in capsys.readouterr().err
+    assert tree(tmp_path / "out") == before
+    assert store.verify().ok

@@ -440,9 +440,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                     index[key] = healed
         for s, w in witness.values():
             s.unverified.discard(w.site.path)
-        def read_added(weight: AddedWeight) -> bytes:
-            obj = index.get(weight.key) if weight.key else None
-            return store.read(obj) if obj is not None else weight.bytes()
+        read_added = _added_reader(store, index)
 
         models = []
         for s, ws in per_model:
@@ -471,20 +469,56 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
 
 def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: str | None,
          damaged: StoredObject | None) -> StoredObject | None:
-    """Rewrite a damaged store object from a source of this build that holds its bytes,
-    saying so on stderr; None when no such source exists (the copy's error, which names
-    the store file, offset and the repair command, then stands)."""
+    """Rewrite a damaged store object from a source of this build that holds its bytes (a
+    weight of a source model, or one a scenario derives from it), saying so on stderr;
+    None when no such source exists (the copy's error, which names the store file, offset
+    and the repair command, then stands)."""
     if key is None or damaged is None:
         return None
     source = next((_WeightPayload(s.weights, w) for s, ws in per_model for w in ws
                    if w.key == key), None)
-    if source is None:
-        return None
+    if source is not None:
+        return _rewrite(store, source, damaged, source.describe())
+    added = next((w for s, _ in per_model for sc in s.scenarios for w in sc.added
+                  if w.key == key), None)
+    return None if added is None else _heal_added(store, added, damaged)[1]
+
+
+def _rewrite(store: WeightStore, source: PayloadSource, damaged: StoredObject,
+             what: str) -> StoredObject:
     healed = store.heal(source)
-    print(f"weightstore: store object {key} in {damaged.file} at offset {damaged.offset} "
-          f"was damaged; rewritten from {source.describe()}", file=sys.stderr, flush=True)
+    print(f"weightstore: store object {source.key} in {damaged.file} at offset "
+          f"{damaged.offset} was damaged; rewritten from {what}", file=sys.stderr, flush=True)
     return healed
 
+
+def _heal_added(store: WeightStore, weight: AddedWeight, damaged: StoredObject,
+                ) -> tuple[bytes, StoredObject]:
+    """A derived weight computed again and its damaged store object rewritten; a weight
+    that does not give its cached key is a stale cache."""
+    data = weight.bytes()
+    algo, expected = split_key(weight.key)
+    if digest_bytes(algo, data) != expected:
+        raise StaleKeyError("cached key of a derived weight does not match the weight "
+                            "computed", weight=weight.where, key=weight.key)
+    return data, _rewrite(store, BytesPayload(weight.key, data), damaged, weight.where)
+
+def _added_reader(store: WeightStore, index: dict[str, StoredObject],
+                  ) -> Callable[[AddedWeight], bytes]:
+    """The bytes of a weight a scenario adds: its store object when the store holds it
+    (verified against the key), else computed from the source. A damaged object is
+    computed again and rewritten (:func:`heal`)."""
+    def read_added(weight: AddedWeight) -> bytes:
+        obj = index.get(weight.key) if weight.key else None
+        if obj is None:
+            return weight.bytes()
+        try:
+            return store.read(obj)
+        except IntegrityError:
+            data, index[weight.key] = _heal_added(store, weight, obj)
+            return data
+
+    return read_added
 
 def _package_model(source: Source, weights: list[Weight], where: dict[str, PlannedPayload],
                    layout: Layout, read_added: Callable[[AddedWeight], bytes],
@@ -523,9 +557,7 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
     index = store.locate(w.key for s, _ in per_model for sc in s.scenarios for w in sc.added
                          if w.key)
 
-    def read_added(weight: AddedWeight) -> bytes:
-        obj = index.get(weight.key) if weight.key else None
-        return store.read(obj) if obj is not None else weight.bytes()
+    read_added = _added_reader(store, index)
 
     pending = {key: PlannedPayload(key, size, "pending", 0)
                for _, ps in payloads for key, size in ps}

@@ -165,15 +165,12 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
 
 def read_object(store: Any, key: str, context: dict[str, Any]) -> bytes:
     """A store object's bytes, hashed against its key (an IntegrityError otherwise)."""
-    from ..io.digests import digest_bytes, split_key
-
     obj = _located(store, key, context)
-    data = store.read(obj)
-    algo, hex_digest = split_key(key)
-    if digest_bytes(algo, data) != hex_digest:
-        raise IntegrityError("store object does not match its key", key=key,
-                             path=str(store.path_of(obj)), **context)
-    return data
+    try:
+        return store.read(obj)
+    except IntegrityError as exc:
+        exc.context.update({k: v for k, v in context.items() if k not in exc.context})
+        raise
 
 
 def open_model_object(build: ReferencedBuild, name: str) -> tuple[Path, int]:

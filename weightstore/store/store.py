@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError, StoreError
-from ..io.digests import split_key
+from ..io.digests import digest_bytes, split_key
 from ..io.files import read_exact
 from . import leases
 from .index import INDEX_NAME, Index
@@ -398,7 +398,17 @@ class WeightStore:
         return self.root / obj.file
 
     def read(self, obj: StoredObject) -> bytes:
-        """Exactly the object's bytes; a missing or short file is an IntegrityError."""
+        """Exactly the object's bytes, hashed against its key: a missing or short file, or
+        bytes that do not match, is an IntegrityError naming the file, offset and repair."""
+        data = self._read_raw(obj)
+        algo, expected = split_key(obj.key)
+        if digest_bytes(algo, data) != expected:
+            raise IntegrityError("stored object does not match its key", key=obj.key,
+                                 path=str(self.path_of(obj)), offset=obj.offset,
+                                 size=obj.size, hint="run 'weightstore store verify --repair'")
+        return data
+
+    def _read_raw(self, obj: StoredObject) -> bytes:
         path = self.path_of(obj)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)
