@@ -20,15 +20,14 @@ from typing import Any
 
 import onnx
 
-from ..errors import PackageError, ResolutionError, ScenarioError, WeightstoreError
-from ..io.files import parse_json
+from ..errors import ResolutionError, ScenarioError, WeightstoreError
 from ..resolve.files import file_problems
 from ..resolve.manifest import ManifestEntry
 from ..resolve.source import ModelSource, open_source
 from ..resolve.variant import Variant, resolve_variant
 from ..scenarios.storage import read_scenarios
 from .bundle_record import read_bundle
-from .summary import SUMMARY_NAME
+from .summary import read_summary_file
 
 
 @dataclass
@@ -67,12 +66,8 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     if scenario is not None and device is not None:
         raise ScenarioError("choose a scenario or a device, not both")
     folder = Path(package)
-    try:
-        summary = parse_json((folder / SUMMARY_NAME).read_text())
-        models = [(str(m["name"]), str(m["file"])) for m in summary["models"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise PackageError("not a package folder (no readable summary.json)",
-                           folder=str(folder)) from None
+    summary = read_summary_file(folder)[1]
+    models = [(m["name"], m["file"]) for m in summary["models"]]
     chosen: dict[str, str | None] = {}
     if device is not None:
         bundle = read_bundle(folder, device)

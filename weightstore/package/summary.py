@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..errors import PackageError
+from ..io.files import parse_json
 
 if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..layout.plan import LayoutPlan
@@ -122,3 +125,91 @@ def package_format_version(settings: dict[str, Any]) -> int:
 
 def render(summary: dict[str, Any]) -> bytes:
     return (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
+
+
+def read_summary_file(folder: Path) -> tuple[bytes, dict[str, Any]]:
+    """The summary of the package in ``folder``: its exact bytes and its content, whose
+    structure :func:`check_structure` has checked. Every reader of a package folder's
+    summary goes through here, so a malformed one is one :class:`PackageError`."""
+    path = folder / SUMMARY_NAME
+    try:
+        data = path.read_bytes()
+        summary = parse_json(data)
+    except FileNotFoundError:
+        raise PackageError("not a package folder: no summary.json",
+                           folder=str(folder)) from None
+    except (OSError, ValueError) as exc:
+        raise PackageError(f"cannot read the package summary: {exc}",
+                           file=str(path)) from None
+    check_structure(summary, str(path))
+    return data, summary
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# key -> (required, check); what the readers (check, resolve, diff, release, assembly) use
+_MODEL_KEYS = {"name": (True, _is_str), "file": (True, _is_str),
+               "external_weights": (True, lambda v: isinstance(v, list)),
+               "scenarios": (False, _is_str_list),
+               "external_sources": (False, lambda v: isinstance(v, dict) and all(
+                   isinstance(k, str) and isinstance(d, str) for k, d in v.items())),
+               "model_bytes": (False, _is_int), "inline_tensors": (False, _is_int),
+               "inline_bytes": (False, _is_int), "source_digest": (False, _is_str)}
+_WEIGHT_KEYS = {"id": (True, _is_str), "name": (True, _is_str),
+                "location": (True, _is_str), "offset": (True, _is_int),
+                "size": (True, _is_int), "where": (False, _is_str),
+                "dtype": (False, _is_str),
+                "shape": (False, lambda v: isinstance(v, list) and all(map(_is_int, v))),
+                "scenario": (False, lambda v: v is None or isinstance(v, str))}
+_FILE_KEYS = {"name": (True, _is_str), "size": (True, _is_int),
+              "payloads": (False, _is_int), "padding": (False, _is_int)}
+_DEVICE_KEYS = {"name": (True, _is_str), "scenario": (False, lambda v: v is None or
+                                                      isinstance(v, str)),
+                "files": (False, _is_str_list)}
+
+
+def _check_entry(entry: Any, keys: dict[str, Any], where: str, at: str) -> None:
+    if not isinstance(entry, dict):
+        raise PackageError("malformed package summary: not a JSON object", file=where,
+                           key=at)
+    for key, (required, check) in keys.items():
+        if key not in entry:
+            if required:
+                raise PackageError("malformed package summary: a key is missing",
+                                   file=where, key=f"{at}.{key}")
+        elif not check(entry[key]):
+            raise PackageError("malformed package summary: a key has the wrong type",
+                               file=where, key=f"{at}.{key}")
+
+
+def check_structure(summary: Any, where: str) -> None:
+    """Refuse a summary whose models, external weights, files or devices lack a key or
+    hold one of the wrong type, naming the file and the key (``models[0].file``)."""
+    if not isinstance(summary, dict):
+        raise PackageError("package summary is not a JSON object", file=where)
+    models = summary.get("models")
+    if not isinstance(models, list) or not models:
+        raise PackageError("malformed package summary: no list of models", file=where,
+                           key="models")
+    for i, model in enumerate(models):
+        _check_entry(model, _MODEL_KEYS, where, f"models[{i}]")
+        for j, weight in enumerate(model["external_weights"]):
+            _check_entry(weight, _WEIGHT_KEYS, where, f"models[{i}].external_weights[{j}]")
+    for key, keys in (("files", _FILE_KEYS), ("devices", _DEVICE_KEYS)):
+        if key not in summary:
+            continue
+        if not isinstance(summary[key], list):
+            raise PackageError("malformed package summary: a key has the wrong type",
+                               file=where, key=key)
+        for i, entry in enumerate(summary[key]):
+            _check_entry(entry, keys, where, f"{key}[{i}]")

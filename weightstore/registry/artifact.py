@@ -28,10 +28,11 @@ from typing import Any
 
 from ..errors import PackageError, RegistryError
 from ..io.digests import split_key
-from ..io.files import is_relative_inside, parse_json
+from ..io.files import is_relative_inside
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_VERSION
+from ..package.summary import read_summary_file
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -79,13 +80,8 @@ class PackagePlan:
 
 def read_summary(folder: Path) -> dict[str, Any]:
     path = folder / SUMMARY_NAME
-    try:
-        summary = parse_json(path.read_bytes())
-    except FileNotFoundError:
-        raise PackageError("not a package folder (no summary.json)", folder=str(folder)) from None
-    except (OSError, ValueError) as exc:
-        raise PackageError(f"unreadable summary.json: {exc}", file=str(path)) from None
-    version = summary.get("format_version") if isinstance(summary, dict) else None
+    summary = read_summary_file(folder)[1]
+    version = summary.get("format_version")
     if type(version) is not int or not 1 <= version <= SUMMARY_VERSION:
         raise PackageError("unsupported summary.json format version", file=str(path),
                            version=version)

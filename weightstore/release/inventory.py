@@ -17,8 +17,14 @@ from typing import Any
 
 from ..errors import PackageError
 from ..io.digests import digest_file, make_key
-from ..io.files import is_relative_inside, parse_json
-from ..package.summary import CONTENTS_SINCE, FORMAT_VERSION, SUMMARY_NAME
+from ..io.files import is_relative_inside
+from ..package.summary import (
+    CONTENTS_SINCE,
+    FORMAT_VERSION,
+    SUMMARY_NAME,
+    check_structure,
+    read_summary_file,
+)
 
 
 def package_files(folder: Path) -> list[str]:
@@ -69,22 +75,14 @@ def read_summary(folder: Path) -> dict[str, Any]:
 
 def read_summary_bytes(folder: Path) -> tuple[bytes, dict[str, Any]]:
     """The summary's exact bytes (archives hold them as they are) and its content."""
-    path = folder / SUMMARY_NAME
-    try:
-        data = path.read_bytes()
-        summary = parse_json(data)
-    except FileNotFoundError:
-        raise PackageError("not a package folder: no summary.json", folder=str(folder)) from None
-    except (OSError, ValueError) as exc:
-        raise PackageError(f"cannot read the package summary: {exc}", file=str(path)) from None
-    check_summary(summary, str(path))
+    data, summary = read_summary_file(folder)
+    check_summary(summary, str(folder / SUMMARY_NAME))
     return data, summary
 
 
 def check_summary(summary: Any, where: str) -> None:
     """Refuse a summary this version cannot trust for file digests."""
-    if not isinstance(summary, dict):
-        raise PackageError("package summary is not a JSON object", file=where)
+    check_structure(summary, where)
     version = summary.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise PackageError("package summary has a format_version this weightstore does not "

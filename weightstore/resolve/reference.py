@@ -102,7 +102,7 @@ class ReferencedBuild:
 def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
     """The one build ``ref`` names in the store at ``store_root``, its summary verified."""
     from ..caches import build_actions
-    from ..package.summary import SUMMARY_NAME
+    from ..package.summary import SUMMARY_NAME, check_structure
     from ..store import WeightStore
     from ..store.index import INDEX_NAME
 
@@ -136,6 +136,7 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
     summary_bytes = read_object(store, files[SUMMARY_NAME].pieces[0].key, context)
     try:
         summary = parse_json(summary_bytes.decode())
+        check_structure(summary, f"{SUMMARY_NAME} of {ref}")
         if summary["fingerprint"] != fingerprint:
             raise ValueError("summary of another build")
         named = (summary["package"], summary["version"], summary["layout"]["name"])

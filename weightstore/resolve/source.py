@@ -24,7 +24,7 @@ import onnx
 from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metadata
 from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
 from ..errors import ModelError, PackageError, ResolutionError
-from ..io.files import parse_json, read_exact
+from ..io.files import read_exact
 from .reference import StoreReference, UnknownReference
 
 
@@ -120,15 +120,9 @@ class ModelSource:
 
 
 def _summary(folder: Path) -> dict[str, Any]:
-    from ..package.summary import SUMMARY_NAME  # loads the recipe machinery: only for packages
+    from ..package.summary import read_summary_file  # only for packages
 
-    try:
-        summary = parse_json((folder / SUMMARY_NAME).read_text())
-        summary["models"][0]["file"]
-        return summary
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        raise PackageError("not a package folder (no readable summary.json)",
-                           folder=str(folder)) from None
+    return read_summary_file(folder)[1]
 
 
 def open_source(source: str | os.PathLike[str] | StoreReference, *,
