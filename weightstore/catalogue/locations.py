@@ -12,6 +12,9 @@ def resolve_location(base_dir: Path, location: str, *, where: str) -> Path:
     """Resolve an external-data location, refusing anything that leaves ``base_dir``."""
     if not location:
         raise ExternalDataError("external data has no location", where=where)
+    if "\0" in location:  # no file has such a name: the OS would refuse it unnamed
+        raise ExternalDataError("external data location holds a NUL byte", where=where,
+                                location=location.replace("\0", "\\0"))
     if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
         raise PathEscapeError("external data location is absolute", where=where,
                               location=location)

@@ -52,7 +52,16 @@ class PayloadDescriptor:
 
 
 def external_info(tensor: TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in tensor.external_data}
+    """The tensor's external-data entries by key; a key given twice (which one would
+    win?) is refused, naming the tensor."""
+    out = {e.key: e.value for e in tensor.external_data}
+    if len(out) != len(tensor.external_data):
+        seen: set[str] = set()
+        twice = next(e.key for e in tensor.external_data
+                     if e.key in seen or seen.add(e.key))  # type: ignore[func-returns-value]
+        raise ExternalDataError("external data gives a key twice", tensor=tensor.name,
+                                key=twice)
+    return out
 
 
 def _int_field(info: dict[str, str], key: str, where: str) -> int | None:
@@ -93,6 +102,10 @@ def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadD
         if not os.path.isfile(path):
             raise ExternalDataError("external data is not a regular file", where=site.where,
                                     location=location)
+        if offset > size:
+            raise ExternalDataError("external data offset lies past the end of its file",
+                                    where=site.where, location=location, offset=offset,
+                                    file_size=size)
         if length is None:
             length = size - offset
         if offset + length > size:

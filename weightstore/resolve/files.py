@@ -70,6 +70,9 @@ def file_problems(folder: Path | None, entries: Sequence[ManifestEntry], scenari
             if size is None:
                 raise ExternalDataError("live weight's file is missing or unreadable",
                                         **context)
+            if s.offset > size:
+                raise ExternalDataError("live weight's offset lies past the end of its file",
+                                        offset=s.offset, file_size=size, **context)
             if s.offset + s.length > size:
                 raise ExternalDataError("live weight's byte range lies outside its file",
                                         offset=s.offset, length=s.length, file_size=size,
