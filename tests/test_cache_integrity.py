@@ -284,3 +284,41 @@ def test_cache_key_must_be_private(tmp_path, monkeypatch):
     digests.save()
     assert not cache.exists()
     cache_mac._key.cache_clear()
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000  # deeper than the JSON parser follows
+
+
+def test_deeply_nested_caches_are_ignored_and_rewritten(shared_pair, save_model, tmp_path):
+    """``source-digests.json`` and every ``payload-keys/*.json`` nested too deep to parse:
+    the build ignores them, gives the same package and writes them anew."""
+    recipe, store, _ = _pair_recipe(shared_pair, save_model, tmp_path)
+    clean = _build(recipe, store)
+    caches = [store / CACHE_NAME, *_key_files(store)]
+    assert len(caches) > 1
+    for cache in caches:
+        cache.write_bytes(DEEP)
+    assert _build(recipe, store) == clean
+    for cache in caches:
+        assert isinstance(json.loads(cache.read_bytes()), dict), cache
+
+
+def test_every_cache_reader_ignores_a_deeply_nested_file(tmp_path):
+    from weightstore.caches import build_actions, build_stamp
+    from weightstore.caches.derived_keys import DerivedKeyCache
+    from weightstore.caches.payload_keys import PayloadKeyCache
+
+    identity = {"source_digest": "blake3:" + "0" * 64, "external": {}}
+    payload, derived = PayloadKeyCache(tmp_path), DerivedKeyCache(tmp_path)
+    fp = "blake3:" + "1" * 64
+    files = [payload._path(identity, "blake3"), derived._path(identity, "blake3"),
+             build_actions.record_path(tmp_path, fp), tmp_path / CACHE_NAME,
+             tmp_path / "stamp.json"]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(DEEP)
+    assert payload.load(identity, "blake3") == {}
+    assert derived.load(identity, "blake3") == {}
+    assert build_actions.load(tmp_path, fp) is None
+    assert build_stamp.load(tmp_path / "stamp.json", tmp_path / "r.yaml", b"") is None
+    assert fingerprint.FileDigests(tmp_path / CACHE_NAME)._saved == {}

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..errors import PackageError
 from ..io.digests import digest_bytes, make_key, split_key
-from ..io.files import atomic_write_bytes, is_relative_inside
+from ..io.files import atomic_write_bytes, is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..package.summary import SUMMARY_NAME
@@ -76,7 +76,7 @@ def load(store_root: Path, fingerprint: str) -> ActionRecord | None:
     """The record of ``fingerprint`` in this store when it is sound (well formed, its MAC
     holds, it describes this fingerprint under this weightstore); None otherwise."""
     try:
-        doc = json.loads(record_path(store_root, fingerprint).read_bytes())
+        doc = parse_json(record_path(store_root, fingerprint).read_bytes())
         mac = doc.pop("mac")
         if (doc.get("format_version") != FORMAT_VERSION or doc.get("generator") != __version__
                 or doc.get("key") != action_key(fingerprint)
