@@ -130,3 +130,28 @@ def test_an_in_place_add_removes_what_a_killed_one_left(model_path, capsys):
                     "cleanup")[0] == 0
     assert not dead.exists() and live.exists() and fresh.exists() and other.exists()
     assert scenario_names(onnx.load(str(model_path), load_external_data=False)) == ["s"]
+
+
+def test_a_model_cut_short_while_it_is_copied_is_one_line(model_path, capsys, monkeypatch):
+    """Another process truncates the model between the read of its fields and their copy:
+    one ModelError naming the model, and the model left as that process left it."""
+    import os
+
+    from weightstore.scenarios import files
+
+    real = files.copy_range
+
+    def truncating(src_fd, *args):
+        os.truncate(model_path, os.path.getsize(model_path) // 2)
+        return real(src_fd, *args)
+
+    monkeypatch.setattr(files, "copy_range", truncating)
+    size = model_path.stat().st_size
+    code, _, err = _run(capsys, "scenario", "add", str(model_path), "s1", "--passes",
+                        "cleanup")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("weightstore: error: model file ended early")
+    assert f"file={model_path}" in lines[0]
+    assert model_path.stat().st_size == size // 2
+    assert [p.name for p in model_path.parent.iterdir()] == [model_path.name]

@@ -43,7 +43,12 @@ def rewrite_scenarios_file(src: str | os.PathLike[str], dst: str | os.PathLike[s
         with atomic_writer(dst, "w+b", sweep=True) as out:  # and what a killed run left
             pos = 0
             for start, end in ranges:
-                copy_range(fd, start, out.fileno(), pos, end - start)
+                try:
+                    copy_range(fd, start, out.fileno(), pos, end - start)
+                except EOFError as exc:  # cut short by someone else since it was read
+                    raise ModelError("model file ended early while it was copied (changed "
+                                     "by another process?)", file=str(src), offset=start,
+                                     detail=str(exc)) from None
                 pos += end - start
             write_all(out.fileno(), added, pos)
     finally:
