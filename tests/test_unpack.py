@@ -69,6 +69,7 @@ def test_existing_destination_is_refused(archive, tmp_path):
 def _summary(files: dict[str, bytes]) -> bytes:
     return json.dumps({
         "format_version": 3, "package": "p", "version": "1", "layout": {"name": "l"},
+        "models": [{"name": "m", "file": "m.onnx", "external_weights": []}],
         "contents": [{"path": k, "size": len(v), "digest": "blake3:" + digest_bytes("blake3", v)}
                      for k, v in sorted(files.items())]}).encode()
 
@@ -182,3 +183,24 @@ def test_unpack_output_path_is_relative_to_cwd(archive, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     unpack(path, Path("rel"))
     assert verify_package(tmp_path / "rel").ok
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, capsys):
+    """Opening a FIFO for reading blocks until a writer comes: it is refused at once, by
+    unpack and by every other archive reader (``diff``)."""
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "fifo.tar.zst"
+    os.mkfifo(fifo)
+    code = ("import sys\nfrom weightstore.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    for argv in (["unpack", str(fifo), str(tmp_path / "out")],
+                 ["diff", str(fifo), str(fifo)]):
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2, (argv, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "not a regular file" in lines[0], lines
+        assert f"archive={fifo}" in lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["fifo.tar.zst"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import PackageError
+from ..io.files import NotRegularFileError, open_regular
 
 JSON_LIMIT = 64 << 20  # summary.json and bundle.json members are read whole, up to this
 HEADER_LIMIT = 1 << 20  # PAX and GNU long-name headers: tarfile reads them whole
@@ -35,13 +37,20 @@ def open_archive(path: str | Path) -> Iterator[tarfile.TarFile]:
     import zstandard
 
     try:
-        with open(path, "rb") as f:
+        fd = open_regular(path)  # a FIFO would block the open, and the reads, forever
+    except FileNotFoundError:
+        raise PackageError("no such archive", archive=str(path)) from None
+    except NotRegularFileError as exc:
+        raise PackageError(f"archive is {exc}", archive=str(path)) from None
+    except OSError as exc:
+        raise PackageError(f"cannot open the archive: {exc.strerror or exc}",
+                           archive=str(path)) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
             reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
             with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
                               tarinfo=_BoundedTarInfo) as tf:
                 yield tf
-    except FileNotFoundError:
-        raise PackageError("no such archive", archive=str(path)) from None
     except (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError) as exc:
         raise PackageError(f"corrupt archive: {exc}", archive=str(path)) from None
 
