@@ -107,6 +107,45 @@ def test_unknown_checksum_forms_are_left_alone(tmp_path):
     build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
 
 
+INLINE_LAYOUTS = {
+    "embedded": "\n  - {name: c, external_weight: embedded}\n",
+    "below-threshold": "\n  - {name: c, external_weight: combined, size_threshold: 65536}\n",
+}
+
+
+@pytest.mark.parametrize("layout", sorted(INLINE_LAYOUTS))
+@pytest.mark.parametrize("algo", ["blake3", "sha256"])
+def test_a_wrong_declared_checksum_fails_a_payload_packaged_inline(algo, layout, tmp_path):
+    """The payload is read to be put inline (an embedded layout, or below the size
+    threshold): its declared checksum is verified on that read, naming the tensor."""
+    wrong = f"{algo}:" + "ab" * 32
+    recipe = write_recipe(tmp_path, {"m": _external(tmp_path, wrong)}, INLINE_LAYOUTS[layout])
+    with pytest.raises(IntegrityError) as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    assert "checksum" in err.value.message and err.value.context["tensor"].endswith("'W'")
+    assert err.value.context["expected"] == wrong
+    assert not (tmp_path / "out/pkg/1.0.0/c").exists()
+    with pytest.raises(IntegrityError):
+        convert_to_external(tmp_path / "m.onnx", tmp_path / "o.onnx", threshold=1 << 20)
+
+
+@pytest.mark.parametrize("layout", sorted(INLINE_LAYOUTS))
+def test_a_right_declared_checksum_is_verified_in_the_one_read(layout, tmp_path,
+                                                                monkeypatch):
+    import weightstore.convert.weights as weights
+
+    reads: list[str] = []
+    real = weights.read_payload
+    monkeypatch.setattr(weights, "read_payload",
+                        lambda d, c=None: reads.append(str(d.file)) or real(d, c))
+    recipe = write_recipe(tmp_path, {"m": _external(tmp_path, _good_sum("sha256"))},
+                          INLINE_LAYOUTS[layout])
+    build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    assert reads.count(str(tmp_path / "w.bin")) == 1
+    model = onnx.load(str(tmp_path / "out/pkg/1.0.0/c/m.onnx"))
+    assert model.graph.initializer[0].raw_data == np.arange(1024, dtype=np.float32).tobytes()
+
+
 # -- item 4: ambiguous models ------------------------------------------------------------------
 
 def test_inline_and_external_data_at_once_is_refused(tmp_path):

@@ -42,6 +42,22 @@ def declared_checksum(desc: PayloadDescriptor) -> tuple[str, str] | None:
     return (algo, hexdigest.lower()) if sep and algo in ALGORITHMS else None
 
 
+def verify_declared(desc: PayloadDescriptor, digests: Mapping[str, str], where: str) -> None:
+    """Refuse a payload whose bytes do not match the checksum its source declares.
+
+    ``digests`` maps algorithms to the hex digests of the bytes just read (it must hold
+    the declared checksum's algorithm). Every read of a source payload for packaging comes
+    through here: the hashing of :meth:`ModelWeights.digest` and the reads of
+    :meth:`ModelWeights.read` and :meth:`ModelWeights.materialize` (inline payloads).
+    """
+    declared = declared_checksum(desc)
+    if declared is not None and digests[declared[0]] != declared[1]:
+        raise IntegrityError(
+            "payload does not match the checksum its model declares",
+            tensor=where, location=desc.location, expected=desc.checksum,
+            actual=make_key(declared[0], digests[declared[0]]))
+
+
 @dataclass(frozen=True)
 class Weight:
     """One externalizable tensor: its site, where its bytes are, and their digest key."""
@@ -175,21 +191,27 @@ class ModelWeights:
         if desc.encoding == "raw":  # hashed from the file range, a chunk at a time
             digests = digest_file_many(algos, desc.file, desc.offset, desc.length)
         else:
-            data = self.read(weight)
+            data = self._read(desc, weight.site.where)
             digests = [digest_bytes(a, data) for a in algos]
-        if declared is not None and digests[algos.index(declared[0])] != declared[1]:
-            raise IntegrityError(
-                "payload does not match the checksum its model declares",
-                tensor=weight.site.where, location=desc.location,
-                expected=desc.checksum,
-                actual=make_key(declared[0], digests[algos.index(declared[0])]))
+        verify_declared(desc, dict(zip(algos, digests, strict=True)), weight.site.where)
         return digests[0]
 
     def read(self, weight: Weight) -> bytes:
+        """One payload's bytes, checked against the checksum its source declares."""
+        return self._checked(weight.payload, weight.site.where)
+
+    def _checked(self, desc: PayloadDescriptor, where: str) -> bytes:
+        data = self._read(desc, where)
+        declared = declared_checksum(desc)
+        if declared is not None:  # the bytes in hand: hashed, never read again
+            verify_declared(desc, {declared[0]: digest_bytes(declared[0], data)}, where)
+        return data
+
+    def _read(self, desc: PayloadDescriptor, where: str) -> bytes:
         try:
-            return read_payload(weight.payload, self.catalogue)
+            return read_payload(desc, self.catalogue)
         except ModelError as exc:
-            exc.context.setdefault("tensor", weight.site.where)
+            exc.context.setdefault("tensor", where)
             raise
 
     # -- output ----------------------------------------------------------------------------
@@ -218,8 +240,8 @@ class ModelWeights:
             placement = placements.get(site.path)
             if placement is not None:
                 external.append(ExternalTensor(site, placement, self.encoding(site, desc)))
-            elif desc.is_external:
-                set_payload(site.tensor, read_payload(desc, self.catalogue),
+            elif desc.is_external:  # inline in the output: its checksum verified here
+                set_payload(site.tensor, self._checked(desc, site.where),
                             self.encoding(site, desc))
             else:
                 self.catalogue.restore(site.tensor, site.path, site.where)
