@@ -213,3 +213,80 @@ def test_progress_shows_rate_and_eta_on_a_terminal_only():
     with Progress("hashing", 10, stream=hidden) as bar:
         bar.advance(10)
     assert hidden.getvalue() == ""
+
+
+def _damaged_build(encoder_model, save_model, tmp_path) -> tuple[Path, Path]:
+    """A package and a store, each with one weight byte flipped."""
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    store = tmp_path / "s"
+    assert main(["-q", "build", str(recipe), "--store", str(store)]) == 0
+    package = tmp_path / "out/pkg/1.0.0/c"
+    for victim in (next(package.glob("*_weight_combined")), next(store.glob("*_weight_combined"))):
+        data = bytearray(victim.read_bytes())
+        data[0] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    return package, store
+
+
+def test_quiet_still_reports_failures(encoder_model, save_model, tmp_path, capsys):
+    """-q hides the report, never the reasons a command failed: they go to stderr."""
+    package, store = _damaged_build(encoder_model, save_model, tmp_path)
+    capsys.readouterr()
+    for argv in (["-q", "verify", str(package)], ["-q", "check", str(package), "--verify"],
+                 ["-q", "store", "verify", "--store", str(store)],
+                 ["store", "verify", "--store", str(store), "-q"]):
+        assert main(argv) == 1, argv
+        out, err = capsys.readouterr()
+        assert out == "", argv
+        assert err.startswith("problem: ") and "weight_combined" in err, argv
+    assert main(["verify", str(package)]) == 1  # without -q: all of it on stdout
+    out, err = capsys.readouterr()
+    assert "problem: " in out and err == ""
+
+
+def test_global_options_after_the_command(encoder_model, save_model, tmp_path, capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    assert main(["build", str(recipe), "--store", str(tmp_path / "s"), "-q"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert main(["inspect", str(tmp_path / "nope.onnx"), "--verbose"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+    for argv in (["build", str(recipe), "-q", "-v"], ["-q", "build", str(recipe), "-v"],
+                 ["-v", "store", "stats", "--quiet"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "not allowed with argument -q/--quiet" in err and err.count("\n") == 1, argv
+
+
+def test_unrecognized_arguments_point_at_the_commands_help(tmp_path, capsys):
+    for argv, usage in ((["build", "r.yaml", "--bogus"], "weightstore build --help"),
+                        (["store", "verify", "--bogus"], "weightstore store verify --help"),
+                        (["convert", "to-inline", "a", "b", "c"],
+                         "weightstore convert to-inline --help")):
+        assert main([*argv, "--json"]) == 2
+        doc = json.loads(capsys.readouterr().err)
+        assert doc["error"].startswith("unrecognized arguments: ") and "--json" not in doc[
+            "error"], argv
+        assert doc["context"] == {"usage": usage}, argv
+    assert main(["build", "r.yaml", "--bogus"]) == 2
+    assert capsys.readouterr().err == ("weightstore: error: unrecognized arguments: --bogus "
+                                       "(usage=weightstore build --help)\n")
+
+
+def test_every_integer_option_says_not_an_integer(tmp_path, capsys):
+    p = str(tmp_path / "p")
+    for argv, option in ((["push", p, "localhost/r:1", "--jobs", "x"], "--jobs"),
+                         (["pull", "localhost/r:1", "--jobs", "x"], "--jobs"),
+                         (["push", p, "localhost/r:1", "--chunk-size", "x"], "--chunk-size"),
+                         (["build", p, "--jobs", "x"], "--jobs"),
+                         (["verify", p, "--jobs", "x"], "--jobs"),
+                         (["release", p, "--jobs", "x"], "--jobs"),
+                         (["release", p, "--level", "x"], "--level"),
+                         (["store", "verify", "--jobs", "x"], "--jobs"),
+                         (["convert", "to-external", p, p, "--threshold", "x"], "--threshold"),
+                         (["convert", "to-external", p, p, "--alignment", "x"], "--alignment")):
+        assert main(argv) == 2, argv
+        assert f"argument {option}: not an integer" in capsys.readouterr().err, argv
+    assert main(["pull", "localhost/r:1", "--jobs", "0"]) == 2
+    assert "argument --jobs: must be at least 1" in capsys.readouterr().err
