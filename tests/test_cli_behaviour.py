@@ -290,3 +290,62 @@ def test_every_integer_option_says_not_an_integer(tmp_path, capsys):
         assert f"argument {option}: not an integer" in capsys.readouterr().err, argv
     assert main(["pull", "localhost/r:1", "--jobs", "0"]) == 2
     assert "argument --jobs: must be at least 1" in capsys.readouterr().err
+
+
+def test_gc_options_are_named_as_flags(tmp_path, capsys):
+    store = tmp_path / "s"
+    store.mkdir()
+    for ratio in ("7", "0", "-1", "x"):
+        assert main(["store", "gc", "--store", str(store), "--compact-ratio", ratio]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("weightstore: error: argument --compact-ratio: "), ratio
+        assert "compact_ratio" not in err and "older_than" not in err
+
+
+def test_gc_dry_run_lists_stale_temp_files(encoder_model, save_model, tmp_path, capsys):
+    import os
+    import time
+
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    store = tmp_path / "s"
+    assert main(["-q", "build", str(recipe), "--store", str(store)]) == 0
+    temp = store / ".weight_dead.abc.tmp"
+    temp.write_bytes(b"partial")
+    old = time.time() - 86400
+    os.utime(temp, (old, old))
+    assert main(["store", "gc", "--store", str(store), "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["temps"] == [temp.name]
+    assert main(["store", "gc", "--store", str(store), "--dry-run"]) == 0
+    assert f"remove stale temp file {temp.name}" in capsys.readouterr().out
+    assert temp.exists()
+    assert main(["store", "gc", "--store", str(store)]) == 0
+    assert f"removed stale temp file {temp.name}" in capsys.readouterr().out
+    assert not temp.exists()
+
+
+def test_run_refuses_inputs_that_are_not_an_npz(tmp_path, capsys):
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not arrays\n")
+    np.save(tmp_path / "one.npy", np.zeros(3, np.float32))
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x=np.array([object()], dtype=object))
+    for path, extra in ((junk, ""), (tmp_path / "one.npy", ""), (objects, ", member=x")):
+        assert main(["run", str(tmp_path / "nope"), "--inputs", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err == ("weightstore: error: the inputs must be a .npz file of arrays "
+                       f"(numpy.savez), one per model input (file={path}{extra})\n")
+
+
+def test_release_checks_its_output_before_building(encoder_model, save_model, tmp_path,
+                                                   capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for output in (afile, afile / "x"):
+        assert main(["release", str(recipe), "--store", str(tmp_path / "s"),
+                     "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert "not a folder" in err and f"blocked_by={afile}" in err
+        assert not (tmp_path / "s").exists() and not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -78,6 +79,10 @@ def run_release(args: argparse.Namespace) -> int:
     from .api import ReleaseOptions, check_release, release
     from .compression import DEFAULT_LEVEL, Compression
 
+    if args.output and not args.check:  # before anything is built, as build checks its own
+        from ..package.outputs import check_output_folder
+
+        check_output_folder(Path(args.output))
     options = ReleaseOptions(
         output=args.output, store=args.store, jobs=args.jobs,
         compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long),
