@@ -349,3 +349,48 @@ def test_release_checks_its_output_before_building(encoder_model, save_model, tm
         err = capsys.readouterr().err
         assert "not a folder" in err and f"blocked_by={afile}" in err
         assert not (tmp_path / "s").exists() and not (tmp_path / "out").exists()
+
+
+def test_refusing_a_different_build_names_every_input(encoder_model, save_model, tmp_path):
+    """Every input of the fingerprint that the folder's summary records is named when it
+    changes; what it does not record is named as what it may be, never the catch-all."""
+    import pytest
+
+    from weightstore.build.run import BuildOptions, build
+    from weightstore.errors import PackageError
+
+    src = save_model(encoder_model, "m.onnx")
+    store = str(tmp_path / "s")
+    devices = ("devices:\n  - {name: cpu, capabilities: {fp16: false}, scenario: null}\n"
+               "  - {name: npu, capabilities: {fp16: true}, scenario: null}\n")
+    recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n",
+                          extra=devices)
+    first = recipe.read_text()
+    build(recipe, BuildOptions(store=store))
+
+    def changed(text: str) -> str:
+        recipe.write_text(text)
+        with pytest.raises(PackageError, match="different build") as err:
+            build(recipe, BuildOptions(store=store))
+        return err.value.context["changed"]
+
+    assert changed(first.replace("hash: blake3", "hash: sha256")) == "store.hash (blake3 -> sha256)"
+    assert changed(first.replace("  - {name: npu, capabilities: {fp16: true}, scenario: null}\n",
+                                 "")) == "device 'npu' removed"
+    assert changed(first.replace("{fp16: true}", "{fp16: false}")) == (
+        "capabilities of device 'cpu' or capabilities of device 'npu'")
+    assert changed(first.replace("  - {name: cpu, capabilities: {fp16: false}, scenario: null}\n",
+                                 "") + "  - {name: cpu, capabilities: {fp16: false}, "
+                                       "scenario: null}\n") == "order of the devices"
+    scenario = first.replace("source: " + str(src) + "}",
+                             "source: " + str(src) + ", scenarios: [{name: fused, passes: "
+                             "[cleanup]}]}")
+    assert "scenarios:" in scenario
+    assert changed(scenario) == "scenarios of model 'm'"
+    build(recipe, BuildOptions(store=store, force=True))
+    assert changed(scenario.replace("[cleanup]", "[fuse-qkv, cleanup]")) == (
+        "scenarios of model 'm' or capabilities of device 'cpu' or capabilities of "
+        "device 'npu'")
+    build(recipe, BuildOptions(store=store, force=True))
+    assert changed(first) == ("scenarios of model 'm' or capabilities of device 'cpu' or "
+                              "capabilities of device 'npu'")  # the scenario dropped
