@@ -290,6 +290,9 @@ def test_every_integer_option_says_not_an_integer(tmp_path, capsys):
         assert f"argument {option}: not an integer" in capsys.readouterr().err, argv
     assert main(["pull", "localhost/r:1", "--jobs", "0"]) == 2
     assert "argument --jobs: must be at least 1" in capsys.readouterr().err
+    for value, reason in (("x", "not a number"), ("0", "must be more than 0")):
+        assert main(["pull", "localhost/r:1", "--timeout", value]) == 2
+        assert f"argument --timeout: {reason}" in capsys.readouterr().err
 
 
 def test_gc_options_are_named_as_flags(tmp_path, capsys):

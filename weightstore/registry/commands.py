@@ -14,12 +14,23 @@ if TYPE_CHECKING:  # requests loads only when push or pull runs: every command p
 STORE_HELP = "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)"
 
 
+def _seconds(text: str) -> float:
+    """``--timeout``: a number of seconds, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
 def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
     p.add_argument("--store", help=STORE_HELP)
     p.add_argument("--jobs", type=jobs, default=4, help="blobs in flight (default 4)")
     p.add_argument("--insecure", action="store_true",
                    help="plain HTTP to a registry that is not on loopback (TLS otherwise)")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=_seconds, default=120.0,
                    help="seconds to wait for a registry answer (default 120)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
