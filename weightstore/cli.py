@@ -187,7 +187,7 @@ def _add_global_options(p: argparse.ArgumentParser) -> None:
     own help, so that arguments it does not know point at it."""
     loud = p.add_mutually_exclusive_group()
     loud.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                      help="print nothing but errors (as before the command)")
+                      help="print nothing but errors (and what --json asks for)")
     loud.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                       help="on an error, also print where in the code it happened")
     p.set_defaults(usage_help=f"{p.prog} --help")
