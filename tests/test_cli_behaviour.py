@@ -336,8 +336,9 @@ def test_run_refuses_inputs_that_are_not_an_npz(tmp_path, capsys):
     for path, extra in ((junk, ""), (tmp_path / "one.npy", ""), (objects, ", member=x")):
         assert main(["run", str(tmp_path / "nope"), "--inputs", str(path)]) == 2
         err = capsys.readouterr().err
-        assert err == ("weightstore: error: the inputs must be a .npz file of arrays "
-                       f"(numpy.savez), one per model input (file={path}{extra})\n")
+        assert err == ("weightstore: error: cannot read the inputs: they must be a .npz "
+                       "file of arrays (numpy.savez), one per model input "
+                       f"(file={path}{extra})\n")
 
 
 def test_release_checks_its_output_before_building(encoder_model, save_model, tmp_path,

@@ -128,7 +128,8 @@ def run_command(args: argparse.Namespace) -> int:
 def _read_inputs(np: Any, path: str) -> dict[str, Any]:
     """``--inputs``: a .npz of arrays (``numpy.savez``); anything else is one error line,
     never numpy's advice about pickles."""
-    not_npz = "the inputs must be a .npz file of arrays (numpy.savez), one per model input"
+    not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
+               "one per model input")
     try:
         loaded = np.load(path, allow_pickle=False)
     except OSError as exc:
