@@ -213,3 +213,188 @@ def test_progress_shows_rate_and_eta_on_a_terminal_only():
     with Progress("hashing", 10, stream=hidden) as bar:
         bar.advance(10)
     assert hidden.getvalue() == ""
+
+
+def _damaged_build(encoder_model, save_model, tmp_path) -> tuple[Path, Path]:
+    """A package and a store, each with one weight byte flipped."""
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    store = tmp_path / "s"
+    assert main(["-q", "build", str(recipe), "--store", str(store)]) == 0
+    package = tmp_path / "out/pkg/1.0.0/c"
+    for victim in (next(package.glob("*_weight_combined")), next(store.glob("*_weight_combined"))):
+        data = bytearray(victim.read_bytes())
+        data[0] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    return package, store
+
+
+def test_quiet_still_reports_failures(encoder_model, save_model, tmp_path, capsys):
+    """-q hides the report, never the reasons a command failed: they go to stderr."""
+    package, store = _damaged_build(encoder_model, save_model, tmp_path)
+    capsys.readouterr()
+    for argv in (["-q", "verify", str(package)], ["-q", "check", str(package), "--verify"],
+                 ["-q", "store", "verify", "--store", str(store)],
+                 ["store", "verify", "--store", str(store), "-q"]):
+        assert main(argv) == 1, argv
+        out, err = capsys.readouterr()
+        assert out == "", argv
+        assert err.startswith("problem: ") and "weight_combined" in err, argv
+    assert main(["verify", str(package)]) == 1  # without -q: all of it on stdout
+    out, err = capsys.readouterr()
+    assert "problem: " in out and err == ""
+
+
+def test_global_options_after_the_command(encoder_model, save_model, tmp_path, capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    assert main(["build", str(recipe), "--store", str(tmp_path / "s"), "-q"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert main(["inspect", str(tmp_path / "nope.onnx"), "--verbose"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+    for argv in (["build", str(recipe), "-q", "-v"], ["-q", "build", str(recipe), "-v"],
+                 ["-v", "store", "stats", "--quiet"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "not allowed with argument -q/--quiet" in err and err.count("\n") == 1, argv
+
+
+def test_unrecognized_arguments_point_at_the_commands_help(tmp_path, capsys):
+    for argv, usage in ((["build", "r.yaml", "--bogus"], "weightstore build --help"),
+                        (["store", "verify", "--bogus"], "weightstore store verify --help"),
+                        (["convert", "to-inline", "a", "b", "c"],
+                         "weightstore convert to-inline --help")):
+        assert main([*argv, "--json"]) == 2
+        doc = json.loads(capsys.readouterr().err)
+        assert doc["error"].startswith("unrecognized arguments: ") and "--json" not in doc[
+            "error"], argv
+        assert doc["context"] == {"usage": usage}, argv
+    assert main(["build", "r.yaml", "--bogus"]) == 2
+    assert capsys.readouterr().err == ("weightstore: error: unrecognized arguments: --bogus "
+                                       "(usage=weightstore build --help)\n")
+
+
+def test_every_integer_option_says_not_an_integer(tmp_path, capsys):
+    p = str(tmp_path / "p")
+    for argv, option in ((["push", p, "localhost/r:1", "--jobs", "x"], "--jobs"),
+                         (["pull", "localhost/r:1", "--jobs", "x"], "--jobs"),
+                         (["push", p, "localhost/r:1", "--chunk-size", "x"], "--chunk-size"),
+                         (["build", p, "--jobs", "x"], "--jobs"),
+                         (["verify", p, "--jobs", "x"], "--jobs"),
+                         (["release", p, "--jobs", "x"], "--jobs"),
+                         (["release", p, "--level", "x"], "--level"),
+                         (["store", "verify", "--jobs", "x"], "--jobs"),
+                         (["convert", "to-external", p, p, "--threshold", "x"], "--threshold"),
+                         (["convert", "to-external", p, p, "--alignment", "x"], "--alignment")):
+        assert main(argv) == 2, argv
+        assert f"argument {option}: not an integer" in capsys.readouterr().err, argv
+    assert main(["pull", "localhost/r:1", "--jobs", "0"]) == 2
+    assert "argument --jobs: must be at least 1" in capsys.readouterr().err
+    for value, reason in (("x", "not a number"), ("0", "must be more than 0")):
+        assert main(["pull", "localhost/r:1", "--timeout", value]) == 2
+        assert f"argument --timeout: {reason}" in capsys.readouterr().err
+
+
+def test_gc_options_are_named_as_flags(tmp_path, capsys):
+    store = tmp_path / "s"
+    store.mkdir()
+    for ratio in ("7", "0", "-1", "x"):
+        assert main(["store", "gc", "--store", str(store), "--compact-ratio", ratio]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("weightstore: error: argument --compact-ratio: "), ratio
+        assert "compact_ratio" not in err and "older_than" not in err
+
+
+def test_gc_dry_run_lists_stale_temp_files(encoder_model, save_model, tmp_path, capsys):
+    import os
+    import time
+
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    store = tmp_path / "s"
+    assert main(["-q", "build", str(recipe), "--store", str(store)]) == 0
+    temp = store / ".weight_dead.abc.tmp"
+    temp.write_bytes(b"partial")
+    old = time.time() - 86400
+    os.utime(temp, (old, old))
+    assert main(["store", "gc", "--store", str(store), "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["temps"] == [temp.name]
+    assert main(["store", "gc", "--store", str(store), "--dry-run"]) == 0
+    assert f"remove stale temp file {temp.name}" in capsys.readouterr().out
+    assert temp.exists()
+    assert main(["store", "gc", "--store", str(store)]) == 0
+    assert f"removed stale temp file {temp.name}" in capsys.readouterr().out
+    assert not temp.exists()
+
+
+def test_run_refuses_inputs_that_are_not_an_npz(tmp_path, capsys):
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not arrays\n")
+    np.save(tmp_path / "one.npy", np.zeros(3, np.float32))
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x=np.array([object()], dtype=object))
+    for path, extra in ((junk, ""), (tmp_path / "one.npy", ""), (objects, ", member=x")):
+        assert main(["run", str(tmp_path / "nope"), "--inputs", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err == ("weightstore: error: cannot read the inputs: they must be a .npz "
+                       "file of arrays (numpy.savez), one per model input "
+                       f"(file={path}{extra})\n")
+
+
+def test_release_checks_its_output_before_building(encoder_model, save_model, tmp_path,
+                                                   capsys):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for output in (afile, afile / "x"):
+        assert main(["release", str(recipe), "--store", str(tmp_path / "s"),
+                     "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert "not a folder" in err and f"blocked_by={afile}" in err
+        assert not (tmp_path / "s").exists() and not (tmp_path / "out").exists()
+
+
+def test_refusing_a_different_build_names_every_input(encoder_model, save_model, tmp_path):
+    """Every input of the fingerprint that the folder's summary records is named when it
+    changes; what it does not record is named as what it may be, never the catch-all."""
+    import pytest
+
+    from weightstore.build.run import BuildOptions, build
+    from weightstore.errors import PackageError
+
+    src = save_model(encoder_model, "m.onnx")
+    store = str(tmp_path / "s")
+    devices = ("devices:\n  - {name: cpu, capabilities: {fp16: false}, scenario: null}\n"
+               "  - {name: npu, capabilities: {fp16: true}, scenario: null}\n")
+    recipe = write_recipe(tmp_path, {"m": src}, "\n  - {name: c, external_weight: combined}\n",
+                          extra=devices)
+    first = recipe.read_text()
+    build(recipe, BuildOptions(store=store))
+
+    def changed(text: str) -> str:
+        recipe.write_text(text)
+        with pytest.raises(PackageError, match="different build") as err:
+            build(recipe, BuildOptions(store=store))
+        return err.value.context["changed"]
+
+    assert changed(first.replace("hash: blake3", "hash: sha256")) == "store.hash (blake3 -> sha256)"
+    assert changed(first.replace("  - {name: npu, capabilities: {fp16: true}, scenario: null}\n",
+                                 "")) == "device 'npu' removed"
+    assert changed(first.replace("{fp16: true}", "{fp16: false}")) == (
+        "capabilities of device 'cpu' or capabilities of device 'npu'")
+    assert changed(first.replace("  - {name: cpu, capabilities: {fp16: false}, scenario: null}\n",
+                                 "") + "  - {name: cpu, capabilities: {fp16: false}, "
+                                       "scenario: null}\n") == "order of the devices"
+    scenario = first.replace("source: " + str(src) + "}",
+                             "source: " + str(src) + ", scenarios: [{name: fused, passes: "
+                             "[cleanup]}]}")
+    assert "scenarios:" in scenario
+    assert changed(scenario) == "scenarios of model 'm'"
+    build(recipe, BuildOptions(store=store, force=True))
+    assert changed(scenario.replace("[cleanup]", "[fuse-qkv, cleanup]")) == (
+        "scenarios of model 'm' or capabilities of device 'cpu' or capabilities of "
+        "device 'npu'")
+    build(recipe, BuildOptions(store=store, force=True))
+    assert changed(first) == ("scenarios of model 'm' or capabilities of device 'cpu' or "
+                              "capabilities of device 'npu'")  # the scenario dropped

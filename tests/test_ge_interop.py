@@ -141,3 +141,44 @@ def test_bytes_that_do_not_fit_dtype_and_shape_are_an_error_naming_the_node(tmp_
         build(recipe, BuildOptions(store=str(tmp_path / "store")))
     assert "fc" in str(err.value.context.get("where"))
     assert not (tmp_path / "dist").exists()
+
+
+def test_a_file_id_named_twice_is_refused(tmp_path, capsys):
+    (tmp_path / "x.bin").write_bytes(VALUES.tobytes())
+    (tmp_path / "y.bin").write_bytes(OTHER.tobytes())
+    src = _model(_ge_node(file_id="a"), tmp_path)
+    out = tmp_path / "inline.onnx"
+    assert main(["convert", "to-inline", str(src), str(out), "--value-bins",
+                 f"a={tmp_path / 'x.bin'}", "--value-bins", f"a={tmp_path / 'y.bin'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--value-bins names a file_id twice" in err
+    assert "file_id=a" in err and not out.exists()
+
+
+def test_commands_without_value_bins_say_what_to_do_with_a_file_id(tmp_path, capsys):
+    """build and convert to-external take no --value-bins: the error says to bring the
+    weights inline with convert to-inline --value-bins first."""
+    (tmp_path / "x.bin").write_bytes(VALUES.tobytes())
+    src = _model(_ge_node(file_id="a"), tmp_path)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'package: p\nversion: "1"\nmodels:\n  - {{name: m, source: {src}}}\n'
+                      "layouts:\n  - {name: c, external_weight: combined}\noutput: out\n")
+    for argv in (["convert", "to-external", str(src), str(tmp_path / "o.onnx")],
+                 ["build", str(recipe), "--store", str(tmp_path / "s")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no --value-bins entry" not in err, argv
+        assert "weightstore convert to-inline MODEL OUT --value-bins ID=PATH" in err, argv
+        assert "file_id=a" in err, argv
+    assert main(["convert", "to-inline", str(src), str(tmp_path / "o.onnx")]) == 2
+    assert "add --value-bins ID=PATH" in capsys.readouterr().err
+
+
+def test_a_dot_dot_component_is_refused_as_such(tmp_path):
+    """``sub/../w.bin`` stays in the folder, but ``..`` is refused: the error says so."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "w.bin").write_bytes(VALUES.tobytes())
+    src = _model(_ge_node(file_path="sub/../w.bin"), tmp_path)
+    with pytest.raises(PathEscapeError, match=r"'\.\.' component") as err:
+        convert_to_inline(src, tmp_path / "o.onnx")
+    assert "leaves" not in err.value.message

@@ -17,11 +17,17 @@ from .progress import requested
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
 
-def _jobs(text: str) -> int:
+def _integer(text: str) -> int:
+    """The argument type of every integer option: one message for a value that is not one."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError("not an integer") from None
+
+
+def _jobs(text: str) -> int:
+    """``--jobs`` and other counts: an integer of at least 1."""
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
@@ -99,11 +105,11 @@ def _parser() -> argparse.ArgumentParser:
                             help="the file a GE FileConstant's file_id names (GE's "
                                  "ge.exec.value_bins); repeatable")
         else:
-            cd.add_argument("--threshold", type=int, default=1024,
+            cd.add_argument("--threshold", type=_integer, default=1024,
                             help="payloads of at least this many bytes move out "
                                  "(default 1024)")
             cd.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")
-            cd.add_argument("--alignment", type=int, default=512)
+            cd.add_argument("--alignment", type=_integer, default=512)
         cd.add_argument("--json", action="store_true", help="print JSON")
 
     i = sub.add_parser("inspect", help="list every weight of a model without reading payloads")
@@ -157,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from .release.commands import add_parsers as add_release_parsers
 
-    add_release_parsers(sub, _jobs)
+    add_release_parsers(sub, _jobs, _integer)
 
     from .resolve.commands import register as register_resolve
 
@@ -165,12 +171,50 @@ def _parser() -> argparse.ArgumentParser:
 
     from .registry.commands import add_parsers as add_registry_parsers
 
-    add_registry_parsers(sub)
+    add_registry_parsers(sub, _jobs)
 
     sc = sub.add_parser("schema", help="print the recipe JSON Schema")
     sc.add_argument("--output", help="write it to this file instead (the project's copy is "
                                      "schemas/recipe.schema.json)")
+    for command in _subparsers(p):
+        _add_global_options(command)
     return p
+
+
+def _add_global_options(p: argparse.ArgumentParser) -> None:
+    """``-q``/``-v`` after a command too (``weightstore build r.yaml -q``), as pip takes
+    them; their defaults are left to the top-level parser's. Each parser also records its
+    own help, so that arguments it does not know point at it."""
+    loud = p.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                      help="print nothing but errors (and what --json asks for)")
+    loud.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                      help="on an error, also print where in the code it happened")
+    p.set_defaults(usage_help=f"{p.prog} --help")
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p``, at any depth."""
+    out = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out += [child, *_subparsers(child)]
+    return out
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line; unknown arguments are reported against the help of the command
+    that was given them, and ``-q`` with ``-v`` is refused wherever each stands."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    usage = getattr(args, "usage_help", f"{parser.prog} --help")
+    if extra:
+        raise _UsageError(f"unrecognized arguments: {' '.join(extra)}", usage=usage)
+    if args.quiet and args.verbose:
+        raise _UsageError("argument -v/--verbose: not allowed with argument -q/--quiet",
+                          usage=usage)
+    return args
 
 
 def _print_json(data: Any) -> None:
@@ -242,7 +286,7 @@ def _cmd_store(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
     else:
-        _print_findings(report.problems, report.warnings)
+        _print_findings(report.problems, report.warnings, _failures(args))
         state = "ok" if report.ok else f"{len(report.problems)} problem(s)"
         print(f"verified {report.objects} objects ({_mb(report.bytes_hashed)}): {state}")
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -259,17 +303,24 @@ def _cmd_store_repair(store: Any, args: argparse.Namespace) -> int:
     for name in report.deleted_files:
         print(f"deleted: {name}")
     left = report.remaining
-    _print_findings(left.problems, left.warnings)
+    _print_findings(left.problems, left.warnings, _failures(args))
     state = "ok" if report.ok else f"{len(left.problems)} problem(s)"
     print(f"verified {report.found.objects} objects ({_mb(report.found.bytes_hashed)}), "
           f"dropped {len(report.dropped)}, {left.objects} left: {state}")
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _print_findings(problems: Sequence[Any], warnings: Sequence[Any]) -> None:
+def _failures(args: argparse.Namespace) -> Any:
+    """Where a command's problem lines go: stdout with the rest of its report, stderr
+    under ``-q`` (quiet means nothing but errors, and a failure's reasons are errors)."""
+    return sys.stderr if getattr(args, "quiet", False) else sys.stdout
+
+
+def _print_findings(problems: Sequence[Any], warnings: Sequence[Any],
+                    failures: Any = None) -> None:
     for problem in problems:
         print(f"problem: {problem.kind}: {problem.key or ''} {problem.file or ''} "
-              f"{problem.detail}".rstrip())
+              f"{problem.detail}".rstrip(), file=failures or sys.stdout)
     for warning in warnings:
         print(f"warning: {warning.kind}: {warning.file or ''} {warning.detail}".rstrip())
 
@@ -326,7 +377,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _print_json(report.to_dict())
     else:
         for problem in report.problems:
-            print(f"problem: {problem}")
+            print(f"problem: {problem}", file=_failures(args))
         for m in report.models:
             print(f"{m['file']}: scenario {m['scenario'] or '(default)'}, "
                   f"{m['live_weights']} live weights ({_mb(m['live_bytes'])}) in "
@@ -382,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = _parser().parse_args(argv)
+        args = _parse(argv)
     except _UsageError as exc:
         return _report(exc, argparse.Namespace(json="--json" in argv, verbose=False))
     quiet = args.quiet and not getattr(args, "json", False)

@@ -340,7 +340,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         for layout, target, existing in pending:
             fp = _fingerprint(loaded, layout, identities)
             if existing is not None and not options.force:
-                _refuse(target, existing, fp, layout, identities)
+                _refuse(target, existing, fp, layout, identities, loaded.recipe)
             for s in sources:
                 size = packaging.estimated_model_bytes(s, layout)
                 if size > PROTOBUF_LIMIT:
@@ -422,7 +422,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                         PackageResult(layout.name, target, "up-to-date", existing))
                     todo.pop(0)
                     continue
-                _refuse(target, existing, fp, layout, [s.identity for s in sources])
+                _refuse(target, existing, fp, layout, [s.identity for s in sources],
+                        recipe)
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress)
             # its other files go into the store too: a later build materializes it
@@ -480,44 +481,94 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
 
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
             layout: Layout | None = None, identities: list[dict[str, Any]] | None = None,
-            ) -> None:
+            recipe: Recipe | None = None) -> None:
     version = existing.get("format_version")
     different = existing.get("fingerprint") != fingerprint
     if not different and isinstance(version, int) and version < CONTENTS_SINCE:
         return  # the same build in an older summary format: rewritten, nothing is lost
     what = "a different build" if different else "a damaged package"
-    changed = (_what_changed(existing, layout, identities)
+    changed = (_what_changed(existing, layout, identities, recipe)
                if different and layout is not None and identities is not None else None)
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",
                        folder=str(target), changed=changed)
 
 
 def _what_changed(existing: dict[str, Any], layout: Layout,
-                  identities: list[dict[str, Any]]) -> str:
-    """Which sources or settings differ from the build in the folder, in words."""
+                  identities: list[dict[str, Any]], recipe: Recipe | None = None) -> str:
+    """Which inputs of the fingerprint (:func:`_fingerprint`) differ from the build in the
+    folder, in words: generator, package and version, the hash algorithm, the layout's
+    settings, each model's source, external data and scenarios, the models' order, the
+    devices. The summary records scenarios by name and devices by name and chosen
+    scenario only: a change it cannot show is named as what it may be."""
     out: list[str] = []
     try:
         before = {m["name"]: m for m in existing.get("models", [])}
         now = {i["name"]: i for i in identities}
         out += [f"model '{n}' added" for n in now if n not in before]
         out += [f"model '{n}' removed" for n in before if n not in now]
-        for name, ident in now.items():
-            old = before.get(name)
-            if old is None:
-                continue
+        common = [n for n in now if n in before]
+        if common != [n for n in before if n in now]:
+            out.append("order of the models")
+        unsure: list[str] = []
+        for name in common:
+            ident, old = now[name], before[name]
             if old.get("source_digest") != ident["source_digest"]:
                 out.append(f"source of model '{name}'")
             if old.get("external_sources", {}) != ident["external"]:
                 out.append(f"external data of model '{name}'")
-        settings = layout.model_dump(mode="json")
+            # the summary names the scenarios the recipe defines and those the source
+            # holds, without their passes: one named anew is a change, others may be
+            defined = {sc["name"] for sc in ident["scenarios"]}
+            recorded = set(old.get("scenarios", []))
+            if not defined <= recorded:
+                out.append(f"scenarios of model '{name}'")
+            elif defined or recorded:
+                unsure.append(f"scenarios of model '{name}'")
+        settings = layout.record()
         old_settings = existing.get("layout", {})
-        out += [f"layout {k}" for k in sorted(settings)
-                if k in old_settings and old_settings[k] != settings[k]]
+        out += [f"layout {k}" for k in sorted({*settings, *old_settings})
+                if old_settings.get(k) != settings.get(k)]
+        if recipe is not None:
+            for key, value in (("package", recipe.package), ("version", recipe.version),
+                               ("hash", recipe.store.hash)):
+                if existing.get(key) != value:
+                    name = "store.hash" if key == "hash" else key
+                    out.append(f"{name} ({existing.get(key)} -> {value})")
         if existing.get("generator") != f"weightstore {__version__}":
             out.append(f"generator ({existing.get('generator')})")
+        if recipe is not None:
+            out += _devices_changed(existing, layout, recipe, unsure)
+        if not out and unsure:
+            return " or ".join(unsure)
     except (AttributeError, TypeError, KeyError):
         pass
     return ", ".join(out) or "scenarios, devices or package settings"
+
+
+def _devices_changed(existing: dict[str, Any], layout: Layout, recipe: Recipe,
+                     unsure: list[str]) -> list[str]:
+    """Device changes the summary shows (it lists no devices for an embedded layout); the
+    settings it does not record go to ``unsure``."""
+    now = [d.name for d in recipe.devices]
+    if layout.external_weight == "embedded":
+        if now:
+            unsure.append("devices")
+        return []
+    recorded = {d["name"]: d for d in existing.get("devices", [])}
+    out = [f"device '{n}' added" for n in now if n not in recorded]
+    out += [f"device '{n}' removed" for n in recorded if n not in now]
+    common = [n for n in now if n in recorded]
+    if common != [n for n in recorded if n in now]:
+        out.append("order of the devices")
+    for device in recipe.devices:
+        old = recorded.get(device.name)
+        if old is None:
+            continue
+        if device.scenario != "auto" and device.scenario != old.get("scenario"):
+            out.append(f"scenario of device '{device.name}'")
+        else:  # the capabilities (which an auto device's choice comes from) are not kept
+            unsure.append(f"capabilities of device '{device.name}'")
+    return out
 
 
 __all__ = ["BuildOptions", "BuildResult", "PackageResult", "build"]

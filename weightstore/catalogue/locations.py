@@ -20,7 +20,7 @@ def resolve_location(base_dir: Path, location: str, *, where: str) -> Path:
                               location=location)
     parts = location.replace("\\", "/").split("/")
     if ".." in parts:
-        raise PathEscapeError("external data location leaves the model's folder",
+        raise PathEscapeError("external data location has a '..' component, which is refused",
                               where=where, location=location)
     base = base_dir.resolve()
     target = (base / location).resolve()

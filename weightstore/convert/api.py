@@ -178,10 +178,13 @@ def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
 
 def parse_value_bins(pairs: list[str]) -> dict[str, str]:
     """``["ID=PATH", ...]`` (the ``--value-bins`` option) as a map."""
-    out = {}
+    out: dict[str, str] = {}
     for pair in pairs:
         file_id, sep, path = pair.partition("=")
         if not sep or not file_id or not path:
             raise ConversionError("--value-bins takes ID=PATH", value=pair)
+        if file_id in out:
+            raise ConversionError("--value-bins names a file_id twice", file_id=file_id,
+                                  paths=f"{out[file_id]}, {path}")
         out[file_id] = path
     return out

@@ -29,22 +29,31 @@ from .file_constant import (
 
 
 def file_constant_file(attrs: Mapping[str, object], base_dir: Path,
-                       value_bins: Mapping[str, Path], where: str,
+                       value_bins: Mapping[str, Path] | None, where: str,
                        ) -> tuple[Path, dict[str, str]]:
     """The file a FileConstant node reads, in GE's order: the ``location`` attribute, then
     ``file_path`` (both relative to the model and kept inside its folder), then
-    ``file_id`` through the map the user gave. Also returns what named it, for errors."""
+    ``file_id`` through the map the user gave (``value_bins``; None where the command
+    takes no such map, as build and convert to-external). Also returns what named it, for
+    errors."""
     for attr in ("location", "file_path"):
         value = attribute_text(attrs.get(attr) or "")
         if value:
             return resolve_location(base_dir, value, where=where), {attr: value}
     file_id = attribute_text(attrs.get("file_id") or "")
-    if file_id and file_id in value_bins:
+    if file_id and value_bins is not None and file_id in value_bins:
         return Path(value_bins[file_id]), {"file_id": file_id,
                                            "value_bin": str(value_bins[file_id])}
+    if file_id and value_bins is None:
+        raise ConversionError("FileConstant names its file by file_id only (GE's "
+                              "ge.exec.value_bins), which this command cannot map to a file; "
+                              "bring the weights inline first with `weightstore convert "
+                              "to-inline MODEL OUT --value-bins ID=PATH`", where=where,
+                              file_id=file_id)
     if file_id:
         raise ConversionError("FileConstant names a file_id no --value-bins entry maps to a "
-                              "file", where=where, file_id=file_id)
+                              "file; add --value-bins ID=PATH for it", where=where,
+                              file_id=file_id)
     raise ConversionError("FileConstant has no location, file_path or file_id", where=where)
 
 
@@ -127,7 +136,7 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
         value = attrs.get("value")
         if isinstance(value, TensorProto) and value.data_location != value.EXTERNAL:
             return value.raw_data  # GE's value tensor, its external data read above
-        path, named = file_constant_file(attrs, base_dir, value_bins or {}, where)
+        path, named = file_constant_file(attrs, base_dir, value_bins, where)
         offset, length = file_constant_range(attrs, where)
         if not path.is_file():
             raise ExternalDataError("FileConstant file is missing", where=where, **named)

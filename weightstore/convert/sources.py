@@ -101,7 +101,7 @@ def _point_at_file(tensor: TensorProto, attrs: dict[str, object], base_dir: Path
                    where: str) -> None:
     """Make ``tensor`` external data at the FileConstant's file range (GE's order of
     attributes naming the file; a ``file_id`` digest becomes the checksum to verify)."""
-    _, named = file_constant_file(attrs, base_dir, {}, where)
+    _, named = file_constant_file(attrs, base_dir, None, where)
     offset, length = file_constant_range(attrs, where)
     file_id = attribute_text(attrs.get("file_id") or "")
     algo, sep, _ = file_id.partition(":")

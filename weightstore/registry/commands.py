@@ -14,27 +14,39 @@ if TYPE_CHECKING:  # requests loads only when push or pull runs: every command p
 STORE_HELP = "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)"
 
 
-def _transport_flags(p: argparse.ArgumentParser) -> None:
+def _seconds(text: str) -> float:
+    """``--timeout``: a number of seconds, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
     p.add_argument("--store", help=STORE_HELP)
-    p.add_argument("--jobs", type=int, default=4, help="blobs in flight (default 4)")
+    p.add_argument("--jobs", type=jobs, default=4, help="blobs in flight (default 4)")
     p.add_argument("--insecure", action="store_true",
                    help="plain HTTP to a registry that is not on loopback (TLS otherwise)")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=_seconds, default=120.0,
                    help="seconds to wait for a registry answer (default 120)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def add_parsers(sub: Any) -> None:
+def add_parsers(sub: Any, jobs: Any) -> None:
+    """Register push and pull (``jobs``: the CLI's type for --jobs and other counts)."""
     ps = sub.add_parser("push", help="push a package folder to an OCI registry (CNCF "
                                      "ModelPack shape, one layer per weight)")
     ps.add_argument("package", help="a package folder (holding summary.json)")
     ps.add_argument("reference", help="host[:port]/repository[:tag]")
     ps.add_argument("--mount-from", action="append", default=[], metavar="REPOSITORY",
                     help="another repository of the same registry to mount blobs from")
-    ps.add_argument("--chunk-size", type=int, default=None, metavar="BYTES",
+    ps.add_argument("--chunk-size", type=jobs, default=None, metavar="BYTES",
                     help="blobs larger than this are sent in chunks of this size, each "
                          "recorded so a killed push resumes (default 64 MiB)")
-    _transport_flags(ps)
+    _transport_flags(ps, jobs)
     pl = sub.add_parser("pull", help="pull a package (or one device's or scenario's "
                                      "live weights) from an OCI registry")
     pl.add_argument("reference", help="host[:port]/repository[:tag|@sha256:...]")
@@ -44,7 +56,7 @@ def add_parsers(sub: Any) -> None:
     which.add_argument("--device", help="fetch only what this device runs")
     which.add_argument("--scenario", help="fetch only what this scenario runs")
     pl.add_argument("--force", action="store_true", help="replace a non-empty output folder")
-    _transport_flags(pl)
+    _transport_flags(pl, jobs)
 
 
 def _store(args: argparse.Namespace) -> Any:

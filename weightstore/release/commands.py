@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
-def add_parsers(sub: Any, jobs: Any) -> None:
-    """Register the release commands on the CLI's subparsers (``jobs``: its --jobs type)."""
+def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
+    """Register the release commands on the CLI's subparsers (``jobs``: its --jobs type,
+    ``integer``: its type for other integer options)."""
     default_jobs = min(8, os.cpu_count() or 4)
     v = sub.add_parser("verify", help="re-hash every file of a package against its summary")
     v.add_argument("package", help="a package folder (holding summary.json)")
@@ -27,7 +30,7 @@ def add_parsers(sub: Any, jobs: Any) -> None:
     r.add_argument("--store", help="store folder for the build (recipes only)")
     r.add_argument("--jobs", type=jobs, default=default_jobs,
                    help="zstd workers; the archive's bytes do not depend on it")
-    r.add_argument("--level", type=int, default=None,
+    r.add_argument("--level", type=integer, default=None,
                    help="zstd level, 1 to 19 (default 3)")
     r.add_argument("--long", action="store_true",
                    help="zstd long-distance matching (128 MiB window)")
@@ -47,6 +50,11 @@ def add_parsers(sub: Any, jobs: Any) -> None:
     d.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _failures(args: argparse.Namespace) -> Any:
+    """Where the reasons of a failure go: stdout with the report, stderr under ``-q``."""
+    return sys.stderr if getattr(args, "quiet", False) else sys.stdout
+
+
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True))
 
@@ -59,8 +67,8 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
     else:
-        for problem in report.problems:
-            print(f"problem: {problem}")
+        for problem in report.problems:  # -q: still shown, as errors are
+            print(f"problem: {problem}", file=_failures(args))
         state = "ok" if report.ok else f"{len(report.problems)} problem(s)"
         print(f"verified {report.files} files ({report.bytes_hashed / 1e6:.1f} MB): {state}")
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -71,6 +79,10 @@ def run_release(args: argparse.Namespace) -> int:
     from .api import ReleaseOptions, check_release, release
     from .compression import DEFAULT_LEVEL, Compression
 
+    if args.output and not args.check:  # before anything is built, as build checks its own
+        from ..package.outputs import check_output_folder
+
+        check_output_folder(Path(args.output))
     options = ReleaseOptions(
         output=args.output, store=args.store, jobs=args.jobs,
         compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long),
@@ -83,7 +95,7 @@ def run_release(args: argparse.Namespace) -> int:
             print(f"reproducible: {len(result.compared)} files in {result.output} are "
                   "identical to a rebuild from scratch")
         else:
-            print(f"not reproducible: {result.difference}")
+            print(f"not reproducible: {result.difference}", file=_failures(args))
         return EXIT_OK if result.ok else EXIT_FAILED
     out = release(args.target, options)
     if args.json:

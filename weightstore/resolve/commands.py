@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +97,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ..load import LoadReport, load
     from .api import resolve
 
-    try:
-        with np.load(args.inputs) as npz:
-            feed = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as exc:
-        raise LoadError(f"cannot read the inputs: {exc}", file=args.inputs) from None
+    feed = _read_inputs(np, args.inputs)
     report = LoadReport()
     with resolve(args.source, model=args.model, device=args.device, scenario=args.scenario,
                  store=_store(args)) as resolved:
@@ -126,6 +123,29 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{n}: {o.dtype} {list(o.shape)}")
         print(f"read {report.read_bytes} of {report.live_bytes} live bytes")
     return 0
+
+
+def _read_inputs(np: Any, path: str) -> dict[str, Any]:
+    """``--inputs``: a .npz of arrays (``numpy.savez``); anything else is one error line,
+    never numpy's advice about pickles."""
+    not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
+               "one per model input")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except OSError as exc:
+        raise LoadError(f"cannot read the inputs: {exc.strerror or exc}", file=path) from None
+    except (ValueError, EOFError):
+        raise LoadError(not_npz, file=path) from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise LoadError(not_npz, file=path)
+    feed = {}
+    with loaded as npz:
+        for name in npz.files:
+            try:
+                feed[name] = npz[name]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # objects, damage
+                raise LoadError(not_npz, file=path, member=name) from None
+    return feed
 
 
 def prepare_command(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ def add_parsers(ssub: Any, store_help: str) -> None:
     gc.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     gc.add_argument("--older-than", default="0s", metavar="DURATION",
                     help="keep objects written less than this long ago (e.g. 30m, 12h, 7d)")
-    gc.add_argument("--compact-ratio", type=float, default=0.5,
+    gc.add_argument("--compact-ratio", type=_ratio, default=0.5, metavar="R",
                     help="compact a combined file once this share of it is garbage "
                          "(default 0.5)")
     gc.add_argument("--no-roots-ok", action="store_true",
@@ -43,6 +43,18 @@ def add_parsers(ssub: Any, store_help: str) -> None:
     ex = common("export-meta", "write meta.json in GE's shape (hash_to_weight_file, "
                                "hash_to_weight_offset, hash_to_weight_size)", json_flag=False)
     ex.add_argument("--output", help="where to write it (default: meta.json in the store)")
+
+
+def _ratio(text: str) -> float:
+    """``--compact-ratio``: a share of a file, more than 0 and at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 1 (a share of "
+                                         "the file, e.g. 0.5)")
+    return value
 
 
 def run(store: Any, args: argparse.Namespace) -> int:
@@ -97,6 +109,8 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
               f"({_mb(sum(o.size for o in plan.garbage))}), {len(plan.delete_files)} files")
         for f in plan.compact:
             print(f"compact {f.file}: {_mb(f.live_bytes)} live of {_mb(f.size)}")
+        for name in plan.temps:
+            print(f"remove stale temp file {name}")
         print(f"would free about {_mb(plan.freed_bytes)} (dry run: nothing changed)")
         return 0
     if plan.garbage and not plan.roots and not args.no_roots_ok:
@@ -112,6 +126,8 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
         print(f"compacted {c['file']} -> {c['new_file']} (freed {_mb(c['freed_bytes'])})")
     for c in result.skipped:
         print(f"skipped {c['file']}: {c['reason']}")
+    for name in result.removed_temps:
+        print(f"removed stale temp file {name}")
     print(f"dropped {result.dropped_roots} root(s), deleted {result.deleted_objects} objects "
           f"and {len(result.deleted_files)} files, freed {_mb(result.freed_bytes)} "
           f"in {time.perf_counter() - start:.1f} s")
