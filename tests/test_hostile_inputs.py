@@ -428,3 +428,28 @@ def test_a_damaged_store_object_names_its_file_offset_and_the_repair(
     assert err.value.context["source"] == str(victim)
     assert err.value.context["source_offset"] == 0
     assert "store verify --repair" in err.value.context["hint"]
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("offset", 1e30), ("offset", 1.5), ("offset", "abc"), ("offset", -1), ("size", "x"),
+    ("file", "weight_\x00")])
+def test_a_malformed_index_row_is_damage_never_a_traceback(
+        encoder_model, save_model, tmp_path, capsys, column, value):
+    import sqlite3
+
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute(f"UPDATE objects SET {column} = ? WHERE file = ?", (value, victim.name))
+    conn.commit()
+    conn.close()
+    assert main(["store", "verify", "--store", str(store)]) != 0
+    assert "malformed_row" in capsys.readouterr().out
+    # a build treats the object as absent and writes it again from its source
+    assert main(["build", str(recipe), "--store", str(store), "--force"]) == 0
+    assert WeightStore(store).verify().ok
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute(f"UPDATE objects SET {column} = ? WHERE file = ?", (value, victim.name))
+    conn.commit()
+    conn.close()
+    assert main(["store", "verify", "--repair", "--store", str(store)]) == 0
+    assert WeightStore(store).verify().ok

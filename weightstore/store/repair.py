@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 from ..io.digests import ALGORITHMS, digest_file, make_key
+from .index import MalformedRow
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .objects import StoredObject
 from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced
@@ -38,7 +39,7 @@ class RepairReport:
 
     root: str
     found: VerifyReport
-    dropped: tuple[StoredObject, ...]
+    dropped: tuple[StoredObject | MalformedRow, ...]
     deleted_files: tuple[str, ...]
     remaining: VerifyReport
     removed_temps: tuple[str, ...] = ()
@@ -75,7 +76,8 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
         found = verify_store(store, jobs, progress=progress)
     snapshot_bad = {p.key for p in found.problems
                     if p.key is not None and p.kind not in NOT_DAMAGE}
-    dropped: list[StoredObject] = []
+    malformed = {p.key for p in found.problems if p.kind == "malformed_row"}
+    dropped: list[StoredObject | MalformedRow] = []
     if snapshot_bad:
         with store.index.writing() as conn:
             rows = store.index.locate(snapshot_bad, conn)
@@ -83,12 +85,19 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
                 obj = rows.get(key)
                 if obj is not None and _still_bad(found, obj):
                     dropped.append(obj)
-            conn.executemany("DELETE FROM objects WHERE key = ?", ((o.key,) for o in dropped))
+                elif obj is None and key in malformed:
+                    row = store.index.row(conn, key)  # still malformed, not rewritten
+                    if isinstance(row, MalformedRow):
+                        dropped.append(row)
+            conn.executemany("DELETE FROM objects WHERE key = ?",
+                             ((o.raw[0] if isinstance(o, MalformedRow) else o.key,)
+                              for o in dropped))
     dropped.sort(key=lambda o: (o.file, o.key))
-    # Only per-weight objects: never a combined file, nor whatever else a damaged
-    # index might name (meta.json, the lock, caches).
-    files = [o.file for o in dropped
-             if o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
+    # Only per-weight objects of well-formed rows: never a combined file, nor whatever
+    # else a damaged index might name (meta.json, the lock, caches). The file of a
+    # malformed row may hold intact bytes: it is left as an orphan (gc removes it).
+    files = [o.file for o in dropped if isinstance(o, StoredObject)
+             and o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
     deleted = unlink_unreferenced(store, files)
     temps = remove_temps(store, stale_temps(store, oldest_live_lease(store)))
     remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed
