@@ -454,3 +454,65 @@ def test_a_range_past_its_files_end_is_judged_alone_not_against_every_row(
     conn.commit()
     conn.close()
     assert "overlap" in {p.kind for p in store.verify().problems}
+
+
+def _store_files(root: Path) -> dict[str, bytes | None]:
+    """Every file's bytes (SQLite's shared-memory file only by name: readers write it)."""
+    return {p.name: None if p.name.endswith("-shm") else p.read_bytes()
+            for p in root.iterdir() if p.is_file()}
+
+
+def test_repair_of_a_newer_index_touches_nothing(tmp_path: Path, capsys) -> None:
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 100)), kind="separate")
+    store.put(payloads(("b", 100)), kind="combined", combined_name="m")
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("PRAGMA user_version=3")
+    conn.close()
+    before = _store_files(store.root)
+    assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("weightstore: error: ")
+    assert "newer weightstore" in err[0]
+    assert _store_files(store.root) == before
+
+
+_AS_NOBODY = """
+import os, sys, locale, gettext, argparse, secrets, json, sqlite3, concurrent.futures
+import weightstore.cli, weightstore.store.repair, weightstore.store.verify
+import weightstore.store.sweep, weightstore.store.leases, weightstore.store.meta
+import weightstore.io.locks, weightstore.progress
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+sys.exit(weightstore.cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="needs root to act as another user")
+def test_repair_by_a_user_who_may_not_read_the_index_touches_nothing() -> None:
+    """index.sqlite 0600 of root in a folder all may write: another user's repair reports
+    the permission error and stops; it never sets the index aside as lost."""
+    import subprocess
+    import sys
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        store = WeightStore(top / "s")
+        store.put(payloads(("a", 100)), kind="separate")
+        store.put(payloads(("b", 100)), kind="combined", combined_name="m")
+        store.root.chmod(0o777)
+        for p in store.root.glob("index.sqlite*"):
+            p.chmod(0o600)
+        before = _store_files(store.root)
+        res = subprocess.run([sys.executable, "-c", _AS_NOBODY, "store", "verify",
+                              "--repair", "--store", str(store.root)],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("weightstore: error: ")
+        assert "Permission denied" in lines[0] and "index.sqlite" in lines[0]
+        assert _store_files(store.root) == before
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

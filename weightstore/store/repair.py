@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 from ..io.digests import ALGORITHMS, digest_file, make_key
+from ..io.files import open_regular
 from .index import MalformedRow
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .objects import StoredObject
@@ -72,6 +73,7 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
     except StoreError as exc:
         if "index" not in exc.message:
             raise
+        refuse_unless_lost(store, exc)
         rebuilt = rebuild_index(store, jobs)
         found = verify_store(store, jobs, progress=progress)
     snapshot_bad = {p.key for p in found.problems
@@ -108,6 +110,47 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
 
 def _still_bad(found: VerifyReport, obj: StoredObject) -> bool:
     return any(p.key == obj.key and p.file == obj.file for p in found.problems)
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def refuse_unless_lost(store: WeightStore, exc: StoreError) -> None:
+    """Re-raise ``exc`` unless the index is really lost or damaged: an index of a newer
+    format, or one this user may not read, is not damage, and rebuilding it would set aside
+    every combined object and root it holds. Nothing is touched before this check."""
+    from .index import FORMAT_VERSION
+
+    version = exc.context.get("format_version")
+    if type(version) is int and version > FORMAT_VERSION:
+        raise exc
+    for name in (store.index.path.name, store.index.path.name + "-wal",
+                 store.index.path.name + "-shm", store.meta_path.name):
+        path = store.root / name
+        try:
+            fd = open_regular(path)
+        except FileNotFoundError:
+            continue
+        except PermissionError as err:
+            raise StoreError(f"cannot read the store index ({err.strerror}): not damage, "
+                             f"so nothing was changed; run the repair as a user who may "
+                             f"read and write it", path=str(path)) from None
+        except OSError:
+            continue  # not a regular file: damage, set aside by the rebuild
+        try:
+            head = os.pread(fd, 100, 0)
+        finally:
+            os.close(fd)
+        if name == store.index.path.name and head.startswith(SQLITE_MAGIC) \
+                and len(head) >= 64:
+            version = int.from_bytes(head[60:64], "big")
+            if version > FORMAT_VERSION:
+                raise StoreError("store index was written by a newer weightstore; upgrade "
+                                 "to repair it (nothing was changed)", path=str(path),
+                                 format_version=version, supported=FORMAT_VERSION)
+    if not os.access(store.root, os.W_OK):
+        raise StoreError("cannot rebuild the store index: this user may not write the "
+                         "store folder (nothing was changed)", path=str(store.root))
 
 
 def rebuild_index(store: WeightStore, jobs: int) -> int:
