@@ -453,3 +453,42 @@ def test_a_malformed_index_row_is_damage_never_a_traceback(
     conn.close()
     assert main(["store", "verify", "--repair", "--store", str(store)]) == 0
     assert WeightStore(store).verify().ok
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("layout", ["separate", "combined"])
+def test_a_store_object_replaced_by_a_fifo_is_damage_never_a_hang(
+        encoder_model, save_model, tmp_path, layout):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          f"\n  - {{name: l, external_weight: {layout}}}\n")
+    store = tmp_path / "store"
+    build(recipe, BuildOptions(store=str(store)))
+    victim = max((p for p in store.iterdir() if p.name.startswith("weight_")
+                  or p.name.endswith("_weight_combined")), key=lambda p: p.stat().st_size)
+    victim.unlink()
+    os.mkfifo(victim)
+    # the build has the sources: the objects are written again (a combined file's to a
+    # sibling: nothing is appended to what is not a regular file)
+    res = _cli("build", str(recipe), "--store", str(store), "--force", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert WeightStore(store).verify().ok
+    # without a source at hand: the store's readers refuse it as damage, naming it
+    s = WeightStore(store)
+    obj = max(s.objects(), key=lambda o: o.size)
+    victim = store / obj.file
+    victim.unlink()
+    os.mkfifo(victim)
+    with pytest.raises(IntegrityError, match="not a regular file") as err:
+        s.read(obj)
+    assert err.value.context["path"] == str(victim)
+    assert err.value.context["hint"] == "run 'weightstore store verify --repair'"
+    from weightstore.load.reader import FileReader
+
+    with pytest.raises(IntegrityError, match="not a regular file") as err:
+        FileReader().read_into(victim, 0, memoryview(bytearray(1)))
+    assert err.value.context["hint"] == "run 'weightstore store verify --repair'"
+    res = _cli("store", "verify", "--repair", "--store", str(store), timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = _cli("build", str(recipe), "--store", str(store), "--force", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert WeightStore(store).verify().ok

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ from .objects import StoredObject
 from .payload import PayloadSource
 
 _O_BINARY = getattr(os, "O_BINARY", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,13 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
     """
     path = root / file
     existed = path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY, file_mode())
+    # never through a symbolic link, never waiting on a FIFO: only a regular file grows
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY | _O_NOFOLLOW | _O_NONBLOCK,
+                 file_mode())
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IntegrityError("combined store file is not a regular file (damage)",
+                             path=str(path), hint="run 'weightstore store verify --repair'")
     try:
         start = os.fstat(fd).st_size
         base_end = end = start
