@@ -492,3 +492,26 @@ def test_a_store_object_replaced_by_a_fifo_is_damage_never_a_hang(
     res = _cli("build", str(recipe), "--store", str(store), "--force", timeout=60)
     assert res.returncode == 0, res.stderr
     assert WeightStore(store).verify().ok
+
+
+@pytest.mark.parametrize("layout", ["separate", "combined"])
+def test_a_full_disk_while_storing_names_the_store_file(encoder_model, save_model, tmp_path,
+                                                        monkeypatch, capsys, layout):
+    import errno
+
+    import weightstore.store.writer as store_writer
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_writer, "copy_range", full)
+    monkeypatch.setattr(store_writer, "write_all", full)
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          f"\n  - {{name: l, external_weight: {layout}}}\n")
+    store = tmp_path / "store"
+    assert main(["build", str(recipe), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"weightstore: error: No space left on device: {store}/")
+    name = "m_weight_combined" if layout == "combined" else "weight_"
+    assert name in err[0]

@@ -193,6 +193,17 @@ def remove_dead_temps(path: Path) -> list[Path]:
     return removed
 
 
+def name_path(exc: OSError, written: str | os.PathLike[str],
+              read: str | os.PathLike[str] | None = None) -> OSError:
+    """The error with the file it concerns, when it named none: the file written for a
+    full or read-only disk (``No space left on device`` alone does not say which), else
+    the file read from (``written`` when there is none)."""
+    if exc.filename:
+        return exc
+    path = written if exc.errno in WRITE_ERRNOS or read is None else read
+    return type(exc)(exc.errno, exc.strerror or str(exc), os.fspath(path))
+
+
 def _with_path(exc: OSError, path: Path) -> OSError:
     """The same error, naming ``path`` when it named no file (``No space left on device``
     alone does not say which disk)."""

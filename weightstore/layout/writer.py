@@ -21,10 +21,10 @@ from typing import Any
 from ..errors import IntegrityError
 from ..io.digests import CHUNK, make_key, new_hasher, split_key
 from ..io.files import (
-    WRITE_ERRNOS,
     NotRegularFileError,
     atomic_writer,
     copy_range,
+    name_path,
     open_regular,
     start_writeback,
     write_all,
@@ -158,10 +158,7 @@ def _copy_payload(fd: int, p: PlannedPayload, locate: PayloadLocator,
 def _name_path(exc: OSError, dest: Path, src: Path) -> OSError:
     """The error with the file it concerns: the written one for a full or read-only
     disk, else the one read from."""
-    if exc.filename:
-        return exc
-    path = dest if exc.errno in WRITE_ERRNOS else src
-    return OSError(exc.errno, exc.strerror, str(path))
+    return name_path(exc, dest, src)
 
 
 def _check_file(fd: int, f: PlannedFile, sources: Mapping[tuple[str, int], FileRange | None],

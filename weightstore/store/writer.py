@@ -37,7 +37,15 @@ from pathlib import Path
 
 from ..errors import IntegrityError
 from ..io.digests import digest_fd, make_key, split_key
-from ..io.files import align_up, copy_range, file_mode, fsync_dir, start_writeback, write_all
+from ..io.files import (
+    align_up,
+    copy_range,
+    file_mode,
+    fsync_dir,
+    name_path,
+    start_writeback,
+    write_all,
+)
 from .layout import separate_file_name
 from .objects import StoredObject
 from .payload import PayloadSource
@@ -100,14 +108,16 @@ def _stage_one(root: Path, src: PayloadSource) -> tuple[StoredObject, Path]:
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
-        copy_payload(src, fd, 0)
+        copy_payload(src, fd, 0, root / name)
         start_writeback(fd)  # the disk works while the object is re-hashed
         check_written(src, fd, 0)
         os.fsync(fd)
-    except BaseException:
+    except BaseException as exc:
         os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk names the store file it was writing
+            raise name_path(exc, root / name) from None
         raise
     os.close(fd)
     return StoredObject(key=src.key, file=name, offset=0, size=src.size), Path(tmp)
@@ -163,7 +173,7 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
                     if failed.is_set():
                         break  # a range already failed its check: everything after is cut
                     offset = align_up(end, alignment)
-                    copy_payload(src, fd, offset)
+                    copy_payload(src, fd, offset, path)
                     if src.size == 0 and os.fstat(fd).st_size < offset:
                         os.ftruncate(fd, offset)  # the empty object still lies inside the file
                     checks.append(pool.submit(_check_flagged, failed, src, fd, offset))
@@ -172,19 +182,23 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
                     end = offset + src.size
                 start_writeback(fd)  # the disk works while the last ranges are re-hashed
             except BaseException as exc:
-                error = exc
+                error = name_path(exc, path) if isinstance(exc, OSError) else exc
         # Every check has finished; keep the objects before the first one that failed.
         objects: list[StoredObject] = []
         for obj, check in zip(placed, checks, strict=True):
             exc = check.exception()
             if exc is not None:
-                error = exc  # the earliest failure, whatever stopped the copying later
+                # the earliest failure, whatever stopped the copying later
+                error = name_path(exc, path) if isinstance(exc, OSError) else exc
                 break
             objects.append(obj)
         if error is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, objects[-1].end if objects else start)
-        os.fsync(fd)
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise name_path(exc, path) from None
     finally:
         os.close(fd)
     if not existed and not objects:
@@ -215,8 +229,10 @@ def check_written(src: PayloadSource, fd: int, offset: int) -> None:
                              got=make_key(algo, actual))
 
 
-def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
-    """Put exactly ``src.size`` bytes at ``offset`` of ``fd``, in the kernel when possible."""
+def copy_payload(src: PayloadSource, fd: int, offset: int, dest: Path) -> None:
+    """Put exactly ``src.size`` bytes at ``offset`` of ``fd`` (the store file ``dest``), in
+    the kernel when possible. An error that names no file names ``dest`` when it is about
+    writing (a full disk), else the source it was reading."""
     where = src.file_range()
     if where is not None:
         src_path, src_offset = where
@@ -226,6 +242,8 @@ def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
         except EOFError as exc:
             raise IntegrityError("payload file ends before the payload does", key=src.key,
                                  path=src_path, offset=src_offset, size=src.size) from exc
+        except OSError as exc:
+            raise name_path(exc, dest, src_path) from None
         finally:
             os.close(src_fd)
         return
@@ -234,4 +252,7 @@ def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
     if got != src.size:
         raise IntegrityError("payload source returned the wrong number of bytes",
                              key=src.key, expected=src.size, got=got)
-    write_all(fd, data, offset)
+    try:
+        write_all(fd, data, offset)
+    except OSError as exc:
+        raise name_path(exc, dest) from None
