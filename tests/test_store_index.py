@@ -516,3 +516,35 @@ def test_repair_by_a_user_who_may_not_read_the_index_touches_nothing() -> None:
         assert _store_files(store.root) == before
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_stale_temp_files_of_the_cache_folders_are_removed_by_gc_and_repair(
+        tmp_path: Path) -> None:
+    from weightstore.store.gc import execute
+
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 10)), kind="separate")
+
+    def leave(folder: str) -> tuple[Path, Path]:
+        (store.root / folder).mkdir(exist_ok=True)
+        old = store.root / folder / ".abc.json.x1.tmp"
+        fresh = store.root / folder / ".abc.json.x2.tmp"
+        for p in (old, fresh):
+            p.write_bytes(b"partial")
+        os.utime(old, (1, 1))
+        return old, fresh
+
+    folders = ("payload-keys", "build-actions", "derived-keys")
+    left = {folder: leave(folder) for folder in folders}
+    kept = store.root / "payload-keys" / "old.json"  # a cache entry, however old
+    kept.write_bytes(b"{}")
+    os.utime(kept, (1, 1))
+    report = store.repair()
+    assert set(report.removed_temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
+    assert all(not old.exists() and fresh.exists() for old, fresh in left.values())
+    assert kept.exists()
+    left = {folder: leave(folder) for folder in folders}
+    plan = store.plan_gc()
+    assert set(plan.temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
+    execute(plan, store)
+    assert all(not old.exists() and fresh.exists() for old, fresh in left.values())
