@@ -117,7 +117,7 @@ class MalformedRow:
 def check_row(row: tuple) -> StoredObject | MalformedRow:
     """The one place where ``objects`` rows are read into objects: SQLite keeps whatever
     type a value was written with (``1e30`` stays REAL, ``'abc'`` TEXT), so nothing read
-    from the index is believed before it is checked here. :data:`WELL_FORMED` is the same
+    from the index is believed before it is checked here. :func:`well_formed` is the same
     rule for the aggregates computed in SQL."""
     key, file, offset, size = row[:4]
     detail = None
@@ -148,11 +148,14 @@ def row_object(row: tuple) -> StoredObject | None:
     return obj if isinstance(obj, StoredObject) else None
 
 
-# check_row's rule on types and ranges, for aggregates SQLite computes itself
-WELL_FORMED = ("typeof(key) = 'text' AND typeof(file) = 'text' "
-               "AND typeof(offset) = 'integer' AND typeof(size) = 'integer' "
-               f"AND offset >= 0 AND size >= 0 AND offset <= {MAX_INT} - size "
-               "AND instr(CAST(file AS BLOB), X'00') = 0")
+def well_formed(table: str = "") -> str:
+    """check_row's rule on types and ranges, for aggregates SQLite computes itself
+    (``table``: the alias of ``objects`` in the query)."""
+    t = f"{table}." if table else ""
+    return (f"typeof({t}key) = 'text' AND typeof({t}file) = 'text' "
+            f"AND typeof({t}offset) = 'integer' AND typeof({t}size) = 'integer' "
+            f"AND {t}offset >= 0 AND {t}size >= 0 AND {t}offset <= {MAX_INT} - {t}size "
+            f"AND instr(CAST({t}file AS BLOB), X'00') = 0")
 
 
 class Index:
@@ -539,7 +542,7 @@ class Index:
         """``(file, objects, payload bytes, end of the last range)`` per indexed file
         (well-formed rows only)."""
         return conn.execute(f"SELECT file, count(*), sum(size), max(offset + size) "
-                            f"FROM objects WHERE {WELL_FORMED} GROUP BY file "
+                            f"FROM objects WHERE {well_formed()} GROUP BY file "
                             f"ORDER BY file").fetchall()
 
     @staticmethod
