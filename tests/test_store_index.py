@@ -548,3 +548,36 @@ def test_stale_temp_files_of_the_cache_folders_are_removed_by_gc_and_repair(
     assert set(plan.temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
     execute(plan, store)
     assert all(not old.exists() and fresh.exists() for old, fresh in left.values())
+
+
+def test_a_store_on_a_read_only_mount_serves_a_build_without_the_folder_lock(
+        tmp_path: Path, encoder_model, save_model) -> None:
+    """A read-only bind mount (where this system lets the test make one): the package
+    folder lock cannot be created in the store, and a build whose payloads are all present
+    goes on without it."""
+    import subprocess
+
+    from weightstore.build.run import BuildOptions, build
+
+    from .test_build import write_recipe
+
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    store, mounted = tmp_path / "store", tmp_path / "ro"
+    build(recipe, BuildOptions(store=str(store)))
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", str(store), str(mounted)], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("no bind mounts here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)],
+                          capture_output=True, check=False).returncode != 0:
+            pytest.skip("no read-only remounts here")
+        before = _store_files(store)
+        result = build(recipe, BuildOptions(store=str(mounted), force=True))
+        assert [p.status for p in result.packages] == ["built"]
+        assert result.store_report["written_objects"] == 0
+        assert _store_files(store) == before
+    finally:
+        # lazily: this process may still hold the index open through the mount
+        subprocess.run(["umount", "-l", str(mounted)], capture_output=True, check=False)
