@@ -109,7 +109,9 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
 
 
 def _still_bad(found: VerifyReport, obj: StoredObject) -> bool:
-    return any(p.key == obj.key and p.file == obj.file for p in found.problems)
+    """A well-formed row still as verified (a malformed row rewritten since is sound)."""
+    return any(p.key == obj.key and p.file == obj.file and p.kind != "malformed_row"
+               for p in found.problems)
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
