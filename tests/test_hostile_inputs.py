@@ -467,3 +467,90 @@ def test_a_damaged_store_object_names_its_file_offset_and_the_repair(
     assert err.value.context["source"] == str(victim)
     assert err.value.context["source_offset"] == 0
     assert "store verify --repair" in err.value.context["hint"]
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("offset", 1e30), ("offset", 1.5), ("offset", "abc"), ("offset", -1), ("size", "x"),
+    ("file", "weight_\x00")])
+def test_a_malformed_index_row_is_damage_never_a_traceback(
+        encoder_model, save_model, tmp_path, capsys, column, value):
+    import sqlite3
+
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute(f"UPDATE objects SET {column} = ? WHERE file = ?", (value, victim.name))
+    conn.commit()
+    conn.close()
+    assert main(["store", "verify", "--store", str(store)]) != 0
+    assert "malformed_row" in capsys.readouterr().out
+    # a build treats the object as absent and writes it again from its source
+    assert main(["build", str(recipe), "--store", str(store), "--force"]) == 0
+    assert WeightStore(store).verify().ok
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute(f"UPDATE objects SET {column} = ? WHERE file = ?", (value, victim.name))
+    conn.commit()
+    conn.close()
+    assert main(["store", "verify", "--repair", "--store", str(store)]) == 0
+    assert WeightStore(store).verify().ok
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("layout", ["separate", "combined"])
+def test_a_store_object_replaced_by_a_fifo_is_damage_never_a_hang(
+        encoder_model, save_model, tmp_path, layout):
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          f"\n  - {{name: l, external_weight: {layout}}}\n")
+    store = tmp_path / "store"
+    build(recipe, BuildOptions(store=str(store)))
+    victim = max((p for p in store.iterdir() if p.name.startswith("weight_")
+                  or p.name.endswith("_weight_combined")), key=lambda p: p.stat().st_size)
+    victim.unlink()
+    os.mkfifo(victim)
+    # the build has the sources: the objects are written again (a combined file's to a
+    # sibling: nothing is appended to what is not a regular file)
+    res = _cli("build", str(recipe), "--store", str(store), "--force", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert WeightStore(store).verify().ok
+    # without a source at hand: the store's readers refuse it as damage, naming it
+    s = WeightStore(store)
+    obj = max(s.objects(), key=lambda o: o.size)
+    victim = store / obj.file
+    victim.unlink()
+    os.mkfifo(victim)
+    with pytest.raises(IntegrityError, match="not a regular file") as err:
+        s.read(obj)
+    assert err.value.context["path"] == str(victim)
+    assert err.value.context["hint"] == "run 'weightstore store verify --repair'"
+    from weightstore.load.reader import FileReader
+
+    with pytest.raises(IntegrityError, match="not a regular file") as err:
+        FileReader().read_into(victim, 0, memoryview(bytearray(1)))
+    assert err.value.context["hint"] == "run 'weightstore store verify --repair'"
+    res = _cli("store", "verify", "--repair", "--store", str(store), timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = _cli("build", str(recipe), "--store", str(store), "--force", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert WeightStore(store).verify().ok
+
+
+@pytest.mark.parametrize("layout", ["separate", "combined"])
+def test_a_full_disk_while_storing_names_the_store_file(encoder_model, save_model, tmp_path,
+                                                        monkeypatch, capsys, layout):
+    import errno
+
+    import weightstore.store.writer as store_writer
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_writer, "copy_range", full)
+    monkeypatch.setattr(store_writer, "write_all", full)
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          f"\n  - {{name: l, external_weight: {layout}}}\n")
+    store = tmp_path / "store"
+    assert main(["build", str(recipe), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"weightstore: error: No space left on device: {store}/")
+    name = "m_weight_combined" if layout == "combined" else "weight_"
+    assert name in err[0]

@@ -514,9 +514,9 @@ def test_bytes_move_outside_the_store_wide_lock(store: WeightStore,
     seen: list[bool] = []
     real_copy = writer_module.copy_payload
 
-    def spying_copy(src, fd, offset):
+    def spying_copy(src, fd, offset, dest):
         seen.append(write_lock_is_free(store))
-        return real_copy(src, fd, offset)
+        return real_copy(src, fd, offset, dest)
 
     monkeypatch.setattr(writer_module, "copy_payload", spying_copy)
     store.put(payloads(("a", 10), ("b", 20)), kind="separate", jobs=1)  # probes in turn

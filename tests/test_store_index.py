@@ -400,3 +400,184 @@ def test_a_store_written_by_format_1_code_migrates_with_every_object(tmp_path: P
     again = store.put([BytesPayload(k, d) for k, d in expected.items()], kind="combined",
                       combined_name="enc")
     assert again.written_objects == 0
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("offset", 1e30), ("offset", 1.5), ("offset", "abc"), ("offset", -64), ("size", "x"),
+    ("file", "m_weight\x00_combined"), ("offset", 2**63 - 1)])
+def test_malformed_rows_are_damage_reported_and_dropped(tmp_path: Path, column: str,
+                                                        value: object) -> None:
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(("a", 100), ("b", 200), ("c", 300))
+    store.put(ps, kind="combined", combined_name="m", alignment=64)
+    conn = sqlite3.connect(store.index_path)
+    conn.execute(f"UPDATE objects SET {column} = ? WHERE key = ?", (value, ps[1].key))
+    conn.commit()
+    conn.close()
+    # an absent key to every reader: located nowhere, written again by the next put
+    assert set(store.locate([p.key for p in ps])) == {ps[0].key, ps[2].key}
+    assert store.stats().objects == 2
+    assert store.plan_gc() is not None and store.roots() == []
+    report = store.verify()
+    assert [(p.kind, p.key) for p in report.problems] == [("malformed_row", ps[1].key)]
+    repaired = store.repair()
+    assert [o.key for o in repaired.dropped] == [ps[1].key] and repaired.ok
+    assert set(store_index(store)) == {ps[0].key, ps[2].key}
+    # a put while the malformed row is still there replaces it
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("INSERT INTO objects VALUES (?, 'm_weight_combined', 0, 200, 0)",
+                 (ps[1].key,))
+    conn.execute(f"UPDATE objects SET {column} = ? WHERE key = ?", (value, ps[1].key))
+    conn.commit()
+    conn.close()
+    assert store.put(ps, kind="combined", combined_name="m").written_objects == 1
+    assert store.verify().ok
+
+
+def test_a_range_past_its_files_end_is_judged_alone_not_against_every_row(
+        tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(*((f"p{i}", 100 + i) for i in range(20)))
+    store.put(ps, kind="combined", combined_name="m", alignment=64)
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("UPDATE objects SET size = ? WHERE key = ?", (10**13, ps[3].key))
+    conn.commit()
+    conn.close()
+    report = store.verify()
+    assert [(p.kind, p.key) for p in report.problems] == [("short_file", ps[3].key)]
+    repaired = store.repair()
+    assert [o.key for o in repaired.dropped] == [ps[3].key] and repaired.ok
+    assert len(store_index(store)) == 19
+    # two rows inside the file that do share bytes are still overlaps
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("UPDATE objects SET offset = 0 WHERE key = ?", (ps[5].key,))
+    conn.commit()
+    conn.close()
+    assert "overlap" in {p.kind for p in store.verify().problems}
+
+
+def _store_files(root: Path) -> dict[str, bytes | None]:
+    """Every file's bytes (SQLite's shared-memory file only by name: readers write it)."""
+    return {p.name: None if p.name.endswith("-shm") else p.read_bytes()
+            for p in root.iterdir() if p.is_file()}
+
+
+def test_repair_of_a_newer_index_touches_nothing(tmp_path: Path, capsys) -> None:
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 100)), kind="separate")
+    store.put(payloads(("b", 100)), kind="combined", combined_name="m")
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("PRAGMA user_version=3")
+    conn.close()
+    before = _store_files(store.root)
+    assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("weightstore: error: ")
+    assert "newer weightstore" in err[0]
+    assert _store_files(store.root) == before
+
+
+_AS_NOBODY = """
+import os, sys, locale, gettext, argparse, secrets, json, sqlite3, concurrent.futures
+import weightstore.cli, weightstore.store.repair, weightstore.store.verify
+import weightstore.store.sweep, weightstore.store.leases, weightstore.store.meta
+import weightstore.io.locks, weightstore.progress
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+sys.exit(weightstore.cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="needs root to act as another user")
+def test_repair_by_a_user_who_may_not_read_the_index_touches_nothing() -> None:
+    """index.sqlite 0600 of root in a folder all may write: another user's repair reports
+    the permission error and stops; it never sets the index aside as lost."""
+    import subprocess
+    import sys
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        store = WeightStore(top / "s")
+        store.put(payloads(("a", 100)), kind="separate")
+        store.put(payloads(("b", 100)), kind="combined", combined_name="m")
+        store.root.chmod(0o777)
+        for p in store.root.glob("index.sqlite*"):
+            p.chmod(0o600)
+        before = _store_files(store.root)
+        res = subprocess.run([sys.executable, "-c", _AS_NOBODY, "store", "verify",
+                              "--repair", "--store", str(store.root)],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("weightstore: error: ")
+        assert "Permission denied" in lines[0] and "index.sqlite" in lines[0]
+        assert _store_files(store.root) == before
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_stale_temp_files_of_the_cache_folders_are_removed_by_gc_and_repair(
+        tmp_path: Path) -> None:
+    from weightstore.store.gc import execute
+
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 10)), kind="separate")
+
+    def leave(folder: str) -> tuple[Path, Path]:
+        (store.root / folder).mkdir(exist_ok=True)
+        old = store.root / folder / ".abc.json.x1.tmp"
+        fresh = store.root / folder / ".abc.json.x2.tmp"
+        for p in (old, fresh):
+            p.write_bytes(b"partial")
+        os.utime(old, (1, 1))
+        return old, fresh
+
+    folders = ("payload-keys", "build-actions", "derived-keys")
+    left = {folder: leave(folder) for folder in folders}
+    kept = store.root / "payload-keys" / "old.json"  # a cache entry, however old
+    kept.write_bytes(b"{}")
+    os.utime(kept, (1, 1))
+    report = store.repair()
+    assert set(report.removed_temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
+    assert all(not old.exists() and fresh.exists() for old, fresh in left.values())
+    assert kept.exists()
+    left = {folder: leave(folder) for folder in folders}
+    plan = store.plan_gc()
+    assert set(plan.temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
+    execute(plan, store)
+    assert all(not old.exists() and fresh.exists() for old, fresh in left.values())
+
+
+def test_a_store_on_a_read_only_mount_serves_a_build_without_the_folder_lock(
+        tmp_path: Path, encoder_model, save_model) -> None:
+    """A read-only bind mount (where this system lets the test make one): the package
+    folder lock cannot be created in the store, and a build whose payloads are all present
+    goes on without it."""
+    import subprocess
+
+    from weightstore.build.run import BuildOptions, build
+
+    from .test_build import write_recipe
+
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    store, mounted = tmp_path / "store", tmp_path / "ro"
+    build(recipe, BuildOptions(store=str(store)))
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", str(store), str(mounted)], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("no bind mounts here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)],
+                          capture_output=True, check=False).returncode != 0:
+            pytest.skip("no read-only remounts here")
+        before = _store_files(store)
+        result = build(recipe, BuildOptions(store=str(mounted), force=True))
+        assert [p.status for p in result.packages] == ["built"]
+        assert result.store_report["written_objects"] == 0
+        assert _store_files(store) == before
+    finally:
+        # lazily: this process may still hold the index open through the mount
+        subprocess.run(["umount", "-l", str(mounted)], capture_output=True, check=False)

@@ -204,3 +204,48 @@ def test_a_root_redirected_in_the_index_is_refused(project):
         conn.execute("UPDATE roots SET fingerprint = ? WHERE layout = 'split'", (other,))
     with pytest.raises(ResolutionError, match="not what the store's roots say"):
         weightstore.resolve(REF, store=store)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_store_object_replaced_by_a_fifo_is_refused_not_waited_on(project, tmp_path):
+    import subprocess
+    import sys
+
+    package = project / "out" / "pk" / "1" / "split"
+    feed, _ = _expected(package, "fused")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **feed)
+    summary = json.loads((package / "summary.json").read_bytes())
+    store = project / "store"
+
+    def cli(*args: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "weightstore", *args, "--store",
+                              str(store)], capture_output=True, text=True, timeout=60,
+                             check=False)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1, res.stderr
+        assert lines[0].startswith("weightstore: error: ")
+        return lines[0]
+
+    def fifo_for(digest: str) -> Path:
+        path = _object_path(store, digest)
+        path.unlink()
+        os.mkfifo(path)
+        return path
+
+    # a payload's object: resolving reads no payload byte, running does
+    model = next(c["digest"] for c in summary["contents"] if c["path"] == "encoder.onnx")
+    skip = {model, _summary_key(store, package)}
+    payload = max((o for o in WeightStore(store).objects() if o.key not in skip),
+                  key=lambda o: o.size)
+    path = fifo_for(payload.key)
+    err = cli("run", REF, "--device", "cpu", "--inputs", str(inputs))
+    assert "not a regular file" in err and path.name in err and "--repair" in err
+    # the model's own object: resolving reads it
+    path.unlink()
+    path.write_bytes(b"")  # (a short object: damage of another kind)
+    path = fifo_for(model)
+    for command in (("resolve", REF), ("run", REF, "--device", "cpu", "--inputs",
+                                       str(inputs))):
+        err = cli(*command)
+        assert "not a regular file" in err and path.name in err and "--repair" in err

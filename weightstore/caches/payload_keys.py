@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import IntegrityError
 from ..io.digests import digest_bytes, split_key
-from ..io.files import atomic_write_bytes, parse_json
+from ..io.files import atomic_write_bytes, open_regular, parse_json
 
 FOLDER = "payload-keys"
 FORMAT_VERSION = 1
@@ -91,14 +91,16 @@ class RangeReader:
 
     def read(self, path: str | os.PathLike[str], offset: int, length: int, *,
              follow: bool = True) -> bytes:
-        """``follow=False``: a symbolic link is refused (store objects are never links)."""
+        """``follow=False``: a store object, refused unless a regular file (never a
+        symbolic link, and never a FIFO, whose open would wait for a writer)."""
         name = os.fspath(path)
         fd = self._fds.get(name)
         if fd is None:
-            flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
-            if not follow:
-                flags |= getattr(os, "O_NOFOLLOW", 0)
-            fd = self._fds[name] = os.open(name, flags)
+            if follow:
+                fd = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            else:
+                fd = open_regular(name, nofollow=True)
+            self._fds[name] = fd
         return os.pread(fd, length, offset)
 
     def close(self) -> None:

@@ -31,14 +31,16 @@ class NotRegularFileError(OSError):
     or mean nothing, so it is refused before any read."""
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
+def open_regular(path: str | os.PathLike[str], *, nofollow: bool = False) -> int:
     """Open ``path`` for reading, refusing anything but a regular file.
 
     ``O_NONBLOCK`` makes opening a FIFO return at once (a plain open would wait for a
     writer), so the check on the opened descriptor never races with the path.
+    ``nofollow``: a symbolic link is refused too (``OSError`` with ``ELOOP``), as store
+    objects never are links.
     """
     flags = (os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
-             | getattr(os, "O_NOCTTY", 0))
+             | getattr(os, "O_NOCTTY", 0) | (getattr(os, "O_NOFOLLOW", 0) if nofollow else 0))
     fd = os.open(path, flags)
     try:
         mode = os.fstat(fd).st_mode
@@ -189,6 +191,17 @@ def remove_dead_temps(path: Path) -> list[Path]:
         finally:
             os.close(fd)
     return removed
+
+
+def name_path(exc: OSError, written: str | os.PathLike[str],
+              read: str | os.PathLike[str] | None = None) -> OSError:
+    """The error with the file it concerns, when it named none: the file written for a
+    full or read-only disk (``No space left on device`` alone does not say which), else
+    the file read from (``written`` when there is none)."""
+    if exc.filename:
+        return exc
+    path = written if exc.errno in WRITE_ERRNOS or read is None else read
+    return type(exc)(exc.errno, exc.strerror or str(exc), os.fspath(path))
 
 
 def _with_path(exc: OSError, path: Path) -> OSError:

@@ -127,10 +127,36 @@ def target_lock(target: Path, store_root: Path, timeout: float = PACKAGE_LOCK_TI
 
     Builds of one folder through different stores are not serialized with each other;
     publishing stays atomic for them (temp folder + rename), so neither sees a torn folder.
+    A store this user may only read (a read-only mount, or permissions) cannot hold the
+    lock: a build served by it (every payload present) goes on without it, as a build
+    through another store would.
     """
     from .digests import digest_bytes
 
     folder = store_root / LOCKS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
     name = digest_bytes("blake3", os.fsencode(target.absolute()))
-    return file_lock(folder / f"{name}.lock", timeout, PackageError, "package folder")
+    path = folder / f"{name}.lock"
+    if _read_only(store_root) and not _can_create(folder, path):
+        return contextlib.nullcontext(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return file_lock(path, timeout, PackageError, "package folder")
+
+
+def _read_only(root: Path) -> bool:
+    """``root`` is on a read-only mount, or this user may not write it."""
+    try:
+        if os.statvfs(root).f_flag & os.ST_RDONLY:
+            return True
+    except (OSError, AttributeError):
+        pass
+    return root.is_dir() and not os.access(root, os.W_OK)
+
+
+def _can_create(folder: Path, path: Path) -> bool:
+    """Whether the lock file can be opened (created) for writing."""
+    try:
+        folder.mkdir(exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, file_mode()))
+    except OSError:
+        return False
+    return True

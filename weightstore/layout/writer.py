@@ -20,12 +20,19 @@ from typing import Any
 
 from ..errors import IntegrityError
 from ..io.digests import CHUNK, make_key, new_hasher, split_key
-from ..io.files import WRITE_ERRNOS, atomic_writer, copy_range, start_writeback, write_all
+from ..io.files import (
+    NotRegularFileError,
+    atomic_writer,
+    copy_range,
+    name_path,
+    open_regular,
+    start_writeback,
+    write_all,
+)
 from .plan import LayoutPlan, PlannedFile, PlannedPayload
 
 OPEN_FILES = 64  # weight files written at once, at most
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-REPAIR_HINT = "run `weightstore store verify --repair`"
+REPAIR_HINT = "run 'weightstore store verify --repair'"
 
 
 def files_per_batch() -> int:
@@ -116,7 +123,13 @@ def _copy_payload(fd: int, p: PlannedPayload, locate: PayloadLocator,
     if isinstance(source, FileRange):
         hint = REPAIR_HINT if source.stored else None
         try:
-            src = os.open(source.path, os.O_RDONLY | (_NOFOLLOW if source.stored else 0))
+            # a store object that is not a regular file (a FIFO would block this open
+            # forever) is damage; a source the caller names is opened as it is
+            src = (open_regular(source.path, nofollow=True) if source.stored
+                   else os.open(source.path, os.O_RDONLY))
+        except NotRegularFileError as exc:
+            raise IntegrityError(f"store object is {exc} (damage)", key=p.key,
+                                 file=str(source.path), hint=hint) from None
         except OSError as exc:
             if source.stored and exc.errno == errno.ELOOP:
                 raise IntegrityError("store object is a symbolic link (damage)", key=p.key,
@@ -145,10 +158,7 @@ def _copy_payload(fd: int, p: PlannedPayload, locate: PayloadLocator,
 def _name_path(exc: OSError, dest: Path, src: Path) -> OSError:
     """The error with the file it concerns: the written one for a full or read-only
     disk, else the one read from."""
-    if exc.filename:
-        return exc
-    path = dest if exc.errno in WRITE_ERRNOS else src
-    return OSError(exc.errno, exc.strerror, str(path))
+    return name_path(exc, dest, src)
 
 
 def _check_file(fd: int, f: PlannedFile, sources: Mapping[tuple[str, int], FileRange | None],

@@ -141,11 +141,12 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
                     continue
                 with memoryview(bounce) as whole:
                     for pos in range(0, c.length, BOUNCE):  # through a buffer in cache
-                        piece = whole[:min(BOUNCE, c.length - pos)]
-                        reader.read_into(run.path, c.offset + pos, piece)
-                        feed(start + pos, piece)
-                        sink[0].write(sink[1][first.run] + start + pos, piece)
-                        piece.release()
+                        # released even when a read fails: the bounce buffer is then
+                        # closed and the read's own error is what the caller sees
+                        with whole[:min(BOUNCE, c.length - pos)] as piece:
+                            reader.read_into(run.path, c.offset + pos, piece)
+                            feed(start + pos, piece)
+                            sink[0].write(sink[1][first.run] + start + pos, piece)
         finally:
             if bounce is not None:
                 bounce.close()

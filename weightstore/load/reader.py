@@ -11,7 +11,8 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import LoadError
+from ..errors import IntegrityError, LoadError
+from ..io.files import NotRegularFileError, open_regular
 
 
 class Reader(Protocol):
@@ -32,7 +33,9 @@ class FileReader:
             fd = self._fds.get(path)
             if fd is None:
                 try:
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                    fd = open_regular(path)  # a FIFO would block the open forever
+                except NotRegularFileError as exc:
+                    raise _not_regular(path, exc) from None
                 except OSError as exc:
                     raise LoadError(f"cannot open weight file: {exc.strerror}",
                                     file=str(path)) from None
@@ -54,6 +57,14 @@ class FileReader:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def _not_regular(path: Path, exc: NotRegularFileError) -> IntegrityError:
+    """A weight file that is a FIFO, device or folder is damage; in a store (an index
+    beside it), repair drops its rows and the next build writes the objects again."""
+    store = (Path(path).parent / "index.sqlite").is_file()
+    return IntegrityError(f"weight file is {exc}", file=str(path),
+                          hint="run 'weightstore store verify --repair'" if store else None)
 
 
 class RecordingReader:

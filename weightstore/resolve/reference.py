@@ -189,8 +189,10 @@ def open_model_object(build: ReferencedBuild, name: str) -> tuple[Path, int]:
                              key=key, size=obj.size, expected=size, **context)
     path = store.path_of(obj)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)
-                     | getattr(os, "O_NOFOLLOW", 0))
+        fd = store.open_object(obj)  # never waits on a FIFO: not a regular file is damage
+    except IntegrityError as exc:
+        raise IntegrityError(f"model file's store object is unreadable: {exc.message}",
+                             **{**context, **exc.context}) from None
     except OSError as exc:
         raise IntegrityError(f"model file's store object is unreadable: {exc.strerror}",
                              key=key, path=str(path), **context) from None

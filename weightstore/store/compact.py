@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError
 from ..io.digests import digest_fd, split_key
-from ..io.files import align_up, copy_range, file_mode, fsync_dir
+from ..io.files import align_up, copy_range, file_mode, fsync_dir, open_regular
 from .layout import COMBINED_SUFFIX
 from .objects import StoredObject
 
@@ -101,7 +101,7 @@ def _copy_live(store: WeightStore, file: str, objects: list[StoredObject], new_n
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
-        src = os.open(store.root / file, os.O_RDONLY)
+        src = open_regular(store.root / file, nofollow=True)  # never waits on a FIFO
         try:
             end = 0
             for obj in objects:

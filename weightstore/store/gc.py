@@ -146,12 +146,13 @@ def gather(store: WeightStore, *, older_than: float = 0.0,
                                     else ([], []))
         live_roots = ",".join(str(r.id) for r in roots if r.live)
         held = ",".join(str(i) for i in live_leases)
-        garbage = [row_object(row) for row in conn.execute(
+        garbage = [obj for row in conn.execute(
             f"""SELECT key, file, offset, size FROM objects o WHERE created < ?
                 AND NOT EXISTS (SELECT 1 FROM root_keys rk WHERE rk.key = o.key
                                 AND +rk.root IN ({live_roots}))
                 AND NOT EXISTS (SELECT 1 FROM lease_keys lk WHERE lk.key = o.key
-                                AND +lk.lease IN ({held}))""", (cutoff,))]
+                                AND +lk.lease IN ({held}))""", (cutoff,))
+                   if (obj := row_object(row)) is not None]  # malformed rows: repair's
         # ("+" keeps SQLite on the key indexes: one probe per object, not one per root)
         totals = store.index.files(conn)
     gone: dict[str, tuple[int, int]] = {}

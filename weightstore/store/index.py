@@ -36,12 +36,14 @@ import sys
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import StoreError
+from ..errors import IntegrityError, StoreError
+from ..io.digests import split_key
 from ..io.files import file_mode
-from .layout import LOCK_NAME, META_NAME
-from .objects import StoredObject
+from .layout import LOCK_NAME, META_NAME, is_safe_component
+from .objects import MAX_INT, StoredObject
 
 FORMAT_VERSION = 2
 INDEX_NAME = "index.sqlite"
@@ -86,8 +88,74 @@ def marks(values: Collection[object]) -> str:
     return ",".join("?" * len(values))
 
 
-def row_object(row: tuple) -> StoredObject:
-    return StoredObject(key=row[0], file=row[1], offset=row[2], size=row[3])
+@dataclass(frozen=True)
+class MalformedRow:
+    """An ``objects`` row that cannot describe a payload (a value of the wrong type, a
+    negative or overflowing range, a file name that is no single path component): damage,
+    which verify reports, repair drops, and every other reader sees as an absent key."""
+
+    key: str
+    file: str
+    raw: tuple
+    detail: str
+
+    # what a report prints of a row: the values as they are (repr'd when not integers)
+    @property
+    def offset(self) -> int | str:
+        return self.raw[2] if type(self.raw[2]) is int else repr(self.raw[2])
+
+    @property
+    def size(self) -> int | str:
+        return self.raw[3] if type(self.raw[3]) is int else repr(self.raw[3])
+
+    @property
+    def end(self) -> int | str:
+        offset, size = self.offset, self.size
+        return offset + size if type(offset) is int and type(size) is int else "?"
+
+
+def check_row(row: tuple) -> StoredObject | MalformedRow:
+    """The one place where ``objects`` rows are read into objects: SQLite keeps whatever
+    type a value was written with (``1e30`` stays REAL, ``'abc'`` TEXT), so nothing read
+    from the index is believed before it is checked here. :func:`well_formed` is the same
+    rule for the aggregates computed in SQL."""
+    key, file, offset, size = row[:4]
+    detail = None
+    if type(key) is not str:
+        detail = f"key is not text ({key!r})"
+    else:
+        try:
+            split_key(key)
+        except IntegrityError:
+            detail = "key is not a digest key"
+    if detail is None:
+        if type(file) is not str or not is_safe_component(file):
+            detail = f"file is not a single path component ({file!r})"
+        elif type(offset) is not int or type(size) is not int:
+            detail = f"offset {offset!r} or size {size!r} is not an integer"
+        elif offset < 0 or size < 0 or offset > MAX_INT - size:
+            detail = f"range at offset {offset} of {size} bytes is impossible"
+    if detail is None:
+        return StoredObject(key=key, file=file, offset=offset, size=size)
+    return MalformedRow(key=key if type(key) is str and "\x00" not in key else repr(key),
+                        file=file if type(file) is str and "\x00" not in file
+                        else repr(file), raw=tuple(row[:4]), detail=detail)
+
+
+def row_object(row: tuple) -> StoredObject | None:
+    """The object of a well-formed row; None for a malformed one (an absent key)."""
+    obj = check_row(row)
+    return obj if isinstance(obj, StoredObject) else None
+
+
+def well_formed(table: str = "") -> str:
+    """check_row's rule on types and ranges, for aggregates SQLite computes itself
+    (``table``: the alias of ``objects`` in the query)."""
+    t = f"{table}." if table else ""
+    return (f"typeof({t}key) = 'text' AND typeof({t}file) = 'text' "
+            f"AND typeof({t}offset) = 'integer' AND typeof({t}size) = 'integer' "
+            f"AND {t}offset >= 0 AND {t}size >= 0 AND {t}offset <= {MAX_INT} - {t}size "
+            f"AND instr(CAST({t}file AS BLOB), X'00') = 0")
 
 
 class Index:
@@ -424,18 +492,13 @@ class Index:
         for chunk in batched(dict.fromkeys(keys)):
             for row in conn.execute(f"SELECT key, file, offset, size FROM objects "
                                     f"WHERE key IN ({marks(chunk)})", chunk):
-                found[row[0]] = row_object(row)
+                obj = row_object(row)
+                if obj is not None:  # a malformed row is damage: the key is absent
+                    found[obj.key] = obj
         return found
 
     def insert(self, conn: sqlite3.Connection, objects: Iterable[StoredObject]) -> None:
         _insert(conn, objects, int(time.time()))
-
-    @staticmethod
-    def indexed_end(conn: sqlite3.Connection, file: str) -> int:
-        """The end of the last range of ``file`` (ranges never overlap)."""
-        row = conn.execute("SELECT offset + size FROM objects WHERE file = ? "
-                           "ORDER BY offset DESC, size DESC LIMIT 1", (file,)).fetchone()
-        return row[0] if row else 0
 
     @staticmethod
     def objects(conn: sqlite3.Connection, file: str | None = None,
@@ -447,25 +510,40 @@ class Index:
             cursor = conn.execute("SELECT key, file, offset, size FROM objects WHERE file = ? "
                                   "ORDER BY offset, size", (file,))
         for row in cursor:
-            yield row_object(row)
+            obj = row_object(row)
+            if obj is not None:
+                yield obj
 
     @staticmethod
     def rows(conn: sqlite3.Connection) -> Iterator[tuple[str, str, int, int]]:
-        """Every row as ``(key, file, offset, size)``, by key (streamed, no objects)."""
-        return conn.execute("SELECT key, file, offset, size FROM objects ORDER BY key")
+        """Every well-formed row as ``(key, file, offset, size)``, by key (streamed)."""
+        for row in conn.execute("SELECT key, file, offset, size FROM objects ORDER BY key"):
+            obj = row_object(row)
+            if obj is not None:
+                yield obj.key, obj.file, obj.offset, obj.size
 
     @staticmethod
-    def objects_by_file(conn: sqlite3.Connection) -> Iterator[StoredObject]:
-        """Every row (streamed), grouped by file, by offset within a file."""
+    def objects_by_file(conn: sqlite3.Connection) -> Iterator[StoredObject | MalformedRow]:
+        """Every row (streamed), grouped by file, by offset within a file; a malformed
+        row as such (for verify to report)."""
         for row in conn.execute("SELECT key, file, offset, size FROM objects "
                                 "ORDER BY file, offset, size"):
-            yield row_object(row)
+            yield check_row(row)
+
+    @staticmethod
+    def row(conn: sqlite3.Connection, key: str) -> StoredObject | MalformedRow | None:
+        """The row of ``key`` as it is, malformed or not (for repair to look again)."""
+        row = conn.execute("SELECT key, file, offset, size FROM objects WHERE key = ?",
+                           (key,)).fetchone()
+        return None if row is None else check_row(row)
 
     @staticmethod
     def files(conn: sqlite3.Connection) -> list[tuple[str, int, int, int]]:
-        """``(file, objects, payload bytes, end of the last range)`` per indexed file."""
-        return conn.execute("SELECT file, count(*), sum(size), max(offset + size) "
-                            "FROM objects GROUP BY file ORDER BY file").fetchall()
+        """``(file, objects, payload bytes, end of the last range)`` per indexed file
+        (well-formed rows only)."""
+        return conn.execute(f"SELECT file, count(*), sum(size), max(offset + size) "
+                            f"FROM objects WHERE {well_formed()} GROUP BY file "
+                            f"ORDER BY file").fetchall()
 
     @staticmethod
     def count(conn: sqlite3.Connection) -> int:

@@ -17,6 +17,8 @@ from ..io.digests import split_key
 
 META_NAME = "meta.json"
 LOCK_NAME = "meta.json.lock"
+# the folders where builds keep their caches (written by temp + rename, like the objects)
+CACHE_FOLDERS = ("payload-keys", "derived-keys", "build-actions")
 SEPARATE_PREFIX = "weight_"
 COMBINED_SUFFIX = "_weight_combined"
 
@@ -66,6 +68,19 @@ class Listing:
 
     objects: dict[str, int]
     temps: tuple[str, ...]
+
+
+def cache_temps(root: Path) -> list[str]:
+    """Temp files in the cache folders, as ``<folder>/<name>`` (left by killed builds)."""
+    found: list[str] = []
+    for folder in CACHE_FOLDERS:
+        try:
+            with os.scandir(root / folder) as it:
+                found += [f"{folder}/{e.name}" for e in it
+                          if is_temp_name(e.name) and e.is_file(follow_symlinks=False)]
+        except OSError:  # none yet, or not a folder (a symbolic link is not followed)
+            continue
+    return sorted(found)
 
 
 def scan(root: Path) -> Listing:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 from ..io.digests import ALGORITHMS, digest_file, make_key
+from ..io.files import open_regular
+from .index import MalformedRow
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .objects import StoredObject
 from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced
@@ -38,7 +40,7 @@ class RepairReport:
 
     root: str
     found: VerifyReport
-    dropped: tuple[StoredObject, ...]
+    dropped: tuple[StoredObject | MalformedRow, ...]
     deleted_files: tuple[str, ...]
     remaining: VerifyReport
     removed_temps: tuple[str, ...] = ()
@@ -71,11 +73,13 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
     except StoreError as exc:
         if "index" not in exc.message:
             raise
+        refuse_unless_lost(store, exc)
         rebuilt = rebuild_index(store, jobs)
         found = verify_store(store, jobs, progress=progress)
     snapshot_bad = {p.key for p in found.problems
                     if p.key is not None and p.kind not in NOT_DAMAGE}
-    dropped: list[StoredObject] = []
+    malformed = {p.key for p in found.problems if p.kind == "malformed_row"}
+    dropped: list[StoredObject | MalformedRow] = []
     if snapshot_bad:
         with store.index.writing() as conn:
             rows = store.index.locate(snapshot_bad, conn)
@@ -83,12 +87,19 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
                 obj = rows.get(key)
                 if obj is not None and _still_bad(found, obj):
                     dropped.append(obj)
-            conn.executemany("DELETE FROM objects WHERE key = ?", ((o.key,) for o in dropped))
+                elif obj is None and key in malformed:
+                    row = store.index.row(conn, key)  # still malformed, not rewritten
+                    if isinstance(row, MalformedRow):
+                        dropped.append(row)
+            conn.executemany("DELETE FROM objects WHERE key = ?",
+                             ((o.raw[0] if isinstance(o, MalformedRow) else o.key,)
+                              for o in dropped))
     dropped.sort(key=lambda o: (o.file, o.key))
-    # Only per-weight objects: never a combined file, nor whatever else a damaged
-    # index might name (meta.json, the lock, caches).
-    files = [o.file for o in dropped
-             if o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
+    # Only per-weight objects of well-formed rows: never a combined file, nor whatever
+    # else a damaged index might name (meta.json, the lock, caches). The file of a
+    # malformed row may hold intact bytes: it is left as an orphan (gc removes it).
+    files = [o.file for o in dropped if isinstance(o, StoredObject)
+             and o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
     deleted = unlink_unreferenced(store, files)
     temps = remove_temps(store, stale_temps(store, oldest_live_lease(store)))
     remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed
@@ -98,7 +109,50 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
 
 
 def _still_bad(found: VerifyReport, obj: StoredObject) -> bool:
-    return any(p.key == obj.key and p.file == obj.file for p in found.problems)
+    """A well-formed row still as verified (a malformed row rewritten since is sound)."""
+    return any(p.key == obj.key and p.file == obj.file and p.kind != "malformed_row"
+               for p in found.problems)
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def refuse_unless_lost(store: WeightStore, exc: StoreError) -> None:
+    """Re-raise ``exc`` unless the index is really lost or damaged: an index of a newer
+    format, or one this user may not read, is not damage, and rebuilding it would set aside
+    every combined object and root it holds. Nothing is touched before this check."""
+    from .index import FORMAT_VERSION
+
+    version = exc.context.get("format_version")
+    if type(version) is int and version > FORMAT_VERSION:
+        raise exc
+    for name in (store.index.path.name, store.index.path.name + "-wal",
+                 store.index.path.name + "-shm", store.meta_path.name):
+        path = store.root / name
+        try:
+            fd = open_regular(path)
+        except FileNotFoundError:
+            continue
+        except PermissionError as err:
+            raise StoreError(f"cannot read the store index ({err.strerror}): not damage, "
+                             f"so nothing was changed; run the repair as a user who may "
+                             f"read and write it", path=str(path)) from None
+        except OSError:
+            continue  # not a regular file: damage, set aside by the rebuild
+        try:
+            head = os.pread(fd, 100, 0)
+        finally:
+            os.close(fd)
+        if name == store.index.path.name and head.startswith(SQLITE_MAGIC) \
+                and len(head) >= 64:
+            version = int.from_bytes(head[60:64], "big")
+            if version > FORMAT_VERSION:
+                raise StoreError("store index was written by a newer weightstore; upgrade "
+                                 "to repair it (nothing was changed)", path=str(path),
+                                 format_version=version, supported=FORMAT_VERSION)
+    if not os.access(store.root, os.W_OK):
+        raise StoreError("cannot rebuild the store index: this user may not write the "
+                         "store folder (nothing was changed)", path=str(store.root))
 
 
 def rebuild_index(store: WeightStore, jobs: int) -> int:

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .index import well_formed
+
 SUMMARY_NAME = "summary.json"
 
 
@@ -108,14 +110,14 @@ def list_roots(conn: sqlite3.Connection, *, sizes: bool = True) -> list[Root]:
                 for r in conn.execute(
                     "SELECT id, package, version, layout, folder, fingerprint, created, "
                     "pinned FROM roots ORDER BY package, version, layout, folder")]
-    rows = conn.execute("""
+    rows = conn.execute(f"""
         SELECT r.id, r.package, r.version, r.layout, r.folder, r.fingerprint, r.created,
                r.pinned, count(o.key), coalesce(sum(o.size), 0),
                coalesce(sum(CASE WHEN (SELECT count(*) FROM root_keys other
                                         WHERE other.key = rk.key) = 1
                              THEN o.size ELSE 0 END), 0)
         FROM roots r LEFT JOIN root_keys rk ON rk.root = r.id
-                     LEFT JOIN objects o ON o.key = rk.key
+                     LEFT JOIN objects o ON o.key = rk.key AND {well_formed("o")}
         GROUP BY r.id ORDER BY r.package, r.version, r.layout, r.folder""").fetchall()
     return [Root(id=r[0], package=r[1], version=r[2], layout=r[3], folder=r[4],
                  fingerprint=r[5], created=r[6], pinned=bool(r[7]), objects=r[8], size=r[9],

@@ -15,6 +15,7 @@ The root folder is created by the first write (``put``), never by reading: ``sta
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError, StoreError
 from ..io.digests import digest_bytes, split_key
-from ..io.files import read_exact
+from ..io.files import NotRegularFileError, open_regular, read_exact
 from . import leases
 from .index import INDEX_NAME, Index
 from .layout import (
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from .verify import VerifyReport
 
 LOCKS_DIR = "locks"
+REPAIR_HINT = "run 'weightstore store verify --repair'"
 PUT_ATTEMPTS = 3
 COMBINED_SIBLINGS = 8  # combined files one model name may append to at the same time
 
@@ -330,10 +332,14 @@ class WeightStore:
     def _free_combined(self, file: str) -> Iterator[str]:
         """Hold the lock of ``file``, or of a sibling when another writer is appending to
         it (``<name>.1_weight_combined`` ...): two builds of same-named models append side
-        by side instead of in turn. Where a payload sits never matters to a package."""
+        by side instead of in turn. Where a payload sits never matters to a package. A name
+        taken by something that is not a regular file (damage: a FIFO, a symbolic link)
+        is passed over the same way."""
         stem = file[: -len(COMBINED_SUFFIX)]
         for n in range(COMBINED_SIBLINGS):
             name = file if n == 0 else f"{stem}.{n}{COMBINED_SUFFIX}"
+            if not self._appendable(name):
+                continue
             try:
                 lock = self.file_lock(name, timeout=0)
                 lock.__enter__()
@@ -346,6 +352,15 @@ class WeightStore:
             return
         with self.file_lock(file):  # every sibling busy: wait for the first
             yield file
+
+    def _appendable(self, file: str) -> bool:
+        """``file`` is absent or a regular file (never appended to otherwise)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.root / file).st_mode)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
 
     def file_lock(self, file: str, timeout: float | None = None, *, removable: bool = False):
         """The lock of one combined file: appends and compaction of it take turns.
@@ -405,25 +420,36 @@ class WeightStore:
         if digest_bytes(algo, data) != expected:
             raise IntegrityError("stored object does not match its key", key=obj.key,
                                  path=str(self.path_of(obj)), offset=obj.offset,
-                                 size=obj.size, hint="run 'weightstore store verify --repair'")
+                                 size=obj.size, hint=REPAIR_HINT)
         return data
+
+    def open_object(self, obj: StoredObject) -> int:
+        """A descriptor of ``obj``'s file, for reading. Every read of a store object opens
+        it here: anything but a regular file (a FIFO, whose open would wait for a writer
+        forever, a device, a folder, a symbolic link) is refused without blocking, as the
+        damage it is, and so is a missing file."""
+        path = self.path_of(obj)
+        try:
+            return open_regular(path, nofollow=True)
+        except FileNotFoundError:
+            problem = "stored object file is missing"
+        except NotRegularFileError as exc:
+            problem = f"stored object file is {exc}"
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
+            problem = "stored object file is a symbolic link"
+        raise IntegrityError(problem, path=str(path), key=obj.key, hint=REPAIR_HINT)
 
     def _read_raw(self, obj: StoredObject) -> bytes:
         path = self.path_of(obj)
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)
-                         | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError as exc:
-            raise IntegrityError("stored object file is missing", path=str(path),
-                                 key=obj.key, hint="run 'weightstore store verify "
-                                 "--repair'") from exc
+        fd = self.open_object(obj)
         try:
             return read_exact(fd, obj.offset, obj.size)
         except EOFError as exc:
             raise IntegrityError("stored object file is shorter than its index entry",
                                  path=str(path), key=obj.key, offset=obj.offset,
-                                 size=obj.size, hint="run 'weightstore store verify "
-                                 "--repair'") from exc
+                                 size=obj.size, hint=REPAIR_HINT) from exc
         finally:
             os.close(fd)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..io.files import fsync_dir
 from .index import batched, marks
-from .layout import is_safe_component, kind_of, scan
+from .layout import CACHE_FOLDERS, cache_temps, is_safe_component, is_temp_name, kind_of, scan
 
 if TYPE_CHECKING:
     from .store import WeightStore
@@ -53,12 +53,13 @@ def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
 
 def stale_temps(store: WeightStore, oldest_writer: float | None) -> list[str]:
     """Temp files no live writer can still be writing: untouched for
-    :data:`STALE_TEMP_SECONDS` and older than the oldest live lease."""
+    :data:`STALE_TEMP_SECONDS` and older than the oldest live lease; in the store root and
+    in the cache folders builds write to (named ``<folder>/<name>``)."""
     cutoff = time.time() - STALE_TEMP_SECONDS
     if oldest_writer is not None:
         cutoff = min(cutoff, oldest_writer)
     stale = []
-    for name in scan(store.root).temps:
+    for name in [*scan(store.root).temps, *cache_temps(store.root)]:
         try:
             if os.lstat(store.root / name).st_mtime < cutoff:
                 stale.append(name)
@@ -70,6 +71,9 @@ def stale_temps(store: WeightStore, oldest_writer: float | None) -> list[str]:
 def remove_temps(store: WeightStore, names: Iterable[str]) -> list[str]:
     removed = []
     for name in names:
+        folder, _, base = name.rpartition("/")
+        if not is_temp_name(base) or (folder and folder not in CACHE_FOLDERS):
+            continue  # only what stale_temps lists: never anything else a caller names
         with contextlib.suppress(OSError):
             os.unlink(store.root / name)
             removed.append(name)

@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError
 from ..io.digests import digest_file, split_key
+from .index import MalformedRow
 from .layout import kind_of, scan, separate_file_name
 from .objects import StoredObject
 
 ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mismatch",
                       "name_mismatch", "overlap", "unreadable", "no_permission",
+                      "malformed_row",
                       "not_regular_file", "orphan_file", "temp_file", "unreferenced_bytes"]
 
 if TYPE_CHECKING:
@@ -101,17 +103,22 @@ def check_rows(root: Path, objects: list[StoredObject], jobs: int,
     problems: list[Problem] = []
     sizes: dict[str, int | None] = {}
     to_hash: list[StoredObject] = []
+    inside: list[StoredObject] = []  # rows whose range lies inside a regular file
     for obj in objects:
         if obj.file not in sizes:
             sizes[obj.file] = _size(root / obj.file)
         problems.extend(_check_shape(obj, sizes[obj.file]))
         file_size = sizes[obj.file]
-        if (rehash and file_size is not None and obj.end <= file_size
-                and obj.key not in trusted):
+        fits = file_size is not None and file_size >= 0 and obj.end <= file_size
+        if fits:
+            inside.append(obj)
+        if rehash and fits and obj.key not in trusted:
             to_hash.append(obj)
         elif rehash and progress is not None:
             progress(obj.size)  # nothing to hash: the bar still reaches its end
-    problems.extend(_overlaps(objects))
+    # A range past its file's end is the damaged row itself (short_file): judged against
+    # it, every intact row it spans would look damaged too.
+    problems.extend(_overlaps(inside))
 
     def check(obj: StoredObject) -> Problem | None:
         found = _check_digest(root, obj)
@@ -226,6 +233,10 @@ def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True,
         with Progress("verifying", total, enabled=progress if rehash else False) as bar:
             batch: list[StoredObject] = []
             for obj in store.index.objects_by_file(conn):
+                if isinstance(obj, MalformedRow):
+                    problems.append(Problem("malformed_row", obj.file, obj.key, obj.detail))
+                    objects += 1
+                    continue
                 if len(batch) >= VERIFY_BATCH and obj.file != batch[-1].file:
                     objects, hashed = _run(store, batch, jobs, rehash, problems, seen,
                                            objects, hashed, bar.advance)

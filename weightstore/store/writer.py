@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -36,12 +37,22 @@ from pathlib import Path
 
 from ..errors import IntegrityError
 from ..io.digests import digest_fd, make_key, split_key
-from ..io.files import align_up, copy_range, file_mode, fsync_dir, start_writeback, write_all
+from ..io.files import (
+    align_up,
+    copy_range,
+    file_mode,
+    fsync_dir,
+    name_path,
+    start_writeback,
+    write_all,
+)
 from .layout import separate_file_name
 from .objects import StoredObject
 from .payload import PayloadSource
 
 _O_BINARY = getattr(os, "O_BINARY", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 @dataclass(frozen=True)
@@ -97,14 +108,16 @@ def _stage_one(root: Path, src: PayloadSource) -> tuple[StoredObject, Path]:
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
-        copy_payload(src, fd, 0)
+        copy_payload(src, fd, 0, root / name)
         start_writeback(fd)  # the disk works while the object is re-hashed
         check_written(src, fd, 0)
         os.fsync(fd)
-    except BaseException:
+    except BaseException as exc:
         os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk names the store file it was writing
+            raise name_path(exc, root / name) from None
         raise
     os.close(fd)
     return StoredObject(key=src.key, file=name, offset=0, size=src.size), Path(tmp)
@@ -140,7 +153,13 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
     """
     path = root / file
     existed = path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY, file_mode())
+    # never through a symbolic link, never waiting on a FIFO: only a regular file grows
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_BINARY | _O_NOFOLLOW | _O_NONBLOCK,
+                 file_mode())
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IntegrityError("combined store file is not a regular file (damage)",
+                             path=str(path), hint="run 'weightstore store verify --repair'")
     try:
         start = os.fstat(fd).st_size
         base_end = end = start
@@ -154,7 +173,7 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
                     if failed.is_set():
                         break  # a range already failed its check: everything after is cut
                     offset = align_up(end, alignment)
-                    copy_payload(src, fd, offset)
+                    copy_payload(src, fd, offset, path)
                     if src.size == 0 and os.fstat(fd).st_size < offset:
                         os.ftruncate(fd, offset)  # the empty object still lies inside the file
                     checks.append(pool.submit(_check_flagged, failed, src, fd, offset))
@@ -163,19 +182,23 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
                     end = offset + src.size
                 start_writeback(fd)  # the disk works while the last ranges are re-hashed
             except BaseException as exc:
-                error = exc
+                error = name_path(exc, path) if isinstance(exc, OSError) else exc
         # Every check has finished; keep the objects before the first one that failed.
         objects: list[StoredObject] = []
         for obj, check in zip(placed, checks, strict=True):
             exc = check.exception()
             if exc is not None:
-                error = exc  # the earliest failure, whatever stopped the copying later
+                # the earliest failure, whatever stopped the copying later
+                error = name_path(exc, path) if isinstance(exc, OSError) else exc
                 break
             objects.append(obj)
         if error is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, objects[-1].end if objects else start)
-        os.fsync(fd)
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise name_path(exc, path) from None
     finally:
         os.close(fd)
     if not existed and not objects:
@@ -206,8 +229,10 @@ def check_written(src: PayloadSource, fd: int, offset: int) -> None:
                              got=make_key(algo, actual))
 
 
-def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
-    """Put exactly ``src.size`` bytes at ``offset`` of ``fd``, in the kernel when possible."""
+def copy_payload(src: PayloadSource, fd: int, offset: int, dest: Path) -> None:
+    """Put exactly ``src.size`` bytes at ``offset`` of ``fd`` (the store file ``dest``), in
+    the kernel when possible. An error that names no file names ``dest`` when it is about
+    writing (a full disk), else the source it was reading."""
     where = src.file_range()
     if where is not None:
         src_path, src_offset = where
@@ -217,6 +242,8 @@ def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
         except EOFError as exc:
             raise IntegrityError("payload file ends before the payload does", key=src.key,
                                  path=src_path, offset=src_offset, size=src.size) from exc
+        except OSError as exc:
+            raise name_path(exc, dest, src_path) from None
         finally:
             os.close(src_fd)
         return
@@ -225,4 +252,7 @@ def copy_payload(src: PayloadSource, fd: int, offset: int) -> None:
     if got != src.size:
         raise IntegrityError("payload source returned the wrong number of bytes",
                              key=src.key, expected=src.size, got=got)
-    write_all(fd, data, offset)
+    try:
+        write_all(fd, data, offset)
+    except OSError as exc:
+        raise name_path(exc, dest) from None
