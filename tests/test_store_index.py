@@ -482,6 +482,7 @@ import os, sys, locale, gettext, argparse, secrets, json, sqlite3, concurrent.fu
 import weightstore.cli, weightstore.store.repair, weightstore.store.verify
 import weightstore.store.sweep, weightstore.store.leases, weightstore.store.meta
 import weightstore.io.locks, weightstore.progress
+weightstore.cli._parser()  # every command's module, read while the files are readable
 os.setgroups([]); os.setgid(65534); os.setuid(65534)
 sys.exit(weightstore.cli.main(sys.argv[1:]))
 """

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +127,8 @@ def run_command(args: argparse.Namespace) -> int:
 def _read_inputs(np: Any, path: str) -> dict[str, Any]:
     """``--inputs``: a .npz of arrays (``numpy.savez``); anything else is one error line,
     never numpy's advice about pickles."""
+    import zipfile
+
     not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
                "one per model input")
     try:
