@@ -297,3 +297,27 @@ def test_assembly_never_writes_over_a_file(tmp_path: Path) -> None:
     assert (folder / "model.onnx").read_bytes() == b"a model"
     assemble(store, folder, [weight_file("w", 128, piece)])
     assert (folder / "w").read_bytes() == b"x" * 100 + bytes(28)
+
+
+def test_a_damaged_package_file_object_is_rewritten_by_the_next_conversion(
+        project: Path, conversions: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The model file's object damaged in place: the build falls back to converting, and
+    the record it writes rewrites the object, so the next build materializes again."""
+    from .test_store import flip_byte
+
+    store = WeightStore(_store(project))
+    summary = json.loads((project.parent / "expected/pkg/1.0.0/separate/summary.json")
+                         .read_text())
+    model = store.lookup(next(c["digest"] for c in summary["contents"]
+                              if c["path"] == "encoder.onnx"))
+    flip_byte(store.path_of(model), model.offset)
+    capsys.readouterr()
+    build(project)
+    assert "separate" in conversions
+    assert "was damaged; rewritten from" in capsys.readouterr().err
+    assert store.verify().ok
+    shutil.rmtree(project.parent / "out")
+    conversions.clear()
+    build(project)
+    assert conversions == []  # materialized again
+    assert tree(project.parent / "out") == tree(project.parent / "expected")

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import PackageError
+from ..errors import IntegrityError, PackageError
 from ..io.digests import digest_bytes, make_key, split_key
 from ..io.files import atomic_write_bytes, is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
@@ -116,6 +117,26 @@ def whole_files(summary: Mapping[str, Any], summary_bytes: bytes,
     return out
 
 
+
+def _rewrite_damaged(store: WeightStore, folder: Path, payloads: Sequence[Any],
+                     files: Sequence[WeightFile]) -> None:
+    """A package file whose store object is damaged is rewritten from the folder's bytes
+    (checked against the key first), saying so on stderr: ``put`` keeps an indexed key as
+    it is, so the record would otherwise point at the damage and every later build would
+    fall back to a conversion."""
+    found = store.locate([p.key for p in payloads])
+    for payload, f in zip(payloads, files, strict=True):
+        obj = found.get(payload.key)
+        if obj is None:
+            continue
+        try:
+            store.read(obj)
+        except IntegrityError:
+            store.heal(payload)
+            print(f"weightstore: store object {payload.key} in {obj.file} at offset "
+                  f"{obj.offset} was damaged; rewritten from {folder / f.name}",
+                  file=sys.stderr, flush=True)
+
 def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
            jobs: int = 4) -> dict[str, int]:
     """Put the package's files that are not weight files into the store (each re-hashed
@@ -125,7 +146,6 @@ def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
     Best effort: without a private key, or when the folder no longer holds what its
     summary says, nothing is recorded (a record is only a shortcut).
     """
-    from ..errors import IntegrityError
     from ..store import BytesPayload
 
     if summary.get("layout", {}).get("external_weight") == "embedded":
@@ -144,6 +164,7 @@ def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
     if entry_mac([]) is None:
         return {}  # no private key: no record would be trusted, so store nothing for one
     try:
+        _rewrite_damaged(store, folder, payloads, whole)
         report = store.put(payloads, kind="separate", jobs=jobs).to_dict()
     except IntegrityError:  # changed since it was published: record nothing
         return {}
