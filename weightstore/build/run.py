@@ -68,6 +68,7 @@ class BuildResult:
     store_report: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """What ``build --json`` prints (docs/formats.md, build summary)."""
         return {
             "store": str(self.store),
             "store_report": self.store_report,

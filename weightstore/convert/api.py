@@ -41,6 +41,7 @@ class ConvertReport:
     payload_bytes: int
 
     def to_dict(self) -> dict[str, object]:
+        """What ``convert --json`` prints."""
         return {
             "output": str(self.output),
             "data_file": str(self.data_file) if self.data_file else None,

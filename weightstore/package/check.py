@@ -43,6 +43,7 @@ class CheckReport:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
+        """What ``check --json`` prints."""
         return {"package": self.package, "scenario": self.scenario, "device": self.device,
                 "ok": self.ok, "models": self.models, "problems": self.problems}
 

@@ -84,6 +84,7 @@ class ResolvedModel:
         return replace(self, prepared_graph=None, payload_manifest=manifest, bindings=())
 
     def close(self) -> None:
+        """Release the source model file (also on leaving a ``with`` block)."""
         self.source.close()
 
     def __enter__(self) -> ResolvedModel:
@@ -93,6 +94,7 @@ class ResolvedModel:
         self.close()
 
     def to_dict(self) -> dict[str, Any]:
+        """What ``resolve --json`` prints: the scenario, decisions and payload manifest."""
         return {
             "model": self.source.name,
             "scenario": self.selected_scenario,

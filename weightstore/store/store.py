@@ -399,6 +399,7 @@ class WeightStore:
         return [key for key in wanted if key not in present]
 
     def lookup(self, key: str) -> StoredObject | None:
+        """Where the object of ``key`` lies (file, offset, size), or None."""
         return self.locate([key]).get(key)
 
     def objects(self) -> Iterator[StoredObject]:
@@ -407,6 +408,8 @@ class WeightStore:
             yield from self.index.objects(conn)
 
     def path_of(self, obj: StoredObject) -> Path:
+        """The store file holding ``obj``; a file name that would leave the store root is
+        a StoreError."""
         if not is_safe_component(obj.file):
             raise StoreError("stored object names a file outside the store root",
                              path=str(self.root), file=obj.file, key=obj.key)
@@ -454,6 +457,8 @@ class WeightStore:
             os.close(fd)
 
     def stats(self) -> StoreStats:
+        """Objects, payload bytes, bytes on disk, padding and unreferenced bytes, from one
+        snapshot of the index (``weightstore store stats``)."""
         from .stats import compute_stats
 
         self._require_root()
@@ -503,6 +508,8 @@ class WeightStore:
             return roots.add_keys(conn, str(Path(folder).absolute()), keys)
 
     def roots(self) -> list[Root]:
+        """Every root (a package folder a build registered, and the keys it holds alive
+        against gc), live or dead (``weightstore store ls``)."""
         from . import roots
 
         self._require_root()
@@ -530,6 +537,8 @@ class WeightStore:
         return rows, known
 
     def pin(self, selector: str, pinned: bool = True) -> list[int]:
+        """Pin (or unpin) the roots ``selector`` names: gc keeps a pinned root's objects
+        even when its folder is gone. Returns their ids."""
         from . import roots
 
         ids = self._find_roots(selector)
@@ -538,6 +547,8 @@ class WeightStore:
         return ids
 
     def remove_roots(self, selector: str) -> list[int]:
+        """Drop the roots ``selector`` names (their objects become garbage unless another
+        root holds them). Returns their ids."""
         from . import roots
 
         ids = self._find_roots(selector)
