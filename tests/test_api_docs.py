@@ -92,3 +92,20 @@ def test_callable_modules_show_their_function_signature(name: str, first: str) -
     import inspect
 
     assert next(iter(inspect.signature(getattr(weightstore, name)).parameters)) == first
+
+
+def test_public_methods_of_exported_classes_have_docstrings() -> None:
+    """Every method a user may call on an exported class is documented (inherited ones
+    from pydantic and the standard library aside)."""
+    import inspect
+
+    missing = []
+    for name in weightstore.__all__:
+        obj = getattr(weightstore, name)
+        if not inspect.isclass(obj):
+            continue
+        for attr, member in vars(obj).items():
+            if (not attr.startswith("_") and inspect.isfunction(member)
+                    and not member.__doc__):
+                missing.append(f"{name}.{attr}")
+    assert missing == []
