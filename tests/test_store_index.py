@@ -582,3 +582,24 @@ def test_a_store_on_a_read_only_mount_serves_a_build_without_the_folder_lock(
     finally:
         # lazily: this process may still hold the index open through the mount
         subprocess.run(["umount", "-l", str(mounted)], capture_output=True, check=False)
+
+
+def test_a_cache_folder_replaced_by_a_symbolic_link_never_leads_a_cleanup_outside(
+        tmp_path: Path) -> None:
+    """In a group-shared store a member may plant ``payload-keys -> /elsewhere``: gc and
+    repair neither list nor delete the temp files found there."""
+    from weightstore.store.gc import execute
+    from weightstore.store.sweep import remove_temps
+
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 10)), kind="separate")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / ".important.data.tmp"
+    victim.write_bytes(b"keep me")
+    os.utime(victim, (1, 1))
+    (store.root / "payload-keys").symlink_to(outside)
+    assert not store.repair().removed_temps
+    execute(store.plan_gc(), store)
+    assert remove_temps(store, ["payload-keys/.important.data.tmp"]) == []
+    assert victim.read_bytes() == b"keep me"

@@ -70,16 +70,30 @@ class Listing:
     temps: tuple[str, ...]
 
 
+def open_cache_folder(root: Path, folder: str) -> int:
+    """A descriptor of cache folder ``folder`` of the store, never through a symbolic link
+    (which could lead a cleanup anywhere): list and unlink relative to it. OSError when it
+    is missing, not a folder, or a link."""
+    return os.open(root / folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                   | getattr(os, "O_NOFOLLOW", 0))
+
+
 def cache_temps(root: Path) -> list[str]:
     """Temp files in the cache folders, as ``<folder>/<name>`` (left by killed builds)."""
     found: list[str] = []
     for folder in CACHE_FOLDERS:
         try:
-            with os.scandir(root / folder) as it:
+            fd = open_cache_folder(root, folder)
+        except OSError:  # none yet, not a folder, or a symbolic link (never followed)
+            continue
+        try:
+            with os.scandir(fd) as it:
                 found += [f"{folder}/{e.name}" for e in it
                           if is_temp_name(e.name) and e.is_file(follow_symlinks=False)]
-        except OSError:  # none yet, or not a folder (a symbolic link is not followed)
-            continue
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     return sorted(found)
 
 

@@ -12,12 +12,21 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..io.files import fsync_dir
 from .index import batched, marks
-from .layout import CACHE_FOLDERS, cache_temps, is_safe_component, is_temp_name, kind_of, scan
+from .layout import (
+    CACHE_FOLDERS,
+    cache_temps,
+    is_safe_component,
+    is_temp_name,
+    kind_of,
+    open_cache_folder,
+    scan,
+)
 
 if TYPE_CHECKING:
     from .store import WeightStore
@@ -61,8 +70,9 @@ def stale_temps(store: WeightStore, oldest_writer: float | None) -> list[str]:
     stale = []
     for name in [*scan(store.root).temps, *cache_temps(store.root)]:
         try:
-            if os.lstat(store.root / name).st_mtime < cutoff:
-                stale.append(name)
+            with _folder_of(store.root, name) as (fd, base):
+                if os.stat(base, dir_fd=fd, follow_symlinks=False).st_mtime < cutoff:
+                    stale.append(name)
         except OSError:
             continue
     return stale
@@ -74,10 +84,24 @@ def remove_temps(store: WeightStore, names: Iterable[str]) -> list[str]:
         folder, _, base = name.rpartition("/")
         if not is_temp_name(base) or (folder and folder not in CACHE_FOLDERS):
             continue  # only what stale_temps lists: never anything else a caller names
-        with contextlib.suppress(OSError):
-            os.unlink(store.root / name)
+        with contextlib.suppress(OSError), _folder_of(store.root, name) as (fd, base):
+            os.unlink(base, dir_fd=fd)
             removed.append(name)
     return removed
+
+
+@contextlib.contextmanager
+def _folder_of(root: Path, name: str) -> Iterator[tuple[int, str]]:
+    """``(descriptor of its folder, base name)`` for ``name`` (a root file, or ``<cache
+    folder>/<file>``), the folder opened without following a symbolic link: a link planted
+    in place of a cache folder never leads a cleanup outside the store."""
+    folder, _, base = name.rpartition("/")
+    fd = open_cache_folder(root, folder) if folder else os.open(
+        root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        yield fd, base
+    finally:
+        os.close(fd)
 
 
 def oldest_live_lease(store: WeightStore) -> float | None:
