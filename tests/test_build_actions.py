@@ -321,3 +321,24 @@ def test_a_damaged_package_file_object_is_rewritten_by_the_next_conversion(
     build(project)
     assert conversions == []  # materialized again
     assert tree(project.parent / "out") == tree(project.parent / "expected")
+
+
+def test_a_package_file_object_that_cannot_be_rewritten_leaves_the_build_alone(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recording is best effort: a store that refuses the rewrite (read-only) costs the
+    shortcut, never the build, which has already published its package."""
+    from .test_store import flip_byte
+
+    store = WeightStore(_store(project))
+    summary = json.loads((project.parent / "expected/pkg/1.0.0/separate/summary.json")
+                         .read_text())
+    model = store.lookup(next(c["digest"] for c in summary["contents"]
+                              if c["path"] == "encoder.onnx"))
+    flip_byte(store.path_of(model), model.offset)
+
+    def read_only(self, src):
+        raise OSError(30, "Read-only file system", str(self.root))
+
+    monkeypatch.setattr(WeightStore, "heal", read_only)
+    assert [p.status for p in build(project).packages] == ["built", "built"]
+    assert tree(project.parent / "out") == tree(project.parent / "expected")

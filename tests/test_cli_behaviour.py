@@ -195,6 +195,13 @@ def test_dry_run_prints_the_plan_and_writes_nothing(encoder_model, save_model, t
     plan = json.loads(capsys.readouterr().out)
     assert [p["status"] for p in plan["packages"]] == ["would-build", "up-to-date"]
     assert not (tmp_path / "out/pkg/1.0.0/c").exists()
+    assert main(["build", str(recipe), "--store", str(store), "--json"]) == 0  # a record
+    shutil.rmtree(tmp_path / "out/pkg/1.0.0/c")
+    capsys.readouterr()
+    assert main(["build", str(recipe), "--store", str(store), "--dry-run", "--force",
+                 "--json"]) == 0  # --force converts: never 'materialize'
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["status"] for p in plan["packages"]] == ["would-build", "would-build"]
 
 
 def test_progress_shows_rate_and_eta_on_a_terminal_only():
@@ -290,7 +297,9 @@ def test_every_integer_option_says_not_an_integer(tmp_path, capsys):
         assert f"argument {option}: not an integer" in capsys.readouterr().err, argv
     assert main(["pull", "localhost/r:1", "--jobs", "0"]) == 2
     assert "argument --jobs: must be at least 1" in capsys.readouterr().err
-    for value, reason in (("x", "not a number"), ("0", "must be more than 0")):
+    bounds = "must be more than 0 and at most 86400"
+    for value, reason in (("x", "not a number"), ("0", bounds), ("inf", bounds),
+                          ("nan", bounds), ("1e300", bounds)):
         assert main(["pull", "localhost/r:1", "--timeout", value]) == 2
         assert f"argument --timeout: {reason}" in capsys.readouterr().err
 
@@ -333,7 +342,13 @@ def test_run_refuses_inputs_that_are_not_an_npz(tmp_path, capsys):
     np.save(tmp_path / "one.npy", np.zeros(3, np.float32))
     objects = tmp_path / "objects.npz"
     np.savez(objects, x=np.array([object()], dtype=object))
-    for path, extra in ((junk, ""), (tmp_path / "one.npy", ""), (objects, ", member=x")):
+    compressed = tmp_path / "compressed.npz"  # a member's deflate stream damaged
+    np.savez_compressed(compressed, x=np.arange(4096, dtype=np.float32))
+    data = bytearray(compressed.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    compressed.write_bytes(bytes(data))
+    for path, extra in ((junk, ""), (tmp_path / "one.npy", ""), (objects, ", member=x"),
+                        (compressed, ", member=x")):
         assert main(["run", str(tmp_path / "nope"), "--inputs", str(path)]) == 2
         err = capsys.readouterr().err
         assert err == ("weightstore: error: cannot read the inputs: they must be a .npz "

@@ -362,7 +362,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
 
             result.packages += [
                 PackageResult(layout.name, target, "would-materialize"
-                              if layout.external_weight != "embedded"
+                              if layout.external_weight != "embedded" and not options.force
                               and can_materialize(store_root, target, fp)
                               else "would-build", {})
                 for layout, target, fp in todo]

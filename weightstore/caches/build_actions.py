@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import IntegrityError, PackageError
+from ..errors import IntegrityError, PackageError, StoreError
 from ..io.digests import digest_bytes, make_key, split_key
 from ..io.files import atomic_write_bytes, is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
@@ -132,10 +132,14 @@ def _rewrite_damaged(store: WeightStore, folder: Path, payloads: Sequence[Any],
         try:
             store.read(obj)
         except IntegrityError:
-            store.heal(payload)
+            try:
+                store.heal(payload)
+            except (OSError, StoreError):  # a store this user may only read: left as is
+                return
             print(f"weightstore: store object {payload.key} in {obj.file} at offset "
                   f"{obj.offset} was damaged; rewritten from {folder / f.name}",
                   file=sys.stderr, flush=True)
+
 
 def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
            jobs: int = 4) -> dict[str, int]:

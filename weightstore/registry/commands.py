@@ -14,14 +14,17 @@ if TYPE_CHECKING:  # requests loads only when push or pull runs: every command p
 STORE_HELP = "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)"
 
 
+MAX_TIMEOUT = 86400.0  # a day: a finite wait a socket and a clock can hold
+
+
 def _seconds(text: str) -> float:
     """``--timeout``: a number of seconds, more than 0."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError("not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
+    if not 0 < value <= MAX_TIMEOUT:  # nan and inf fail too
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_TIMEOUT:g}")
     return value
 
 

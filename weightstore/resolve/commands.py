@@ -128,6 +128,7 @@ def _read_inputs(np: Any, path: str) -> dict[str, Any]:
     """``--inputs``: a .npz of arrays (``numpy.savez``); anything else is one error line,
     never numpy's advice about pickles."""
     import zipfile
+    import zlib
 
     not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
                "one per model input")
@@ -144,7 +145,7 @@ def _read_inputs(np: Any, path: str) -> dict[str, Any]:
         for name in npz.files:
             try:
                 feed[name] = npz[name]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # objects, damage
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):  # damage
                 raise LoadError(not_npz, file=path, member=name) from None
     return feed
 
