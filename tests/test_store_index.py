@@ -603,3 +603,23 @@ def test_a_cache_folder_replaced_by_a_symbolic_link_never_leads_a_cleanup_outsid
     execute(store.plan_gc(), store)
     assert remove_temps(store, ["payload-keys/.important.data.tmp"]) == []
     assert victim.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("key", [b"blake3:" + b"a" * 64, "blake3:" + "a" * 63 + "\x00",
+                                 12345])
+def test_a_row_whose_key_is_not_text_is_dropped_by_repair(tmp_path: Path,
+                                                          key: object) -> None:
+    """A key stored as a BLOB, holding a NUL, or a number is reported by its repr; repair
+    finds the row by that and drops it."""
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(("a", 100), ("b", 200))
+    store.put(ps, kind="combined", combined_name="m", alignment=64)
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("UPDATE objects SET key = ? WHERE key = ?", (key, ps[1].key))
+    conn.commit()
+    conn.close()
+    assert [p.kind for p in store.verify().problems] == ["malformed_row"]
+    repaired = store.repair()
+    assert len(repaired.dropped) == 1 and repaired.ok
+    assert set(store_index(store)) == {ps[0].key}
+    assert store.verify().ok

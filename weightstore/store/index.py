@@ -535,7 +535,15 @@ class Index:
         """The row of ``key`` as it is, malformed or not (for repair to look again)."""
         row = conn.execute("SELECT key, file, offset, size FROM objects WHERE key = ?",
                            (key,)).fetchone()
-        return None if row is None else check_row(row)
+        if row is not None:
+            return check_row(row)
+        # a key that is not text, or holds a NUL, is shown (and reported) by its repr
+        for odd in conn.execute("SELECT key, file, offset, size FROM objects WHERE "
+                                "typeof(key) != 'text' OR instr(CAST(key AS BLOB), X'00') > 0"):
+            found = check_row(odd)
+            if isinstance(found, MalformedRow) and found.key == key:
+                return found
+        return None
 
     @staticmethod
     def files(conn: sqlite3.Connection) -> list[tuple[str, int, int, int]]:
