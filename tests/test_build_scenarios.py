@@ -252,3 +252,29 @@ def test_a_damaged_derived_weight_copied_into_a_package_is_healed(tmp_path, caps
     assert "was damaged; rewritten from scenario" in capsys.readouterr().err
     assert tree(tmp_path / "out") == before
     assert store.verify().ok
+
+
+def test_derived_weights_heal_into_a_sibling_when_their_combined_file_is_no_file(
+        tmp_path, capsys):
+    """A FIFO in place of the combined file: source weights and derived ones are both
+    written again into a sibling file; the packages are as before."""
+    import os
+
+    from .samples import make_encoder
+
+    src = tmp_path / "encoder.onnx"
+    onnx.save(make_encoder(), str(src))
+    recipe = write_recipe(tmp_path, {"encoder": src}, "\n  - {name: combined, "
+                          "external_weight: combined, size_threshold: 1024}\n")
+    recipe.write_text(recipe.read_text().replace(
+        f"  - {{name: encoder, source: {src}}}\n",
+        f"  - name: encoder\n    source: {src}\n" + SCENARIOS))
+    root = tmp_path / "store"
+    build(recipe, BuildOptions(store=str(root), jobs=2))
+    before = tree(tmp_path / "out")
+    combined = root / "encoder_weight_combined"
+    combined.unlink()
+    os.mkfifo(combined)
+    build(recipe, BuildOptions(store=str(root), jobs=2, force=True))
+    assert tree(tmp_path / "out") == before
+    assert (root / "encoder.1_weight_combined").is_file()

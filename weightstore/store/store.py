@@ -243,8 +243,8 @@ class WeightStore:
             finally:
                 discard(list(outcome.staged))
             return outcome.objects[0]
-        with self.file_lock(old.file):
-            outcome = append_combined(self.root, old.file, [src], _alignment_of(old), 1)
+        with self._free_combined(old.file) as file:  # a sibling when it is not appendable
+            outcome = append_combined(self.root, file, [src], _alignment_of(old), 1)
             if outcome.error is not None:
                 raise outcome.error
             with self.index.writing() as conn:
