@@ -404,7 +404,8 @@ def test_a_store_written_by_format_1_code_migrates_with_every_object(tmp_path: P
 
 @pytest.mark.parametrize(("column", "value"), [
     ("offset", 1e30), ("offset", 1.5), ("offset", "abc"), ("offset", -64), ("size", "x"),
-    ("file", "m_weight\x00_combined"), ("offset", 2**63 - 1)])
+    ("file", "m_weight\x00_combined"), ("offset", 2**63 - 1), ("file", "sub/m_weight_combined"),
+    ("file", "..")])
 def test_malformed_rows_are_damage_reported_and_dropped(tmp_path: Path, column: str,
                                                         value: object) -> None:
     store = WeightStore(tmp_path / "s")
@@ -606,7 +607,7 @@ def test_a_cache_folder_replaced_by_a_symbolic_link_never_leads_a_cleanup_outsid
 
 
 @pytest.mark.parametrize("key", [b"blake3:" + b"a" * 64, "blake3:" + "a" * 63 + "\x00",
-                                 12345])
+                                 12345, "not-a-digest-key", "blake3:" + "A" * 64])
 def test_a_row_whose_key_is_not_text_is_dropped_by_repair(tmp_path: Path,
                                                           key: object) -> None:
     """A key stored as a BLOB, holding a NUL, or a number is reported by its repr; repair
@@ -619,6 +620,7 @@ def test_a_row_whose_key_is_not_text_is_dropped_by_repair(tmp_path: Path,
     conn.commit()
     conn.close()
     assert [p.kind for p in store.verify().problems] == ["malformed_row"]
+    assert store.stats().objects == 1  # counted in SQL by the same rule as every reader
     repaired = store.repair()
     assert len(repaired.dropped) == 1 and repaired.ok
     assert set(store_index(store)) == {ps[0].key}

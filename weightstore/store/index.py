@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError, StoreError
-from ..io.digests import split_key
+from ..io.digests import ALGORITHMS, HEX_LENGTH, split_key
 from ..io.files import file_mode
 from .layout import LOCK_NAME, META_NAME, is_safe_component
 from .objects import MAX_INT, StoredObject
@@ -149,13 +149,22 @@ def row_object(row: tuple) -> StoredObject | None:
 
 
 def well_formed(table: str = "") -> str:
-    """check_row's rule on types and ranges, for aggregates SQLite computes itself
-    (``table``: the alias of ``objects`` in the query)."""
+    """check_row's rule, for aggregates SQLite computes itself (``table``: the alias of
+    ``objects`` in the query): a digest key, a single-component file name, an integer
+    range that can exist."""
     t = f"{table}." if table else ""
-    return (f"typeof({t}key) = 'text' AND typeof({t}file) = 'text' "
+    keys = " OR ".join(
+        f"(substr({t}key, 1, {len(algo) + 1}) = '{algo}:' "
+        f"AND length({t}key) = {len(algo) + 1 + HEX_LENGTH[algo]})" for algo in ALGORITHMS)
+    return (f"typeof({t}key) = 'text' AND ({keys}) "
+            f"AND substr({t}key, instr({t}key, ':') + 1) NOT GLOB '*[^0-9a-f]*' "
+            f"AND typeof({t}file) = 'text' AND length({t}file) BETWEEN 1 AND 255 "
+            f"AND {t}file NOT IN ('.', '..') AND instr({t}file, '/') = 0 "
+            f"AND instr({t}file, '\\') = 0 AND instr({t}file, ':') = 0 "
+            f"AND instr(CAST({t}file AS BLOB), X'00') = 0 "
+            f"AND instr(CAST({t}key AS BLOB), X'00') = 0 "
             f"AND typeof({t}offset) = 'integer' AND typeof({t}size) = 'integer' "
-            f"AND {t}offset >= 0 AND {t}size >= 0 AND {t}offset <= {MAX_INT} - {t}size "
-            f"AND instr(CAST({t}file AS BLOB), X'00') = 0")
+            f"AND {t}offset >= 0 AND {t}size >= 0 AND {t}offset <= {MAX_INT} - {t}size")
 
 
 class Index:
