@@ -10,7 +10,10 @@ registers it in ``sys.modules``. The classes are therefore onnx's own: when ``on
 imported later (a check, a conversion that needs ``onnx.helper``), its ``onnx_pb`` finds
 the module already loaded and re-exports the same classes, so ``onnx.ModelProto is
 ModelProto`` either way and the descriptor is registered once. When onnx was imported
-first, its module is used as it is. An onnx built without ONNX-ML types (no
+first, its module is used as it is. One trace remains when onnx comes second: the package
+attribute ``onnx.onnx_ml_pb2`` is not set (the import system binds it only when it loads
+the submodule itself); ``from onnx import onnx_ml_pb2`` and every class onnx exports are
+unaffected. An onnx built without ONNX-ML types (no
 ``onnx_ml_pb2.py``, never the case for PyPI wheels) falls back to ``import onnx``.
 
 Modules that only handle messages import the names below; the rest of onnx (helpers,
