@@ -98,3 +98,28 @@ def test_commands_print_one_line_for_a_malformed_summary(package, tmp_path, caps
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("weightstore: error: "), (argv, err)
         assert "summary.json" in err[0] and "models" in err[0], (argv, err)
+
+
+@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "a/../../x", ".hidden",
+                                  "a\\b", "a\x00b"])
+@pytest.mark.parametrize("key", ["file", "location", "files", "devices"])
+def test_names_leaving_the_package_folder_are_refused(package, tmp_path, capsys, path, key):
+    """A summary names the files readers open inside the folder: one that leads outside
+    (``..``, absolute, a backslash or NUL) is refused before anything is opened."""
+    copy_ = tmp_path / "pk"
+    shutil.copytree(package, copy_)
+    summary = json.loads((copy_ / "summary.json").read_text())
+    if key == "file":
+        summary["models"][0]["file"] = path
+    elif key == "location":
+        summary["models"][0]["external_weights"][0]["location"] = path
+    elif key == "files":
+        summary["files"][0]["name"] = path
+    else:
+        summary["devices"] = [{"name": "cpu", "scenario": None, "files": [path]}]
+    with pytest.raises(PackageError, match="outside the package folder"):
+        check_structure(summary, "summary.json")
+    (copy_ / "summary.json").write_text(json.dumps(summary))
+    assert main(["check", str(copy_)]) == 2
+    err = capsys.readouterr().err
+    assert "outside the package folder" in err and len(err.splitlines()) == 1

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..errors import PackageError
-from ..io.files import parse_json
+from ..io.files import is_relative_inside, parse_json
 
 if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..layout.plan import LayoutPlan
@@ -213,3 +213,22 @@ def check_structure(summary: Any, where: str) -> None:
                                file=where, key=key)
         for i, entry in enumerate(summary[key]):
             _check_entry(entry, keys, where, f"{key}[{i}]")
+    _check_paths(summary, where)
+
+
+def _check_paths(summary: dict[str, Any], where: str) -> None:
+    """Every name a reader opens relative to the package folder stays inside it."""
+    names = [(f"models[{i}].file", m["file"]) for i, m in enumerate(summary["models"])]
+    names += [(f"models[{i}].external_weights[{j}].location", w["location"])
+              for i, m in enumerate(summary["models"])
+              for j, w in enumerate(m["external_weights"])]
+    names += [(f"files[{i}].name", f["name"]) for i, f in enumerate(summary.get("files", []))]
+    for i, d in enumerate(summary.get("devices", [])):
+        names.append((f"devices[{i}].name", d["name"]))
+        names += [(f"devices[{i}].files[{j}]", f) for j, f in enumerate(d.get("files", []))]
+    for key, name in names:
+        if not is_relative_inside(name, hidden=False) or (key.startswith("devices")
+                                                            and key.endswith(".name")
+                                                            and "/" in name):
+            raise PackageError("package summary names a path outside the package folder",
+                               file=where, key=key, path=name)
