@@ -299,10 +299,9 @@ def test_assembly_never_writes_over_a_file(tmp_path: Path) -> None:
     assert (folder / "w").read_bytes() == b"x" * 100 + bytes(28)
 
 
-def test_a_damaged_package_file_object_is_rewritten_by_the_next_conversion(
-        project: Path, conversions: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    """The model file's object damaged in place: the build falls back to converting, and
-    the record it writes rewrites the object, so the next build materializes again."""
+
+def _damage_model_object(project: Path) -> WeightStore:
+    """Flip a byte of the store object of the separate package's model file."""
     from .test_store import flip_byte
 
     store = WeightStore(_store(project))
@@ -311,6 +310,13 @@ def test_a_damaged_package_file_object_is_rewritten_by_the_next_conversion(
     model = store.lookup(next(c["digest"] for c in summary["contents"]
                               if c["path"] == "encoder.onnx"))
     flip_byte(store.path_of(model), model.offset)
+    return store
+
+def test_a_damaged_package_file_object_is_rewritten_by_the_next_conversion(
+        project: Path, conversions: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The model file's object damaged in place: the build falls back to converting, and
+    the record it writes rewrites the object, so the next build materializes again."""
+    store = _damage_model_object(project)
     capsys.readouterr()
     build(project)
     assert "separate" in conversions
@@ -327,16 +333,9 @@ def test_a_package_file_object_that_cannot_be_rewritten_leaves_the_build_alone(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Recording is best effort: a store that refuses the rewrite (read-only) costs the
     shortcut, never the build, which has already published its package."""
-    from .test_store import flip_byte
+    _damage_model_object(project)
 
-    store = WeightStore(_store(project))
-    summary = json.loads((project.parent / "expected/pkg/1.0.0/separate/summary.json")
-                         .read_text())
-    model = store.lookup(next(c["digest"] for c in summary["contents"]
-                              if c["path"] == "encoder.onnx"))
-    flip_byte(store.path_of(model), model.offset)
-
-    def read_only(self, src):
+    def read_only(self, src, damaged=None):
         raise OSError(30, "Read-only file system", str(self.root))
 
     monkeypatch.setattr(WeightStore, "heal", read_only)

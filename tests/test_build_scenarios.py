@@ -27,6 +27,22 @@ LAYOUTS = """
 SCENARIOS = ("    scenarios:\n"
              "      - {name: fused, passes: [fuse-qkv, cleanup]}\n"
              "      - {name: half, passes: [cast-fp16, cleanup]}\n")
+COMBINED = "\n  - {name: combined, external_weight: combined, size_threshold: 1024}\n"
+
+
+def scenario_recipe(folder, src, layouts):
+    """A recipe of the encoder at ``src`` with both scenarios, in ``folder``."""
+    recipe = write_recipe(folder, {"encoder": src}, layouts)
+    recipe.write_text(recipe.read_text().replace(
+        f"  - {{name: encoder, source: {src}}}\n",
+        f"  - name: encoder\n    source: {src}\n" + SCENARIOS))
+    return recipe
+
+
+def derived_objects(store, summary):
+    """The store objects of the weights the scenarios derive, by the package summary."""
+    ids = {w["id"] for w in summary["models"][0]["external_weights"] if "scenario" in w}
+    return [o for k, o in store_index(store).items() if k in ids]
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +53,7 @@ def built(tmp_path_factory):
     model = make_encoder()
     src = folder / "encoder.onnx"
     onnx.save(model, str(src))
-    recipe = write_recipe(folder, {"encoder": src}, LAYOUTS)
-    text = recipe.read_text().replace(f"  - {{name: encoder, source: {src}}}\n",
-                                      f"  - name: encoder\n    source: {src}\n" + SCENARIOS)
-    recipe.write_text(text)
+    recipe = scenario_recipe(folder, src, LAYOUTS)
     store = folder / "store"
     result = build(recipe, BuildOptions(store=str(store), jobs=2))
     return folder, model, result, recipe, store
@@ -201,21 +214,15 @@ def test_a_damaged_derived_weight_never_reaches_an_embedded_package(tmp_path, ca
 
     src = tmp_path / "encoder.onnx"
     onnx.save(make_encoder(), str(src))
-    layouts = ("\n  - {name: embedded, external_weight: embedded}"
-               "\n  - {name: combined, external_weight: combined, size_threshold: 1024}\n")
+    layouts = "\n  - {name: embedded, external_weight: embedded}" + COMBINED
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
-        recipe = write_recipe(tmp_path / folder, {"encoder": src}, layouts)
-        recipe.write_text(recipe.read_text().replace(
-            f"  - {{name: encoder, source: {src}}}\n",
-            f"  - name: encoder\n    source: {src}\n" + SCENARIOS))
-        build(recipe, BuildOptions(store=str(tmp_path / folder / "store"), jobs=2))
+        build(scenario_recipe(tmp_path / folder, src, layouts),
+              BuildOptions(store=str(tmp_path / folder / "store"), jobs=2))
     recipe, root = tmp_path / "a" / "recipe.yaml", tmp_path / "a" / "store"
     package = tmp_path / "a" / "out" / "pkg" / "1.0.0" / "combined"
-    summary = json.loads((package / "summary.json").read_text())
-    derived = {w["id"] for w in summary["models"][0]["external_weights"] if "scenario" in w}
     store = WeightStore(root)
-    victims = [o for k, o in store_index(store).items() if k in derived]
+    victims = derived_objects(store, json.loads((package / "summary.json").read_text()))
     assert victims
     for obj in victims:
         flip_byte(store.path_of(obj), obj.offset + obj.size // 2)
@@ -234,18 +241,11 @@ def test_a_damaged_derived_weight_copied_into_a_package_is_healed(tmp_path, caps
 
     src = tmp_path / "encoder.onnx"
     onnx.save(make_encoder(), str(src))
-    recipe = write_recipe(tmp_path, {"encoder": src}, "\n  - {name: combined, "
-                          "external_weight: combined, size_threshold: 1024}\n")
-    recipe.write_text(recipe.read_text().replace(
-        f"  - {{name: encoder, source: {src}}}\n",
-        f"  - name: encoder\n    source: {src}\n" + SCENARIOS))
-    root = tmp_path / "store"
+    recipe, root = scenario_recipe(tmp_path, src, COMBINED), tmp_path / "store"
     result = build(recipe, BuildOptions(store=str(root), jobs=2))
     before = tree(tmp_path / "out")
-    derived = {w["id"] for w in result.packages[0].summary["models"][0]["external_weights"]
-               if "scenario" in w}
     store = WeightStore(root)
-    obj = next(o for k, o in store_index(store).items() if k in derived)
+    obj = derived_objects(store, result.packages[0].summary)[0]
     flip_byte(store.path_of(obj), obj.offset)
     capsys.readouterr()
     build(recipe, BuildOptions(store=str(root), jobs=2, force=True))
@@ -255,7 +255,7 @@ def test_a_damaged_derived_weight_copied_into_a_package_is_healed(tmp_path, caps
 
 
 def test_derived_weights_heal_into_a_sibling_when_their_combined_file_is_no_file(
-        tmp_path, capsys):
+        tmp_path):
     """A FIFO in place of the combined file: source weights and derived ones are both
     written again into a sibling file; the packages are as before."""
     import os
@@ -264,12 +264,7 @@ def test_derived_weights_heal_into_a_sibling_when_their_combined_file_is_no_file
 
     src = tmp_path / "encoder.onnx"
     onnx.save(make_encoder(), str(src))
-    recipe = write_recipe(tmp_path, {"encoder": src}, "\n  - {name: combined, "
-                          "external_weight: combined, size_threshold: 1024}\n")
-    recipe.write_text(recipe.read_text().replace(
-        f"  - {{name: encoder, source: {src}}}\n",
-        f"  - name: encoder\n    source: {src}\n" + SCENARIOS))
-    root = tmp_path / "store"
+    recipe, root = scenario_recipe(tmp_path, src, COMBINED), tmp_path / "store"
     build(recipe, BuildOptions(store=str(root), jobs=2))
     before = tree(tmp_path / "out")
     combined = root / "encoder_weight_combined"

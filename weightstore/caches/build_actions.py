@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,14 +117,13 @@ def whole_files(summary: Mapping[str, Any], summary_bytes: bytes,
 
 
 
-def _rewrite_damaged(store: WeightStore, folder: Path, payloads: Sequence[Any],
-                     files: Sequence[WeightFile]) -> None:
+def _rewrite_damaged(store: WeightStore, payloads: Sequence[Any]) -> None:
     """A package file whose store object is damaged is rewritten from the folder's bytes
-    (checked against the key first), saying so on stderr: ``put`` keeps an indexed key as
-    it is, so the record would otherwise point at the damage and every later build would
-    fall back to a conversion."""
+    (checked against the key first; see :meth:`WeightStore.heal`): ``put`` keeps an
+    indexed key as it is, so the record would otherwise point at the damage and every
+    later build would fall back to a conversion."""
     found = store.locate([p.key for p in payloads])
-    for payload, f in zip(payloads, files, strict=True):
+    for payload in payloads:
         obj = found.get(payload.key)
         if obj is None:
             continue
@@ -133,13 +131,9 @@ def _rewrite_damaged(store: WeightStore, folder: Path, payloads: Sequence[Any],
             store.read(obj)
         except IntegrityError:
             try:
-                store.heal(payload)
+                store.heal(payload, obj)
             except (OSError, StoreError):  # a store this user may only read: left as is
                 return
-            print(f"weightstore: store object {payload.key} in {obj.file} at offset "
-                  f"{obj.offset} was damaged; rewritten from {folder / f.name}",
-                  file=sys.stderr, flush=True)
-
 
 def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
            jobs: int = 4) -> dict[str, int]:
@@ -158,8 +152,8 @@ def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
         summary_bytes = (folder / SUMMARY_NAME).read_bytes()
         weights = summary_weight_files(summary)
         whole = whole_files(summary, summary_bytes, weights)
-        payloads = [BytesPayload(f.pieces[0].key, (folder / f.name).read_bytes())
-                    for f in whole]
+        payloads = [BytesPayload(f.pieces[0].key, (folder / f.name).read_bytes(),
+                                 str(folder / f.name)) for f in whole]
         fingerprint = str(summary["fingerprint"])
     except (OSError, ValueError, TypeError, KeyError, PackageError):
         return {}
@@ -168,7 +162,7 @@ def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
     if entry_mac([]) is None:
         return {}  # no private key: no record would be trusted, so store nothing for one
     try:
-        _rewrite_damaged(store, folder, payloads, whole)
+        _rewrite_damaged(store, payloads)
         report = store.put(payloads, kind="separate", jobs=jobs).to_dict()
     except IntegrityError:  # changed since it was published: record nothing
         return {}

@@ -7,7 +7,6 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -478,18 +477,10 @@ def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: 
     source = next((_WeightPayload(s.weights, w) for s, ws in per_model for w in ws
                    if w.key == key), None)
     if source is not None:
-        return _rewrite(store, source, damaged, source.describe())
+        return store.heal(source, damaged)
     added = next((w for s, _ in per_model for sc in s.scenarios for w in sc.added
                   if w.key == key), None)
     return None if added is None else _heal_added(store, added, damaged)[1]
-
-
-def _rewrite(store: WeightStore, source: PayloadSource, damaged: StoredObject,
-             what: str) -> StoredObject:
-    healed = store.heal(source)
-    print(f"weightstore: store object {source.key} in {damaged.file} at offset "
-          f"{damaged.offset} was damaged; rewritten from {what}", file=sys.stderr, flush=True)
-    return healed
 
 
 def _heal_added(store: WeightStore, weight: AddedWeight, damaged: StoredObject,
@@ -501,7 +492,7 @@ def _heal_added(store: WeightStore, weight: AddedWeight, damaged: StoredObject,
     if digest_bytes(algo, data) != expected:
         raise StaleKeyError("cached key of a derived weight does not match the weight "
                             "computed", weight=weight.where, key=weight.key)
-    return data, _rewrite(store, BytesPayload(weight.key, data), damaged, weight.where)
+    return data, store.heal(BytesPayload(weight.key, data, weight.where), damaged)
 
 def _added_reader(store: WeightStore, index: dict[str, StoredObject],
                   ) -> Callable[[AddedWeight], bytes]:

@@ -42,6 +42,7 @@ class BytesPayload:
 
     key: str
     data: bytes
+    origin: str = ""  # where the bytes came from, for messages
 
     @classmethod
     def of(cls, data: bytes, algo: str = "blake3") -> BytesPayload:
@@ -58,7 +59,7 @@ class BytesPayload:
         return None
 
     def describe(self) -> str:
-        return f"{self.size} bytes in memory"
+        return self.origin or f"{self.size} bytes in memory"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,10 +227,20 @@ class WeightStore:
                 discard([tmp for key, tmp in staged.items() if key not in new])
         return present, new
 
-    def heal(self, src: PayloadSource) -> StoredObject:
+    def heal(self, src: PayloadSource, damaged: StoredObject | None = None) -> StoredObject:
         """Rewrite the object of ``src.key`` from ``src`` (bytes verified against the key
         first): a per-weight file is replaced, a combined range is appended again and its
-        row re-pointed (the damaged range becomes unreferenced bytes for compaction)."""
+        row re-pointed (the damaged range becomes unreferenced bytes for compaction).
+        ``damaged``: the object found damaged; the rewrite is then reported on stderr,
+        naming it and ``src.describe()``."""
+        healed = self._rewrite(src)
+        if damaged is not None:
+            print(f"weightstore: store object {src.key} in {damaged.file} at offset "
+                  f"{damaged.offset} was damaged; rewritten from {src.describe()}",
+                  file=sys.stderr, flush=True)
+        return healed
+
+    def _rewrite(self, src: PayloadSource) -> StoredObject:
         old = self.lookup(src.key)
         if old is None or old.kind == "separate":
             outcome = write_separate(self.root, [src], 1)
