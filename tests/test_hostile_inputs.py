@@ -554,3 +554,24 @@ def test_a_full_disk_while_storing_names_the_store_file(encoder_model, save_mode
     assert err[0].startswith(f"weightstore: error: No space left on device: {store}/")
     name = "m_weight_combined" if layout == "combined" else "weight_"
     assert name in err[0]
+
+
+def test_every_json_read_refuses_deep_nesting_as_malformed_input():
+    """json.loads raises RecursionError on a document nested deeper than it follows; every
+    reader of a file or an answer goes through ``parse_json``, which makes that the
+    ValueError its callers already turn into their typed error."""
+    import ast
+
+    import weightstore
+    from weightstore.io.files import parse_json
+
+    root = Path(weightstore.__file__).parent
+    direct = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in ("loads", "load")
+                    and isinstance(node.value, ast.Name) and node.value.id == "json"):
+                direct.append(path.relative_to(root).as_posix())
+    assert direct == ["io/files.py"]  # parse_json itself
+    with pytest.raises(ValueError, match="nested too deep"):
+        parse_json("[" * 100_000 + "]" * 100_000)

@@ -103,6 +103,8 @@ HOSTILE = {
                          entry("p-1-l/m.onnx", GOOD["m.onnx"])],
     "two top folders": [*_good_prefix(), entry("q/m.onnx", GOOD["m.onnx"])],
     "backslash": [*_good_prefix(), entry("p-1-l/..\\m.onnx", GOOD["m.onnx"])],
+    "summary nested too deep": [entry("p-1-l", kind=tarfile.DIRTYPE, mode=0o755),
+                                entry("p-1-l/summary.json", b"[" * 100_000 + b"]" * 100_000)],
 }
 
 
@@ -115,6 +117,7 @@ WHY = {
     "unlisted file": "not listed in the summary", "missing file": "missing=w.data",
     "no summary first": "summary.json must come first",
     "two top folders": "outside the top folder",
+    "summary nested too deep": "nested too deep",
 }
 
 

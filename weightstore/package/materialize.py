@@ -16,7 +16,6 @@ meanwhile) gives None: the caller then builds for real.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..caches import build_actions
 from ..errors import IntegrityError, PackageError, StoreError
-from ..io.files import make_temp_dir, publish_dir
+from ..io.files import make_temp_dir, parse_json, publish_dir
 from .assembly import MissingPayloadError, assemble, summary_weight_files
 from .summary import SUMMARY_NAME
 
@@ -103,7 +102,7 @@ def _agreeing_summary(folder: Path, record: build_actions.ActionRecord,
     were assembled from (weight files: their payloads were checked piece by piece, and
     the bytes between are zeros by construction)."""
     try:
-        summary = json.loads((folder / SUMMARY_NAME).read_bytes())
+        summary = parse_json((folder / SUMMARY_NAME).read_bytes())
         listed = {str(c["path"]): (int(c["size"]), str(c["digest"]))
                   for c in summary["contents"]}
         weights = {f.name for f in summary_weight_files(summary)}

@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import PackageError, RegistryError
 from ..io.digests import split_key
-from ..io.files import is_relative_inside
+from ..io.files import is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_VERSION
@@ -229,9 +229,9 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
         return RegistryError(f"malformed model manifest: {why}", reference=reference, **ctx)
 
     try:
-        doc = json.loads(data)
-    except ValueError:
-        raise bad("not JSON") from None
+        doc = parse_json(data)
+    except ValueError as exc:
+        raise bad(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
         raise bad("not an OCI manifest (schemaVersion 2)")
     if doc.get("artifactType") != ARTIFACT_TYPE:
@@ -260,7 +260,10 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
                 raise bad("payload key malformed", layer=i) from None
             payloads[notes[PAYLOAD]] = layer
         elif FILEPATH in notes:
-            files[_safe_path(notes[FILEPATH], reference)] = layer
+            name = _safe_path(notes[FILEPATH], reference)
+            if name in files:
+                raise bad("two layers for one file path", filepath=name)
+            files[name] = layer
     if assembly is None:
         raise bad("no assembly record layer")
     annotations = doc.get("annotations") or {}
@@ -284,23 +287,40 @@ def _safe_path(name: Any, reference: str) -> str:
 
 def parse_assembly(data: bytes, parsed: ParsedArtifact, reference: str) -> list[WeightFile]:
     """The weight files of an assembly record, each piece's payload in the manifest."""
+    def bad(why: str, **ctx: Any) -> RegistryError:
+        return RegistryError(f"malformed assembly record: {why}", reference=reference, **ctx)
+
     try:
-        doc = json.loads(data)
-        if doc.get("format_version") != ASSEMBLY_VERSION:
-            raise RegistryError("unsupported assembly record version", reference=reference,
-                                version=doc.get("format_version"))
-        out = []
-        for f in doc["files"]:
+        doc = parse_json(data)
+    except ValueError as exc:
+        raise bad(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format_version") != ASSEMBLY_VERSION:
+        raise RegistryError("unsupported assembly record version", reference=reference,
+                            version=doc.get("format_version") if isinstance(doc, dict)
+                            else None)
+    out = []
+    try:
+        for i, f in enumerate(doc["files"]):
             name = _safe_path(f["name"], reference)
-            found = {(int(p["offset"]), int(p["size"]), str(p["key"])) for p in f["pieces"]}
+            found = {(_count(p["offset"], bad, file=name, entry=i),
+                      _count(p["size"], bad, file=name, entry=i), str(p["key"]))
+                     for p in f["pieces"]}
             for _, size, key in found:
                 layer = parsed.payloads.get(key)
                 if layer is None or layer["size"] != size:
                     raise RegistryError("malformed model manifest: assembly names a payload "
                                         "without its layer", reference=reference, key=key)
-            out.append(_weight_file(name, int(f["size"]), found))
-    except (ValueError, KeyError, TypeError, AttributeError, PackageError) as exc:
-        if isinstance(exc, RegistryError):
-            raise
-        raise RegistryError(f"malformed assembly record: {exc}", reference=reference) from None
+            out.append(_weight_file(name, _count(f["size"], bad, file=name, entry=i), found))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise bad(f"{type(exc).__name__}: {exc}") from None
+    except PackageError as exc:  # pieces that overlap or leave their file, a bad key
+        raise bad(exc.message, **exc.context) from None
     return out
+
+
+def _count(value: Any, bad: Callable[..., RegistryError], **ctx: Any) -> int:
+    """An offset or size: an integer, never negative (not a float, a string or a bool)."""
+    if type(value) is not int or value < 0:
+        raise bad("an offset or size is not a non-negative integer", value=repr(value)[:40],
+                  **ctx)
+    return value

@@ -12,13 +12,13 @@ access, for a short-lived token at the realm). Credentials come from, in order:
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RegistryAuthError
+from ..io.files import parse_json
 
 ENV_USER = "WEIGHTSTORE_REGISTRY_USERNAME"
 ENV_PASSWORD = "WEIGHTSTORE_REGISTRY_PASSWORD"
@@ -64,7 +64,7 @@ def find_credentials(host: str) -> Credentials | None:
         return Credentials(user, password)
     path = docker_config_path()
     try:
-        doc = json.loads(path.read_text())
+        doc = parse_json(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -10,15 +10,19 @@ many blobs in flight. See ``docs/registry.md``.
 Every request goes through :meth:`RegistryClient.request`: auth challenges answered
 (Basic, or Bearer tokens cached per scope), 429/5xx and dropped connections retried with
 exponential backoff (``Retry-After`` honoured, capped), every failure turned into a typed
-error by :func:`.responses.error_for`. One ``requests.Session`` per thread keeps
-connections alive; loopback registries ignore proxy settings.
+error by :func:`.responses.error_for`. Answers are read as streams and every body that is
+not a blob is bounded: a manifest or token answer past :data:`MAX_DOCUMENT` is an error,
+an error answer is read up to :data:`MAX_ERROR_BODY` (what it says past that is not
+needed), so a server that never stops sending cannot fill the memory. One
+``requests.Session`` per thread keeps connections alive; loopback registries ignore proxy
+settings.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin
@@ -26,6 +30,7 @@ from urllib.parse import urljoin
 import requests
 
 from ..errors import RegistryAuthError, RegistryError, RegistryUnreachableError
+from ..io.files import parse_json
 from .auth import Challenge, Credentials, find_credentials, parse_challenge
 from .reference import (
     Reference,
@@ -41,6 +46,12 @@ from .responses import RETRYABLE, error_for
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CHUNK = 1 << 20  # bytes per write to the socket
 CHUNKED_ABOVE = 64 << 20  # blobs larger than this are sent as PATCH chunks of this size
+MAX_DOCUMENT = 64 << 20  # the largest manifest, metadata blob or token answer accepted
+MAX_ERROR_BODY = 64 << 10  # how much of an error answer is read
+# what breaks a transfer off mid-way (retried): the connection, a timeout, a torn chunked
+# or compressed body
+BROKEN = (requests.ConnectionError, requests.Timeout,
+          requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,36 @@ class Transport:
     backoff: float = 0.25  # seconds before the first retry; doubles, capped at max_backoff
     max_backoff: float = 8.0
     chunk_size: int = CHUNKED_ABOVE
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An answer whose body was read (bounded): what every request but a blob's GET
+    returns."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    url: str
+    content: bytes
+
+
+def read_body(resp: requests.Response, limit: int, *, strict: bool = True,
+              **context: Any) -> bytes:
+    """At most ``limit`` bytes of the body, the response closed after. A longer body is a
+    :class:`RegistryError` naming ``context`` (``strict``) or cut at ``limit``."""
+    parts: list[bytes] = []
+    size = 0
+    with resp:
+        for data in resp.iter_content(CHUNK):
+            size += len(data)
+            if size > limit:
+                if strict:
+                    raise RegistryError("registry answer too large", limit=limit,
+                                        **context)
+                parts.append(data[:limit - size + len(data)])
+                break
+            parts.append(data)
+    return b"".join(parts)
 
 
 class Body:
@@ -120,15 +161,26 @@ class RegistryClient:
 
     def request(self, method: str, url: str, *, scope: str, ok: Iterable[int],
                 headers: dict[str, str] | None = None,
-                body: Callable[[], Any] | None = None, stream: bool = False,
+                body: Callable[[], Any] | None = None,
                 reference: Any = None, digest: str | None = None,
-                action: str | None = None) -> requests.Response:
+                action: str | None = None, limit: int = MAX_ERROR_BODY) -> Reply:
         """One logical request: auth, retries and typed errors. ``body`` makes a fresh
-        body for every attempt."""
+        body for every attempt; the answer's body is read up to ``limit`` bytes (more is
+        a :class:`RegistryError`)."""
+        return self._send(method, url, scope=scope, ok=ok, headers=headers, body=body,
+                          reference=reference, digest=digest, action=action, limit=limit)
+
+    def _send(self, method: str, url: str, *, scope: str, ok: Iterable[int],
+              headers: dict[str, str] | None, body: Callable[[], Any] | None,
+              reference: Any, digest: str | None, action: str | None,
+              limit: int | None) -> Any:
+        """:meth:`request`; with ``limit`` None, the open streaming response."""
         ok = set(ok)
         t = self.transport
         auth_tries = 0
         attempt = 0
+        where = {"reference": str(reference) if reference else None, "digest": digest,
+                 "action": action}
         while True:
             send = dict(headers or {})
             auth = self._auth_header(scope)
@@ -137,20 +189,26 @@ class RegistryClient:
             try:
                 resp = self._session().request(
                     method, url, headers=send, data=body() if body else None,
-                    stream=stream, allow_redirects=True,
+                    stream=True, allow_redirects=True,
                     timeout=(t.connect_timeout, t.read_timeout))
-            except (requests.ConnectionError, requests.Timeout) as exc:
+                if resp.status_code in ok and limit is None:
+                    return resp
+                good = resp.status_code in ok
+                content = read_body(resp, limit if good and limit else MAX_ERROR_BODY,
+                                    strict=good, host=self.host, **where)
+            except requests.TooManyRedirects:
+                raise RegistryError("registry redirects without end", host=self.host,
+                                    **where) from None
+            except BROKEN as exc:
                 attempt += 1
                 if attempt >= t.attempts:
                     raise RegistryUnreachableError(
-                        "registry unreachable", host=self.host,
-                        reference=str(reference) if reference else None, digest=digest,
-                        action=action, detail=type(exc).__name__) from None
+                        "registry unreachable", host=self.host, **where,
+                        detail=type(exc).__name__) from None
                 self._sleep(attempt, None)
                 continue
-            if resp.status_code in ok:
-                return resp
-            content = resp.content if not stream or resp.status_code >= 300 else b""
+            if good:
+                return Reply(resp.status_code, resp.headers, resp.url, content)
             if resp.status_code == 401 and auth_tries < 2:
                 auth_tries += 1
                 if self._answer(parse_challenge(resp.headers.get("WWW-Authenticate")),
@@ -194,24 +252,31 @@ class RegistryClient:
         params = {"service": challenge.params.get("service", "")}
         params["scope"] = challenge.params.get("scope", scope)
         headers = {"Authorization": creds.basic()} if creds else {}
+        realm = challenge.params["realm"]
         try:
-            resp = self._session().get(challenge.params["realm"], params=params,
-                                       headers=headers, timeout=(
-                                           self.transport.connect_timeout,
-                                           self.transport.read_timeout))
-        except (requests.ConnectionError, requests.Timeout):
-            raise RegistryUnreachableError("token service unreachable",
-                                           realm=challenge.params["realm"]) from None
-        if resp.status_code != 200:
+            resp = self._session().get(realm, params=params, headers=headers, stream=True,
+                                       timeout=(self.transport.connect_timeout,
+                                                self.transport.read_timeout))
+            status = resp.status_code
+            content = read_body(resp, MAX_DOCUMENT if status == 200 else MAX_ERROR_BODY,
+                                strict=status == 200, realm=realm)
+        except requests.TooManyRedirects:
+            raise RegistryAuthError("token service redirects without end",
+                                    realm=realm) from None
+        except BROKEN:
+            raise RegistryUnreachableError("token service unreachable", realm=realm) from None
+        if status != 200:
             raise RegistryAuthError("authentication refused by the token service",
                                     reference=str(reference) if reference else None,
-                                    status=resp.status_code)
+                                    status=status)
         try:
-            doc = resp.json()
+            doc = parse_json(content)
             token = doc.get("token") or doc["access_token"]
-        except (ValueError, KeyError, AttributeError):
+            if not isinstance(token, str):
+                raise TypeError(token)
+        except (ValueError, KeyError, AttributeError, TypeError):
             raise RegistryAuthError("token service answered without a token",
-                                    realm=challenge.params["realm"]) from None
+                                    realm=realm) from None
         with self._lock:
             self._tokens[scope] = f"Bearer {token}"
         return True
@@ -244,7 +309,7 @@ class RegistryClient:
             return None
         return self._location(resp, ref, digest)
 
-    def _location(self, resp: requests.Response, ref: Reference, digest: str) -> str:
+    def _location(self, resp: Reply, ref: Reference, digest: str) -> str:
         location = resp.headers.get("Location")
         if not location:
             raise RegistryError("registry gave no upload location", reference=str(ref),
@@ -295,10 +360,9 @@ class RegistryClient:
     def open_blob(self, ref: Reference, digest: str, start: int = 0) -> requests.Response:
         """A streaming GET of a blob from byte ``start`` (206) or from 0 (200)."""
         headers = {"Range": f"bytes={start}-"} if start else {}
-        return self.request("GET", blob_url(ref, digest, self.transport.insecure),
-                            scope=self._scope(ref), ok={200, 206}, stream=True,
-                            headers=headers, reference=ref, digest=digest,
-                            action="GET blob")
+        return self._send("GET", blob_url(ref, digest, self.transport.insecure),
+                          scope=self._scope(ref), ok={200, 206}, body=None, limit=None,
+                          headers=headers, reference=ref, digest=digest, action="GET blob")
 
     def count_received(self, n: int) -> None:
         with self._lock:
@@ -321,7 +385,7 @@ class RegistryClient:
         resp = self.request("GET", manifest_url(ref, ref.target, self.transport.insecure),
                             scope=self._scope(ref), ok={200},
                             headers={"Accept": MANIFEST_TYPE}, reference=ref,
-                            action="GET manifest")
+                            action="GET manifest", limit=MAX_DOCUMENT)
         with self._lock:
             self.received_bytes += len(resp.content)
         return resp.content, resp.headers.get("Content-Type", "")

@@ -19,18 +19,17 @@ zeros (holes) elsewhere.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import onnx
-import requests
+from google.protobuf.message import DecodeError
 
 from ..errors import (
     IntegrityError,
@@ -39,9 +38,10 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..io.digests import new_hasher, split_key
-from ..io.files import make_temp_dir, publish_dir
+from ..io.digests import ALGORITHMS, digest_file, make_key, new_hasher, split_key
+from ..io.files import make_temp_dir, parse_json, publish_dir
 from ..package.assembly import assemble
+from ..package.summary import read_summary_file
 from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
 from .artifact import (
@@ -52,7 +52,7 @@ from .artifact import (
     parse_manifest,
     sha256_digest,
 )
-from .client import CHUNK, RegistryClient, Transport
+from .client import BROKEN, CHUNK, MAX_DOCUMENT, RegistryClient, Transport
 from .reference import Reference, parse_reference
 
 STREAM_ATTEMPTS = 4
@@ -136,8 +136,7 @@ def _stream(client: RegistryClient, ref: Reference, desc: dict[str, Any], f: Any
                 for h in hashers:
                     h.update(data)
                 f.write(data)
-    except (requests.ConnectionError, requests.Timeout,
-            requests.exceptions.ChunkedEncodingError):
+    except BROKEN:
         return True, pos, pos - have
     return False, pos, pos - have
 
@@ -196,40 +195,43 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
                            folder=str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     report = PullReport(str(ref), manifest_digest, str(out))
-    stage = make_temp_dir(out.parent, f".{out.name}.")
-    result: Path | None = None
-    try:
-        config = _blob_bytes(client, ref, parsed.config, stage / ".config")
-        _check_config(config, parsed, str(ref))
-        files = parse_assembly(_blob_bytes(client, ref, parsed.assembly, stage / ".assembly"),
-                               parsed, str(ref))
-        with store.leased():
-            result, files, wanted = _plan_variant(client, ref, parsed, files, stage, report,
-                                                  device=device, scenario=scenario)
-            _fetch_and_assemble(client, ref, store, parsed, wanted, report, jobs, progress,
-                                result, files)
-            digests.remember(store, sha256={k: d["digest"] for k, d in parsed.payloads.items()},
-                             host=ref.host, repository=ref.repository,
-                             digests=[d["digest"] for d in parsed.payloads.values()])
+    from ..io.locks import target_lock
+
+    with target_lock(out, store.root):  # one publish of a folder at a time
+        stage = make_temp_dir(out.parent, f".{out.name}.")
+        try:
+            config = _blob_bytes(client, ref, parsed.config, stage / ".config")
+            _check_config(config, parsed, str(ref))
+            files = parse_assembly(_blob_bytes(client, ref, parsed.assembly,
+                                               stage / ".assembly"), parsed, str(ref))
             for name in (".config", ".assembly"):
-                (stage / name).unlink(missing_ok=True)
-            if out.exists() and not any(out.iterdir()):
-                out.rmdir()
-            publish_dir(result, out)
-            if device is None and scenario is None:
-                _register(store, out, parsed, wanted)
-        result = None
-    finally:
-        if result is not None and result != stage:
-            shutil.rmtree(result, ignore_errors=True)
-        shutil.rmtree(stage, ignore_errors=True)
+                (stage / name).unlink()
+            with store.leased():
+                plan = _plan_variant(client, ref, parsed, files, stage, report,
+                                     device=device, scenario=scenario)
+                known = _fetch_and_assemble(client, ref, store, parsed, plan.wanted, report,
+                                            jobs, progress, plan.folder, plan.files,
+                                            plan.algo)
+                digests.remember(store, sha256={k: d["digest"]
+                                                for k, d in parsed.payloads.items()},
+                                 host=ref.host, repository=ref.repository,
+                                 digests=[d["digest"] for d in parsed.payloads.values()])
+                if plan.summary is not None:
+                    _check_contents(plan.folder, plan.summary, {**plan.known, **known}, ref)
+                if out.exists() and not any(out.iterdir()):
+                    out.rmdir()
+                publish_dir(plan.folder, out)
+                if plan.summary is not None:
+                    _register(store, out, plan.summary, plan.wanted)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     report.received_bytes = client.received_bytes
     return report
 
 
 def _blob_bytes(client: RegistryClient, ref: Reference, desc: dict[str, Any],
                 path: Path) -> bytes:
-    if desc["size"] > 64 << 20:
+    if desc["size"] > MAX_DOCUMENT:
         raise RegistryError("malformed model manifest: metadata blob too large",
                             digest=desc["digest"], reference=str(ref))
     download(client, ref, desc, path)
@@ -238,7 +240,7 @@ def _blob_bytes(client: RegistryClient, ref: Reference, desc: dict[str, Any],
 
 def _check_config(data: bytes, parsed: ParsedArtifact, reference: str) -> None:
     try:
-        doc = json.loads(data)
+        doc = parse_json(data)
         fmt = doc["config"]["format"]
         diff_ids = doc["modelfs"]["diffIds"]
     except (ValueError, KeyError, TypeError):
@@ -249,27 +251,73 @@ def _check_config(data: bytes, parsed: ParsedArtifact, reference: str) -> None:
 
 
 def _download_files(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
-                    names: list[str], stage: Path, report: PullReport) -> None:
+                    names: list[str], stage: Path, report: PullReport,
+                    also: str | None = None) -> dict[str, str]:
+    """Download the layers of ``names`` into ``stage``; with ``also`` (an algorithm),
+    returns each file's ``"<algo>:<hex>"`` taken on the way."""
+    found = {}
     for name in names:
+        desc = parsed.files.get(name)
+        if desc is None:
+            raise RegistryError("malformed model artifact: a file its metadata names has no "
+                                "layer", reference=str(ref), file=name)
         target = stage / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        report.file_bytes += download(client, ref, parsed.files[name], target)[0]
+        received, hex_ = download(client, ref, desc, target, also=also)
+        report.file_bytes += received
+        if also is not None and hex_ is not None:
+            found[name] = make_key(also, hex_)
+    return found
+
+
+def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
+    """A model file of the artifact, parsed; a malformed one is a typed error."""
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except (DecodeError, OSError, ValueError, RecursionError) as exc:
+        raise RegistryError(f"malformed model artifact: a model file does not parse "
+                            f"({type(exc).__name__})", reference=str(ref),
+                            file=path.name) from None
+
+
+def _read_summary(stage: Path, ref: Reference) -> dict[str, Any]:
+    if SUMMARY_NAME not in os.listdir(stage):
+        raise RegistryError("malformed model artifact: no summary.json layer",
+                            reference=str(ref))
+    return read_summary_file(stage)[1]  # its structure checked, its paths inside
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a pull writes: the folder to publish, its weight files, the payloads it
+    needs (key -> size), and for a whole package its summary, the algorithm of the
+    summary's file digests and the digests of the files downloaded whole."""
+
+    folder: Path
+    files: list[WeightFile]
+    wanted: dict[str, int]
+    summary: dict[str, Any] | None = None
+    algo: str | None = None
+    known: dict[str, str] = field(default_factory=dict)
 
 
 def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
                   files: list[WeightFile], stage: Path, report: PullReport, *,
-                  device: str | None, scenario: str | None,
-                  ) -> tuple[Path, list[WeightFile], dict[str, int]]:
-    """Fetch the metadata the output needs and decide which payloads it needs.
-    Returns (folder to publish, weight files to write, key -> size)."""
+                  device: str | None, scenario: str | None) -> _Plan:
+    """Fetch the metadata the output needs and decide which payloads it needs. A whole
+    package is assembled in ``stage`` itself, a variant in a folder inside it."""
     if device is None and scenario is None:
-        _download_files(client, ref, parsed, sorted(parsed.files), stage, report)
+        _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
+        summary = _read_summary(stage, ref)
+        algo = _contents_algo(summary)
+        known = _download_files(client, ref, parsed, sorted(set(parsed.files) - {SUMMARY_NAME}),
+                                stage, report, also=algo)
         wanted = {p.key: p.size for f in files for p in f.pieces}
-        return stage, files, _count(wanted, report)
+        return _Plan(stage, files, _count(wanted, report), summary, algo, known)
     from ..resolve.variant import variant_graph
     from ..scenarios.resolve import live_payloads
 
-    result = make_temp_dir(stage.parent, f".{stage.name}.variant.")
+    result = make_temp_dir(stage, ".variant.")
     models: list[tuple[onnx.ModelProto, str | None, str]] = []
     if device is not None:
         prefix = f"{DEVICES}/{device}/"
@@ -285,12 +333,12 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         record = read_bundle(stage, device)
         for entry in record["models"]:
             path = stage / prefix / entry["file"]
-            models.append((onnx.load(str(path), load_external_data=False),
-                           entry["scenario"], entry["file"]))
+            models.append((_load_model(path, ref), entry["scenario"], entry["file"]))
+            (result / entry["file"]).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, result / entry["file"])
     else:
         _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
-        summary = json.loads((stage / SUMMARY_NAME).read_bytes())
+        summary = _read_summary(stage, ref)
         entries = [(str(m["file"]), list(m.get("scenarios", []))) for m in summary["models"]]
         if not any(scenario in names for _, names in entries):
             raise ScenarioError("no model of the artifact has this scenario",
@@ -300,8 +348,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
 
         for file, names in entries:
             chosen = scenario if scenario in names else None
-            resolved = variant_graph(onnx.load(str(stage / file), load_external_data=False),
-                                     chosen)
+            resolved = variant_graph(_load_model(stage / file, ref), chosen)
+            (result / file).parent.mkdir(parents=True, exist_ok=True)
             save_model(resolved, result / file)
             models.append((resolved, chosen, file))
     live: dict[str, int] = {}
@@ -316,7 +364,38 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         pieces = tuple(p for p in f.pieces if p.key in live)
         if pieces:
             kept.append(WeightFile(f.name, f.size, pieces))
-    return result, kept, _count(live, report)
+    return _Plan(result, kept, _count(live, report))
+
+
+def _contents_algo(summary: dict[str, Any]) -> str | None:
+    """The algorithm of the summary's file digests (None before ``contents`` existed)."""
+    contents = summary.get("contents")
+    if not isinstance(contents, list) or not contents or not isinstance(contents[0], dict):
+        return None
+    algo = str(contents[0].get("digest", "")).partition(":")[0]
+    return algo if algo in ALGORITHMS else None
+
+
+def _check_contents(folder: Path, summary: dict[str, Any], known: dict[str, str],
+                    ref: Reference) -> None:
+    """A pulled package is exactly what its summary lists (when it lists its files):
+    every file's size and digest, nothing unlisted. Digests taken while the files were
+    downloaded or assembled are not taken again."""
+    from ..release.inventory import verify_package
+
+    if "contents" not in summary:
+        return  # a package from before file digests: nothing to check against
+
+    def digest(algo: str, path: Path) -> str:
+        found = known.get(path.relative_to(folder).as_posix(), "")
+        return found if found.startswith(f"{algo}:") else make_key(algo, digest_file(algo,
+                                                                                      path))
+
+    report = verify_package(folder, digest=digest)
+    if not report.ok:
+        raise IntegrityError("the pulled package does not match its summary",
+                             reference=str(ref), problem=str(report.problems[0]),
+                             problems=len(report.problems))
 
 
 def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
@@ -328,14 +407,15 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
 def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStore,
                         parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
                         jobs: int, progress: bool | None, folder: Path,
-                        files: list[WeightFile]) -> None:
+                        files: list[WeightFile], file_digest: str | None = None,
+                        ) -> dict[str, str]:
     """Fetch the missing payloads while the output's files are assembled from the store:
     a piece is copied (and re-hashed) as soon as its payload is in, so the copies overlap
     the downloads that are still running."""
     arriving: dict[str, Future[StoredObject]] = {k: Future() for k in wanted}
     with ThreadPoolExecutor(1) as runner:
         assembling = runner.submit(assemble, store, folder, files, jobs=jobs,
-                                   arriving=arriving)
+                                   arriving=arriving, file_digest=file_digest)
         try:
             _fetch_missing(client, ref, store, parsed, wanted, report, jobs, progress,
                            arriving)
@@ -350,7 +430,7 @@ def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightSto
         found = store.locate(settle) if settle else {}
         for key in settle:
             arriving[key].set_result(found.get(key))  # type: ignore[arg-type]
-        assembling.result()
+        return assembling.result()
 
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
@@ -422,12 +502,11 @@ class _GroupAdoption:
         return found
 
 
-def _register(store: WeightStore, folder: Path, parsed: ParsedArtifact,
+def _register(store: WeightStore, folder: Path, summary: dict[str, Any],
               wanted: dict[str, int]) -> None:
     """A pulled package is a root of the store, like a built one."""
     from ..store import RootRecord
 
-    summary = json.loads((folder / SUMMARY_NAME).read_bytes())
     try:
         record = RootRecord(package=str(summary["package"]), version=str(summary["version"]),
                             layout=str(summary["layout"]["name"]),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..errors import (
@@ -12,6 +11,7 @@ from ..errors import (
     RegistryNotFoundError,
     RegistryUnreachableError,
 )
+from ..io.files import parse_json
 
 _BY_CODE: dict[str, tuple[type[RegistryError], str]] = {
     "UNAUTHORIZED": (RegistryAuthError, "authentication refused"),
@@ -37,8 +37,8 @@ RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 def error_codes(body: bytes) -> list[tuple[str, str]]:
     """``(code, message)`` pairs of an error body; empty when it is not the spec's JSON."""
     try:
-        doc = json.loads(body or b"{}")
-    except ValueError:
+        doc = parse_json(body or b"{}")
+    except ValueError:  # not JSON, not UTF-8, or nested too deep
         return []
     errors = doc.get("errors") if isinstance(doc, dict) else None
     if not isinstance(errors, list):

@@ -10,7 +10,6 @@ folder is renamed to ``DIR``; on any failure the temp folder is removed and noth
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tarfile
@@ -20,7 +19,7 @@ from typing import Any
 
 from ..errors import IntegrityError, PackageError
 from ..io.digests import make_key, new_hasher
-from ..io.files import dir_mode, file_mode, fsync_dir, make_temp_dir
+from ..io.files import dir_mode, file_mode, fsync_dir, make_temp_dir, parse_json
 from ..package.summary import SUMMARY_NAME
 from .inventory import check_member_path, check_summary
 from .reader import open_archive, read_small
@@ -97,7 +96,7 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
                     raise _refuse(archive, "summary.json must come first", member.name)
                 data = read_small(tf, member, archive)
                 try:
-                    summary = json.loads(data)
+                    summary = parse_json(data)
                 except ValueError as exc:
                     raise _refuse(archive, f"summary is not JSON: {exc}", member.name) from None
                 check_summary(summary, f"{archive}:{member.name}")

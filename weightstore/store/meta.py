@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from ..errors import IntegrityError, StoreError
 from ..io.digests import split_key
-from ..io.files import atomic_write_bytes, atomic_writer
+from ..io.files import atomic_write_bytes, atomic_writer, parse_json
 from .layout import is_safe_component
 from .objects import MAX_INT, StoredObject
 
@@ -35,8 +35,8 @@ def read_legacy(path: Path) -> dict[str, StoredObject] | None:
     except OSError as exc:
         raise StoreError(f"cannot read the store index: {exc.strerror}", path=str(path)) from exc
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        doc = parse_json(raw)
+    except ValueError as exc:  # not UTF-8, not JSON, or nested too deep
         raise StoreError(f"store index is not valid JSON: {type(exc).__name__}",
                          path=str(path)) from exc
     if not isinstance(doc, dict):

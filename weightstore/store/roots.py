@@ -9,7 +9,6 @@ root per folder: building a folder again replaces its root.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -17,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..io.files import parse_json
 from .index import well_formed
 
 SUMMARY_NAME = "summary.json"
@@ -94,8 +94,8 @@ def is_registered(conn: sqlite3.Connection, folder: str, fingerprint: str) -> bo
 def holds_package(folder: str, fingerprint: str) -> bool:
     """True while ``folder`` holds the package of that fingerprint."""
     try:
-        summary = json.loads((Path(folder) / SUMMARY_NAME).read_bytes())
-    except (OSError, ValueError, RecursionError):
+        summary = parse_json((Path(folder) / SUMMARY_NAME).read_bytes())
+    except (OSError, ValueError):
         return False
     return isinstance(summary, dict) and summary.get("fingerprint") == fingerprint
 

@@ -1,0 +1,336 @@
+"""A pull from a registry that lies: hostile answers, manifests and artifacts.
+
+The first tests need no registry: a small HTTP server answers every request the way one
+test asks (an endless body, JSON nested too deep, a redirect loop). The rest push a real
+package to the test registry, then push altered copies of its manifest, and check that a
+pull ends in one typed error, publishes nothing and leaves the folder it would replace,
+and its parent, as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from weightstore.build.run import BuildOptions, build
+from weightstore.cli import main
+from weightstore.errors import (
+    IntegrityError,
+    PackageError,
+    RegistryAuthError,
+    RegistryError,
+    RegistryUnreachableError,
+    ScenarioError,
+)
+from weightstore.registry import client as client_module
+from weightstore.registry.artifact import (
+    FILEPATH,
+    ParsedArtifact,
+    parse_assembly,
+    parse_manifest,
+    sha256_digest,
+)
+from weightstore.registry.client import RegistryClient, Transport
+from weightstore.registry.pull import pull
+from weightstore.registry.push import push
+from weightstore.registry.reference import parse_reference
+from weightstore.store import WeightStore
+
+from .registry_server import needs_registry, running_registry
+from .samples import make_encoder
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+FAST = Transport(attempts=2, backoff=0.01, max_backoff=0.01, connect_timeout=2,
+                 read_timeout=5)
+
+
+@contextmanager
+def answering(respond: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    """A server on 127.0.0.1 whose every GET is ``respond(handler)``; yields its host."""
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            # the client stops reading, as it should
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                respond(self)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _endless(status: int) -> Callable[[BaseHTTPRequestHandler], None]:
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        chunk = b" " * 65536
+        frame = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+        while True:  # until the client hangs up
+            h.wfile.write(frame)
+    return respond
+
+
+def _body(status: int, body: bytes, **headers: str) -> Callable[[BaseHTTPRequestHandler], None]:
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k.replace("_", "-"), v)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+    return respond
+
+
+def test_an_endless_manifest_is_refused_at_the_limit(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(client_module, "MAX_DOCUMENT", 1 << 20)
+    with (answering(_endless(200)) as host,
+          pytest.raises(RegistryError, match="answer too large") as info):
+        pull(f"{host}/a/b:1", tmp_path / "out", store=WeightStore(tmp_path / "s"),
+             transport=FAST)
+    assert info.value.context["limit"] == 1 << 20
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_endless_error_answer_is_read_only_so_far(tmp_path) -> None:
+    with (answering(_endless(500)) as host,
+          pytest.raises(RegistryUnreachableError, match="registry unavailable")):
+        RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+
+
+@pytest.mark.parametrize("status, error", [(400, RegistryError), (500, RegistryError)])
+def test_an_error_answer_nested_too_deep_is_a_typed_error(status, error) -> None:
+    with (answering(_body(status, DEEP, Content_Type="application/json")) as host,
+          pytest.raises(error) as info):
+        RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+    assert info.value.context["status"] == status
+
+
+def test_a_redirect_loop_is_a_typed_error() -> None:
+    with (answering(_body(302, b"", Location="/v2/a/b/manifests/1")) as host,
+          pytest.raises(RegistryError, match="redirects without end")):
+        RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+
+
+def test_a_token_answer_nested_too_deep_is_refused() -> None:
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        if h.path.startswith("/token"):
+            return _body(200, b'{"token": ' + DEEP + b"}")(h)
+        realm = f"http://{h.headers['Host']}/token"
+        return _body(401, b"{}", WWW_Authenticate=f'Bearer realm="{realm}",service="x"')(h)
+
+    with (answering(respond) as host,
+          pytest.raises(RegistryAuthError, match="without a token")):
+        RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+
+
+def test_the_cli_gives_one_line_for_a_hostile_answer(tmp_path, capsys) -> None:
+    with answering(_body(400, DEEP)) as host:
+        code = main(["pull", f"{host}/a/b:1", str(tmp_path / "out"), "--store",
+                     str(tmp_path / "s"), "--timeout", "5"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("weightstore: error: ") and "\n" not in err
+
+
+# -- manifests and assembly records, parsed ------------------------------------------------
+
+def _layer(data: bytes, media: str, **notes: str) -> dict:
+    return {"mediaType": media, "digest": sha256_digest(data), "size": len(data),
+            "annotations": notes}
+
+
+MANIFEST = {
+    "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    "artifactType": "application/vnd.cncf.model.manifest.v1+json",
+    "config": _layer(b"{}", "application/vnd.cncf.model.config.v1+json"),
+    "layers": [_layer(b"a", "application/vnd.weightstore.assembly.v1+json"),
+               _layer(b"m", "application/vnd.cncf.model.weight.config.v1.raw",
+                      **{FILEPATH: "model.onnx"})],
+}
+
+
+def test_manifest_nested_too_deep_or_with_one_path_twice_is_refused() -> None:
+    deep = json.dumps({**MANIFEST, "x": 1}).encode().replace(b'"x": 1', b'"x": ' + DEEP)
+    with pytest.raises(RegistryError, match="nested too deep"):
+        parse_manifest(deep, "r")
+    twice = {**MANIFEST, "layers": [*MANIFEST["layers"], _layer(
+        b"n", "application/vnd.cncf.model.weight.config.v1.raw", **{FILEPATH: "model.onnx"})]}
+    with pytest.raises(RegistryError, match="two layers for one file path") as info:
+        parse_manifest(json.dumps(twice).encode(), "r")
+    assert info.value.context["filepath"] == "model.onnx"
+    assert parse_manifest(json.dumps(MANIFEST).encode(), "r").files.keys() == {"model.onnx"}
+
+
+KEY = "blake3:" + "ab" * 32
+
+
+@pytest.mark.parametrize("offset", ["1e400", "1.5", '"0"', "true", "-1", "null"])
+def test_assembly_offsets_must_be_non_negative_integers(offset) -> None:
+    parsed = ParsedArtifact({}, {}, {}, {KEY: {"size": 4}}, {})
+    piece = f'{{"offset": {offset}, "size": 4, "key": "{KEY}"}}'
+    doc = ('{"format_version": 1, "files": [{"name": "w.bin", "size": 8, "pieces": ['
+           + piece + "]}]}")
+    with pytest.raises(RegistryError, match="malformed assembly record"):
+        parse_assembly(doc.encode(), parsed, "r")
+    good = doc.replace(f'"offset": {offset}', '"offset": 4')
+    assert parse_assembly(good.encode(), parsed, "r")[0].pieces[0].offset == 4
+
+
+def test_assembly_nested_too_deep_is_refused() -> None:
+    parsed = ParsedArtifact({}, {}, {}, {}, {})
+    with pytest.raises(RegistryError, match="malformed assembly record"):
+        parse_assembly(b'{"format_version": 1, "files": ' + DEEP + b"}", parsed, "r")
+
+
+# -- altered artifacts through a real registry --------------------------------------------
+
+RECIPE = """\
+package: pk
+version: "1.0.0"
+store: {{path: {store}}}
+models:
+  - name: encoder
+    source: {src}
+    scenarios:
+      - {{name: half, passes: [cast-fp16, cleanup]}}
+layouts:
+  - {{name: combined, external_weight: combined}}
+devices:
+  - {{name: npu, scenario: half}}
+output: {out}
+"""
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory: pytest.TempPathFactory):
+    """A package pushed to a fresh registry: (registry host, package folder, manifest)."""
+    import onnx
+
+    folder = tmp_path_factory.mktemp("hostile")
+    onnx.save_model(make_encoder(vocab=64, hidden=16, layers=1, seed=5), folder / "e.onnx")
+    recipe = folder / "r.yaml"
+    recipe.write_text(RECIPE.format(store=folder / "store", src=folder / "e.onnx",
+                                    out=folder / "dist"))
+    build(recipe, BuildOptions())
+    package = folder / "dist" / "pk" / "1.0.0" / "combined"
+    with running_registry(folder / "reg") as server:
+        ref = parse_reference(f"{server.host}/pk/a:1")
+        push(package, str(ref), store=WeightStore(folder / "store"))
+        manifest = json.loads(RegistryClient(ref.host).get_manifest(ref)[0])
+        yield server.host, package, manifest
+
+
+def _altered(host: str, manifest: dict, tag: str, files: dict[str, bytes]) -> str:
+    """Push a copy of ``manifest`` whose file layers in ``files`` hold other bytes (a
+    name not in the manifest adds a layer); returns its reference."""
+    ref = parse_reference(f"{host}/pk/a:{tag}")
+    client = RegistryClient(host, push=True)
+    doc = json.loads(json.dumps(manifest))
+    layers = doc["layers"]
+    for name, data in files.items():
+        digest = sha256_digest(data)
+        if not client.has_blob(ref, digest):
+            location = client.start_upload(ref, digest)
+            client.put_monolithic(ref, location, digest, len(data), lambda s, e, d=data: [d[s:e]])
+        found = [x for x in layers if (x.get("annotations") or {}).get(FILEPATH) == name]
+        layer = found[0] if found else {"mediaType": "application/vnd.cncf.model.weight."
+                                        "config.v1.raw", "annotations": {FILEPATH: name}}
+        layer.update(digest=digest, size=len(data))
+        if not found:
+            layers.append(layer)
+    client.put_manifest(ref, tag, json.dumps(doc).encode())
+    return str(ref)
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file()}
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+@needs_registry
+def test_a_malformed_summary_never_replaces_a_good_package(pushed, tmp_path) -> None:
+    host, _, manifest = pushed
+    store = WeightStore(tmp_path / "store")
+    pull(f"{host}/pk/a:1", tmp_path / "keep", store=store)
+    before = _tree(tmp_path / "keep")
+    for tag, summary in (("notjson", b"not json{"), ("deep", DEEP),
+                         ("nomodels", b'{"models": 3}'), ("list", b"[]")):
+        ref = _altered(host, manifest, tag, {"summary.json": summary})
+        with pytest.raises(PackageError, match="summary") as info:
+            pull(ref, tmp_path / "keep", store=store, force=True)
+        assert "summary.json" in str(info.value)
+        assert _tree(tmp_path / "keep") == before
+        assert _leftovers(tmp_path) == []
+    assert [r.folder for r in store.roots()] == [str((tmp_path / "keep").absolute())]
+
+
+@needs_registry
+def test_a_file_that_is_not_what_the_summary_lists_is_never_published(pushed,
+                                                                        tmp_path) -> None:
+    host, _, manifest = pushed
+    store = WeightStore(tmp_path / "store")
+    for tag, files, problem in (
+            ("swapped", {"encoder.onnx": b"\x08\x07" * 10}, "size: encoder.onnx"),
+            ("extra", {"notes.txt": b"hello"}, "unexpected: notes.txt")):
+        ref = _altered(host, manifest, tag, files)
+        with pytest.raises(IntegrityError, match="does not match its summary") as info:
+            pull(ref, tmp_path / tag, store=store)
+        assert info.value.context["problem"].startswith(problem)
+        assert not (tmp_path / tag).exists()
+        assert _leftovers(tmp_path) == []
+    assert store.roots() == []
+    # the artifact as pushed passes, byte for byte
+    pull(f"{host}/pk/a:1", tmp_path / "good", store=store)
+    assert main(["verify", str(tmp_path / "good")]) == 0
+
+
+@needs_registry
+@pytest.mark.parametrize("how", ["scenario", "device"])
+def test_a_variant_pull_of_a_broken_artifact_is_one_typed_error(pushed, tmp_path,
+                                                                how) -> None:
+    host, package, manifest = pushed
+    store = WeightStore(tmp_path / "store")
+    model = ("devices/npu/encoder.onnx" if how == "device" else "encoder.onnx")
+    cases = {"garbage": {model: b"\xff" * 64}}
+    if how == "scenario":
+        summary = json.loads((package / "summary.json").read_bytes())
+        summary["models"][0]["file"] = "nope.onnx"
+        cases["nolayer"] = {"summary.json": json.dumps(summary).encode()}
+    for tag, files in cases.items():
+        ref = _altered(host, manifest, f"{how}-{tag}", files)
+        with pytest.raises(RegistryError, match="malformed model artifact"):
+            pull(ref, tmp_path / "out", store=store,
+                 **({"device": "npu"} if how == "device" else {"scenario": "half"}))
+        assert not (tmp_path / "out").exists()
+        assert _leftovers(tmp_path) == []
+    # an unknown name, and the variant pulled whole
+    with pytest.raises(PackageError if how == "device" else ScenarioError, match="no "):
+        pull(f"{host}/pk/a:1", tmp_path / "out", store=store,
+             **({"device": "nope"} if how == "device" else {"scenario": "nope"}))
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+    pull(f"{host}/pk/a:1", tmp_path / "out", store=store,
+         **({"device": "npu"} if how == "device" else {"scenario": "half"}))
+    assert _leftovers(tmp_path) == []
