@@ -75,3 +75,38 @@ def record_calls(monkeypatch, owner: object, attribute: str) -> list[tuple]:
 
     monkeypatch.setattr(owner, attribute, recorded)
     return calls
+
+
+SCENARIO_PACKAGE = """\
+package: pk
+version: "1.0.0"
+store: {{path: {store}}}
+models:
+  - name: encoder
+    source: {src}
+    scenarios:
+      - {{name: half, passes: [cast-fp16, cleanup]}}
+      - {{name: fused, passes: [fuse-qkv, cleanup]}}
+layouts:
+  - {{name: combined, external_weight: combined, split: scenario}}
+devices:
+  - {{name: npu, scenario: half}}
+output: {out}
+"""
+
+
+def scenario_package(folder: Path):
+    """Build a small encoder with two scenarios and a device into ``folder`` (its store is
+    ``folder/store``): returns (the package folder, the source model)."""
+    import onnx
+
+    from weightstore.build.run import BuildOptions, build
+
+    from .samples import make_encoder
+
+    model = make_encoder(vocab=64, hidden=16, layers=1, seed=9)
+    onnx.save_model(model, folder / "e.onnx")
+    (folder / "r.yaml").write_text(SCENARIO_PACKAGE.format(
+        store=folder / "store", src=folder / "e.onnx", out=folder / "dist"))
+    build(folder / "r.yaml", BuildOptions())
+    return folder / "dist" / "pk" / "1.0.0" / "combined", model

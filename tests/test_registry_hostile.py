@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import (
     IntegrityError,
@@ -43,8 +42,8 @@ from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
+from .helpers import scenario_package
 from .registry_server import needs_registry, running_registry
-from .samples import make_encoder
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 FAST = Transport(attempts=2, backoff=0.01, max_backoff=0.01, connect_timeout=2,
@@ -203,35 +202,11 @@ def test_assembly_nested_too_deep_is_refused() -> None:
 
 # -- altered artifacts through a real registry --------------------------------------------
 
-RECIPE = """\
-package: pk
-version: "1.0.0"
-store: {{path: {store}}}
-models:
-  - name: encoder
-    source: {src}
-    scenarios:
-      - {{name: half, passes: [cast-fp16, cleanup]}}
-layouts:
-  - {{name: combined, external_weight: combined}}
-devices:
-  - {{name: npu, scenario: half}}
-output: {out}
-"""
-
-
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory: pytest.TempPathFactory):
     """A package pushed to a fresh registry: (registry host, package folder, manifest)."""
-    import onnx
-
     folder = tmp_path_factory.mktemp("hostile")
-    onnx.save_model(make_encoder(vocab=64, hidden=16, layers=1, seed=5), folder / "e.onnx")
-    recipe = folder / "r.yaml"
-    recipe.write_text(RECIPE.format(store=folder / "store", src=folder / "e.onnx",
-                                    out=folder / "dist"))
-    build(recipe, BuildOptions())
-    package = folder / "dist" / "pk" / "1.0.0" / "combined"
+    package, _ = scenario_package(folder)
     with running_registry(folder / "reg") as server:
         ref = parse_reference(f"{server.host}/pk/a:1")
         push(package, str(ref), store=WeightStore(folder / "store"))
@@ -290,11 +265,17 @@ def test_a_malformed_summary_never_replaces_a_good_package(pushed, tmp_path) -> 
 @needs_registry
 def test_a_file_that_is_not_what_the_summary_lists_is_never_published(pushed,
                                                                         tmp_path) -> None:
-    host, _, manifest = pushed
+    host, package, manifest = pushed
     store = WeightStore(tmp_path / "store")
+    summary = json.loads((package / "summary.json").read_bytes())
+    weights = summary["models"][0]["external_weights"]
+    a, b = next((x, y) for x in weights for y in weights
+                if x["size"] == y["size"] and x["id"] != y["id"])
+    a["id"], b["id"] = b["id"], a["id"]  # two payloads placed where the other sits
     for tag, files, problem in (
             ("swapped", {"encoder.onnx": b"\x08\x07" * 10}, "size: encoder.onnx"),
-            ("extra", {"notes.txt": b"hello"}, "unexpected: notes.txt")):
+            ("extra", {"notes.txt": b"hello"}, "unexpected: notes.txt"),
+            ("placed", {"summary.json": json.dumps(summary).encode()}, "pieces: ")):
         ref = _altered(host, manifest, tag, files)
         with pytest.raises(IntegrityError, match="does not match its summary") as info:
             pull(ref, tmp_path / tag, store=store)

@@ -253,7 +253,8 @@ def test_resolve_command_prints_the_manifest(split, capsys):
 
 
 def test_resolution_reads_no_payload_byte(split, monkeypatch):
-    """Resolution opens only the model file (for its structure) and stats weight files."""
+    """Resolution opens only the model file (for its structure) and the package's summary
+    (for store keys), and stats weight files."""
     opened = []
     real_open = os.open
 
@@ -264,7 +265,7 @@ def test_resolution_reads_no_payload_byte(split, monkeypatch):
     monkeypatch.setattr(os, "open", spy)
     with weightstore.resolve(split, scenario="fused", transformations=["cast-fp16"]):
         pass
-    assert [p for p in opened if not p.endswith("encoder.onnx")] == []
+    assert sorted({os.path.basename(p) for p in opened}) == ["encoder.onnx", "summary.json"]
 
 
 def test_source_opens_package_models_by_name(split, tmp_path):

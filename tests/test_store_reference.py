@@ -128,7 +128,9 @@ def test_reference_syntax_round_trips_and_an_existing_path_wins(project, monkeyp
     assert (ref.package, ref.version, ref.layout) == ("pk", "1", "split")
     assert str(weightstore.StoreReference.parse(str(ref))) == str(ref)
     assert weightstore.StoreReference.parse("pk@7").pin == "7"
-    for bad in ("", "a//b", "pk@", "pk@x y", "a/b/c/d"):
+    assert weightstore.StoreReference.parse("pk@0").pin == "0"
+    # a root id is ASCII digits, written once: no other script's digits, no leading zero
+    for bad in ("", "a//b", "pk@", "pk@x y", "a/b/c/d", "pk@\u0662", "pk@007", "pk@-1"):
         with pytest.raises(ResolutionError, match="not a store reference"):
             weightstore.StoreReference.parse(bad)
     monkeypatch.chdir(project / "out")  # 'pk/1/split' is now also a folder: it is taken

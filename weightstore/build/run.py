@@ -245,12 +245,12 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
 
     A folder that is not a package is refused (``force`` replaces it).
     """
-    from ..io.files import parse_json
+    from ..io.files import parse_json, read_regular
 
     if not target.exists():
         return None
     try:
-        summary = parse_json((target / SUMMARY_NAME).read_text())
+        summary = parse_json(read_regular(target / SUMMARY_NAME))
         if not isinstance(summary, dict) or "fingerprint" not in summary:
             raise ValueError("not a summary")
     except (OSError, ValueError):

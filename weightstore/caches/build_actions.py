@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..errors import IntegrityError, PackageError, StoreError
 from ..io.digests import digest_bytes, make_key, split_key
-from ..io.files import atomic_write_bytes, is_relative_inside, parse_json
+from ..io.files import atomic_write_bytes, is_relative_inside, parse_json, read_regular
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..package.summary import SUMMARY_NAME
@@ -76,7 +76,7 @@ def load(store_root: Path, fingerprint: str) -> ActionRecord | None:
     """The record of ``fingerprint`` in this store when it is sound (well formed, its MAC
     holds, it describes this fingerprint under this weightstore); None otherwise."""
     try:
-        doc = parse_json(record_path(store_root, fingerprint).read_bytes())
+        doc = parse_json(read_regular(record_path(store_root, fingerprint)))
         mac = doc.pop("mac")
         if (doc.get("format_version") != FORMAT_VERSION or doc.get("generator") != __version__
                 or doc.get("key") != action_key(fingerprint)
@@ -149,10 +149,10 @@ def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
     if summary.get("layout", {}).get("external_weight") == "embedded":
         return {}  # every weight is in the model: nothing of it is in the store
     try:
-        summary_bytes = (folder / SUMMARY_NAME).read_bytes()
+        summary_bytes = read_regular(folder / SUMMARY_NAME)
         weights = summary_weight_files(summary)
         whole = whole_files(summary, summary_bytes, weights)
-        payloads = [BytesPayload(f.pieces[0].key, (folder / f.name).read_bytes(),
+        payloads = [BytesPayload(f.pieces[0].key, read_regular(folder / f.name),
                                  str(folder / f.name)) for f in whole]
         fingerprint = str(summary["fingerprint"])
     except (OSError, ValueError, TypeError, KeyError, PackageError):

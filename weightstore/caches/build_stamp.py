@@ -32,7 +32,7 @@ from .. import __version__
 from ..catalogue.locations import resolve_location
 from ..errors import ExternalDataError
 from ..io.digests import digest_bytes, make_key
-from ..io.files import atomic_write_bytes, parse_json
+from ..io.files import atomic_write_bytes, parse_json, read_regular
 from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
 from ..store.location import user_cache_dir
 from .mac import entry_mac, verify_mac
@@ -57,7 +57,7 @@ def load(path: Path, recipe: Path, data: bytes) -> dict[str, Any] | None:
     """The stamp at ``path`` when it is sound (well formed, its MAC holds) and describes
     these very recipe bytes under this weightstore version; None otherwise."""
     try:
-        doc = parse_json(path.read_bytes())
+        doc = parse_json(read_regular(path))
         mac = doc.pop("mac")
         if doc.get("format_version") != FORMAT_VERSION or not verify_mac(doc, mac):
             return None

@@ -55,6 +55,13 @@ def open_regular(path: str | os.PathLike[str], *, nofollow: bool = False) -> int
     return fd
 
 
+def read_regular(path: str | os.PathLike[str]) -> bytes:
+    """The whole of a regular file; a FIFO, device, socket or folder is refused before any
+    read (:class:`NotRegularFileError`, an ``OSError``), so a reader never waits on one."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        return f.read()
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Persist a rename or create inside ``path`` (no-op where directories can't be opened)."""
     try:

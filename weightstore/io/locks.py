@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError, WeightstoreError
-from .files import atomic_write_bytes, file_mode, parse_json
+from .files import atomic_write_bytes, file_mode, parse_json, read_regular
 
 PACKAGE_LOCK_TIMEOUT = 3600.0
 LOCKS_DIR = "locks"
@@ -115,7 +115,7 @@ def _holder_path(path: Path) -> Path:
 def holder_text(path: Path) -> str:
     """Who holds the lock, as its holder wrote it down."""
     try:
-        doc = parse_json(_holder_path(path).read_bytes())
+        doc = parse_json(read_regular(_holder_path(path)))
         return f"held by pid {doc['pid']} on {doc['host']} since {doc['since']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process holds it"

@@ -63,7 +63,8 @@ def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None
             # the companion is the graph as onnxruntime optimized it when it was prepared:
             # optimizing it again would redo that work and find nothing more to do
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            return create_session(ort, model_path, options, providers, report)
+            return create_session(ort, model_path, options, providers, report,
+                                  model=str(resolved.source.path))
     finally:
         if own_reader:
             reader.close()  # type: ignore[union-attr]

@@ -56,11 +56,15 @@ class LoadReport:
 
 
 def create_session(ort: Any, path: Path, options: Any, providers: Sequence[str],
-                   report: LoadReport) -> Any:
-    """onnxruntime's session of the model file at ``path``, timed into ``report``."""
+                   report: LoadReport, *, model: str) -> Any:
+    """onnxruntime's session of the model file at ``path``, timed into ``report``; a model
+    onnxruntime refuses is a :class:`LoadError` naming ``model`` (where it came from)."""
     start = time.perf_counter()
     try:
         return ort.InferenceSession(str(path), options, providers=list(providers))
+    except Exception as exc:  # onnxruntime's own classes (Fail, InvalidGraph, ...) only
+        detail = " ".join(str(exc).split())
+        raise LoadError(f"onnxruntime refused the model: {detail}", model=model) from exc
     finally:
         report.runtime_seconds += time.perf_counter() - start
 
@@ -282,7 +286,8 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
             options.add_external_initializers(sorted(handed), values)
         path = active.files[0].folder / "model.onnx"
         path.write_bytes(model.SerializeToString())
-        session = create_session(ort, path, options, providers, report)
+        session = create_session(ort, path, options, providers, report,
+                                 model=str(resolved.source.path))
     finally:
         for file in reversed(active.files):  # the first owns the folder
             file.remove_folder()

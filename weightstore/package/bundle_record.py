@@ -8,23 +8,30 @@ depend on it rather than on each other.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..catalogue.locations import resolve_location
 from ..errors import PackageError
-from ..io.files import parse_json
+from ..io.files import parse_json, read_regular
 
 BUNDLE_NAME = "bundle.json"
 FORMAT_VERSION = 1
 DEVICES = "devices"
 
 
-def read_bundle(package: Path, device: str) -> dict[str, Any]:
-    """``device``'s bundle record in ``package``, its names checked to stay inside."""
+def read_bundle(package: Path, device: str,
+                summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``device``'s bundle record in ``package``, its names checked to stay inside.
+
+    With the package's ``summary``, the two must agree: the summary lists the device
+    (when it lists devices), and each model of the record runs the device's scenario or,
+    lacking it, its default graph, as the builder chose them.
+    """
     path = package / DEVICES / device / BUNDLE_NAME
     try:
-        record = parse_json(path.read_text())
+        record = parse_json(read_regular(path))
     except FileNotFoundError:
         known = sorted(p.name for p in (package / DEVICES).glob("*")) if (
             package / DEVICES).is_dir() else []
@@ -45,4 +52,19 @@ def read_bundle(package: Path, device: str) -> dict[str, Any]:
         resolve_location(path.parent, name, where=str(path))
     for name, _ in files:
         resolve_location(package, name, where=str(path))
+    if summary is not None and isinstance(summary.get("devices"), list):
+        _agree(summary["devices"], device, models, str(path))
     return record
+
+
+def _agree(listed: list[dict[str, Any]], device: str, models: list[tuple[str, Any]],
+           where: str) -> None:
+    scenarios = {d["name"]: d.get("scenario") for d in listed}
+    if device not in scenarios:
+        raise PackageError("the package summary lists no such device", device=device,
+                           file=where)
+    for file, scenario in models:
+        if scenario not in (scenarios[device], None):
+            raise PackageError("the device's bundle record and the package summary name "
+                               "different scenarios", device=device, model=file,
+                               record=scenario, summary=scenarios[device], file=where)

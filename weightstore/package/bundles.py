@@ -29,6 +29,7 @@ from ..io.models import save_model
 from ..resolve.files import file_problems
 from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
 from .check import variant_of
+from .summary import read_summary_file
 
 if TYPE_CHECKING:  # reading bundle records needs no recipe machinery
     from ..recipe.schema import Device
@@ -110,7 +111,7 @@ def assemble(package: str | os.PathLike[str], device: str,
     from ..progress import Progress
 
     package, output = Path(package), Path(output)
-    record = read_bundle(package, device)
+    record = read_bundle(package, device, read_summary_file(package)[1])
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.exists() and any(output.iterdir()):
         raise PackageError("output folder is not empty", folder=str(output))

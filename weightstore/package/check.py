@@ -71,7 +71,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     models = [(m["name"], m["file"]) for m in summary["models"]]
     chosen: dict[str, str | None] = {}
     if device is not None:
-        bundle = read_bundle(folder, device)
+        bundle = read_bundle(folder, device, summary)
         chosen = {str(m["file"]): m["scenario"] for m in bundle["models"]}
     report = CheckReport(str(folder), scenario, device)
     with contextlib.ExitStack() as opened:  # each model file opened once

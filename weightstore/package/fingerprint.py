@@ -20,7 +20,7 @@ from .. import __version__
 from ..caches.mac import entry_mac, verify_mac
 from ..errors import WeightstoreError
 from ..io.digests import digest_bytes, digest_file, make_key
-from ..io.files import atomic_write_bytes, parse_json
+from ..io.files import atomic_write_bytes, parse_json, read_regular
 
 if TYPE_CHECKING:
     from ..recipe.schema import Layout
@@ -136,7 +136,7 @@ def _load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
     if path is None:
         return {}
     try:
-        doc = parse_json(path.read_text())
+        doc = parse_json(read_regular(path))
         if doc.get("format_version") == CACHE_FORMAT_VERSION and isinstance(
                 doc.get("entries"), dict):
             return doc["entries"]

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..caches import build_actions
 from ..errors import IntegrityError, PackageError, StoreError
-from ..io.files import make_temp_dir, parse_json, publish_dir
-from .assembly import MissingPayloadError, assemble, summary_weight_files
+from ..io.files import make_temp_dir, parse_json, publish_dir, read_regular
+from .assembly import MissingPayloadError, assemble, contents_problem, summary_weight_files
 from .summary import SUMMARY_NAME
 
 if TYPE_CHECKING:
@@ -102,22 +102,17 @@ def _agreeing_summary(folder: Path, record: build_actions.ActionRecord,
     were assembled from (weight files: their payloads were checked piece by piece, and
     the bytes between are zeros by construction)."""
     try:
-        summary = parse_json((folder / SUMMARY_NAME).read_bytes())
-        listed = {str(c["path"]): (int(c["size"]), str(c["digest"]))
-                  for c in summary["contents"]}
-        weights = {f.name for f in summary_weight_files(summary)}
+        summary = parse_json(read_regular(folder / SUMMARY_NAME))
         if summary["fingerprint"] != record.fingerprint:
             return None
+        placed = {f.name for f in summary_weight_files(summary)}
+        files = [f for f in record.files if f.name != SUMMARY_NAME]
+        problem = contents_problem(
+            summary, {f.name: f for f in files if f.name in placed},
+            {f.name: (f.size, f.pieces[0].key) for f in files if f.name not in placed})
     except (OSError, ValueError, TypeError, KeyError, PackageError):
         return None
-    files = {f.name: f for f in record.files if f.name != SUMMARY_NAME}
-    if listed.keys() != files.keys():
-        return None
-    for name, (size, digest) in listed.items():
-        f = files[name]
-        if f.size != size or (name not in weights and f.pieces[0].key != digest):
-            return None
-    return summary
+    return summary if problem is None else None
 
 
 def _registered(store: WeightStore, target: Path, fingerprint: str) -> bool:
@@ -140,7 +135,7 @@ def register_root(store: WeightStore, target: Path, summary: Mapping[str, Any],
 
     keys = {w["id"] for m in summary["models"] for w in m["external_weights"]} | set(extra)
     try:
-        data = (target / SUMMARY_NAME).read_bytes()
+        data = read_regular(target / SUMMARY_NAME)
         keys |= {f.pieces[0].key for f in build_actions.whole_files(summary, data)}
     except (OSError, ValueError, TypeError, KeyError):
         pass  # the weights alone, as for a package without an action record

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..errors import PackageError
-from ..io.files import is_relative_inside, parse_json
+from ..io.files import is_relative_inside, parse_json, read_regular
 
 if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..layout.plan import LayoutPlan
@@ -133,7 +133,7 @@ def read_summary_file(folder: Path) -> tuple[bytes, dict[str, Any]]:
     summary goes through here, so a malformed one is one :class:`PackageError`."""
     path = folder / SUMMARY_NAME
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
         summary = parse_json(data)
     except FileNotFoundError:
         raise PackageError("not a package folder: no summary.json",
@@ -193,10 +193,15 @@ def _check_entry(entry: Any, keys: dict[str, Any], where: str, at: str) -> None:
 
 
 def check_structure(summary: Any, where: str) -> None:
-    """Refuse a summary whose models, external weights, files or devices lack a key or
-    hold one of the wrong type, naming the file and the key (``models[0].file``)."""
+    """Refuse a summary of a format this code does not know (newer, or not an integer),
+    and one whose models, external weights, files or devices lack a key or hold one of the
+    wrong type, naming the file and the key (``models[0].file``)."""
     if not isinstance(summary, dict):
         raise PackageError("package summary is not a JSON object", file=where)
+    version = summary.get("format_version")
+    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
+        raise PackageError("package summary has a format_version this weightstore does not "
+                           "know", file=where, format_version=repr(version))
     models = summary.get("models")
     if not isinstance(models, list) or not models:
         raise PackageError("malformed package summary: no list of models", file=where,

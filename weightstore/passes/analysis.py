@@ -86,9 +86,14 @@ def initializers(c: Container) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in getattr(c, "initializer", ())}
 
 
+def sparse_initializer_names(c: Container) -> set[str]:
+    return {t.values.name for t in getattr(c, "sparse_initializer", ())}
+
+
 def defined_names(c: Container) -> set[str]:
-    """Names this graph defines itself: inputs, initializers and node outputs."""
-    out = set(input_names(c)) | set(initializers(c))
+    """Names this graph defines itself: inputs, initializers (dense and sparse) and node
+    outputs."""
+    out = set(input_names(c)) | set(initializers(c)) | sparse_initializer_names(c)
     out |= {o for n in c.node for o in n.output if o}
     return out
 
@@ -107,6 +112,27 @@ def node_reads(node: onnx.NodeProto) -> set[str]:
     for _, g in node_subgraphs(node):
         out |= free_names(g)
     return out
+
+
+def name_problem(model: onnx.ModelProto) -> tuple[str, str] | None:
+    """The first way the model's value names are not well formed, as (what, name): a value
+    the main graph or a function reads that nothing defines, or a value a graph defines
+    twice (two node outputs, or a node output named as an input or initializer). None
+    when there is none. onnxruntime refuses such a graph; resolution says so first."""
+    for scope in iter_scopes(model):
+        c = scope.container
+        if scope.parent is None:  # nothing encloses it: every name read is its own
+            free = free_names(c)
+            if free:
+                return "a value is read that nothing defines", min(free)
+        seen = set(input_names(c)) | set(initializers(c)) | sparse_initializer_names(c)
+        for node in c.node:
+            for name in node.output:
+                if name in seen:
+                    return "a value is defined twice", name
+                if name:
+                    seen.add(name)
+    return None
 
 
 def readers(c: Container) -> dict[str, list[int]]:

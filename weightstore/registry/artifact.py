@@ -31,8 +31,6 @@ from ..io.digests import split_key
 from ..io.files import is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
-from ..package.summary import FORMAT_VERSION as SUMMARY_VERSION
-from ..package.summary import read_summary_file
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -76,16 +74,6 @@ class PackagePlan:
             for p in f.pieces:
                 out.setdefault(p.key, (f.name, p.offset))
         return out
-
-
-def read_summary(folder: Path) -> dict[str, Any]:
-    path = folder / SUMMARY_NAME
-    summary = read_summary_file(folder)[1]
-    version = summary.get("format_version")
-    if type(version) is not int or not 1 <= version <= SUMMARY_VERSION:
-        raise PackageError("unsupported summary.json format version", file=str(path),
-                           version=version)
-    return summary
 
 
 def plan_package(folder: Path, summary: Mapping[str, Any], files: list[str]) -> PackagePlan:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RegistryAuthError
-from ..io.files import parse_json
+from ..io.files import parse_json, read_regular
 
 ENV_USER = "WEIGHTSTORE_REGISTRY_USERNAME"
 ENV_PASSWORD = "WEIGHTSTORE_REGISTRY_PASSWORD"
@@ -64,7 +64,7 @@ def find_credentials(host: str) -> Credentials | None:
         return Credentials(user, password)
     path = docker_config_path()
     try:
-        doc = parse_json(path.read_text())
+        doc = parse_json(read_regular(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

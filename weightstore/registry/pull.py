@@ -38,9 +38,9 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..io.digests import ALGORITHMS, digest_file, make_key, new_hasher, split_key
+from ..io.digests import ALGORITHMS, make_key, new_hasher, split_key
 from ..io.files import make_temp_dir, parse_json, publish_dir
-from ..package.assembly import assemble
+from ..package.assembly import assemble, contents_problem
 from ..package.summary import read_summary_file
 from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
@@ -48,6 +48,7 @@ from .artifact import (
     SUMMARY_NAME,
     ParsedArtifact,
     WeightFile,
+    list_files,
     parse_assembly,
     parse_manifest,
     sha256_digest,
@@ -209,15 +210,14 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
             with store.leased():
                 plan = _plan_variant(client, ref, parsed, files, stage, report,
                                      device=device, scenario=scenario)
-                known = _fetch_and_assemble(client, ref, store, parsed, plan.wanted, report,
-                                            jobs, progress, plan.folder, plan.files,
-                                            plan.algo)
+                _fetch_and_assemble(client, ref, store, parsed, plan.wanted, report, jobs,
+                                    progress, plan.folder, plan.files)
                 digests.remember(store, sha256={k: d["digest"]
                                                 for k, d in parsed.payloads.items()},
                                  host=ref.host, repository=ref.repository,
                                  digests=[d["digest"] for d in parsed.payloads.values()])
                 if plan.summary is not None:
-                    _check_contents(plan.folder, plan.summary, {**plan.known, **known}, ref)
+                    _check_contents(plan.folder, plan.summary, plan.files, plan.known, ref)
                 if out.exists() and not any(out.iterdir()):
                     out.rmdir()
                 publish_dir(plan.folder, out)
@@ -290,14 +290,13 @@ def _read_summary(stage: Path, ref: Reference) -> dict[str, Any]:
 @dataclass(frozen=True)
 class _Plan:
     """What a pull writes: the folder to publish, its weight files, the payloads it
-    needs (key -> size), and for a whole package its summary, the algorithm of the
-    summary's file digests and the digests of the files downloaded whole."""
+    needs (key -> size), and for a whole package its summary and the digests of the
+    files downloaded whole (in the algorithm of the summary's ``contents``)."""
 
     folder: Path
     files: list[WeightFile]
     wanted: dict[str, int]
     summary: dict[str, Any] | None = None
-    algo: str | None = None
     known: dict[str, str] = field(default_factory=dict)
 
 
@@ -313,7 +312,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         known = _download_files(client, ref, parsed, sorted(set(parsed.files) - {SUMMARY_NAME}),
                                 stage, report, also=algo)
         wanted = {p.key: p.size for f in files for p in f.pieces}
-        return _Plan(stage, files, _count(wanted, report), summary, algo, known)
+        return _Plan(stage, files, _count(wanted, report), summary, known)
     from ..resolve.variant import variant_graph
     from ..scenarios.resolve import live_payloads
 
@@ -376,26 +375,25 @@ def _contents_algo(summary: dict[str, Any]) -> str | None:
     return algo if algo in ALGORITHMS else None
 
 
-def _check_contents(folder: Path, summary: dict[str, Any], known: dict[str, str],
-                    ref: Reference) -> None:
-    """A pulled package is exactly what its summary lists (when it lists its files):
-    every file's size and digest, nothing unlisted. Digests taken while the files were
-    downloaded or assembled are not taken again."""
-    from ..release.inventory import verify_package
-
+def _check_contents(folder: Path, summary: dict[str, Any], files: list[WeightFile],
+                    known: dict[str, str], ref: Reference) -> None:
+    """A pulled package is exactly what its summary lists (when it lists its files): the
+    weight files by construction (:func:`~weightstore.package.assembly.contents_problem`),
+    every other file by the digest taken while it downloaded; nothing unlisted."""
     if "contents" not in summary:
         return  # a package from before file digests: nothing to check against
-
-    def digest(algo: str, path: Path) -> str:
-        found = known.get(path.relative_to(folder).as_posix(), "")
-        return found if found.startswith(f"{algo}:") else make_key(algo, digest_file(algo,
-                                                                                      path))
-
-    report = verify_package(folder, digest=digest)
-    if not report.ok:
+    assembled = {f.name: f for f in files}
+    others = {}
+    for name in list_files(folder):
+        if name not in assembled and name != SUMMARY_NAME:
+            others[name] = ((folder / name).stat().st_size, known.get(name, "(not hashed)"))
+    try:
+        problem = contents_problem(summary, assembled, others)
+    except (KeyError, TypeError, ValueError):
+        problem = "the summary's contents are malformed"
+    if problem is not None:
         raise IntegrityError("the pulled package does not match its summary",
-                             reference=str(ref), problem=str(report.problems[0]),
-                             problems=len(report.problems))
+                             reference=str(ref), problem=problem)
 
 
 def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
@@ -407,15 +405,14 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
 def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStore,
                         parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
                         jobs: int, progress: bool | None, folder: Path,
-                        files: list[WeightFile], file_digest: str | None = None,
-                        ) -> dict[str, str]:
+                        files: list[WeightFile]) -> None:
     """Fetch the missing payloads while the output's files are assembled from the store:
     a piece is copied (and re-hashed) as soon as its payload is in, so the copies overlap
     the downloads that are still running."""
     arriving: dict[str, Future[StoredObject]] = {k: Future() for k in wanted}
     with ThreadPoolExecutor(1) as runner:
         assembling = runner.submit(assemble, store, folder, files, jobs=jobs,
-                                   arriving=arriving, file_digest=file_digest)
+                                   arriving=arriving)
         try:
             _fetch_missing(client, ref, store, parsed, wanted, report, jobs, progress,
                            arriving)
@@ -430,7 +427,7 @@ def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightSto
         found = store.locate(settle) if settle else {}
         for key in settle:
             arriving[key].set_result(found.get(key))  # type: ignore[arg-type]
-        return assembling.result()
+        assembling.result()
 
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,

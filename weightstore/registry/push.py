@@ -30,6 +30,7 @@ from ..errors import (
     RegistryError,
 )
 from ..io.digests import make_key, new_hasher, split_key
+from ..package.summary import read_summary_file
 from ..store import WeightStore
 from . import digests, sessions
 from .artifact import (
@@ -38,7 +39,6 @@ from .artifact import (
     created_at,
     list_files,
     plan_package,
-    read_summary,
 )
 from .client import CHUNK, RegistryClient, Transport
 from .reference import Reference, parse_reference
@@ -148,7 +148,7 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     ref = parse_reference(reference)
     if ref.digest:
         raise RegistryError("push to a tag, not to a digest", reference=reference)
-    summary = read_summary(folder)
+    summary = read_summary_file(folder)[1]  # a known format_version, well formed
     plan = plan_package(folder, summary, list_files(folder))
     _check_padding(folder, plan)
     sha, hashed = payload_digests(folder, plan, store, jobs)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import PackageError
 from ..io.digests import digest_file
-from ..io.files import atomic_writer, fsync_dir, make_temp_dir, parse_json
+from ..io.files import atomic_writer, fsync_dir, make_temp_dir, parse_json, read_regular
 from ..package.summary import SUMMARY_NAME
 from .archive import plan_archive, source_date_epoch, write_archive
 from .compression import Compression
@@ -310,7 +310,7 @@ def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions
     """The epoch and compression the published release was made with (from its
     release.json), so that the check asks whether the sources give these bytes."""
     try:
-        params = parse_json((folder / PROVENANCE_NAME).read_bytes())[
+        params = parse_json(read_regular(folder / PROVENANCE_NAME))[
             "predicate"]["buildDefinition"]["externalParameters"]
         compression = Compression(int(params["compression"]["level"]),
                                   bool(params["compression"]["long_distance"]))

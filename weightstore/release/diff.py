@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError
-from ..io.files import parse_json
+from ..io.files import parse_json, read_regular
 from ..package.bundle_record import BUNDLE_NAME
 from ..package.summary import SUMMARY_NAME
 from .inventory import check_summary, read_summary
@@ -82,7 +82,7 @@ def open_view(path: str | Path) -> PackageView:
         for d in summary.get("devices", []):
             record = path / "devices" / d["name"] / BUNDLE_NAME
             try:
-                bundles[d["name"]] = parse_json(record.read_bytes())
+                bundles[d["name"]] = parse_json(read_regular(record))
             except (OSError, ValueError) as exc:
                 raise PackageError(f"cannot read a device record: {exc}",
                                    file=str(record)) from None

@@ -92,8 +92,8 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
     except WeightstoreError as exc:
         raise ResolutionError(exc.message, phase=PARSE, **exc.context) from exc
     names = tuple(r.scenario for r in records)
-    if device is not None:
-        scenario = src.device_scenario if src.device_scenario in names else None
+    if device is not None:  # the record's scenario, checked below like any other
+        scenario = src.device_scenario
     if selector is not None:
         context = ScenarioSelectionContext(
             names,

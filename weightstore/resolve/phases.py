@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import onnx
 
 from ..errors import ResolutionError, WeightstoreError
+from ..passes.analysis import name_problem
 from ..passes.base import PassContext, RewritePass, run_passes
 from ..passes.cleanup import Cleanup, prune
 from ..passes.fold_constant_if import FoldConstantIf
@@ -129,10 +130,20 @@ def _apply(state: ResolutionState, passes: Sequence[RewritePass], **known: Any) 
     return True
 
 
+def _check_names(state: ResolutionState) -> None:
+    problem = name_problem(state.model)
+    if problem is not None:
+        raise ResolutionError(f"the graph is not well formed: {problem[0]}", value=problem[1])
+
+
 class Replay(_Base):
-    """Replay the selected scenario's records (metadata only); base digest verified."""
+    """Replay the selected scenario's records (metadata only); base digest verified. The
+    graph it leaves (the model's own, without a scenario) must be well formed."""
 
     name = "replay"
+
+    def ensures(self, state: ResolutionState) -> None:
+        _check_names(state)
 
     def run(self, state: ResolutionState) -> bool:
         if state.scenario is None:
@@ -151,6 +162,10 @@ class Transform(_Base):
     """The caller's transformations (passes, by object or registered name)."""
 
     name = "transform"
+
+    def ensures(self, state: ResolutionState) -> None:
+        if state.transformations:
+            _check_names(state)
 
     def run(self, state: ResolutionState) -> bool:
         from ..passes.registry import get_pass  # every pass module: only when asked for

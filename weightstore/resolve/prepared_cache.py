@@ -25,7 +25,7 @@ import onnx
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import IntegrityError, PackageError
 from ..io.digests import ALGORITHMS, digest_bytes
-from ..io.files import parse_json
+from ..io.files import parse_json, read_regular
 from .closure import WeightSource
 from .locator import StoreLocator
 from .manifest import PayloadSource
@@ -53,7 +53,7 @@ def companion_contents(names: Collection[str], folder: Path,
         if len(parts) != 3 or parts[0] != PREPARED or not parts[2].endswith(".json"):
             continue
         try:
-            doc = parse_json((folder / name).read_text())
+            doc = parse_json(read_regular(folder / name))
             graph = doc["companion"]
             entry = {"path": f"{PREPARED}/{parts[1]}/{graph['file']}",
                      "size": int(graph["size"]), "digest": str(graph["digest"])}
@@ -84,7 +84,7 @@ class PreparedRecord:
         """The companion graph, checked against its digest (it is what the runtime runs);
         with ``packed`` (store keys), only the ``prepacked_N`` entries of those packed
         payloads are kept (the others are not read)."""
-        data = self.graph_path.read_bytes()
+        data = read_regular(self.graph_path)
         if self.graph_key is not None:
             algo, _, expected = self.graph_key.partition(":")
             if algo not in ALGORITHMS or digest_bytes(algo, data) != expected:
@@ -111,7 +111,7 @@ def read_record(package: Path, target: str | None, model: str) -> PreparedRecord
     if not path.is_file():
         return None
     try:
-        doc = parse_json(path.read_text())
+        doc = parse_json(read_regular(path))
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
         if doc.get("format_version") != FORMAT_VERSION:

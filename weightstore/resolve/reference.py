@@ -30,7 +30,7 @@ from ..errors import IntegrityError, ResolutionError, StoreError
 from ..io.files import parse_json
 
 _NAME = re.compile(r"[^/@\s]+")
-_PIN = re.compile(r"\d+|[a-z0-9]+:[0-9a-f]{16,128}")
+_PIN = re.compile(r"0|[1-9][0-9]*|[a-z0-9]+:[0-9a-f]{16,128}")  # a root id, or a digest
 
 
 class UnknownReference(ResolutionError):

@@ -155,7 +155,7 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
         out = ModelSource.open(path / entry["file"], entry["name"], package=path,
                                store_keys=_store_keys(entry))
         if device is not None:
-            _apply_device(out, path, device)
+            _apply_device(out, path, device, summary)
         return out
     if device is not None:
         raise ResolutionError("a device is chosen in a package folder, not a model file",
@@ -206,11 +206,12 @@ def _store_keys(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
             for w in entry.get("external_weights", ())}
 
 
-def _apply_device(out: ModelSource, package: Path, device: str) -> None:
+def _apply_device(out: ModelSource, package: Path, device: str,
+                  summary: dict[str, Any]) -> None:
     from ..package.bundle_record import read_bundle
 
     try:
-        record = read_bundle(package, device)
+        record = read_bundle(package, device, summary)
     except PackageError:
         out.close()
         raise

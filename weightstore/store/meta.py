@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from ..errors import IntegrityError, StoreError
 from ..io.digests import split_key
-from ..io.files import atomic_write_bytes, atomic_writer, parse_json
+from ..io.files import atomic_write_bytes, atomic_writer, parse_json, read_regular
 from .layout import is_safe_component
 from .objects import MAX_INT, StoredObject
 
@@ -29,7 +29,7 @@ def read_legacy(path: Path) -> dict[str, StoredObject] | None:
     """The objects of a format 1 ``meta.json``; None when the file is absent or is a format
     2 marker; anything odd is a StoreError (never a traceback, whatever the bytes)."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..io.files import parse_json
+from ..io.files import parse_json, read_regular
 from .index import well_formed
 
 SUMMARY_NAME = "summary.json"
@@ -94,7 +94,7 @@ def is_registered(conn: sqlite3.Connection, folder: str, fingerprint: str) -> bo
 def holds_package(folder: str, fingerprint: str) -> bool:
     """True while ``folder`` holds the package of that fingerprint."""
     try:
-        summary = parse_json((Path(folder) / SUMMARY_NAME).read_bytes())
+        summary = parse_json(read_regular(Path(folder) / SUMMARY_NAME))
     except (OSError, ValueError):
         return False
     return isinstance(summary, dict) and summary.get("fingerprint") == fingerprint
