@@ -160,6 +160,28 @@ def test_corrupt_and_truncated_archives(archive, tmp_path):
     assert main(["unpack", str(tmp_path / "missing.tar.zst"), str(tmp_path / "x")]) == 2
 
 
+def test_bytes_after_the_archive_are_refused(archive, tmp_path):
+    """An archive unpacks only as its writer made it: appended garbage, or another frame
+    of data after the tar's end, is refused; a reader that stops early (diff) ignores it."""
+    import zstandard
+
+    _, path, _ = archive
+    data = path.read_bytes()
+    cases = {"garbage": (data + b"appended", "corrupt archive"),
+             "frame": (data + zstandard.ZstdCompressor().compress(b"x" * 1000),
+                       "data after the end of the tar")}
+    for name, (blob, why) in cases.items():
+        bad = tmp_path / f"{name}.tar.zst"
+        bad.write_bytes(blob)
+        with pytest.raises(PackageError, match=why):
+            unpack(bad, tmp_path / name)
+        assert not (tmp_path / name).exists()
+    # zero bytes in a further frame are tar's own padding: accepted
+    padded = tmp_path / "padded.tar.zst"
+    padded.write_bytes(data + zstandard.ZstdCompressor().compress(bytes(10240)))
+    assert unpack(padded, tmp_path / "padded").files > 0
+
+
 def test_huge_extended_header_is_refused_before_it_is_read(tmp_path):
     import zstandard
 

@@ -55,6 +55,26 @@ def open_archive(path: str | Path) -> Iterator[tarfile.TarFile]:
         raise PackageError(f"corrupt archive: {exc}", archive=str(path)) from None
 
 
+def read_to_end(tf: tarfile.TarFile, archive: str | Path) -> None:
+    """After the last member: what follows the tar's end-of-archive blocks must be the
+    zero padding tar writes and then the end of the file. Bytes appended after it (or
+    another frame of data) are refused, so that an archive unpacks only when it is exactly
+    what its writer made; a reader that stops early (``diff``) does not call this."""
+    import zstandard
+
+    stream = tf.fileobj
+    try:
+        while True:
+            data = stream.read(1 << 20)  # type: ignore[union-attr]
+            if not data:
+                return
+            if data.count(0) != len(data):
+                raise PackageError("refusing archive: data after the end of the tar",
+                                   archive=str(archive))
+    except zstandard.ZstdError as exc:
+        raise PackageError(f"corrupt archive: {exc}", archive=str(archive)) from None
+
+
 def read_small(tf: tarfile.TarFile, member: tarfile.TarInfo, archive: str | Path) -> bytes:
     """The whole data of a small member (JSON), refusing large ones before reading."""
     if member.size > JSON_LIMIT:

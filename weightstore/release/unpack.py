@@ -22,7 +22,7 @@ from ..io.digests import make_key, new_hasher
 from ..io.files import dir_mode, file_mode, fsync_dir, make_temp_dir, parse_json
 from ..package.summary import SUMMARY_NAME
 from .inventory import check_member_path, check_summary
-from .reader import open_archive, read_small
+from .reader import open_archive, read_small, read_to_end
 
 CHUNK = 4 << 20
 
@@ -118,6 +118,7 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
             (into / rel).parent.mkdir(mode=dir_mode(), parents=True, exist_ok=True)
             _write_verified(tf, member, into / rel, entry, archive)
             total += member.size
+        read_to_end(tf, archive)
     if expected is None:
         raise PackageError("refusing archive: no package summary in it", archive=str(archive))
     missing = sorted(set(expected) - seen)
