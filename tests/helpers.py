@@ -91,6 +91,7 @@ layouts:
   - {{name: combined, external_weight: combined, split: scenario}}
 devices:
   - {{name: npu, scenario: half}}
+  - {{name: cpu, capabilities: {{cpu: true}}, scenario: fused}}
 output: {out}
 """
 

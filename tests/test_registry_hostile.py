@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -214,10 +215,11 @@ def pushed(tmp_path_factory: pytest.TempPathFactory):
         yield server.host, package, manifest
 
 
-def _altered(host: str, manifest: dict, tag: str, files: dict[str, bytes]) -> str:
+def _altered(host: str, manifest: dict, tag: str, files: dict[str, bytes],
+             repository: str = "pk/a") -> str:
     """Push a copy of ``manifest`` whose file layers in ``files`` hold other bytes (a
     name not in the manifest adds a layer); returns its reference."""
-    ref = parse_reference(f"{host}/pk/a:{tag}")
+    ref = parse_reference(f"{host}/{repository}:{tag}")
     client = RegistryClient(host, push=True)
     doc = json.loads(json.dumps(manifest))
     layers = doc["layers"]
@@ -315,3 +317,51 @@ def test_a_variant_pull_of_a_broken_artifact_is_one_typed_error(pushed, tmp_path
     pull(f"{host}/pk/a:1", tmp_path / "out", store=store,
          **({"device": "npu"} if how == "device" else {"scenario": "half"}))
     assert _leftovers(tmp_path) == []
+
+
+@needs_registry
+def test_a_prepared_package_pulls_and_a_wrong_companion_is_refused(pushed, tmp_path) -> None:
+    """What `prepare` adds (records and companion graphs, outside the summary's contents)
+    travels with the package and is checked as `verify` checks it."""
+    host, package, _ = pushed
+    folder = tmp_path / "pkg"
+    shutil.copytree(package, folder)
+    store = package.parents[3] / "store"
+    assert main(["prepare", str(folder), "--device", "cpu", "--store", str(store)]) == 0
+    graphs = sorted(p for p in (folder / "prepared").rglob("*.onnx"))
+    assert graphs and main(["verify", str(folder)]) == 0
+    push(folder, f"{host}/pk/prep:1", store=WeightStore(store))
+    pull(f"{host}/pk/prep:1", tmp_path / "out", store=WeightStore(tmp_path / "s"))
+    assert _tree(tmp_path / "out") == _tree(folder)
+    assert main(["verify", str(tmp_path / "out")]) == 0
+    client = RegistryClient(host)
+    prepared = json.loads(client.get_manifest(parse_reference(f"{host}/pk/prep:1"))[0])
+    name = graphs[0].relative_to(folder).as_posix()
+    ref = _altered(host, prepared, "bad", {name: graphs[0].read_bytes() + b"\0"}, "pk/prep")
+    with pytest.raises(IntegrityError, match="does not match its summary") as info:
+        pull(ref, tmp_path / "bad", store=WeightStore(tmp_path / "s"))
+    assert info.value.context["problem"].startswith(f"digest: {name}")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_redirect_body_is_never_read() -> None:
+    """requests reads a redirect's body whole before following it: closed first, a huge
+    one costs nothing."""
+    sent = []
+
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        if "/manifests/" not in h.path:
+            return _body(404, b"{}")(h)
+        h.send_response(302)
+        h.send_header("Location", "/elsewhere")
+        h.send_header("Content-Length", str(1 << 30))
+        h.end_headers()
+        chunk = b"x" * (1 << 20)
+        for _ in range(1 << 10):
+            h.wfile.write(chunk)
+            sent.append(len(chunk))
+
+    with (answering(respond) as host,
+          pytest.raises(RegistryError, match="not found")):
+        RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+    assert sum(sent) < 256 << 20  # the client hung up long before the 1 GiB body ended

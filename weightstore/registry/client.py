@@ -97,6 +97,13 @@ def read_body(resp: requests.Response, limit: int, *, strict: bool = True,
     return b"".join(parts)
 
 
+def _close_redirect(resp: requests.Response, *args: Any, **kwargs: Any) -> None:
+    """A response hook: a redirect's body is never read. requests reads it whole before it
+    follows the redirect; closed first, it reads nothing (the connection is not reused)."""
+    if resp.is_redirect:
+        resp.close()
+
+
 class Body:
     """A request body streamed from ``opener(start)``; its length is known, so requests
     sends ``Content-Length`` and writes each piece as it comes (no whole-blob buffer)."""
@@ -189,7 +196,7 @@ class RegistryClient:
             try:
                 resp = self._session().request(
                     method, url, headers=send, data=body() if body else None,
-                    stream=True, allow_redirects=True,
+                    stream=True, allow_redirects=True, hooks={"response": _close_redirect},
                     timeout=(t.connect_timeout, t.read_timeout))
                 if resp.status_code in ok and limit is None:
                     return resp
@@ -255,6 +262,7 @@ class RegistryClient:
         realm = challenge.params["realm"]
         try:
             resp = self._session().get(realm, params=params, headers=headers, stream=True,
+                                       hooks={"response": _close_redirect},
                                        timeout=(self.transport.connect_timeout,
                                                 self.transport.read_timeout))
             status = resp.status_code

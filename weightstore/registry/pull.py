@@ -38,7 +38,7 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..io.digests import ALGORITHMS, make_key, new_hasher, split_key
+from ..io.digests import ALGORITHMS, digest_file, make_key, new_hasher, split_key
 from ..io.files import make_temp_dir, parse_json, publish_dir
 from ..package.assembly import assemble, contents_problem
 from ..package.summary import read_summary_file
@@ -366,6 +366,22 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     return _Plan(result, kept, _count(live, report))
 
 
+def _companion_problem(folder: Path, graph: dict[str, Any],
+                       others: dict[str, tuple[int, str]]) -> str | None:
+    """A prepared companion graph against its record: its size and digest (re-hashed when
+    the download's digest is of another algorithm; companions are small)."""
+    found = others.pop(graph["path"], None)
+    if found is None:
+        return f"missing: {graph['path']}"
+    algo = graph["digest"].partition(":")[0]
+    digest = found[1]
+    if not digest.startswith(f"{algo}:") and algo in ALGORITHMS:
+        digest = make_key(algo, digest_file(algo, folder / graph["path"]))
+    if (found[0], digest) != (graph["size"], graph["digest"]):
+        return f"digest: {graph['path']}: not the companion its prepared record names"
+    return None
+
+
 def _contents_algo(summary: dict[str, Any]) -> str | None:
     """The algorithm of the summary's file digests (None before ``contents`` existed)."""
     contents = summary.get("contents")
@@ -382,13 +398,22 @@ def _check_contents(folder: Path, summary: dict[str, Any], files: list[WeightFil
     every other file by the digest taken while it downloaded; nothing unlisted."""
     if "contents" not in summary:
         return  # a package from before file digests: nothing to check against
+    from ..resolve.prepared_cache import companion_contents
+
     assembled = {f.name: f for f in files}
     others = {}
     for name in list_files(folder):
         if name not in assembled and name != SUMMARY_NAME:
             others[name] = ((folder / name).stat().st_size, known.get(name, "(not hashed)"))
     try:
-        problem = contents_problem(summary, assembled, others)
+        listed = {str(c["path"]) for c in summary["contents"]}
+        # what `prepare` added, as verify accepts it: records, and the graphs they name
+        records, graphs = companion_contents([n for n in others if n not in listed], folder)
+        problem = next(filter(None, (_companion_problem(folder, g, others) for g in graphs)),
+                       None)
+        for name in records:
+            others.pop(name)
+        problem = problem or contents_problem(summary, assembled, others)
     except (KeyError, TypeError, ValueError):
         problem = "the summary's contents are malformed"
     if problem is not None:
