@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from weightstore.catalogue.shape_inputs import shape_input_names
 from weightstore.catalogue.wire import encode_varint
+from weightstore.cli import main
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.convert.file_constant import DOMAIN, OP_TYPE
 from weightstore.errors import (
@@ -172,6 +173,10 @@ def test_source_with_external_data(encoder_model, save_model, tmp_path):
     inlined = onnx.load(str(back))
     for a, b in zip(inlined.graph.initializer, encoder_model.graph.initializer, strict=True):
         assert np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+
+
+def _tensors(path: Path) -> list[bytes]:
+    return [t.SerializeToString() for t in onnx.load(str(path)).graph.initializer]
 
 
 def _one_external(tmp_path: Path) -> tuple[Path, Path]:
@@ -359,3 +364,56 @@ def test_any_output_name_gets_a_plain_data_file_name(tmp_path):
                                 alignment=64)
     assert again.data_file.name != report.data_file.name
     assert len(list(tmp_path.glob("my_model__v2_.*"))) == 1  # the replaced pair's data went
+
+
+@pytest.mark.parametrize("name", ["_model", "-dash", "über", "模型", "a" * 190, "my model",
+                                  "model"])
+def test_every_output_name_converts(tmp_path, name):
+    """An output whose stem is no plain file name still gets a valid data file name, and
+    converts back exactly."""
+    out, _ = _one_external(tmp_path)
+    target = tmp_path / f"{name}.onnx"
+    report = convert_to_external(out.parent / "src.onnx", target, threshold=0)
+    assert report.data_file.parent == tmp_path and len(report.data_file.name) < 200
+    assert report.data_file.name.startswith(name if name == "model" else "")
+    convert_to_inline(target, tmp_path / "back.onnx")
+    assert _tensors(tmp_path / "back.onnx") == _tensors(out.parent / "src.onnx")
+
+
+def test_outputs_whose_stems_clean_alike_never_share_a_data_file(tmp_path):
+    """'my model' and 'my_model' once both wrote my_model.<tag>_weight_combined: replacing
+    one removed the file the other still used."""
+    out, _ = _one_external(tmp_path)
+    src = out.parent / "src.onnx"
+    first = convert_to_external(src, tmp_path / "my model.onnx", threshold=0)
+    second = convert_to_external(src, tmp_path / "my_model.onnx", threshold=0)
+    assert first.data_file != second.data_file
+    convert_to_external(src, tmp_path / "my model.onnx", threshold=0, alignment=64)
+    assert second.data_file.exists() and not first.data_file.exists()
+    convert_to_inline(tmp_path / "my_model.onnx", tmp_path / "back.onnx")
+    assert _tensors(tmp_path / "back.onnx") == _tensors(src)
+
+
+def test_an_output_that_is_a_folder_is_refused_before_anything_is_written(tmp_path, capsys):
+    out, _ = _one_external(tmp_path)
+    (tmp_path / "d").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ConversionError, match="not a regular file"):
+        convert_to_external(out.parent / "src.onnx", tmp_path / "d", threshold=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert main(["convert", "to-external", str(out.parent / "src.onnx"), str(tmp_path / "d"),
+                 "--threshold", "-5"]) == 2
+    assert "--threshold: must be at least 0" in capsys.readouterr().err
+
+
+def test_a_failed_conversion_removes_the_data_file_it_created(tmp_path, monkeypatch):
+    out, _ = _one_external(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("weightstore.convert.api.save_model", refuse)
+    with pytest.raises(OSError):
+        convert_to_external(out.parent / "src.onnx", tmp_path / "new.onnx", threshold=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

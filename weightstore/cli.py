@@ -25,6 +25,14 @@ def _integer(text: str) -> int:
         raise argparse.ArgumentTypeError("not an integer") from None
 
 
+def _count(text: str) -> int:
+    """Sizes and thresholds: an integer of at least 0."""
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return value
+
+
 def _jobs(text: str) -> int:
     """``--jobs`` and other counts: an integer of at least 1."""
     value = _integer(text)
@@ -105,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
                             help="the file a GE FileConstant's file_id names (GE's "
                                  "ge.exec.value_bins); repeatable")
         else:
-            cd.add_argument("--threshold", type=_integer, default=1024,
+            cd.add_argument("--threshold", type=_count, default=1024,
                             help="payloads of at least this many bytes move out "
                                  "(default 1024)")
             cd.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")

@@ -87,8 +87,10 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         payloads = [(w.key, w.size) for w in weights]
         plan = plan_layout(data_stem(dst.stem, payloads, alignment), payloads, "combined",
                            alignment)
-        check_outputs(src, inputs, [dst, *(dst.parent / f.name for f in plan.files)])
+        data_paths = [dst.parent / f.name for f in plan.files]
+        check_outputs(src, inputs, [dst, *data_paths])
         replaced = _data_files_of(dst)
+        created = [p for p in data_paths if not os.path.lexists(p)]
         by_key: dict[str, Weight] = {}
         for w in weights:
             by_key.setdefault(w.key, w)
@@ -99,16 +101,23 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                 return FileRange(w.payload.file, w.payload.offset)
             return mw.read(w)
 
-        with Progress("writing", sum(f.size for f in plan.files), enabled=progress) as bar:
-            write_plan(plan, dst.parent, locate, jobs=jobs, progress=bar.advance)
-        where = plan.placement()
-        placements = {
-            w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)
-            for w in weights
-        }
-        model = mw.materialize(placements, form)
-        rebase_scenarios(source_meta, model)
-        save_model(model, dst)
+        try:
+            with Progress("writing", sum(f.size for f in plan.files),
+                          enabled=progress) as bar:
+                write_plan(plan, dst.parent, locate, jobs=jobs, progress=bar.advance)
+            where = plan.placement()
+            placements = {
+                w.site.path: Placement(where[w.key].file, where[w.key].offset, w.size, w.key)
+                for w in weights
+            }
+            model = mw.materialize(placements, form)
+            rebase_scenarios(source_meta, model)
+            save_model(model, dst)
+        except BaseException:  # no model refers to a data file this run created
+            for path in created:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
     data = dst.parent / plan.files[0].name if plan.files else None
     for old in replaced - inputs - ({data.resolve()} if data else set()):
         with contextlib.suppress(OSError):
@@ -117,15 +126,30 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                          sum(p.size for p in where.values()))
 
 
+_PLAIN_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 def data_stem(stem: str, payloads: list[tuple[str, int]], alignment: int) -> str:
-    """``<stem>.<tag>``: the tag digests everything that decides the data file's bytes
+    """``<name>.<tag>``: the tag digests everything that decides the data file's bytes
     (the unique payloads in order, and the alignment), so equal content gets an equal
-    name and different content a different one. Characters a store file name may not
-    hold become ``_``."""
+    name and different content a different one.
+
+    ``<name>`` is the output's stem when it is a plain file name (letters, digits, ``.``,
+    ``_``, ``-``, starting with a letter or digit, at most 100 characters). Any other stem
+    (spaces, other scripts, a leading ``_``, a long one) becomes its plain characters, cut
+    to 64, then ``.`` and 8 hex digits of the stem itself: two outputs whose stems differ
+    never share a data file, so replacing one never removes the other's."""
     unique = list(dict.fromkeys(payloads))
     text = json.dumps([alignment, unique], separators=(",", ":")).encode()
-    plain = re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip(".") or "model"
-    return f"{plain}.{digest_bytes('blake3', text)[:16]}"
+    return f"{_data_name(stem)}.{digest_bytes('blake3', text)[:16]}"
+
+
+def _data_name(stem: str) -> str:
+    if _PLAIN_STEM.fullmatch(stem):
+        return stem
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", stem)
+    plain = re.sub(r"^[^A-Za-z0-9]+", "", plain)[:64] or "model"
+    return f"{plain}.{digest_bytes('blake3', os.fsencode(stem))[:8]}"
 
 
 def _data_files_of(dst: Path) -> set[Path]:
@@ -133,9 +157,8 @@ def _data_files_of(dst: Path) -> set[Path]:
     conversion to ``dst`` wrote (named after its stem); empty when there is none."""
     if not dst.is_file():
         return set()
-    stem = re.escape(data_stem(dst.stem, [], 1).rsplit(".", 1)[0])
-    ours = re.compile(f"({re.escape(dst.stem)}|{stem})" + r"(\.[0-9a-f]{16})?"
-                      + re.escape(COMBINED_SUFFIX))
+    ours = re.compile(f"({re.escape(dst.stem)}|{re.escape(_data_name(dst.stem))})"
+                      + r"(\.[0-9a-f]{16})?" + re.escape(COMBINED_SUFFIX))
     try:
         with read_catalogue(dst) as catalogue:
             files = {w.payload.file for w in weight_descriptors(catalogue) if w.payload}

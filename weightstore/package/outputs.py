@@ -47,6 +47,9 @@ def check_outputs(src: Path, inputs: set[Path], outputs: Iterable[Path], *,
             raise ConversionError("output path contains a NUL byte", output=repr(str(out)))
         if not out.parent.is_dir():
             raise ConversionError("output folder does not exist", folder=str(out.parent))
+        if os.path.lexists(out) and not out.is_file():
+            raise ConversionError("output path exists and is not a regular file",
+                                  output=str(out))
         if out.resolve() in inputs:
             raise ConversionError("output would overwrite a file the input model reads",
                                   input=str(src), output=str(out))
