@@ -417,3 +417,12 @@ def test_a_failed_conversion_removes_the_data_file_it_created(tmp_path, monkeypa
     with pytest.raises(OSError):
         convert_to_external(out.parent / "src.onnx", tmp_path / "new.onnx", threshold=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_to_inline_reports_what_it_brought_back(tmp_path, capsys):
+    out, _ = _one_external(tmp_path)
+    report = convert_to_inline(out, tmp_path / "back.onnx")
+    assert (report.external_tensors, report.unique_payloads, report.payload_bytes) == (
+        1, 1, 4096)
+    assert main(["convert", "to-inline", str(out), str(tmp_path / "again.onnx")]) == 0
+    assert "(1 tensors brought inline)" in capsys.readouterr().out

@@ -237,6 +237,10 @@ def test_export_meta_is_ge_shaped_deterministic_and_relative(store: WeightStore,
     empty.put([], kind="separate")
     doc = json.loads(empty.export_meta()[0].read_bytes())
     assert doc["hash_to_weight_file"] == {} and doc["hash_to_weight_size"] == {}
+    # an output in a missing folder is named as given, never by its temp file
+    with pytest.raises(FileNotFoundError) as info:
+        store.export_meta(tmp_path / "missing" / "m.json")
+    assert info.value.filename == str(tmp_path / "missing" / "m.json")
 
 
 def _v1_read(path: Path) -> None:

@@ -351,7 +351,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         _print_json(report.to_dict())
     else:
         extra = f" + {report.data_file.name}" if report.data_file else ""
-        print(f"wrote {report.output}{extra} ({report.external_tensors} external tensors)")
+        what = "tensors brought inline" if args.direction == "to-inline" else "external tensors"
+        print(f"wrote {report.output}{extra} ({report.external_tensors} {what})")
     return EXIT_OK
 
 

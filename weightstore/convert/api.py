@@ -27,7 +27,7 @@ from ..scenarios.storage import read_scenarios
 from ..scenarios.variants import metadata_of
 from ..store.layout import COMBINED_SUFFIX
 from .file_constant import file_constant_locations
-from .inline import file_constant_bytes, inline_model
+from .inline import file_constant_reads, inline_model
 from .placement import Placement
 from .weights import ModelWeights, Weight
 
@@ -191,13 +191,15 @@ def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
         source_meta = metadata_of(src)
         check_outputs(src, files_read(src, source_meta, files), [dst])
         _check_scenarios(source_meta, src, dst, "inline")
-        total = sum(p.length for p in external) + file_constant_bytes(catalogue.model)
+        reads = [(str(p.file), p.offset, p.length) for p in external]
+        reads += file_constant_reads(catalogue.model)
+        total = sum(length for _, _, length in reads)
         with Progress("reading", total, enabled=progress) as bar:
             model: onnx.ModelProto = inline_model(catalogue, value_bins=bins,
                                                   progress=bar.advance)
         rebase_scenarios(source_meta, model)
     save_model(model, dst)
-    return ConvertReport(dst, None, 0, 0, 0)
+    return ConvertReport(dst, None, len(reads), len(set(reads)), total)
 
 
 def parse_value_bins(pairs: list[str]) -> dict[str, str]:

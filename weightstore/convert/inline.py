@@ -86,10 +86,11 @@ def file_constant_range(attrs: Mapping[str, object], where: str) -> tuple[int, i
     return offset, length
 
 
-def file_constant_bytes(model: ModelProto) -> int:
-    """The payload bytes the model's FileConstant nodes read from their files (for a
-    progress total; a node whose range is unusable counts 0 here and fails when read)."""
-    total = 0
+def file_constant_reads(model: ModelProto) -> list[tuple[str, int, int]]:
+    """``(file, offset, length)`` each FileConstant node reads from its file (for a
+    progress total and the report; a node whose range is unusable is left out here and
+    fails when read). ``file``: its ``location``, ``file_path`` or ``file_id`` as written."""
+    out = []
     for container, where in iter_containers(model):
         for node in container.node:
             if not is_any_file_constant(node):
@@ -98,9 +99,12 @@ def file_constant_bytes(model: ModelProto) -> int:
             value = attrs.get("value")
             if isinstance(value, TensorProto) and value.data_location != value.EXTERNAL:
                 continue
+            name = next((str(attrs[k]) for k in ("location", "file_path", "file_id")
+                         if attrs.get(k)), "")
             with contextlib.suppress(ConversionError):
-                total += max(file_constant_range(attrs, where)[1], 0)
-    return total
+                offset, length = file_constant_range(attrs, where)
+                out.append((name, offset, max(length, 0)))
+    return out
 
 
 def inline_model(catalogue: Catalogue, base_dir: Path | None = None,

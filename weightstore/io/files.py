@@ -129,8 +129,8 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
         remove_dead_temps(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise _with_path(exc, path.parent) from None
+    except OSError as exc:  # the path asked for, not the temp name nobody asked for
+        raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from None
     _try_lock(fd)
     try:
         if hasattr(os, "fchmod"):
