@@ -175,3 +175,19 @@ def test_a_device_record_that_contradicts_the_summary_is_refused(built, tmp_path
     else:
         with weightstore.resolve(folder, device="npu") as resolved:
             assert resolved.selected_scenario == "fused"
+
+
+def test_one_agreement_rule_for_folders_and_store_references(built) -> None:
+    """The rule `read_bundle` applies to a folder's record is the one a store reference's
+    record (read from the store) goes through too."""
+    from weightstore.package.bundle_record import check_agreement
+
+    package, _ = built
+    summary = json.loads((package / "summary.json").read_text())
+    check_agreement(summary, "npu", [("encoder.onnx", "half")], "r")
+    check_agreement(summary, "npu", [("encoder.onnx", None)], "r")  # a model lacking it
+    with pytest.raises(PackageError, match="different scenarios"):
+        check_agreement(summary, "npu", [("encoder.onnx", "fused")], "r")
+    with pytest.raises(PackageError, match="lists no such device"):
+        check_agreement(summary, "gpu", [("encoder.onnx", "half")], "r")
+    check_agreement({"models": []}, "gpu", [("encoder.onnx", "x")], "r")  # lists none

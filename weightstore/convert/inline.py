@@ -99,8 +99,8 @@ def file_constant_reads(model: ModelProto) -> list[tuple[str, int, int]]:
             value = attrs.get("value")
             if isinstance(value, TensorProto) and value.data_location != value.EXTERNAL:
                 continue
-            name = next((str(attrs[k]) for k in ("location", "file_path", "file_id")
-                         if attrs.get(k)), "")
+            name = next((attribute_text(attrs[k]) for k in ("location", "file_path",
+                                                               "file_id") if attrs.get(k)), "")
             with contextlib.suppress(ConversionError):
                 offset, length = file_constant_range(attrs, where)
                 out.append((name, offset, max(length, 0)))

@@ -94,16 +94,20 @@ def summary_weight_files(summary: Mapping[str, Any]) -> list[WeightFile]:
 
 
 def contents_problem(summary: Mapping[str, Any], weights: Mapping[str, WeightFile],
-                     others: Mapping[str, tuple[int, str]]) -> str | None:
+                     others: Mapping[str, tuple[int, str]],
+                     also_listed: Mapping[str, tuple[int, str]] | None = None) -> str | None:
     """Why a folder assembled from ``weights`` (weight files, by name) and ``others``
     (every other file but the summary: name -> size and ``"<algo>:<hex>"`` digest, taken
-    from the bytes written) is not what ``summary["contents"]`` lists; None when it is.
+    from the bytes written) is not what ``summary["contents"]`` lists, with
+    ``also_listed`` (files listed elsewhere: prepared companions, by their records); None
+    when it is.
 
     A weight file is checked by construction, not by a second read: its payloads were
     each re-hashed against their keys, the bytes between are zeros, so it is what the
     summary lists when its size is and its pieces are those the summary's models place
     in it. A malformed summary raises KeyError, TypeError or ValueError."""
     listed = {str(c["path"]): (int(c["size"]), str(c["digest"])) for c in summary["contents"]}
+    listed.update(also_listed or {})
     present = weights.keys() | others.keys()
     for name in sorted(listed.keys() ^ present):
         return f"{'missing' if name in listed else 'unexpected'}: {name}"
@@ -111,11 +115,11 @@ def contents_problem(summary: Mapping[str, Any], weights: Mapping[str, WeightFil
     for name, (size, digest) in sorted(listed.items()):
         found = weights[name].size if name in weights else others[name][0]
         if found != size:
-            return f"size: {name}: {found} bytes, the summary says {size}"
+            return f"size: {name}: {found} bytes, listed as {size}"
         if name in weights and placed.get(name) != weights[name]:
             return f"pieces: {name}: the summary's models place other payloads in it"
         if name in others and others[name][1] != digest:
-            return f"digest: {name}: {others[name][1]}, the summary says {digest}"
+            return f"digest: {name}: {others[name][1]}, listed as {digest}"
     return None
 
 

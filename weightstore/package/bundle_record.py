@@ -52,14 +52,19 @@ def read_bundle(package: Path, device: str,
         resolve_location(path.parent, name, where=str(path))
     for name, _ in files:
         resolve_location(package, name, where=str(path))
-    if summary is not None and isinstance(summary.get("devices"), list):
-        _agree(summary["devices"], device, models, str(path))
+    if summary is not None:
+        check_agreement(summary, device, models, str(path))
     return record
 
 
-def _agree(listed: list[dict[str, Any]], device: str, models: list[tuple[str, Any]],
-           where: str) -> None:
-    scenarios = {d["name"]: d.get("scenario") for d in listed}
+def check_agreement(summary: Mapping[str, Any], device: str,
+                    models: list[tuple[str, Any]], where: str) -> None:
+    """A device's record (``models``: its models' files and scenarios) must agree with the
+    package summary: the summary lists the device (when it lists devices), and each model
+    runs the device's scenario or, lacking it, its default graph."""
+    if not isinstance(summary.get("devices"), list):
+        return
+    scenarios = {d["name"]: d.get("scenario") for d in summary["devices"]}
     if device not in scenarios:
         raise PackageError("the package summary lists no such device", device=device,
                            file=where)

@@ -86,16 +86,16 @@ def initializers(c: Container) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in getattr(c, "initializer", ())}
 
 
-def sparse_initializer_names(c: Container) -> set[str]:
-    return {t.values.name for t in getattr(c, "sparse_initializer", ())}
+def declared_names(c: Container) -> set[str]:
+    """Names a graph has before any node runs: inputs and initializers (dense and
+    sparse)."""
+    return (set(input_names(c)) | set(initializers(c))
+            | {t.values.name for t in getattr(c, "sparse_initializer", ())})
 
 
 def defined_names(c: Container) -> set[str]:
-    """Names this graph defines itself: inputs, initializers (dense and sparse) and node
-    outputs."""
-    out = set(input_names(c)) | set(initializers(c)) | sparse_initializer_names(c)
-    out |= {o for n in c.node for o in n.output if o}
-    return out
+    """Names this graph defines itself: inputs, initializers and node outputs."""
+    return declared_names(c) | {o for n in c.node for o in n.output if o}
 
 
 def free_names(g: Container) -> set[str]:
@@ -125,7 +125,7 @@ def name_problem(model: onnx.ModelProto) -> tuple[str, str] | None:
             free = free_names(c)
             if free:
                 return "a value is read that nothing defines", min(free)
-        seen = set(input_names(c)) | set(initializers(c)) | sparse_initializer_names(c)
+        seen = declared_names(c)
         for node in c.node:
             for name in node.output:
                 if name in seen:

@@ -280,13 +280,6 @@ def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
                             file=path.name) from None
 
 
-def _read_summary(stage: Path, ref: Reference) -> dict[str, Any]:
-    if SUMMARY_NAME not in os.listdir(stage):
-        raise RegistryError("malformed model artifact: no summary.json layer",
-                            reference=str(ref))
-    return read_summary_file(stage)[1]  # its structure checked, its paths inside
-
-
 @dataclass(frozen=True)
 class _Plan:
     """What a pull writes: the folder to publish, its weight files, the payloads it
@@ -307,7 +300,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     package is assembled in ``stage`` itself, a variant in a folder inside it."""
     if device is None and scenario is None:
         _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
-        summary = _read_summary(stage, ref)
+        summary = read_summary_file(stage)[1]  # well formed, its paths inside
         algo = _contents_algo(summary)
         known = _download_files(client, ref, parsed, sorted(set(parsed.files) - {SUMMARY_NAME}),
                                 stage, report, also=algo)
@@ -337,7 +330,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
             shutil.copyfile(path, result / entry["file"])
     else:
         _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
-        summary = _read_summary(stage, ref)
+        summary = read_summary_file(stage)[1]  # well formed, its paths inside
         entries = [(str(m["file"]), list(m.get("scenarios", []))) for m in summary["models"]]
         if not any(scenario in names for _, names in entries):
             raise ScenarioError("no model of the artifact has this scenario",
@@ -364,22 +357,6 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         if pieces:
             kept.append(WeightFile(f.name, f.size, pieces))
     return _Plan(result, kept, _count(live, report))
-
-
-def _companion_problem(folder: Path, graph: dict[str, Any],
-                       others: dict[str, tuple[int, str]]) -> str | None:
-    """A prepared companion graph against its record: its size and digest (re-hashed when
-    the download's digest is of another algorithm; companions are small)."""
-    found = others.pop(graph["path"], None)
-    if found is None:
-        return f"missing: {graph['path']}"
-    algo = graph["digest"].partition(":")[0]
-    digest = found[1]
-    if not digest.startswith(f"{algo}:") and algo in ALGORITHMS:
-        digest = make_key(algo, digest_file(algo, folder / graph["path"]))
-    if (found[0], digest) != (graph["size"], graph["digest"]):
-        return f"digest: {graph['path']}: not the companion its prepared record names"
-    return None
 
 
 def _contents_algo(summary: dict[str, Any]) -> str | None:
@@ -409,11 +386,16 @@ def _check_contents(folder: Path, summary: dict[str, Any], files: list[WeightFil
         listed = {str(c["path"]) for c in summary["contents"]}
         # what `prepare` added, as verify accepts it: records, and the graphs they name
         records, graphs = companion_contents([n for n in others if n not in listed], folder)
-        problem = next(filter(None, (_companion_problem(folder, g, others) for g in graphs)),
-                       None)
         for name in records:
             others.pop(name)
-        problem = problem or contents_problem(summary, assembled, others)
+        for g in graphs:  # small: hashed again when the download's algorithm is another
+            algo = g["digest"].partition(":")[0]
+            if g["path"] in others and not others[g["path"]][1].startswith(f"{algo}:"):
+                size = others[g["path"]][0]
+                others[g["path"]] = (size, make_key(algo, digest_file(algo,
+                                                                      folder / g["path"])))
+        problem = contents_problem(summary, assembled, others,
+                                   {g["path"]: (g["size"], g["digest"]) for g in graphs})
     except (KeyError, TypeError, ValueError):
         problem = "the summary's contents are malformed"
     if problem is not None:

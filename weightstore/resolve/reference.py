@@ -80,7 +80,7 @@ class ReferencedBuild:
 
     def device_record(self, device: str) -> dict[str, Any]:
         """``device``'s bundle record, read from its store object."""
-        from ..package.bundle_record import BUNDLE_NAME, DEVICES
+        from ..package.bundle_record import BUNDLE_NAME, DEVICES, check_agreement
         from ..store import WeightStore
 
         name = f"{DEVICES}/{device}/{BUNDLE_NAME}"
@@ -93,10 +93,12 @@ class ReferencedBuild:
         data = read_object(WeightStore(self.store), self.whole_files[name], context)
         try:
             record = parse_json(data.decode())
-            record["models"][0]
-            return record
-        except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError):
+            models = [(str(m["file"]), m.get("scenario")) for m in record["models"]]
+            models[0]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             raise ResolutionError("malformed bundle record", file=name, **context) from None
+        check_agreement(self.summary, device, models, name)
+        return record
 
 
 def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
