@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,8 +15,9 @@ import pytest
 HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests")
 
 
-def _imported(argv: list[str], cwd: Path) -> set[str]:
-    """The heavy modules a ``weightstore`` command loads (its exit code is not judged)."""
+def _imported(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY) -> set[str]:
+    """Which of ``modules`` (default: the heavy ones) a ``weightstore`` command loads (its
+    exit code is not judged)."""
     code = ("import sys, io, contextlib\n"
             "from weightstore.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
@@ -23,7 +25,7 @@ def _imported(argv: list[str], cwd: Path) -> set[str]:
             f"        main({argv!r})\n"
             "    except SystemExit:\n"
             "        pass\n"
-            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
+            f"print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))\n")
     done = subprocess.run([sys.executable, "-c", "import json\n" + code], cwd=cwd,
                           capture_output=True, text=True, check=True, env=os.environ.copy())
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -83,3 +85,27 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
     package = folder / "out" / "pkg" / "1.0.0"
     for layout in ("combined", "per-weight"):  # what it wrote is a model onnx accepts
         onnx.checker.check_model(str(package / layout / "encoder.onnx"))
+
+
+OTHER_COMMANDS = ("weightstore.release.commands", "weightstore.resolve.commands",
+                  "weightstore.registry.commands", "weightstore.store.commands")
+
+
+def test_a_command_builds_only_its_own_parsers(folder: Path) -> None:
+    """The parsers (and modules) of other commands are neither imported nor built; help and
+    unknown commands still see every command."""
+    from weightstore import cli
+
+    def commands(parser: argparse.ArgumentParser) -> list[str]:
+        return [name for action in parser._actions
+                if isinstance(action, argparse._SubParsersAction) for name in action.choices]
+
+    assert commands(cli._parser("build")) == ["build"]
+    assert commands(cli._parser("unpack")) == ["verify", "release", "unpack", "diff"]
+    every = commands(cli._parser())
+    assert every == commands(cli._parser("no-such-command"))
+    assert sorted(every) == sorted(cli.COMMANDS)
+    assert _imported(["inspect", "model.onnx"], folder, OTHER_COMMANDS) == set()
+    assert _imported(["store", "stats", "--store", "nowhere"], folder,
+                     OTHER_COMMANDS) == {"weightstore.store.commands"}
+    assert _imported(["--help"], folder, OTHER_COMMANDS) == set(OTHER_COMMANDS)

@@ -480,6 +480,7 @@ def test_repair_of_a_newer_index_touches_nothing(tmp_path: Path, capsys) -> None
 
 _AS_NOBODY = """
 import os, sys, locale, gettext, argparse, secrets, json, sqlite3, concurrent.futures
+import shutil, tempfile
 import weightstore.cli, weightstore.store.repair, weightstore.store.verify
 import weightstore.store.sweep, weightstore.store.leases, weightstore.store.meta
 import weightstore.io.locks, weightstore.progress

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
@@ -53,7 +53,10 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message, usage=f"{self.prog} --help")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. With ``command`` (one of :data:`COMMANDS`), only the
+    parsers of that command's group are built, so that a command pays neither for
+    importing nor for building the others; otherwise (help, an unknown command) all."""
     p = _Parser(prog="weightstore", description=__doc__.replace("``", ""))
     p.add_argument("--version", action="version", version=f"weightstore {__version__}")
     loud = p.add_mutually_exclusive_group()
@@ -62,7 +65,15 @@ def _parser() -> argparse.ArgumentParser:
     loud.add_argument("-v", "--verbose", action="store_true",
                       help="on an error, also print where in the code it happened")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for names, add in _GROUPS:
+        if command not in COMMANDS or command in names:
+            add(sub)
+    for parser in _subparsers(p):
+        _add_global_options(parser)
+    return p
 
+
+def _add_build(sub: Any) -> None:
     b = sub.add_parser("build", help="build every layout of a recipe into packages")
     b.add_argument("recipe", help="the recipe YAML file")
     b.add_argument("--store", help="store folder (beats the recipe, $WEIGHTSTORE_DIR and the "
@@ -80,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--layout", action="append", default=[], metavar="NAME",
                    help="build only this layout (repeatable; default: every layout)")
 
+
+def _add_store(sub: Any) -> None:
     s = sub.add_parser("store", help="inspect the weight store")
     ssub = s.add_subparsers(dest="store_command", required=True, metavar="ACTION")
     for name, text in (("stats", "object counts and sizes"),
@@ -100,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
 
     add_store_parsers(ssub, "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)")
 
+
+def _add_convert(sub: Any) -> None:
     c = sub.add_parser("convert", help="convert one model between weight forms")
     csub = c.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
     for name, text in (("to-external", "inline -> ONNX external data in one aligned file"),
@@ -120,10 +135,14 @@ def _parser() -> argparse.ArgumentParser:
             cd.add_argument("--alignment", type=_integer, default=512)
         cd.add_argument("--json", action="store_true", help="print JSON")
 
+
+def _add_inspect(sub: Any) -> None:
     i = sub.add_parser("inspect", help="list every weight of a model without reading payloads")
     i.add_argument("model")
     i.add_argument("--json", action="store_true", help="print JSON")
 
+
+def _add_scenario(sub: Any) -> None:
     scen = sub.add_parser("scenario", help="modification scenarios stored in a model")
     ssc = scen.add_subparsers(dest="scenario_command", required=True, metavar="ACTION")
     sl = ssc.add_parser("list", help="the scenarios of a model")
@@ -151,6 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("--output", required=True)
 
+
+def _add_check(sub: Any) -> None:
     ck = sub.add_parser("check", help="resolve a package for a scenario or device and check "
                                       "the files its live weights need")
     ck.add_argument("package", help="a package folder (holding summary.json)")
@@ -161,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="also re-hash every live payload against its checksum")
     ck.add_argument("--json", action="store_true", help="print JSON")
 
+
+def _add_bundle(sub: Any) -> None:
     bd = sub.add_parser("bundle", help="assemble a device's self-contained folder from a "
                                        "package: its models and only the files they need")
     bd.add_argument("package")
@@ -169,24 +192,45 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 
-    from .release.commands import add_parsers as add_release_parsers
 
-    add_release_parsers(sub, _jobs, _integer)
+def _add_release(sub: Any) -> None:
+    from .release.commands import add_parsers
 
-    from .resolve.commands import register as register_resolve
+    add_parsers(sub, _jobs, _integer)
 
-    register_resolve(sub)
 
-    from .registry.commands import add_parsers as add_registry_parsers
+def _add_resolve(sub: Any) -> None:
+    from .resolve.commands import register
 
-    add_registry_parsers(sub, _jobs)
+    register(sub)
 
+
+def _add_registry(sub: Any) -> None:
+    from .registry.commands import add_parsers
+
+    add_parsers(sub, _jobs)
+
+
+def _add_schema(sub: Any) -> None:
     sc = sub.add_parser("schema", help="print the recipe JSON Schema")
     sc.add_argument("--output", help="write it to this file instead (the project's copy is "
                                      "schemas/recipe.schema.json)")
-    for command in _subparsers(p):
-        _add_global_options(command)
-    return p
+
+
+# each group's commands, in the order of the help, and the function that adds their parsers
+_GROUPS: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
+    (("build",), _add_build),
+    (("store",), _add_store),
+    (("convert",), _add_convert),
+    (("inspect",), _add_inspect),
+    (("scenario",), _add_scenario),
+    (("check",), _add_check),
+    (("bundle",), _add_bundle),
+    (("verify", "release", "unpack", "diff"), _add_release),
+    (("resolve", "run", "prepare"), _add_resolve),
+    (("push", "pull"), _add_registry),
+    (("schema",), _add_schema),
+)
 
 
 def _add_global_options(p: argparse.ArgumentParser) -> None:
@@ -214,7 +258,8 @@ def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 def _parse(argv: list[str]) -> argparse.Namespace:
     """The command line; unknown arguments are reported against the help of the command
     that was given them, and ``-q`` with ``-v`` is refused wherever each stands."""
-    parser = _parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = _parser(command)
     args, extra = parser.parse_known_args(argv)
     usage = getattr(args, "usage_help", f"{parser.prog} --help")
     if extra:
@@ -429,17 +474,22 @@ def _registry(handler: str, args: argparse.Namespace) -> int:
     return getattr(commands, handler)(args)
 
 
+def _release(args: argparse.Namespace) -> int:
+    from .release.commands import COMMANDS as RELEASE_COMMANDS
+
+    return RELEASE_COMMANDS[args.command](args)
+
+
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
             "bundle": _cmd_bundle, "schema": _cmd_schema, "resolve": _cmd_resolve,
             "run": _cmd_resolve, "prepare": _cmd_resolve,
             "push": lambda args: _registry("run_push", args),
-            "pull": lambda args: _registry("run_pull", args)}
+            "pull": lambda args: _registry("run_pull", args),
+            "verify": _release, "release": _release, "unpack": _release, "diff": _release}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .release.commands import COMMANDS as RELEASE_COMMANDS
-
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _parse(argv)
@@ -451,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if quiet:
                 sink = stack.enter_context(open(os.devnull, "w"))
                 stack.enter_context(contextlib.redirect_stdout(sink))
-            return {**COMMANDS, **RELEASE_COMMANDS}[args.command](args)
+            return COMMANDS[args.command](args)
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly
         _silence_stdout()
         return EXIT_OK

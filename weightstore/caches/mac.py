@@ -21,7 +21,6 @@ import hmac
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,8 @@ def _key(path: Path) -> bytes | None:
     key = _read_key(path)
     if key is not None:
         return key
+    import tempfile  # only the first use creates the key
+
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{KEY_NAME}.", suffix=".tmp", dir=path.parent)

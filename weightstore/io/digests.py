@@ -6,7 +6,6 @@ hashing on a thread pool runs in parallel.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from typing import Literal, Protocol
@@ -33,6 +32,8 @@ def new_hasher(algo: str, threads: bool = True) -> Hasher:
     if algo == "blake3":
         return blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
     if algo == "sha256":
+        import hashlib  # loads OpenSSL: only when asked for
+
         return hashlib.sha256()
     raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {ALGORITHMS}")
 

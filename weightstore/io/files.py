@@ -12,10 +12,8 @@ import errno
 import functools
 import json
 import os
-import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -102,6 +100,8 @@ def dir_mode() -> int:
 
 def make_temp_dir(parent: Path, prefix: str) -> Path:
     """A temp folder beside its final place, with the permissions of an ordinary mkdir."""
+    import tempfile  # only where something is written
+
     path = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
     os.chmod(path, dir_mode())
     return path
@@ -128,6 +128,8 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
     if sweep:
         remove_dead_temps(path)
     try:
+        import tempfile
+
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:  # the path asked for, not the temp name nobody asked for
         raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from None
@@ -363,6 +365,8 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
     folder (``.<name>.*.tmp``, ``.<name>.old-*``) are removed: the caller holds the
     folder's lock, so no other publish of it is in progress.
     """
+    import shutil
+
     fsync_dir(tmp_dir)
     parent, name = final_dir.parent, final_dir.name
     if final_dir.exists():

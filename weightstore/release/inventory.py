@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -62,6 +61,8 @@ def package_contents(folder: Path, algo: str, jobs: int = 1,
         path = folder / name
         digest = known.get(name) or make_key(algo, digest_file(algo, path))
         return {"path": name, "size": path.stat().st_size, "digest": digest}
+
+    from concurrent.futures import ThreadPoolExecutor  # not needed to read a summary
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         return list(pool.map(entry, names))
@@ -179,9 +180,14 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
 
     from ..progress import Progress
 
-    with (Progress("verifying", sum(e["size"] for e in contents), enabled=progress) as bar,
-          ThreadPoolExecutor(max(1, jobs)) as pool):
-        found = list(pool.map(counted, contents))
+    with Progress("verifying", sum(e["size"] for e in contents), enabled=progress) as bar:
+        if jobs <= 1:  # the up-to-date check: digests mostly cached, no pool to start
+            found = list(map(counted, contents))
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(jobs) as pool:
+                found = list(pool.map(counted, contents))
     report.files = len(contents)
     report.bytes_hashed = sum(e["size"] for e, p in zip(contents, found, strict=True)
                               if p is None or p.kind == "digest")
