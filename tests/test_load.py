@@ -330,13 +330,87 @@ def test_run_command(split, tmp_path, capsys):
     assert "cannot read the inputs" in capsys.readouterr().err
 
 
-def test_file_constant_models_resolve_but_do_not_load_in_onnxruntime(tmp_path):
-    from weightstore.convert.api import convert_to_external
+FILE_CONSTANT_RECIPE = """\
+package: pk
+version: "1"
+store: {{path: {store}}}
+models:
+  - {{name: encoder, source: {src}}}
+layouts:
+  - {{name: ge, external_weight: combined, constants: file-constant, size_threshold: 64}}
+  - {{name: ge-separate, external_weight: separate, constants: file-constant,
+      size_threshold: 16}}
+output: {out}
+"""
+
+
+@pytest.fixture(scope="module")
+def file_constant_build(tmp_path_factory):
+    from weightstore.build.run import BuildOptions, build
+
+    from .samples import make_encoder
+
+    folder = tmp_path_factory.mktemp("file-constant")
+    onnx.save(make_encoder(), str(folder / "encoder.onnx"))
+    (folder / "recipe.yaml").write_text(FILE_CONSTANT_RECIPE.format(
+        store=folder / "store", src=folder / "encoder.onnx", out=folder / "out"))
+    build(folder / "recipe.yaml", BuildOptions(jobs=2))
+    return folder / "out" / "pk" / "1"
+
+
+@pytest.mark.parametrize("layout", ["ge", "ge-separate"])
+def test_file_constant_packages_load_exactly_their_live_payloads(file_constant_build, layout):
+    """GE's form runs in onnxruntime too: each FileConstant node becomes the Constant it
+    stands for, its payload read from the manifest's range (in subgraphs as well), and
+    the outputs are those of the runnable model (weights inline), bit for bit."""
+    package = file_constant_build / layout
+    model = onnx.load(str(package / "encoder.onnx"), load_external_data=False)
+    nodes = [n for s in [model.graph, *[a.g for n in model.graph.node for a in n.attribute
+                                         if a.type == onnx.AttributeProto.GRAPH]]
+             for n in s.node]
+    assert sum(n.op_type == "FileConstant" for n in nodes) >= 3
+    assert any(n.op_type == "FileConstant" for n in nodes[len(model.graph.node):])  # an If
+    with weightstore.resolve(package) as r:
+        assert all(e.dtype for e in r.payload_manifest.active)  # types from the node
+        reader = RecordingReader()
+        report = LoadReport()
+        session = weightstore.load(r, reader=reader, manager=WeightManager(), report=report)
+        assert _union(_intervals(reader.reads)) == _manifest_intervals(r, package)
+        assert report.read_bytes == report.live_bytes == r.payload_manifest.active_bytes
+    source = onnx.load(str(file_constant_build.parents[2] / "encoder.onnx"))
+    feed = sample_inputs(source)
+    for a, b in zip(session.run(None, feed), run_onnxruntime(source, feed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_file_constant_whose_range_does_not_fit_its_type_is_refused(file_constant_build,
+                                                                      tmp_path):
+    shutil.copytree(file_constant_build / "ge-separate", tmp_path / "p")
+    path = tmp_path / "p" / "encoder.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "FileConstant")
+    length = next(a for a in node.attribute if a.name == "length")
+    length.i -= 4
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(weightstore.WeightstoreError, match="no eligible payload") as info:
+        weightstore.resolve(path)
+    assert info.value.context["initializer"] == node.output[0]
+
+
+def test_another_tools_file_constant_is_refused_at_load_naming_it(tmp_path):
+    """A GE-made node (GE's domain, a file_id) is not in the manifest: onnxruntime would
+    refuse the model, so the load says what to do instead."""
+    from onnx import helper
 
     model, _ = pm.gemm_model()
+    node = helper.make_node("FileConstant", [], ["ge_value"], name="ge_const", domain="ge",
+                            file_id="w1", dtype=onnx.TensorProto.FLOAT, shape=[2])
+    model.graph.node.insert(0, node)
+    model.graph.output.append(helper.make_tensor_value_info("ge_value",
+                                                            onnx.TensorProto.FLOAT, [2]))
+    model.opset_import.append(helper.make_opsetid("ge", 1))
     onnx.save(model, str(tmp_path / "in.onnx"))
-    convert_to_external(tmp_path / "in.onnx", tmp_path / "fc.onnx", form="file-constant")
-    with weightstore.resolve(tmp_path / "fc.onnx") as r:
-        assert r.payload_manifest.active  # FileConstant payloads are in the manifest
-        with pytest.raises(LoadError, match="FileConstant"):
-            weightstore.load(r, manager=WeightManager())
+    with (weightstore.resolve(tmp_path / "in.onnx") as r,
+          pytest.raises(LoadError, match="convert to-inline") as info):
+        weightstore.load(r, manager=WeightManager())
+    assert info.value.context["node"] == "ge_const"

@@ -18,7 +18,7 @@ from ..catalogue.graphs import iter_containers
 from ..catalogue.payload import expected_nbytes
 from ..errors import ConversionError
 from ..io.onnx_proto import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto
-from .encoding import set_payload
+from .encoding import set_external, set_payload
 from .placement import ExternalTensor
 
 DOMAIN = "weightstore"
@@ -185,6 +185,30 @@ def restore_constants(model: ModelProto,
         for index, tensor in sorted(restored_inits, key=lambda x: x[0]):
             container.initializer.insert(min(index, len(container.initializer)), tensor)
         if isinstance(container, FunctionProto):
+            drop_domain(container.opset_import)
+    if count:
+        drop_domain(model.opset_import)
+    return count
+
+
+def as_external_constants(model: ModelProto) -> int:
+    """Our FileConstant nodes as the Constant nodes they stand for, each value external
+    data at the node's own file range (nothing read): the form a runtime that does not
+    know FileConstant loads, its payloads bound afterwards like any external weight.
+    Returns the number of nodes turned."""
+    count = 0
+    for container, where in iter_containers(model):
+        for i, node in enumerate(container.node):
+            if not is_file_constant(node):
+                continue
+            attrs = file_constant_attributes(node)
+            tensor = tensor_of(attrs, node, f"{where} node {i} ({OP_TYPE} '{node.name}')")
+            tensor.ClearField("name")  # a Constant's value is named by the node's output
+            set_external(tensor, attribute_text(attrs.get("location", b"")),
+                         int(attrs.get("offset", 0)), int(attrs.get("length", 0)), "")
+            to_constant(node, attrs, tensor)
+            count += 1
+        if count and isinstance(container, FunctionProto):
             drop_domain(container.opset_import)
     if count:
         drop_domain(model.opset_import)

@@ -26,7 +26,11 @@ from onnx import helper
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..catalogue.sites import iter_tensor_sites
 from ..convert.encoding import has_payload
-from ..convert.file_constant import is_file_constant
+from ..convert.file_constant import (
+    as_external_constants,
+    is_any_file_constant,
+    is_file_constant,
+)
 from ..errors import LoadError
 from ..passes.analysis import is_constant, iter_scopes
 from ..resolve.manifest import ACTIVE, STORE_ONLY, ManifestEntry
@@ -247,9 +251,15 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
                         model=resolved.source.name) from None
 
     model = resolved.frozen_model()
-    if any(is_file_constant(n) for s in iter_scopes(model) for n in s.container.node):
-        raise LoadError("FileConstant nodes do not run in onnxruntime: load an "
-                        "external-data layout", model=resolved.source.name)
+    foreign = next((n for s in iter_scopes(model) for n in s.container.node
+                    if is_any_file_constant(n) and not is_file_constant(n)), None)
+    if foreign is not None:
+        raise LoadError("a FileConstant node of another tool (GE) does not run in "
+                        "onnxruntime: bring its weights inline first (weightstore convert "
+                        "to-inline, with --value-bins for file_id nodes)",
+                        model=resolved.source.name, node=foreign.name)
+    # ours run as the Constant nodes they stand for, their live payloads bound below
+    as_external_constants(model)
     report = report if report is not None else LoadReport()
     if resolved.prepared_graph is not None and not buffers:
         from .prepared import prepared_session

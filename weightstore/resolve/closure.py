@@ -265,6 +265,7 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
     for p in external.values():  # FileConstant nodes
         if p.name not in {n for _, n in live_sites}:
             builder.add(WeightSource(PayloadSource(p.location, p.offset, p.length,
-                                                   checksum=p.checksum), 0, (), p.where),
+                                                   checksum=p.checksum), p.dtype, p.dims,
+                                     p.where),
                         p.name, why.get(p.name, []) or ["FileConstant"], origin="portable")
     return builder.freeze(), tuple(derived[k] for k in derived)

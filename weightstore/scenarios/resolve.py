@@ -29,6 +29,9 @@ class LivePayload:
     offset: int
     length: int
     checksum: str | None
+    # a FileConstant's element type and shape (an external tensor's are on its site)
+    dtype: int = 0
+    dims: tuple[int, ...] = ()
 
 
 def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
@@ -85,10 +88,18 @@ def _file_constants(resolved: onnx.ModelProto, scenario: str | None) -> list[Liv
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
             name = node.output[0] if node.output else node.name
-            if not text.get("location") or "length" not in text:
+            try:
+                offset, length = int(text.get("offset", 0)), int(text["length"])
+                dtype, dims = int(text["dtype"]), tuple(int(d) for d in text["shape"])
+            except (KeyError, TypeError, ValueError):
+                offset = length = dtype = -1
+                dims = ()
+            expected = expected_nbytes(dtype, list(dims)) if dtype >= 0 else None
+            if (not text.get("location") or offset < 0 or length < 0
+                    or (expected is not None and length != expected)):
                 raise ScenarioError("live FileConstant has no eligible payload",
-                                    scenario=scenario, initializer=name)
+                                    scenario=scenario, initializer=name,
+                                    location=text.get("location"))
             out.append(LivePayload(name, f"{where} node '{node.name}'", text["location"],
-                                   int(text.get("offset", 0)), int(text["length"]),
-                                   text.get("file_id")))
+                                   offset, length, text.get("file_id"), dtype, dims))
     return out
