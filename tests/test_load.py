@@ -414,3 +414,9 @@ def test_another_tools_file_constant_is_refused_at_load_naming_it(tmp_path):
           pytest.raises(LoadError, match="convert to-inline") as info):
         weightstore.load(r, manager=WeightManager())
     assert info.value.context["node"] == "ge_const"
+
+
+def test_prepare_says_why_a_file_constant_package_has_nothing_to_prepare(file_constant_build):
+    with pytest.raises(weightstore.WeightstoreError, match="FileConstant weights"):
+        weightstore.prepare(file_constant_build / "ge",
+                            store=file_constant_build.parents[2] / "store")

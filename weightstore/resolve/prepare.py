@@ -31,6 +31,7 @@ from typing import Any
 
 import onnx
 
+from ..catalogue.graphs import iter_nodes
 from ..catalogue.payload import SMALL_VALUE_LIMIT, external_info
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
@@ -121,8 +122,15 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
     with resolve(package, model=model, device=device, scenario=scenario, store=store,
                  prepared=options) as resolved:
         if not resolved.prepared_requirements:
-            raise PackageError("nothing to prepare: no kernel of this device takes "
-                               "prepared weights", package=str(package), device=device)
+            from ..convert.file_constant import is_any_file_constant
+
+            ge_form = any(is_any_file_constant(n) for n in iter_nodes(resolved.frozen_model()))
+            raise PackageError(
+                "nothing to prepare: " + ("FileConstant weights (GE's form) take no "
+                                          "onnxruntime prepared weights; prepare an "
+                                          "external-data layout" if ge_form else
+                                          "no kernel of this device takes prepared weights"),
+                package=str(package), device=device)
         graph = resolved.frozen_model()
         data = read_active(resolved, buffers={}, reader=None, jobs=4,
                            manager=WeightManager(), report=LoadReport()).data
