@@ -155,3 +155,25 @@ def test_a_model_cut_short_while_it_is_copied_is_one_line(model_path, capsys, mo
     assert f"file={model_path}" in lines[0]
     assert model_path.stat().st_size == size // 2
     assert [p.name for p in model_path.parent.iterdir()] == [model_path.name]
+
+
+def test_a_replayed_converted_model_keeps_no_stale_encoding_record(encoder_model, save_model,
+                                                                   tmp_path, capsys):
+    """to-external records which tensors were typed fields, by structural path; a replay
+    writes every payload inline and moves paths, so the record would only mislead."""
+    from weightstore.convert.external_data import ENCODINGS_KEY
+
+    src = str(save_model(encoder_model, "src.onnx"))
+    ext = str(tmp_path / "ext.onnx")
+    assert _run(capsys, "convert", "to-external", src, ext, "--threshold", "0")[0] == 0
+    assert ENCODINGS_KEY in {p.key for p in onnx.load(ext, load_external_data=False)
+                             .metadata_props}  # the encoder has typed Constant fields
+    assert _run(capsys, "scenario", "add", ext, "half", "--passes", "cast-fp16,cleanup")[0] == 0
+    out = tmp_path / "half.onnx"
+    assert _run(capsys, "scenario", "replay", ext, "half", "--output", str(out))[0] == 0
+    replayed = onnx.load(str(out))
+    assert ENCODINGS_KEY not in {p.key for p in replayed.metadata_props}
+    inputs = sample_inputs(encoder_model, seed=4)
+    for a, b in zip(run_onnxruntime(replayed, inputs),
+                    run_onnxruntime(runnable_variant(ext, "half"), inputs), strict=True):
+        np.testing.assert_array_equal(a, b)

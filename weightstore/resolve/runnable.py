@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from ..catalogue.payload import describe, read_payload
 from ..catalogue.sites import iter_tensor_sites
 from ..convert.encoding import has_payload, set_payload
+from ..convert.external_data import ENCODINGS_KEY, pop_metadata
 from ..convert.inline import check_digest
 from ..io.models import save_model
 from ..scenarios.api import find_scenario
@@ -59,6 +60,9 @@ def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx
             else:
                 data = numpy_helper.from_array(np.ascontiguousarray(value(name))).raw_data
             set_payload(t, data)
+    # the typed encodings an earlier conversion recorded describe external tensors by
+    # structural path: none is external now, and a replay moved the paths
+    pop_metadata(resolved, ENCODINGS_KEY)
     return resolved
 
 
