@@ -383,14 +383,21 @@ def test_file_constant_packages_load_exactly_their_live_payloads(file_constant_b
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize(("attribute", "change"), [
+    ("length", lambda a: setattr(a, "i", a.i - 4)),
+    ("offset", lambda a: setattr(a, "i", -1)),
+    ("dtype", lambda a: setattr(a, "i", 0)),  # no ONNX element type
+    ("dtype", lambda a: setattr(a, "i", onnx.TensorProto.STRING)),
+    ("shape", lambda a: a.ints.extend([-1])),
+])
 def test_a_file_constant_whose_range_does_not_fit_its_type_is_refused(file_constant_build,
-                                                                      tmp_path):
+                                                                      tmp_path, attribute,
+                                                                      change):
     shutil.copytree(file_constant_build / "ge-separate", tmp_path / "p")
     path = tmp_path / "p" / "encoder.onnx"
     model = onnx.load(str(path), load_external_data=False)
     node = next(n for n in model.graph.node if n.op_type == "FileConstant")
-    length = next(a for a in node.attribute if a.name == "length")
-    length.i -= 4
+    change(next(a for a in node.attribute if a.name == attribute))
     path.write_bytes(model.SerializeToString())
     with pytest.raises(weightstore.WeightstoreError, match="no eligible payload") as info:
         weightstore.resolve(path)

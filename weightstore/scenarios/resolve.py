@@ -94,9 +94,10 @@ def _file_constants(resolved: onnx.ModelProto, scenario: str | None) -> list[Liv
             except (KeyError, TypeError, ValueError):
                 offset = length = dtype = -1
                 dims = ()
-            expected = expected_nbytes(dtype, list(dims)) if dtype >= 0 else None
-            if (not text.get("location") or offset < 0 or length < 0
-                    or (expected is not None and length != expected)):
+            # a fixed-size ONNX element type (no strings: they have no external form)
+            expected = expected_nbytes(dtype, list(dims)) if dtype > 0 else None
+            if (not text.get("location") or offset < 0 or length < 0 or expected is None
+                    or length != expected):
                 raise ScenarioError("live FileConstant has no eligible payload",
                                     scenario=scenario, initializer=name,
                                     location=text.get("location"))
