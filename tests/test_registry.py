@@ -505,3 +505,44 @@ def test_a_tampered_sha256_mapping_is_computed_again(packages, registry, tmp_pat
     assert report.hashed_bytes == sizes[a] + sizes[b]  # only the two forged rows
     pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "fresh"))
     _same_tree(source, tmp_path / "out")
+
+
+GE_RECIPE = """\
+package: ge
+version: "1"
+store: {{path: {store}}}
+models:
+  - {{name: encoder, source: {src}}}
+layouts:
+  - {{name: ge, external_weight: combined, constants: file-constant, size_threshold: 64}}
+devices:
+  - {{name: npu, capabilities: {{accelerator: npu}}}}
+output: {out}
+"""
+
+
+def test_a_file_constant_package_travels_and_runs(packages, registry, tmp_path) -> None:
+    """GE's form goes through the registry like any other (FileConstant nodes name the
+    files), whole or as a device's variant, and the pulled folder runs in onnxruntime
+    through weightstore's load, bit for bit the source model's outputs."""
+    import weightstore
+
+    folder = packages["folder"]
+    (tmp_path / "ge.yaml").write_text(GE_RECIPE.format(
+        store=tmp_path / "built-store", src=folder / "encoder-1.0.0.onnx",
+        out=tmp_path / "built"))
+    source = build(tmp_path / "ge.yaml", BuildOptions(jobs=2)).packages[0].path
+    ref = f"{registry.host}/ge/combined:1"
+    push(source, ref, store=WeightStore(tmp_path / "built-store"))
+    store = WeightStore(tmp_path / "store")
+    pull(ref, tmp_path / "whole", store=store)
+    _same_tree(source, tmp_path / "whole")
+    report = pull(ref, tmp_path / "npu", store=store, device="npu")
+    assert report.fetched == 0  # every payload came with the whole pull
+    inputs = sample_inputs(packages["model"], seed=6)
+    expected = run_onnxruntime(packages["model"], inputs)
+    for folder_ in (tmp_path / "whole", tmp_path / "npu"):
+        with weightstore.resolve(folder_ / "encoder.onnx") as resolved:
+            session = weightstore.load(resolved)
+        for e, a in zip(expected, session.run(None, inputs), strict=True):
+            assert e.tobytes() == a.tobytes()
