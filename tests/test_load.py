@@ -427,3 +427,51 @@ def test_prepare_says_why_a_file_constant_package_has_nothing_to_prepare(file_co
     with pytest.raises(weightstore.WeightstoreError, match="FileConstant weights"):
         weightstore.prepare(file_constant_build / "ge",
                             store=file_constant_build.parents[2] / "store")
+
+
+def _function_model(domain: str, clash: bool) -> tuple[onnx.ModelProto, dict]:
+    """A main graph calling a model-local function ``Lin`` of ``domain`` whose Constant is
+    named ``w``; with ``clash``, the main graph's own initializer ``w`` holds other values."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    opset = [helper.make_opsetid("", 18)]
+    inner = rng.standard_normal((4, 4)).astype(np.float32)
+    lin = helper.make_function(domain, "Lin", ["a"], ["b"], [
+        helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(inner, "")),
+        helper.make_node("MatMul", ["a", "w"], ["b"])], opset)
+    nodes = [helper.make_node("Lin", ["x"], ["h" if clash else "y"], domain=domain)]
+    inits = []
+    if clash:
+        nodes.append(helper.make_node("MatMul", ["h", "w"], ["y"]))
+        inits.append(numpy_helper.from_array(
+            rng.standard_normal((4, 4)).astype(np.float32), "w"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, [1, 4])], inits)
+    model = helper.make_model(graph, functions=[lin], opset_imports=[
+        *opset, helper.make_opsetid(domain, 1)])
+    return model, {"x": rng.standard_normal((1, 4)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("form", ["external-data", "file-constant"])
+@pytest.mark.parametrize(("domain", "clash"), [("local", True), ("weightstore", False)])
+def test_a_functions_names_are_its_own(tmp_path, form, domain, clash):
+    """A function's Constant ``w`` and the main graph's initializer ``w`` are two values:
+    each gets its own manifest entry and its own bytes (they used to share one). A
+    function in our own domain keeps its opset import when its FileConstant is lowered."""
+    from weightstore.convert.api import convert_to_external
+
+    model, feed = _function_model(domain, clash)
+    onnx.save(model, str(tmp_path / "in.onnx"))
+    convert_to_external(tmp_path / "in.onnx", tmp_path / "out.onnx", form=form, threshold=16)
+    expected = run_onnxruntime(model, feed)
+    with weightstore.resolve(tmp_path / "out.onnx") as r:
+        values = sorted(v for e in r.payload_manifest.active for v in e.values)
+        session = weightstore.load(r, manager=WeightManager())
+    assert values == ([f"{domain}:Lin/w", "w"] if clash else [f"{domain}:Lin/w"])
+    for a, b in zip(session.run(None, feed), expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    replayed = runnable_variant(tmp_path / "in.onnx", None)  # inline source: base values
+    for a, b in zip(run_onnxruntime(replayed, feed), expected, strict=True):
+        np.testing.assert_array_equal(a, b)

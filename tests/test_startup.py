@@ -109,3 +109,21 @@ def test_a_command_builds_only_its_own_parsers(folder: Path) -> None:
     assert _imported(["store", "stats", "--store", "nowhere"], folder,
                      OTHER_COMMANDS) == {"weightstore.store.commands"}
     assert _imported(["--help"], folder, OTHER_COMMANDS) == set(OTHER_COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [["-h", "build"], ["--help", "build"], ["--hel", "build"],
+                                  ["-qh", "build"]])
+def test_help_before_a_command_lists_every_command(argv, capsys):
+    from weightstore import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    listed = capsys.readouterr().out
+    assert all(f"    {name}" in listed for name in cli.COMMANDS)
+
+
+def test_a_double_dash_before_the_command_is_judged_against_every_command(capsys):
+    from weightstore import cli
+
+    assert cli.main(["--", "build"]) == 2
+    assert "'schema'" in capsys.readouterr().err

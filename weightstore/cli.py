@@ -255,11 +255,26 @@ def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     return out
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, or None where the top-level parser acts before any
+    command (help, version, ``--``) and must know them all. Top-level options take no
+    values, so the first argument not starting with ``-`` is the command."""
+    for arg in argv:
+        if arg == "--" or (arg.startswith("--") and ("--help".startswith(arg)
+                                                     or "--version".startswith(arg))):
+            return None
+        if arg.startswith("-"):
+            if "h" in arg[1:]:  # -h, or -h among other short flags (-qh)
+                return None
+            continue
+        return arg
+    return None
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     """The command line; unknown arguments are reported against the help of the command
     that was given them, and ``-q`` with ``-v`` is refused wherever each stands."""
-    command = next((a for a in argv if not a.startswith("-")), None)
-    parser = _parser(command)
+    parser = _parser(_command(argv))
     args, extra = parser.parse_known_args(argv)
     usage = getattr(args, "usage_help", f"{parser.prog} --help")
     if extra:

@@ -16,6 +16,7 @@ from ..io.onnx_proto import (
     NodeProto,
     TensorProto,
 )
+from .graphs import function_label
 from .schema import CHILDREN, Kind, Path, path_str
 
 Role = str  # "initializer" | "constant" | "attribute" | "sparse"
@@ -44,6 +45,17 @@ class TensorSite:
         return ""
 
     @property
+    def value_key(self) -> str:
+        """The value as resolution keys it (manifest entries, payload lookups): its name,
+        qualified by the model-local function it lives in, at any depth (``<function>/
+        <name>``, :func:`function_label`). A function's names are its own: one may reuse
+        a name the main graph, or another function, gives to another value."""
+        name = self.value_name or self.tensor.name
+        if self.path and self.path[0][0] == MODEL_FUNCTIONS:
+            return f"{self.scope[0].removeprefix('function ')}/{name}"
+        return name
+
+    @property
     def key(self) -> str:
         return path_str(self.path)
 
@@ -64,9 +76,12 @@ class _Context:
     scope: tuple[str, ...] = ()
 
 
+MODEL_FUNCTIONS = 25  # ModelProto.functions
+
+
 def _describe(container: Message) -> str:
     if isinstance(container, FunctionProto):
-        return f"function {container.domain}:{container.name}"
+        return f"function {function_label(container)}"
     return f"graph '{container.name}'"
 
 

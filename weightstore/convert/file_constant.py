@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..catalogue.graphs import iter_containers
+from ..catalogue.graphs import function_label, iter_containers, iter_scoped_containers
 from ..catalogue.payload import expected_nbytes
 from ..errors import ConversionError
 from ..io.onnx_proto import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto
@@ -184,10 +184,8 @@ def restore_constants(model: ModelProto,
             del container.node[i]
         for index, tensor in sorted(restored_inits, key=lambda x: x[0]):
             container.initializer.insert(min(index, len(container.initializer)), tensor)
-        if isinstance(container, FunctionProto):
-            drop_domain(container.opset_import)
     if count:
-        drop_domain(model.opset_import)
+        drop_unused_domain(model)
     return count
 
 
@@ -208,10 +206,8 @@ def as_external_constants(model: ModelProto) -> int:
                          int(attrs.get("offset", 0)), int(attrs.get("length", 0)), "")
             to_constant(node, attrs, tensor)
             count += 1
-        if count and isinstance(container, FunctionProto):
-            drop_domain(container.opset_import)
     if count:
-        drop_domain(model.opset_import)
+        drop_unused_domain(model)
     return count
 
 
@@ -267,6 +263,19 @@ def tensor_of(attrs: dict[str, object], node: NodeProto, where: str) -> TensorPr
                               dtype=tensor.data_type)
     tensor.dims.extend(int(d) for d in attrs["shape"])
     return tensor
+
+
+def drop_unused_domain(model: ModelProto) -> None:
+    """Remove our domain's opset import from the model and from each function whose nodes
+    (subgraphs included) no longer use it: a function of that domain, or a node another
+    tool put in it, keeps it."""
+    used = {prefix for container, _, prefix in iter_scoped_containers(model)
+            if any(node.domain == DOMAIN for node in container.node)}
+    if "" not in used:
+        drop_domain(model.opset_import)
+    for function in model.functions:
+        if f"{function_label(function)}/" not in used:
+            drop_domain(function.opset_import)
 
 
 def drop_domain(opsets) -> None:

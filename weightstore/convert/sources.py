@@ -31,7 +31,7 @@ from .encoding import set_external
 from .file_constant import (
     OP_TYPE,
     attribute_text,
-    drop_domain,
+    drop_unused_domain,
     file_constant_attributes,
     tensor_of,
     to_constant,
@@ -70,9 +70,7 @@ def file_constants_as_external(catalogue: Catalogue, base_dir: Path,
         if encoding != "raw_data":
             encodings[path_str(value_path)] = encoding
     if found:
-        drop_domain(model.opset_import)
-        for function in model.functions:
-            drop_domain(function.opset_import)
+        drop_unused_domain(model)
     return len(found)
 
 

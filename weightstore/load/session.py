@@ -342,7 +342,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
     _constants_to_initializers(model)
     for site in iter_tensor_sites(model):
         t = site.tensor
-        name = site.value_name or t.name
+        name = site.value_key
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue
         e = by_value.get(name)

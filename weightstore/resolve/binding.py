@@ -79,7 +79,7 @@ def value_digests(state: ResolutionState) -> dict[str, str]:
                                            int(info.get("offset", "0") or 0)))
         digest = info.get("checksum") or key
         if digest:
-            out[site.value_name or t.name] = digest
+            out[site.value_key] = digest
     return out
 
 

@@ -50,7 +50,7 @@ def base_sources(catalogue: Catalogue) -> dict[str, list[WeightSource]]:
     external file opened: ranges come from the model's own external_data entries)."""
     out: dict[str, list[WeightSource]] = {}
     for site in iter_tensor_sites(catalogue.model):
-        name = site.value_name or site.tensor.name
+        name = site.value_key
         ws = _site_source(site, catalogue)
         if ws is not None and name:
             out.setdefault(name, []).append(ws)
@@ -232,7 +232,7 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
     sites = list(iter_tensor_sites(model))
     for site in sites:
         t = site.tensor
-        name = site.value_name or t.name
+        name = site.value_key
         declared[name] = (t.data_type, tuple(int(d) for d in t.dims))
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue

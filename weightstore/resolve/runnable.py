@@ -52,7 +52,7 @@ def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx
             t = site.tensor
             if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
                 continue
-            name = site.value_name or t.name
+            name = site.value_key
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 desc = describe(site, source.catalogue, path.parent)
                 data = read_payload(desc, source.catalogue)

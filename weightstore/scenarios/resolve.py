@@ -48,7 +48,7 @@ def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = external_info(t)
-        name = site.value_name or t.name
+        name = site.value_key
         try:
             offset = int(info.get("offset", "0"))
             length = int(info["length"]) if "length" in info else None
@@ -77,17 +77,17 @@ def _file_constants(resolved: onnx.ModelProto, scenario: str | None) -> list[Liv
     """The payloads of FileConstant nodes (the file-constant form) of a resolved model."""
     from onnx import helper
 
-    from ..catalogue.graphs import iter_containers
+    from ..catalogue.graphs import iter_scoped_containers
     from ..convert.file_constant import is_file_constant
 
     out = []
-    for container, where in iter_containers(resolved):
+    for container, where, prefix in iter_scoped_containers(resolved):
         for node in container.node:
             if not is_file_constant(node):
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-            name = node.output[0] if node.output else node.name
+            name = prefix + (node.output[0] if node.output else node.name)
             try:
                 offset, length = int(text.get("offset", 0)), int(text["length"])
                 dtype, dims = int(text["dtype"]), tuple(int(d) for d in text["shape"])

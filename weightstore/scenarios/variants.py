@@ -48,12 +48,13 @@ def scenario_rewrites(mw: ModelWeights, passes: Sequence[str],
 
 
 def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np.ndarray]:
-    """Base-model values by value name (initializers and Constants), each read when asked
-    (and only then is its file, if external, opened)."""
+    """Base-model values by value key (initializers and Constants; a function's qualified
+    by it, ``TensorSite.value_key``), each read when asked (and only then is its file, if
+    external, opened)."""
     by_name: dict[str, list] = {}
     for site in iter_tensor_sites(catalogue.model):
         if site.role in ("initializer", "constant") and site.value_name:
-            by_name.setdefault(site.value_name, []).append(site)
+            by_name.setdefault(site.value_key, []).append(site)
 
     def value(name: str) -> np.ndarray:
         sites = by_name.get(name, [])
