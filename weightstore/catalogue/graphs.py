@@ -27,26 +27,39 @@ def iter_containers(model: ModelProto) -> Iterator[tuple[Container, str]]:
         yield container, where
 
 
+def subgraph_chain(chain: str, node: NodeProto, attribute: str, index: int | None) -> str:
+    """The scope chain of a subgraph of ``node`` (in the scope ``chain``): each step names
+    the node by its first output (unique where the node stands) and the attribute, so a
+    chain survives rewrites that renumber nodes. ``""`` is the main graph's."""
+    who = node.output[0] if node.output and node.output[0] else node.name
+    return f"{chain}{who}.{attribute}" + (f"[{index}]" if index is not None else "") + "/"
+
+
 def iter_scoped_containers(model: ModelProto) -> Iterator[tuple[Container, str, str]]:
-    """:func:`iter_containers`, each container with the prefix that qualifies its value
-    names as resolution keys them: ``""`` in the graphs, ``"<function>/"`` in a
-    model-local function and its subgraphs (see ``TensorSite.value_key``)."""
+    """:func:`iter_containers`, each container with its scope chain (``TensorSite.chain``):
+    ``""`` for the main graph, ``"<function>/"`` for a model-local function, extended by
+    :func:`subgraph_chain` in subgraphs."""
     stack: list[tuple[Container, str, str]] = [
         (model.graph, f"graph '{model.graph.name}'", "")]
     for info in model.training_info:
-        stack += [(info.initialization, "training initialization", ""),
-                  (info.algorithm, "training algorithm", "")]
+        stack += [(info.initialization, "training initialization",
+                   f"training {info.initialization.name or 'graph'}/"),
+                  (info.algorithm, "training algorithm",
+                   f"training {info.algorithm.name or 'graph'}/")]
     stack += [(f, f"function {function_label(f)}", f"{function_label(f)}/")
               for f in model.functions]
     while stack:
-        container, where, prefix = stack.pop()
-        yield container, where, prefix
+        container, where, chain = stack.pop()
+        yield container, where, chain
         for node in container.node:
             for attr in node.attribute:
                 if attr.type == AttributeProto.GRAPH:
-                    stack.append((attr.g, f"graph '{attr.g.name}'", prefix))
+                    stack.append((attr.g, f"graph '{attr.g.name}'",
+                                  subgraph_chain(chain, node, attr.name, None)))
                 elif attr.type == AttributeProto.GRAPHS:
-                    stack.extend((g, f"graph '{g.name}'", prefix) for g in attr.graphs)
+                    stack.extend((g, f"graph '{g.name}'",
+                                  subgraph_chain(chain, node, attr.name, i))
+                                 for i, g in enumerate(attr.graphs))
 
 
 def iter_nodes(model: ModelProto) -> Iterator[NodeProto]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
@@ -16,7 +16,7 @@ from ..io.onnx_proto import (
     NodeProto,
     TensorProto,
 )
-from .graphs import function_label
+from .graphs import function_label, iter_scoped_containers, subgraph_chain
 from .schema import CHILDREN, Kind, Path, path_str
 
 Role = str  # "initializer" | "constant" | "attribute" | "sparse"
@@ -34,6 +34,7 @@ class TensorSite:
     index: int  # initializer index or node index in the container
     node: NodeProto | None = None
     scope: tuple[str, ...] = ()  # graphs from the root to the container, readable
+    chain: str = ""  # the container's scope chain by value names (graphs.subgraph_chain)
 
     @property
     def value_name(self) -> str:
@@ -45,15 +46,18 @@ class TensorSite:
         return ""
 
     @property
-    def value_key(self) -> str:
+    def scoped_name(self) -> str:
+        """The value's name qualified by the scope that defines it: the name itself in
+        the main graph, ``<chain><name>`` in a subgraph or a model-local function."""
+        return self.chain + (self.value_name or self.tensor.name)
+
+    def value_key(self, ambiguous: Collection[str]) -> str:
         """The value as resolution keys it (manifest entries, payload lookups): its name,
-        qualified by the model-local function it lives in, at any depth (``<function>/
-        <name>``, :func:`function_label`). A function's names are its own: one may reuse
-        a name the main graph, or another function, gives to another value."""
+        unless another scope defines a weight of that name too (``ambiguous``, from
+        :func:`ambiguous_names`): sibling subgraphs and functions may reuse names, and
+        then each definition outside the main graph is keyed by :attr:`scoped_name`."""
         name = self.value_name or self.tensor.name
-        if self.path and self.path[0][0] == MODEL_FUNCTIONS:
-            return f"{self.scope[0].removeprefix('function ')}/{name}"
-        return name
+        return self.chain + name if self.chain and name in ambiguous else name
 
     @property
     def key(self) -> str:
@@ -74,9 +78,7 @@ class _Context:
     index: int = -1
     role: Role | None = None
     scope: tuple[str, ...] = ()
-
-
-MODEL_FUNCTIONS = 25  # ModelProto.functions
+    chain: str = ""
 
 
 def _describe(container: Message) -> str:
@@ -167,7 +169,7 @@ def _walk(msg: Message, kind: Kind, path: Path, ctx: _Context) -> Iterator[Tenso
             elif ctx.node is not None:
                 where += f" node {ctx.index} ({ctx.node.op_type} '{ctx.node.name}')"
             yield TensorSite(path, msg, ctx.role or "attribute", where, ctx.container,
-                             ctx.index, ctx.node, ctx.scope)
+                             ctx.index, ctx.node, ctx.scope, ctx.chain)
             continue
         stack.extend(reversed([
             (value, child, (*path, (number, i)),
@@ -179,24 +181,46 @@ def _child(ctx: _Context, msg: Message, kind: Kind, child_kind: Kind, value: Mes
            repeated: bool) -> _Context:
     """The context of the ``i``-th ``child_kind`` value found in ``msg`` (of ``kind``)."""
     if child_kind in (Kind.GRAPH, Kind.FUNCTION):
+        chain = ctx.chain
         if kind is Kind.ATTRIBUTE and ctx.node is not None:
             label = f"{ctx.node.op_type} '{ctx.node.name}' {msg.name}"
             label += f"[{i}]" if repeated else ""
+            chain = subgraph_chain(chain, ctx.node, msg.name, i if repeated else None)
         elif kind is Kind.TRAINING:
             label = f"training {value.name or 'graph'}"
+            chain = f"{label}/"
         else:
             label = _describe(value)
-        return _Context(value, None, -1, None, (*ctx.scope, label))
+            if child_kind is Kind.FUNCTION:
+                chain = f"{function_label(value)}/"
+        return _Context(value, None, -1, None, (*ctx.scope, label), chain)
     if child_kind is Kind.NODE:
-        return _Context(ctx.container, value, i, None, ctx.scope)
+        return _Context(ctx.container, value, i, None, ctx.scope, ctx.chain)
     if child_kind is Kind.TENSOR:
         if kind is Kind.GRAPH:
-            return _Context(ctx.container, None, i, "initializer", ctx.scope)
+            return _Context(ctx.container, None, i, "initializer", ctx.scope, ctx.chain)
         if kind is Kind.SPARSE:
-            return _Context(ctx.container, ctx.node, ctx.index, "sparse", ctx.scope)
+            return _Context(ctx.container, ctx.node, ctx.index, "sparse", ctx.scope,
+                            ctx.chain)
         node = ctx.node
         if (kind is Kind.ATTRIBUTE and node is not None and node.op_type == "Constant"
                 and node.domain in ("", "ai.onnx") and msg.name == "value"):
-            return _Context(ctx.container, node, ctx.index, "constant", ctx.scope)
-        return _Context(ctx.container, node, ctx.index, "attribute", ctx.scope)
+            return _Context(ctx.container, node, ctx.index, "constant", ctx.scope, ctx.chain)
+        return _Context(ctx.container, node, ctx.index, "attribute", ctx.scope, ctx.chain)
     return ctx
+
+
+def ambiguous_names(model: ModelProto, sites: Iterable[TensorSite] | None = None,
+                    ) -> frozenset[str]:
+    """Names that weights of more than one scope define (initializers, Constant and
+    FileConstant outputs): keyed by scope wherever they stand outside the main graph
+    (:meth:`TensorSite.value_key`). ``sites``: the model's, when already walked."""
+    scopes: dict[str, set[str]] = {}
+    for site in iter_tensor_sites(model) if sites is None else sites:
+        if site.role in ("initializer", "constant") and site.value_name:
+            scopes.setdefault(site.value_name, set()).add(site.chain)
+    for container, _, chain in iter_scoped_containers(model):
+        for node in container.node:
+            if node.op_type == "FileConstant" and node.output:
+                scopes.setdefault(node.output[0], set()).add(chain)
+    return frozenset(name for name, found in scopes.items() if len(found) > 1)

@@ -190,22 +190,34 @@ def restore_constants(model: ModelProto,
 
 
 def as_external_constants(model: ModelProto) -> int:
-    """Our FileConstant nodes as the Constant nodes they stand for, each value external
-    data at the node's own file range (nothing read): the form a runtime that does not
-    know FileConstant loads, its payloads bound afterwards like any external weight.
-    Returns the number of nodes turned."""
+    """Our FileConstant nodes as what they stand for, each value external data at the
+    node's own file range (nothing read): an initializer where one was turned (in its
+    place), else a Constant node. The form a runtime that does not know FileConstant
+    loads, its payloads bound afterwards like any external weight. Returns the number of
+    nodes turned."""
     count = 0
     for container, where in iter_containers(model):
+        restored: list[tuple[int, TensorProto]] = []
+        drop: list[int] = []
         for i, node in enumerate(container.node):
             if not is_file_constant(node):
                 continue
             attrs = file_constant_attributes(node)
             tensor = tensor_of(attrs, node, f"{where} node {i} ({OP_TYPE} '{node.name}')")
-            tensor.ClearField("name")  # a Constant's value is named by the node's output
             set_external(tensor, attribute_text(attrs.get("location", b"")),
                          int(attrs.get("offset", 0)), int(attrs.get("length", 0)), "")
-            to_constant(node, attrs, tensor)
             count += 1
+            if (attribute_text(attrs.get("origin", b"constant")) == "initializer"
+                    and not isinstance(container, FunctionProto)):
+                restored.append((int(attrs.get("initializer_index", 1 << 62)), tensor))
+                drop.append(i)
+                continue
+            tensor.ClearField("name")  # a Constant's value is named by the node's output
+            to_constant(node, attrs, tensor)
+        for i in reversed(drop):
+            del container.node[i]
+        for index, tensor in sorted(restored, key=lambda x: x[0]):
+            container.initializer.insert(min(index, len(container.initializer)), tensor)
     if count:
         drop_unused_domain(model)
     return count

@@ -24,7 +24,7 @@ import onnx
 from onnx import helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
-from ..catalogue.sites import iter_tensor_sites
+from ..catalogue.sites import ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..convert.file_constant import (
     as_external_constants,
@@ -340,9 +340,11 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
                for d in manifest.derivations}
     derived = resolver(recipes, value)
     _constants_to_initializers(model)
-    for site in iter_tensor_sites(model):
+    sites = list(iter_tensor_sites(model))
+    ambiguous = ambiguous_names(model, sites)  # as the closure keyed the manifest
+    for site in sites:
         t = site.tensor
-        name = site.value_key
+        name = site.value_key(ambiguous)
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue
         e = by_value.get(name)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from ..catalogue.payload import external_info
-from ..catalogue.sites import iter_tensor_sites
+from ..catalogue.sites import ambiguous_names, iter_tensor_sites
 from .prepared import (
     CHEAPER,
     DERIVED,
@@ -68,18 +68,23 @@ def cpu_features() -> tuple[str, ...]:
 
 def value_digests(state: ResolutionState) -> dict[str, str]:
     """Value name -> trusted payload digest (recorded checksum, or the package's store
-    key of the same range); values without one are absent."""
+    key of the same range); values without one are absent, and so are names weights of
+    several scopes carry (a requirement names its value by name alone: it stays
+    portable)."""
     out: dict[str, str] = {}
-    for site in iter_tensor_sites(state.model):
+    sites = list(iter_tensor_sites(state.model))
+    ambiguous = ambiguous_names(state.model, sites)
+    for site in sites:
         t = site.tensor
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        name = site.value_name or t.name
+        if t.data_location != onnx.TensorProto.EXTERNAL or name in ambiguous:
             continue
         info = external_info(t)
         key = state.source.store_keys.get((info.get("location", ""),
                                            int(info.get("offset", "0") or 0)))
         digest = info.get("checksum") or key
         if digest:
-            out[site.value_key] = digest
+            out[name] = digest
     return out
 
 

@@ -25,7 +25,7 @@ import onnx
 
 from ..catalogue.payload import describe, expected_nbytes, external_info
 from ..catalogue.reader import Catalogue
-from ..catalogue.sites import TensorSite, iter_tensor_sites
+from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ExternalDataError, ResolutionError, ScenarioError
 from ..passes.analysis import defined_names, node_subgraphs, output_names
@@ -46,14 +46,18 @@ class WeightSource:
 
 
 def base_sources(catalogue: Catalogue) -> dict[str, list[WeightSource]]:
-    """Value name -> payload sources of the base model's weights (nothing read, no
-    external file opened: ranges come from the model's own external_data entries)."""
+    """Value name, and name qualified by its scope (``TensorSite.scoped_name``) -> payload
+    sources of the base model's weights (nothing read, no external file opened: ranges
+    come from the model's own external_data entries). A name several scopes define has
+    several sources, which a lookup by that name alone refuses."""
     out: dict[str, list[WeightSource]] = {}
     for site in iter_tensor_sites(catalogue.model):
-        name = site.value_key
         ws = _site_source(site, catalogue)
-        if ws is not None and name:
-            out.setdefault(name, []).append(ws)
+        if ws is None:
+            continue
+        for name in dict.fromkeys((site.value_name or site.tensor.name, site.scoped_name)):
+            if name:
+                out.setdefault(name, []).append(ws)
     return out
 
 
@@ -185,14 +189,16 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
     extra = [b for b in bindings if b.active is not None and bound[b.value] is not b]
 
     def portable(name: str, ws: WeightSource | None, reasons: Sequence[str],
-                 origin: str) -> None:
+                 origin: str, scoped: str | None = None) -> None:
+        """``scoped``: the value's name qualified by its scope, under which the base
+        model holds its payload (a derivation's sources are main-graph names)."""
         if ws is None or ws.source is None:
-            recipe = derivations.get(name)
+            recipe = derivations.get(name) if name not in ambiguous else None
             if recipe is None:
                 nonlocal base
                 if base is None:
                     base = base_sources(catalogue())
-                found = base.get(name, [])
+                found = base.get(scoped or name, [])
                 if not found:
                     raise ResolutionError("live weight has no eligible payload",
                                           scenario=scenario, initializer=name)
@@ -220,6 +226,10 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
     def add_derivation(name: str, recipe, reasons: Sequence[str]) -> None:
         if name in derived:
             return
+        clash = next((n for n in (name, *recipe.sources) if n in ambiguous), None)
+        if clash is not None:  # a record names values by name alone: which one is meant?
+            raise ResolutionError("a derived weight or its source is named like weights of "
+                                  "other scopes", scenario=scenario, initializer=clash)
         decl = declared.get(name)
         derived[name] = Derivation(name, recipe.operation, tuple(recipe.sources),
                                    tuple(recipe.attributes),
@@ -230,9 +240,10 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
     declared: dict[str, tuple[int, tuple[int, ...]]] = {}
     live_sites = []
     sites = list(iter_tensor_sites(model))
+    ambiguous = ambiguous_names(model, sites)
     for site in sites:
         t = site.tensor
-        name = site.value_key
+        name = site.value_key(ambiguous)
         declared[name] = (t.data_type, tuple(int(d) for d in t.dims))
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue
@@ -240,7 +251,8 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
             continue  # a genuinely empty tensor
         live_sites.append((site, name))
     try:
-        external = {p.name: p for p in live_payloads(model, scenario, sites=sites)}
+        external = {p.name: p for p in live_payloads(model, scenario, sites=sites,
+                                                     ambiguous=ambiguous)}
     except ScenarioError as exc:
         raise ResolutionError(exc.message, phase="closure", **exc.context) from None
     why = consumers(model, {name for _, name in live_sites} | set(external))
@@ -253,7 +265,7 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
                               site.tensor.data_type, declared[name][1], site.where)
             portable(name, ws, reasons, "portable")
         else:
-            portable(name, None, reasons, "portable")
+            portable(name, None, reasons, "portable", site.scoped_name)
     for b in extra:  # a second packed form of one weight (Gemm with another transB)
         builder.add(b.active, b.value, [b.reason], origin="prepared")
     for name, v in sorted((runtime_values or {}).items()):

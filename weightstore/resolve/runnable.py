@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..catalogue.payload import describe, read_payload
-from ..catalogue.sites import iter_tensor_sites
+from ..catalogue.sites import ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload, set_payload
 from ..convert.external_data import ENCODINGS_KEY, pop_metadata
 from ..convert.inline import check_digest
@@ -48,11 +48,13 @@ def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx
             for rewrite in find_scenario(meta, scenario).rewrites:
                 derivations.update(derivations_of(rewrite))
         value = resolver(derivations, catalogue_values(source.catalogue, path.parent))
-        for site in iter_tensor_sites(resolved):
+        sites = list(iter_tensor_sites(resolved))
+        ambiguous = ambiguous_names(resolved, sites)
+        for site in sites:
             t = site.tensor
             if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
                 continue
-            name = site.value_key
+            name = site.value_key(ambiguous)
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 desc = describe(site, source.catalogue, path.parent)
                 data = read_payload(desc, source.catalogue)

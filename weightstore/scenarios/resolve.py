@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..catalogue.payload import expected_nbytes, external_info
-from ..catalogue.sites import TensorSite, iter_tensor_sites
+from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites
 from ..errors import ScenarioError
 
 
@@ -35,20 +35,25 @@ class LivePayload:
 
 
 def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
-                  sites: Iterable[TensorSite] | None = None) -> list[LivePayload]:
+                  sites: Iterable[TensorSite] | None = None,
+                  ambiguous: frozenset[str] | None = None) -> list[LivePayload]:
     """Every external payload of a resolved variant, in structural order.
 
     Every tensor must hold exactly one eligible payload: inline values, or external data
     with a location and a length that fits its type and shape. ``sites``: the variant's
-    tensor sites, when the caller has walked them already.
+    tensor sites, when the caller has walked them already, and their ``ambiguous`` names
+    (each payload is named by its value key, ``TensorSite.value_key``).
     """
-    out = _file_constants(resolved, scenario)
-    for site in iter_tensor_sites(resolved) if sites is None else sites:
+    sites = list(iter_tensor_sites(resolved)) if sites is None else list(sites)
+    if ambiguous is None:
+        ambiguous = ambiguous_names(resolved, sites)
+    out = _file_constants(resolved, scenario, ambiguous)
+    for site in sites:
         t = site.tensor
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = external_info(t)
-        name = site.value_key
+        name = site.value_key(ambiguous)
         try:
             offset = int(info.get("offset", "0"))
             length = int(info["length"]) if "length" in info else None
@@ -73,7 +78,8 @@ def live_value_names(resolved: onnx.ModelProto) -> set[str]:
             if site.role in ("initializer", "constant") and site.value_name}
 
 
-def _file_constants(resolved: onnx.ModelProto, scenario: str | None) -> list[LivePayload]:
+def _file_constants(resolved: onnx.ModelProto, scenario: str | None,
+                    ambiguous: frozenset[str]) -> list[LivePayload]:
     """The payloads of FileConstant nodes (the file-constant form) of a resolved model."""
     from onnx import helper
 
@@ -81,13 +87,15 @@ def _file_constants(resolved: onnx.ModelProto, scenario: str | None) -> list[Liv
     from ..convert.file_constant import is_file_constant
 
     out = []
-    for container, where, prefix in iter_scoped_containers(resolved):
+    for container, where, chain in iter_scoped_containers(resolved):
         for node in container.node:
             if not is_file_constant(node):
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-            name = prefix + (node.output[0] if node.output else node.name)
+            name = node.output[0] if node.output else node.name
+            if chain and name in ambiguous:  # keyed as TensorSite.value_key keys it
+                name = chain + name
             try:
                 offset, length = int(text.get("offset", 0)), int(text["length"])
                 dtype, dims = int(text["dtype"]), tuple(int(d) for d in text["shape"])

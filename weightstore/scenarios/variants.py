@@ -48,16 +48,18 @@ def scenario_rewrites(mw: ModelWeights, passes: Sequence[str],
 
 
 def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np.ndarray]:
-    """Base-model values by value key (initializers and Constants; a function's qualified
-    by it, ``TensorSite.value_key``), each read when asked (and only then is its file, if
-    external, opened)."""
+    """Base-model values (initializers and Constants) by name, or by name qualified by
+    their scope (``TensorSite.scoped_name``, which wins), each read when asked (and only
+    then is its file, if external, opened)."""
     by_name: dict[str, list] = {}
+    by_scoped: dict[str, list] = {}
     for site in iter_tensor_sites(catalogue.model):
         if site.role in ("initializer", "constant") and site.value_name:
-            by_name.setdefault(site.value_key, []).append(site)
+            by_name.setdefault(site.value_name, []).append(site)
+            by_scoped.setdefault(site.scoped_name, []).append(site)
 
     def value(name: str) -> np.ndarray:
-        sites = by_name.get(name, [])
+        sites = by_scoped.get(name) or by_name.get(name, [])
         if len(sites) != 1:
             raise ScenarioError("a weight must name exactly one tensor of the base model",
                                 source=name, found=len(sites))
