@@ -149,9 +149,10 @@ def target_table(found: list[Target], heading: str, name_width: int,
         lines.append("")
         for t in misses:
             assert t.target is not None
-            over = (t.value / t.target - 1) * 100
+            over = (f"{(t.value / t.target - 1) * 100:.0f}% over" if t.target
+                    else "any is over")  # a count that must be zero
             lines.append(f"MISS: {t.name} = {t.value:.{t.digits}f}, target <= {t.target:g} "
-                         f"({over:.0f}% over)")
+                         f"({over})")
     return lines
 
 

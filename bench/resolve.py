@@ -210,7 +210,9 @@ if mode == "resolve":
     os.open = real_open
     runs.sort(key=lambda item: item[0])
     out["seconds"], out["phases"] = runs[len(runs) // 2]
-    out["weight_files_opened"] = [p for p in opened if not p.endswith(".onnx")]
+    # the model and the package's JSON records (summary, device and prepared records)
+    # are metadata: anything else opened would be a weight file
+    out["weight_files_opened"] = [p for p in opened if not p.endswith((".onnx", ".json"))]
     out["active_bytes"] = r.payload_manifest.active_bytes
     values = {v for e in r.payload_manifest.entries for v in e.values}
     out["dead_branch_dropped"] = "else.w" not in values
