@@ -111,3 +111,31 @@ def scenario_package(folder: Path):
         store=folder / "store", src=folder / "e.onnx", out=folder / "dist"))
     build(folder / "r.yaml", BuildOptions())
     return folder / "dist" / "pk" / "1.0.0" / "combined", model
+
+
+FILE_CONSTANT_PACKAGE = """\
+package: pk
+version: "1"
+store: {{path: {store}}}
+models:
+  - {{name: encoder, source: {src}}}
+layouts:
+  - {{name: ge, external_weight: combined, constants: file-constant, size_threshold: 64}}
+  - {{name: ge-separate, external_weight: separate, constants: file-constant,
+      size_threshold: 16}}
+devices:
+  - {{name: npu, capabilities: {{accelerator: npu}}}}
+output: {out}
+"""
+
+
+def file_constant_package(folder: Path, source: Path) -> Path:
+    """Build ``source`` into GE's form (FileConstant nodes: a combined layout ``ge`` and a
+    separate one ``ge-separate``, a device ``npu``) in ``folder`` (store ``folder/store``);
+    returns the version folder holding both layouts."""
+    from weightstore.build.run import BuildOptions, build
+
+    (folder / "ge.yaml").write_text(FILE_CONSTANT_PACKAGE.format(
+        store=folder / "store", src=source, out=folder / "out"))
+    build(folder / "ge.yaml", BuildOptions(jobs=2))
+    return folder / "out" / "pk" / "1"

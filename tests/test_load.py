@@ -330,32 +330,14 @@ def test_run_command(split, tmp_path, capsys):
     assert "cannot read the inputs" in capsys.readouterr().err
 
 
-FILE_CONSTANT_RECIPE = """\
-package: pk
-version: "1"
-store: {{path: {store}}}
-models:
-  - {{name: encoder, source: {src}}}
-layouts:
-  - {{name: ge, external_weight: combined, constants: file-constant, size_threshold: 64}}
-  - {{name: ge-separate, external_weight: separate, constants: file-constant,
-      size_threshold: 16}}
-output: {out}
-"""
-
-
 @pytest.fixture(scope="module")
 def file_constant_build(tmp_path_factory):
-    from weightstore.build.run import BuildOptions, build
-
+    from .helpers import file_constant_package
     from .samples import make_encoder
 
     folder = tmp_path_factory.mktemp("file-constant")
     onnx.save(make_encoder(), str(folder / "encoder.onnx"))
-    (folder / "recipe.yaml").write_text(FILE_CONSTANT_RECIPE.format(
-        store=folder / "store", src=folder / "encoder.onnx", out=folder / "out"))
-    build(folder / "recipe.yaml", BuildOptions(jobs=2))
-    return folder / "out" / "pk" / "1"
+    return file_constant_package(folder, folder / "encoder.onnx")
 
 
 @pytest.mark.parametrize("layout", ["ge", "ge-separate"])

@@ -507,33 +507,19 @@ def test_a_tampered_sha256_mapping_is_computed_again(packages, registry, tmp_pat
     _same_tree(source, tmp_path / "out")
 
 
-GE_RECIPE = """\
-package: ge
-version: "1"
-store: {{path: {store}}}
-models:
-  - {{name: encoder, source: {src}}}
-layouts:
-  - {{name: ge, external_weight: combined, constants: file-constant, size_threshold: 64}}
-devices:
-  - {{name: npu, capabilities: {{accelerator: npu}}}}
-output: {out}
-"""
-
-
 def test_a_file_constant_package_travels_and_runs(packages, registry, tmp_path) -> None:
     """GE's form goes through the registry like any other (FileConstant nodes name the
     files), whole or as a device's variant, and the pulled folder runs in onnxruntime
     through weightstore's load, bit for bit the source model's outputs."""
     import weightstore
 
-    folder = packages["folder"]
-    (tmp_path / "ge.yaml").write_text(GE_RECIPE.format(
-        store=tmp_path / "built-store", src=folder / "encoder-1.0.0.onnx",
-        out=tmp_path / "built"))
-    source = build(tmp_path / "ge.yaml", BuildOptions(jobs=2)).packages[0].path
+    from .helpers import file_constant_package
+
+    (tmp_path / "built").mkdir()
+    source = file_constant_package(tmp_path / "built",
+                                   packages["folder"] / "encoder-1.0.0.onnx") / "ge"
     ref = f"{registry.host}/ge/combined:1"
-    push(source, ref, store=WeightStore(tmp_path / "built-store"))
+    push(source, ref, store=WeightStore(tmp_path / "built" / "store"))
     store = WeightStore(tmp_path / "store")
     pull(ref, tmp_path / "whole", store=store)
     _same_tree(source, tmp_path / "whole")

@@ -56,8 +56,7 @@ class TensorSite:
         unless another scope defines a weight of that name too (``ambiguous``, from
         :func:`ambiguous_names`): sibling subgraphs and functions may reuse names, and
         then each definition outside the main graph is keyed by :attr:`scoped_name`."""
-        name = self.value_name or self.tensor.name
-        return self.chain + name if self.chain and name in ambiguous else name
+        return value_key(self.chain, self.value_name or self.tensor.name, ambiguous)
 
     @property
     def key(self) -> str:
@@ -69,6 +68,12 @@ class TensorSite:
         if isinstance(self.container, FunctionProto):
             return f"{self.container.domain}:{self.container.name}"
         return None
+
+
+def value_key(chain: str, name: str, ambiguous: Collection[str]) -> str:
+    """The key of value ``name`` defined in scope ``chain`` (see
+    :meth:`TensorSite.value_key`; FileConstant outputs are keyed alike)."""
+    return chain + name if chain and name in ambiguous else name
 
 
 @dataclass(frozen=True)

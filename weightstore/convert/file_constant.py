@@ -152,67 +152,55 @@ def restore_constants(model: ModelProto,
     Nodes another tool made (GE) become Constant nodes. ``read(node, where)`` returns the
     payload bytes of a FileConstant node. Returns the number of nodes converted.
     """
-    count = 0
-    for container, where in iter_containers(model):
-        restored_inits: list[tuple[int, TensorProto]] = []
-        drop: list[int] = []
-        converted = 0
-        for i, node in enumerate(container.node):
-            if not is_any_file_constant(node):
-                continue
-            converted += 1
-            attrs = file_constant_attributes(node)
-            node_where = f"{where} node {i} ({OP_TYPE} '{node.name}')"
-            tensor = tensor_of(attrs, node, node_where)
-            data = read(node, node_where)
-            expected = expected_nbytes(tensor.data_type, tensor.dims)
-            if expected is not None and expected != len(data):
-                raise ConversionError("FileConstant's bytes do not fit its dtype and shape",
-                                      where=node_where, dtype=tensor.data_type,
-                                      shape=list(tensor.dims), length=len(data),
-                                      expected=expected)
-            set_payload(tensor, data, attribute_text(attrs.get("encoding", b"raw_data")))
-            if attribute_text(attrs.get("origin", b"constant")) == "initializer":
-                restored_inits.append((int(attrs.get("initializer_index", 1 << 62)), tensor))
-                drop.append(i)
-                continue
-            to_constant(node, attrs, tensor)
-        if not converted:
-            continue
-        count += converted
-        for i in reversed(drop):
-            del container.node[i]
-        for index, tensor in sorted(restored_inits, key=lambda x: x[0]):
-            container.initializer.insert(min(index, len(container.initializer)), tensor)
-    if count:
-        drop_unused_domain(model)
-    return count
+    def inline(node: NodeProto, attrs: dict[str, object], tensor: TensorProto,
+               where: str) -> None:
+        data = read(node, where)
+        expected = expected_nbytes(tensor.data_type, tensor.dims)
+        if expected is not None and expected != len(data):
+            raise ConversionError("FileConstant's bytes do not fit its dtype and shape",
+                                  where=where, dtype=tensor.data_type,
+                                  shape=list(tensor.dims), length=len(data),
+                                  expected=expected)
+        set_payload(tensor, data, attribute_text(attrs.get("encoding", b"raw_data")))
+
+    return _restore(model, is_any_file_constant, inline)
 
 
 def as_external_constants(model: ModelProto) -> int:
     """Our FileConstant nodes as what they stand for, each value external data at the
-    node's own file range (nothing read): an initializer where one was turned (in its
-    place), else a Constant node. The form a runtime that does not know FileConstant
-    loads, its payloads bound afterwards like any external weight. Returns the number of
-    nodes turned."""
+    node's own file range (nothing read): the form a runtime that does not know
+    FileConstant loads, its payloads bound afterwards like any external weight. Returns
+    the number of nodes turned."""
+    def external(node: NodeProto, attrs: dict[str, object], tensor: TensorProto,
+                 where: str) -> None:
+        set_external(tensor, attribute_text(attrs.get("location", b"")),
+                     int(attrs.get("offset", 0)), int(attrs.get("length", 0)), "")
+
+    return _restore(model, is_file_constant, external)
+
+
+def _restore(model: ModelProto, select: Callable[[NodeProto], bool],
+             fill: Callable[[NodeProto, dict[str, object], TensorProto, str], None]) -> int:
+    """Each selected FileConstant node back to its origin: an initializer where one was
+    turned (at its index), else a Constant node in place; ``fill(node, attrs, tensor,
+    where)`` gives the tensor its payload. Our domain's import goes where no node uses it
+    any more."""
     count = 0
     for container, where in iter_containers(model):
         restored: list[tuple[int, TensorProto]] = []
         drop: list[int] = []
         for i, node in enumerate(container.node):
-            if not is_file_constant(node):
+            if not select(node):
                 continue
-            attrs = file_constant_attributes(node)
-            tensor = tensor_of(attrs, node, f"{where} node {i} ({OP_TYPE} '{node.name}')")
-            set_external(tensor, attribute_text(attrs.get("location", b"")),
-                         int(attrs.get("offset", 0)), int(attrs.get("length", 0)), "")
             count += 1
-            if (attribute_text(attrs.get("origin", b"constant")) == "initializer"
-                    and not isinstance(container, FunctionProto)):
+            attrs = file_constant_attributes(node)
+            node_where = f"{where} node {i} ({OP_TYPE} '{node.name}')"
+            tensor = tensor_of(attrs, node, node_where)
+            fill(node, attrs, tensor, node_where)
+            if attribute_text(attrs.get("origin", b"constant")) == "initializer":
                 restored.append((int(attrs.get("initializer_index", 1 << 62)), tensor))
                 drop.append(i)
                 continue
-            tensor.ClearField("name")  # a Constant's value is named by the node's output
             to_constant(node, attrs, tensor)
         for i in reversed(drop):
             del container.node[i]

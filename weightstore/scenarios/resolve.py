@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..catalogue.payload import expected_nbytes, external_info
-from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites
+from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites, value_key
 from ..errors import ScenarioError
 
 
@@ -80,35 +80,39 @@ def live_value_names(resolved: onnx.ModelProto) -> set[str]:
 
 def _file_constants(resolved: onnx.ModelProto, scenario: str | None,
                     ambiguous: frozenset[str]) -> list[LivePayload]:
-    """The payloads of FileConstant nodes (the file-constant form) of a resolved model."""
-    from onnx import helper
-
+    """The payloads of FileConstant nodes (the file-constant form) of a resolved model:
+    each needs a ``location`` and a range its fixed-size type and shape fill exactly."""
     from ..catalogue.graphs import iter_scoped_containers
-    from ..convert.file_constant import is_file_constant
+    from ..convert.file_constant import (
+        attribute_text,
+        file_constant_attributes,
+        is_file_constant,
+        tensor_of,
+    )
+    from ..convert.inline import file_constant_range
+    from ..errors import ConversionError
 
     out = []
     for container, where, chain in iter_scoped_containers(resolved):
         for node in container.node:
             if not is_file_constant(node):
                 continue
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-            name = node.output[0] if node.output else node.name
-            if chain and name in ambiguous:  # keyed as TensorSite.value_key keys it
-                name = chain + name
+            attrs = file_constant_attributes(node)
+            name = value_key(chain, node.output[0] if node.output else node.name, ambiguous)
+            location = attribute_text(attrs.get("location", b""))
+            node_where = f"{where} node '{node.name}'"
             try:
-                offset, length = int(text.get("offset", 0)), int(text["length"])
-                dtype, dims = int(text["dtype"]), tuple(int(d) for d in text["shape"])
-            except (KeyError, TypeError, ValueError):
-                offset = length = dtype = -1
-                dims = ()
-            # a fixed-size ONNX element type (no strings: they have no external form)
-            expected = expected_nbytes(dtype, list(dims)) if dtype > 0 else None
-            if (not text.get("location") or offset < 0 or length < 0 or expected is None
+                tensor = tensor_of(attrs, node, node_where)
+                offset, length = file_constant_range(attrs, node_where)
+            except ConversionError:
+                tensor, offset, length = None, -1, -1
+            expected = (expected_nbytes(tensor.data_type, list(tensor.dims))
+                        if tensor is not None else None)  # None: strings, unknown types
+            if (not location or offset < 0 or length < 0 or expected is None
                     or length != expected):
                 raise ScenarioError("live FileConstant has no eligible payload",
-                                    scenario=scenario, initializer=name,
-                                    location=text.get("location"))
-            out.append(LivePayload(name, f"{where} node '{node.name}'", text["location"],
-                                   offset, length, text.get("file_id"), dtype, dims))
+                                    scenario=scenario, initializer=name, location=location)
+            checksum = attribute_text(attrs["file_id"]) if attrs.get("file_id") else None
+            out.append(LivePayload(name, node_where, location, offset, length, checksum,
+                                   tensor.data_type, tuple(tensor.dims)))
     return out
