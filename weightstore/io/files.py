@@ -329,16 +329,21 @@ def _sync_file_range():
     return func
 
 
-def start_writeback(fd: int) -> None:
-    """Ask the kernel to start writing ``fd``'s dirty pages now, without waiting.
+WRITEBACK_MIN = 1 << 20  # a range this large is worth a writeback hint of its own
+
+
+def start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
+    """Ask the kernel to start writing ``fd``'s dirty pages now, without waiting: the
+    ``nbytes`` at ``offset``, or (0) everything from ``offset`` on.
 
     The fsync that publishes the file then waits only for what is still in flight, so
-    the disk works while the caller reads the file back or writes the next one. A hint
-    only: durability still comes from the fsync (no-op where unsupported).
+    the disk works while the caller copies the next range, reads the file back or writes
+    the next one. A hint only: durability still comes from the fsync (no-op where
+    unsupported).
     """
     func = _sync_file_range()
     if func is not None:
-        func(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+        func(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 def exchange(a: Path, b: Path) -> bool:

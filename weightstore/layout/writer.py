@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import IntegrityError
 from ..io.digests import CHUNK, make_key, new_hasher, split_key
 from ..io.files import (
+    WRITEBACK_MIN,
     NotRegularFileError,
     atomic_writer,
     copy_range,
@@ -137,6 +138,8 @@ def _copy_payload(fd: int, p: PlannedPayload, locate: PayloadLocator,
             raise OSError(exc.errno, exc.strerror, str(source.path)) from None
         try:
             copy_range(src, source.offset, fd, p.offset, p.size)
+            if p.size >= WRITEBACK_MIN:
+                start_writeback(fd, p.offset, p.size)  # the disk works meanwhile
         except EOFError as exc:
             raise IntegrityError(f"payload source is short: {exc}", key=p.key,
                                  file=str(source.path), hint=hint) from None

@@ -38,6 +38,7 @@ from pathlib import Path
 from ..errors import IntegrityError
 from ..io.digests import digest_fd, make_key, split_key
 from ..io.files import (
+    WRITEBACK_MIN,
     align_up,
     copy_range,
     file_mode,
@@ -174,6 +175,8 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
                         break  # a range already failed its check: everything after is cut
                     offset = align_up(end, alignment)
                     copy_payload(src, fd, offset, path)
+                    if src.size >= WRITEBACK_MIN:
+                        start_writeback(fd, offset, src.size)  # the disk works meanwhile
                     if src.size == 0 and os.fstat(fd).st_size < offset:
                         os.ftruncate(fd, offset)  # the empty object still lies inside the file
                     checks.append(pool.submit(_check_flagged, failed, src, fd, offset))
