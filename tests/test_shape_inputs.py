@@ -232,7 +232,8 @@ def test_model_without_functions_unchanged(encoder_model):
 def test_shape_input_behind_identity_stays_inline(tmp_path, op):
     """Exporters put ``Identity`` nodes in front of shared shape constants; onnxruntime's
     shape inference reads through them, so what they copy must stay inline too (even at
-    threshold 0), in a function body as in the graph. A Cast it does not read through."""
+    threshold 0), in a function body as in the graph. A Cast it does not read through: its
+    int32 input stays inline as a shape value, not as a shape input."""
     data = {"Reshape": [3, 4], "Expand": [2, 6], "Unsqueeze": [0], "Slice": [0],
             "ReduceSum": [1]}[op]
     extra = {"Slice": ["S_end"]}.get(op, [])
@@ -254,13 +255,13 @@ def test_shape_input_behind_identity_stays_inline(tmp_path, op):
                for n in ("Y", "Y2", "Y3")]
     model = _model(nodes, [body], [w, s, cast] + ([end] if extra else []), _io()[0], outputs)
     names = shape_input_names(model)
-    assert {"S", "S1", "S2", "C1"} <= names and "C" not in names
+    assert {"S", "S1", "S2", "C1"} <= names
     src, out = tmp_path / "m.onnx", tmp_path / "x.onnx"
     onnx.save(model, str(src))
     convert_to_external(src, out, threshold=0, jobs=1)
     external = {t.name for t in onnx.load(str(out), load_external_data=False).graph.initializer
                 if t.data_location == TensorProto.EXTERNAL}
-    assert external == {"W", "C"}
+    assert external == {"W"}
     x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
     for a, b in zip(run_onnxruntime(out, x), run_onnxruntime(src, x), strict=True):
         assert a.tobytes() == b.tobytes()
@@ -282,3 +283,107 @@ def test_split_to_sequence_sizes_stay_inline(tmp_path):
     convert_to_external(src, out, threshold=0, jobs=1)
     x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
     assert run_onnxruntime(out, x)[0].tobytes() == run_onnxruntime(src, x)[0].tobytes()
+
+
+def _shape_arithmetic_model() -> onnx.ModelProto:
+    """What the TorchScript exporter writes for attention and recurrent layers: a sliced
+    ``Shape`` plus an exporter ``Constant`` of ``[1]``, reshaped into a Slice's ``starts``,
+    and the same sum, cast to float, scaling the output (no shape input downstream).
+    Beside them, a 65-element int64 table and a small float vector: data, not shapes."""
+    ints = np.arange(65, dtype=np.int64)
+    nodes = [
+        helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(
+            np.array([1], dtype=np.int64), "one")),
+        helper.make_node("Constant", [], ["ints"], value_ints=[0]),
+        helper.make_node("Shape", ["X"], ["S"]),
+        helper.make_node("Slice", ["S", "zero", "first"], ["S0"]),
+        helper.make_node("Add", ["S0", "one"], ["A"]),
+        helper.make_node("Reshape", ["A", "first"], ["start"]),
+        helper.make_node("Sub", ["start", "ints"], ["start1"]),
+        helper.make_node("Slice", ["X", "start1", "end", "first"], ["Y0"]),
+        helper.make_node("Cast", ["A"], ["Af"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["Y0", "Af"], ["Y1"]),
+        helper.make_node("Add", ["Y1", "bias"], ["Y2"]),
+        helper.make_node("Gather", ["table", "idx"], ["T"]),
+        helper.make_node("Cast", ["T"], ["Tf"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["Y2", "Tf"], ["Y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([0], dtype=np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], dtype=np.int64), "first"),
+             numpy_helper.from_array(np.array([9], dtype=np.int64), "end"),
+             numpy_helper.from_array(np.full(3, 0.5, dtype=np.float32), "bias"),
+             numpy_helper.from_array(ints, "table"),
+             numpy_helper.from_array(np.array(3, dtype=np.int64), "idx")]
+    graph = helper.make_graph(
+        nodes, "main", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=BODY_OPSETS)
+    model.ir_version = 9
+    return model
+
+
+def test_shape_values_stay_inline_whoever_consumes_them(tmp_path):
+    """onnxruntime's shape inference propagates shape arithmetic and refuses an external
+    operand on the way, even one whose result never reaches a shape input: small integer
+    vectors and scalars stay inline at threshold 0, larger integer tables and floats go."""
+    model = _shape_arithmetic_model()
+    names = shape_input_names(model)
+    assert {"one", "ints", "zero", "first", "end", "idx"} <= names
+    assert not {"table", "bias"} & names
+    src, out = tmp_path / "m.onnx", tmp_path / "x.onnx"
+    onnx.save(model, str(src))
+    convert_to_external(src, out, threshold=0, jobs=1)
+    converted = onnx.load(str(out), load_external_data=False)
+    external = {t.name for t in converted.graph.initializer
+                if t.data_location == TensorProto.EXTERNAL}
+    assert external == {"table", "bias"}
+    assert all(a.t.data_location != TensorProto.EXTERNAL for n in converted.graph.node
+               for a in n.attribute if a.name == "value")
+    x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
+    for a, b in zip(run_onnxruntime(out, x), run_onnxruntime(src, x), strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_load_brings_shape_values_inline(tmp_path):
+    """A model whose shape constants another tool put outside (onnx's own helper at
+    threshold 0) does not load in onnxruntime as it is; ``load`` reads those payloads
+    inline and runs it, bit-identical to the inline source."""
+    pytest.importorskip("onnxruntime")
+    import weightstore
+
+    model = _shape_arithmetic_model()
+    src, ext = tmp_path / "m.onnx", tmp_path / "ext.onnx"
+    onnx.save(model, str(src))
+    onnx.save_model(model, str(ext), save_as_external_data=True, location="ext.data",
+                    size_threshold=0, convert_attribute=True)
+    stored = onnx.load(str(ext), load_external_data=False)
+    assert {t.name for t in stored.graph.initializer
+            if t.data_location == TensorProto.EXTERNAL} >= {"zero", "first", "end", "idx"}
+    x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
+    with weightstore.resolve(ext) as resolved:
+        session = weightstore.load(resolved)
+        got = session.run(None, x)
+    for a, b in zip(got, run_onnxruntime(src, x), strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("external_weight", ["combined", "separate"])
+def test_packages_at_threshold_zero_run_in_onnxruntime(tmp_path, external_weight):
+    """A build that puts every weight outside still keeps the shape values inline, so the
+    package runs in onnxruntime as it is, bit-identical to the source."""
+    import weightstore
+
+    onnx.save(_shape_arithmetic_model(), str(tmp_path / "m.onnx"))
+    recipe = {"package": "p", "version": "1", "store": {"path": "store"},
+              "models": [{"name": "m", "source": "m.onnx"}],
+              "layouts": [{"name": "all", "external_weight": external_weight,
+                           "size_threshold": 0}],
+              "output": "dist"}
+    package = weightstore.build(recipe, base_dir=tmp_path).packages[0].path
+    built = onnx.load(str(package / "m.onnx"), load_external_data=False)
+    assert {t.name for t in built.graph.initializer
+            if t.data_location == TensorProto.EXTERNAL} == {"table", "bias"}
+    x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
+    for a, b in zip(run_onnxruntime(package / "m.onnx", x),
+                    run_onnxruntime(tmp_path / "m.onnx", x), strict=True):
+        assert a.tobytes() == b.tobytes()

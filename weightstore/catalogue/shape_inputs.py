@@ -9,14 +9,29 @@ inference reads through them: an exporter's ``Identity`` of a shared shape const
 enough to fail the load), and when it is passed to a model-local function whose
 body (or a function it calls, or a subgraph inside either) uses that formal input at a
 shape-like position; the actual arguments at such positions are collected too.
+
+Shape values stay inline as well: small integer vectors and scalars (see
+:func:`shape_value_names`). onnxruntime's shape inference propagates the values of shape
+arithmetic (``Shape`` -> ``Gather`` -> ``Add`` / ``Concat`` / ``Mod`` ... -> ``Reshape``) and
+reads every constant operand on the way, wherever the result goes; which operands it reads
+depends on the op and on onnxruntime's version (an exporter's ``Constant`` of ``[1]``
+added to a sliced shape is enough), so every such operand is kept, not only those that
+reach a shape-like position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
-from ..io.onnx_proto import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto
-from .graphs import iter_nodes
+from ..io.onnx_proto import (
+    AttributeProto,
+    FunctionProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+)
+from .graphs import iter_containers
 
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,),
@@ -69,6 +84,11 @@ FunctionKey = tuple[str, str, str]  # (domain, name, overload)
 # refuses when the tensor behind them is external data); Cast, Concat and the like it
 # does not see through, so their inputs may leave the model
 TRANSPARENT = frozenset({"Identity"})
+
+# a shape value: an integer tensor of rank 0 or 1 with at most this many elements (a
+# tensor's rank and dims, a slice's bounds, an axis list); larger ones are data
+SHAPE_VALUE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
+SHAPE_VALUE_ELEMENTS = 64
 
 
 def _domain(domain: str) -> str:
@@ -194,7 +214,10 @@ def shape_input_names(model: ModelProto) -> frozenset[str]:
     """
     positions = function_shape_positions(model) if len(model.functions) else {}
     names: set[str] = set()
-    nodes = list(iter_nodes(model))
+    nodes: list[NodeProto] = []
+    for container, _ in iter_containers(model):
+        nodes.extend(container.node)
+        names.update(shape_value_names(container))
     for node in nodes:
         names.update(_direct(node))
         for i in positions.get(_call_key(node), ()):
@@ -202,3 +225,24 @@ def shape_input_names(model: ModelProto) -> frozenset[str]:
                 names.add(node.input[i])
     _close(names, _producers(nodes))
     return frozenset(names)
+
+
+def _is_shape_value(data_type: int, dims: Sequence[int]) -> bool:
+    return (data_type in SHAPE_VALUE_TYPES and len(dims) <= 1
+            and (not dims or dims[0] <= SHAPE_VALUE_ELEMENTS))
+
+
+def shape_value_names(container: GraphProto | FunctionProto) -> Iterator[str]:
+    """Initializers and ``Constant`` outputs of ``container`` that hold shape values
+    (see ``SHAPE_VALUE_TYPES`` and ``SHAPE_VALUE_ELEMENTS``), whoever consumes them."""
+    for tensor in getattr(container, "initializer", ()):
+        if _is_shape_value(tensor.data_type, tensor.dims):
+            yield tensor.name
+    for node in container.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.output:
+            continue
+        for attr in node.attribute:
+            if ((attr.name == "value" and _is_shape_value(attr.t.data_type, attr.t.dims))
+                    or attr.name == "value_int"
+                    or (attr.name == "value_ints" and len(attr.ints) <= SHAPE_VALUE_ELEMENTS)):
+                yield node.output[0]

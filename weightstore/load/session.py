@@ -24,6 +24,7 @@ import onnx
 from onnx import helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..catalogue.shape_inputs import shape_input_names
 from ..catalogue.sites import ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..convert.file_constant import (
@@ -339,6 +340,9 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
     recipes = {d.value: DerivedWeightRecipe(d.operation, d.sources, d.attributes)
                for d in manifest.derivations}
     derived = resolver(recipes, value)
+    # onnxruntime's shape inference reads these while loading and refuses external data
+    # (a package of another tool, or of an older weightstore, may hold them outside)
+    inline = shape_input_names(model)
     _constants_to_initializers(model)
     sites = list(iter_tensor_sites(model))
     ambiguous = ambiguous_names(model, sites)  # as the closure keyed the manifest
@@ -348,6 +352,9 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue
         e = by_value.get(name)
+        if e is not None and t.name in inline:
+            _inline(t, data[e.id])
+            continue
         if (e is not None and e.source.file in views and site.container is model.graph
                 and (handed is None or name in hand)):
             if handed is not None:  # aligned as onnxruntime reads it (copied only if not)
@@ -371,9 +378,13 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
             files[file] = payload
             point_at(t, file, 0, len(payload))
         else:  # onnxruntime takes in-memory external data for main-graph tensors only
-            t.ClearField("external_data")
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = bytes(payload)
+            _inline(t, payload)
     if handed is None:
         files.update(views)
     return files
+
+
+def _inline(tensor: onnx.TensorProto, payload: memoryview) -> None:
+    tensor.ClearField("external_data")
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = bytes(payload)
