@@ -80,9 +80,9 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
 
 FunctionKey = tuple[str, str, str]  # (domain, name, overload)
 
-# onnxruntime's shape inference reads a shape-like input's value through these (and
-# refuses when the tensor behind them is external data); Cast, Concat and the like it
-# does not see through, so their inputs may leave the model
+# onnxruntime's shape inference reads a shape-like input's value through these, whatever
+# the tensor behind them (and refuses external data); through Cast, Concat, Add and the
+# like it reads only small integer operands, which stay inline as shape values instead
 TRANSPARENT = frozenset({"Identity"})
 
 # a shape value: an integer tensor of rank 0 or 1 with at most this many elements (a
