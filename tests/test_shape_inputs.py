@@ -292,8 +292,9 @@ def _shape_arithmetic_model() -> onnx.ModelProto:
     Beside them, a 65-element int64 table and a small float vector: data, not shapes."""
     ints = np.arange(65, dtype=np.int64)
     nodes = [
-        helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(
-            np.array([1], dtype=np.int64), "one")),
+        # as exporters write it: a typed field (int64_data), the tensor unnamed
+        helper.make_node("Constant", [], ["one"],
+                         value=helper.make_tensor("", TensorProto.INT64, [1], [1])),
         helper.make_node("Constant", [], ["ints"], value_ints=[0]),
         helper.make_node("Shape", ["X"], ["S"]),
         helper.make_node("Slice", ["S", "zero", "first"], ["S0"]),
@@ -322,6 +323,31 @@ def _shape_arithmetic_model() -> onnx.ModelProto:
     return model
 
 
+def _in_function(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``'s graph as the body of a model-local function called by the main graph,
+    its initializers as unnamed Constants there (as dynamo exports write function bodies)."""
+    g = model.graph
+    body = []
+    for t in g.initializer:
+        value = onnx.TensorProto()
+        value.CopyFrom(t)
+        value.name = ""
+        body.append(helper.make_node("Constant", [], [t.name], value=value))
+    function = _function("Body", ["X"], ["Y"], body + list(g.node))
+    return _model([_call("Body", ["X"], ["Y"])], [function], [], list(g.input),
+                  list(g.output))
+
+
+def _externals(model: onnx.ModelProto) -> set[str]:
+    """Value names of the main graph's and the functions' external tensors."""
+    names = {t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    for node in [*model.graph.node, *(n for f in model.functions for n in f.node)]:
+        if any(a.name == "value" and a.t.data_location == TensorProto.EXTERNAL
+               for a in node.attribute):
+            names.add(node.output[0])
+    return names
+
+
 def test_shape_values_stay_inline_whoever_consumes_them(tmp_path):
     """onnxruntime's shape inference propagates shape arithmetic and refuses an external
     operand on the way, even one whose result never reaches a shape input: small integer
@@ -344,21 +370,23 @@ def test_shape_values_stay_inline_whoever_consumes_them(tmp_path):
         assert a.tobytes() == b.tobytes()
 
 
-def test_load_brings_shape_values_inline(tmp_path):
+@pytest.mark.parametrize("where", ["graph", "function"])
+def test_load_brings_shape_values_inline(tmp_path, where):
     """A model whose shape constants another tool put outside (onnx's own helper at
     threshold 0) does not load in onnxruntime as it is; ``load`` reads those payloads
-    inline and runs it, bit-identical to the inline source."""
+    inline and runs it, bit-identical to the inline source. In a function body the
+    Constants' tensors carry no name: they are known by the value they define."""
     pytest.importorskip("onnxruntime")
     import weightstore
 
     model = _shape_arithmetic_model()
+    model = _in_function(model) if where == "function" else model
     src, ext = tmp_path / "m.onnx", tmp_path / "ext.onnx"
     onnx.save(model, str(src))
     onnx.save_model(model, str(ext), save_as_external_data=True, location="ext.data",
                     size_threshold=0, convert_attribute=True)
     stored = onnx.load(str(ext), load_external_data=False)
-    assert {t.name for t in stored.graph.initializer
-            if t.data_location == TensorProto.EXTERNAL} >= {"zero", "first", "end", "idx"}
+    assert _externals(stored) >= {"zero", "first", "end", "idx"}  # not typed fields
     x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
     with weightstore.resolve(ext) as resolved:
         session = weightstore.load(resolved)
@@ -367,13 +395,15 @@ def test_load_brings_shape_values_inline(tmp_path):
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.parametrize("where", ["graph", "function"])
 @pytest.mark.parametrize("external_weight", ["combined", "separate"])
-def test_packages_at_threshold_zero_run_in_onnxruntime(tmp_path, external_weight):
+def test_packages_at_threshold_zero_run_in_onnxruntime(tmp_path, external_weight, where):
     """A build that puts every weight outside still keeps the shape values inline, so the
     package runs in onnxruntime as it is, bit-identical to the source."""
     import weightstore
 
-    onnx.save(_shape_arithmetic_model(), str(tmp_path / "m.onnx"))
+    model = _shape_arithmetic_model()
+    onnx.save(_in_function(model) if where == "function" else model, str(tmp_path / "m.onnx"))
     recipe = {"package": "p", "version": "1", "store": {"path": "store"},
               "models": [{"name": "m", "source": "m.onnx"}],
               "layouts": [{"name": "all", "external_weight": external_weight,
@@ -381,8 +411,7 @@ def test_packages_at_threshold_zero_run_in_onnxruntime(tmp_path, external_weight
               "output": "dist"}
     package = weightstore.build(recipe, base_dir=tmp_path).packages[0].path
     built = onnx.load(str(package / "m.onnx"), load_external_data=False)
-    assert {t.name for t in built.graph.initializer
-            if t.data_location == TensorProto.EXTERNAL} == {"table", "bias"}
+    assert _externals(built) == {"table", "bias"}
     x = {"X": np.arange(12, dtype=np.float32).reshape(2, 6)}
     for a, b in zip(run_onnxruntime(package / "m.onnx", x),
                     run_onnxruntime(tmp_path / "m.onnx", x), strict=True):

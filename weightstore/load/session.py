@@ -352,7 +352,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue
         e = by_value.get(name)
-        if e is not None and t.name in inline:
+        if e is not None and (site.value_name or t.name) in inline:
             _inline(t, data[e.id])
             continue
         if (e is not None and e.source.file in views and site.container is model.graph
