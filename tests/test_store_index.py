@@ -626,3 +626,18 @@ def test_a_row_whose_key_is_not_text_is_dropped_by_repair(tmp_path: Path,
     assert len(repaired.dropped) == 1 and repaired.ok
     assert set(store_index(store)) == {ps[0].key}
     assert store.verify().ok
+
+
+def test_a_new_store_switches_its_index_to_wal_without_waiting(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """The WAL switch of a new index succeeds at once when no other connection is open;
+    only a switch that another connection refused is retried after a pause."""
+    import weightstore.store.index as index_module
+
+    pauses: list[float] = []
+    monkeypatch.setattr(index_module.time, "sleep", pauses.append)
+    store = WeightStore(tmp_path / "store")
+    store.put(payloads(("a", 700)), kind="separate")
+    assert pauses == []
+    with sqlite3.connect(tmp_path / "store" / "index.sqlite") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

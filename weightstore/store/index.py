@@ -426,7 +426,9 @@ class Index:
                     return
                 self._begin(conn)  # waits for writers, reporting who holds the index
                 conn.execute("COMMIT")
-                conn.execute("PRAGMA journal_mode=WAL")  # may answer the old mode: re-read
+                # answers the old mode while another connection has the file open
+                if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                    return
             except sqlite3.OperationalError as exc:
                 if conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
