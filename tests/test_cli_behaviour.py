@@ -413,3 +413,27 @@ def test_refusing_a_different_build_names_every_input(encoder_model, save_model,
     build(recipe, BuildOptions(store=store, force=True))
     assert changed(first) == ("scenarios of model 'm' or capabilities of device 'cpu' or "
                               "capabilities of device 'npu'")  # the scenario dropped
+
+
+def test_an_up_to_date_build_reports_every_store_count_as_zero(encoder_model, save_model,
+                                                               tmp_path, capsys,
+                                                               isolated_env):
+    """``build --json`` has the same fields whatever the build did: an up-to-date build,
+    decided by the build stamp or by the package summaries, reports zero counts."""
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")})
+    store = str(tmp_path / "s")
+    assert main(["build", str(recipe), "--store", store, "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)["store_report"]
+    zeros = dict.fromkeys(built, 0)
+    assert set(zeros) == {"written_objects", "written_bytes", "reused_objects",
+                          "reused_bytes", "padding_bytes"}
+    assert main(["build", str(recipe), "--store", store, "--json"]) == 0  # the stamp
+    assert json.loads(capsys.readouterr().out)["store_report"] == zeros
+    stamps = list((isolated_env / "cache").rglob("build-stamps/*.json"))
+    assert stamps
+    for stamp in stamps:
+        stamp.unlink()
+    assert main(["build", str(recipe), "--store", store, "--json"]) == 0  # the summaries
+    assert json.loads(capsys.readouterr().out)["store_report"] == zeros
+    assert main(["build", str(recipe), "--store", store]) == 0
+    assert "wrote" not in capsys.readouterr().out  # the text form names no store work

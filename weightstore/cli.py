@@ -310,7 +310,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(render_plan(result))
         return EXIT_OK
     r = result.store_report
-    if r:
+    if any(r.values()):
         print(f"store {result.store}: wrote {r['written_objects']} objects "
               f"({_mb(r['written_bytes'])}), reused {r['reused_objects']} "
               f"({_mb(r['reused_bytes'])})")

@@ -23,7 +23,7 @@ def render_plan(result: BuildResult) -> str:
         verb = VERBS.get(p.status, "skip (up-to-date)")
         lines.append(f"{verb:>17} {p.layout}: {p.path}")
     r = result.store_report
-    if r:
+    if any(r.values()):
         lines.append(f"store {result.store}: would write {r['written_objects']} objects "
                      f"({_mb(r['written_bytes'])}), reuse {r['reused_objects']} "
                      f"({_mb(r['reused_bytes'])})")

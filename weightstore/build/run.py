@@ -61,11 +61,16 @@ class PackageResult:
     summary: dict[str, Any]
 
 
+REPORT_KEYS = ("written_objects", "written_bytes", "reused_objects", "reused_bytes",
+               "padding_bytes")
+
+
 @dataclass
 class BuildResult:
     store: Path
     packages: list[PackageResult] = field(default_factory=list)
-    store_report: dict[str, int] = field(default_factory=dict)
+    # every count, zero when the store was not touched (an up-to-date build)
+    store_report: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REPORT_KEYS, 0))
 
     def to_dict(self) -> dict[str, Any]:
         """What ``build --json`` prints (docs/formats.md, build summary)."""
