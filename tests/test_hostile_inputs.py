@@ -204,6 +204,30 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
                     "not a regular file")
 
 
+@pytest.mark.parametrize("replacement", ["folder", "device"])
+def test_a_source_replaced_after_a_build_is_refused_as_on_a_first_build(
+        encoder_model, save_model, tmp_path, capsys, replacement):
+    """The up-to-date check (build stamp, package summary) only asks whether a source
+    changed; a source it cannot hash is reported by the build, in the build's words."""
+    if replacement == "device" and not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null")
+    src = save_model(encoder_model, "m.onnx")
+    recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
+    store = str(tmp_path / "store")
+    assert main(["build", str(recipe), "--store", store]) == 0
+    capsys.readouterr()
+    src.unlink()
+    if replacement == "folder":
+        src.mkdir()
+        expected = "model path is a folder"
+    else:
+        src.symlink_to("/dev/null")
+        expected = "model path is not a regular file"
+    assert main(["build", str(recipe), "--store", store]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and f"file={src}" in err, err
+
+
 def test_a_character_device_is_refused(tmp_path):
     if not os.path.exists("/dev/zero"):
         pytest.skip("no /dev/zero")

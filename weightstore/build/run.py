@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..caches import build_stamp
 from ..catalogue.locations import resolve_location
-from ..errors import ExternalDataError, PackageError, RecipeError, StoreError, WeightstoreError
+from ..errors import (
+    ExternalDataError,
+    IntegrityError,
+    PackageError,
+    RecipeError,
+    StoreError,
+    WeightstoreError,
+)
 from ..package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from ..package.outputs import check_output_folder
 from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME
@@ -294,8 +301,8 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
                 external[location] = digests.of(resolve_location(source.parent, location,
                                                                  where=entry.name))
             identities.append(_identity(entry, digests.of(source), external))
-    except (KeyError, TypeError, AttributeError, OSError, ExternalDataError):
-        return False
+    except (KeyError, TypeError, AttributeError, OSError, ExternalDataError, IntegrityError):
+        return False  # a source that cannot be hashed: the build reports it, as on a first build
     if _fingerprint(loaded, layout, identities) != summary.get("fingerprint"):
         return False
     return _intact(target, summary, digests)

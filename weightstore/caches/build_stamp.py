@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import __version__
 from ..catalogue.locations import resolve_location
-from ..errors import ExternalDataError
+from ..errors import ExternalDataError, IntegrityError
 from ..io.digests import digest_bytes, make_key
 from ..io.files import atomic_write_bytes, parse_json, read_regular
 from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
@@ -87,8 +87,8 @@ def sources_unchanged(doc: Mapping[str, Any], digests: FileDigests) -> bool:
             for location, digest in source["external"].items():
                 if digests.of(resolve_location(path.parent, location, where=model)) != digest:
                     return False
-    except (OSError, ExternalDataError, TypeError):
-        return False
+    except (OSError, ExternalDataError, IntegrityError, TypeError):
+        return False  # one that cannot be hashed now: the build reports why
     return True
 
 

@@ -24,7 +24,7 @@ from ..io.onnx_proto import GraphProto, ModelProto, TensorProto
 from .filebytes import FileBytes
 from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
-from .wire import LEN, Field, encode_varint, iter_fields
+from .wire import LEN, Field, FramingError, encode_varint, iter_fields
 
 if TYPE_CHECKING:
     from .sites import TensorSite
@@ -226,6 +226,8 @@ def catalogue_from(fd: int, source: FsPath) -> Catalogue:
         try:
             metadata = b"".join(stripper.message(Kind.MODEL, 0, size, (), 0))
         except ModelError as exc:
+            if isinstance(exc, FramingError):
+                exc.message = f"not an ONNX model: {exc.message}"
             exc.context.setdefault("file", str(source))
             raise
         model = ModelProto()

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from ..errors import ModelError
 
+
+class FramingError(ModelError):
+    """Bytes that are not a protocol buffer message where one should start."""
+
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 MAX_VARINT_BYTES = 10
 
@@ -37,7 +41,7 @@ def read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     start = pos
     while True:
         if pos >= end:
-            raise ModelError("truncated varint", offset=start)
+            raise FramingError("truncated varint", offset=start)
         byte = buf[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
@@ -45,7 +49,7 @@ def read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
             return result, pos
         shift += 7
         if pos - start >= MAX_VARINT_BYTES:
-            raise ModelError("varint longer than 10 bytes", offset=start)
+            raise FramingError("varint longer than 10 bytes", offset=start)
 
 
 def encode_varint(value: int) -> bytes:
@@ -67,27 +71,27 @@ def iter_fields(buf: memoryview, pos: int, end: int):
         tag, pos = read_varint(buf, pos, end)
         number, wire_type = tag >> 3, tag & 7
         if number == 0:
-            raise ModelError("field number 0 is invalid", offset=start)
+            raise FramingError("field number 0 is invalid", offset=start)
         if wire_type == VARINT:
             _, value_end = read_varint(buf, pos, end)
             yield Field(number, wire_type, start, pos, value_end)
             pos = value_end
         elif wire_type == I64:
             if pos + 8 > end:
-                raise ModelError("truncated 64-bit field", offset=start, field=number)
+                raise FramingError("truncated 64-bit field", offset=start, field=number)
             yield Field(number, wire_type, start, pos, pos + 8)
             pos += 8
         elif wire_type == I32:
             if pos + 4 > end:
-                raise ModelError("truncated 32-bit field", offset=start, field=number)
+                raise FramingError("truncated 32-bit field", offset=start, field=number)
             yield Field(number, wire_type, start, pos, pos + 4)
             pos += 4
         elif wire_type == LEN:
             length, value = read_varint(buf, pos, end)
             if value + length > end:
-                raise ModelError("length-delimited field runs past the end of its message",
+                raise FramingError("length-delimited field runs past the end of its message",
                                  offset=start, field=number, length=length)
             yield Field(number, wire_type, start, value, value + length)
             pos = value + length
         else:
-            raise ModelError(f"unsupported wire type {wire_type}", offset=start, field=number)
+            raise FramingError(f"unsupported wire type {wire_type}", offset=start, field=number)
