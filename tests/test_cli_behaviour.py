@@ -437,3 +437,13 @@ def test_an_up_to_date_build_reports_every_store_count_as_zero(encoder_model, sa
     assert json.loads(capsys.readouterr().out)["store_report"] == zeros
     assert main(["build", str(recipe), "--store", store]) == 0
     assert "wrote" not in capsys.readouterr().out  # the text form names no store work
+
+
+def test_store_and_recipe_are_one_or_the_other(tmp_path, capsys):
+    """``--store DIR | --recipe R``: both at once is a usage error, not a silent choice."""
+    for command in (["store", "stats"], ["store", "verify"], ["store", "ls"],
+                    ["store", "gc"], ["resolve", str(tmp_path)], ["run", str(tmp_path)]):
+        assert main([*command, "--store", str(tmp_path / "s"),
+                     "--recipe", str(tmp_path / "r.yaml")]) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not allowed with argument --store" in err, err

@@ -82,8 +82,14 @@ def test_duplicate_needs_replace(model_path, capsys):
     assert _run(capsys, "scenario", "add", m, "s", "--passes", "cleanup,fuse-qkv")[0] == 0
     code, _, err = _run(capsys, "scenario", "add", m, "s", "--passes", "fuse-qkv")
     assert code == 2 and "already exists" in err
+    assert "--replace" in err and "add_scenario(..., replace=True)" in err
     assert _run(capsys, "scenario", "add", m, "s", "--passes", "fuse-qkv",
                 "--replace")[0] == 0
+    assert scenario_names(onnx.load(str(model_path))) == ["s"]
+    # the Python form the message names
+    import weightstore
+
+    weightstore.add_scenario(model_path, "s", ["cleanup"], replace=True)
     assert scenario_names(onnx.load(str(model_path))) == ["s"]
 
 

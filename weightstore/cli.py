@@ -93,14 +93,16 @@ def _add_build(sub: Any) -> None:
 
 
 def _add_store(sub: Any) -> None:
-    s = sub.add_parser("store", help="inspect the weight store")
+    from .store.location import add_store_options
+
+    s = sub.add_parser("store", help="the weight store: statistics, verification, roots, "
+                                     "garbage collection")
     ssub = s.add_subparsers(dest="store_command", required=True, metavar="ACTION")
     for name, text in (("stats", "object counts and sizes"),
                        ("verify", "re-hash every object; exit 1 on any mismatch")):
         sp = ssub.add_parser(name, help=text)
-        sp.add_argument("--store", help="store folder (beats $WEIGHTSTORE_DIR and the user "
-                                        "cache folder)")
-        sp.add_argument("--recipe", help="use the store this recipe builds into")
+        add_store_options(sp, "store folder (beats $WEIGHTSTORE_DIR and the user cache "
+                              "folder)")
         sp.add_argument("--json", action="store_true", help="print JSON")
         if name == "verify":
             sp.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoadError
+from ..store.location import add_store_options
 
 SOURCE_HELP = ("a package folder, a model file, or a build in the store: "
                "PACKAGE[/VERSION[/LAYOUT]][@ROOT_ID|@SUMMARY_DIGEST]")
@@ -49,10 +50,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     group.add_argument("--device", help="a device of the package (its scenario and "
                                         "capabilities)")
     group.add_argument("--scenario", help="a scenario stored in the model")
-    p.add_argument("--store", help="store folder to take weights missing from the package "
-                                   "from, and store references' builds (default: "
-                                   "$WEIGHTSTORE_DIR or the user cache)")
-    p.add_argument("--recipe", help="use the store this recipe builds into")
+    add_store_options(p, "store folder to take weights missing from the package from, and "
+                         "store references' builds (default: $WEIGHTSTORE_DIR or the user "
+                         "cache)")
 
 
 def _store(args: argparse.Namespace) -> Path:

@@ -67,8 +67,8 @@ def add_modification_scenario(model: onnx.ModelProto, scenario: str,
                             version=options.replay_format_version)
     existing = read_scenarios(model)
     if any(s.scenario == scenario for s in existing) and not options.replace_existing:
-        raise ScenarioError("scenario already exists (replace it with --replace, "
-                            "replace_existing=True in Python)", scenario=scenario)
+        raise ScenarioError("scenario already exists (replace it with --replace; in Python, "
+                            "add_scenario(..., replace=True))", scenario=scenario)
     base = strip_scenarios(model)
     records, _ = prepare_records(base, scenario, rewrites)
     proto = pb.ModelModificationScenarioProto(

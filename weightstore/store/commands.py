@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ..errors import StoreError
+from .location import add_store_options
 
 ACTIONS = ("ls", "gc", "pin", "unpin", "rm", "export-meta")
 
@@ -16,8 +17,7 @@ def add_parsers(ssub: Any, store_help: str) -> None:
     """Register the actions under ``weightstore store``."""
     def common(name: str, text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         sp = ssub.add_parser(name, help=text, description=text)
-        sp.add_argument("--store", help=store_help)
-        sp.add_argument("--recipe", help="use the store this recipe builds into")
+        add_store_options(sp, store_help)
         if json_flag:
             sp.add_argument("--json", action="store_true", help="print JSON")
         return sp

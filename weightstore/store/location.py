@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ENV_VAR = "WEIGHTSTORE_DIR"
 APP_NAME = "weightstore"
@@ -31,6 +32,15 @@ def resolve_store_path(flag: str | None, recipe_path: Path | None,
     if value:
         return Path(value).expanduser().absolute()
     return user_cache_dir(env)
+
+
+def add_store_options(parser: Any, store_help: str) -> None:
+    """``--store DIR`` or ``--recipe R`` (the store that recipe builds into): one or the
+    other, as the command reference says; both at once is a usage error, never a silent
+    choice."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--store", help=store_help)
+    group.add_argument("--recipe", help="use the store this recipe builds into")
 
 
 def user_cache_dir(env: Mapping[str, str] = os.environ, platform: str = sys.platform) -> Path:
