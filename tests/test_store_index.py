@@ -329,6 +329,33 @@ def test_a_lost_index_is_rebuilt_from_per_weight_objects(tmp_path: Path) -> None
     assert set(store_index(WeightStore(other))) == {p.key for p in sep}
 
 
+def test_repair_of_a_lost_index_says_what_it_did_and_gc_says_it_would_refuse(
+        tmp_path: Path, capsys) -> None:
+    """The rebuild is reported in the text output too, the intact marker is left alone
+    (no ``meta.json.broken`` beside a sound store), and gc's dry run says that the real
+    run would refuse a store whose roots went with its index."""
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 100), ("b", 700)), kind="separate")
+    marker = (store.root / "meta.json").read_bytes()
+    for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+        (store.root / name).unlink(missing_ok=True)
+    assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "rebuilt the lost index from 2 per-weight objects" in out
+    assert "roots are gone" in out
+    assert (store.root / "meta.json").read_bytes() == marker
+    assert not (store.root / "meta.json.broken").exists()
+    assert main(["store", "gc", "--dry-run", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("refused: the store has no roots") and "--no-roots-ok" in out
+    assert main(["store", "gc", "--dry-run", "--json", "--store", str(store.root)]) == 0
+    assert "no roots" in json.loads(capsys.readouterr().out)["refused"]
+    assert main(["store", "gc", "--store", str(store.root)]) == 2
+    assert main(["store", "gc", "--dry-run", "--no-roots-ok", "--store",
+                 str(store.root)]) == 0
+    assert "refused" not in capsys.readouterr().out
+
+
 def test_a_read_only_store_serves_a_build_without_writing(
         tmp_path: Path, encoder_model, save_model, monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a read-only mount: every payload present, so the build needs no write."""

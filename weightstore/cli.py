@@ -367,6 +367,11 @@ def _cmd_store_repair(store: Any, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
         return EXIT_OK if report.ok else EXIT_FAILED
+    if report.rebuilt is not None:
+        print(f"rebuilt the lost index from {report.rebuilt} per-weight objects (what was "
+              f"left of it is kept beside it as *.broken); combined files cannot be "
+              f"re-indexed, and the roots are gone: build your recipes again to register "
+              f"their packages before running gc")
     _print_findings(report.found.problems, ())
     for obj in report.dropped:
         print(f"dropped: {obj.key} {obj.file} [{obj.offset}, {obj.end})")

@@ -99,10 +99,21 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise StoreError(str(exc), option="--older-than") from None
     plan = store.plan_gc(older_than=older, compact_ratio=args.compact_ratio)
-    if args.dry_run:
+    refusal = None
+    if plan.garbage and not plan.roots and not args.no_roots_ok:
+        refusal = StoreError("the store has no roots, so gc would delete every object; build "
+                             "your recipes first (each package registers its root, "
+                             "up-to-date ones too) or pass --no-roots-ok",
+                             objects=len(plan.garbage))
+    if args.dry_run:  # what the real run would do, its refusal too
         if args.json:
-            print(json.dumps({"dry_run": True, **plan.to_dict()}, indent=2, sort_keys=True))
+            doc = {"dry_run": True, **plan.to_dict()}
+            if refusal is not None:
+                doc["refused"] = refusal.message
+            print(json.dumps(doc, indent=2, sort_keys=True))
             return 0
+        if refusal is not None:
+            print(f"refused: {refusal.message}")
         for r in plan.dead_roots:
             print(f"drop root {r.id}: {r.package}/{r.version}/{r.layout} ({r.folder})")
         print(f"delete {len(plan.garbage)} objects "
@@ -111,12 +122,11 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
             print(f"compact {f.file}: {_mb(f.live_bytes)} live of {_mb(f.size)}")
         for name in plan.temps:
             print(f"remove stale temp file {name}")
-        print(f"would free about {_mb(plan.freed_bytes)} (dry run: nothing changed)")
+        condition = "" if refusal is None else " with --no-roots-ok"
+        print(f"would free about {_mb(plan.freed_bytes)}{condition} (dry run: nothing changed)")
         return 0
-    if plan.garbage and not plan.roots and not args.no_roots_ok:
-        raise StoreError("the store has no roots, so gc would delete every object; build "
-                         "your recipes first (each package registers its root, up-to-date "
-                         "ones too) or pass --no-roots-ok", objects=len(plan.garbage))
+    if refusal is not None:
+        raise refusal
     start = time.perf_counter()
     result = plan.execute(store)
     if args.json:

@@ -89,6 +89,16 @@ def encode_legacy(index: dict[str, StoredObject]) -> bytes:
     return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
 
 
+def is_marker(path: Path) -> bool:
+    """Is ``path`` exactly the marker :func:`write_marker` writes (nothing else in it: no
+    maps, which ``export-meta`` would have added and a lost index may need)?"""
+    try:
+        doc = parse_json(read_regular(path))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and set(doc) == {"format_version", "index", "note"}
+
+
 def write_marker(path: Path, index_name: str) -> None:
     """The ``meta.json`` of a format 2 store: no maps, so that nothing mistakes it for the
     index; ``export-meta`` replaces it with the maps on request."""

@@ -24,6 +24,7 @@ from ..io.digests import ALGORITHMS, digest_file, make_key
 from ..io.files import open_regular
 from .index import MalformedRow
 from .layout import SEPARATE_PREFIX, kind_of, scan
+from .meta import is_marker
 from .objects import StoredObject
 from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced
 from .verify import VerifyReport, verify_store
@@ -162,7 +163,7 @@ def rebuild_index(store: WeightStore, jobs: int) -> int:
     for name in (store.index.path.name, store.index.path.name + "-wal",
                  store.index.path.name + "-shm", store.meta_path.name):
         path = store.root / name
-        if path.exists():
+        if path.exists() and not (name == store.meta_path.name and is_marker(path)):
             os.replace(path, store.root / f"{name}.broken")
     names = [n for n in scan(store.root).objects if kind_of(n) == "separate"
              and n.startswith(SEPARATE_PREFIX)]

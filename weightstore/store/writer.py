@@ -5,7 +5,7 @@ Layout of a store root::
     <store root>/
       index.sqlite (+ -wal, -shm)   the index (format_version 2, :mod:`.index`)
       meta.json                 format 2 marker, or GE's maps after ``store export-meta``
-      meta.json.lock            format 1's lock, taken only to migrate a format 1 store
+      meta.json.lock            format 1's lock, taken while the index is created or migrated
       locks/<file>.lock         the lock of one combined file (+ ``.holder``: who holds it)
       weight_<hex>              per-weight object ("separate" kind): exactly the payload bytes
       <name>_weight_combined    combined file: payloads appended, each starting at a multiple
