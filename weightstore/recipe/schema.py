@@ -8,6 +8,7 @@ each field carries a ``description`` that editors show as hover help.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -564,11 +565,30 @@ def _describe(error: Any) -> str:
 
 
 def _validation_error(exc: ValidationError, root: yaml.Node, filename: str) -> RecipeError:
-    """Report the error that comes first in the file, and how many others there are."""
+    """Report the error that comes first in the file, and how many others there are.
+
+    A misspelt key gives two errors in one mapping: the key it should have been is
+    missing, the one written is unknown. The unknown key is the cause, so it is reported,
+    with the missing key it probably stands for."""
     located = [(_locate(root, _error_loc(e)), _error_loc(e), e)
                for e in exc.errors(include_url=False)]
-    line, loc, error = min(located, key=lambda item: item[0])
+    missing: dict[Loc, list[str]] = {}
+    for _, loc, e in located:
+        if e["type"] == "missing" and loc:
+            missing.setdefault(loc[:-1], []).append(str(loc[-1]))
+    unknown = {loc[:-1] for _, loc, e in located if e["type"] == "extra_forbidden" and loc}
+
+    def rank(item: tuple[int, Loc, Any]) -> tuple[bool, int]:
+        line, loc, e = item
+        return (e["type"] == "missing" and loc[:-1] in unknown, line)
+
+    line, loc, error = min(located, key=rank)
     message = f"invalid recipe: {_describe(error)}"
+    if error["type"] == "extra_forbidden" and loc:
+        message = f"invalid recipe: unknown key {str(loc[-1])!r}"
+        close = difflib.get_close_matches(str(loc[-1]), missing.get(loc[:-1], []), n=1)
+        if close:
+            message += f" (did you mean {close[0]!r}?)"
     more = len(located) - 1
     if more:
         message += f" (and {more} more error{'s' if more > 1 else ''})"
