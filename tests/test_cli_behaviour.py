@@ -447,3 +447,31 @@ def test_store_and_recipe_are_one_or_the_other(tmp_path, capsys):
                      "--recipe", str(tmp_path / "r.yaml")]) == 2, command
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "not allowed with argument --store" in err, err
+
+
+def test_settings_and_paths_are_judged_before_any_work(encoder_model, save_model, tmp_path,
+                                                       capsys, monkeypatch):
+    """A bad --alignment is refused before the model is read; a file given where a
+    package folder belongs is named as such; an unknown scenario lists the known ones."""
+    import weightstore.convert.api as convert_api
+
+    src = save_model(encoder_model, "m.onnx")
+    opened = []
+    real_open = convert_api.ModelWeights.open
+    monkeypatch.setattr(convert_api.ModelWeights, "open",
+                        lambda *a, **k: opened.append(a) or real_open(*a, **k))
+    assert main(["convert", "to-external", str(src), str(tmp_path / "x.onnx"),
+                 "--alignment", "300"]) == 2
+    err = capsys.readouterr().err
+    assert "alignment must be a power of two" in err and "alignment=300" in err
+    assert opened == [] and not (tmp_path / "x.onnx").exists()
+    for command in (["verify", str(src)], ["check", str(src)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "not a package folder: a file" in err and f"path={src}" in err, err
+    recipe = write_recipe(tmp_path, {"m": src})
+    assert main(["build", str(recipe), "--store", str(tmp_path / "s")]) == 0
+    capsys.readouterr()
+    package = next((tmp_path / "out").rglob("summary.json")).parent
+    assert main(["check", str(package), "--scenario", "nosuch"]) == 2
+    assert "known=none" in capsys.readouterr().err

@@ -105,7 +105,8 @@ def _add_store(sub: Any) -> None:
                               "folder)")
         sp.add_argument("--json", action="store_true", help="print JSON")
         if name == "verify":
-            sp.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4))
+            sp.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4),
+                            help="worker threads for hashing")
             sp.add_argument("--repair", action="store_true",
                             help="drop damaged objects from the index (and delete their "
                                  "per-weight files) so the next build writes them again; "
@@ -133,8 +134,11 @@ def _add_convert(sub: Any) -> None:
             cd.add_argument("--threshold", type=_count, default=1024,
                             help="payloads of at least this many bytes move out "
                                  "(default 1024)")
-            cd.add_argument("--hash", choices=("blake3", "sha256"), default="blake3")
-            cd.add_argument("--alignment", type=_integer, default=512)
+            cd.add_argument("--hash", choices=("blake3", "sha256"), default="blake3",
+                            help="digest of each payload (default blake3)")
+            cd.add_argument("--alignment", type=_integer, default=512,
+                            help="each payload starts at a multiple of this many bytes, a "
+                                 "power of two (default 512)")
         cd.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -170,7 +174,7 @@ def _add_scenario(sub: Any) -> None:
     sp = ssc.add_parser("replay", help="write the scenario's model, runnable, weights inline")
     sp.add_argument("model")
     sp.add_argument("name")
-    sp.add_argument("--output", required=True)
+    sp.add_argument("--output", required=True, help="the model file to write")
 
 
 def _add_check(sub: Any) -> None:
@@ -190,7 +194,7 @@ def _add_bundle(sub: Any) -> None:
                                        "package: its models and only the files they need")
     bd.add_argument("package")
     bd.add_argument("device")
-    bd.add_argument("--output", required=True)
+    bd.add_argument("--output", required=True, help="the folder to create")
     bd.add_argument("--no-verify", action="store_true",
                     help="skip re-hashing the copied live payloads")
 

@@ -77,6 +77,10 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     and writing (None: only on an interactive terminal).
     """
     src, dst = Path(src), Path(dst)
+    if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
+        # before the model is read: a setting is judged without any work done
+        raise ConversionError("alignment must be a power of two (1, 2, 4, ... 512, 4096)",
+                              alignment=alignment)
     with ModelWeights.open(src, fold=True) as mw:
         source_meta = mw.metadata_model(SMALL_VALUE_LIMIT)
         inputs = files_read(src, source_meta, {d.file for d in mw.descriptors.values()})

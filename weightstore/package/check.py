@@ -81,7 +81,9 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         held = {file: {s.scenario for s in read_scenarios(meta)}
                 for file, meta in metadata.items()}
         if scenario is not None and not any(scenario in names for names in held.values()):
-            raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder))
+            known = sorted(set().union(*held.values()))
+            raise ScenarioError("unknown scenario", scenario=scenario, package=str(folder),
+                                known=", ".join(known) or "none")
         # every selection, replay and liveness first; files only after all of them
         resolved = []
         for file, source in sources.items():

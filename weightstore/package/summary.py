@@ -138,6 +138,9 @@ def read_summary_file(folder: Path) -> tuple[bytes, dict[str, Any]]:
     except FileNotFoundError:
         raise PackageError("not a package folder: no summary.json",
                            folder=str(folder)) from None
+    except NotADirectoryError:
+        raise PackageError("not a package folder: a file (a package is the folder holding "
+                           "summary.json)", path=str(folder)) from None
     except (OSError, ValueError) as exc:
         raise PackageError(f"cannot read the package summary: {exc}",
                            file=str(path)) from None

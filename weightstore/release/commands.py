@@ -18,7 +18,8 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
     default_jobs = min(8, os.cpu_count() or 4)
     v = sub.add_parser("verify", help="re-hash every file of a package against its summary")
     v.add_argument("package", help="a package folder (holding summary.json)")
-    v.add_argument("--jobs", type=jobs, default=default_jobs)
+    v.add_argument("--jobs", type=jobs, default=default_jobs,
+                   help="worker threads for hashing")
     v.add_argument("--json", action="store_true", help="print JSON")
 
     r = sub.add_parser("release", help="write reproducible .tar.zst archives, SHA256SUMS and "
