@@ -475,3 +475,14 @@ def test_settings_and_paths_are_judged_before_any_work(encoder_model, save_model
     package = next((tmp_path / "out").rglob("summary.json")).parent
     assert main(["check", str(package), "--scenario", "nosuch"]) == 2
     assert "known=none" in capsys.readouterr().err
+
+
+def test_a_dry_run_writes_nothing_in_the_user_cache_either(encoder_model, save_model,
+                                                           tmp_path, capsys, isolated_env):
+    """Not even the cache key: checking an entry never creates it, only signing one does."""
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")})
+    cache = isolated_env / "cache"
+    assert main(["build", str(recipe), "--store", str(tmp_path / "s"), "--dry-run"]) == 0
+    assert not cache.exists() or list(cache.rglob("*")) == []
+    assert main(["build", str(recipe), "--store", str(tmp_path / "s")]) == 0
+    assert (cache / "weightstore" / "cache-key").is_file()  # a real build signs entries

@@ -5,7 +5,7 @@ file's content digest, trusted while its ``stat`` stamp is unchanged, would take
 read to confirm. Such entries carry a keyed blake3 MAC instead. The key is 32 random bytes
 in the user's own cache folder, readable by its owner only::
 
-    <user cache folder>/cache-key        0600, created on first use
+    <user cache folder>/cache-key        0600, created when the first entry is signed
 
 Entries written by another user, edited by hand, swapped, truncated or corrupted fail the
 MAC and are recomputed. When the key cannot be read or created safely (wrong owner, open
@@ -46,6 +46,10 @@ def entry_mac(entry: Any) -> str | None:
 
 
 def verify_mac(entry: Any, mac: object) -> bool:
+    """Does ``mac`` authenticate ``entry`` under this user's key? Checking never creates
+    the key: without one, nothing was signed by this user (and a dry run writes nothing)."""
+    if not os.path.lexists(key_path()):
+        return False
     expected = entry_mac(entry)
     return (expected is not None and isinstance(mac, str)
             and hmac.compare_digest(expected, mac))

@@ -99,10 +99,8 @@ class FileDigests:
             digest = entry["digest"]
         else:
             digest = make_key(algo, digest_file(algo, path))
-            mac = entry_mac(_signed(str(path), stamp, digest))
-            if (mac is not None and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns)
-                    > RACY_SECONDS * 10**9):
-                self._fresh[str(path)] = {**stamp, "digest": digest, "mac": mac}
+            if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_SECONDS * 10**9:
+                self._fresh[str(path)] = {**stamp, "digest": digest}  # signed when saved
         self._cache[(path, algo)] = {**stamp, "digest": digest}
         return digest
 
@@ -111,7 +109,14 @@ class FileDigests:
         self._settle()
         if self._file is None or not self._fresh or not self._file.parent.is_dir():
             return
-        entries = {**_load_cache(self._file), **self._fresh}
+        fresh = {}
+        for path, entry in self._fresh.items():
+            stamp = {k: v for k, v in entry.items() if k != "digest"}
+            mac = entry_mac(_signed(path, stamp, entry["digest"]))
+            if mac is None:
+                return  # no private key: nothing is trusted, so nothing is written
+            fresh[path] = {**entry, "mac": mac}
+        entries = {**_load_cache(self._file), **fresh}
         if len(entries) > CACHE_LIMIT:
             entries = {k: v for k, v in entries.items() if os.path.exists(k)}
         doc = {"format_version": CACHE_FORMAT_VERSION, "entries": entries}
