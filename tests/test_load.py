@@ -528,3 +528,69 @@ def test_sibling_scopes_reusing_a_weight_name_load_their_own_bytes(tmp_path, for
     for feed in feeds:
         for a, b in zip(session.run(None, feed), run_onnxruntime(model, feed), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def _module_function_model() -> tuple[onnx.ModelProto, dict]:
+    """As torch exports with ``export_modules_as_functions``: each call of the local
+    function ``Linear`` carries its layer's weight as an unnamed tensor attribute (the
+    body computes with the weight passed in as an initializer); two calls, two weights."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    n = 64
+    opset = [helper.make_opsetid("", 17)]
+    linear = helper.make_function("torch_modules", "Linear", ["a", "w"], ["b"], [
+        helper.make_node("MatMul", ["a", "w"], ["b"])], opset, attributes=["weight"])
+    calls, inits = [], []
+    for i, (src, dst) in enumerate([("x", "h"), ("h", "y")]):
+        weight = rng.standard_normal((n, n)).astype(np.float32)
+        inits.append(numpy_helper.from_array(weight, f"onnx::MatMul_{i}"))
+        call = helper.make_node("Linear", [src, f"onnx::MatMul_{i}"], [dst],
+                                name=f"/layer{i}/Linear", domain="torch_modules")
+        attr = call.attribute.add()
+        attr.name, attr.type = "weight", onnx.AttributeProto.TENSOR
+        attr.t.CopyFrom(numpy_helper.from_array(weight.T.copy()))  # bytes of its own
+        attr.t.ClearField("name")  # as the exporter leaves it
+        calls.append(call)
+    graph = helper.make_graph(calls, "g", [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, [2, n])], [helper.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, [2, n])], inits)
+    model = helper.make_model(graph, functions=[linear], opset_imports=[
+        *opset, helper.make_opsetid("torch_modules", 1)])
+    onnx.checker.check_model(model)
+    return model, {"x": rng.standard_normal((2, n)).astype(np.float32)}
+
+
+def test_weights_held_by_call_attributes_resolve_load_and_replay(tmp_path, capsys):
+    """Unnamed attribute tensors are told apart (each its own manifest entry and bytes),
+    from the model file and from a package, through a scenario replay too; nothing of
+    the names resolution gives them reaches a file written for the user."""
+    from weightstore.scenarios.operations import add_scenario
+
+    model, feed = _module_function_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    expected = run_onnxruntime(model, feed)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"package: p\nversion: '1'\nmodels: [{{name: m, source: {src}}}]\n"
+                      "layouts: [{name: c, external_weight: combined, size_threshold: 1024}]\n"
+                      "output: out\n")
+    weightstore.build(recipe, weightstore.BuildOptions(store=str(tmp_path / "s"), jobs=1))
+    for where in (src, tmp_path / "out/p/1/c"):
+        with weightstore.resolve(where) as r:
+            entries = r.payload_manifest.active
+            assert len(entries) == 4, where  # two initializers, two attribute tensors
+            assert len({e.source.checksum or (e.source.file, e.source.offset)
+                        for e in entries}) == 4, where
+            session = weightstore.load(r, manager=WeightManager())
+        for a, b in zip(session.run(None, feed), expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+    add_scenario(src, "same", ["cleanup"], output=tmp_path / "s.onnx")
+    replayed = tmp_path / "replayed.onnx"
+    assert main(["scenario", "replay", str(tmp_path / "s.onnx"), "same",
+                 "--output", str(replayed)]) == 0
+    written = onnx.load(str(replayed))
+    assert [n.attribute[0].t for n in written.graph.node] == \
+        [n.attribute[0].t for n in model.graph.node]  # unnamed, as they were
+    for a, b in zip(run_onnxruntime(written, feed), expected, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -70,6 +70,32 @@ class TensorSite:
         return None
 
 
+ATTRIBUTE_NAME_PREFIX = "weightstore-attribute:"
+
+
+def name_attribute_tensors(model: ModelProto) -> ModelProto:
+    """Name every unnamed tensor a node attribute holds (other than a Constant's value)
+    after its place in ``model``: such a tensor defines no value, and exporters leave it
+    unnamed (torch's module functions put each layer's weight on the call node), so
+    resolution and loading, which key weights by name, could not tell two apart.
+    onnxruntime and the checker ignore these names, and a scenario's base graph digest
+    leaves them out. Resolution applies it to the base model and to its catalogue before
+    anything is rewritten, so a name travels with its tensor; packages and conversions
+    never carry it."""
+    for site in iter_tensor_sites(model):
+        if site.role == "attribute" and not site.tensor.HasField("name"):
+            site.tensor.name = ATTRIBUTE_NAME_PREFIX + site.key
+    return model
+
+
+def unname_attribute_tensors(model: ModelProto) -> ModelProto:
+    """Undo :func:`name_attribute_tensors`, for a model written out (as it was read)."""
+    for site in iter_tensor_sites(model):
+        if site.role == "attribute" and site.tensor.name.startswith(ATTRIBUTE_NAME_PREFIX):
+            site.tensor.ClearField("name")
+    return model
+
+
 def value_key(chain: str, name: str, ambiguous: Collection[str]) -> str:
     """The key of value ``name`` defined in scope ``chain`` (see
     :meth:`TensorSite.value_key`; FileConstant outputs are keyed alike)."""

@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..catalogue.payload import describe, read_payload
-from ..catalogue.sites import ambiguous_names, iter_tensor_sites
+from ..catalogue.sites import ambiguous_names, iter_tensor_sites, unname_attribute_tensors
 from ..convert.encoding import has_payload, set_payload
 from ..convert.external_data import ENCODINGS_KEY, pop_metadata
 from ..convert.inline import check_digest
@@ -65,7 +65,7 @@ def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx
     # the typed encodings an earlier conversion recorded describe external tensors by
     # structural path: none is external now, and a replay moved the paths
     pop_metadata(resolved, ENCODINGS_KEY)
-    return resolved
+    return unname_attribute_tensors(resolved)  # the names resolution gave stay inside
 
 
 def replay_scenario(model: str | os.PathLike[str], name: str,

@@ -23,6 +23,7 @@ import onnx
 
 from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metadata
 from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
+from ..catalogue.sites import name_attribute_tensors
 from ..errors import ModelError, PackageError, ResolutionError
 from ..io.files import read_exact
 from .reference import StoreReference, UnknownReference
@@ -56,7 +57,7 @@ class ModelSource:
         ``fd``: the file already open (the source owns it from here on)."""
         source = cls(path, name, _fd=open_model(path) if fd is None else fd, **kwargs)
         try:
-            source._metadata = source._parse()
+            source._metadata = name_attribute_tensors(source._parse())
         except BaseException:
             source.close()
             raise
@@ -79,6 +80,7 @@ class ModelSource:
                                  file=str(self.path))
             fd, self._fd = self._fd, None
             self._catalogue = catalogue_from(fd, self.path)  # owns the descriptor now
+            name_attribute_tensors(self._catalogue.model)  # as the metadata has them
         return self._catalogue
 
     def metadata(self) -> onnx.ModelProto:

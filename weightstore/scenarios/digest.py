@@ -30,7 +30,7 @@ import onnx
 from ..catalogue import typed_fields
 from ..catalogue.payload import SMALL_VALUE_LIMIT, expected_nbytes, external_info
 from ..catalogue.schema import PAYLOAD_FIELDS
-from ..catalogue.sites import TensorSite, iter_tensor_sites
+from ..catalogue.sites import ATTRIBUTE_NAME_PREFIX, TensorSite, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
 from ..io.digests import ALGORITHMS, digest_bytes, new_hasher
@@ -130,6 +130,9 @@ def base_graph_digest(model: onnx.ModelProto,
         raise ScenarioError("unknown digest algorithm", algorithm=algo,
                             known=", ".join(ALGORITHMS))
     view = _payload_free_view(model)
+    for tensor in _tensors(view):  # names resolution gives unnamed attribute tensors
+        if tensor.name.startswith(ATTRIBUTE_NAME_PREFIX):
+            tensor.ClearField("name")
     identities: list[tuple[str, str]] = []
     if payload_identity is None:
         # Fast path: small inline values stay in the serialized view (that binds them);

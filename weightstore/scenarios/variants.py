@@ -48,14 +48,16 @@ def scenario_rewrites(mw: ModelWeights, passes: Sequence[str],
 
 
 def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np.ndarray]:
-    """Base-model values (initializers and Constants) by name, or by name qualified by
-    their scope (``TensorSite.scoped_name``, which wins), each read when asked (and only
-    then is its file, if external, opened)."""
+    """Base-model values (initializers, Constants, and tensors other nodes' attributes
+    hold, by the tensor's name or the one resolution gives it) by name, or by name
+    qualified by their scope (``TensorSite.scoped_name``, which wins), each read when
+    asked (and only then is its file, if external, opened)."""
     by_name: dict[str, list] = {}
     by_scoped: dict[str, list] = {}
     for site in iter_tensor_sites(catalogue.model):
-        if site.role in ("initializer", "constant") and site.value_name:
-            by_name.setdefault(site.value_name, []).append(site)
+        name = site.value_name or (site.tensor.name if site.role == "attribute" else "")
+        if site.role in ("initializer", "constant", "attribute") and name:
+            by_name.setdefault(name, []).append(site)
             by_scoped.setdefault(site.scoped_name, []).append(site)
 
     def value(name: str) -> np.ndarray:
