@@ -159,6 +159,48 @@ def test_typed_fields_round_trip_and_run(save_model, tmp_path, form):
             assert e.dtype == a.dtype and e.tobytes() == a.tobytes()
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_a_spelt_out_default_location_survives_the_round_trip(save_model, tmp_path, form):
+    """onnxruntime's quantizer writes ``data_location: DEFAULT`` on some initializers: the
+    same tensor as without it, but two more bytes, which the reverse conversion keeps
+    (raw and typed, as the source model and as its external form's source)."""
+    rng = np.random.default_rng(3)
+    raw = numpy_helper.from_array(rng.standard_normal(512).astype(np.float32), "bias")
+    typed = helper.make_tensor("scale", TensorProto.FLOAT, [512],
+                               rng.standard_normal(512).astype(np.float32).tolist())
+    for t in (raw, typed):
+        t.data_location = TensorProto.DEFAULT  # spelt out
+    plain = numpy_helper.from_array(np.ones(512, np.float32), "plain")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["a"]), helper.make_node("Mul", ["a", "scale"],
+                                                                         ["b"]),
+         helper.make_node("Add", ["b", "plain"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])], [raw, typed, plain])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src = save_model(model)
+    out, again, back = tmp_path / "out.onnx", tmp_path / "again.onnx", tmp_path / "back.onnx"
+    convert_to_external(src, out, form=form, threshold=0)
+    converted = [out]
+    if form == "external-data":  # recorded, carried on by a conversion of the converted
+        convert_to_external(out, again, form=form, threshold=0)
+        converted.append(again)
+    for path in converted:
+        convert_to_inline(path, back)
+        assert back.read_bytes() == _bytes(model)
+        assert not onnx.load(str(back)).graph.initializer[2].HasField("data_location")
+    if form == "external-data":  # a package's model, back inline
+        from weightstore import BuildOptions, build
+
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"package: p\nversion: '1'\nmodels: [{{name: m, source: {src}}}]\n"
+                          "layouts: [{name: c, external_weight: combined, size_threshold: 0}]\n"
+                          "output: out\n")
+        build(recipe, BuildOptions(store=str(tmp_path / "s"), jobs=1))
+        convert_to_inline(tmp_path / "out/p/1/c/m.onnx", back)
+        assert back.read_bytes() == _bytes(model)
+
+
 def test_source_with_external_data(encoder_model, save_model, tmp_path):
     src = save_model(encoder_model, "src/model.onnx", save_as_external_data=True,
                      all_tensors_to_one_file=True, location="model.data", size_threshold=0)

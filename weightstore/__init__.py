@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
 
-__version__ = "0.1.1"
+__version__ = "0.1.2"
 
 # name -> (submodule, attribute); attribute None: the submodule itself, which is callable
 _EXPORTS: dict[str, tuple[str, str | None]] = {

@@ -13,6 +13,17 @@ from ..errors import ConversionError, ModelError
 from ..io.onnx_proto import TensorProto
 
 TYPED_FIELDS = frozenset(v for v in PAYLOAD_FIELDS.values() if v != "raw_data")
+# Appended to an encoding when the inline tensor spelt out ``data_location: DEFAULT``
+# (onnxruntime's quantizer writes it): the same tensor, but two more bytes, which the
+# reverse conversion puts back.
+EXPLICIT_LOCATION = "+data_location"
+
+
+def inline_encoding(tensor: TensorProto, field: str) -> str:
+    """The encoding to record for an inline ``tensor`` whose values are in ``field``."""
+    if tensor.HasField("data_location") and tensor.data_location == TensorProto.DEFAULT:
+        return field + EXPLICIT_LOCATION
+    return field
 
 
 def has_payload(tensor: TensorProto) -> bool:
@@ -33,17 +44,21 @@ def clear_payload(tensor: TensorProto) -> None:
 
 
 def set_payload(tensor: TensorProto, data: bytes, encoding: str = "raw_data") -> None:
-    """Store little-endian ``data`` in ``tensor`` as ``encoding`` (inline)."""
+    """Store little-endian ``data`` in ``tensor`` as ``encoding`` (inline): a field, and
+    :data:`EXPLICIT_LOCATION` when the tensor spelt out its default location."""
     clear_payload(tensor)
-    if encoding == "raw_data":
+    field = encoding.removesuffix(EXPLICIT_LOCATION)
+    if field == "raw_data":
         tensor.raw_data = data
-        return
-    if encoding not in TYPED_FIELDS:
+    elif field not in TYPED_FIELDS:
         raise ConversionError("unknown tensor encoding", encoding=encoding, tensor=tensor.name)
-    try:
-        typed_fields.encode(tensor, encoding, data)
-    except ModelError as exc:
-        raise ConversionError(exc.message, encoding=encoding, tensor=tensor.name) from None
+    else:
+        try:
+            typed_fields.encode(tensor, field, data)
+        except ModelError as exc:
+            raise ConversionError(exc.message, encoding=encoding, tensor=tensor.name) from None
+    if field != encoding:
+        tensor.data_location = TensorProto.DEFAULT
 
 
 def set_external(tensor: TensorProto, location: str, offset: int, length: int,

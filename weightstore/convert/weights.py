@@ -24,7 +24,7 @@ from ..catalogue.sites import TensorSite, iter_tensor_sites
 from ..errors import ConversionError, IntegrityError, ModelError
 from ..io.digests import ALGORITHMS, digest_bytes, digest_file_many, make_key
 from ..io.onnx_proto import GraphProto, ModelProto, TensorProto
-from .encoding import set_payload
+from .encoding import inline_encoding, set_payload
 from .external_data import apply_external_data, recorded_encodings
 from .file_constant import apply_file_constant, can_hold
 from .placement import ExternalTensor, Placement
@@ -223,9 +223,10 @@ class ModelWeights:
     def encoding(self, site: TensorSite, desc: PayloadDescriptor) -> str:
         """The field a tensor's values go back to inline: its own typed field, the one
         recorded for it when it is external, else ``raw_data``."""
-        if desc.encoding != "raw":
-            return desc.encoding
-        return self.encodings.get(site.key, "raw_data") if desc.is_external else "raw_data"
+        if desc.is_external and desc.encoding == "raw":
+            return self.encodings.get(site.key, "raw_data")
+        return inline_encoding(site.tensor, desc.encoding if desc.encoding != "raw"
+                               else "raw_data")
 
     def materialize(self, placements: Mapping[TensorPath, Placement], form: Form,
                     ) -> ModelProto:
