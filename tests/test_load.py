@@ -594,3 +594,43 @@ def test_weights_held_by_call_attributes_resolve_load_and_replay(tmp_path, capsy
         [n.attribute[0].t for n in model.graph.node]  # unnamed, as they were
     for a, b in zip(run_onnxruntime(written, feed), expected, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_only_attribute_tensors_resolution_must_find_are_named(tmp_path):
+    """A small attribute value (a ConstantOfShape fill) is metadata: it stays unnamed, so
+    the resolved graph, its digest and a prepared companion are as before. An attribute
+    tensor that keeps a name of its own is not looked up by it: a namesake initializer
+    stays the one a scenario's weights come from."""
+    from onnx import helper, numpy_helper
+
+    from weightstore.catalogue.sites import ATTRIBUTE_NAME_PREFIX
+
+    model, feed = _module_function_model()
+    fill = helper.make_node("ConstantOfShape", ["shape"], ["ones"],
+                            value=numpy_helper.from_array(np.ones(1, np.float32)))
+    fill.attribute[0].t.ClearField("name")
+    model.graph.initializer.append(numpy_helper.from_array(np.array([2, 64], np.int64),
+                                                           "shape"))
+    model.graph.node.extend([fill, helper.make_node("Add", ["y", "ones"], ["z"])])
+    model.graph.output[0].name = "z"
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    with weightstore.resolve(src) as r:
+        assert ATTRIBUTE_NAME_PREFIX.encode() in r.model_bytes  # the calls' weights
+        frozen = onnx.load_from_string(r.model_bytes)
+        assert not frozen.graph.node[2].attribute[0].t.HasField("name")  # the fill
+        session = weightstore.load(r, manager=WeightManager())
+    for a, b in zip(session.run(None, feed), run_onnxruntime(model, feed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the first call's weight named like the second layer's initializer
+    model.graph.node[0].attribute[0].t.name = "onnx::MatMul_1"
+    onnx.save(model, str(src))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"package: p\nversion: '1'\nmodels: [{{name: m, source: {src}, "
+                      "scenarios: [{name: half, passes: [cast-fp16]}]}]\n"
+                      "layouts: [{name: c, external_weight: combined}]\noutput: out\n")
+    weightstore.build(recipe, weightstore.BuildOptions(store=str(tmp_path / "s"), jobs=1))
+    replayed = runnable_variant(tmp_path / "out/p/1/c/m.onnx", "half")
+    for a, b in zip(run_onnxruntime(replayed, feed), run_onnxruntime(model, feed),
+                    strict=True):  # the attribute tensor's own name is a name, no more
+        np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-2)

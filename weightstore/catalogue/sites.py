@@ -16,6 +16,7 @@ from ..io.onnx_proto import (
     NodeProto,
     TensorProto,
 )
+from .element_types import expected_nbytes
 from .graphs import function_label, iter_scoped_containers, subgraph_chain
 from .schema import CHILDREN, Kind, Path, path_str
 
@@ -74,8 +75,9 @@ ATTRIBUTE_NAME_PREFIX = "weightstore-attribute:"
 
 
 def name_attribute_tensors(model: ModelProto) -> ModelProto:
-    """Name every unnamed tensor a node attribute holds (other than a Constant's value)
-    after its place in ``model``: such a tensor defines no value, and exporters leave it
+    """Name every unnamed tensor a node attribute holds (other than a Constant's value),
+    whose values are not metadata, after its place in ``model``: such a tensor defines no
+    value, and exporters leave it
     unnamed (torch's module functions put each layer's weight on the call node), so
     resolution and loading, which key weights by name, could not tell two apart.
     onnxruntime and the checker ignore these names, and a scenario's base graph digest
@@ -83,9 +85,22 @@ def name_attribute_tensors(model: ModelProto) -> ModelProto:
     anything is rewritten, so a name travels with its tensor; packages and conversions
     never carry it."""
     for site in iter_tensor_sites(model):
-        if site.role == "attribute" and not site.tensor.HasField("name"):
-            site.tensor.name = ATTRIBUTE_NAME_PREFIX + site.key
+        t = site.tensor
+        if site.role == "attribute" and not t.HasField("name") and _held_apart(t):
+            t.name = ATTRIBUTE_NAME_PREFIX + site.key
     return model
+
+
+def _held_apart(tensor: TensorProto) -> bool:
+    """Are the tensor's values kept out of the metadata model (external, or too large to
+    be metadata), so that resolution must find them by name? A small value (a
+    ``ConstantOfShape`` fill) travels with the metadata and needs none."""
+    from .payload import SMALL_VALUE_LIMIT  # payload builds on this module
+
+    if tensor.data_location == TensorProto.EXTERNAL:
+        return True
+    nbytes = expected_nbytes(tensor.data_type, list(tensor.dims))
+    return nbytes is None or nbytes > SMALL_VALUE_LIMIT
 
 
 def unname_attribute_tensors(model: ModelProto) -> ModelProto:

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from ..catalogue.metadata import metadata_model
 from ..catalogue.payload import SMALL_VALUE_LIMIT, describe, read_payload
 from ..catalogue.reader import Catalogue, read_catalogue
-from ..catalogue.sites import iter_tensor_sites
+from ..catalogue.sites import ATTRIBUTE_NAME_PREFIX, iter_tensor_sites
 from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights
 from ..errors import ScenarioError
@@ -48,15 +48,17 @@ def scenario_rewrites(mw: ModelWeights, passes: Sequence[str],
 
 
 def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np.ndarray]:
-    """Base-model values (initializers, Constants, and tensors other nodes' attributes
-    hold, by the tensor's name or the one resolution gives it) by name, or by name
-    qualified by their scope (``TensorSite.scoped_name``, which wins), each read when
-    asked (and only then is its file, if external, opened)."""
+    """Base-model values (initializers, Constants, and the tensors other nodes'
+    attributes hold under the name resolution gives them) by name, or by name qualified
+    by their scope (``TensorSite.scoped_name``, which wins), each read when asked (and
+    only then is its file, if external, opened)."""
     by_name: dict[str, list] = {}
     by_scoped: dict[str, list] = {}
     for site in iter_tensor_sites(catalogue.model):
-        name = site.value_name or (site.tensor.name if site.role == "attribute" else "")
-        if site.role in ("initializer", "constant", "attribute") and name:
+        name = site.value_name
+        if site.role == "attribute" and site.tensor.name.startswith(ATTRIBUTE_NAME_PREFIX):
+            name = site.tensor.name
+        if name:
             by_name.setdefault(name, []).append(site)
             by_scoped.setdefault(site.scoped_name, []).append(site)
 
