@@ -668,3 +668,25 @@ def test_a_new_store_switches_its_index_to_wal_without_waiting(tmp_path: Path,
     assert pauses == []
     with sqlite3.connect(tmp_path / "store" / "index.sqlite") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_an_index_that_will_not_switch_to_wal_is_an_error_not_a_hang(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """A switch refused for good (another program keeps the file open in its journal mode,
+    or a file system without WAL) ends in a StoreError naming the index."""
+    import weightstore.store.index as index_module
+
+    monkeypatch.setattr(index_module, "WAL_SWITCH_SECONDS", 0.3)
+    root = tmp_path / "s"
+    root.mkdir()
+    other = sqlite3.connect(root / "index.sqlite", isolation_level=None)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN")
+    other.execute("SELECT * FROM t").fetchall()  # a reader holds the file: no switch
+    try:
+        with pytest.raises(StoreError, match="cannot switch the store index to WAL") as err:
+            WeightStore(root).put(payloads(("a", 700)), kind="separate")
+        assert err.value.context["journal_mode"] == "delete"
+    finally:
+        other.execute("COMMIT")
+        other.close()

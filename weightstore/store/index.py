@@ -49,6 +49,8 @@ FORMAT_VERSION = 2
 INDEX_NAME = "index.sqlite"
 BATCH = 900  # values per IN (...) list: below SQLite's historical limit of 999
 WAIT_REPORT_SECONDS = 10.0
+WAL_SWITCH_SECONDS = 30.0  # a switch refused this long is not a race between openers
+WAL_SWITCH_WAIT_MS = 100  # how long one try at the switch waits for other connections
 CHECKPOINT_BYTES = 4 << 20
 
 _SCHEMA = """
@@ -417,17 +419,18 @@ class Index:
 
     def _ensure_wal(self, conn: sqlite3.Connection) -> None:
         """Switch the file to WAL (persistent). The switch needs a moment without other
-        connections, which racing openers of a new store do not give at once: retried,
-        like a busy ``BEGIN``, until the busy timeout."""
-        deadline = time.monotonic() + self._timeout()
+        connections, which racing openers of a new store do not give at once: retried for
+        up to ``WAL_SWITCH_SECONDS``. A switch refused that long is no race between openers
+        (another program keeps the file open in its own journal mode, or the file system
+        has no shared memory for WAL): a StoreError naming the index, not a hang."""
+        start = time.monotonic()
         while True:
             try:
                 if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
                     return
                 self._begin(conn)  # waits for writers, reporting who holds the index
                 conn.execute("COMMIT")
-                # answers the old mode while another connection has the file open
-                if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                if self._switch_to_wal(conn) == "wal":
                     return
             except sqlite3.OperationalError as exc:
                 if conn.in_transaction:
@@ -436,13 +439,33 @@ class Index:
                 if "locked" not in str(exc) and "busy" not in str(exc):
                     raise StoreError(f"cannot initialise the store index: {exc}",
                                      path=str(self.path)) from exc
-                if time.monotonic() >= deadline:
-                    raise StoreError(f"cannot initialise the store index: {exc}",
-                                     path=str(self.path)) from exc
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot initialise the store index: {exc}",
                                  path=str(self.path)) from exc
+            if time.monotonic() - start >= min(self._timeout(), WAL_SWITCH_SECONDS):
+                raise StoreError("cannot switch the store index to WAL: another program "
+                                 "keeps it open, or its file system does not support it",
+                                 path=str(self.path), journal_mode=self._journal_mode(conn),
+                                 waited_seconds=round(time.monotonic() - start, 1))
             time.sleep(0.01)
+
+    def _switch_to_wal(self, conn: sqlite3.Connection) -> str:
+        """One try at the switch, waiting only briefly for other connections (the
+        connection's own busy wait is for writers, seconds long): the answer is the mode
+        now in force, the old one while another connection has the file open."""
+        waits = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        conn.execute(f"PRAGMA busy_timeout={WAL_SWITCH_WAIT_MS}")
+        try:
+            return conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(waits)}")
+
+    @staticmethod
+    def _journal_mode(conn: sqlite3.Connection) -> str:
+        try:
+            return str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+        except sqlite3.Error as exc:
+            return f"unknown ({exc})"
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Create the tables and copy a format 1 ``meta.json`` into them.
