@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,51 @@ def test_damaged_stamp_is_ignored(project: Path, damage: str) -> None:
                       "empty": "", "not-an-object": "[1, 2]"}[damage])
     assert [p.status for p in build(project).packages] == ["up-to-date", "up-to-date"]
     assert len(_stamps()) == 1 and json.loads(_stamps()[0].read_text())["mac"]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_stamp_of_another_selection_copied_over_is_not_trusted(project: Path) -> None:
+    """Each invocation's stamp names its invocation under the MAC: the stamp of
+    ``--layout separate`` moved under the whole recipe's name (a sound stamp, signed by
+    this user) proves nothing, and the missing layout is built, not skipped."""
+    out = project.parent / "out"
+    clean = _tree(out)
+    (whole,) = _stamps()
+    build(project, BuildOptions(layouts=("separate",)))
+    (selected,) = [s for s in _stamps() if s != whole]
+    selected.replace(whole)
+    shutil.rmtree(out / "pkg" / "1.0.0" / "combined")
+    assert [(p.layout, p.status) for p in build(project).packages] == [
+        ("combined", "built"), ("separate", "up-to-date")]
+    assert _tree(out) == clean
+
+
+def test_a_stamp_of_one_model_copied_over_ships_no_partial_package(
+        tmp_path: Path, encoder_model: onnx.ModelProto) -> None:
+    """A two-model recipe: the stamp of ``--model encoder`` (its package holds one model)
+    copied over the whole recipe's stamp, the output removed: the next build writes both
+    models, byte-identical to a clean build, instead of materializing the one-model
+    package the swapped stamp names."""
+    onnx.save(encoder_model, tmp_path / "encoder.onnx")
+    onnx.save(encoder_model, tmp_path / "twin.onnx")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.format(source="encoder.onnx").replace(
+        "layouts:", "  - {name: twin, source: twin.onnx}\nlayouts:"))
+    out = tmp_path / "out"
+    build(recipe)
+    clean = _tree(out)
+    (whole,) = _stamps()
+    shutil.rmtree(out)
+    build(recipe, BuildOptions(models=("encoder",)))
+    (selected,) = [s for s in _stamps() if s != whole]
+    build(recipe, BuildOptions(force=True))
+    selected.replace(whole)
+    shutil.rmtree(out)
+    result = build(recipe)
+    assert [[m["name"] for m in p.summary["models"]] for p in result.packages] == [
+        ["encoder", "twin"]] * 2
+    assert _tree(out) == clean

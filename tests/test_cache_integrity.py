@@ -311,14 +311,15 @@ def test_every_cache_reader_ignores_a_deeply_nested_file(tmp_path):
     identity = {"source_digest": "blake3:" + "0" * 64, "external": {}}
     payload, derived = PayloadKeyCache(tmp_path), DerivedKeyCache(tmp_path)
     fp = "blake3:" + "1" * 64
+    stamp = build_stamp.Invocation(tmp_path / "r.yaml", (), (), tmp_path / "store")
     files = [payload._path(identity, "blake3"), derived._path(identity, "blake3"),
              build_actions.record_path(tmp_path, fp), tmp_path / CACHE_NAME,
-             tmp_path / "stamp.json"]
+             stamp.path()]
     for f in files:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(DEEP)
     assert payload.load(identity, "blake3") == {}
     assert derived.load(identity, "blake3") == {}
     assert build_actions.load(tmp_path, fp) is None
-    assert build_stamp.load(tmp_path / "stamp.json", tmp_path / "r.yaml", b"") is None
+    assert build_stamp.load(stamp, b"") is None
     assert fingerprint.FileDigests(tmp_path / CACHE_NAME)._saved == {}

@@ -111,11 +111,11 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
             return _build(recipe, options)
         return _build(loaded_from(recipe, base_dir or os.curdir), options)
     absolute, data = read_recipe_file(recipe)
-    stamp = build_stamp.stamp_path(absolute, options.models, options.layouts,
+    stamp = build_stamp.Invocation(absolute, tuple(options.models), tuple(options.layouts),
                                    resolve_store_path(options.store, None))
     seen: list[FileDigests] = []  # digests the stamp's check took: never taken twice
     if not options.force and not options.dry_run:
-        done = _stamped(stamp, absolute, data, options.jobs, seen)
+        done = _stamped(stamp, data, options.jobs, seen)
         if done is not None:
             return done
     from ..recipe.schema import load_recipe_bytes
@@ -124,14 +124,14 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     return _build(loaded, options, stamp=(stamp, data), seen=seen)
 
 
-def _stamped(stamp: Path, recipe: Path, data: bytes, jobs: int,
+def _stamped(stamp: build_stamp.Invocation, data: bytes, jobs: int,
              seen: list[FileDigests]) -> BuildResult | None:
     """The result of a build proven by the stamp, None when it proves nothing.
 
     Packages in place must be up to date; a missing package folder is materialized from
     the store by its fingerprint's action record (:mod:`.package.materialize`), which
     needs neither onnx, numpy nor pydantic."""
-    doc = build_stamp.load(stamp, recipe, data)
+    doc = build_stamp.load(stamp, data)
     if doc is None:
         return None
     store_root = Path(doc["store"])
@@ -192,7 +192,7 @@ def _count_reused(result: BuildResult, done: Materialized) -> None:
 
 
 def _build(loaded: LoadedRecipe, options: BuildOptions,
-           stamp: tuple[Path, bytes] | None = None,
+           stamp: tuple[build_stamp.Invocation, bytes] | None = None,
            seen: list[FileDigests] | None = None) -> BuildResult:
     from ..recipe.selection import select_part
 
@@ -227,15 +227,15 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     return result
 
 
-def _record_stamp(loaded: LoadedRecipe, stamp: tuple[Path, bytes], store_root: Path,
-                  result: BuildResult) -> None:
+def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, bytes],
+                  store_root: Path, result: BuildResult) -> None:
     """Stamp this build with the source identities its packages' summaries record."""
     listed = {m["name"]: m for m in result.packages[0].summary["models"]}
     sources = {str(loaded.model_source(entry)):
                {"digest": listed[entry.name]["source_digest"],
                 "external": listed[entry.name]["external_sources"]}
                for entry in loaded.models()}
-    build_stamp.record(stamp[0], loaded.path, stamp[1], store_root, sources,
+    build_stamp.record(stamp[0], stamp[1], store_root, sources,
                        [(p.layout, p.path, p.summary["fingerprint"]) for p in result.packages])
 
 

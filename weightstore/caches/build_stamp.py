@@ -6,7 +6,7 @@ does. A stamp records, for one invocation of ``weightstore build`` (recipe file,
 layout selection, store choice), what the last successful build decided from::
 
     <user cache folder>/build-stamps/<digest of the invocation>.json
-        {"format_version", "generator", "recipe", "recipe_digest", "store",
+        {"format_version", "generator", "invocation", "recipe", "recipe_digest", "store",
          "sources": {model file: {"digest", "external": {location: digest}}},
          "packages": [{"layout", "path", "fingerprint"}],
          "mac"}                                       keyed blake3 over all the rest
@@ -16,8 +16,9 @@ While the recipe's bytes, the weightstore version and every source's content dig
 cheap) are unchanged, the recipe gives the recorded fingerprints: each package is then up
 to date exactly when its ``summary.json`` carries that fingerprint and its files are
 intact, the test the full check ends with. Anything else (no stamp, a failed MAC, a
-changed input, a damaged package) falls through to the full check, which parses the
-recipe. A stamp is only ever a shortcut to the answer the full check would give.
+stamp of another invocation copied under this one's name, a changed input, a damaged
+package) falls through to the full check, which parses the recipe. A stamp is only ever a
+shortcut to the answer the full check would give.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,31 +39,46 @@ from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
 from ..store.location import user_cache_dir
 from .mac import entry_mac, verify_mac
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FOLDER = "build-stamps"
 
 
-def stamp_path(recipe: Path, models: Sequence[str], layouts: Sequence[str],
-               store: Path) -> Path:
-    """Where the stamp of this invocation lives (one file per invocation)."""
-    key = json.dumps([str(recipe), sorted(models), sorted(layouts), str(store)])
-    name = digest_bytes(FINGERPRINT_ALGO, key.encode())[:32]
-    return user_cache_dir() / FOLDER / f"{name}.json"
+@dataclass(frozen=True)
+class Invocation:
+    """One way of calling ``weightstore build`` with a recipe file: the file, the
+    ``--model`` and ``--layout`` selection, the store chosen without the recipe. Each has
+    a stamp of its own, and the stamp names its invocation inside what the MAC covers,
+    so a stamp of another selection copied under this one's name proves nothing."""
+
+    recipe: Path
+    models: tuple[str, ...]
+    layouts: tuple[str, ...]
+    store: Path
+
+    def key(self) -> list[Any]:
+        return [str(self.recipe), sorted(self.models), sorted(self.layouts), str(self.store)]
+
+    def path(self) -> Path:
+        """Where this invocation's stamp lives."""
+        name = digest_bytes(FINGERPRINT_ALGO, json.dumps(self.key()).encode())[:32]
+        return user_cache_dir() / FOLDER / f"{name}.json"
 
 
 def recipe_digest(data: bytes) -> str:
     return make_key(FINGERPRINT_ALGO, digest_bytes(FINGERPRINT_ALGO, data))
 
 
-def load(path: Path, recipe: Path, data: bytes) -> dict[str, Any] | None:
-    """The stamp at ``path`` when it is sound (well formed, its MAC holds) and describes
-    these very recipe bytes under this weightstore version; None otherwise."""
+def load(invocation: Invocation, data: bytes) -> dict[str, Any] | None:
+    """The stamp of ``invocation`` when it is sound (well formed, its MAC holds) and
+    describes this very invocation, these recipe bytes and this weightstore version; None
+    otherwise."""
     try:
-        doc = parse_json(read_regular(path))
+        doc = parse_json(read_regular(invocation.path()))
         mac = doc.pop("mac")
         if doc.get("format_version") != FORMAT_VERSION or not verify_mac(doc, mac):
             return None
-        if (doc["generator"] != __version__ or doc["recipe"] != str(recipe)
+        if (doc["generator"] != __version__ or doc["invocation"] != invocation.key()
+                or doc["recipe"] != str(invocation.recipe)
                 or doc["recipe_digest"] != recipe_digest(data)):
             return None
         Path(doc["store"])
@@ -92,7 +109,7 @@ def sources_unchanged(doc: Mapping[str, Any], digests: FileDigests) -> bool:
     return True
 
 
-def record(path: Path, recipe: Path, data: bytes, store: Path,
+def record(invocation: Invocation, data: bytes, store: Path,
            sources: Mapping[str, Mapping[str, Any]],
            packages: Sequence[tuple[str, Path, str]]) -> None:
     """Write the stamp of a successful build (best effort: it is only a shortcut).
@@ -101,7 +118,8 @@ def record(path: Path, recipe: Path, data: bytes, store: Path,
     ``packages``: ``(layout, folder, fingerprint)`` each.
     """
     doc: dict[str, Any] = {
-        "format_version": FORMAT_VERSION, "generator": __version__, "recipe": str(recipe),
+        "format_version": FORMAT_VERSION, "generator": __version__,
+        "invocation": invocation.key(), "recipe": str(invocation.recipe),
         "recipe_digest": recipe_digest(data), "store": str(store),
         "sources": {k: {"digest": v["digest"], "external": dict(v["external"])}
                     for k, v in sorted(sources.items())},
@@ -111,6 +129,7 @@ def record(path: Path, recipe: Path, data: bytes, store: Path,
     mac = entry_mac(doc)
     if mac is None:  # no private key: nothing would be trusted, so write nothing
         return
+    path = invocation.path()
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps({**doc, "mac": mac}, sort_keys=True).encode())
