@@ -152,6 +152,20 @@ def test_pipes_get_no_bar(project, command):
     assert "B/s" not in result.stdout
 
 
+def test_a_warm_build_draws_only_whole_bars(project):
+    """Every key cached (the project's store was filled by the same source): nothing is
+    hashed, so no hashing bar stays on screen at 0 % of nothing, and the storing bar counts
+    to its total, with percentage and ETA."""
+    argv = ["build", str(project["recipe"]), "--force"]
+    assert on_pipes(argv).returncode == 0  # the keys are cached now, whatever ran before
+    code, shown = on_terminal(argv)
+    assert code == 0, shown
+    bars = [line for line in re.split(r"[\r\n]+", shown) if "B/s" in line]
+    assert bars and all(re.search(r"\d+%\|", line) for line in bars), shown
+    assert BAR.search(bars[-1]) and "100%" in bars[-1], shown
+    assert "hashing" not in shown and "/1.00 " not in shown, shown
+
+
 @pytest.mark.parametrize("command", ["store verify", "check --verify", "bundle", "release",
                                      "pull"])
 def test_quiet_terminal_gets_no_bar(project, command):

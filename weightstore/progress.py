@@ -25,12 +25,16 @@ def requested(args: object) -> bool | None:
 
 
 class Progress:
-    """Thread-safe: hashing and copying workers call :meth:`advance` concurrently."""
+    """Thread-safe: hashing and copying workers call :meth:`advance` concurrently.
+
+    A bar with nothing to count (``total`` 0: every key cached, say) is never drawn: it
+    would stay on screen at 0 % of nothing."""
 
     def __init__(self, label: str, total: int, *, enabled: bool | None = None,
                  stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.enabled = interactive(self.stream) if enabled is None else enabled
+        self.enabled = total > 0 and (interactive(self.stream) if enabled is None
+                                      else enabled)
         self.label = label
         self.total = max(total, 1)
         self.done = 0

@@ -132,12 +132,13 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
         _use_derived_keys(store, sources, algo)
     total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
     hashed = []
-    with Progress("hashing", total, enabled=progress) as bar:
+    with Progress("hashing", total, enabled=progress) as bar:  # what no cache gave a key
         for s, ws in per_model:
             with s.weights.opened():  # one model file open at a time
                 hashed.append((s, s.weights.hash(ws, algo, jobs, bar.advance)))
     cache = PayloadKeyCache(store.root)
-    with Progress("storing", total, enabled=progress) as bar:
+    stored = sum(w.size for _, ws in hashed for w in ws)  # every payload: the bar's steps
+    with Progress("storing", stored, enabled=progress) as bar:
         for s, ws in hashed:
             with s.weights.opened():
                 _store_model(store, s, ws, layouts, algo, jobs, report)
