@@ -148,10 +148,14 @@ def test_a_right_declared_checksum_is_verified_in_the_one_read(layout, tmp_path,
 
 # -- item 4: ambiguous models ------------------------------------------------------------------
 
-def test_inline_and_external_data_at_once_is_refused(tmp_path):
+@pytest.mark.parametrize("location", ["EXTERNAL", "DEFAULT"])
+def test_inline_and_external_data_at_once_is_refused(tmp_path, location):
+    """Inline bytes beside external_data entries are ambiguous whether or not the writer
+    set data_location to EXTERNAL."""
     src = _external(tmp_path, None)
     model = onnx.load(str(src), load_external_data=False)
     model.graph.initializer[0].raw_data = np.ones(1024, dtype=np.float32).tobytes()
+    model.graph.initializer[0].data_location = getattr(onnx.TensorProto, location)
     src.write_bytes(model.SerializeToString())
     recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
     for action in (lambda: build(recipe, BuildOptions(store=str(tmp_path / "store"))),

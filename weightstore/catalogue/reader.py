@@ -249,14 +249,20 @@ def refuse_ambiguous(model: ModelProto, inline: Callable[[TensorSite], bool],
                      source: FsPath) -> None:
     """Refuse what a runtime would have to guess: two initializers of one name in one
     graph, or a tensor holding its data both inline (``inline(site)``) and as external
-    data."""
+    data. A tensor with ``external_data`` entries is refused beside inline data whatever
+    its ``data_location`` says: onnx and onnxruntime would take the inline bytes of one
+    left at DEFAULT, a writer that forgot to set EXTERNAL meant the file's."""
     from .sites import iter_tensor_sites
 
     refuse_duplicate_initializers(model, source)
     for site in iter_tensor_sites(model):
-        if site.tensor.data_location == TensorProto.EXTERNAL and inline(site):
+        tensor = site.tensor
+        if ((tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data))
+                and inline(site)):
             raise ModelError("tensor holds its data both inline and as external data",
-                             where=site.where, file=str(source))
+                             where=site.where, file=str(source),
+                             data_location=TensorProto.DataLocation.Name(
+                                 tensor.data_location))
 
 
 def refuse_duplicate_initializers(model: ModelProto, source: FsPath) -> None:
