@@ -472,6 +472,45 @@ def test_a_symlinked_store_object_is_damage(encoder_model, save_model, tmp_path)
     assert WeightStore(store).verify().ok
 
 
+def _temps(store: Path) -> list[str]:
+    return sorted(p.name for p in store.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_a_store_object_replaced_by_a_folder_is_damage(encoder_model, save_model, tmp_path):
+    """A folder where a per-weight object belongs: the build writes the object again from
+    its source (an empty folder is removed for it), and leaves no temp file; repair
+    removes an empty one too, so the next build writes the object."""
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    data = victim.read_bytes()
+    victim.unlink()
+    victim.mkdir()
+    build(recipe, BuildOptions(store=str(store), force=True))
+    assert victim.is_file() and victim.read_bytes() == data and _temps(store) == []
+    assert WeightStore(store).verify().ok
+    victim.unlink()
+    victim.mkdir()
+    res = _cli("store", "verify", "--repair", "--store", str(store), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not victim.exists()
+    build(recipe, BuildOptions(store=str(store), force=True))
+    assert victim.read_bytes() == data and WeightStore(store).verify().ok
+
+
+def test_a_folder_with_content_where_an_object_belongs_is_never_deleted(
+        encoder_model, save_model, tmp_path):
+    """What a folder holds may be anyone's: the build stops with one line naming it, its
+    content untouched and no temp file left; repair leaves it too."""
+    recipe, store, victim = _built_store(encoder_model, save_model, tmp_path)
+    victim.unlink()
+    victim.mkdir()
+    (victim / "notes.txt").write_text("mine")
+    res = _cli("build", str(recipe), "--store", str(store), "--force", timeout=60)
+    _one_line_error(res, "not empty stands where a store object belongs", str(victim))
+    assert (victim / "notes.txt").read_text() == "mine" and _temps(store) == []
+    res = _cli("store", "verify", "--repair", "--store", str(store), timeout=60)
+    assert (victim / "notes.txt").read_text() == "mine"
+
+
 def test_a_damaged_store_object_names_its_file_offset_and_the_repair(
         encoder_model, save_model, tmp_path, monkeypatch):
     import shutil

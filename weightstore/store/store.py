@@ -223,8 +223,8 @@ class WeightStore:
                                    [staged[k] for k in new])
                 self.index.insert(conn, new.values())
         finally:
-            if publish:
-                discard([tmp for key, tmp in staged.items() if key not in new])
+            if publish:  # a renamed one is gone; any other, unpublished, goes
+                discard(list(staged.values()))
         return present, new
 
     def heal(self, src: PayloadSource, damaged: StoredObject | None = None) -> StoredObject:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import StoreError
 from ..io.files import fsync_dir
 from .index import batched, marks
 from .layout import (
@@ -27,6 +28,7 @@ from .layout import (
     open_cache_folder,
     scan,
 )
+from .writer import clear_folder_object
 
 if TYPE_CHECKING:
     from .store import WeightStore
@@ -51,9 +53,10 @@ def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
                     if name in used:
                         continue
                     try:
-                        os.unlink(store.root / name)
-                    except OSError:
-                        continue  # gone already, or left for the next sweep
+                        if not clear_folder_object(store.root / name):
+                            os.unlink(store.root / name)
+                    except (OSError, StoreError):
+                        continue  # gone already, a folder with content, or for later
                     deleted.append(name)
     if deleted:
         fsync_dir(store.root)

@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, StoreError
 from ..io.digests import digest_fd, make_key, split_key
 from ..io.files import (
     WRITEBACK_MIN,
@@ -128,9 +128,30 @@ def publish_staged(root: Path, objects: Sequence[StoredObject], staged: Sequence
     """Rename verified temp files to their final names (the caller records the rows in the
     same transaction, so gc never sees a final name without its row)."""
     for obj, tmp in zip(objects, staged, strict=True):
-        os.replace(tmp, root / obj.file)
+        try:
+            os.replace(tmp, root / obj.file)
+        except IsADirectoryError:
+            clear_folder_object(root / obj.file)
+            os.replace(tmp, root / obj.file)
     if objects:
         fsync_dir(root)
+
+
+def clear_folder_object(path: Path) -> bool:
+    """A folder standing where a per-weight object belongs is damage (objects are files):
+    an empty one is removed; one that holds anything is never deleted, and is an error
+    naming it. False when ``path`` is no folder."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        os.rmdir(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StoreError("a folder that is not empty stands where a store object belongs; "
+                         "move it out of the store", path=str(path),
+                         reason=exc.strerror) from None
+    return True
 
 
 def discard(paths: Sequence[Path]) -> None:
