@@ -348,6 +348,32 @@ def test_yaml_alias_bomb_is_refused_small_and_fast():
         parse_recipe_text(bomb, "r.yaml")
 
 
+@pytest.mark.parametrize(("value", "key"), [("&c {a: *c}", "a"), ("&c [1, *c]", "[1]"),
+                                            ("&c {a: [{b: *c}]}", "a[0].b")])
+def test_an_alias_inside_its_own_anchor_is_refused_at_the_alias(value, key):
+    """A value that contains itself: a free-form field would take it in (and the build fail
+    far from the recipe, without a line); refused while parsing, at the alias."""
+    text = MINIMAL + f"devices:\n  - name: d\n    capabilities: {value}\n"
+    with pytest.raises(RecipeError, match="contains itself through an alias") as err:
+        parse_recipe_text(text, "r.yaml")
+    assert err.value.context["line"] == text.count("\n")
+    assert err.value.context["key"] == "devices[0].capabilities" + ("." + key).replace(".[", "[")
+
+
+def test_a_number_of_thousands_of_digits_is_a_recipe_error():
+    text = MINIMAL + "devices:\n  - name: d\n    capabilities: {n: " + "9" * 5000 + "}\n"
+    with pytest.raises(RecipeError, match="more than 64 digits") as err:
+        parse_recipe_text(text, "r.yaml")
+    assert err.value.context["line"] == text.count("\n")
+
+
+def test_anchors_reused_without_recursion_still_parse():
+    text = MINIMAL + "devices:\n  - {name: d, capabilities: &c {a: 1}}\n" \
+        "  - {name: e, capabilities: {<<: *c, b: [*c, *c]}}\n"
+    recipe = parse_recipe_text(text, "r.yaml")
+    assert recipe.devices[1].capabilities == {"a": 1, "b": [{"a": 1}, {"a": 1}]}
+
+
 TRUNCATE_WHILE_HASHING = """
 import os, sys
 from weightstore.io import digests as hashing

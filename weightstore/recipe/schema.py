@@ -431,6 +431,8 @@ def _reader_error(exc: yaml.reader.ReaderError, text: str, filename: str) -> Rec
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 EXPANDED_LIMIT = 1 << 20  # nodes plus scalar characters, once every alias is expanded
+_INT_TAG = "tag:yaml.org,2002:int"
+INTEGER_DIGITS_LIMIT = 64  # far past any size, count or version a recipe holds
 
 
 def _reject_alias_bombs(root: yaml.Node, filename: str) -> None:
@@ -438,37 +440,51 @@ def _reject_alias_bombs(root: yaml.Node, filename: str) -> None:
 
     Anchors and aliases are useful (one layout reused with ``<<: *base``), but nested
     aliases grow exponentially: a few hundred bytes can stand for gigabytes once parsed
-    and validated. The expanded size is computed on the node graph, each shared node once
-    (a recursive alias counts as one node; validation reports it).
+    and validated. The expanded size is computed on the node graph, each shared node once.
+    An alias inside its own anchor (a value that contains itself) is refused at the alias:
+    no recipe field can hold one, and a free-form field (a device's capabilities) would
+    take it in and fail later, far from the recipe. So is an integer of more digits than
+    any recipe value needs (Python refuses to convert more than a few thousand).
     """
     size: dict[int, int] = {}
     active: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    stack: list[tuple[yaml.Node, bool, Loc]] = [(root, False, ())]
     while stack:
-        node, finished = stack.pop()
+        node, finished, loc = stack.pop()
         key = id(node)
-        kids = _kids(node)
+        kids = _kids(node, loc)
+        if (isinstance(node, yaml.ScalarNode) and node.tag == _INT_TAG
+                and len(node.value) > INTEGER_DIGITS_LIMIT):
+            raise RecipeError(f"number has more than {INTEGER_DIGITS_LIMIT} digits",
+                              file=filename, line=_line(node), key=_dotted(loc))
         if finished:
             active.discard(key)
             own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
             size[key] = min(EXPANDED_LIMIT + 1,
-                            1 + own + sum(size.get(id(k), 1) for k in kids))
+                            1 + own + sum(size.get(id(k), 1) for k, _ in kids))
             continue
         if key in size or key in active:
             continue
         active.add(key)
-        stack.append((node, True))
-        stack.extend((k, False) for k in kids if id(k) not in size and id(k) not in active)
+        stack.append((node, True, loc))
+        for k, at in kids:
+            if id(k) in active:  # the kid is an ancestor: an alias inside its own anchor
+                raise RecipeError("recipe value contains itself through an alias (an alias "
+                                  "inside its own anchor)", file=filename, line=_line(k),
+                                  key=_dotted(at))
+        stack.extend((k, False, at) for k, at in kids if id(k) not in size)
     if size[id(root)] > EXPANDED_LIMIT:
         raise RecipeError("recipe expands past the size limit through its aliases "
                           f"(more than {EXPANDED_LIMIT} values and characters)", file=filename)
 
 
-def _kids(node: yaml.Node) -> list[yaml.Node]:
+def _kids(node: yaml.Node, loc: Loc) -> list[tuple[yaml.Node, Loc]]:
+    """A node's children, each with where it stands (a mapping's key at its own key)."""
     if isinstance(node, yaml.MappingNode):
-        return [n for pair in node.value for n in pair]
+        return [(n, (*loc, k.value if isinstance(k, yaml.ScalarNode) else "?"))
+                for k, v in node.value for n in (k, v)]
     if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
+        return [(n, (*loc, i)) for i, n in enumerate(node.value)]
     return []
 
 
