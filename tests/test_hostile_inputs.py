@@ -250,13 +250,23 @@ def test_recipe_size_is_capped(tmp_path):
         parse_recipe_text(big.read_text(), "r.yaml")
 
 
-def test_nul_in_paths_is_a_one_line_error(tmp_path, capsys):
-    assert main(["build", "bad\0recipe.yaml"]) == 2
+@pytest.mark.parametrize(("argv", "name"), [
+    (["build", "bad\0recipe.yaml"], "recipe"),
+    (["build", "r.yaml", "--store", "/x\0y"], "--store"),
+    (["convert", "to-inline", "m\0.onnx", "o.onnx"], "input"),
+    (["schema", "--output=s\0.json"], "--output"),
+    (["store", "export-meta", "--output", "m\0.json"], "--output"),
+    (["unpack", "a\0.tar.zst", "out"], "archive"),
+    (["convert", "to-inline", "m.onnx", "o.onnx", "--value-bins", "a=/x\0"],
+     "--value-bins"),
+])
+def test_nul_in_paths_is_a_one_line_error(tmp_path, capsys, monkeypatch, argv, name):
+    """Every argument, whichever command takes it, before anything is read or written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("weightstore: error: ") and "recipe" in err
-    assert main(["convert", "to-inline", "m\0.onnx", str(tmp_path / "o.onnx")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("weightstore: error: ") and "file=" in err
+    assert err.startswith(f"weightstore: error: argument {name}: contains a NUL byte")
+    assert len(err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("where", ["models[0].source", "output", "store.path"])

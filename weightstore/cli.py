@@ -288,7 +288,27 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.quiet and args.verbose:
         raise _UsageError("argument -v/--verbose: not allowed with argument -q/--quiet",
                           usage=usage)
+    _refuse_nul(argv, args, usage)
     return args
+
+
+def _refuse_nul(argv: list[str], args: argparse.Namespace, usage: str) -> None:
+    """No path, name or reference can hold a NUL byte (a command line cannot either, but
+    ``main([...])`` can be given one): refused here, naming the argument, rather than by
+    whichever system call meets it first ("embedded null byte", no context)."""
+    for i, arg in enumerate(argv):
+        if "\0" not in arg:
+            continue
+        if arg.startswith("--") and "=" in arg:
+            name = arg.split("=", 1)[0]
+        elif i and argv[i - 1].startswith("-") and argv[i - 1] != "--":
+            name = argv[i - 1]
+        else:
+            name = next((dest for dest, value in vars(args).items()
+                         if value == arg or (isinstance(value, list) and arg in value)),
+                        "value")
+        raise _UsageError(f"argument {name}: contains a NUL byte, which no path or name "
+                          "can hold", usage=usage, argument=name)
 
 
 def _print_json(data: Any) -> None:
