@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,11 +49,27 @@ def test_usage_errors_take_the_one_line_form(tmp_path, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+REST_MARKUP = re.compile(r"``|:(?:func|class|mod|meth|attr|data|exc|ref|doc):`|^\.\. \w+::",
+                         re.MULTILINE)
+
+
 def test_help_is_plain_text():
     for args in ([], ["convert"], ["convert", "to-inline"], ["build"], ["store", "verify"]):
         res = _run(*args, "--help")
         assert res.returncode == 0
-        assert "``" not in res.stdout and ":func:" not in res.stdout
+        assert not REST_MARKUP.search(res.stdout), res.stdout
+
+
+def test_every_commands_help_is_plain_text():
+    """All parsers, at every depth (the help of each command is built from docstrings)."""
+    from weightstore.cli import _parser, _subparsers
+
+    top = _parser()
+    parsers = [top, *_subparsers(top)]
+    assert len(parsers) > 30
+    for parser in parsers:
+        text = parser.format_help()
+        assert not REST_MARKUP.search(text), f"{parser.prog}:\n{text}"
 
 
 def test_convert_subcommands_show_only_their_options():

@@ -51,6 +51,15 @@ if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the sta
 
 @dataclass(frozen=True)
 class BuildOptions:
+    """How :func:`build` runs: the command line's options of ``weightstore build``.
+
+    ``store`` beats the recipe's ``store.path``, ``$WEIGHTSTORE_DIR`` and the user cache
+    folder; ``jobs`` bounds the hashing and copying threads (packages are byte-identical
+    whatever it is); ``force`` rebuilds up-to-date packages and replaces a folder holding
+    a different build; ``models`` and ``layouts`` select part of the recipe; ``dry_run``
+    reports the plan and writes nothing; ``progress`` None draws bars only on a terminal.
+    """
+
     store: str | None = None  # --store flag; highest priority
     jobs: int = min(8, os.cpu_count() or 4)
     force: bool = False  # rebuild and replace packages, even up-to-date or different ones
@@ -62,6 +71,9 @@ class BuildOptions:
 
 @dataclass
 class PackageResult:
+    """One package folder of a build: its layout, where it is, what the build did to it
+    (``status``) and its ``summary.json`` as a mapping (docs/formats.md)."""
+
     layout: str
     path: Path
     status: str  # "built" | "up-to-date" | "would-build" | "would-materialize" (dry run)
@@ -74,6 +86,9 @@ REPORT_KEYS = ("written_objects", "written_bytes", "reused_objects", "reused_byt
 
 @dataclass
 class BuildResult:
+    """What :func:`build` did: the store it used, each package in recipe order, and the
+    store's counts (objects and bytes written and reused, alignment padding)."""
+
     store: Path
     packages: list[PackageResult] = field(default_factory=list)
     # every count, zero when the store was not touched (an up-to-date build)

@@ -34,6 +34,10 @@ from .weights import ModelWeights, Weight
 
 @dataclass(frozen=True)
 class ConvertReport:
+    """What a conversion wrote: the model file, its data file (None when every weight is
+    inline or in FileConstant files beside it), how many tensors went external, how many
+    distinct payloads they share and their bytes."""
+
     output: Path
     data_file: Path | None
     external_tensors: int

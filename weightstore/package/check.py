@@ -32,6 +32,9 @@ from .summary import read_summary_file
 
 @dataclass
 class CheckReport:
+    """The answer of :func:`check_package`: the package folder, the scenario and device it
+    was checked for, what was found of each model, and the problems (``ok`` when none)."""
+
     package: str
     scenario: str | None
     device: str | None
