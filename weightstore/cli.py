@@ -125,8 +125,9 @@ def _add_convert(sub: Any) -> None:
                        ("to-inline", "external data and FileConstant nodes -> inline")):
         cd = csub.add_parser(name, help=text)
         cd.add_argument("input", help="the ONNX model to convert")
-        cd.add_argument("output", help="the model file to write (its data file goes beside "
-                                       "it); replaced as a pair when it exists")
+        cd.add_argument("output", help="the model file to write, every weight inside"
+                        if name == "to-inline" else "the model file to write (its data "
+                        "file goes beside it); replaced as a pair when it exists")
         if name == "to-inline":
             cd.add_argument("--value-bins", action="append", default=[], metavar="ID=PATH",
                             help="the file a GE FileConstant's file_id names (GE's "
