@@ -10,6 +10,7 @@ import os
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -690,3 +691,436 @@ def test_an_index_that_will_not_switch_to_wal_is_an_error_not_a_hang(tmp_path: P
     finally:
         other.execute("COMMIT")
         other.close()
+
+
+# -- ill-typed values in the tables of the index ------------------------------------------
+
+HOSTILE_RECIPE = """package: pkg
+version: "1.0.0"
+store: {hash: blake3}
+models:
+  - {name: m, source: m.onnx}
+layouts:
+  - {name: c, external_weight: combined, size_threshold: 256}
+  - {name: s, external_weight: separate, size_threshold: 256}
+output: out
+"""
+# what SQLite keeps in any column whatever its declared type (a number of 30 digits is
+# REAL in an INTEGER column); None where a column allows it (nowhere but a new rowid);
+# 2**62 twice: two such sizes in one file overflow a sum of sizes
+HOSTILE = (b"\xff\x00", "zz", "", "a\x00b", "9" * 30, 1.5, 1e300, 2**62, 2**62, 2**63 - 1,
+           -1, -2**63, None)
+INDEX_TABLES = {  # every table of the index: its columns, its primary key
+    "objects": (("key", "file", "offset", "size", "created"), ("key",)),
+    "roots": (("id", "package", "version", "layout", "folder", "fingerprint", "created",
+               "pinned"), ("id",)),
+    "root_keys": (("root", "key"), ("root", "key")),
+    "leases": (("id", "pid", "host", "started", "created"), ("id",)),
+    "lease_keys": (("lease", "key"), ("lease", "key")),
+    "sha256_signed": (("key", "sha256", "mac"), ("key",)),
+    "blob_repos": (("host", "digest", "repository"), ("host", "digest", "repository")),
+}
+STORE_TYPES = {"objects": (str, str, int, int, int), "roots": (int, *[str] * 5, int, int),
+               "root_keys": (int, str), "leases": (int, int, str, str, int),
+               "lease_keys": (int, str)}  # the registry's tables are left to it
+RESET_COLUMNS = {("objects", "created"), ("roots", "created"), ("roots", "pinned")}
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    """Run the CLI in-process: an exit code of 0, 1 or 2, no traceback, an error in one
+    line (any other exception escapes and fails the test)."""
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    text = err.getvalue()
+    assert code in (0, 1, 2), (argv, code, text)
+    assert "Traceback" not in text, (argv, text)
+    if code == 2:
+        lines = text.strip().splitlines()
+        assert len(lines) == 1, (argv, text)
+        if "--json" in argv:
+            assert "error" in json.loads(lines[0]), (argv, text)
+        else:
+            assert lines[0].startswith("weightstore: error: "), (argv, text)
+    return code, out.getvalue()
+
+
+def _rows(index: Path) -> dict[str, set[tuple]]:
+    conn = sqlite3.connect(index)
+    try:
+        return {t: set(conn.execute(f"SELECT {', '.join(cols)} FROM {t}"))
+                for t, (cols, _) in INDEX_TABLES.items()}
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def hostile_base(tmp_path_factory) -> Path:
+    """A built recipe (two roots) whose index has more rows than HOSTILE has values in
+    every table: pinned roots of folders gone, running builds of another host (leases),
+    and what pushes remember."""
+    import time
+
+    import onnx
+
+    from weightstore.registry.digests import _TABLES
+
+    from .samples import make_encoder
+
+    base = tmp_path_factory.mktemp("hostile")
+    onnx.save_model(make_encoder(seed=0, hidden=32, layers=1), str(base / "m.onnx"))
+    (base / "r.yaml").write_text(HOSTILE_RECIPE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(base / "cache"))
+        assert main(["build", "-q", str(base / "r.yaml"), "--store",
+                     str(base / "store")]) == 0
+    conn = sqlite3.connect(base / "store" / "index.sqlite")
+    keys = [k for (k,) in conn.execute("SELECT key FROM objects ORDER BY key")]
+    assert len(keys) > len(HOSTILE)
+    now = int(time.time())
+    with conn:
+        for statement in _TABLES:
+            conn.execute(statement)
+        for i in range(len(HOSTILE) + 2):
+            cur = conn.execute("INSERT INTO roots (package, version, layout, folder, "
+                               "fingerprint, created, pinned) VALUES ('extra', ?, 'c', ?, "
+                               "?, ?, 1)", (f"1.{i}", f"/gone/{i}", f"blake3:{i:064x}", now))
+            conn.executemany("INSERT INTO root_keys VALUES (?, ?)",
+                             [(cur.lastrowid, k) for k in keys[i % 5::5]])
+            cur = conn.execute("INSERT INTO leases (pid, host, started, created) "
+                               "VALUES (?, 'elsewhere', '1234', ?)", (1000 + i, now))
+            conn.executemany("INSERT INTO lease_keys VALUES (?, ?)",
+                             [(cur.lastrowid, keys[i]), (cur.lastrowid, keys[-1 - i])])
+            conn.execute("INSERT INTO sha256_signed VALUES (?, ?, 'mac')",
+                         (keys[i], f"sha256:{i:064x}"))
+            conn.execute("INSERT INTO blob_repos VALUES ('registry.example', ?, 'repo')",
+                         (f"sha256:{i:064x}",))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return base
+
+
+def _base_copy(base: Path, to: Path, *sql: str) -> Path:
+    """A copy of the base (its roots naming the copy's folders), ``sql`` run on its index;
+    returns its store."""
+    shutil.copytree(base, to, ignore=shutil.ignore_patterns("cache"))
+    conn = sqlite3.connect(to / "store" / "index.sqlite")
+    with conn:
+        conn.execute("UPDATE roots SET folder = replace(folder, ?, ?)", (str(base), str(to)))
+        for statement in sql:
+            conn.execute(statement)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return to / "store"
+
+
+def _hostile_copy(base: Path, to: Path, table: str, column: str,
+                  ) -> tuple[Path, dict[str, set[tuple]], list[tuple]]:
+    """A copy of the base with one HOSTILE value in ``column`` of as many rows of
+    ``table``; the rows before the damage, and the primary keys of the rows damaged."""
+    index = _base_copy(base, to) / "index.sqlite"
+    conn = sqlite3.connect(index)
+    before = _rows(index)
+    _, pk = INDEX_TABLES[table]
+    order = "file, offset" if table == "objects" else ", ".join(pk)  # combined rows first
+    targets = conn.execute(f"SELECT {', '.join(pk)} FROM {table} ORDER BY {order}").fetchall()
+    assert len(targets) > len(HOSTILE)
+    damaged = []
+    for value, target in zip(HOSTILE, targets, strict=False):
+        try:
+            with conn:
+                conn.execute(f"UPDATE {table} SET {column} = ? WHERE "
+                             + " AND ".join(f"{c} = ?" for c in pk), (value, *target))
+        except sqlite3.Error:  # NOT NULL, a type the column refuses, a duplicate
+            continue
+        damaged.append(target)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return to / "store", before, damaged
+
+
+def test_hostile_tables_cover_the_whole_schema(hostile_base: Path) -> None:
+    conn = sqlite3.connect(hostile_base / "store" / "index.sqlite")
+    tables = {name: [c[1] for c in conn.execute(f"PRAGMA table_info({name})")]
+              for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE "
+                                          "type = 'table'")}
+    conn.close()
+    assert tables == {t: list(cols) for t, (cols, _) in INDEX_TABLES.items()}
+
+
+@pytest.mark.parametrize(("table", "column"), [(t, c) for t, (cols, _) in INDEX_TABLES.items()
+                                               for c in cols])
+def test_ill_typed_values_in_any_column_are_damage_never_a_traceback(
+        hostile_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str,
+        column: str) -> None:
+    """Every store command on an index with a BLOB, text, a float, a huge or negative
+    integer (or NULL) in any column: exit 0, 1 or 2, one line for an error; repair keeps
+    every intact row (the rows of a damaged root or lease go with it), a value it can
+    reset is reset, and the store is sound again after it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(hostile_base / "cache"))
+    store, before, damaged = _hostile_copy(hostile_base, tmp_path / "a", table, column)
+    assert damaged
+    recipe = str(store.parent / "r.yaml")
+    s = ["--store", str(store)]
+    if table in STORE_TYPES and (table, column) != ("objects", "created"):
+        assert _cli(["store", "verify", *s])[0] == 1  # a damaged row is a problem
+    for argv in (["store", "stats"], ["store", "ls"], ["store", "ls", "--json"],
+                 ["store", "gc", "--dry-run"],
+                 ["store", "export-meta", "--output", str(tmp_path / "meta.json")],
+                 ["resolve", "pkg/1.0.0/c"], ["resolve", "pkg/1.0.0/s"]):
+        _cli(argv + s)
+    code, _ = _cli(["store", "verify", "--repair", *s])
+    assert code == 0
+    after = _rows(store / "index.sqlite")
+    gone = set(damaged)
+    for t, rows in before.items():
+        cols, key = INDEX_TABLES[t]
+        if t == table:
+            keep = {r for r in rows if tuple(r[cols.index(c)] for c in key) not in gone}
+        elif (table, t) in (("roots", "root_keys"), ("leases", "lease_keys")):
+            keep = {r for r in rows if (r[0],) not in gone}  # the rows of a damaged one
+        else:
+            keep = rows
+        assert keep <= after[t], (t, keep - after[t])
+    for t, types in STORE_TYPES.items():  # every row left holds what its table says
+        for row in after[t]:
+            assert tuple(type(v) for v in row) == types, (t, row)
+    if (table, column) in RESET_COLUMNS:  # nothing lost: the value is reset, the row kept
+        assert len(after[table]) == len(before[table])
+    assert _cli(["store", "verify", *s])[0] == 0
+    shutil.rmtree(store.parent / "out" / "pkg" / "1.0.0" / "s")
+    assert _cli(["build", "-q", recipe, *s])[0] == 0
+    assert _cli(["store", "gc", *s])[0] == 0
+    assert _cli(["store", "verify", *s])[0] == 0
+    # gc and a build on the damaged index itself
+    store, _, _ = _hostile_copy(hostile_base, tmp_path / "b", table, column)
+    s = ["--store", str(store)]
+    shutil.rmtree(store.parent / "out" / "pkg" / "1.0.0" / "s")
+    for argv in (["store", "gc"], ["build", "-q", recipe.replace("/a/", "/b/")],
+                 ["store", "ls"], ["store", "verify"]):
+        _cli(argv + s)
+
+
+def _cli_json(argv: list[str]) -> tuple[int, Any]:
+    code, out = _cli([*argv, "--json"])
+    return code, json.loads(out)
+
+
+@pytest.mark.parametrize("column", ["folder", "package", "version", "layout", "fingerprint"])
+def test_a_root_that_is_not_text_is_listed_by_no_reader_and_dropped_by_repair(
+        hostile_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        column: str) -> None:
+    """A BLOB where a root names its package or folder: ls lists the other roots and says
+    one is damaged, a store reference to the other build resolves, gc keeps every object
+    the damaged root names, verify reports it, repair drops it with its keys and keeps
+    the rest, and the next build registers the package again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(hostile_base / "cache"))
+    store = _base_copy(hostile_base, tmp_path / "w",
+                       f"UPDATE roots SET {column} = x'ff' WHERE layout = 'c' AND id < 3")
+    s = ["--store", str(store)]
+    before = _rows(store / "index.sqlite")
+    code, out = _cli(["store", "ls", *s])
+    assert code == 0 and "1 damaged" in out and "/pkg/1.0.0/s" in out
+    assert "/pkg/1.0.0/c" not in out
+    assert _cli(["resolve", "pkg/1.0.0/s", *s])[0] == 0
+    assert _cli(["resolve", "pkg/1.0.0/c", *s])[0] == 2  # no build matches: one line
+    assert _cli(["store", "pin", "9" * 40, *s])[0] == 2  # no root has such an id
+    code, plan = _cli_json(["store", "gc", "--dry-run", *s])
+    assert code == 0 and plan["garbage_objects"] == 0 and plan["damaged_rows"] == 1
+    assert _cli(["store", "gc", *s])[0] == 0
+    assert _rows(store / "index.sqlite")["objects"] == before["objects"]
+    code, report = _cli_json(["store", "verify", *s])
+    assert code == 1
+    assert [(p["kind"], p["detail"].split(":")[0]) for p in report["problems"]] == [
+        ("malformed_root", "roots row 1")]
+    code, repaired = _cli_json(["store", "verify", "--repair", *s])
+    assert code == 0
+    assert [(f["table"], f["row"], f["action"]) for f in repaired["fixed_rows"]] == [
+        ("roots", "1", "dropped")]
+    after = _rows(store / "index.sqlite")
+    assert {r[0] for r in after["roots"]} == {r[0] for r in before["roots"]} - {1}
+    assert after["root_keys"] == {r for r in before["root_keys"] if r[0] != 1}
+    assert after["objects"] == before["objects"] and after["leases"] == before["leases"]
+    assert _cli(["build", "-q", str(store.parent / "r.yaml"), *s])[0] == 0
+    assert _cli(["resolve", "pkg/1.0.0/c", *s])[0] == 0
+    assert _cli(["store", "verify", *s])[0] == 0
+
+
+def test_a_root_whose_time_or_pin_is_damaged_is_kept_by_repair(
+        hostile_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(hostile_base / "cache"))
+    store = _base_copy(hostile_base, tmp_path / "w",
+                       "UPDATE roots SET created = 'x' WHERE id = 1",
+                       "UPDATE roots SET pinned = 1e300 WHERE id = 2")
+    s = ["--store", str(store)]
+    code, report = _cli_json(["store", "verify", *s])
+    assert code == 1 and sorted(p["kind"] for p in report["problems"]) == [
+        "malformed_root", "malformed_root"]
+    code, repaired = _cli_json(["store", "verify", "--repair", *s])
+    assert code == 0
+    assert [(f["row"], f["action"]) for f in repaired["fixed_rows"]] == [
+        ("1", "reset"), ("2", "reset")]
+    rows = {r[0]: r for r in _rows(store / "index.sqlite")["roots"]}
+    assert type(rows[1][6]) is int and rows[1][7] == 0  # a time of now, still unpinned
+    assert rows[2][7] == 1  # a pin it may have had is kept: its objects stay
+    code, roots = _cli_json(["store", "ls", *s])
+    assert {(r["id"], r["pinned"]) for r in roots} >= {(1, False), (2, True)}
+
+
+def test_a_damaged_lease_is_never_believed_gc_keeps_its_keys_and_repair_drops_it(
+        tmp_path: Path) -> None:
+    """A lease whose created is text (a foreign host's) or whose pid is no process id
+    (this host's, which gc would signal): gc and repair run, gc keeps the keys it holds,
+    verify reports it, repair drops it with its keys; the writer waiting for the index
+    names it without failing."""
+    import time
+
+    from weightstore.store.leases import host_name
+
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(("a", 100), ("b", 200))
+    store.put(ps, kind="combined", combined_name="m")
+    conn = sqlite3.connect(store.index_path)
+    with conn:
+        conn.execute("INSERT INTO leases (id, pid, host, started, created) "
+                     "VALUES (7, 1, 'elsewhere', 's', 'zz')")
+        conn.execute("INSERT INTO leases (id, pid, host, started, created) "
+                     "VALUES (8, ?, ?, '', ?)", (2**40, host_name(), int(time.time())))
+        conn.execute("INSERT INTO lease_keys VALUES (7, ?)", (ps[0].key,))
+        conn.execute("INSERT INTO lease_keys VALUES (8, ?)", (ps[1].key,))
+    conn.close()
+    s = ["--store", str(store.root)]
+    code, plan = _cli_json(["store", "gc", "--dry-run", "--no-roots-ok", *s])
+    assert code == 0 and plan["garbage_objects"] == 0 and plan["damaged_rows"] == 2
+    assert _cli(["store", "gc", "--no-roots-ok", *s])[0] == 0
+    assert set(store_index(store)) == {p.key for p in ps}
+    with store.index.reading() as snapshot:
+        waiting = store.index._writers(snapshot)
+    assert "pid 1 on elsewhere since 'zz'" in waiting
+    code, report = _cli_json(["store", "verify", *s])
+    assert code == 1 and [p["kind"] for p in report["problems"]] == ["malformed_lease"] * 2
+    code, repaired = _cli_json(["store", "verify", "--repair", *s])
+    assert code == 0 and [f["row"] for f in repaired["fixed_rows"]] == ["7", "8"]
+    conn = sqlite3.connect(store.index_path)
+    assert conn.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM lease_keys").fetchone()[0] == 0
+    conn.close()
+    assert _cli(["store", "gc", "--no-roots-ok", *s])[0] == 0
+    assert store_index(store) == {}
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE objects SET size = 4611686018427387904, offset = 0 WHERE key IN "
+    "(SELECT key FROM objects WHERE file LIKE '%combined' ORDER BY key LIMIT 2)",
+    "UPDATE objects SET size = 9223372036854775807, offset = 0 WHERE key IN "
+    "(SELECT key FROM objects WHERE file LIKE '%combined' ORDER BY key LIMIT 1)"])
+def test_sizes_whose_sum_overflows_are_damaged_rows_not_a_damaged_index(
+        hostile_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sql: str,
+        ) -> None:
+    """Rows that each fit SQLite's integers but whose sizes overflow a sum: every command
+    reads the index, verify reports exactly those rows (ranges past their file's end),
+    and repair drops exactly them: no index set aside, no combined row or root lost."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(hostile_base / "cache"))
+    store = _base_copy(hostile_base, tmp_path / "w", sql)
+    s = ["--store", str(store)]
+    before = _rows(store / "index.sqlite")
+    huge = {r[0] for r in before["objects"] if r[3] > 2**61}
+    assert huge
+    for argv in (["store", "stats"], ["store", "ls"], ["store", "gc", "--dry-run"]):
+        assert _cli(argv + s)[0] == 0
+    code, report = _cli_json(["store", "verify", *s])
+    assert code == 1
+    assert sorted((p["kind"], p["key"]) for p in report["problems"]) == sorted(
+        ("short_file", key) for key in huge)
+    code, repaired = _cli_json(["store", "verify", "--repair", *s])
+    assert code == 0 and repaired["rebuilt"] is None
+    assert sorted(o["key"] for o in repaired["dropped"]) == sorted(huge)
+    after = _rows(store / "index.sqlite")
+    assert after["objects"] == {r for r in before["objects"] if r[0] not in huge}
+    assert after["roots"] == before["roots"] and after["root_keys"] == before["root_keys"]
+    assert not [p for p in store.iterdir() if p.name.endswith(".broken")]
+    assert _cli(["build", "-q", str(store.parent / "r.yaml"), "--force", *s])[0] == 0
+    assert _cli(["store", "verify", *s])[0] == 0
+
+
+def test_repair_never_sets_aside_a_readable_index(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verification that fails on an index SQLite reads whole (here: an aggregate that
+    fails) is an error, with nothing changed: the rows of a readable index are never put
+    aside for a rebuild from per-weight objects."""
+    from weightstore.store.index import Index
+
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 100)), kind="separate")
+    store.put(payloads(("b", 100), ("c", 50)), kind="combined", combined_name="m")
+    before = _store_files(store.root)
+
+    def overflow(conn):
+        raise StoreError("the store index is damaged: integer overflow", path="x")
+
+    monkeypatch.setattr(Index, "files", staticmethod(overflow))
+    with pytest.raises(StoreError, match="integer overflow"):
+        WeightStore(store.root).repair()
+    assert _store_files(store.root) == before
+
+
+@pytest.mark.parametrize(("sql", "restored"), [
+    ("DROP TABLE roots", ["roots"]), ("DROP TABLE leases", ["leases"]),
+    ("DROP TABLE root_keys", ["root_keys", "root_keys_by_key"]),
+    ("DROP INDEX objects_by_file", ["objects_by_file"]),
+    ("ALTER TABLE objects DROP COLUMN created", ["objects.created"]),
+    ("ALTER TABLE roots DROP COLUMN pinned", ["roots.pinned"]),
+    ("ALTER TABLE roots DROP COLUMN package", ["roots.package"]),
+    ("ALTER TABLE leases DROP COLUMN created", ["leases.created"]),
+    ("PRAGMA user_version = 0", ["user_version"])])
+def test_repair_restores_what_a_readable_index_lost_of_its_schema(
+        hostile_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sql: str,
+        restored: list[str]) -> None:
+    """A table, index, column or format version lost: repair brings it back and keeps
+    every row (of the table that lost a column naming a root or lease, what can no
+    longer be what a build wrote is dropped); the store then works."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(hostile_base / "cache"))
+    store = _base_copy(hostile_base, tmp_path / "w", sql)
+    s = ["--store", str(store)]
+    before = {r[0] for r in _rows(hostile_base / "store" / "index.sqlite")["objects"]}
+    code, repaired = _cli_json(["store", "verify", "--repair", *s])
+    assert code == 0 and repaired["rebuilt"] is None
+    assert repaired["restored_schema"] == restored
+    after = _rows(store / "index.sqlite")
+    assert {r[0] for r in after["objects"]} == before
+    if "roots" not in sql:
+        assert len(after["roots"]) == len(HOSTILE) + 4
+    assert not [p for p in store.iterdir() if p.name.endswith(".broken")]
+    for argv in (["store", "gc", "--dry-run"], ["store", "verify"], ["store", "ls"],
+                 ["build", "-q", str(store.parent / "r.yaml")], ["store", "gc"],
+                 ["store", "verify"]):
+        assert _cli(argv + s)[0] == 0, argv
+
+
+def test_a_rebuild_writes_the_new_index_not_the_one_it_set_aside(tmp_path: Path) -> None:
+    """An index SQLite cannot read (a damaged page) is rebuilt although the repair had it
+    open: the new index is written, not the old file renamed beside it."""
+    store = WeightStore(tmp_path / "s")
+    sep = payloads(*((f"s{i}", 100 + i) for i in range(50)))
+    store.put(sep, kind="separate")
+    store.put(payloads(*((f"c{i}", 100 + i) for i in range(50))), kind="combined",
+              combined_name="m")
+    conn = sqlite3.connect(store.index_path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    raw = bytearray(store.index_path.read_bytes())
+    raw[page + 8:2 * page] = bytes(page - 8)  # the objects table's first page
+    store.index_path.write_bytes(bytes(raw))
+    fresh = WeightStore(store.root)
+    with pytest.raises(StoreError, match="damaged"):
+        fresh.verify()
+    report = fresh.repair()
+    assert report.rebuilt == len(sep) and report.ok
+    assert set(store_index(WeightStore(store.root))) == {p.key for p in sep}
+    assert (store.root / "index.sqlite.broken").exists()

@@ -77,17 +77,23 @@ def run(store: Any, args: argparse.Namespace) -> int:
 
 
 def _ls(store: Any, args: argparse.Namespace) -> int:
+    from .roots import malformed_roots
+
     roots = store.roots()
     if args.json:
         print(json.dumps([r.to_dict() for r in roots], indent=2, sort_keys=True))
         return 0
+    with store.index.reading() as conn:
+        damaged = len(malformed_roots(conn))
     print(f"{'ID':>5} {'PACKAGE':<20} {'VERSION':<10} {'LAYOUT':<14} {'SIZE':>10} "
           f"{'ONLY HERE':>10} {'STATE':<8} FOLDER")
     for r in roots:
         state = "pinned" if r.pinned else "live" if r.live else "dead"
         print(f"{r.id:>5} {r.package:<20} {r.version:<10} {r.layout:<14} {_mb(r.size):>10} "
               f"{_mb(r.exclusive_bytes):>10} {state:<8} {r.folder}")
-    print(f"{len(roots)} root(s), {sum(not r.live for r in roots)} dead")
+    note = (f", {damaged} damaged (not listed: run 'weightstore store verify')" if damaged
+            else "")
+    print(f"{len(roots)} root(s), {sum(not r.live for r in roots)} dead{note}")
     return 0
 
 
@@ -122,6 +128,7 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
             print(f"compact {f.file}: {_mb(f.live_bytes)} live of {_mb(f.size)}")
         for name in plan.temps:
             print(f"remove stale temp file {name}")
+        _damaged_note(plan.damaged_rows)
         condition = "" if refusal is None else " with --no-roots-ok"
         print(f"would free about {_mb(plan.freed_bytes)}{condition} (dry run: nothing changed)")
         return 0
@@ -138,10 +145,17 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
         print(f"skipped {c['file']}: {c['reason']}")
     for name in result.removed_temps:
         print(f"removed stale temp file {name}")
+    _damaged_note(plan.damaged_rows)
     print(f"dropped {result.dropped_roots} root(s), deleted {result.deleted_objects} objects "
           f"and {len(result.deleted_files)} files, freed {_mb(result.freed_bytes)} "
           f"in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def _damaged_note(rows: int) -> None:
+    if rows:
+        print(f"{rows} damaged root or lease row(s) keep the objects they name until "
+              f"'weightstore store verify --repair' drops them")
 
 
 def _mb(n: int) -> str:

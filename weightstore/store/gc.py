@@ -80,6 +80,7 @@ class GcPlan:
     temps: tuple[str, ...]
     freed_bytes: int  # expected, from the plan's snapshot
     compact_ratio: float
+    damaged_rows: int = 0  # damaged roots and leases rows: their keys are kept (repair's)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +93,7 @@ class GcPlan:
             "compact": [asdict(f) for f in self.compact],
             "temps": list(self.temps),
             "freed_bytes": self.freed_bytes,
+            "damaged_rows": self.damaged_rows,
         }
 
     def execute(self, store: WeightStore) -> GcResult:
@@ -116,8 +118,10 @@ class GcResult:
 
 def plan_gc(*, root: str, cutoff: float, roots: list[Root], dead_leases: list[int],
             garbage: list[StoredObject], files: list[FileFacts], file_sizes: dict[str, int],
-            orphans: list[str], temps: list[str], compact_ratio: float) -> GcPlan:
-    """Pure: the facts in, the plan out."""
+            orphans: list[str], temps: list[str], compact_ratio: float,
+            damaged_roots: int = 0, damaged_leases: int = 0) -> GcPlan:
+    """Pure: the facts in, the plan out (``damaged_roots``: roots rows no reader believes,
+    counted among the roots registered)."""
     dead = tuple(r for r in roots if not r.live)
     separate = sorted({o.file for o in garbage if o.kind == "separate"})
     empty = sorted(f.file for f in files if f.live_objects == 0)
@@ -126,11 +130,11 @@ def plan_gc(*, root: str, cutoff: float, roots: list[Root], dead_leases: list[in
     delete = tuple(sorted({*separate, *empty, *orphans}))
     freed = sum(file_sizes.get(name, 0) for name in delete)
     freed += sum(f.size - f.live_bytes for f in compact)
-    return GcPlan(root=root, cutoff=cutoff, roots=len(roots), dead_roots=dead,
+    return GcPlan(root=root, cutoff=cutoff, roots=len(roots) + damaged_roots, dead_roots=dead,
                   dead_leases=tuple(dead_leases),
                   garbage=tuple(sorted(garbage, key=lambda o: o.key)), delete_files=delete,
                   compact=compact, temps=tuple(sorted(temps)), freed_bytes=freed,
-                  compact_ratio=compact_ratio)
+                  compact_ratio=compact_ratio, damaged_rows=damaged_roots + damaged_leases)
 
 
 def gather(store: WeightStore, *, older_than: float = 0.0,
@@ -140,18 +144,24 @@ def gather(store: WeightStore, *, older_than: float = 0.0,
         raise ValueError("older_than must be >= 0 and compact_ratio in (0, 1]")
     cutoff = time.time() - older_than
     listing = scan(store.root)
+    now = time.time()
     with store.index.reading() as conn:
-        roots = roots_mod.list_roots(conn, sizes=False) if store.index.exists() else []
-        live_leases, dead_leases = (leases_mod.live_leases(conn) if store.index.exists()
-                                    else ([], []))
-        live_roots = ",".join(str(r.id) for r in roots if r.live)
-        held = ",".join(str(i) for i in live_leases)
+        has_index = store.index.exists()
+        roots = roots_mod.list_roots(conn, sizes=False) if has_index else []
+        _, dead_leases = leases_mod.live_leases(conn, now) if has_index else ([], [])
+        damaged_roots = len(roots_mod.malformed_roots(conn)) if has_index else 0
+        damaged_leases = len(leases_mod.malformed_leases(conn, now)) if has_index else 0
+        # A key is kept by every root and lease but the dead ones: a damaged row (neither
+        # live nor dead, never believed) keeps its keys until repair drops it, as the
+        # transaction that deletes rows does (it spares every key any row names).
+        dead_roots = ",".join(str(r.id) for r in roots if not r.live)
+        dead = ",".join(str(i) for i in dead_leases)
         garbage = [obj for row in conn.execute(
             f"""SELECT key, file, offset, size FROM objects o WHERE created < ?
                 AND NOT EXISTS (SELECT 1 FROM root_keys rk WHERE rk.key = o.key
-                                AND +rk.root IN ({live_roots}))
+                                AND +rk.root NOT IN ({dead_roots}))
                 AND NOT EXISTS (SELECT 1 FROM lease_keys lk WHERE lk.key = o.key
-                                AND +lk.lease IN ({held}))""", (cutoff,))
+                                AND +lk.lease NOT IN ({dead}))""", (cutoff,))
                    if (obj := row_object(row)) is not None]  # malformed rows: repair's
         # ("+" keeps SQLite on the key indexes: one probe per object, not one per root)
         totals = store.index.files(conn)
@@ -170,7 +180,8 @@ def gather(store: WeightStore, *, older_than: float = 0.0,
     temps = stale_temps(store, oldest_live_lease(store))
     return plan_gc(root=str(store.root), cutoff=cutoff, roots=roots, dead_leases=dead_leases,
                    garbage=garbage, files=files, file_sizes=listing.objects, orphans=orphans,
-                   temps=temps, compact_ratio=compact_ratio)
+                   temps=temps, compact_ratio=compact_ratio, damaged_roots=damaged_roots,
+                   damaged_leases=damaged_leases)
 
 
 def execute(plan: GcPlan, store: WeightStore,

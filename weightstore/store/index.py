@@ -74,6 +74,50 @@ CREATE INDEX IF NOT EXISTS lease_keys_by_key ON lease_keys(key);
 """
 
 
+# What a column dropped by hand comes back with (the columns SQLite lets one drop: neither
+# keys nor indexed): a time of now, no pin, and for what names a root or a lease a value
+# that makes its row damage, which repair then drops (what named it is gone). An objects
+# row without its size cannot be restored: such an index is not readable.
+_RESTORED_COLUMNS = {
+    "objects": (("created", "INTEGER NOT NULL DEFAULT {now}"),),
+    "roots": (("package", "TEXT NOT NULL DEFAULT ''"), ("version", "TEXT NOT NULL DEFAULT ''"),
+              ("layout", "TEXT NOT NULL DEFAULT ''"),
+              ("fingerprint", "TEXT NOT NULL DEFAULT ''"),
+              ("created", "INTEGER NOT NULL DEFAULT {now}"),
+              ("pinned", "INTEGER NOT NULL DEFAULT 0")),
+    "leases": (("pid", "INTEGER NOT NULL DEFAULT 0"), ("host", "TEXT NOT NULL DEFAULT ''"),
+               ("started", "TEXT NOT NULL DEFAULT ''"),
+               ("created", "INTEGER NOT NULL DEFAULT {now}")),
+}
+
+
+def _schema_gaps(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """``(what, the statement that restores it)`` for each part of the schema missing
+    from an index that holds the ``objects`` table (the format version: no statement,
+    the first write sets it). Columns before tables: a table created again has them."""
+    have = {row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")}
+    if "objects" not in have:
+        return []
+    gaps: list[tuple[str, str]] = []
+    if conn.execute("PRAGMA user_version").fetchone()[0] < FORMAT_VERSION:
+        gaps.append(("user_version", ""))
+    now = int(time.time())
+    for table, columns in _RESTORED_COLUMNS.items():
+        if table not in have:
+            continue
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        gaps += [(f"{table}.{column}", f"ALTER TABLE {table} ADD COLUMN {column} "
+                                       f"{declaration.format(now=now)}")
+                 for column, declaration in columns if column not in present]
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            name = statement.split("EXISTS", 1)[1].split()[0]
+            if name not in have:
+                gaps.append((name, statement))
+    return gaps
+
+
 def batched(values: Iterable[str], size: int = BATCH) -> Iterator[list[str]]:
     """Lists of at most ``size`` values, for ``IN (...)`` queries."""
     chunk: list[str] = []
@@ -150,23 +194,49 @@ def row_object(row: tuple) -> StoredObject | None:
     return obj if isinstance(obj, StoredObject) else None
 
 
+def digest_key(column: str) -> str:
+    """SQL true where ``column`` holds a digest key (``split_key``'s rule): text,
+    ``<algo>:`` and as many lowercase hex digits as the algorithm's digest has."""
+    algos = " OR ".join(
+        f"(substr({column}, 1, {len(algo) + 1}) = '{algo}:' "
+        f"AND length({column}) = {len(algo) + 1 + HEX_LENGTH[algo]})" for algo in ALGORITHMS)
+    return (f"(typeof({column}) = 'text' AND ({algos}) "
+            f"AND substr({column}, instr({column}, ':') + 1) NOT GLOB '*[^0-9a-f]*' "
+            f"AND instr(CAST({column} AS BLOB), X'00') = 0)")
+
+
 def well_formed(table: str = "") -> str:
     """check_row's rule, for aggregates SQLite computes itself (``table``: the alias of
     ``objects`` in the query): a digest key, a single-component file name, an integer
     range that can exist."""
     t = f"{table}." if table else ""
-    keys = " OR ".join(
-        f"(substr({t}key, 1, {len(algo) + 1}) = '{algo}:' "
-        f"AND length({t}key) = {len(algo) + 1 + HEX_LENGTH[algo]})" for algo in ALGORITHMS)
-    return (f"typeof({t}key) = 'text' AND ({keys}) "
-            f"AND substr({t}key, instr({t}key, ':') + 1) NOT GLOB '*[^0-9a-f]*' "
+    return (f"{digest_key(f'{t}key')} "
             f"AND typeof({t}file) = 'text' AND length({t}file) BETWEEN 1 AND 255 "
             f"AND {t}file NOT IN ('.', '..') AND instr({t}file, '/') = 0 "
             f"AND instr({t}file, '\\') = 0 AND instr({t}file, ':') = 0 "
             f"AND instr(CAST({t}file AS BLOB), X'00') = 0 "
-            f"AND instr(CAST({t}key AS BLOB), X'00') = 0 "
             f"AND typeof({t}offset) = 'integer' AND typeof({t}size) = 'integer' "
             f"AND {t}offset >= 0 AND {t}size >= 0 AND {t}offset <= {MAX_INT} - {t}size")
+
+
+def is_digest_key(value: object) -> bool:
+    """Is ``value`` (read from any table) a digest key?"""
+    if type(value) is not str or "\x00" in value:
+        return False
+    try:
+        split_key(value)
+    except IntegrityError:
+        return False
+    return True
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A value read from the index as a report shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+EXACT_FLOAT = 2**53  # below it, SQLite's total() of integers is exact
 
 
 class Index:
@@ -201,6 +271,62 @@ class Index:
             raise StoreError(f"cannot open the store index: {exc}", path=str(self.path)) from exc
         self._local.conn, self._local.pid = conn, os.getpid()
         return conn
+
+    def close(self) -> None:
+        """Close this thread's connections (the next use opens the file again): before
+        the file is renamed, so that nothing goes on writing into the old one."""
+        for name in ("conn", "ro"):
+            conn = getattr(self._local, name, None)
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+                setattr(self._local, name, None)
+        self._local.current = None
+
+    def readable(self) -> bool:
+        """Whether the index is a sound SQLite file of this format whose every ``objects``
+        row can be read: an index repair must never set aside (what is wrong in it is
+        damage of single rows, or a table, a column or its format version lost, which
+        :meth:`restore_schema` brings back). A version below 2 in a file that holds the
+        ``objects`` table is such a loss: creation commits the tables and the version in
+        one transaction, and format 1 never had a SQLite file."""
+        if not self.exists():
+            return False
+        try:
+            conn = self._reader()
+            if not 0 <= self._version(conn) <= FORMAT_VERSION:
+                return False
+            if conn.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                return False
+            for _ in conn.execute("SELECT key, file, offset, size FROM objects"):
+                pass
+        except (sqlite3.Error, StoreError):
+            return False
+        return True
+
+    def missing_schema(self) -> list[str]:
+        """What a readable index lost of its schema (its format version, a table, an
+        index, a column); nothing for one that cannot be read (or holds no ``objects``
+        table: a new file, or one lost whole)."""
+        try:
+            conn = self._reader()
+            if not 0 <= self._version(conn) <= FORMAT_VERSION:
+                return []
+            gaps = _schema_gaps(conn)
+        except (sqlite3.Error, StoreError):
+            return []
+        return [name for name, _ in gaps]
+
+    @staticmethod
+    def restore_schema(conn: sqlite3.Connection) -> list[str]:
+        """Create what is missing of the schema (in the caller's write transaction): a
+        table or index (empty), a column with the value of :data:`_RESTORED_COLUMNS` in
+        every row. Returns what was restored."""
+        gaps = _schema_gaps(conn)
+        for _, statement in gaps:
+            if statement:
+                conn.execute(statement)
+        return [name for name, _ in gaps]
 
     def _timeout(self) -> float:
         return self.busy_timeout if self.busy_timeout >= 0 else float("inf")
@@ -398,9 +524,18 @@ class Index:
             rows = []
         if not rows:
             return "another process is writing it"
+
+        def since(created: object) -> str:  # a lease row is not believed: it may be damage
+            if type(created) is int and 0 <= created < 253402300800:  # before year 10000
+                return datetime.fromtimestamp(created, timezone.utc).isoformat(
+                    timespec="seconds")
+            return shown(created, 30)
+
+        def plain(value: object) -> str:
+            return str(value) if type(value) in (int, str) else shown(value, 30)
+
         return "held by one of: " + ", ".join(
-            f"pid {pid} on {host} since "
-            f"{datetime.fromtimestamp(created, timezone.utc).isoformat(timespec='seconds')}"
+            f"pid {plain(pid)} on {plain(host)} since {since(created)}"
             for pid, host, created in rows[:5])
 
     def _ensure_current(self, conn: sqlite3.Connection) -> None:
@@ -582,10 +717,23 @@ class Index:
     @staticmethod
     def files(conn: sqlite3.Connection) -> list[tuple[str, int, int, int]]:
         """``(file, objects, payload bytes, end of the last range)`` per indexed file
-        (well-formed rows only)."""
-        return conn.execute(f"SELECT file, count(*), sum(size), max(offset + size) "
-                            f"FROM objects WHERE {well_formed()} GROUP BY file "
-                            f"ORDER BY file").fetchall()
+        (well-formed rows only).
+
+        Each range fits SQLite's integers, but their sum need not (two rows of 2**62 bytes
+        in one file, damage verify reports as ranges past the file's end): SQLite's
+        ``sum()`` would fail the whole query with "integer overflow", so the sum is
+        ``total()``'s (a float, exact below 2**53), made exact in Python beyond."""
+        out = []
+        for file, count, payload, end in conn.execute(
+                f"SELECT file, count(*), total(size), max(offset + size) FROM objects "
+                f"WHERE {well_formed()} GROUP BY file ORDER BY file").fetchall():
+            if payload < EXACT_FLOAT:
+                payload = int(payload)
+            else:
+                payload = sum(size for (size,) in conn.execute(
+                    f"SELECT size FROM objects WHERE file = ? AND {well_formed()}", (file,)))
+            out.append((file, count, payload, end))
+        return out
 
     @staticmethod
     def count(conn: sqlite3.Connection) -> int:

@@ -6,6 +6,10 @@ the transaction that deletes or moves rows and spare every key a live lease hold
 build that has decided to reuse a key never finds its bytes gone. A lease is live while
 its process runs (same host: the pid exists with the same start time) or, for a lease of
 another host, for :data:`FOREIGN_LEASE_SECONDS`; a killed build's lease dies with it.
+
+A lease row that cannot be what :func:`open_lease` writes (see :func:`lease_damage`) is
+damage: neither live nor dead, it is never believed (no pid of it is signalled); gc keeps
+the keys it holds, and repair drops it with its keys.
 """
 
 from __future__ import annotations
@@ -17,7 +21,11 @@ import sqlite3
 import time
 from collections.abc import Iterable
 
+from .index import digest_key, is_digest_key, shown
+
 FOREIGN_LEASE_SECONDS = 24 * 3600
+MAX_PID = 2**31 - 1  # pid_t
+COLUMNS = "id, pid, host, started, created"
 
 
 @functools.cache
@@ -67,13 +75,62 @@ def close_lease(conn: sqlite3.Connection, lease: int) -> None:
     conn.execute("DELETE FROM leases WHERE id = ?", (lease,))
 
 
+def lease_damage(row: tuple, now: float) -> str | None:
+    """What makes a ``leases`` row (:data:`COLUMNS`) damage, None for a sound one: a pid
+    that is no process id (an integer in [1, 2**31)), a host that is not text (not empty,
+    no NUL), a start token that is not text, a created that is not an integer or lies
+    more than :data:`FOREIGN_LEASE_SECONDS` ahead of ``now`` (a lease of another host
+    would otherwise live for ever)."""
+    lease, pid, host, started, created = row
+    if type(lease) is not int:
+        return f"id is not an integer ({shown(lease)})"
+    if type(pid) is not int or not 0 < pid <= MAX_PID:
+        return f"pid is not a process id ({shown(pid)})"
+    if type(host) is not str or host == "" or "\x00" in host:
+        return f"host is not text ({shown(host)})"
+    if type(started) is not str or "\x00" in started:
+        return f"started is not text ({shown(started)})"
+    if type(created) is not int:
+        return f"created is not an integer ({shown(created)})"
+    if created > now + FOREIGN_LEASE_SECONDS:
+        return f"created lies in the future ({created})"
+    return None
+
+
+def malformed_leases(conn: sqlite3.Connection, now: float | None = None,
+                     ) -> list[tuple[int, str]]:
+    """``(id, what is wrong)`` of every damaged lease."""
+    now = time.time() if now is None else now
+    return [(row[0], damage) for row in conn.execute(f"SELECT {COLUMNS} FROM leases")
+            if (damage := lease_damage(row, now)) is not None]
+
+
+def malformed_lease_keys(conn: sqlite3.Connection) -> list[tuple[object, object, str]]:
+    """``(lease, key, what is wrong)`` of every damaged ``lease_keys`` row: a lease that is
+    no integer or names no lease, a key that is no digest key."""
+    found = []
+    for lease, key in conn.execute(
+            f"SELECT lease, key FROM lease_keys WHERE typeof(lease) != 'integer' "
+            f"OR NOT {digest_key('key')} OR lease NOT IN (SELECT id FROM leases)"):
+        if type(lease) is not int:
+            detail = f"lease is not an integer ({shown(lease)})"
+        elif not is_digest_key(key):
+            detail = f"key is not a digest key ({shown(key)})"
+        else:
+            detail = f"names no lease ({lease})"
+        found.append((lease, key, detail))
+    return found
+
+
 def live_leases(conn: sqlite3.Connection, now: float | None = None) -> tuple[list[int], list[int]]:
-    """``(live, dead)`` lease ids."""
+    """``(live, dead)`` ids of the sound leases (a damaged one is neither)."""
     now = time.time() if now is None else now
     live: list[int] = []
     dead: list[int] = []
-    for lease, pid, host, started, created in conn.execute(
-            "SELECT id, pid, host, started, created FROM leases"):
+    for row in conn.execute(f"SELECT {COLUMNS} FROM leases"):
+        if lease_damage(row, now) is not None:
+            continue
+        lease, pid, host, started, created = row
         if host == host_name():
             alive = is_running(pid, started)
         else:

@@ -8,21 +8,30 @@ per-weight file is deleted once no row refers to it (:mod:`.sweep`); a damaged r
 combined file is only unindexed, and compaction reclaims it. A range this user may not
 read is never treated as damage. Temp files no live writer can own are removed.
 
+A damaged row of the other tables goes the same way (see :func:`repair_tables`): a root
+or a lease that cannot be what a build writes is dropped with its keys, a key row that
+names no root or lease is dropped, and a value that has a safe default is reset instead
+(a root's time or pin, an object's time), so that the row is kept.
+
 A lost or unreadable index is rebuilt from the per-weight objects on disk (their names are
 their digests, and each is re-hashed); combined files cannot be re-indexed (their offsets
-lived only in the index), so they are reported as orphans for gc to remove.
+lived only in the index), so they are reported as orphans for gc to remove. An index that
+is readable (:meth:`Index.readable`) is never set aside: a table or column lost from it is
+created again, and a verification that still fails is an error with nothing changed.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import StoreError
 from ..io.digests import ALGORITHMS, digest_file, make_key
 from ..io.files import open_regular
-from .index import MalformedRow
+from .index import MalformedRow, shown
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .meta import is_marker
 from .objects import StoredObject
@@ -36,6 +45,21 @@ NOT_DAMAGE = frozenset({"no_permission"})
 
 
 @dataclass(frozen=True)
+class RowFix:
+    """What repair did to one damaged row of the roots, root_keys, leases or lease_keys
+    tables (or to the times of the objects of one file): ``dropped`` or ``reset``."""
+
+    table: str
+    row: str
+    action: Literal["dropped", "reset"]
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"table": self.table, "row": self.row, "action": self.action,
+                "detail": self.detail}
+
+
+@dataclass(frozen=True)
 class RepairReport:
     """``found``: the verification before the repair; ``remaining``: the store after it."""
 
@@ -46,6 +70,8 @@ class RepairReport:
     remaining: VerifyReport
     removed_temps: tuple[str, ...] = ()
     rebuilt: int | None = None  # objects re-indexed from disk when the index was lost
+    fixed_rows: tuple[RowFix, ...] = ()
+    restored_schema: tuple[str, ...] = ()  # tables, indexes, columns created again
 
     @property
     def ok(self) -> bool:
@@ -62,6 +88,8 @@ class RepairReport:
             "deleted_files": list(self.deleted_files),
             "removed_temps": list(self.removed_temps),
             "rebuilt": self.rebuilt,
+            "fixed_rows": [f.to_dict() for f in self.fixed_rows],
+            "restored_schema": list(self.restored_schema),
             "remaining": self.remaining.to_dict(),
         }
 
@@ -69,12 +97,18 @@ class RepairReport:
 def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False,
                  ) -> RepairReport:
     rebuilt = None
+    restored: list[str] = []
+    if store.index.exists() and store.index.writable() and store.index.missing_schema() \
+            and store.index.readable():
+        restored = restore_schema(store)
     try:
         found = verify_store(store, jobs, progress=progress)
     except StoreError as exc:
         if "index" not in exc.message:
             raise
         refuse_unless_lost(store, exc)
+        if store.index.readable():
+            raise  # never set aside: nothing repair may change explains it
         rebuilt = rebuild_index(store, jobs)
         found = verify_store(store, jobs, progress=progress)
     snapshot_bad = {p.key for p in found.problems
@@ -96,6 +130,11 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
                              ((o.raw[0] if isinstance(o, MalformedRow) else o.key,)
                               for o in dropped))
     dropped.sort(key=lambda o: (o.file, o.key))
+    fixed: list[RowFix] = []
+    if any(p.kind in TABLE_DAMAGE for p in found.problems) \
+            or any(w.kind == "malformed_time" for w in found.warnings):
+        with store.index.writing() as conn:
+            fixed = repair_tables(conn)
     # Only per-weight objects of well-formed rows: never a combined file, nor whatever
     # else a damaged index might name (meta.json, the lock, caches). The file of a
     # malformed row may hold intact bytes: it is left as an orphan (gc removes it).
@@ -106,7 +145,63 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
     remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed
     return RepairReport(root=str(store.root), found=found, dropped=tuple(dropped),
                         deleted_files=tuple(sorted(deleted)), remaining=remaining,
-                        removed_temps=tuple(temps), rebuilt=rebuilt)
+                        removed_temps=tuple(temps), rebuilt=rebuilt,
+                        fixed_rows=tuple(fixed), restored_schema=tuple(restored))
+
+
+def restore_schema(store: WeightStore) -> list[str]:
+    """Bring back what a readable index lost of its schema (its format version, a table,
+    an index, a column), every row it holds kept; returns what was restored."""
+    missing = store.index.missing_schema()
+    store.index.rebuilding = True  # the first write sets the version: nothing to migrate
+    try:
+        with store.index.writing() as conn:
+            store.index.restore_schema(conn)
+    finally:
+        store.index.rebuilding = False
+    return missing
+
+
+TABLE_DAMAGE = frozenset({"malformed_root", "malformed_lease"})
+
+
+def repair_tables(conn: sqlite3.Connection) -> list[RowFix]:
+    """Drop or reset every damaged row of the tables beside ``objects``, as it is in this
+    write transaction (a row a build rewrote since the verification is sound, and is
+    left alone): a root that cannot be what a build registers is dropped with its keys
+    (the next build of its folder registers it again), one whose only fault is its time
+    or pin is kept with the time set to now and the pin set (its objects stay; ``store
+    unpin`` undoes it); a damaged lease is dropped with its keys; a key row that is no
+    digest key or names no root or lease is dropped; an object's time that is not an
+    integer is set to now."""
+    from . import leases, roots
+
+    now = int(time.time())
+    fixed: list[RowFix] = []
+    for rid, detail, kept in roots.malformed_roots(conn):
+        if kept:
+            conn.execute(f"UPDATE roots SET created = CASE WHEN typeof(created) = 'integer' "
+                         f"THEN created ELSE ? END, pinned = {roots.KEPT_PIN} "
+                         f"WHERE id = ?", (now, rid))
+        else:
+            roots.remove(conn, [rid])
+        fixed.append(RowFix("roots", str(rid), "reset" if kept else "dropped", detail))
+    for root, key, detail in roots.malformed_root_keys(conn):
+        conn.execute("DELETE FROM root_keys WHERE root IS ? AND key IS ?", (root, key))
+        fixed.append(RowFix("root_keys", f"({shown(root)}, {shown(key)})", "dropped", detail))
+    for lease, detail in leases.malformed_leases(conn, now):
+        leases.close_lease(conn, lease)
+        fixed.append(RowFix("leases", str(lease), "dropped", detail))
+    for lease, key, detail in leases.malformed_lease_keys(conn):
+        conn.execute("DELETE FROM lease_keys WHERE lease IS ? AND key IS ?", (lease, key))
+        fixed.append(RowFix("lease_keys", f"({shown(lease)}, {shown(key)})", "dropped",
+                            detail))
+    for file, count in conn.execute("SELECT file, count(*) FROM objects WHERE "
+                                    "typeof(created) != 'integer' GROUP BY file").fetchall():
+        fixed.append(RowFix("objects", shown(file) if type(file) is not str else file,
+                            "reset", f"created of {count} row(s) set to now"))
+    conn.execute("UPDATE objects SET created = ? WHERE typeof(created) != 'integer'", (now,))
+    return fixed
 
 
 def _still_bad(found: VerifyReport, obj: StoredObject) -> bool:
@@ -160,6 +255,7 @@ def rebuild_index(store: WeightStore, jobs: int) -> int:
     """A new index from the per-weight objects on disk; the old one is set aside."""
     from concurrent.futures import ThreadPoolExecutor
 
+    store.index.close()  # nothing may go on writing into the file set aside
     for name in (store.index.path.name, store.index.path.name + "-wal",
                  store.index.path.name + "-shm", store.meta_path.name):
         path = store.root / name

@@ -27,14 +27,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import IntegrityError
 from ..io.digests import digest_file, split_key
-from .index import MalformedRow
+from .index import INDEX_NAME, MalformedRow, shown, well_formed
 from .layout import kind_of, scan, separate_file_name
 from .objects import StoredObject
 
 ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mismatch",
                       "name_mismatch", "overlap", "unreadable", "no_permission",
-                      "malformed_row",
-                      "not_regular_file", "orphan_file", "temp_file", "unreferenced_bytes"]
+                      "malformed_row", "malformed_root", "malformed_lease",
+                      "not_regular_file", "orphan_file", "temp_file", "unreferenced_bytes",
+                      "malformed_time"]
 
 if TYPE_CHECKING:
     from .store import WeightStore
@@ -244,10 +245,47 @@ def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True,
                 batch.append(obj)
             objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects,
                                    hashed, bar.advance)
+        problems.extend(table_problems(conn))
+        odd_times = time_warnings(conn)
     report = VerifyReport(root=str(store.root), objects=objects, bytes_hashed=hashed,
                           problems=tuple(sorted(problems, key=_order)),
-                          warnings=leftovers(store.root, ends))
+                          warnings=tuple(sorted((*leftovers(store.root, ends), *odd_times),
+                                                key=_order)))
     return still_current(store, report, seen)
+
+
+def table_problems(conn: Any) -> list[Problem]:
+    """The damaged rows of the tables beside ``objects`` (see :mod:`.roots` and
+    :mod:`.leases` for what each must hold), as problems of the index file."""
+    from . import leases, roots
+
+    found = [Problem("malformed_root", INDEX_NAME, None,
+                     f"roots row {rid}: {detail}; repair "
+                     + ("keeps it, created set to now and pinned to 1 where they are "
+                        "wrong" if kept else "drops it with its keys"))
+             for rid, detail, kept in roots.malformed_roots(conn)]
+    found += [Problem("malformed_root", INDEX_NAME, None,
+                      f"root_keys row ({shown(root)}, {shown(key)}): {detail}; repair drops it")
+              for root, key, detail in roots.malformed_root_keys(conn)]
+    found += [Problem("malformed_lease", INDEX_NAME, None,
+                      f"leases row {lease}: {detail}; repair drops it with its keys")
+              for lease, detail in leases.malformed_leases(conn)]
+    found += [Problem("malformed_lease", INDEX_NAME, None,
+                      f"lease_keys row ({shown(lease)}, {shown(key)}): {detail}; repair drops "
+                      f"it") for lease, key, detail in leases.malformed_lease_keys(conn)]
+    return found
+
+
+def time_warnings(conn: Any) -> list[Problem]:
+    """Objects whose ``created`` is not an integer, one warning per file: gc's grace
+    cannot judge them (text or bytes sort after every time: never collected), which
+    wastes space at worst; repair sets the time to now."""
+    return [Problem("malformed_time", file, None,
+                    f"{count} row(s) whose created is not a unix time (e.g. "
+                    f"{shown(example)}): gc's grace cannot judge them; repair sets it to now")
+            for file, count, example in conn.execute(
+                f"SELECT file, count(*), min(created) FROM objects "
+                f"WHERE typeof(created) != 'integer' AND {well_formed()} GROUP BY file")]
 
 
 def _run(store: WeightStore, batch: list[StoredObject], jobs: int, rehash: bool,
