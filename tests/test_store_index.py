@@ -307,6 +307,20 @@ def test_stale_temp_files_are_removed_by_repair(tmp_path: Path) -> None:
     assert not old.exists() and fresh.exists()
 
 
+def test_repairs_text_output_names_the_temp_files_it_removed(tmp_path: Path, capsys) -> None:
+    from weightstore.cli import main
+
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 10)), kind="separate")
+    old = store.root / ".weight_dead.abc.tmp"
+    old.write_bytes(b"partial")
+    os.utime(old, (1, 1))
+    capsys.readouterr()
+    assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert f"removed temp file: {old.name} (left by an interrupted write)" in out, out
+
+
 def test_a_lost_index_is_rebuilt_from_per_weight_objects(tmp_path: Path) -> None:
     store = WeightStore(tmp_path / "s")
     sep = payloads(("a", 100), ("b", 0))

@@ -403,6 +403,12 @@ def _cmd_store_repair(store: Any, args: argparse.Namespace) -> int:
         print(f"dropped: {obj.key} {obj.file} [{obj.offset}, {obj.end})")
     for name in report.deleted_files:
         print(f"deleted: {name}")
+    for fix in report.fixed_rows:
+        print(f"{fix.action}: {fix.table} row {fix.row} ({fix.detail})")
+    for name in report.restored_schema:
+        print(f"restored: {name} (created again in the index, every row kept)")
+    for name in report.removed_temps:
+        print(f"removed temp file: {name} (left by an interrupted write)")
     left = report.remaining
     _print_findings(left.problems, left.warnings, _failures(args))
     state = "ok" if report.ok else f"{len(left.problems)} problem(s)"
