@@ -1138,3 +1138,40 @@ def test_a_rebuild_writes_the_new_index_not_the_one_it_set_aside(tmp_path: Path)
     assert report.rebuilt == len(sep) and report.ok
     assert set(store_index(WeightStore(store.root))) == {p.key for p in sep}
     assert (store.root / "index.sqlite.broken").exists()
+
+
+@pytest.mark.parametrize("content", [b'{"format_version": 1, "hash_to_weight_file": {}}',
+                                     b"garbage{", b'{"format_version": 2}', b"", b"[]"])
+def test_a_meta_json_an_older_version_could_take_for_its_index_is_put_back(
+        tmp_path: Path, content: bytes) -> None:
+    """With the index intact, a meta.json that is neither the marker nor an export (an
+    older weightstore would write its format 1 maps there, beside the index) is a verify
+    warning; repair writes the marker again and keeps what was there as meta.json.broken,
+    and so does the next writer."""
+    from weightstore.store.meta import is_marker
+
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 700)), kind="separate")
+    store.meta_path.write_bytes(content)
+    report = store.verify()
+    assert report.ok and [w.kind for w in report.warnings] == ["stale_marker"]
+    fresh = WeightStore(store.root)
+    repaired = fresh.repair()
+    assert repaired.restored_marker and is_marker(fresh.meta_path)
+    if content:
+        assert (store.root / "meta.json.broken").read_bytes() == content
+    assert not fresh.verify().warnings
+    store.meta_path.write_bytes(content)
+    WeightStore(store.root).put(payloads(("b", 900)), kind="separate")
+    assert is_marker(store.meta_path)
+
+
+def test_an_exported_meta_json_is_current_and_kept(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "s")
+    store.put(payloads(("a", 700)), kind="separate")
+    store.export_meta()
+    exported = store.meta_path.read_bytes()
+    assert b"hash_to_weight_file" in exported
+    report = WeightStore(store.root).repair()
+    assert not report.restored_marker and store.meta_path.read_bytes() == exported
+    assert not WeightStore(store.root).verify().warnings

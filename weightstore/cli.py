@@ -409,6 +409,9 @@ def _cmd_store_repair(store: Any, args: argparse.Namespace) -> int:
         print(f"restored: {name} (created again in the index, every row kept)")
     for name in report.removed_temps:
         print(f"removed temp file: {name} (left by an interrupted write)")
+    if report.restored_marker:
+        print("restored: meta.json (the format 2 marker; what it held, if anything, is "
+              "kept as meta.json.broken)")
     left = report.remaining
     _print_findings(left.problems, left.warnings, _failures(args))
     state = "ok" if report.ok else f"{len(left.problems)} problem(s)"

@@ -549,7 +549,7 @@ class Index:
         if version < FORMAT_VERSION:
             self._migrate(conn)
         else:
-            self._refresh_marker()
+            self.refresh_marker()
         self._local.current = (os.getpid(), id(conn))
 
     def _ensure_wal(self, conn: sqlite3.Connection) -> None:
@@ -609,7 +609,7 @@ class Index:
         meanwhile; ``meta.json`` then becomes a format 2 marker that older versions refuse.
         """
         from ..io.locks import file_lock
-        from .meta import read_legacy
+        from .meta import read_legacy, restore_marker
 
         with file_lock(self.root / LOCK_NAME, self.busy_timeout, StoreError, "store"):
             self._begin(conn)
@@ -632,22 +632,23 @@ class Index:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
                 raise
-            self._refresh_marker()
+            with contextlib.suppress(OSError):  # under the lock already; imported, so kept
+                restore_marker(self.root / META_NAME, INDEX_NAME, keep=False)
 
-    def _refresh_marker(self) -> None:
-        """Replace a format 1 ``meta.json`` (or none) by the format 2 marker."""
-        from .meta import write_marker
+    def refresh_marker(self) -> bool:
+        """Put the format 2 marker in place of a ``meta.json`` an older weightstore could
+        take for its index (none, format 1, garbage: :func:`.meta.restore_marker`); True
+        when it was written. A store this user may not write keeps what it has."""
+        from ..io.locks import file_lock
+        from .meta import is_current, restore_marker
 
-        meta = self.root / META_NAME
-        try:
-            with open(meta, "rb") as f:
-                head = f.read(64)
-        except FileNotFoundError:
-            head = b""
+        if is_current(self.root / META_NAME) is not False:
+            return False
+        try:  # under format 1's lock, so that an older weightstore is not writing it
+            with file_lock(self.root / LOCK_NAME, self.busy_timeout, StoreError, "store"):
+                return restore_marker(self.root / META_NAME, INDEX_NAME)
         except OSError:
-            return
-        if not head or b'"format_version": 1' in head or b'"format_version":1' in head:
-            write_marker(meta, INDEX_NAME)
+            return False
 
     # -- objects -----------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ for GE or any tool that reads them.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -87,6 +89,48 @@ def encode_legacy(index: dict[str, StoredObject]) -> bytes:
         "hash_to_weight_size": {o.key: o.size for o in objs},
     }
     return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
+
+
+CURRENT_HEAD = b'{"format_version":2,'  # marker and export alike, whitespace aside
+
+
+def _head(path: Path) -> bytes | None:
+    """The first bytes of ``meta.json`` (b"" when there is none); None when it cannot be
+    read: not damage, and never replaced."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(64)
+    except FileNotFoundError:
+        return b""
+    except OSError:
+        return None
+
+
+def is_current(path: Path) -> bool | None:
+    """Does ``meta.json`` start as this format's marker or export does (None: it cannot
+    be read)? Judged on its first bytes only: an export of a large store is large, and
+    this runs whenever the index is opened. Anything else (missing, empty, format 1,
+    garbage, a document of another shape) an older weightstore could take for its own
+    index."""
+    head = _head(path)
+    return None if head is None else b"".join(head.split()).startswith(CURRENT_HEAD)
+
+
+def restore_marker(path: Path, index_name: str, *, keep: bool = True) -> bool:
+    """Write the marker over a ``meta.json`` that is not current (:func:`is_current`); with
+    ``keep``, a non-empty one is kept first as ``meta.json.broken`` (a hard link: no copy,
+    and ``meta.json`` is never missing meanwhile; a migration, which has just imported the
+    format 1 maps, keeps nothing). True when it was written."""
+    if is_current(path) is not False:
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        if keep and path.stat().st_size:
+            broken = path.with_name(path.name + ".broken")
+            with contextlib.suppress(FileNotFoundError):
+                broken.unlink()
+            os.link(path, broken)
+    write_marker(path, index_name)
+    return True
 
 
 def is_marker(path: Path) -> bool:

@@ -72,6 +72,7 @@ class RepairReport:
     rebuilt: int | None = None  # objects re-indexed from disk when the index was lost
     fixed_rows: tuple[RowFix, ...] = ()
     restored_schema: tuple[str, ...] = ()  # tables, indexes, columns created again
+    restored_marker: bool = False  # meta.json written again (the old one: meta.json.broken)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,7 @@ class RepairReport:
             "rebuilt": self.rebuilt,
             "fixed_rows": [f.to_dict() for f in self.fixed_rows],
             "restored_schema": list(self.restored_schema),
+            "restored_marker": self.restored_marker,
             "remaining": self.remaining.to_dict(),
         }
 
@@ -142,10 +144,11 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
              and o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
     deleted = unlink_unreferenced(store, files)
     temps = remove_temps(store, stale_temps(store, oldest_live_lease(store)))
+    marker = store.index.refresh_marker()
     remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed
     return RepairReport(root=str(store.root), found=found, dropped=tuple(dropped),
                         deleted_files=tuple(sorted(deleted)), remaining=remaining,
-                        removed_temps=tuple(temps), rebuilt=rebuilt,
+                        removed_temps=tuple(temps), rebuilt=rebuilt, restored_marker=marker,
                         fixed_rows=tuple(fixed), restored_schema=tuple(restored))
 
 

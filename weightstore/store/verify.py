@@ -35,7 +35,7 @@ ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mis
                       "name_mismatch", "overlap", "unreadable", "no_permission",
                       "malformed_row", "malformed_root", "malformed_lease",
                       "not_regular_file", "orphan_file", "temp_file", "unreferenced_bytes",
-                      "malformed_time"]
+                      "malformed_time", "stale_marker"]
 
 if TYPE_CHECKING:
     from .store import WeightStore
@@ -249,9 +249,21 @@ def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True,
         odd_times = time_warnings(conn)
     report = VerifyReport(root=str(store.root), objects=objects, bytes_hashed=hashed,
                           problems=tuple(sorted(problems, key=_order)),
-                          warnings=tuple(sorted((*leftovers(store.root, ends), *odd_times),
-                                                key=_order)))
+                          warnings=tuple(sorted((*leftovers(store.root, ends), *odd_times,
+                                                 *marker_warnings(store)), key=_order)))
     return still_current(store, report, seen)
+
+
+def marker_warnings(store: WeightStore) -> list[Problem]:
+    """``meta.json`` that is neither the format 2 marker nor an export: an older
+    weightstore could take it for its index and write objects no index row records."""
+    from .meta import is_current
+
+    if is_current(store.meta_path) is not False:
+        return []
+    return [Problem("stale_marker", store.meta_path.name, None,
+                    "not the format 2 marker an older weightstore refuses; "
+                    "'store verify --repair' writes it again")]
 
 
 def table_problems(conn: Any) -> list[Problem]:
