@@ -507,6 +507,28 @@ def test_a_tampered_sha256_mapping_is_computed_again(packages, registry, tmp_pat
     _same_tree(source, tmp_path / "out")
 
 
+def test_ill_typed_registry_rows_are_ignored(packages, registry, tmp_path) -> None:
+    """sqlite keeps whatever was written: a BLOB or a number where a digest, MAC or
+    repository belongs is no fact, so the push hashes those payloads and uploads them."""
+    import shutil
+    import sqlite3
+
+    source = packages["v1"]["separate"]
+    store = WeightStore(shutil.copytree(packages["store"].root, tmp_path / "store"))
+    push(source, f"{registry.host}/typed/first:1.0.0", store=store)
+    sizes = _payloads(source)
+    a, b = sorted(sizes)[:2]
+    with sqlite3.connect(store.index.path) as conn:
+        conn.execute("UPDATE sha256_signed SET sha256 = x'ff' WHERE key = ?", (a,))
+        conn.execute("UPDATE sha256_signed SET mac = 7 WHERE key = ?", (b,))
+        conn.execute("UPDATE blob_repos SET repository = x'00ff'")
+    ref = f"{registry.host}/typed/second:1.0.0"
+    report = push(source, ref, store=store)
+    assert report.hashed_bytes == sizes[a] + sizes[b]
+    pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "fresh"))
+    _same_tree(source, tmp_path / "out")
+
+
 def test_a_file_constant_package_travels_and_runs(packages, registry, tmp_path) -> None:
     """GE's form goes through the registry like any other (FileConstant nodes name the
     files), whole or as a device's variant, and the pulled folder runs in onnxruntime

@@ -47,7 +47,8 @@ def known_sha256(store: WeightStore, keys: Iterable[str]) -> dict[str, str]:
             for key, sha256, mac in conn.execute(
                     f"SELECT key, sha256, mac FROM sha256_signed WHERE key IN ({marks(chunk)})",
                     chunk):
-                if verify_mac(_signed(key, sha256), mac):
+                # a value of another type (sqlite keeps whatever was written) is no digest
+                if isinstance(sha256, str) and verify_mac(_signed(key, sha256), mac):
                     out[key] = sha256
     return out
 
@@ -70,7 +71,8 @@ def repositories(store: WeightStore, host: str, digests: Iterable[str]) -> dict[
             for digest, repo in conn.execute(
                     f"SELECT digest, repository FROM blob_repos WHERE host = ? AND digest IN "
                     f"({marks(chunk)}) ORDER BY repository", [host, *chunk]):
-                out.setdefault(digest, []).append(repo)
+                if isinstance(repo, str):
+                    out.setdefault(digest, []).append(repo)
     return out
 
 
