@@ -4,7 +4,10 @@ Each run is read into one buffer; entries are memoryview slices of it (no copy).
 entry's checksum is computed from the chunks as they land, in order, while the bytes are
 still in cache: one pass over memory rather than a read and then a hash. An entry that fails
 its checksum is replaced by its dormant fallback when the manifest has one (read and
-verified in turn); otherwise the load fails naming the initializer and location.
+verified in turn); otherwise the load fails naming the initializer and location. Bytes read
+from the weight store that fail, or a store object that cannot be read as the regular
+file of its index entry, are store damage: the error names the store file, the object's
+offset there and its key, and the repair command.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from ..errors import IntegrityError
 from ..io.digests import ALGORITHMS, digest_bytes, new_hasher
 from ..resolve.manifest import ManifestEntry
 from .mapped import MappedData
-from .plan import BUFFER, ReadPlan
-from .reader import Reader
+from .plan import BUFFER, STORE, Placement, ReadPlan, Run
+from .reader import REPAIR_HINT, Reader, read_range
 
 BOUNCE = 1 << 20  # bytes: read, hashed and written to a sink through a buffer this big
 
@@ -55,6 +58,32 @@ def _decode(entry: ManifestEntry, raw: memoryview) -> memoryview:
     fragment = b"".join(bytes(raw[a - s.offset:b - s.offset]) for a, b in s.spans)
     return memoryview(typed_fields.decode(fragment, s.encoding, entry.dtype, entry.dims,
                                           where=entry.values[0]))
+
+
+def store_context(entry: ManifestEntry, placement: Placement | None) -> dict[str, object]:
+    """Where an entry read from the store lies there (the store file, the object's offset
+    and size, its key) and the repair command; empty for bytes read from anywhere else."""
+    if placement is None or placement.kind != STORE or placement.path is None:
+        return {}
+    return {"key": entry.source.store_key, "path": str(placement.path),
+            "offset": placement.offset, "size": placement.length, "hint": REPAIR_HINT}
+
+
+def _read_damage(exc: IntegrityError, run: Run, at: int,
+                 members: Sequence[tuple[ManifestEntry, int, int]],
+                 placements: Mapping[str, Placement], scenario: str | None,
+                 ) -> IntegrityError:
+    """A store read that failed (a link, a FIFO, a missing or short file) as the damage
+    of the object read at file offset ``at``: its key, file, offset and the repair."""
+    rel = at - run.offset
+    hit = next((m for m in members if m[1] <= rel < m[1] + m[2]), None)
+    hit = hit or min(members, key=lambda m: abs(m[1] - rel), default=None)
+    if hit is None:
+        return exc
+    entry = hit[0]
+    return IntegrityError(exc.message, scenario=scenario or "(default)",
+                          initializer=entry.values[0],
+                          **store_context(entry, placements.get(entry.id)))
 
 
 def lanes(plan: ReadPlan) -> list[list[int]]:
@@ -92,6 +121,8 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
     A raw entry is hashed chunk by chunk as its bytes land; an encoded one once whole.
     """
     result = ReadResult()
+    placements = {p.entry: p for p in plan.placements}
+    stored = {p.path for p in plan.placements if p.kind == STORE}
     if sink is not None:
         run_buffers = [sink[0].slice(s, r.length) for s, r in zip(sink[1], plan.runs,
                                                                    strict=False)]
@@ -131,12 +162,20 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
         # the bounce buffer is a mapping of its own: unmapped when the lane ends, where a
         # heap buffer would stay in the worker thread's malloc arena, resident
         bounce = mmap.mmap(-1, BOUNCE) if sink is not None else None
+        from_store = run.path in stored
+        at = first.offset
+
+        def read(offset: int, out: memoryview) -> None:
+            nonlocal at
+            at = offset
+            read_range(reader, run.path, offset, out, stored=from_store)
+
         try:
             for k in lane:
                 c = plan.chunks[k]
                 start = c.offset - run.offset
                 if sink is None or bounce is None:
-                    reader.read_into(run.path, c.offset, view[start:start + c.length])
+                    read(c.offset, view[start:start + c.length])
                     feed(start, view[start:start + c.length])
                     continue
                 with memoryview(bounce) as whole:
@@ -144,9 +183,13 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
                         # released even when a read fails: the bounce buffer is then
                         # closed and the read's own error is what the caller sees
                         with whole[:min(BOUNCE, c.length - pos)] as piece:
-                            reader.read_into(run.path, c.offset + pos, piece)
+                            read(c.offset + pos, piece)
                             feed(start + pos, piece)
                             sink[0].write(sink[1][first.run] + start + pos, piece)
+        except IntegrityError as exc:
+            if not from_store:
+                raise
+            raise _read_damage(exc, run, at, members, placements, scenario) from None
         finally:
             if bounce is not None:
                 bounce.close()
@@ -179,10 +222,15 @@ def execute(plan: ReadPlan, entries: Mapping[str, ManifestEntry], reader: Reader
             continue
         replacement = fallback(entry) if fallback is not None else None
         if replacement is None:
+            where = store_context(entry, placements.get(entry.id))
+            if not where:
+                where = {"location": entry.source.file or "(model file)",
+                         "offset": entry.source.offset}
+            hint = where.pop("hint", None)
             raise IntegrityError("a live weight's bytes do not match their checksum",
                                  scenario=scenario or "(default)", initializer=entry.values[0],
-                                 location=entry.source.file or "(model file)",
-                                 offset=entry.source.offset, checksum=entry.source.checksum)
+                                 **where, checksum=entry.source.checksum,
+                                 **({"hint": hint} if hint else {}))
         result.data[entry.id] = replacement
         result.fell_back[entry.id] = entry.values[0]
     return result

@@ -7,6 +7,12 @@ ranges touch are coalesced into one run (never bridging a gap: only live bytes a
 and each run is cut into chunks of at most :data:`CHUNK` bytes, read in parallel; a chunk
 ends at an entry boundary where one falls past :data:`MIN_CHUNK`, so the executor can
 verify groups of whole entries independently.
+
+A store row whose size is not the entry's length is damage (the row or the object is not
+what the build recorded): the plan refuses it, naming the store file, offset, key and the
+repair, rather than reading a range nobody can vouch for. In a package folder, a file that
+is not a regular file (a symbolic link) is no package file, as ``weightstore verify`` has
+it: the entry's bytes come from the store by digest, as for a file the package lacks.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..catalogue.locations import resolve_location
-from ..errors import LoadError
+from ..errors import IntegrityError, LoadError
+from ..resolve.files import folder_file
 from ..resolve.locator import StoreLocator
 from ..resolve.manifest import STORE_ONLY, ManifestEntry
+from .reader import REPAIR_HINT
 
 CHUNK = 10 << 20  # bytes: GE copies weights in 10 MB chunks
 MIN_CHUNK = 1 << 20  # a chunk ends at an entry boundary once it holds this much
@@ -81,7 +88,7 @@ def place(entry: ManifestEntry, folder: Path | None, model_file: Path,
         if hit is None:
             raise LoadError("a prepared payload is missing from the store",
                             initializer=entry.values[0], store_key=s.store_key)
-        return Placement(entry.id, STORE, hit.path, None, hit.offset, hit.length)  # type: ignore[attr-defined]
+        return _stored(entry, hit)
     if s.file and s.file in buffers:
         size = buffers[s.file]
         if s.offset + s.length > size:
@@ -94,15 +101,30 @@ def place(entry: ManifestEntry, folder: Path | None, model_file: Path,
         return Placement(entry.id, FOLDER, path, None, s.offset, s.length)
     hit = located.get(s.store_key) if s.store_key else None
     if hit is not None:
-        return Placement(entry.id, STORE, hit.path, None, hit.offset, hit.length)  # type: ignore[attr-defined]
+        return _stored(entry, hit)
     raise LoadError("no source holds a live weight", initializer=entry.values[0],
                     location=s.file or model_file.name, store_key=s.store_key)
 
 
-def _folder_file(folder: Path | None) -> Callable[[ManifestEntry], Path | None]:
+def _stored(entry: ManifestEntry, hit: object) -> Placement:
+    """The placement of an entry in the store object ``hit`` (a located range), which
+    must be exactly as long as the entry."""
+    path, offset, length = hit.path, hit.offset, hit.length  # type: ignore[attr-defined]
+    if length != entry.source.length:
+        raise IntegrityError("the store's index entry of a live weight disagrees with its "
+                             "size", initializer=entry.values[0], key=entry.source.store_key,
+                             path=str(path), offset=offset, size=length,
+                             expected=entry.source.length,
+                             hint=REPAIR_HINT)
+    return Placement(entry.id, STORE, path, None, offset, length)
+
+
+def _folder_file(folder: Path | None, package: bool = False,
+                 ) -> Callable[[ManifestEntry], Path | None]:
     """An entry's file in ``folder`` (None when absent, or when there is no folder: a
     build opened from the store), each file name resolved and checked once: a package's
-    entries mostly share one or two files."""
+    entries mostly share one or two files. ``package``: the folder is a package, whose
+    files are regular files (one reached through a symbolic link counts as absent)."""
     found: dict[str, Path | None] = {}
     if folder is None:
         return lambda entry: None
@@ -110,8 +132,7 @@ def _folder_file(folder: Path | None) -> Callable[[ManifestEntry], Path | None]:
     def in_folder(entry: ManifestEntry) -> Path | None:
         name = entry.source.file
         if name not in found:
-            path = resolve_location(folder, name, where=entry.values[0])
-            found[name] = path if path.is_file() else None
+            found[name] = folder_file(folder, name, where=entry.values[0], package=package)
         return found[name]
 
     return in_folder
@@ -119,11 +140,12 @@ def _folder_file(folder: Path | None) -> Callable[[ManifestEntry], Path | None]:
 
 def plan_reads(entries: Sequence[ManifestEntry], folder: Path | None, model_file: Path, *,
                buffers: Mapping[str, int] | None = None, store: StoreLocator | None = None,
-               chunk: int = CHUNK) -> ReadPlan:
+               chunk: int = CHUNK, package: bool = False) -> ReadPlan:
     """Placements, coalesced runs and chunks for ``entries`` (pure but for ``stat`` and
-    one store lookup for the entries the folder lacks)."""
+    one store lookup for the entries the folder lacks). ``package``: ``folder`` is a
+    package folder (its files must be regular files)."""
     buffers = buffers or {}
-    in_folder = _folder_file(folder)
+    in_folder = _folder_file(folder, package)
     missing = [e.source.store_key for e in entries
                if e.source.store_key and (e.origin in STORE_ONLY or (
                    e.source.file and e.source.file not in buffers

@@ -36,7 +36,7 @@ def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None
     entries = {e.id: e for e in manifest.entries}
     active = list(manifest.active)
     plan = plan_reads(active, resolved.source.folder, resolved.source.path,
-                      store=resolved.source.store)
+                      store=resolved.source.store, package=resolved.source.package is not None)
     slots, end = layout([run.length for run in plan.runs])
     own_reader = reader is None
     reader = reader or FileReader()

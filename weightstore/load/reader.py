@@ -2,10 +2,17 @@
 
 The executor never opens files itself: it asks a :class:`Reader` for byte ranges, so a
 recording reader can prove that only manifest ranges are read, each once.
+
+Ranges of store objects are read through a reader's ``read_stored`` when it has one
+(:func:`read_range`): a store object is never a symbolic link, so :class:`FileReader`
+opens it without following one, and a link, a FIFO, a missing file or one shorter than
+its index entry is damage (an :class:`IntegrityError` with the repair hint). Package
+and model files are opened as they are (a model may be a link into a download cache).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -14,6 +21,8 @@ from typing import Protocol
 from ..errors import IntegrityError, LoadError
 from ..io.files import NotRegularFileError, open_regular
 
+REPAIR_HINT = "run 'weightstore store verify --repair'"
+
 
 class Reader(Protocol):
     def read_into(self, path: Path, offset: int, out: memoryview) -> None:
@@ -21,33 +30,63 @@ class Reader(Protocol):
         ...
 
 
+def read_range(reader: Reader, path: Path, offset: int, out: memoryview, *,
+               stored: bool = False) -> None:
+    """``reader.read_into``, or, for a range of a store object (``stored``), the reader's
+    ``read_stored`` when it has one (a reader of its own may lack it: it reads as it
+    reads everything)."""
+    read = getattr(reader, "read_stored", None) if stored else None
+    (read or reader.read_into)(path, offset, out)
+
+
 class FileReader:
     """Positional reads (``preadv``) from files kept open for the reader's lifetime."""
 
     def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
+        self._fds: dict[tuple[Path, bool], int] = {}
         self._lock = threading.Lock()
 
-    def _fd(self, path: Path) -> int:
+    def _fd(self, path: Path, stored: bool = False) -> int:
         with self._lock:
-            fd = self._fds.get(path)
+            fd = self._fds.get((path, stored))
             if fd is None:
-                try:
-                    fd = open_regular(path)  # a FIFO would block the open forever
+                try:  # a FIFO would block the open forever; a store object is no link
+                    fd = open_regular(path, nofollow=stored)
                 except NotRegularFileError as exc:
+                    if stored:
+                        raise IntegrityError(f"store object file is {exc}", path=str(path),
+                                             hint=REPAIR_HINT) from None
                     raise _not_regular(path, exc) from None
                 except OSError as exc:
+                    if stored and exc.errno in (errno.ELOOP, errno.ENOENT):
+                        problem = ("a symbolic link" if exc.errno == errno.ELOOP
+                                   else "missing")
+                        raise IntegrityError(f"store object file is {problem}",
+                                             path=str(path), hint=REPAIR_HINT) from None
                     raise LoadError(f"cannot open weight file: {exc.strerror}",
                                     file=str(path)) from None
-                self._fds[path] = fd
+                self._fds[(path, stored)] = fd
             return fd
 
     def read_into(self, path: Path, offset: int, out: memoryview) -> None:
-        fd = self._fd(path)
+        self._read(path, offset, out, stored=False)
+
+    def read_stored(self, path: Path, offset: int, out: memoryview) -> None:
+        """``read_into`` for a range of a store object: the file is opened only as the
+        regular file it must be, never through a symbolic link, and a file too short for
+        the range is damage."""
+        self._read(path, offset, out, stored=True)
+
+    def _read(self, path: Path, offset: int, out: memoryview, *, stored: bool) -> None:
+        fd = self._fd(path, stored)
         done = 0
         while done < len(out):
             n = os.preadv(fd, [out[done:]], offset + done)
             if n <= 0:
+                if stored:
+                    raise IntegrityError("store object file is shorter than its index "
+                                         "entry", path=str(path), offset=offset + done,
+                                         length=len(out) - done, hint=REPAIR_HINT)
                 raise LoadError("short read: the weight file ends early", file=str(path),
                                 offset=offset + done, length=len(out) - done)
             done += n
@@ -64,7 +103,7 @@ def _not_regular(path: Path, exc: NotRegularFileError) -> IntegrityError:
     beside it), repair drops its rows and the next build writes the objects again."""
     store = (Path(path).parent / "index.sqlite").is_file()
     return IntegrityError(f"weight file is {exc}", file=str(path),
-                          hint="run 'weightstore store verify --repair'" if store else None)
+                          hint=REPAIR_HINT if store else None)
 
 
 class RecordingReader:
@@ -79,6 +118,11 @@ class RecordingReader:
         with self._lock:
             self.reads.append((Path(path), offset, len(out)))
         self.inner.read_into(path, offset, out)
+
+    def read_stored(self, path: Path, offset: int, out: memoryview) -> None:
+        with self._lock:
+            self.reads.append((Path(path), offset, len(out)))
+        read_range(self.inner, path, offset, out, stored=True)
 
     @property
     def bytes_read(self) -> int:

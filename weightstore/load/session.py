@@ -166,11 +166,12 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                [e for e in to_read if keep & set(e.values)]] if mapped else [to_read])
     own_reader = reader is None
     reader = reader or FileReader()
+    package = resolved.source.package is not None  # its files: regular files only
     try:
         def fallback(entry: ManifestEntry) -> memoryview | None:
             for dormant in manifest.fallbacks_of(entry.id):
                 sub = plan_reads([dormant], resolved.source.folder, resolved.source.path,
-                                 store=resolved.source.store)
+                                 store=resolved.source.store, package=package)
                 got = execute(sub, entries, reader, jobs=jobs,
                               scenario=resolved.selected_scenario)
                 report.read_bytes += sub.read_bytes
@@ -180,7 +181,7 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
 
         plans = [plan_reads(group, resolved.source.folder, resolved.source.path,
                             buffers={k: len(v) for k, v in buffers.items()},
-                            store=resolved.source.store) for group in groups]
+                            store=resolved.source.store, package=package) for group in groups]
         layouts = [layout([r.length for r in plan.runs]
                           + ([len(v) for _, v in shared] if n == 0 else []))
                    for n, plan in enumerate(plans)]

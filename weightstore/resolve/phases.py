@@ -301,7 +301,8 @@ class Closure(_Base):
             runtime_values=runtime)
         if self.check_files:
             file_problems(state.source.folder, state.entries, state.scenario, strict=True,
-                          model_file=state.source.path, store=state.source.store)
+                          model_file=state.source.path, store=state.source.store,
+                          package=state.source.package is not None)
         return False
 
 

@@ -31,6 +31,7 @@ from ..io.files import parse_json
 
 _NAME = re.compile(r"[^/@\s]+")
 _PIN = re.compile(r"0|[1-9][0-9]*|[a-z0-9]+:[0-9a-f]{16,128}")  # a root id, or a digest
+REPAIR_HINT = "run 'weightstore store verify --repair'"
 
 
 class UnknownReference(ResolutionError):
@@ -186,15 +187,17 @@ def open_model_object(build: ReferencedBuild, name: str) -> tuple[Path, int]:
     context = {"reference": str(build.reference), "file": name}
     store = WeightStore(build.store)
     obj = _located(store, key, context)
+    path = store.path_of(obj)
     if obj.kind != "separate" or obj.offset != 0 or obj.size != size:
         raise IntegrityError("model file's store object is not a whole file of its size",
-                             key=key, size=obj.size, expected=size, **context)
-    path = store.path_of(obj)
+                             key=key, path=str(path), offset=obj.offset, size=obj.size,
+                             expected=size, **context, hint=REPAIR_HINT)
     try:
         fd = store.open_object(obj)  # never waits on a FIFO: not a regular file is damage
     except IntegrityError as exc:
         raise IntegrityError(f"model file's store object is unreadable: {exc.message}",
-                             **{**context, **exc.context}) from None
+                             **{**context, **exc.context, "offset": obj.offset,
+                                "hint": REPAIR_HINT}) from None
     except OSError as exc:
         raise IntegrityError(f"model file's store object is unreadable: {exc.strerror}",
                              key=key, path=str(path), **context) from None
@@ -203,7 +206,8 @@ def open_model_object(build: ReferencedBuild, name: str) -> tuple[Path, int]:
         if (os.fstat(fd).st_size != size
                 or digest_fd(algo, fd, 0, size, name=str(path)) != hex_digest):
             raise IntegrityError("store object does not match its key", key=key,
-                                 path=str(path), **context)
+                                 path=str(path), offset=obj.offset, size=size, **context,
+                                 hint=REPAIR_HINT)
     except BaseException:
         os.close(fd)
         raise

@@ -154,7 +154,12 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
     if path.is_dir():
         summary = _summary(path)
         entry = _model_entry(summary, model, package=str(path))
-        out = ModelSource.open(path / entry["file"], entry["name"], package=path,
+        model_path = path / entry["file"]
+        if model_path.resolve() != path.resolve() / entry["file"]:
+            raise PackageError("the package's model file is reached through a symbolic "
+                               "link: a package holds only regular files and folders",
+                               file=str(entry["file"]), package=str(path))
+        out = ModelSource.open(model_path, entry["name"], package=path,
                                store_keys=_store_keys(entry))
         if device is not None:
             _apply_device(out, path, device, summary)

@@ -183,6 +183,7 @@ class WeightStore:
                     missing = [src for src in missing if src.key not in present]
                     outcome = append_combined(self.root, file, missing, alignment, jobs)
                     found, new = self._record(todo, outcome, stale, publish=False)
+            _report_resized(stale, new, todo)
             located.update(found)
             written.update(new)
             padding += outcome.padding_bytes
@@ -307,16 +308,17 @@ class WeightStore:
 
         Only sizes are checked here; bytes damaged on disk after they were written are found
         by :meth:`verify` and dropped from the index by :meth:`repair`. A per-weight object
-        that is not a regular file (a symlink) is damage: the key is written again.
+        that is not a regular file (a symlink) is damage: the key is written again. So is
+        a row whose size is not the payload's (the key is a digest of the payload's bytes:
+        the row, not the payload, is wrong): the payload is written again and its new row
+        replaces the old one (the bytes the old one pointed at are left to compaction).
         """
         sizes: dict[str, int | None] = {}
         present: dict[str, StoredObject] = {}
         for key, obj in rows.items():
             src = wanted[key]
             if obj.size != src.size:
-                raise IntegrityError("payload size disagrees with the stored object of the "
-                                     "same key", key=key, size=src.size, stored=obj.size,
-                                     file=obj.file)
+                continue  # damage: written again
             if obj.file not in sizes:
                 sizes[obj.file] = self._file_size(obj.file)
             file_size = sizes[obj.file]
@@ -646,6 +648,19 @@ def _collapse(payloads: Iterable[PayloadSource]) -> dict[str, PayloadSource]:
             raise IntegrityError("two payloads with the same key differ in size", key=key,
                                  size=size, other_size=first.size)
     return wanted
+
+
+def _report_resized(stale: dict[str, StoredObject], written: dict[str, StoredObject],
+                    wanted: dict[str, PayloadSource]) -> None:
+    """Say on stderr, as :meth:`WeightStore.heal` does, which objects were written again
+    because their row disagreed with the payload's size."""
+    for key in written:
+        old = stale.get(key)
+        if old is not None and old.size != wanted[key].size:
+            print(f"weightstore: store object {key} in {old.file} at offset {old.offset} "
+                  f"was damaged (its index entry says {old.size} bytes, the payload has "
+                  f"{wanted[key].size}); rewritten from {wanted[key].describe()}",
+                  file=sys.stderr, flush=True)
 
 
 def _alignment_of(obj: StoredObject) -> int:
