@@ -521,7 +521,7 @@ def test_ill_typed_registry_rows_are_ignored(packages, registry, tmp_path) -> No
     with sqlite3.connect(store.index.path) as conn:
         conn.execute("UPDATE sha256_signed SET sha256 = x'ff' WHERE key = ?", (a,))
         conn.execute("UPDATE sha256_signed SET mac = 7 WHERE key = ?", (b,))
-        conn.execute("UPDATE blob_repos SET repository = x'00ff'")
+        conn.execute("UPDATE blob_repos SET repository = CAST(repository AS BLOB)")
     ref = f"{registry.host}/typed/second:1.0.0"
     report = push(source, ref, store=store)
     assert report.hashed_bytes == sizes[a] + sizes[b]
