@@ -564,7 +564,6 @@ class Index:
                 if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
                     return
                 self._begin(conn)  # waits for writers, reporting who holds the index
-                conn.execute("COMMIT")
                 if self._switch_to_wal(conn) == "wal":
                     return
             except sqlite3.OperationalError as exc:
@@ -585,12 +584,15 @@ class Index:
             time.sleep(0.01)
 
     def _switch_to_wal(self, conn: sqlite3.Connection) -> str:
-        """One try at the switch, waiting only briefly for other connections (the
-        connection's own busy wait is for writers, seconds long): the answer is the mode
-        now in force, the old one while another connection has the file open."""
+        """One try at the switch, from inside the write transaction ``_begin`` opened,
+        waiting only briefly for other connections (the connection's own busy wait is
+        for writers, seconds long; ending the transaction waits on a reader too): the
+        answer is the mode now in force, the old one while another connection has the
+        file open."""
         waits = conn.execute("PRAGMA busy_timeout").fetchone()[0]
         conn.execute(f"PRAGMA busy_timeout={WAL_SWITCH_WAIT_MS}")
         try:
+            conn.execute("COMMIT")
             return conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         finally:
             conn.execute(f"PRAGMA busy_timeout={int(waits)}")
