@@ -30,7 +30,15 @@ def graph_digest(data: bytes) -> str:
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """The seed's ResolvedModel (Python spelling)."""
+    """A model resolved from metadata alone, before any payload byte is read.
+
+    What :func:`weightstore.resolve` returns: the transformed graph (``model_bytes``, its
+    ``graph_digest``), the scenario and device it was resolved for with the device's
+    capabilities, the constant-result counts, the kernel ``placement``, the prepared
+    (pre-packed) weights required and bound, and the frozen ``payload_manifest``: exactly
+    the live payloads a load will read, each with its file, range and checksum.
+    ``to_dict()`` gives ``weightstore resolve --json``; :func:`weightstore.load` executes it.
+    """
 
     model_bytes: bytes = field(repr=False)  # the transformed metadata model, serialized
     graph_digest: str
