@@ -236,6 +236,25 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def malformed_key_rows(conn: sqlite3.Connection, table: str, owner: str,
+                       owners: str) -> list[tuple[object, object, str]]:
+    """``(owner, key, what is wrong)`` of every damaged row of a key table
+    (``root_keys`` of ``roots``, ``lease_keys`` of ``leases``): an owner that is no
+    integer or names no row of ``owners``, a key that is no digest key."""
+    found = []
+    for held_by, key in conn.execute(
+            f"SELECT {owner}, key FROM {table} WHERE typeof({owner}) != 'integer' "
+            f"OR NOT {digest_key('key')} OR {owner} NOT IN (SELECT id FROM {owners})"):
+        if type(held_by) is not int:
+            detail = f"{owner} is not an integer ({shown(held_by)})"
+        elif not is_digest_key(key):
+            detail = f"key is not a digest key ({shown(key)})"
+        else:
+            detail = f"names no {owner} ({held_by})"
+        found.append((held_by, key, detail))
+    return found
+
+
 EXACT_FLOAT = 2**53  # below it, SQLite's total() of integers is exact
 
 

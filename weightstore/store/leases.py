@@ -21,7 +21,7 @@ import sqlite3
 import time
 from collections.abc import Iterable
 
-from .index import digest_key, is_digest_key, shown
+from .index import malformed_key_rows, shown
 
 FOREIGN_LEASE_SECONDS = 24 * 3600
 MAX_PID = 2**31 - 1  # pid_t
@@ -108,18 +108,7 @@ def malformed_leases(conn: sqlite3.Connection, now: float | None = None,
 def malformed_lease_keys(conn: sqlite3.Connection) -> list[tuple[object, object, str]]:
     """``(lease, key, what is wrong)`` of every damaged ``lease_keys`` row: a lease that is
     no integer or names no lease, a key that is no digest key."""
-    found = []
-    for lease, key in conn.execute(
-            f"SELECT lease, key FROM lease_keys WHERE typeof(lease) != 'integer' "
-            f"OR NOT {digest_key('key')} OR lease NOT IN (SELECT id FROM leases)"):
-        if type(lease) is not int:
-            detail = f"lease is not an integer ({shown(lease)})"
-        elif not is_digest_key(key):
-            detail = f"key is not a digest key ({shown(key)})"
-        else:
-            detail = f"names no lease ({lease})"
-        found.append((lease, key, detail))
-    return found
+    return malformed_key_rows(conn, "lease_keys", "lease", "leases")
 
 
 def live_leases(conn: sqlite3.Connection, now: float | None = None) -> tuple[list[int], list[int]]:

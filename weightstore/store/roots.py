@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io.files import parse_json, read_regular
-from .index import digest_key, is_digest_key, shown, well_formed
+from .index import malformed_key_rows, shown, well_formed
 from .objects import MAX_INT
 
 SUMMARY_NAME = "summary.json"
@@ -100,18 +100,7 @@ def malformed_root_keys(conn: sqlite3.Connection) -> list[tuple[object, object, 
     """``(root, key, what is wrong)`` of every damaged ``root_keys`` row: a root that is
     no integer or names no root, a key that is no digest key. Repair drops them; gc
     keeps the objects of their keys until then."""
-    found = []
-    for root, key in conn.execute(
-            f"SELECT root, key FROM root_keys WHERE typeof(root) != 'integer' "
-            f"OR NOT {digest_key('key')} OR root NOT IN (SELECT id FROM roots)"):
-        if type(root) is not int:
-            detail = f"root is not an integer ({shown(root)})"
-        elif not is_digest_key(key):
-            detail = f"key is not a digest key ({shown(key)})"
-        else:
-            detail = f"names no root ({root})"
-        found.append((root, key, detail))
-    return found
+    return malformed_key_rows(conn, "root_keys", "root", "roots")
 
 
 # SQL for a root's pin as repair and a rebuild of its folder leave it: a damaged pin
