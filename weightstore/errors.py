@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# what every error about a damaged store object tells its reader to do
+REPAIR_HINT = "run 'weightstore store verify --repair'"
+
 
 class WeightstoreError(Exception):
     """Base class: a message plus the context that locates the problem."""

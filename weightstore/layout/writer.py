@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import IntegrityError
+from ..errors import REPAIR_HINT, IntegrityError
 from ..io.digests import CHUNK, make_key, new_hasher, split_key
 from ..io.files import (
     WRITEBACK_MIN,
@@ -33,7 +33,6 @@ from ..io.files import (
 from .plan import LayoutPlan, PlannedFile, PlannedPayload
 
 OPEN_FILES = 64  # weight files written at once, at most
-REPAIR_HINT = "run 'weightstore store verify --repair'"
 
 
 def files_per_batch() -> int:

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..catalogue import typed_fields
-from ..errors import IntegrityError
+from ..errors import REPAIR_HINT, IntegrityError
 from ..io.digests import ALGORITHMS, digest_bytes, new_hasher
 from ..resolve.manifest import ManifestEntry
 from .mapped import MappedData
 from .plan import BUFFER, STORE, Placement, ReadPlan, Run
-from .reader import REPAIR_HINT, Reader, read_range
+from .reader import Reader, read_range
 
 BOUNCE = 1 << 20  # bytes: read, hashed and written to a sink through a buffer this big
 

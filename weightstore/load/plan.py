@@ -22,11 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import IntegrityError, LoadError
+from ..errors import REPAIR_HINT, IntegrityError, LoadError
 from ..resolve.files import folder_file
 from ..resolve.locator import StoreLocator
 from ..resolve.manifest import STORE_ONLY, ManifestEntry
-from .reader import REPAIR_HINT
 
 CHUNK = 10 << 20  # bytes: GE copies weights in 10 MB chunks
 MIN_CHUNK = 1 << 20  # a chunk ends at an entry boundary once it holds this much

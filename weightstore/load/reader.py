@@ -18,10 +18,8 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import IntegrityError, LoadError
+from ..errors import REPAIR_HINT, IntegrityError, LoadError
 from ..io.files import NotRegularFileError, open_regular
-
-REPAIR_HINT = "run 'weightstore store verify --repair'"
 
 
 class Reader(Protocol):

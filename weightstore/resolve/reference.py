@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import IntegrityError, ResolutionError, StoreError
+from ..errors import REPAIR_HINT, IntegrityError, ResolutionError, StoreError
 from ..io.files import parse_json
 
 _NAME = re.compile(r"[^/@\s]+")
 _PIN = re.compile(r"0|[1-9][0-9]*|[a-z0-9]+:[0-9a-f]{16,128}")  # a root id, or a digest
-REPAIR_HINT = "run 'weightstore store verify --repair'"
 
 
 class UnknownReference(ResolutionError):

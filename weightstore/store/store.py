@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import IntegrityError, StoreError
+from ..errors import REPAIR_HINT, IntegrityError, StoreError
 from ..io.digests import digest_bytes, split_key
 from ..io.files import NotRegularFileError, open_regular, read_exact
 from . import leases
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from .verify import VerifyReport
 
 LOCKS_DIR = "locks"
-REPAIR_HINT = "run 'weightstore store verify --repair'"
 PUT_ATTEMPTS = 3
 COMBINED_SIBLINGS = 8  # combined files one model name may append to at the same time
 

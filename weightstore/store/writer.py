@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import IntegrityError, StoreError
+from ..errors import REPAIR_HINT, IntegrityError, StoreError
 from ..io.digests import digest_fd, make_key, split_key
 from ..io.files import (
     WRITEBACK_MIN,
@@ -181,7 +181,7 @@ def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], ali
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise IntegrityError("combined store file is not a regular file (damage)",
-                             path=str(path), hint="run 'weightstore store verify --repair'")
+                             path=str(path), hint=REPAIR_HINT)
     try:
         start = os.fstat(fd).st_size
         base_end = end = start
