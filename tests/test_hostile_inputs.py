@@ -167,6 +167,31 @@ def test_inline_and_external_data_at_once_is_refused(tmp_path, location):
     assert not (tmp_path / "store").exists()
 
 
+def test_a_constant_with_typed_values_and_stray_external_entries_is_refused(tmp_path):
+    """The same ambiguity where exporters keep weights: a Constant node's value, its
+    numbers in a typed field (float_data), with external_data entries beside them and
+    data_location left at DEFAULT."""
+    (tmp_path / "w.bin").write_bytes(np.zeros(300, np.float32).tobytes())
+    value = numpy_helper.from_array(np.ones(300, np.float32), "")
+    value.float_data.extend(np.ones(300, np.float32).tolist())
+    value.ClearField("raw_data")
+    for k, v in (("location", "w.bin"), ("offset", "0"), ("length", "1200")):
+        value.external_data.add(key=k, value=v)
+    node = helper.make_node("Constant", [], ["W"], value=value)
+    graph = helper.make_graph([node], "g", [],
+                              [helper.make_tensor_value_info("W", TensorProto.FLOAT, [300])])
+    src = tmp_path / "m.onnx"
+    src.write_bytes(helper.make_model(graph).SerializeToString())
+    recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
+    for action in (lambda: build(recipe, BuildOptions(store=str(tmp_path / "store"))),
+                   lambda: convert_to_inline(src, tmp_path / "i.onnx")):
+        with pytest.raises(ModelError, match="both inline and as external") as err:
+            action()
+        assert err.value.context["where"] == "graph 'g' node 0 (Constant '')"
+        assert err.value.context["data_location"] == "DEFAULT"
+    assert not (tmp_path / "store").exists()
+
+
 def test_duplicate_initializer_names_are_refused(tmp_path):
     a = numpy_helper.from_array(np.zeros(300, dtype=np.float32), "W")
     b = numpy_helper.from_array(np.ones(300, dtype=np.float32), "W")
