@@ -20,7 +20,7 @@ from weightstore.cli import main
 from weightstore.package.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 
-from .helpers import package_objects, store_files, store_index
+from .helpers import package_objects, record_calls, store_files, store_index
 from .samples import make_encoder
 from .test_build import write_recipe
 
@@ -446,3 +446,29 @@ def test_a_busy_combined_file_sends_the_next_writer_to_a_sibling(tmp_path: Path)
     assert report.objects[b.key].file == "enc.1_weight_combined"
     assert store.read(report.objects[b.key]) == b.data
     assert store.verify().ok
+
+
+def test_a_stamped_up_to_date_build_registers_a_missing_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After ``store rm``, an up-to-date build decided by the build stamp registers the
+    root again, as the full check does: gc then keeps the package's model and summary
+    objects, and the folder deleted later is materialized back from the store."""
+    store_dir = tmp_path / "store"
+    recipe = recipe_for(tmp_path / "a", 0)
+    build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    store = WeightStore(store_dir)
+    (root,) = store.roots()
+    assert main(["store", "rm", str(root.id), "--store", str(store_dir)]) == 0
+    stamped = build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    assert stamped.packages[0].status == "up-to-date"
+    (back,) = store.roots()
+    assert (back.folder, back.fingerprint, back.objects) == (root.folder, root.fingerprint,
+                                                             root.objects)
+    assert main(["store", "gc", "--store", str(store_dir)]) == 0
+    shutil.rmtree(package_of(recipe))
+    import weightstore.build.run as run
+
+    converted = record_calls(monkeypatch, run, "_fill_and_write")
+    again = build(recipe, BuildOptions(store=str(store_dir), jobs=2))
+    assert again.packages[0].status == "built" and converted == []  # from the store
+    assert check_package(package_of(recipe), verify=True).ok

@@ -174,6 +174,7 @@ def _stamped(stamp: build_stamp.Invocation, data: bytes, jobs: int,
                 or not _intact(target, summary, digests)):
             return None
         result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
+        _ensure_root(store_root, target, summary)
     if missing:
         from ..package.materialize import materialize
 
@@ -228,7 +229,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
         if (existing is not None and not options.force
                 and _up_to_date(loaded, layout, target, existing, digests)):
             result.packages.append(PackageResult(layout.name, target, "up-to-date", existing))
-            _ensure_root(store_root, layout, target, existing)
+            _ensure_root(store_root, target, existing)
         else:
             pending.append((layout, target, existing))
     if pending:
@@ -463,15 +464,16 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
         todo.pop(0)
 
 
-def _ensure_root(store_root: Path, layout: Layout, target: Path,
-                 summary: dict[str, Any]) -> None:
+def _ensure_root(store_root: Path, target: Path, summary: dict[str, Any]) -> None:
     """An up-to-date package registers its root if the store lacks it (a store migrated
-    from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses."""
+    from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses; on
+    every path that finds it up to date, the build stamp's as the full check's."""
     from ..store.index import INDEX_NAME, Index
 
-    if layout.external_weight == "embedded" or not (store_root / INDEX_NAME).is_file():
-        return
     try:
+        if (summary["layout"]["external_weight"] == "embedded"
+                or not (store_root / INDEX_NAME).is_file()):
+            return
         from ..package.materialize import register_root
         from ..store.roots import is_registered
 
