@@ -326,7 +326,7 @@ def test_package_files_are_listed_without_reading_them_again(encoder_model, save
                                                              tmp_path, monkeypatch):
     """The summary's file digests come from the pass that writes and verifies the files:
     no package file is read again to list it, and every digest is the file's own."""
-    import weightstore.release.inventory as inventory
+    import weightstore.package.inventory as inventory
     from weightstore.io.digests import digest_file, make_key
 
     src = save_model(encoder_model, "models/encoder.onnx")

@@ -13,7 +13,7 @@ from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import PackageError
 from weightstore.io.digests import digest_file, make_key
-from weightstore.release.inventory import verify_package
+from weightstore.package.inventory import verify_package
 
 
 @pytest.fixture

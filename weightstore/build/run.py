@@ -327,7 +327,7 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
 def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool:
     """Every file the summary lists is there with its digest (through the stat cache: a
     file rewritten since it was last hashed is hashed again, so a change is never missed)."""
-    from ..release.inventory import verify_package
+    from ..package.inventory import verify_package
 
     version = summary.get("format_version")
     if not isinstance(version, int) or version < CONTENTS_SINCE:

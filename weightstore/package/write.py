@@ -449,7 +449,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                            read_added, written, recipe.store.hash))
         devices = (_write_devices(tmp, recipe, sources)
                    if layout.external_weight != "embedded" else [])
-        from ..release.inventory import package_contents
+        from .inventory import package_contents
 
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,

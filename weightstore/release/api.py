@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..errors import PackageError
 from ..io.digests import digest_file
 from ..io.files import atomic_writer, fsync_dir, make_temp_dir, parse_json, read_regular
+from ..package.inventory import read_summary_bytes
 from ..package.summary import SUMMARY_NAME
 from .archive import plan_archive, source_date_epoch, write_archive
 from .compression import Compression
-from .inventory import read_summary_bytes
 from .provenance import (
     PROVENANCE_NAME,
     SUMS_NAME,

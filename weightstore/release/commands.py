@@ -61,8 +61,8 @@ def _print_json(data: Any) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from ..package.inventory import verify_package
     from ..progress import requested
-    from .inventory import verify_package
 
     report = verify_package(args.package, jobs=args.jobs, progress=requested(args))
     if args.json:

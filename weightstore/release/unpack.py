@@ -20,8 +20,8 @@ from typing import Any
 from ..errors import IntegrityError, PackageError
 from ..io.digests import make_key, new_hasher
 from ..io.files import dir_mode, file_mode, fsync_dir, make_temp_dir, parse_json
+from ..package.inventory import check_member_path, check_summary
 from ..package.summary import SUMMARY_NAME
-from .inventory import check_member_path, check_summary
 from .reader import open_archive, read_small, read_to_end
 
 CHUNK = 4 << 20

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import PackageError
 from ..io.digests import digest_file, make_key
 from ..io.files import is_relative_inside
-from ..package.summary import (
+from .summary import (
     CONTENTS_SINCE,
     SUMMARY_NAME,
     check_structure,
