@@ -32,6 +32,19 @@ def set_row(store: WeightStore, key: str, **fields: object) -> None:
             conn.execute(f"UPDATE objects SET {name} = ? WHERE key = ?", (value, key))
 
 
+def assert_ge_reads_keys(root: Path, doc: dict) -> None:
+    """GE's reader over an exported ``meta.json``: every offset and size names bytes that
+    hash to their key in their file."""
+    from weightstore.io.digests import digest_bytes, split_key
+
+    for key, file in doc["hash_to_weight_file"].items():
+        with open(root / file, "rb") as f:
+            f.seek(doc["hash_to_weight_offset"][key])
+            data = f.read(doc["hash_to_weight_size"][key])
+        algo, hex_digest = split_key(key)
+        assert digest_bytes(algo, data) == hex_digest, key
+
+
 def package_objects(folder: Path) -> dict[str, int]:
     """The store objects a build keeps of a package's other files (model files, device
     files, ``summary.json``) for its action record: key -> size."""

@@ -34,7 +34,7 @@ from weightstore.store import (
 from weightstore.store.index import Index
 from weightstore.store.meta import read_legacy as read_index
 
-from .helpers import set_row, store_files, store_index
+from .helpers import assert_ge_reads_keys, set_row, store_files, store_index
 from .test_build import write_recipe
 
 # -- helpers ------------------------------------------------------------------------------
@@ -241,6 +241,85 @@ def test_export_meta_is_ge_shaped_deterministic_and_relative(store: WeightStore,
     with pytest.raises(FileNotFoundError) as info:
         store.export_meta(tmp_path / "missing" / "m.json")
     assert info.value.filename == str(tmp_path / "missing" / "m.json")
+
+
+# -- export-meta exports only what it proved ------------------------------------------
+
+
+def _tamper_offset(store: WeightStore, ps: list[BytesPayload]) -> tuple[str, str, int]:
+    """Point x's row at y's range, same size: GE would read y's bytes for x."""
+    x, y = store.lookup(ps[0].key), store.lookup(ps[1].key)
+    set_row(store, x.key, offset=y.offset)
+    return x.key, x.file, y.offset
+
+
+def _tamper_size(store: WeightStore, ps: list[BytesPayload]) -> tuple[str, str, int]:
+    x = store.lookup(ps[0].key)
+    set_row(store, x.key, size=x.size - 8)
+    return x.key, x.file, x.offset
+
+
+def _tamper_file(store: WeightStore, ps: list[BytesPayload]) -> tuple[str, str, int]:
+    """x's row names the per-weight file of z, at offset 0."""
+    x, z = store.lookup(ps[0].key), store.lookup(ps[2].key)
+    set_row(store, x.key, file=z.file, offset=0, size=z.size)
+    return x.key, z.file, 0
+
+
+def _tamper_bytes(store: WeightStore, ps: list[BytesPayload]) -> tuple[str, str, int]:
+    """Another user of the store flips one byte of x in its combined file."""
+    x = store.lookup(ps[0].key)
+    flip_byte(store.root / x.file, x.offset + 5)
+    return x.key, x.file, x.offset
+
+
+def _tamper_past_end(store: WeightStore, ps: list[BytesPayload]) -> tuple[str, str, int]:
+    y = store.lookup(ps[1].key)
+    set_row(store, y.key, offset=y.offset + 4096)
+    return y.key, y.file, y.offset + 4096
+
+
+def _malformed_row(store: WeightStore, ps: list[BytesPayload]) -> tuple[str, str, int]:
+    """A row whose offset is text: every reader takes the key as absent; an export
+    without it would leave GE a map that silently lacks a weight."""
+    x = store.lookup(ps[0].key)
+    set_row(store, x.key, offset="sixty-four")
+    return x.key, x.file, None
+
+
+@pytest.mark.parametrize("tamper", [_tamper_offset, _tamper_size, _tamper_file, _tamper_bytes,
+                                    _tamper_past_end, _malformed_row])
+def test_export_meta_refuses_an_index_its_objects_do_not_prove(
+        store: WeightStore, tmp_path: Path, tamper, capsys: pytest.CaptureFixture[str]) -> None:
+    ps = payloads(("x", 600), ("y", 600), ("z", 600))
+    store.put(ps[:2], kind="combined", combined_name="enc", alignment=64)
+    store.put(ps[2:], kind="separate")
+    out = tmp_path / "ge" / "meta.json"
+    out.parent.mkdir()
+    out.write_bytes(b"the user's earlier export\n")
+    marker = store.meta_path.read_bytes()
+    key, file, offset = tamper(store, ps)
+    with pytest.raises(IntegrityError) as info:
+        store.export_meta(out)
+    assert info.value.context["key"] == key
+    assert info.value.context["file"] == file
+    assert info.value.context.get("offset") == offset
+    assert out.read_bytes() == b"the user's earlier export\n"  # nothing written
+    assert sorted(os.listdir(out.parent)) == ["meta.json"]
+    # the command line: one line naming key, file and offset; exit 2; nothing written
+    code = main(["store", "export-meta", "--store", str(store.root)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert key in err and f"file={file}" in err and "nothing written" in err
+    if offset is not None:
+        assert f"offset={offset}" in err
+    assert store.meta_path.read_bytes() == marker
+    # once repaired, the export holds only what the objects prove
+    store.repair()
+    path, count = store.export_meta(out)
+    doc = json.loads(path.read_bytes())
+    assert count == len(doc["hash_to_weight_file"]) == len(store_index(store))
+    assert_ge_reads_keys(store.root, doc)
 
 
 def _v1_read(path: Path) -> None:

@@ -22,7 +22,7 @@ from weightstore.io.files import align_up
 from weightstore.store import FORMAT_VERSION, BytesPayload, StoredObject, WeightStore
 from weightstore.store.meta import encode_legacy, read_legacy
 
-from .helpers import store_index
+from .helpers import assert_ge_reads_keys, store_index
 
 
 def blob(label: str, size: int) -> bytes:
@@ -160,12 +160,7 @@ def test_export_meta_cli_writes_ge_shape(v1_store, tmp_path: Path,
     assert doc["hash_to_weight_offset"] == {k: o.offset for k, o in rows.items()}
     assert doc["hash_to_weight_size"] == {k: o.size for k, o in rows.items()}
     assert list(doc["hash_to_weight_file"]) == sorted(rows)
-    # GE's reader: every offset/size names the payload's bytes in its file
-    for key, file in doc["hash_to_weight_file"].items():
-        with open(store.root / file, "rb") as f:
-            f.seek(doc["hash_to_weight_offset"][key])
-            data = f.read(doc["hash_to_weight_size"][key])
-        assert BytesPayload.of(data, key.split(":")[0]).key == key
+    assert_ge_reads_keys(store.root, doc)
     # the export of an unchanged store is byte-identical
     again = tmp_path / "again.json"
     store.export_meta(again)

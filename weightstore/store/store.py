@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .repair import RepairReport
     from .roots import Root, RootRecord
     from .stats import StoreStats
-    from .verify import VerifyReport
+    from .verify import Problem, VerifyReport
 
 LOCKS_DIR = "locks"
 PUT_ATTEMPTS = 3
@@ -585,15 +585,35 @@ class WeightStore:
         self._require_root()
         return gather(self, older_than=older_than, compact_ratio=compact_ratio)
 
-    def export_meta(self, path: str | os.PathLike[str] | None = None) -> tuple[Path, int]:
-        """Write GE's ``meta.json`` (default: the store's own); returns (path, objects)."""
+    def export_meta(self, path: str | os.PathLike[str] | None = None, *,
+                    jobs: int = 4) -> tuple[Path, int]:
+        """Write GE's ``meta.json`` (default: the store's own); returns (path, objects).
+
+        GE reads weights by the exported offsets without any check of its own, so nothing
+        is exported that this process has not proved: every row of the snapshot is checked
+        against its file (inside it, not overlapping another range) and its bytes are
+        hashed against its key, streamed, before the first byte is written. A row that
+        does not hold (a tampered or damaged index, a damaged object, a malformed row that
+        every reader would take for an absent key) is an IntegrityError naming the key,
+        file and offset, with nothing written. A row that gc or compaction moved while it
+        was checked is not damage: the export starts again on a fresh snapshot.
+        """
         from .meta import export_meta
+        from .verify import check_snapshot, still_current
 
         self._require_root()
         target = Path(path) if path is not None else self.meta_path
-        with self.index.reading() as conn:
-            count = export_meta(target, lambda: self.index.rows(conn), INDEX_NAME)
-        return target, count
+        for _ in range(PUT_ATTEMPTS):
+            with self.index.reading() as conn:
+                checked = check_snapshot(self, conn, jobs)
+                if not checked.problems:
+                    return target, export_meta(target, lambda: self.index.rows(conn),
+                                               INDEX_NAME)
+            held = still_current(self, checked.report(str(self.root)), checked.rows)
+            if held.problems:
+                raise unproven_export(held.problems, checked.rows)
+        raise StoreError("the store's rows kept moving while export-meta checked them (gc "
+                         "or compaction running); nothing written", path=str(self.root))
 
     # -- the root folder ---------------------------------------------------------------
 
@@ -611,6 +631,20 @@ class WeightStore:
         except OSError as exc:
             raise StoreError(f"cannot create the store root: {exc.strerror}",
                              path=str(self.root)) from exc
+
+
+def unproven_export(problems: tuple[Problem, ...],
+                    rows: dict[str, StoredObject]) -> IntegrityError:
+    """The error of an export-meta that found ``problems`` (the first names the key, file
+    and offset; the count says how many more). An overlap is named last: it is reported
+    on the later of two ranges, which need not be the damaged one."""
+    first = min(problems, key=lambda p: p.kind == "overlap")
+    row = rows.get(first.key or "")
+    more = f"; {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+    return IntegrityError(f"store index entry {first.key} does not match its object "
+                          f"({first.kind}: {first.detail}){more}; nothing written",
+                          key=first.key, file=first.file,
+                          offset=row.offset if row is not None else None, hint=REPAIR_HINT)
 
 
 def _check_put_args(kind: str, combined_name: str | None, alignment: int,

@@ -224,34 +224,60 @@ def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True,
     a bar over the bytes to hash (None: only on an interactive terminal)."""
     from ..progress import Progress
 
-    problems: list[Problem] = []
-    seen: dict[str, StoredObject] = {}  # the rows behind the problems
-    objects = hashed = 0
     with store.index.reading() as conn:
         files = store.index.files(conn)
         ends = {file: end for file, _, _, end in files}
         total = sum(size or 0 for _, _, size, _ in files) if rehash else 0
         with Progress("verifying", total, enabled=progress if rehash else False) as bar:
-            batch: list[StoredObject] = []
-            for obj in store.index.objects_by_file(conn):
-                if isinstance(obj, MalformedRow):
-                    problems.append(Problem("malformed_row", obj.file, obj.key, obj.detail))
-                    objects += 1
-                    continue
-                if len(batch) >= VERIFY_BATCH and obj.file != batch[-1].file:
-                    objects, hashed = _run(store, batch, jobs, rehash, problems, seen,
-                                           objects, hashed, bar.advance)
-                    batch = []
-                batch.append(obj)
-            objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects,
-                                   hashed, bar.advance)
-        problems.extend(table_problems(conn))
+            checked = check_snapshot(store, conn, jobs, rehash=rehash, progress=bar.advance)
+        problems = [*checked.problems, *table_problems(conn)]
         odd_times = time_warnings(conn)
-    report = VerifyReport(root=str(store.root), objects=objects, bytes_hashed=hashed,
+    report = VerifyReport(root=str(store.root), objects=checked.objects,
+                          bytes_hashed=checked.hashed,
                           problems=tuple(sorted(problems, key=_order)),
                           warnings=tuple(sorted((*leftovers(store.root, ends), *odd_times,
                                                  *marker_warnings(store)), key=_order)))
-    return still_current(store, report, seen)
+    return still_current(store, report, checked.rows)
+
+
+@dataclass(frozen=True)
+class SnapshotCheck:
+    """What :func:`check_snapshot` found: the problems of the ``objects`` rows, the rows
+    behind them (for :func:`still_current`), how many rows and bytes it checked."""
+
+    problems: tuple[Problem, ...]
+    rows: dict[str, StoredObject]
+    objects: int
+    hashed: int
+
+    def report(self, root: str) -> VerifyReport:
+        return VerifyReport(root=root, objects=self.objects, bytes_hashed=self.hashed,
+                            problems=tuple(sorted(self.problems, key=_order)), warnings=())
+
+
+def check_snapshot(store: WeightStore, conn: Any, jobs: int, *, rehash: bool = True,
+                   progress: Callable[[int], None] | None = None) -> SnapshotCheck:
+    """Every row of the ``objects`` table in the snapshot ``conn``, checked against the
+    files (malformed rows, shapes, overlaps and, with ``rehash``, each range hashed
+    against its key), in batches of whole files: memory stays flat however large the
+    store. Nothing here is filtered by a fresh look: see :func:`still_current`."""
+    problems: list[Problem] = []
+    seen: dict[str, StoredObject] = {}
+    objects = hashed = 0
+    batch: list[StoredObject] = []
+    for obj in store.index.objects_by_file(conn):
+        if isinstance(obj, MalformedRow):
+            problems.append(Problem("malformed_row", obj.file, obj.key, obj.detail))
+            objects += 1
+            continue
+        if len(batch) >= VERIFY_BATCH and obj.file != batch[-1].file:
+            objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects,
+                                   hashed, progress)
+            batch = []
+        batch.append(obj)
+    objects, hashed = _run(store, batch, jobs, rehash, problems, seen, objects, hashed,
+                           progress)
+    return SnapshotCheck(tuple(problems), seen, objects, hashed)
 
 
 def marker_warnings(store: WeightStore) -> list[Problem]:
