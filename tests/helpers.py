@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -152,3 +153,27 @@ def file_constant_package(folder: Path, source: Path) -> Path:
         store=folder / "store", src=source, out=folder / "out"))
     build(folder / "ge.yaml", BuildOptions(jobs=2))
     return folder / "out" / "pk" / "1"
+
+
+def tamper_consistently(folder: Path, model: str = "encoder.onnx") -> None:
+    """Edit a package folder so that it still agrees with its own summary: +5.0 on one
+    inline Constant of ``model`` (the first attention's scale), and the file's new size
+    and digest written into ``summary.json``'s ``contents``; the fingerprint is left alone."""
+    import onnx
+    from onnx import numpy_helper
+
+    from weightstore.io.digests import digest_file, make_key
+
+    path = folder / model
+    proto = onnx.load(str(path), load_external_data=False)
+    node = next(n for n in proto.graph.node
+                if n.op_type == "Constant" and n.output[0].endswith("attention.scale"))
+    tensor = node.attribute[0].t
+    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) + 5.0, tensor.name))
+    onnx.save(proto, str(path))
+    summary_path = folder / "summary.json"
+    summary = json.loads(summary_path.read_bytes())
+    (entry,) = [c for c in summary["contents"] if c["path"] == model]
+    algo = entry["digest"].partition(":")[0]
+    entry.update(size=path.stat().st_size, digest=make_key(algo, digest_file(algo, path)))
+    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

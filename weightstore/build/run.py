@@ -171,7 +171,7 @@ def _stamped(stamp: build_stamp.Invocation, data: bytes, jobs: int,
             missing.append((p, target))
             continue
         if (summary.get("fingerprint") != p["fingerprint"]
-                or not _intact(target, summary, digests)):
+                or not _intact(target, summary, digests, store_root)):
             return None
         result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
         _ensure_root(store_root, target, summary)
@@ -227,7 +227,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
         check_output_folder(target)
         existing = _existing_summary(target, options.force)
         if (existing is not None and not options.force
-                and _up_to_date(loaded, layout, target, existing, digests)):
+                and _up_to_date(loaded, layout, target, existing, digests, store_root)):
             result.packages.append(PackageResult(layout.name, target, "up-to-date", existing))
             _ensure_root(store_root, target, existing)
         else:
@@ -297,7 +297,7 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
 
 
 def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dict[str, Any],
-                digests: FileDigests) -> bool:
+                digests: FileDigests, store_root: Path) -> bool:
     """Would building ``layout`` give exactly the package at ``target``?
 
     The sources' identities are recomputed from the files the summary lists. If a model
@@ -321,19 +321,23 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
         return False  # a source that cannot be hashed: the build reports it, as on a first build
     if _fingerprint(loaded, layout, identities) != summary.get("fingerprint"):
         return False
-    return _intact(target, summary, digests)
+    return _intact(target, summary, digests, store_root)
 
 
-def _intact(target: Path, summary: dict[str, Any], digests: FileDigests) -> bool:
-    """Every file the summary lists is there with its digest (through the stat cache: a
-    file rewritten since it was last hashed is hashed again, so a change is never missed)."""
+def _intact(target: Path, summary: dict[str, Any], digests: FileDigests,
+            store_root: Path) -> bool:
+    """The folder is the build: when the store recorded the build, the summary is the one
+    it recorded (:mod:`.package.proof`), and every file the summary lists is there with
+    its digest (through the stat cache: a file rewritten since it was last hashed is
+    hashed again, so a change is never missed)."""
     from ..package.inventory import verify_package
 
     version = summary.get("format_version")
     if not isinstance(version, int) or version < CONTENTS_SINCE:
         return False  # no file digests to check against
     try:
-        report = verify_package(target, digest=lambda algo, path: digests.of(path, algo))
+        report = verify_package(target, digest=lambda algo, path: digests.of(path, algo),
+                                store=store_root)
     except (OSError, WeightstoreError):
         return False
     # files the summary does not list are not part of the package (verify reports them)
@@ -369,7 +373,8 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         for layout, target, existing in pending:
             fp = _fingerprint(loaded, layout, identities)
             if existing is not None and not options.force:
-                _refuse(target, existing, fp, layout, identities, loaded.recipe)
+                _refuse(target, existing, fp, layout, identities, loaded.recipe,
+                        store_root=store_root)
             for s in sources:
                 size = packaging.estimated_model_bytes(s, layout)
                 if size > PROTOBUF_LIMIT:
@@ -446,13 +451,14 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
             # another build may have published here since the first look
             existing = _existing_summary(target, options.force)
             if existing is not None and not options.force:
-                if existing.get("fingerprint") == fp and _intact(target, existing, digests):
+                if (existing.get("fingerprint") == fp
+                        and _intact(target, existing, digests, store.root)):
                     result.packages.append(
                         PackageResult(layout.name, target, "up-to-date", existing))
                     todo.pop(0)
                     continue
                 _refuse(target, existing, fp, layout, [s.identity for s in sources],
-                        recipe)
+                        recipe, store_root=store.root)
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress)
             # its other files go into the store too: a later build materializes it
@@ -511,16 +517,31 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
 
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
             layout: Layout | None = None, identities: list[dict[str, Any]] | None = None,
-            recipe: Recipe | None = None) -> None:
+            recipe: Recipe | None = None, *, store_root: Path) -> None:
     version = existing.get("format_version")
     different = existing.get("fingerprint") != fingerprint
     if not different and isinstance(version, int) and version < CONTENTS_SINCE:
         return  # the same build in an older summary format: rewritten, nothing is lost
-    what = "a different build" if different else "a damaged package"
+    what = "a different build" if different else (
+        "a package that is not the build the store recorded for its fingerprint"
+        if _not_recorded(target, existing, store_root) else "a damaged package")
     changed = (_what_changed(existing, layout, identities, recipe)
                if different and layout is not None and identities is not None else None)
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",
                        folder=str(target), changed=changed)
+
+
+def _not_recorded(target: Path, summary: dict[str, Any], store_root: Path) -> bool:
+    """Does the store know this fingerprint's build, with another summary than the
+    folder's (a folder edited so that it still agrees with its own summary)?"""
+    from ..io.files import read_regular
+    from ..package.proof import recorded_build
+
+    try:
+        return recorded_build(store_root, read_regular(target / SUMMARY_NAME),
+                              summary) is False
+    except OSError:
+        return False
 
 
 def _what_changed(existing: dict[str, Any], layout: Layout,

@@ -107,7 +107,7 @@ def check_member_path(name: str, where: str) -> PurePosixPath:
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # missing | size | digest | unexpected | unreadable
+    kind: str  # missing | size | digest | unexpected | unreadable | build
     path: str
     detail: str
 
@@ -124,28 +124,49 @@ class VerifyReport:
     files: int = 0
     bytes_hashed: int = 0
     problems: list[Problem] = field(default_factory=list)
+    recorded: bool = False  # the store knows the build and the summary is its own
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def proven(self) -> str | None:
+        """What the check proved (:mod:`weightstore.package.proof`): ``"build"``, that the
+        folder is the build its store recorded; ``"internal-consistency"``, only that it
+        agrees with its own summary (no store here knows the build); None on a problem."""
+        from .proof import PROVEN_BUILD, PROVEN_INTERNAL
+
+        if not self.ok:
+            return None
+        return PROVEN_BUILD if self.recorded else PROVEN_INTERNAL
+
     def to_dict(self) -> dict[str, Any]:
         return {"package": self.package, "files": self.files,
-                "bytes_hashed": self.bytes_hashed, "ok": self.ok,
+                "bytes_hashed": self.bytes_hashed, "ok": self.ok, "proven": self.proven,
                 "problems": [p.to_dict() for p in self.problems]}
 
 
 def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
                    digest: Callable[[str, Path], str] | None = None, *,
-                   progress: bool | None = False) -> VerifyReport:
+                   progress: bool | None = False, store: Path | None = None,
+                   ) -> VerifyReport:
     """Re-hash every file of a package against its summary; unlisted files are problems too.
 
     ``digest(algo, path)`` defaults to a full re-hash; the up-to-date check passes a stat
     cache instead. ``progress``: a bar over the bytes (None: only on a terminal).
+    ``store``: a store whose action record of the build, when it has one, must name this
+    very summary (a ``build`` problem otherwise; see :mod:`weightstore.package.proof`).
     """
+    from .proof import NOT_THE_BUILD, recorded_build
+
     folder = Path(folder)
-    summary = read_summary(folder)
+    summary_bytes, summary = read_summary_bytes(folder)
     report = VerifyReport(summary.get("package", folder.name))
+    recorded = recorded_build(store, summary_bytes, summary)
+    report.recorded = recorded is True
+    if recorded is False:
+        report.problems.append(Problem("build", SUMMARY_NAME, NOT_THE_BUILD))
     contents: Sequence[dict[str, Any]] = summary["contents"]
 
     def hash_of(algo: str, path: Path) -> str:
@@ -191,7 +212,7 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
     report.files = len(contents)
     report.bytes_hashed = sum(e["size"] for e, p in zip(contents, found, strict=True)
                               if p is None or p.kind == "digest")
-    report.problems = [p for p in found if p is not None]
+    report.problems += [p for p in found if p is not None]
     listed = {e["path"] for e in contents}
     try:
         present = package_files(folder)

@@ -59,7 +59,9 @@ WRITEBACK_STEP = 64 << 20  # bytes written between two writeback requests
 @dataclass(frozen=True)
 class ReleaseOptions:
     output: str | None = None
-    store: str | None = None  # for recipes: the build's store
+    # recipes: the build's store; package folders: the store whose record of the build
+    # they must match (both default to $WEIGHTSTORE_DIR or the user cache folder)
+    store: str | None = None
     jobs: int = min(8, os.cpu_count() or 4)  # zstd workers (the bytes do not depend on it)
     compression: Compression = field(default_factory=Compression)
     epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else a fixed epoch
@@ -95,7 +97,10 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
         from ..recipe.schema import load_recipe
 
         return _release_recipe(load_recipe(path), options)
-    packages = [_read_package(p) for p in _package_folders(path)]
+    from ..store.location import resolve_store_path
+
+    store = resolve_store_path(options.store, None)
+    packages = [_read_package(p, store) for p in _package_folders(path)]
     first = packages[0].summary
     output = Path(options.output or Path(RELEASES_DIR) / f"{first['package']}-"
                                                         f"{first['version']}")
@@ -110,7 +115,7 @@ def _release_recipe(loaded: LoadedRecipe, options: ReleaseOptions) -> ReleaseRes
     recipe = loaded.recipe
     output = Path(options.output or loaded.output_dir() / RELEASES_DIR
                   / f"{recipe.package}-{recipe.version}")
-    packages = [_read_package(p.path) for p in result.packages]
+    packages = [_read_package(p.path, result.store) for p in result.packages]
     recipe_id = (loaded.path.name, hashlib.sha256(loaded.path.read_bytes()).hexdigest())
     out = _write_release(packages, output, options, recipe=recipe_id)
     out.built = [p.layout for p in result.packages if p.status == "built"]
@@ -130,8 +135,14 @@ def _package_folders(path: Path) -> list[Path]:
                        path=str(path))
 
 
-def _read_package(folder: Path) -> _Package:
+def _read_package(folder: Path, store: Path) -> _Package:
+    """The package at ``folder``, refused when ``store`` recorded its build with another
+    summary (:mod:`..package.proof`); its files are checked against the summary as they
+    are archived."""
+    from ..package.proof import check_recorded_build
+
     data, summary = read_summary_bytes(folder)
+    check_recorded_build(folder, store, data, summary)
     return _Package(folder, data, summary)
 
 

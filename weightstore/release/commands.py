@@ -18,6 +18,8 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
     default_jobs = min(8, os.cpu_count() or 4)
     v = sub.add_parser("verify", help="re-hash every file of a package against its summary")
     v.add_argument("package", help="a package folder (holding summary.json)")
+    v.add_argument("--store", help="store whose record of the build the folder must match "
+                                   "(default: $WEIGHTSTORE_DIR or the user cache folder)")
     v.add_argument("--jobs", type=jobs, default=default_jobs,
                    help="worker threads for hashing")
     v.add_argument("--json", action="store_true", help="print JSON")
@@ -28,7 +30,8 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
                    help="a recipe (built first) or a package folder / version folder")
     r.add_argument("--output", help="release folder (default: <output>/releases/"
                                     "<package>-<version> for recipes)")
-    r.add_argument("--store", help="store folder for the build (recipes only)")
+    r.add_argument("--store", help="store folder for the build; for a package folder, the "
+                                   "store whose record of the build it must match")
     r.add_argument("--jobs", type=jobs, default=default_jobs,
                    help="zstd workers; the archive's bytes do not depend on it")
     r.add_argument("--level", type=integer, default=None,
@@ -62,15 +65,22 @@ def _print_json(data: Any) -> None:
 
 def run_verify(args: argparse.Namespace) -> int:
     from ..package.inventory import verify_package
+    from ..package.proof import PROVEN_BUILD
     from ..progress import requested
+    from ..store.location import resolve_store_path
 
-    report = verify_package(args.package, jobs=args.jobs, progress=requested(args))
+    report = verify_package(args.package, jobs=args.jobs, progress=requested(args),
+                            store=resolve_store_path(args.store, None))
     if args.json:
         _print_json(report.to_dict())
     else:
         for problem in report.problems:  # -q: still shown, as errors are
             print(f"problem: {problem}", file=_failures(args))
-        state = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+        state = f"{len(report.problems)} problem(s)"
+        if report.ok:
+            state = ("ok, the build the store recorded" if report.proven == PROVEN_BUILD
+                     else "ok, internal consistency only (the store does not know this "
+                          "build: pass the --store that built it to prove it is the build)")
         print(f"verified {report.files} files ({report.bytes_hashed / 1e6:.1f} MB): {state}")
     return EXIT_OK if report.ok else EXIT_FAILED
 

@@ -1,0 +1,73 @@
+"""Is this package folder the build the store recorded?
+
+A folder's ``summary.json`` lists every file with its digest, so re-hashing proves that the
+folder agrees with its summary: internal consistency, nothing more. Anyone who can write
+the folder can change a model file and write its new size and digest into the summary,
+leaving the fingerprint alone. The store knows better: a build records the very
+``summary.json`` its fingerprint produced as a store key inside the action record
+(:mod:`weightstore.caches.build_actions`), which carries a MAC under the user's own secret.
+A folder whose summary has that key, and whose files agree with that summary, is the build.
+
+:func:`recorded_build` answers from metadata alone (the action record and the summary's
+bytes); the up-to-date check of ``build``, ``verify``, ``release`` and ``push`` all ask it.
+Where the store does not know the build (another store, no private key, an embedded
+layout, which the store holds nothing of), only internal consistency can be proven, and
+the callers say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackageError
+from ..io.digests import digest_bytes, make_key
+from .summary import SUMMARY_NAME
+
+PROVEN_BUILD = "build"  # the folder is the build the store recorded
+PROVEN_INTERNAL = "internal-consistency"  # the folder agrees with its own summary
+NOT_THE_BUILD = ("package folder is not the build the store recorded for its fingerprint "
+                 "(its summary.json differs)")
+
+
+def recorded_summary_key(store_root: Path, fingerprint: object) -> str | None:
+    """The store key of the ``summary.json`` the build of ``fingerprint`` wrote, from its
+    action record when the record is sound (its MAC holds); None when the store does
+    not know that build."""
+    from ..caches import build_actions
+
+    if not isinstance(fingerprint, str):
+        return None
+    record = build_actions.load(store_root, fingerprint)
+    if record is None:
+        return None
+    return next(f.pieces[0].key for f in record.files if f.name == SUMMARY_NAME)
+
+
+def recorded_build(store_root: Path | None, summary_bytes: bytes,
+                   summary: Mapping[str, Any]) -> bool | None:
+    """Does the store at ``store_root`` know the build of this summary's fingerprint, and
+    is this summary (its exact bytes) the one that build wrote? True: yes; False: the
+    store knows the build and this is not its summary; None: the store does not know it
+    (or there is no store)."""
+    if store_root is None:
+        return None
+    key = recorded_summary_key(store_root, summary.get("fingerprint"))
+    if key is None:
+        return None
+    algo = key.partition(":")[0]
+    return make_key(algo, digest_bytes(algo, summary_bytes)) == key
+
+
+def check_recorded_build(folder: Path, store_root: Path | None, summary_bytes: bytes,
+                         summary: Mapping[str, Any]) -> str:
+    """What the store proves about the folder's summary: :data:`PROVEN_BUILD` when it is
+    the one the store recorded, :data:`PROVEN_INTERNAL` when the store does not know the
+    build; a :class:`~weightstore.errors.PackageError` when the store knows the build and
+    this is not it (the caller re-hashes the files against the summary either way)."""
+    found = recorded_build(store_root, summary_bytes, summary)
+    if found is False:
+        raise PackageError(NOT_THE_BUILD, folder=str(folder), store=str(store_root),
+                           fingerprint=summary.get("fingerprint"))
+    return PROVEN_BUILD if found else PROVEN_INTERNAL
