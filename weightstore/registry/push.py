@@ -29,8 +29,10 @@ from ..errors import (
     RegistryDigestError,
     RegistryError,
 )
-from ..io.digests import make_key, new_hasher, split_key
-from ..package.summary import read_summary_file
+from ..io.digests import ALGORITHMS, make_key, new_hasher, split_key
+from ..package.inventory import read_summary_bytes
+from ..package.proof import check_recorded_build
+from ..package.summary import SUMMARY_NAME
 from ..store import WeightStore
 from . import digests, sessions
 from .artifact import (
@@ -126,6 +128,44 @@ def payload_digests(folder: Path, plan: PackagePlan, store: WeightStore,
     return out, sum(sizes[k] for k in todo)
 
 
+def _file_digests(folder: Path, plan: PackagePlan, summary: dict[str, Any],
+                  summary_bytes: bytes, ref: Reference) -> dict[str, tuple[str, int]]:
+    """(sha256, size) of every file that is not a weight file, each hashed in the same
+    read with the digest its summary lists, and the folder checked against the summary
+    as a whole (nothing missing or unlisted, every size and digest, the weight files'
+    pieces) before anything is uploaded. The weight files' payloads are checked against
+    their keys as they are hashed (:func:`payload_digests`), their padding by
+    :func:`_check_padding`; files ``prepare`` added are checked as ``verify`` checks them."""
+    from ..package.assembly import contents_problem
+    from ..resolve.prepared_cache import companion_contents
+
+    listed = {str(c["path"]): str(c["digest"]) for c in summary["contents"]}
+    others = [n for n in plan.other_files if n != SUMMARY_NAME]
+    records, graphs = companion_contents([n for n in others if n not in listed], folder)
+    listed.update((g["path"], g["digest"]) for g in graphs)
+    out = {SUMMARY_NAME: (_digest(summary_bytes), len(summary_bytes))}
+    found: dict[str, tuple[int, str]] = {}
+    for name in others:
+        path = folder / name
+        size = path.stat().st_size
+        algo = listed.get(name, "sha256:").partition(":")[0]
+        if algo not in ALGORITHMS:  # a digest weightstore cannot take: never a match
+            algo = "sha256"
+        digests = _hash_range(path, 0, size, {"sha256", algo})
+        out[name] = ("sha256:" + digests["sha256"], size)
+        if name not in records:
+            found[name] = (size, make_key(algo, digests[algo]))
+    try:
+        problem = contents_problem(summary, {f.name: f for f in plan.weight_files}, found,
+                                   {g["path"]: (g["size"], g["digest"]) for g in graphs})
+    except (KeyError, TypeError, ValueError):
+        problem = "the summary's contents are malformed"
+    if problem is not None:
+        raise IntegrityError("the package does not match its summary; nothing was pushed",
+                             folder=str(folder), reference=str(ref), problem=problem)
+    return out
+
+
 def _check_padding(folder: Path, plan: PackagePlan) -> None:
     """Bytes of weight files outside every payload must be zero: the artifact records
     only payloads, so anything else could not be rebuilt."""
@@ -148,16 +188,14 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     ref = parse_reference(reference)
     if ref.digest:
         raise RegistryError("push to a tag, not to a digest", reference=reference)
-    summary = read_summary_file(folder)[1]  # a known format_version, well formed
+    # well formed, its files listed, every path inside the folder; the build, when the
+    # store recorded it
+    summary_bytes, summary = read_summary_bytes(folder)
+    check_recorded_build(folder, store.root, summary_bytes, summary)
     plan = plan_package(folder, summary, list_files(folder))
     _check_padding(folder, plan)
     sha, hashed = payload_digests(folder, plan, store, jobs)
-    file_digests = {}
-    for name in plan.other_files:
-        path = folder / name
-        file_digests[name] = ("sha256:" + _hash_range(path, 0, path.stat().st_size,
-                                                      ["sha256"])["sha256"],
-                              path.stat().st_size)
+    file_digests = _file_digests(folder, plan, summary, summary_bytes, ref)
     artifact = build_artifact(plan, sha, file_digests, created_at())
     sources: dict[str, tuple[int, Pieces]] = {}
     for key, (name, offset) in plan.payload_sources().items():
@@ -165,8 +203,9 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
                                       file_pieces(folder / name, offset)))
     sources.setdefault(_digest(artifact.assembly), (len(artifact.assembly),
                                                     bytes_pieces(artifact.assembly)))
-    for name, (digest, size) in file_digests.items():
-        sources.setdefault(digest, (size, file_pieces(folder / name)))
+    for name, (digest, size) in file_digests.items():  # the summary: the bytes checked
+        sources.setdefault(digest, (size, bytes_pieces(summary_bytes) if name == SUMMARY_NAME
+                                    else file_pieces(folder / name)))
     sources.setdefault(_digest(artifact.config), (len(artifact.config),
                                                   bytes_pieces(artifact.config)))
 

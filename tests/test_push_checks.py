@@ -1,0 +1,134 @@
+"""``push`` publishes only a package that is what its summary says, and, when the store
+knows the build, the build itself: every file it uploads is hashed against the summary
+before anything is sent, and a summary naming a path outside the folder is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.release_helpers import make_checkout
+from weightstore.build.run import BuildOptions, build
+from weightstore.cli import main
+from weightstore.errors import IntegrityError, PackageError
+from weightstore.registry.push import push
+from weightstore.store import WeightStore
+
+from .helpers import tamper_consistently
+from .registry_server import needs_registry, running_registry
+
+pytestmark = needs_registry
+
+
+@pytest.fixture
+def built(tmp_path: Path, encoder_model) -> Path:
+    """A checkout of the sample encoder built into its store ``store`` (its action
+    records under this test's own secret); returns its root."""
+    root = tmp_path / "checkout"
+    build(make_checkout(root, encoder_model), BuildOptions(jobs=2))
+    return root
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    with running_registry(tmp_path_factory.mktemp("registry")) as server:
+        yield server
+
+
+@pytest.fixture
+def package(built: Path, tmp_path: Path) -> Path:
+    """A copy of the combined package, to damage."""
+    folder = tmp_path / "combined"
+    shutil.copytree(built / "out" / "pkg" / "1.0.0" / "combined", folder)
+    return folder
+
+
+def _published(registry, repository: str) -> bool:
+    """Did anything of ``repository`` reach the registry (a blob link, an upload)?"""
+    return (registry.folder / "data" / "docker" / "registry" / "v2" / "repositories"
+            / repository).exists()
+
+
+def _refused(package: Path, registry, repository: str, store: Path, capsys,
+             error: type[Exception], match: str) -> None:
+    """The API raises ``error``, the command prints one line and exits 2, and nothing of
+    the package reaches the registry."""
+    with pytest.raises(error, match=match):
+        push(package, f"{registry.host}/{repository}:1", store=WeightStore(store))
+    capsys.readouterr()
+    assert main(["push", str(package), f"{registry.host}/{repository}:1",
+                 "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]
+    assert not _published(registry, repository)
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_consistently_tampered_package_is_refused_when_the_store_knows_it(
+        built: Path, package: Path, registry, capsys) -> None:
+    tamper_consistently(package)
+    _refused(package, registry, "proof/tampered", built / "store", capsys, PackageError,
+             "not the build the store recorded")
+
+
+def test_a_flipped_byte_in_a_model_file_is_refused(package: Path, registry, tmp_path: Path,
+                                                   capsys) -> None:
+    _flip(package / "encoder.onnx", 40)
+    _refused(package, registry, "proof/model", tmp_path / "fresh-store", capsys,
+             IntegrityError, "does not match its summary")
+
+
+def test_a_flipped_byte_in_the_summary_is_refused(built: Path, package: Path, registry,
+                                                  tmp_path: Path, capsys) -> None:
+    summary = package / "summary.json"
+    data = summary.read_bytes()
+    model = json.loads(data)["contents"]
+    digest = next(c["digest"] for c in model if c["path"] == "encoder.onnx")
+    _flip(summary, data.index(digest.encode()) + len(digest) - 1)  # one bit of its digest
+    _refused(package, registry, "proof/summary", tmp_path / "fresh-store", capsys,
+             IntegrityError, "does not match its summary")
+    # a flipped byte no file digest shows: the store that recorded the build sees it
+    summary.write_bytes(data.replace(b'"pkg"', b'"pkh"', 1))
+    _refused(package, registry, "proof/summary2", built / "store", capsys, PackageError,
+             "not the build the store recorded")
+
+
+@pytest.mark.parametrize("name", ["../../../../secret.txt", "/etc/passwd", "a/../../b"])
+def test_a_summary_naming_a_path_outside_the_folder_is_refused(package: Path, registry,
+                                                               tmp_path: Path, name: str,
+                                                               capsys) -> None:
+    (tmp_path / "secret.txt").write_text("secret")
+    summary = json.loads((package / "summary.json").read_bytes())
+    summary["contents"].append({"path": name, "size": 6, "digest": "blake3:" + "0" * 64})
+    (package / "summary.json").write_text(json.dumps(summary))
+    _refused(package, registry, "proof/unsafe", tmp_path / "fresh-store", capsys,
+             PackageError, "unsafe path")
+
+
+def test_unlisted_files_and_links_are_refused(package: Path, registry, tmp_path: Path,
+                                              capsys) -> None:
+    (package / "notes.txt").write_text("not part of the build")
+    _refused(package, registry, "proof/unlisted", tmp_path / "fresh-store", capsys,
+             IntegrityError, "does not match its summary")
+    os.unlink(package / "notes.txt")
+    model = package / "encoder.onnx"
+    (tmp_path / "elsewhere.onnx").write_bytes(model.read_bytes())
+    model.unlink()
+    model.symlink_to(tmp_path / "elsewhere.onnx")
+    _refused(package, registry, "proof/link", tmp_path / "fresh-store", capsys,
+             PackageError, "regular files")
+
+
+def test_an_intact_package_still_pushes(built: Path, package: Path, registry) -> None:
+    report = push(package, f"{registry.host}/proof/intact:1",
+                  store=WeightStore(built / "store"))
+    assert report.uploaded and _published(registry, "proof/intact")
