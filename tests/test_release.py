@@ -17,6 +17,7 @@ import zstandard
 
 from tests.release_helpers import OTHER_UID, make_checkout, released_files, run_as_other_user
 from weightstore.cli import main
+from weightstore.errors import PackageError
 from weightstore.release.api import ReleaseOptions, check_release, release
 from weightstore.release.archive import DEFAULT_EPOCH, plan_archive, source_date_epoch
 from weightstore.release.compression import Compression
@@ -162,6 +163,7 @@ CHILD = """
 import os, sys
 os.umask(int(sys.argv[1], 8))
 from weightstore.cli import main
+from weightstore.errors import PackageError
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -243,6 +245,28 @@ def test_check_passes_and_names_the_first_difference(released, capsys):
     assert main(["release", "--check", str(recipe), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["difference"].startswith("pkg-1.0.0-separate.tar.zst")
+
+
+def test_check_names_files_release_does_not_write(released, capsys):
+    """An archive the recipe does not build, a note, a folder: the release folder holds
+    them beside what release wrote, and --check refuses to call it reproducible."""
+    recipe, result = released
+    (result.output / "evil.tar.zst").write_bytes(zstandard.compress(b"not a package"))
+    (result.output / "notes.txt").write_text("mine")
+    (result.output / "extra").mkdir()
+    with pytest.raises(PackageError, match="files release does not write") as info:
+        check_release(recipe, ReleaseOptions(jobs=1))
+    assert info.value.context["files"] == "evil.tar.zst, extra, notes.txt"
+    capsys.readouterr()
+    assert main(["release", "--check", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "evil.tar.zst, extra, notes.txt" in err[0]
+    for name in ("evil.tar.zst", "notes.txt"):
+        (result.output / name).unlink()
+    (result.output / "extra").rmdir()
+    # what release itself writes: its files, and the temp folder a killed release leaves
+    (result.output / ".release.x1y2z3.tmp").mkdir()
+    assert check_release(recipe, ReleaseOptions(jobs=1)).ok
 
 
 def test_check_needs_a_recipe_and_a_release(released, tmp_path):

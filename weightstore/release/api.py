@@ -30,7 +30,7 @@ from ..io.digests import digest_file
 from ..io.files import atomic_writer, fsync_dir, make_temp_dir, parse_json, read_regular
 from ..package.inventory import read_summary_bytes
 from ..package.summary import SUMMARY_NAME
-from .archive import plan_archive, source_date_epoch, write_archive
+from .archive import SUFFIX, archive_root, plan_archive, source_date_epoch, write_archive
 from .compression import Compression
 from .provenance import (
     PROVENANCE_NAME,
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ..recipe.schema import LoadedRecipe
 
 RELEASES_DIR = "releases"
+TEMP_PREFIX = ".release."  # the temp folder a release is made in, beside its files
 # Compressed chunks of 128 KiB (about zstd's own ZSTD_CStreamOutSize): with 256 KiB or
 # 4 MiB chunks, write() alone took 1.3 to 1.9 s of CPU per GB against 0.4 s (measured, not
 # explained: likely the chunk is no longer in cache when it is written)
@@ -156,7 +157,7 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
     output.mkdir(parents=True, exist_ok=True)
     # every file is made in a temp folder first: a failed release leaves the previous one
     # whole, never new archives beside old checksums
-    tmp = make_temp_dir(output, ".release.")
+    tmp = make_temp_dir(output, TEMP_PREFIX)
     try:
         records = [_write_archive(p, tmp, epoch, options) for p in packages]
         package, version = identity.pop()
@@ -302,6 +303,10 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
     if not (existing / SUMS_NAME).is_file():
         raise PackageError("no release to check; run weightstore release first",
                            folder=str(existing))
+    _refuse_unwritten(existing, [archive_root({"package": recipe.package,
+                                               "version": recipe.version,
+                                               "layout": {"name": layout.name}}) + SUFFIX
+                                 for layout in recipe.layouts])
     options = _published_settings(existing, options)
     with tempfile.TemporaryDirectory(prefix="weightstore-check-") as tmp:
         fresh = dataclasses.replace(loaded, recipe=recipe.model_copy(
@@ -315,6 +320,20 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
             if difference is not None:
                 return CheckResult(existing, names, f"{name}: {difference}")
     return CheckResult(existing, names)
+
+
+def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
+    """A release folder holds only what release writes there: the recipe's archives,
+    ``SHA256SUMS``, ``release.json`` (and the temp folder a killed release leaves). Any
+    other file or folder beside them (an archive of no layout, a note) is named, since a
+    release that passes its check must be exactly what the recipe gives."""
+    written = {*archives, SUMS_NAME, PROVENANCE_NAME}
+    extra = sorted(name for name in os.listdir(folder) if name not in written
+                   and not (name.startswith(TEMP_PREFIX) and name.endswith(".tmp")))
+    if extra:
+        raise PackageError("the release folder holds files release does not write; "
+                           "move them out to check it", folder=str(folder),
+                           files=", ".join(extra))
 
 
 def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions:
