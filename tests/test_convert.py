@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -77,6 +78,32 @@ def test_offsets_are_aligned(encoder_model, save_model, tmp_path, alignment):
     offsets = [int(e.value) for i in model.graph.initializer for e in i.external_data
                if e.key == "offset"]
     assert offsets and all(o % alignment == 0 for o in offsets)
+
+
+@pytest.mark.parametrize("alignment", [1 << 21, 1 << 36, 1 << 62])
+def test_alignment_above_one_mib_is_refused_before_any_work(
+        encoder_model, save_model, tmp_path, capsys, alignment):
+    """A huge alignment made a sparse file of 2**36 bytes per payload (550 GB for the
+    encoder) or failed with a bare 'File too large': it is one line naming the value and
+    the bound, through the API and the command line, with nothing written."""
+    src = save_model(encoder_model)
+    out = tmp_path / "out" / "ext.onnx"
+    out.parent.mkdir()
+    with pytest.raises(ConversionError) as info:
+        convert_to_external(src, out, threshold=0, alignment=alignment)
+    assert info.value.context["alignment"] == alignment
+    assert f"at most 1048576 (1 MiB), got {alignment}" in info.value.message
+    for form in ("to-external", "to-file-constant"):
+        assert main(["convert", form, str(src), str(out), "--threshold", "0",
+                     "--alignment", str(alignment)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"got {alignment}" in err and "1048576" in err, err
+    assert os.listdir(out.parent) == []
+    # the bound itself is accepted
+    convert_to_external(src, out, threshold=0, alignment=1 << 20)
+    model = onnx.load(str(out), load_external_data=False)
+    assert {int(e.value) % (1 << 20) for i in model.graph.initializer for e in i.external_data
+            if e.key == "offset"} == {0}
 
 
 def test_every_place_is_externalized(encoder_model, save_model, tmp_path):

@@ -149,6 +149,11 @@ def test_anchors_and_merge_keys_are_not_duplicates() -> None:
     assert [(x.name, x.alignment) for x in recipe.layouts] == [("a", 4096), ("b", 4096)]
 
 
+def test_the_largest_alignment_is_one_mib() -> None:
+    recipe = parse_recipe_text(MINIMAL + "    alignment: 1048576\n", "recipe.yaml")
+    assert recipe.layouts[0].alignment == 1 << 20
+
+
 def test_recipe_is_immutable() -> None:
     recipe = parse_recipe_text(MINIMAL, "recipe.yaml")
     with pytest.raises(ValidationError):
@@ -309,6 +314,12 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
      "power of two"),
     ("alignment-1000", MINIMAL + "    alignment: 1000\n",
      {"line": 9, "key": "layouts[0].alignment"}, "power of two"),
+    ("alignment-2^21", MINIMAL + "    alignment: 2097152\n",
+     {"line": 9, "key": "layouts[0].alignment"}, "at most 1048576 (1 MiB), got 2097152"),
+    ("alignment-2^36", MINIMAL + "    alignment: 68719476736\n",
+     {"line": 9, "key": "layouts[0].alignment"}, "at most 1048576 (1 MiB), got 68719476736"),
+    ("alignment-2^62", MINIMAL + "    alignment: 4611686018427387904\n",
+     {"line": 9, "key": "layouts[0].alignment"}, "got 4611686018427387904"),
     ("alignment-bool", MINIMAL + "    alignment: true\n",
      {"line": 9, "key": "layouts[0].alignment"}, "valid integer"),
     ("alignment-string", MINIMAL + "    alignment: '512'\n",
@@ -480,6 +491,7 @@ def test_schema_header_and_constraints() -> None:
     assert schema["properties"]["package"]["pattern"] == NAME_PATTERN
     layout = schema["$defs"]["Layout"]["properties"]
     assert layout["external_weight"]["enum"] == ["embedded", "separate", "combined"]
+    assert (layout["alignment"]["minimum"], layout["alignment"]["maximum"]) == (1, 1 << 20)
     assert all(d["additionalProperties"] is False for d in schema["$defs"].values())
 
 

@@ -449,6 +449,8 @@ def test_file_payloads_are_copied_by_range(store: WeightStore, tmp_path: Path) -
     {"kind": "combined", "combined_name": "m", "alignment": 3},
     {"kind": "combined", "combined_name": "m", "alignment": 0},
     {"kind": "combined", "combined_name": "m", "alignment": -8},
+    {"kind": "combined", "combined_name": "m", "alignment": 1 << 21},
+    {"kind": "combined", "combined_name": "m", "alignment": 1 << 62},
     {"kind": "combined", "combined_name": "../up"},
     {"kind": "combined", "combined_name": "a/b"},
     {"kind": "combined", "combined_name": ".hidden"},

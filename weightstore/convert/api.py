@@ -17,6 +17,7 @@ from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
 from ..errors import ConversionError, WeightstoreError
 from ..io.digests import digest_bytes
+from ..io.files import alignment_problem
 from ..io.models import save_model
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
@@ -81,10 +82,9 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     and writing (None: only on an interactive terminal).
     """
     src, dst = Path(src), Path(dst)
-    if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
-        # before the model is read: a setting is judged without any work done
-        raise ConversionError("alignment must be a power of two (1, 2, 4, ... 512, 4096)",
-                              alignment=alignment)
+    problem = alignment_problem(alignment)
+    if problem is not None:  # before the model is read: judged without any work done
+        raise ConversionError(problem, alignment=alignment)
     with ModelWeights.open(src, fold=True) as mw:
         source_meta = mw.metadata_model(SMALL_VALUE_LIMIT)
         inputs = files_read(src, source_meta, {d.file for d in mw.descriptors.values()})

@@ -401,5 +401,19 @@ def is_relative_inside(name: object, *, hidden: bool = True) -> bool:
                    for p in name.split("/"))
 
 
+MAX_ALIGNMENT = 1 << 20  # 1 MiB: a page-size multiple on every system weights are loaded on
+
+
+def alignment_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a weight alignment, or None when it can: the one rule of the
+    recipe schema, ``convert --alignment``, layout planning and the store. A power of two
+    from 1 to :data:`MAX_ALIGNMENT`: a larger one buys nothing a loader can use, and pads
+    each payload with up to that many zero bytes (2**36 made a 550 GB sparse file)."""
+    if type(value) is not int or value < 1 or value & (value - 1) or value > MAX_ALIGNMENT:
+        return (f"alignment must be a power of two, at least 1 and at most {MAX_ALIGNMENT} "
+                f"(1 MiB), got {value!r}")
+    return None
+
+
 def align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..io.files import align_up
+from ..io.files import align_up, alignment_problem
 from ..store.layout import combined_file_name, separate_file_name
 
 Mode = Literal["embedded", "separate", "combined"]
@@ -50,8 +50,9 @@ class LayoutPlan:
 
 
 def check_alignment(alignment: int) -> None:
-    if alignment < 1 or alignment & (alignment - 1):
-        raise ValueError(f"alignment must be a power of two, got {alignment}")
+    problem = alignment_problem(alignment)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def plan_layout(stem: str, payloads: Sequence[tuple[str, int]], mode: Mode,

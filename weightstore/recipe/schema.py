@@ -29,7 +29,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ..errors import RecipeError
-from ..io.files import atomic_write_bytes
+from ..io.files import MAX_ALIGNMENT, alignment_problem, atomic_write_bytes
 from .file import RECIPE_SIZE_LIMIT, read_recipe_file
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
@@ -150,7 +150,9 @@ class Layout(_Model):
     alignment: int = Field(
         512,
         ge=1,
-        description="Byte alignment of each weight in external files; a power of two.",
+        description="Byte alignment of each weight in external files; a power of two "
+        f"from 1 to {MAX_ALIGNMENT} (1 MiB).",
+        json_schema_extra={"maximum": MAX_ALIGNMENT},
     )
     size_threshold: int = Field(
         1024,
@@ -191,8 +193,9 @@ class Layout(_Model):
     @field_validator("alignment")
     @classmethod
     def _power_of_two(cls, value: int) -> int:
-        if value < 1 or value & (value - 1):
-            raise ValueError("alignment must be a power of two (1, 2, 4, ... 512, 4096)")
+        problem = alignment_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 

@@ -26,7 +26,7 @@ from .objects import StoredObject
 if TYPE_CHECKING:
     from .store import WeightStore
 
-MAX_ALIGNMENT = 4096
+KEPT_ALIGNMENT = 4096  # the largest alignment compaction keeps (a store file's, not a package's)
 
 
 def compacted_name(file: str) -> str:
@@ -46,8 +46,8 @@ def alignment_of(objects: list[StoredObject]) -> int:
     for obj in objects:
         g = math.gcd(g, obj.offset)
     if g == 0:
-        return MAX_ALIGNMENT
-    return min(MAX_ALIGNMENT, g & -g)
+        return KEPT_ALIGNMENT
+    return min(KEPT_ALIGNMENT, g & -g)
 
 
 def compact_file(store: WeightStore, file: str) -> dict[str, Any]:

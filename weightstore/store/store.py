@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import REPAIR_HINT, IntegrityError, StoreError
 from ..io.digests import digest_bytes, split_key
-from ..io.files import NotRegularFileError, open_regular, read_exact
+from ..io.files import NotRegularFileError, alignment_problem, open_regular, read_exact
 from . import leases
 from .index import INDEX_NAME, Index
 from .layout import (
@@ -652,8 +652,9 @@ def _check_put_args(kind: str, combined_name: str | None, alignment: int,
     """Validate before locking; return the combined file name (None for per-weight)."""
     if type(jobs) is not int or jobs < 1:
         raise ValueError(f"jobs must be a positive integer (got {jobs!r})")
-    if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
-        raise ValueError(f"alignment must be a power of two (got {alignment!r})")
+    problem = alignment_problem(alignment)
+    if problem is not None:
+        raise ValueError(problem)
     if kind == "separate":
         if combined_name is not None:
             raise ValueError("combined_name applies only to kind='combined'")
