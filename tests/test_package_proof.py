@@ -95,6 +95,8 @@ def test_verify_says_what_it_proved(project: Path, capsys) -> None:
     assert doc["ok"] is True and doc["proven"] == "internal-consistency"
     assert main(["verify", str(folder)]) == 0
     assert "internal consistency only" in capsys.readouterr().out
+    assert main(["verify", str(folder), "--store", str(store) + "-typo"]) == 2
+    assert "no store at this path" in capsys.readouterr().err
 
     tamper_consistently(folder)
     assert main(["verify", str(folder), "--store", str(store), "--json"]) == 1

@@ -69,8 +69,13 @@ def run_verify(args: argparse.Namespace) -> int:
     from ..progress import requested
     from ..store.location import resolve_store_path
 
+    store = resolve_store_path(args.store, None)
+    if args.store and not store.is_dir():  # a mistyped --store would prove nothing
+        from ..errors import StoreError
+
+        raise StoreError("no store at this path", path=str(store))
     report = verify_package(args.package, jobs=args.jobs, progress=requested(args),
-                            store=resolve_store_path(args.store, None))
+                            store=store)
     if args.json:
         _print_json(report.to_dict())
     else:
