@@ -472,3 +472,127 @@ def test_a_stamped_up_to_date_build_registers_a_missing_root(
     again = build(recipe, BuildOptions(store=str(store_dir), jobs=2))
     assert again.packages[0].status == "built" and converted == []  # from the store
     assert check_package(package_of(recipe), verify=True).ok
+
+
+# -- lock files of combined files ---------------------------------------------------------
+
+
+def combined_locks(store: WeightStore) -> set[str]:
+    return {n for n in os.listdir(store.root / "locks") if n.endswith("_weight_combined.lock")}
+
+
+def combined_files(store: WeightStore) -> set[str]:
+    return {n for n in os.listdir(store.root) if n.endswith("_weight_combined")}
+
+
+def test_a_combined_files_lock_file_goes_with_the_file(tmp_path: Path) -> None:
+    """Each compaction left the lock file of the file it removed, and so did gc's removal
+    of an emptied combined file: 50 lock files for 3 live files. Now a lock file is
+    removed (while held) with its file."""
+    store = WeightStore(tmp_path / "store")
+    folder = tmp_path / "pkg"
+    fake_summary(folder, "fp")
+    kept: list[BytesPayload] = []
+    for n in range(6):
+        ps = payloads(*[(f"r{n}p{i}", 700) for i in range(4)])
+        store.put(ps, kind="combined", combined_name="m", alignment=64)
+        kept = [*kept[-1:], ps[0]]  # the two last rounds' first payloads stay live
+        store.register_root(RootRecord("p", "1", "l", str(folder), "fp"),
+                            [p.key for p in kept])
+        result = store.plan_gc(compact_ratio=0.3).execute(store)
+        assert result.compacted and result.skipped == []
+        assert combined_locks(store) <= {f"{f}.lock" for f in combined_files(store)}
+    assert len(combined_files(store)) == 2
+    assert not [n for n in os.listdir(store.root / "locks") if n.endswith(".holder")]
+    assert store.verify().ok
+    for p in kept:
+        assert store.read(store.lookup(p.key)) == p.data
+
+
+HOLD_LOCK = r"""
+import sys, time
+from pathlib import Path
+from weightstore.store import WeightStore
+store = WeightStore(sys.argv[1])
+Path(sys.argv[3]).write_text("waiting")
+with store.file_lock(sys.argv[2], timeout=30):
+    Path(sys.argv[3]).write_text("held")
+    time.sleep(60)
+"""
+
+
+def hold_in_another_process(tmp_path: Path, store: WeightStore, file: str,
+                            until: str = "held") -> subprocess.Popen:
+    """A process that takes (or waits for) the lock of ``file`` and keeps it; returned once
+    its state file says ``until``."""
+    state = tmp_path / f"state_{file}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(store.root), file,
+                             str(state)], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not (state.exists() and state.read_text() == until):
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return proc
+
+
+TAKE_TURNS = r"""
+import sys, time
+from pathlib import Path
+from weightstore.store import WeightStore
+store, counter = WeightStore(sys.argv[1]), Path(sys.argv[2])
+for _ in range(int(sys.argv[3])):
+    with store.file_lock("x_weight_combined", timeout=60):
+        value = int(counter.read_text())
+        time.sleep(0.0005)  # a read-modify-write that overlaps if two hold the lock
+        counter.write_text(str(value + 1))
+"""
+
+
+def test_a_combined_files_lock_stays_exclusive_while_its_file_is_removed(
+        tmp_path: Path) -> None:
+    """The unlink-while-locked race: the lock file of an absent combined file is removed on
+    every release, so waiters keep finding it removed under them; a waiter must then take
+    the lock at the path again, never hold one nobody else sees."""
+    store = WeightStore(tmp_path / "store")
+    store.put([], kind="separate")
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [subprocess.Popen([sys.executable, "-c", TAKE_TURNS, str(store.root),
+                               str(counter), "40"], env=env) for _ in range(3)]
+    assert [p.wait(120) for p in procs] == [0, 0, 0]
+    assert counter.read_text() == "120"  # no two processes ever held it at once
+    assert combined_locks(store) == set()
+
+
+@pytest.mark.parametrize("command", ["gc", "repair"])
+def test_gc_and_repair_sweep_lock_files_of_combined_files_that_are_gone(
+        tmp_path: Path, command: str) -> None:
+    store = WeightStore(tmp_path / "store")
+    ps = payloads(("a", 600))
+    store.put(ps, kind="combined", combined_name="m")
+    fake_summary(tmp_path / "pkg", "fp")
+    store.register_root(RootRecord("p", "1", "l", str(tmp_path / "pkg"), "fp"), [ps[0].key])
+    locks = store.root / "locks"
+    for n in range(3):  # left by earlier versions, or by a kill between the two unlinks
+        (locks / f"gone{n}.c0000000{n}_weight_combined.lock").touch()
+    (locks / "gone0.c00000000_weight_combined.lock.holder").write_text("{}")
+    (locks / "m_weight_combined.lock").touch()  # its file exists: kept
+    (locks / "0123abcd.lock").touch()  # a package folder's lock: not a combined file's
+    holder = hold_in_another_process(tmp_path, store, "busy_weight_combined")
+    try:
+        if command == "gc":
+            assert main(["store", "gc", "--store", str(store.root)]) == 0
+        else:
+            assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 0
+        left = set(os.listdir(locks))
+        assert not {n for n in left if n.startswith("gone")}
+        assert {"m_weight_combined.lock", "0123abcd.lock", "busy_weight_combined.lock"} <= left
+    finally:
+        holder.kill()
+        holder.wait(30)
+    store.plan_gc().execute(store)
+    assert "busy_weight_combined.lock" not in os.listdir(locks)
+    assert store.read(store.lookup(ps[0].key)) == ps[0].data

@@ -409,6 +409,8 @@ def _cmd_store_repair(store: Any, args: argparse.Namespace) -> int:
         print(f"restored: {name} (created again in the index, every row kept)")
     for name in report.removed_temps:
         print(f"removed temp file: {name} (left by an interrupted write)")
+    for name in report.removed_locks:
+        print(f"removed lock file: locks/{name} (its combined file is gone)")
     if report.restored_marker:
         print("restored: meta.json (the format 2 marker; what it held, if anything, is "
               "kept as meta.json.broken)")

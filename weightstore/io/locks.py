@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,8 @@ class _Replaced(Exception):
 
 @contextlib.contextmanager
 def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: str,
-              *, removable: bool = False) -> Iterator[Path]:
+              *, removable: bool = False,
+              remove_if: Callable[[], bool] | None = None) -> Iterator[Path]:
     """Hold ``path`` exclusively (negative timeout: wait forever).
 
     The lock file gets an ordinary file's mode (0666 less the umask), so every user who may
@@ -49,10 +50,15 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
     would else hold a lock nobody else sees). flock locks the file, not its name, so this
     check is what makes removal safe; filelock exposes the locked descriptor for it through
     ``on_acquired`` (filelock 4). With an older filelock the file is kept.
+
+    ``remove_if``: for locks named after something that may go away (a combined store
+    file): the lock file is removed on release, while still held, when ``remove_if()``
+    says so (the thing it protects is gone), and every taker makes the same check as for
+    ``removable``. Removal is safe whatever ``remove_if`` answers; it only decides when.
     """
     from filelock import Timeout  # imported on first use: it costs ~35 ms
 
-    lock, removing = _new_lock(path, removable)
+    lock, checked = _new_lock(path, removable or remove_if is not None)
     start = time.monotonic()
     while True:
         left = float("inf") if timeout < 0 else timeout - (time.monotonic() - start)
@@ -81,14 +87,25 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
     finally:
         with contextlib.suppress(OSError):
             os.unlink(holder)
-        if removing:
+        if checked and (removable or _asks_removal(remove_if)):
             with contextlib.suppress(OSError):
                 os.unlink(path)  # while still held: see the docstring
         lock.release()
 
 
+def _asks_removal(remove_if: Callable[[], bool] | None) -> bool:
+    """``remove_if()``; False when there is none or it cannot tell (an OSError)."""
+    if remove_if is None:
+        return False
+    try:
+        return remove_if()
+    except OSError:
+        return False
+
+
 def _new_lock(path: Path, removable: bool) -> tuple[Any, bool]:
-    """A FileLock, and whether its file may be removed on release."""
+    """A FileLock, and whether its file may be removed on release (every acquisition then
+    checks that it locked the file at the path)."""
     from filelock import FileLock
 
     if not removable:

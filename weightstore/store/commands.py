@@ -145,6 +145,8 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
         print(f"skipped {c['file']}: {c['reason']}")
     for name in result.removed_temps:
         print(f"removed stale temp file {name}")
+    for name in result.removed_locks:
+        print(f"removed lock file locks/{name} (its combined file is gone)")
     _damaged_note(plan.damaged_rows)
     print(f"dropped {result.dropped_roots} root(s), deleted {result.deleted_objects} objects "
           f"and {len(result.deleted_files)} files, freed {_mb(result.freed_bytes)} "

@@ -11,7 +11,8 @@ files); :func:`plan_gc` turns them into a frozen :class:`GcPlan` without any I/O
    root or leased a key since the plan was made keeps it);
 3. per-weight files and orphans no row refers to are unlinked (:mod:`.sweep`);
 4. combined files whose garbage passes the threshold are compacted (:mod:`.compact`);
-5. temp files no live writer can own are removed.
+5. temp files no live writer can own are removed, and so are the lock files of combined
+   files that no longer exist (:func:`.sweep.remove_stale_locks`).
 
 Safety against concurrent builds comes from **leases**, not from a grace period: a build
 holds every key it has decided to reuse from the transaction that located it until its
@@ -35,7 +36,13 @@ from . import roots as roots_mod
 from .index import batched, marks, row_object
 from .layout import kind_of, scan
 from .objects import StoredObject
-from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced
+from .sweep import (
+    oldest_live_lease,
+    remove_stale_locks,
+    remove_temps,
+    stale_temps,
+    unlink_unreferenced,
+)
 
 if TYPE_CHECKING:
     from .roots import Root
@@ -111,6 +118,7 @@ class GcResult:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     removed_temps: list[str] = field(default_factory=list)
     freed_bytes: int = 0
+    removed_locks: list[str] = field(default_factory=list)  # of combined files now gone
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +219,7 @@ def execute(plan: GcPlan, store: WeightStore,
             (result.compacted if outcome.get("new_file") else result.skipped).append(outcome)
             result.freed_bytes += outcome.get("freed_bytes", 0)
         result.removed_temps = remove_temps(store, plan.temps)
+        result.removed_locks = remove_stale_locks(store)
     return result
 
 

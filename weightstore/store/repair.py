@@ -6,7 +6,8 @@ verified, so that the next build sees their keys as missing and writes them agai
 sources. Nothing is rewritten here: the store holds no other copy of a payload. A
 per-weight file is deleted once no row refers to it (:mod:`.sweep`); a damaged range of a
 combined file is only unindexed, and compaction reclaims it. A range this user may not
-read is never treated as damage. Temp files no live writer can own are removed.
+read is never treated as damage. Temp files no live writer can own are removed, and so are
+the lock files of combined files that no longer exist.
 
 A damaged row of the other tables goes the same way (see :func:`repair_tables`): a root
 or a lease that cannot be what a build writes is dropped with its keys, a key row that
@@ -35,7 +36,13 @@ from .index import MalformedRow, shown
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .meta import is_marker
 from .objects import StoredObject
-from .sweep import oldest_live_lease, remove_temps, stale_temps, unlink_unreferenced
+from .sweep import (
+    oldest_live_lease,
+    remove_stale_locks,
+    remove_temps,
+    stale_temps,
+    unlink_unreferenced,
+)
 from .verify import VerifyReport, verify_store
 
 if TYPE_CHECKING:
@@ -73,6 +80,7 @@ class RepairReport:
     fixed_rows: tuple[RowFix, ...] = ()
     restored_schema: tuple[str, ...] = ()  # tables, indexes, columns created again
     restored_marker: bool = False  # meta.json written again (the old one: meta.json.broken)
+    removed_locks: tuple[str, ...] = ()  # lock files of combined files that are gone
 
     @property
     def ok(self) -> bool:
@@ -92,6 +100,7 @@ class RepairReport:
             "fixed_rows": [f.to_dict() for f in self.fixed_rows],
             "restored_schema": list(self.restored_schema),
             "restored_marker": self.restored_marker,
+            "removed_locks": list(self.removed_locks),
             "remaining": self.remaining.to_dict(),
         }
 
@@ -144,12 +153,14 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
              and o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
     deleted = unlink_unreferenced(store, files)
     temps = remove_temps(store, stale_temps(store, oldest_live_lease(store)))
+    locks = remove_stale_locks(store)
     marker = store.index.refresh_marker()
     remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed
     return RepairReport(root=str(store.root), found=found, dropped=tuple(dropped),
                         deleted_files=tuple(sorted(deleted)), remaining=remaining,
                         removed_temps=tuple(temps), rebuilt=rebuilt, restored_marker=marker,
-                        fixed_rows=tuple(fixed), restored_schema=tuple(restored))
+                        fixed_rows=tuple(fixed), restored_schema=tuple(restored),
+                        removed_locks=tuple(locks))
 
 
 def restore_schema(store: WeightStore) -> list[str]:

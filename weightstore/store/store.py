@@ -375,16 +375,22 @@ class WeightStore:
             return False
 
     def file_lock(self, file: str, timeout: float | None = None, *, removable: bool = False):
-        """The lock of one combined file: appends and compaction of it take turns.
+        """The lock of one combined file: appends and compaction of it take turns. Its
+        lock file is removed on release when the combined file no longer exists (compacted
+        away, or emptied by gc), so ``locks/`` does not grow with every compaction; every
+        taker checks that it locked the file at the path (see
+        :func:`weightstore.io.locks.file_lock`), which makes the removal safe.
         ``removable``: a lock of something transient (one blob being pulled), whose file
-        goes when it is released (see :func:`weightstore.io.locks.file_lock`)."""
+        goes whenever it is released."""
         from ..io.locks import file_lock
 
         folder = self.root / LOCKS_DIR
         folder.mkdir(exist_ok=True)
+        path = self.root / file
         return file_lock(folder / f"{file}.lock",
                          self.lock_timeout if timeout is None else timeout, StoreError,
-                         f"store file {file}", removable=removable)
+                         f"store file {file}", removable=removable,
+                         remove_if=None if removable else lambda: not os.path.lexists(path))
 
     # -- reading -----------------------------------------------------------------------
 

@@ -63,6 +63,37 @@ def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
     return deleted
 
 
+def remove_stale_locks(store: WeightStore) -> list[str]:
+    """Remove the lock files of combined files that no longer exist (left by a
+    weightstore that kept them, or by a kill between a file's removal and its lock
+    file's); returns their names. Each is taken without waiting and removed while held
+    (:meth:`WeightStore.file_lock` removes the lock file of an absent combined file on
+    release, and every taker checks it locked the file at the path); one another process
+    holds or waits for is left for the next sweep. Other locks (gc's, package folders',
+    a pull's) are never touched."""
+    from ..io.locks import LOCKS_DIR
+
+    folder = store.root / LOCKS_DIR
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for name in names:
+        file = name.removesuffix(".lock")
+        if (file == name or not is_safe_component(file) or kind_of(file) != "combined"
+                or os.path.lexists(store.root / file)):
+            continue
+        try:
+            with store.file_lock(file, timeout=0):
+                pass
+        except StoreError:
+            continue  # held: its holder removes it, or the next sweep does
+        if not os.path.lexists(folder / name):
+            removed.append(name)
+    return removed
+
+
 def stale_temps(store: WeightStore, oldest_writer: float | None) -> list[str]:
     """Temp files no live writer can still be writing: untouched for
     :data:`STALE_TEMP_SECONDS` and older than the oldest live lease; in the store root and
