@@ -126,6 +126,11 @@ def test_unlisted_files_and_links_are_refused(package: Path, registry, tmp_path:
     model.symlink_to(tmp_path / "elsewhere.onnx")
     _refused(package, registry, "proof/link", tmp_path / "fresh-store", capsys,
              PackageError, "regular files")
+    model.unlink()
+    shutil.copyfile(tmp_path / "elsewhere.onnx", model)
+    (package / "linked").symlink_to(tmp_path)  # a folder link: never followed, never skipped
+    _refused(package, registry, "proof/dirlink", tmp_path / "fresh-store", capsys,
+             PackageError, "regular files")
 
 
 def test_an_intact_package_still_pushes(built: Path, package: Path, registry) -> None:

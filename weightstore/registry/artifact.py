@@ -96,10 +96,15 @@ def plan_package(folder: Path, summary: Mapping[str, Any], files: list[str]) -> 
 
 def list_files(folder: Path) -> list[str]:
     """Every regular file below ``folder`` ('/'-separated); hidden names are build
-    leftovers and locks, never part of a package. Symlinks are refused."""
+    leftovers and locks, never part of a package. Symlinks are refused, to folders too
+    (``os.walk`` would neither follow nor show them)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in dirnames:
+            if (Path(dirpath) / name).is_symlink():
+                raise PackageError("package folders hold only regular files",
+                                   file=str(Path(dirpath) / name))
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
