@@ -9,6 +9,7 @@ elsewhere it is another process of the same user, which can do no less.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,8 +26,9 @@ import pytest
 
 from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
+from weightstore.io import files as fsio
 from weightstore.package.check import check_package
-from weightstore.store import WeightStore
+from weightstore.store import BytesPayload, RootRecord, WeightStore
 from weightstore.store.index import INDEX_NAME
 
 from .helpers import assert_ge_reads_keys
@@ -36,6 +38,7 @@ from .test_build import write_recipe
 COMBINED = "\n  - {name: c, external_weight: combined, size_threshold: 256}\n"
 REF = "pkg/1.0.0/c"
 OTHER_UID = 54321
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -45,10 +48,12 @@ def shared(tmp_path: Path) -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="ws-shared-"))
     os.chmod(folder, 0o777)
     mask = os.umask(0)
+    fsio._umask.cache_clear()  # read once per process: this test changes it
     try:
         yield folder
     finally:
         os.umask(mask)
+        fsio._umask.cache_clear()
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -189,3 +194,102 @@ def test_another_user_tampering_with_a_shared_store(built: dict, what: str, tmp_
     assert_ge_reads_keys(store, json.loads(ge.read_bytes()))
     assert run_store(built, output) == 0
     assert_outputs(built, output)
+
+
+# -- a full disk during gc's compaction and store verify --repair ---------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs, where this user may mount one (root); unmounted afterwards."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` but for about ``leave`` bytes."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 65536)
+    finally:
+        os.close(fd)
+    os.truncate(filler, max(0, filler.stat().st_size - leave))
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "weightstore", *argv], capture_output=True,
+                          text=True, timeout=120, check=False, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def store_on(disk: Path, damaged: bool = False) -> tuple[WeightStore, list[BytesPayload]]:
+    """A store with a 2 MB combined file of which a root keeps 4 payloads (the rest is
+    garbage: gc compacts it), three per-weight objects, the second damaged if asked."""
+    store = WeightStore(disk / "store")
+    combined = [BytesPayload.of(os.urandom(200_000)) for _ in range(10)]
+    store.put(combined, kind="combined", combined_name="m", alignment=4096)
+    separate = [BytesPayload.of(os.urandom(100_000)) for _ in range(3)]
+    store.put(separate, kind="separate")
+    package = disk / "pkg"
+    package.mkdir()
+    (package / "summary.json").write_text(json.dumps({"fingerprint": "fp"}))
+    live = [*combined[:4], *separate]
+    store.register_root(RootRecord("p", "1", "l", str(package), "fp"), [p.key for p in live])
+    if damaged:
+        path = store.path_of(store.lookup(separate[1].key))
+        os.chmod(path, 0o644)
+        data = bytearray(path.read_bytes())
+        data[5] ^= 1
+        path.write_bytes(data)
+    store.index.close()
+    return store, live
+
+
+@pytest.mark.parametrize(("command", "leave"), [
+    ("gc", 0),  # the index's first write fails
+    ("gc", 128 * 1024),  # the rows go; the copy of the live ranges does not fit
+    ("repair", 0),
+])
+def test_a_full_disk_during_gc_or_repair_is_one_line_and_the_store_stays_sound(
+        small_disk: Path, command: str, leave: int) -> None:
+    store, live = store_on(small_disk, damaged=command == "repair")
+    before = sorted(os.listdir(store.root))
+    fill(small_disk, leave)
+    argv = ["store", "gc"] if command == "gc" else ["store", "verify", "--repair"]
+    done = cli(*argv, "--store", str(store.root))
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (done.stdout, done.stderr)
+    assert lines[0].startswith("weightstore: error: ") and str(store.root) in lines[0]
+    assert "full" in lines[0] or "No space" in lines[0]
+    # nothing half-done: no temp file left, every live payload intact (read once there is
+    # space again: a reader needs a block for SQLite's shared-memory file)
+    assert not [n for n in os.listdir(store.root) if n.startswith(".")]
+    os.unlink(small_disk / "filler")
+    report = store.verify()
+    assert [p.kind for p in report.problems] == (["digest_mismatch"] if command == "repair"
+                                                 else [])
+    for p in live:
+        if command != "repair" or p is not live[5]:
+            assert store.read(store.lookup(p.key)) == p.data
+    assert set(os.listdir(store.root)) <= {*before, "index.sqlite-wal", "index.sqlite-shm"}
+    # with space again, the same command completes and the store verifies
+    done = cli(*argv, "--store", str(store.root))
+    assert done.returncode == 0, done.stderr
+    final = store.verify()
+    assert final.ok and not [w for w in final.warnings if w.kind != "temp_file"]
+    if command == "gc":
+        assert "compacted m_weight_combined" in done.stdout
+    store.index.close()

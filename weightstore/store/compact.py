@@ -17,9 +17,16 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, StoreError
 from ..io.digests import digest_fd, split_key
-from ..io.files import align_up, copy_range, file_mode, fsync_dir, open_regular
+from ..io.files import (
+    WRITE_ERRNOS,
+    align_up,
+    copy_range,
+    file_mode,
+    fsync_dir,
+    open_regular,
+)
 from .layout import COMBINED_SUFFIX
 from .objects import StoredObject
 
@@ -127,7 +134,14 @@ def _copy_live(store: WeightStore, file: str, objects: list[StoredObject], new_n
         tmp = ""
         fsync_dir(store.root)
         return placed
-    except (OSError, IntegrityError) as exc:
+    except OSError as exc:
+        if exc.errno in WRITE_ERRNOS:  # every later compaction would fail alike: stop gc
+            raise StoreError(f"cannot compact {file}: {exc.strerror} while writing its "
+                             f"{sum(o.size for o in objects)} live bytes to a new file; "
+                             f"gc stopped, the file and its rows are unchanged",
+                             path=str(store.root / new_name)) from exc
+        return f"cannot copy: {exc}"
+    except IntegrityError as exc:
         return f"cannot copy: {exc}"
     finally:
         if fd >= 0:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ..errors import IntegrityError, StoreError
 from ..io.digests import ALGORITHMS, HEX_LENGTH, split_key
-from ..io.files import file_mode
+from ..io.files import WRITE_ERRNOS, file_mode
 from .layout import LOCK_NAME, META_NAME, is_safe_component
 from .objects import MAX_INT, StoredObject
 
@@ -255,6 +255,28 @@ def malformed_key_rows(conn: sqlite3.Connection, table: str, owner: str,
     return found
 
 
+SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes: the OS failed, not the file
+
+
+def not_damage(exc: BaseException) -> bool:
+    """Did ``exc`` come from SQLite failing to read or write (an I/O error, a full
+    disk: an index that opens fine once there is space), rather than from the file?"""
+    cause = exc.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(cause, sqlite3.Error) and type(code) is int:
+        return code & 0xFF in (SQLITE_IOERR, SQLITE_FULL)
+    return isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS
+
+
+def disk_is_full(folder: os.PathLike[str] | str) -> bool:
+    """No block left for this user on ``folder``'s file system (a new index, its journal
+    or even a reader's shared-memory file could not be written)."""
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except (OSError, AttributeError):
+        return False
+
+
 EXACT_FLOAT = 2**53  # below it, SQLite's total() of integers is exact
 
 
@@ -287,7 +309,9 @@ class Index:
             # checkpoints run after the write transaction, not inside its COMMIT
             conn.execute("PRAGMA wal_autocheckpoint=0")
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open the store index: {exc}", path=str(self.path)) from exc
+            full = " (the disk is full)" if disk_is_full(self.root) else ""
+            raise StoreError(f"cannot open the store index: {exc}{full}",
+                             path=str(self.path)) from exc
         self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 

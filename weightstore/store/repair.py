@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import StoreError
 from ..io.digests import ALGORITHMS, digest_file, make_key
 from ..io.files import open_regular
-from .index import MalformedRow, shown
+from .index import MalformedRow, disk_is_full, not_damage, shown
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .meta import is_marker
 from .objects import StoredObject
@@ -236,6 +236,10 @@ def refuse_unless_lost(store: WeightStore, exc: StoreError) -> None:
     version = exc.context.get("format_version")
     if type(version) is int and version > FORMAT_VERSION:
         raise exc
+    if not_damage(exc) or disk_is_full(store.root):
+        raise StoreError(f"{exc.message}; a full or failing disk is not damage of the "
+                         f"index, so nothing was changed: free space and run the repair "
+                         f"again", path=str(store.index.path)) from exc
     for name in (store.index.path.name, store.index.path.name + "-wal",
                  store.index.path.name + "-shm", store.meta_path.name):
         path = store.root / name
