@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -293,3 +294,108 @@ def test_a_full_disk_during_gc_or_repair_is_one_line_and_the_store_stays_sound(
     if command == "gc":
         assert "compacted m_weight_combined" in done.stdout
     store.index.close()
+
+
+# -- kill -9 during compaction while other processes read -----------------------------------
+
+
+READER = r"""
+import json, sys
+from pathlib import Path
+import numpy as np
+import weightstore
+from weightstore.errors import WeightstoreError
+from weightstore.load import WeightManager
+store, inputs, expected, stop, log = sys.argv[1:6]
+with np.load(inputs) as f:
+    feed = {k: f[k] for k in f.files}
+with np.load(expected) as f:
+    want = [f[k] for k in f.files]
+seen = {"ok": 0, "wrong": 0, "errors": []}
+Path(log + ".started").write_text("")
+while not Path(stop).exists() or not seen["ok"]:
+    try:
+        with weightstore.resolve("pkg/1.0.0/c", store=store) as r:
+            got = weightstore.load(r, manager=WeightManager()).run(None, feed)
+    except WeightstoreError as exc:  # a clean error: typed, one message
+        seen["errors"].append(f"{type(exc).__name__}: {exc.message}")
+        continue
+    if all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)):
+        seen["ok"] += 1
+    else:
+        seen["wrong"] += 1
+Path(log).write_text(json.dumps(seen))
+"""
+
+
+def test_kill_9_during_compaction_while_other_processes_load_from_the_store(
+        tmp_path: Path) -> None:
+    """Readers resolving and loading a build by store reference, in two processes, while gc
+    compacts the combined file they read and is killed at each step (before the copy,
+    with the new file written but the rows not swapped, with the rows swapped but the old
+    file not yet removed): every load gives the right outputs or a typed error, the store
+    verifies after every kill, and a last gc completes."""
+    import weightstore
+    from weightstore.load import WeightManager
+
+    from .test_store_gc import GC, run_until_killed
+
+    model = make_encoder(seed=5, hidden=32, layers=1)
+    source = tmp_path / "m.onnx"
+    onnx.save_model(model, str(source))
+    store_dir = tmp_path / "store"
+    build(write_recipe(tmp_path, {"m": source}, COMBINED), BuildOptions(store=str(store_dir),
+                                                                        jobs=2))
+    store = WeightStore(store_dir)
+    (combined,) = {o.file for o in store.objects() if o.kind == "combined"}
+    feed = sample_inputs(model)
+    np.savez(tmp_path / "in.npz", **feed)
+    with weightstore.resolve(REF, store=store_dir) as r:
+        expected = weightstore.load(r, manager=WeightManager()).run(None, feed)
+    np.savez(tmp_path / "want.npz", *expected)
+    stop, env = tmp_path / "stop", {**os.environ, "PYTHONPATH": str(REPO)}
+    logs = [tmp_path / f"reader{n}.json" for n in range(2)]
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(store_dir),
+                                 str(tmp_path / "in.npz"), str(tmp_path / "want.npz"),
+                                 str(stop), str(log)], env=env) for log in logs]
+    try:
+        for log in logs:
+            wait_for(Path(f"{log}.started"), readers)
+        for step, (func, before) in enumerate([
+                ("_copy_live", "pass"),
+                ("_copy_live", "real(*args, **kwargs)"),
+                ("fsync_dir", "real(*args, **kwargs)")]):
+            # garbage in the file the readers read, so that gc compacts it
+            name = combined.removesuffix("_weight_combined").split(".c")[0]
+            store.put([BytesPayload.of(os.urandom(300_000)) for _ in range(2)],
+                      kind="combined", combined_name=name)
+            (tmp_path / f"ready_{func}").unlink(missing_ok=True)
+            run_until_killed(tmp_path, "compact", func, GC, str(store_dir), before)
+            report = store.verify()
+            assert report.ok, (step, report.problems)
+    finally:
+        stop.write_text("")
+        codes = [p.wait(120) for p in readers]
+    assert codes == [0, 0]
+    results = [json.loads(log.read_text()) for log in logs]
+    assert all(r["ok"] and not r["wrong"] for r in results), results
+    for r in results:  # a load that lost its file to compaction says so, typed
+        assert all(e.startswith(("IntegrityError", "LoadError", "ResolutionError"))
+                   for e in r["errors"]), r["errors"]
+    result = store.plan_gc(compact_ratio=0.1).execute(store)
+    assert result.skipped == [] and result.compacted
+    final = store.verify()
+    assert final.ok and not [w for w in final.warnings if w.kind != "temp_file"]
+    with weightstore.resolve(REF, store=store_dir) as r:
+        got = weightstore.load(r, manager=WeightManager()).run(None, feed)
+    for g, w in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, w)
+    store.index.close()
+
+
+def wait_for(path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert all(p.poll() is None for p in procs)
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
