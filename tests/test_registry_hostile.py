@@ -32,6 +32,7 @@ from weightstore.errors import (
 from weightstore.registry import client as client_module
 from weightstore.registry.artifact import (
     FILEPATH,
+    PAYLOAD,
     ParsedArtifact,
     parse_assembly,
     parse_manifest,
@@ -367,3 +368,78 @@ def test_a_redirect_body_is_never_read() -> None:
           pytest.raises(RegistryError, match="not found")):
         RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
     assert sum(sent) < 256 << 20  # the client hung up long before the 1 GiB body ended
+
+
+# -- digests the store remembers -----------------------------------------------------------
+
+def _payload_layers(manifest: dict) -> dict[str, dict]:
+    return {x["annotations"][PAYLOAD]: x for x in manifest["layers"]
+            if PAYLOAD in (x.get("annotations") or {})}
+
+
+def _served_keys(host: str, reference: str) -> dict[str, str]:
+    """For every payload layer of ``reference``'s manifest, the store key of the bytes a
+    plain GET of its blob serves (blake3, as the store's keys)."""
+    from weightstore.io.digests import make_key, new_hasher, split_key
+
+    ref = parse_reference(reference)
+    client = RegistryClient(host)
+    out = {}
+    for key, layer in _payload_layers(json.loads(client.get_manifest(ref)[0])).items():
+        h = new_hasher(split_key(key)[0])
+        with client.open_blob(ref, layer["digest"]) as resp:
+            for data in resp.iter_content(1 << 16):
+                h.update(data)
+        out[key] = make_key(split_key(key)[0], h.hexdigest())
+    return out
+
+
+@needs_registry
+def test_a_swapped_payload_digest_never_reaches_a_later_push(pushed, tmp_path) -> None:
+    """A hostile tag names, for one payload the store already holds, the layer of another
+    payload of the same size. The pull takes that payload from the store and never sees
+    those bytes, so it must not remember the pair; a later push of the real package must
+    publish, for every payload, a blob that serves that payload's bytes."""
+    host, _, manifest = pushed
+    store = WeightStore(tmp_path / "store")
+    pull(f"{host}/pk/a:1", tmp_path / "real", store=store)  # every payload in the store
+    layers = _payload_layers(manifest)
+    a, b = next((x, y) for x in sorted(layers) for y in sorted(layers)
+                if x != y and layers[x]["size"] == layers[y]["size"])
+    doc = json.loads(json.dumps(manifest))
+    _payload_layers(doc)[a]["digest"] = layers[b]["digest"]
+    ref = parse_reference(f"{host}/pk/a:swapped")
+    RegistryClient(host, push=True).put_manifest(ref, "swapped", json.dumps(doc).encode())
+    pull(str(ref), tmp_path / "other", store=store)  # what it wrote came from the store
+    target = f"{host}/pk/again:1"
+    push(tmp_path / "real", target, store=store)
+    served = _served_keys(host, target)
+    assert served == {k: k for k in served} and a in served
+    assert main(["pull", target, str(tmp_path / "again"), "--store",
+                 str(tmp_path / "fresh")]) == 0
+
+
+@needs_registry
+def test_a_pair_an_earlier_version_remembered_unproven_is_computed_again(pushed,
+                                                                         tmp_path) -> None:
+    """Rows signed without the proof that both digests came from the same bytes (as
+    earlier versions signed the digests a pull's manifest named) are not believed."""
+    import sqlite3
+
+    from weightstore.caches.mac import entry_mac
+
+    host, _, manifest = pushed
+    store = WeightStore(tmp_path / "store")
+    pull(f"{host}/pk/a:1", tmp_path / "real", store=store)
+    layers = _payload_layers(manifest)
+    a, b = next((x, y) for x in sorted(layers) for y in sorted(layers)
+                if x != y and layers[x]["size"] == layers[y]["size"])
+    wrong = layers[b]["digest"]
+    with sqlite3.connect(store.index.path) as conn:
+        conn.execute("UPDATE sha256_signed SET sha256 = ?, mac = ? WHERE key = ?",
+                     (wrong, entry_mac({"key": a, "sha256": wrong}), a))
+    target = f"{host}/pk/unproven:1"
+    report = push(tmp_path / "real", target, store=store)
+    assert report.hashed_bytes == layers[a]["size"]  # that row alone, computed again
+    served = _served_keys(host, target)
+    assert served == {k: k for k in served} and a in served

@@ -3,10 +3,13 @@
 ``sha256_signed(key, sha256, mac)``: a blake3-keyed store computes each payload's sha256
 (the registry's digest) once, while reading the bytes, and never again. A push that
 believes a wrong mapping would skip the upload (the registry already holds the blob it
-names) and publish an artifact whose layer holds other bytes, and the index sits in a
-store a group may share; so each row carries a MAC under the user's own key
-(:mod:`weightstore.caches.mac`), and a row that fails it (written by another user,
-edited, swapped) is computed again from the bytes. ``blob_repos(host, digest,
+names) or mount it, and publish an artifact whose layer holds other bytes. So a pair is
+remembered only when this process computed both digests over the same bytes (a push
+reading a payload, a pull downloading one), never from what a manifest claims; and as the
+index sits in a store a group may share, each row carries a MAC under the user's own key
+(:mod:`weightstore.caches.mac`) over the pair and that proof, so a row that fails it
+(written by another user, edited, swapped, or by a version that also remembered the
+digests a manifest named) is computed again from the bytes. ``blob_repos(host, digest,
 repository)``: the repositories a blob was pushed to or pulled from, so a push to another
 repository of the same registry mounts it instead of uploading it; a stale row only costs
 a failed mount, since a mount names the digest the push computed. Tables are created on
@@ -24,6 +27,7 @@ from ..errors import StoreError
 from ..store import WeightStore
 from ..store.index import batched, marks
 
+HASHED = "hashed-together"
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS sha256_signed ("
     "key TEXT PRIMARY KEY, sha256 TEXT NOT NULL, mac TEXT NOT NULL) WITHOUT ROWID",
@@ -54,8 +58,11 @@ def known_sha256(store: WeightStore, keys: Iterable[str]) -> dict[str, str]:
 
 
 def _signed(key: str, sha256: str) -> dict[str, str]:
-    """What a row's MAC covers: moving a digest to another key breaks it."""
-    return {"key": key, "sha256": sha256}
+    """What a row's MAC covers: moving a digest to another key breaks it. ``proof`` says
+    both digests were computed over the same bytes; rows signed without it (versions that
+    also remembered what a pull's manifest claimed for payloads it never downloaded) no
+    longer verify, so they are computed again."""
+    return {"key": key, "sha256": sha256, "proof": HASHED}
 
 
 def repositories(store: WeightStore, host: str, digests: Iterable[str]) -> dict[str, list[str]]:
@@ -86,8 +93,9 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
 def remember(store: WeightStore, *, sha256: dict[str, str] | None = None,
              host: str | None = None, repository: str | None = None,
              digests: Iterable[str] = ()) -> None:
-    """Record sha256 digests of keys and/or that ``repository`` holds ``digests``.
-    A store this user cannot write just does not remember."""
+    """Record sha256 digests of keys and/or that ``repository`` holds ``digests``. Every
+    pair in ``sha256`` must have been computed by this process over the same bytes as its
+    key. A store this user cannot write just does not remember."""
     rows = [(key, digest, mac) for key, digest in sorted((sha256 or {}).items())
             if (mac := entry_mac(_signed(key, digest))) is not None]
     repo_rows = sorted({(host, d, repository) for d in digests}) if host and repository else []

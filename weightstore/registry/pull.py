@@ -210,11 +210,11 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
             with store.leased():
                 plan = _plan_variant(client, ref, parsed, files, stage, report,
                                      device=device, scenario=scenario)
-                _fetch_and_assemble(client, ref, store, parsed, plan.wanted, report, jobs,
-                                    progress, plan.folder, plan.files)
-                digests.remember(store, sha256={k: d["digest"]
-                                                for k, d in parsed.payloads.items()},
-                                 host=ref.host, repository=ref.repository,
+                hashed = _fetch_and_assemble(client, ref, store, parsed, plan.wanted, report,
+                                             jobs, progress, plan.folder, plan.files)
+                # only the pairs this pull hashed: a payload taken from the store says
+                # nothing about the blob the manifest names for it
+                digests.remember(store, sha256=hashed, host=ref.host, repository=ref.repository,
                                  digests=[d["digest"] for d in parsed.payloads.values()])
                 if plan.summary is not None:
                     _check_contents(plan.folder, plan.summary, plan.files, plan.known, ref)
@@ -412,17 +412,18 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
 def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStore,
                         parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
                         jobs: int, progress: bool | None, folder: Path,
-                        files: list[WeightFile]) -> None:
+                        files: list[WeightFile]) -> dict[str, str]:
     """Fetch the missing payloads while the output's files are assembled from the store:
     a piece is copied (and re-hashed) as soon as its payload is in, so the copies overlap
-    the downloads that are still running."""
+    the downloads that are still running. Returns key -> sha256 of the payloads this pull
+    downloaded, both digests computed over the bytes it received."""
     arriving: dict[str, Future[StoredObject]] = {k: Future() for k in wanted}
     with ThreadPoolExecutor(1) as runner:
         assembling = runner.submit(assemble, store, folder, files, jobs=jobs,
                                    arriving=arriving)
         try:
-            _fetch_missing(client, ref, store, parsed, wanted, report, jobs, progress,
-                           arriving)
+            hashed = _fetch_missing(client, ref, store, parsed, wanted, report, jobs,
+                                    progress, arriving)
         except BaseException as exc:
             for future in arriving.values():
                 if not future.done():
@@ -435,17 +436,20 @@ def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightSto
         for key in settle:
             arriving[key].set_result(found.get(key))  # type: ignore[arg-type]
         assembling.result()
+    return hashed
 
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                    parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
                    jobs: int, progress: bool | None,
-                   arriving: dict[str, Future[StoredObject]]) -> None:
+                   arriving: dict[str, Future[StoredObject]]) -> dict[str, str]:
+    """Download what the store lacks; key -> sha256 of each payload downloaded."""
     from ..progress import Progress
 
     missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
+    hashed: dict[str, str] = {}
     if not missing:
-        return
+        return hashed
     store._make_root()
     adoption = _GroupAdoption(store)
 
@@ -453,6 +457,8 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
         received, obj = _fetch_payload(client, ref, store, key, parsed.payloads[key],
                                        adoption.adopt)
         if obj is not None:
+            # download() matched the sha256 and the key over the bytes it wrote
+            hashed[key] = parsed.payloads[key]["digest"]
             arriving[key].set_result(obj)  # its pieces are copied while others download
         return received
 
@@ -466,6 +472,7 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                 report.fetched_bytes += received
     finally:
         client.on_blob_bytes = None
+    return hashed
 
 
 class _GroupAdoption:
