@@ -13,6 +13,7 @@ from the recipe in a temporary folder with a fresh store and compares byte for b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -154,6 +155,7 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
         raise PackageError("a release holds one package version; these folders hold "
                            f"{len(identity)}", folders=", ".join(str(p.folder) for p in packages))
     epoch = source_date_epoch() if options.epoch is None else options.epoch
+    made = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
     # every file is made in a temp folder first: a failed release leaves the previous one
     # whole, never new archives beside old checksums
@@ -172,8 +174,12 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
         for name in [*(r.file_name for r in records), SUMS_NAME, PROVENANCE_NAME]:
             os.replace(tmp / name, output / name)
         fsync_dir(output)
+        made = False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if made:  # the folder this failed release made: nothing is left behind
+            with contextlib.suppress(OSError):
+                output.rmdir()
     return ReleaseResult(output, records)
 
 

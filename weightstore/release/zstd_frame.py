@@ -83,10 +83,16 @@ class Frame:
         if not len(data):
             return
         source = self._ffi.from_buffer(data)
-        self._in.src, self._in.size, self._in.pos = source, len(source), 0
-        while self._in.pos < self._in.size:
-            self._step(self._lib.ZSTD_e_continue)
-        self._in.src = self._ffi.NULL
+        try:
+            self._in.src, self._in.size, self._in.pos = source, len(source), 0
+            while self._in.pos < self._in.size:
+                self._step(self._lib.ZSTD_e_continue)
+        finally:
+            # the export of ``data`` ends here, also when the sink failed (a full disk):
+            # left to the garbage collector, a memoryview in the traceback's cycle would
+            # be cleared while still exported, and its buffer freed under libzstd's feet
+            self._in.src, self._in.size, self._in.pos = self._ffi.NULL, 0, 0
+            self._ffi.release(source)
 
     def close(self) -> None:
         """End the frame (libzstd checks that exactly ``size`` bytes came) and submit the
