@@ -23,6 +23,7 @@ from weightstore.resolve.kernels import CpuKernels, select_kernels
 from weightstore.resolve.packing_probe import packing_reused
 from weightstore.resolve.prepare import prepare
 from weightstore.resolve.prepared import IN_ORDER, PreparedOptions
+from weightstore.resolve.prepared_cache import sign_record
 from weightstore.resolve.runnable import runnable_variant
 from weightstore.store import WeightStore
 
@@ -91,7 +92,7 @@ def test_prepared_key_binds_every_part():
 def test_prepare_records_packed_weights_by_key_in_the_store(prepared):
     package, store = prepared
     record = json.loads((package / "prepared" / "cpu" / "encoder.json").read_text())
-    assert record["format_version"] == 1 and record["runtime"].startswith("onnxruntime")
+    assert record["format_version"] == 2 and record["runtime"].startswith("onnxruntime")
     assert record["objects"]
     ws = WeightStore(store)
     for obj in record["objects"]:
@@ -316,7 +317,7 @@ def _record_says(package, reused):
     path = package / "prepared" / "cpu" / "encoder.json"
     doc = json.loads(path.read_text())
     doc["packing_reused"] = reused
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(sign_record("cpu", "encoder", doc)))  # as prepare signs it
 
 
 def test_prepare_records_whether_the_runtime_reuses_packed_weights(prepared):
@@ -425,3 +426,104 @@ def test_corrupt_runtime_made_value_gives_up_the_companion(tmp_path):
         feed = sample_inputs(full)
         for a, b in zip(session.run(None, feed), run_onnxruntime(full, feed), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def _tamper_companion(package):
+    """Edit the companion graph as an attacker who can write the folder would (+5.0 on
+    every inline initializer, or a node's output renamed into another), then write its new
+    size and digest into the record so that the two agree."""
+    companion = package / "prepared" / "cpu" / "encoder.onnx"
+    graph = onnx.load(str(companion), load_external_data=False)
+    edited = 0
+    for t in graph.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL and t.data_type == TensorProto.FLOAT:
+            value = onnx.numpy_helper.to_array(t) + np.float32(5.0)
+            t.CopyFrom(onnx.numpy_helper.from_array(value.astype(np.float32), t.name))
+            edited += 1
+    assert edited
+    data = graph.SerializeToString()
+    companion.write_bytes(data)
+    path = companion.with_suffix(".json")
+    doc = json.loads(path.read_text())
+    doc["companion"]["size"] = len(data)
+    doc["companion"]["digest"] = "blake3:" + __import__("blake3").blake3(data).hexdigest()
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _run_outputs(package, store, tmp_path, capsys):
+    inputs = tmp_path / "in.npz"
+    if not inputs.exists():
+        full = runnable_variant(package / "encoder.onnx", None)
+        np.savez(inputs, **sample_inputs(full))
+    out = tmp_path / "out.npz"
+    capsys.readouterr()
+    assert main(["run", str(package), "--device", "cpu", "--store", str(store),
+                 "--inputs", str(inputs), "--output", str(out)]) == 0
+    with np.load(out) as z:
+        return {k: z[k] for k in z.files}, capsys.readouterr().err
+
+
+def test_a_tampered_prepared_record_is_never_used(prepared, tmp_path, capsys):
+    """A prepared record carries a MAC under the user's key: a companion graph edited
+    with its record's size and digest fixed to match is unproven, so run falls back to
+    the portable weights (one stderr line) and computes the source's outputs, and verify
+    names the record as unproven in its text and --json."""
+    package, store = prepared
+    before, err = _run_outputs(package, store, tmp_path, capsys)
+    assert "prepared" not in err
+    assert main(["verify", str(package), "--json"]) == 0
+    assert [p["proven"] for p in json.loads(capsys.readouterr().out)["prepared"]] == [
+        "signed"]
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        assert r.prepared_graph is not None  # the proven record is used
+    record = _tamper_companion(package)
+    after, err = _run_outputs(package, store, tmp_path, capsys)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "prepared record" in lines[0] and str(record) in lines[0]
+    assert main(["verify", str(package), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["prepared"] == [{"record": "prepared/cpu/encoder.json",
+                                   "companion": "prepared/cpu/encoder.onnx",
+                                   "proven": None, "detail": report["prepared"][0]["detail"]}]
+    assert "MAC" in report["prepared"][0]["detail"]
+    assert main(["verify", str(package)]) == 0
+    assert "unproven: prepared/cpu/encoder.json" in capsys.readouterr().out
+
+
+def test_unsigned_and_foreign_prepared_records_are_unproven(prepared, capsys):
+    """A record of format 1 (no MAC) and one signed under another user's key are not
+    used (the source graph and portable weights are), each with one stderr line saying
+    why, and verify reports both as unproven."""
+    from weightstore.caches.mac import key_path
+
+    package, store = prepared
+    path = package / "prepared" / "cpu" / "encoder.json"
+    signed = json.loads(path.read_text())
+    doc = {k: v for k, v in signed.items() if k != "mac"}
+    cases = [({**doc, "format_version": 1}, "format_version 1"),
+             ({**doc, "mac": "0" * 64}, "MAC does not hold")]
+    for record, why in cases:
+        path.write_text(json.dumps(record))
+        capsys.readouterr()
+        with weightstore.resolve(package, device="cpu", store=store) as r:
+            assert r.prepared_graph is None
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0] and str(path) in err[0]
+        assert main(["verify", str(package), "--json"]) == 0
+        (entry,) = json.loads(capsys.readouterr().out)["prepared"]
+        assert entry["proven"] is None and why in entry["detail"]
+    from weightstore.caches import mac
+
+    own = key_path().read_bytes()
+    key_path().write_bytes(bytes(32))  # another user's key (the file stays 0600)
+    mac._key.cache_clear()
+    path.write_text(json.dumps(sign_record("cpu", "encoder", doc)))
+    assert "mac" in json.loads(path.read_text())
+    key_path().write_bytes(own)
+    mac._key.cache_clear()
+    with weightstore.resolve(package, device="cpu", store=store) as r:
+        assert r.prepared_graph is None
+    assert "MAC does not hold" in capsys.readouterr().err

@@ -125,6 +125,7 @@ class VerifyReport:
     bytes_hashed: int = 0
     problems: list[Problem] = field(default_factory=list)
     recorded: bool = False  # the store knows the build and the summary is its own
+    prepared: list[dict[str, Any]] = field(default_factory=list)  # see PreparedProof
 
     @property
     def ok(self) -> bool:
@@ -144,6 +145,7 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"package": self.package, "files": self.files,
                 "bytes_hashed": self.bytes_hashed, "ok": self.ok, "proven": self.proven,
+                "prepared": self.prepared,
                 "problems": [p.to_dict() for p in self.problems]}
 
 
@@ -222,11 +224,13 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
         present = []
     unlisted = [name for name in present if name not in listed]
     if any(name.startswith("prepared/") for name in unlisted):
-        from ..resolve.prepared_cache import companion_contents
+        from ..resolve.prepared_cache import companion_contents, prepared_proof
 
         records, graphs = companion_contents(unlisted, folder)
         report.files += len(graphs)
         report.problems += [p for p in map(check, graphs) if p is not None]
+        report.prepared = [prepared_proof(folder, r, g["path"])
+                           for r, g in zip(records, graphs, strict=True)]
         known = {*records, *(g["path"] for g in graphs)}
         unlisted = [name for name in unlisted if name not in known]
     report.problems += [Problem("unexpected", name, "not listed in the summary")

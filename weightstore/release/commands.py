@@ -86,6 +86,11 @@ def run_verify(args: argparse.Namespace) -> int:
             state = ("ok, the build the store recorded" if report.proven == PROVEN_BUILD
                      else "ok, internal consistency only (the store does not know this "
                           "build: pass the --store that built it to prove it is the build)")
+        unproven = [p for p in report.prepared if p["proven"] is None]
+        for p in unproven:  # run does not use them: it loads the portable weights
+            print(f"unproven: {p['record']}: {p['detail']}; run does not use it")
+        if unproven:
+            state += f"; {len(unproven)} prepared record(s) unproven"
         print(f"verified {report.files} files ({report.bytes_hashed / 1e6:.1f} MB): {state}")
     return EXIT_OK if report.ok else EXIT_FAILED
 

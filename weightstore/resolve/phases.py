@@ -11,6 +11,7 @@ stale, why and that they were re-run. Failures name the phase and the scenario.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -261,6 +262,11 @@ class PreparedResolution(_Base):
             if record is not None and record.graph_digest != graph_digest(
                     state.model.SerializeToString()):
                 record = None  # prepared for another graph (scenario, transformations)
+            if record is not None and record.unproven is not None:
+                # never run what cannot be proven: the portable weights, the source graph
+                print(f"weightstore: prepared record {record.path} not used: "
+                      f"{record.unproven}", file=sys.stderr, flush=True)
+                record = None
             if record is not None:
                 state.prepared = replace(state.prepared,
                                          cache=RecordCache(record, state.source.store))

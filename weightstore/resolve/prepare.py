@@ -40,7 +40,7 @@ from ..io.files import atomic_write_bytes
 from ..io.models import save_model
 from .packing_probe import packing_reused
 from .prepared import PreparedOptions
-from .prepared_cache import FORMAT_VERSION, record_paths
+from .prepared_cache import FORMAT_VERSION, record_paths, sign_record
 
 VALUE_PREFIX = "weightstore-value:"  # companion locations name values, not files
 
@@ -210,6 +210,7 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
                "packing_reused": packing_reused(),
                "objects": sorted(objects, key=lambda o: (o["value"], o["kernel"])),
                "runtime_values": runtime_values}
+        doc = sign_record(device, resolved.source.name, doc)
         atomic_write_bytes(record_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n")
                            .encode())
     return PrepareResult(record_path, len(objects), sum(o["length"] for o in objects),
