@@ -28,7 +28,7 @@ def test_publish_replaces_and_cleans(tmp_path):
     other = _folder(tmp_path, ".other.x.tmp", "not ours")
     tmp = make_temp_dir(tmp_path, ".pkg.")
     (tmp / "file").write_text("new")
-    publish_dir(tmp, final)
+    publish_dir(tmp, final, replace=True)
     assert (final / "file").read_text() == "new"
     assert not tmp.exists() and not stale_tmp.exists() and not stale_old.exists()
     assert other.exists()

@@ -460,7 +460,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                 _refuse(target, existing, fp, layout, [s.identity for s in sources],
                         recipe, store_root=store.root)
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
-                                              options.jobs, options.progress)
+                                              options.jobs, options.progress,
+                                              replace=options.force or existing is not None)
             # its other files go into the store too: a later build materializes it
             stored = build_actions.record(store, target, summary, jobs=options.jobs)
             register_root(store, target, summary)

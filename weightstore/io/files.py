@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..errors import PackageError
+
 COPY_CHUNK = 8 << 20
 # errors that concern the file being written, whatever else the operation touched
 WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS")
@@ -98,13 +100,115 @@ def dir_mode() -> int:
     return 0o777 & ~_umask()
 
 
+_HELD: dict[str, int] = {}  # temp folder -> the descriptor that holds its lock
+
+
 def make_temp_dir(parent: Path, prefix: str) -> Path:
-    """A temp folder beside its final place, with the permissions of an ordinary mkdir."""
+    """A temp folder beside its final place, with the permissions of an ordinary mkdir.
+
+    The folder stays locked (``flock`` on the folder itself) until :func:`publish_dir` or
+    :func:`discard_temp_dir` lets it go, so a temp folder with ``prefix`` that can be locked
+    has lost its run (a killed process): those are removed first. A live run's is never
+    touched, whoever started it.
+    """
     import tempfile  # only where something is written
 
-    path = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+    remove_dead_temp_dirs(parent, prefix)
+    while True:
+        path = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+        fd = _hold(path)
+        if fd is not None:
+            break
     os.chmod(path, dir_mode())
+    if fd >= 0:
+        _HELD[str(path)] = fd
     return path
+
+
+def _hold(path: Path) -> int | None:
+    """Lock the new folder ``path``: its descriptor (-1 where folders cannot be locked), or
+    None when a sweep of dead temp folders took it between its creation and the lock (it
+    saw a folder nobody held and removed it)."""
+    try:
+        import fcntl
+    except ImportError:
+        return -1
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits only for such a sweep
+        if os.path.samestat(os.stat(path), os.fstat(fd)):
+            return fd
+    except FileNotFoundError:
+        pass
+    except OSError:  # a file system without locks: the folder is only never swept
+        return fd
+    os.close(fd)
+    return None
+
+
+def _let_go(path: Path) -> None:
+    fd = _HELD.pop(str(path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def folder_lock(path: Path) -> Iterator[None]:
+    """Hold the folder ``path`` exclusively (``flock`` on the folder itself, waiting for
+    another holder): for a short step that replaces several files in it, which two runs
+    must not interleave. No lock file is left in the folder (a no-op where folders cannot
+    be locked)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: unserialized
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def discard_temp_dir(path: Path | None) -> None:
+    """Remove a temp folder of :func:`make_temp_dir` that is not to be published."""
+    import shutil
+
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        inside = str(path) + os.sep
+        for held in [p for p in _HELD if p == str(path) or p.startswith(inside)]:
+            _let_go(Path(held))
+
+
+def remove_dead_temp_dirs(parent: Path, prefix: str) -> list[Path]:
+    """Remove the temp folders ``<prefix>*.tmp`` in ``parent`` whose run died: those that
+    can be locked (a live run holds its own, see :func:`make_temp_dir`). Each is removed
+    while locked, so a run that only just created it sees it gone and makes another."""
+    import glob
+    import shutil
+
+    removed = []
+    for stale in parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        if str(stale) in _HELD:
+            continue
+        try:
+            fd = os.open(stale, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue  # gone, a file (atomic writes sweep those) or a link: not ours
+        try:
+            if _try_lock(fd):
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+        finally:
+            os.close(fd)
+    return removed
 
 
 @contextlib.contextmanager
@@ -361,21 +465,38 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
+def published_meanwhile(folder: Path) -> PackageError:
+    """The error of a run that lost the race for a new folder to another run."""
+    return PackageError("another run published this folder meanwhile; it is left as that "
+                        "run wrote it", folder=str(folder))
+
+
+def publish_dir(tmp_dir: Path, final_dir: Path, *, replace: bool = False,
+                over_empty: bool = False) -> None:
     """Put a fully written temp folder in place of ``final_dir``, atomically where possible.
 
-    An existing folder is swapped out in one step (``RENAME_EXCHANGE``), so readers see the
-    old package or the new one, never none. Where the system cannot exchange, the old
-    folder is renamed aside first. Leftovers of earlier crashed publishes of the same
-    folder (``.<name>.*.tmp``, ``.<name>.old-*``) are removed: the caller holds the
-    folder's lock, so no other publish of it is in progress.
+    Without ``replace``, ``final_dir`` must not exist (``over_empty``: or be an empty
+    folder) and is created by one atomic rename that never replaces anything (Linux
+    ``RENAME_NOREPLACE``): of two runs that checked the folder absent and raced to publish
+    it, one wins and the other gets :func:`published_meanwhile`, its temp folder left for
+    its caller to discard. Every command that publishes a folder goes through here, so the
+    check that decided to write the folder is made again in the same step as the rename.
+
+    With ``replace``, an existing folder is swapped out in one step (``RENAME_EXCHANGE``),
+    so readers see the old package or the new one, never none. Where the system cannot
+    exchange, the old folder is renamed aside first; the caller holds the folder's lock.
+
+    Leftovers of earlier killed publishes of the same folder (``.<name>.*.tmp`` that no run
+    holds, ``.<name>.old-*``) are removed.
     """
+    import glob
     import shutil
 
     fsync_dir(tmp_dir)
     parent, name = final_dir.parent, final_dir.name
-    if final_dir.exists():
+    if replace and final_dir.exists():
         if exchange(tmp_dir, final_dir):
+            _let_go(tmp_dir)
             shutil.rmtree(tmp_dir, ignore_errors=True)
         else:
             old = parent / f".{name}.old-{os.urandom(8).hex()}"
@@ -383,11 +504,45 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
             os.replace(tmp_dir, final_dir)
             shutil.rmtree(old, ignore_errors=True)
     else:
-        os.replace(tmp_dir, final_dir)
+        if over_empty or replace:
+            with contextlib.suppress(OSError):  # not empty (or gone): the rename decides
+                final_dir.rmdir()
+        _rename_new(tmp_dir, final_dir)
+    _let_go(tmp_dir)
     fsync_dir(parent)
-    for stale in [*parent.glob(f".{name}.*.tmp"), *parent.glob(f".{name}.old-*")]:
-        if stale.is_dir() and stale != tmp_dir:
+    remove_dead_temp_dirs(parent, f".{name}.")
+    for stale in parent.glob(f".{glob.escape(name)}.old-*"):
+        if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
+
+
+_RENAME_NOREPLACE = 1
+
+
+def _rename_new(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``, which must not exist; :func:`published_meanwhile` when it
+    does. Where the system has no ``RENAME_NOREPLACE``, a rename after a check: a folder
+    made in between is replaced only if it is empty."""
+    func = _renameat2()
+    if func is not None:
+        if func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                _RENAME_NOREPLACE) == 0:
+            return
+        import ctypes
+
+        err = ctypes.get_errno()
+        if err in (errno.EEXIST, errno.ENOTEMPTY):
+            raise published_meanwhile(dst)
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(dst))
+    if os.path.lexists(dst):
+        raise published_meanwhile(dst)
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise published_meanwhile(dst) from None
+        raise type(exc)(exc.errno, exc.strerror, str(dst)) from None
 
 
 def is_relative_inside(name: object, *, hidden: bool = True) -> bool:

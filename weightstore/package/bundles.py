@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from ..errors import PackageError
-from ..io.files import atomic_write_bytes, copy_range, make_temp_dir, publish_dir
+from ..io.files import atomic_write_bytes, copy_range, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import save_model
 from ..resolve.files import file_problems
 from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
@@ -134,13 +134,10 @@ def assemble(package: str | os.PathLike[str], device: str,
                 for entry, v in resolved:
                     file_problems(tmp, v.external, entry["scenario"], verify=True,
                                   strict=True, progress=bar.advance)
-        if output.exists():
-            output.rmdir()
-        publish_dir(tmp, output)
+        publish_dir(tmp, output, over_empty=True)
         tmp = None
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        discard_temp_dir(tmp)
     return record
 
 

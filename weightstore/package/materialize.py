@@ -16,7 +16,6 @@ meanwhile) gives None: the caller then builds for real.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..caches import build_actions
 from ..errors import IntegrityError, PackageError, StoreError
-from ..io.files import make_temp_dir, parse_json, publish_dir, read_regular
+from ..io.files import discard_temp_dir, make_temp_dir, parse_json, publish_dir, read_regular
 from .assembly import MissingPayloadError, assemble, contents_problem, summary_weight_files
 from .summary import SUMMARY_NAME
 
@@ -71,8 +70,7 @@ def materialize(store_root: Path, target: Path, fingerprint: str, *,
             publish_dir(tmp, target)
             tmp = None
         finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+            discard_temp_dir(tmp)
         if not _registered(store, target, record.fingerprint):
             register_root(store, target, summary)
     weights = {p.key: p.size for f in summary_weight_files(summary) for p in f.pieces}

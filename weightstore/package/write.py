@@ -6,7 +6,6 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from ..convert.placement import Placement
 from ..convert.weights import ModelWeights, Weight, declared_checksum
 from ..errors import IntegrityError, StoreError
 from ..io.digests import digest_bytes, make_key, split_key
-from ..io.files import atomic_write_bytes, make_temp_dir, publish_dir
+from ..io.files import atomic_write_bytes, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import serialize_model
 from ..io.onnx_proto import ModelProto, TensorProto
 from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
@@ -374,8 +373,9 @@ def estimated_model_bytes(source: Source, layout: Layout) -> int:
 
 def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str,
                   sources: list[Source], store: WeightStore, jobs: int,
-                  progress: bool | None) -> dict[str, Any]:
-    """Build one layout's folder under a temp name and rename it into place."""
+                  progress: bool | None, *, replace: bool = False) -> dict[str, Any]:
+    """Build one layout's folder under a temp name and rename it into place (``replace``:
+    over the folder there; else none may be, see :func:`~weightstore.io.files.publish_dir`)."""
     per_model = []
     for s in sources:
         ws: list[Weight] = []
@@ -459,12 +459,11 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                                            known=written))
         # every file is fsynced; the folder once, when it is published
         atomic_write_bytes(tmp / SUMMARY_NAME, render(summary), sync_dir=False)
-        publish_dir(tmp, target)
+        publish_dir(tmp, target, replace=replace)
         tmp = None
         return summary
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        discard_temp_dir(tmp)
 
 
 def heal(store: WeightStore, per_model: list[tuple[Source, list[Weight]]], key: str | None,

@@ -39,7 +39,7 @@ from ..errors import (
     ScenarioError,
 )
 from ..io.digests import ALGORITHMS, digest_file, make_key, new_hasher, split_key
-from ..io.files import make_temp_dir, parse_json, publish_dir
+from ..io.files import discard_temp_dir, make_temp_dir, parse_json, publish_dir, published_meanwhile
 from ..package.assembly import assemble, contents_problem
 from ..package.summary import read_summary_file
 from ..store import FilePayload, StoredObject, WeightStore
@@ -199,6 +199,8 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
     from ..io.locks import target_lock
 
     with target_lock(out, store.root):  # one publish of a folder at a time
+        if not force and out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise published_meanwhile(out)  # a pull that waited for the lock
         stage = make_temp_dir(out.parent, f".{out.name}.")
         try:
             config = _blob_bytes(client, ref, parsed.config, stage / ".config")
@@ -218,13 +220,11 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
                                  digests=[d["digest"] for d in parsed.payloads.values()])
                 if plan.summary is not None:
                     _check_contents(plan.folder, plan.summary, plan.files, plan.known, ref)
-                if out.exists() and not any(out.iterdir()):
-                    out.rmdir()
-                publish_dir(plan.folder, out)
+                publish_dir(plan.folder, out, replace=force, over_empty=True)
                 if plan.summary is not None:
                     _register(store, out, plan.summary, plan.wanted)
         finally:
-            shutil.rmtree(stage, ignore_errors=True)
+            discard_temp_dir(stage)
     report.received_bytes = client.received_bytes
     return report
 

@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import os
 import queue
-import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -28,7 +27,15 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import PackageError
 from ..io.digests import digest_file
-from ..io.files import atomic_writer, fsync_dir, make_temp_dir, parse_json, read_regular
+from ..io.files import (
+    atomic_writer,
+    discard_temp_dir,
+    folder_lock,
+    fsync_dir,
+    make_temp_dir,
+    parse_json,
+    read_regular,
+)
 from ..package.inventory import read_summary_bytes
 from ..package.summary import SUMMARY_NAME
 from .archive import SUFFIX, archive_root, plan_archive, source_date_epoch, write_archive
@@ -158,9 +165,12 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
     made = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
     # every file is made in a temp folder first: a failed release leaves the previous one
-    # whole, never new archives beside old checksums
-    tmp = make_temp_dir(output, TEMP_PREFIX)
+    # whole, never new archives beside old checksums (and a killed one's temp folder is
+    # removed by the next release into the folder)
+    tmp: Path | None = None
+    done = False
     try:
+        tmp = make_temp_dir(output, TEMP_PREFIX)
         records = [_write_archive(p, tmp, epoch, options) for p in packages]
         package, version = identity.pop()
         doc = statement(package=package, version=version, archives=records,
@@ -171,13 +181,14 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
             f.write(render_sums(records))
         with atomic_writer(tmp / PROVENANCE_NAME) as f:
             f.write(render_statement(doc))
-        for name in [*(r.file_name for r in records), SUMS_NAME, PROVENANCE_NAME]:
-            os.replace(tmp / name, output / name)
-        fsync_dir(output)
-        made = False
+        with folder_lock(output):  # of two releases into one folder, one whole set wins
+            for name in [*(r.file_name for r in records), SUMS_NAME, PROVENANCE_NAME]:
+                os.replace(tmp / name, output / name)
+            fsync_dir(output)
+        done = True
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if made:  # the folder this failed release made: nothing is left behind
+        discard_temp_dir(tmp)
+        if made and not done:  # the folder this release made: nothing is left behind
             with contextlib.suppress(OSError):
                 output.rmdir()
     return ReleaseResult(output, records)

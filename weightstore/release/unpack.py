@@ -11,7 +11,6 @@ folder is renamed to ``DIR``; on any failure the temp folder is removed and noth
 from __future__ import annotations
 
 import os
-import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from ..errors import IntegrityError, PackageError
 from ..io.digests import make_key, new_hasher
-from ..io.files import dir_mode, file_mode, fsync_dir, make_temp_dir, parse_json
+from ..io.files import dir_mode, discard_temp_dir, file_mode, make_temp_dir, parse_json, publish_dir
 from ..package.inventory import check_member_path, check_summary
 from ..package.summary import SUMMARY_NAME
 from .reader import open_archive, read_small, read_to_end
@@ -48,14 +47,11 @@ def unpack(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Unp
     tmp = make_temp_dir(parent, f".{dest.name}.")
     try:
         files, size = _extract(Path(archive), tmp)
-        fsync_dir(tmp)
-        os.rename(tmp, dest)
+        publish_dir(tmp, dest)
         tmp = None
-        fsync_dir(parent)
         return UnpackResult(dest, files, size)
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        discard_temp_dir(tmp)
 
 
 def _refuse(archive: Path, why: str, member: str, **context: Any) -> PackageError:
