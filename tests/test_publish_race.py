@@ -184,3 +184,67 @@ def test_pull_race(released, tmp_path, monkeypatch, capsys, stores):
     _one_winner(codes, capsys.readouterr().err, dest)
     assert verify_package(dest).ok
     _no_temps(tmp_path)
+
+
+_KILLED_MIDWAY = """
+import os, signal, sys
+from weightstore.cli import main
+from weightstore.release import api, unpack
+
+def killed(original):
+    def run(*args, **kwargs):
+        original(*args, **kwargs)  # one archive or file written into the temp folder
+        os.kill(os.getpid(), signal.SIGKILL)
+    return run
+
+api._write_archive = killed(api._write_archive)
+unpack._write_verified = killed(unpack._write_verified)
+sys.exit(main(sys.argv[1:]))
+"""
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from weightstore.io.files import make_temp_dir
+print(make_temp_dir(Path(sys.argv[1]), sys.argv[2]), flush=True)
+time.sleep(120)
+"""
+
+
+def _temps(parent: Path, prefix: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(prefix)
+                  and p.name.endswith(".tmp"))
+
+
+@pytest.mark.parametrize("command", ["release", "unpack"])
+def test_a_killed_runs_temp_folder_goes_with_the_next_run(released, tmp_path, command):
+    """release and unpack killed with SIGKILL midway leave their temp folder; the next run
+    into the same place removes it, but never the temp folder of a live run."""
+    import subprocess
+    import sys
+
+    _, version, output = released
+    if command == "release":
+        parent, prefix = tmp_path / "rel", ".release."
+        argv = ["release", str(version / "combined"), "--output", str(parent)]
+    else:
+        parent, prefix = tmp_path, ".same."
+        argv = ["unpack", str(output / "pkg-1.0.0-combined.tar.zst"), str(tmp_path / "same")]
+    left: list[str] = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _KILLED_MIDWAY, *argv],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == -9, done.stderr
+        now = _temps(parent, prefix)
+        assert len(now) == 1 and now != left  # the earlier kill's went with this run
+        left = now
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(parent), prefix],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        live = Path(holder.stdout.readline().strip())
+        assert live.is_dir()
+        assert main(argv) == 0
+        assert _temps(parent, prefix) == [live.name]  # the live run's is left alone
+    finally:
+        holder.kill()
+        holder.wait()
