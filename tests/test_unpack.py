@@ -123,7 +123,7 @@ WHY = {
 
 @pytest.mark.parametrize("trick", sorted(HOSTILE))
 def test_hostile_archive_gets_one_line_and_leaves_nothing(trick, tmp_path, capsys):
-    bad = tmp_path / "bad.tar.zst"
+    bad = tmp_path / "p-1-l.tar.zst"
     bad.write_bytes(tar_zst(HOSTILE[trick]))
     out = tmp_path / "out"
     out.mkdir()
@@ -137,7 +137,7 @@ def test_hostile_archive_gets_one_line_and_leaves_nothing(trick, tmp_path, capsy
 
 
 def test_hand_made_good_archive_unpacks(tmp_path):
-    good = tmp_path / "good.tar.zst"
+    good = tmp_path / "p-1-l.tar.zst"
     good.write_bytes(tar_zst([*_good_prefix(), entry("p-1-l/m.onnx", GOOD["m.onnx"]),
                               entry("p-1-l/w.data", GOOD["w.data"])]))
     result = unpack(good, tmp_path / "pkg")
@@ -150,13 +150,13 @@ def test_corrupt_and_truncated_archives(archive, tmp_path):
     for name, blob in (("truncated", data[: len(data) // 2]),
                        ("flipped", data[:200] + bytes([data[200] ^ 0xFF]) + data[201:]),
                        ("not zstd", b"hello" * 100)):
-        bad = tmp_path / f"{name}.tar.zst"
+        (tmp_path / name).mkdir()
+        bad = tmp_path / name / path.name  # the archive's own name: only the bytes differ
         bad.write_bytes(blob)
         with pytest.raises((PackageError, IntegrityError)):
-            unpack(bad, tmp_path / name)
-        assert not (tmp_path / name).exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "flipped.tar.zst", "not zstd.tar.zst", "truncated.tar.zst"]
+            unpack(bad, tmp_path / name / "out")
+        assert os.listdir(tmp_path / name) == [path.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flipped", "not zstd", "truncated"]
     assert main(["unpack", str(tmp_path / "missing.tar.zst"), str(tmp_path / "x")]) == 2
 
 
@@ -171,13 +171,15 @@ def test_bytes_after_the_archive_are_refused(archive, tmp_path):
              "frame": (data + zstandard.ZstdCompressor().compress(b"x" * 1000),
                        "data after the end of the tar")}
     for name, (blob, why) in cases.items():
-        bad = tmp_path / f"{name}.tar.zst"
+        (tmp_path / name).mkdir()
+        bad = tmp_path / name / path.name
         bad.write_bytes(blob)
         with pytest.raises(PackageError, match=why):
-            unpack(bad, tmp_path / name)
-        assert not (tmp_path / name).exists()
+            unpack(bad, tmp_path / name / "out")
+        assert os.listdir(tmp_path / name) == [path.name]
     # zero bytes in a further frame are tar's own padding: accepted
-    padded = tmp_path / "padded.tar.zst"
+    (tmp_path / "p").mkdir()
+    padded = tmp_path / "p" / path.name
     padded.write_bytes(data + zstandard.ZstdCompressor().compress(bytes(10240)))
     assert unpack(padded, tmp_path / "padded").files > 0
 
@@ -229,3 +231,31 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, capsys):
         assert len(lines) == 1 and "not a regular file" in lines[0], lines
         assert f"archive={fifo}" in lines[0]
     assert sorted(os.listdir(tmp_path)) == ["fifo.tar.zst"]
+
+
+def test_a_renamed_archive_is_refused(archive, tmp_path, capsys):
+    """An archive is named after the package it holds: one renamed to another layout's
+    name is refused with one line giving both names, and nothing is written."""
+    _, path, _ = archive
+    renamed = tmp_path / path.name.replace("combined", "separate")
+    renamed.write_bytes(path.read_bytes())
+    assert main(["unpack", str(renamed), str(tmp_path / "pkg")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert "file name is not the name of the package it holds" in lines[0]
+    assert "pkg-1.0.0-combined.tar.zst" in lines[0] and f"archive={renamed}" in lines[0]
+    assert sorted(os.listdir(tmp_path)) == [renamed.name]
+
+
+def test_a_top_folder_renamed_with_its_archive_is_refused(tmp_path):
+    """Renaming the top folder too does not help: it must be the one of the package the
+    summary describes (package, version and layout)."""
+    bad = tmp_path / "p-1-other.tar.zst"
+    bad.write_bytes(tar_zst([entry("p-1-other", kind=tarfile.DIRTYPE, mode=0o755),
+                             entry("p-1-other/summary.json", _summary(GOOD)),
+                             entry("p-1-other/m.onnx", GOOD["m.onnx"]),
+                             entry("p-1-other/w.data", GOOD["w.data"])]))
+    with pytest.raises(PackageError, match="not named after the package") as info:
+        unpack(bad, tmp_path / "pkg")
+    assert info.value.context["expected"] == "p-1-l"
+    assert sorted(os.listdir(tmp_path)) == [bad.name]

@@ -21,6 +21,7 @@ from ..io.digests import make_key, new_hasher
 from ..io.files import dir_mode, discard_temp_dir, file_mode, make_temp_dir, parse_json, publish_dir
 from ..package.inventory import check_member_path, check_summary
 from ..package.summary import SUMMARY_NAME
+from .archive import SUFFIX, archive_root
 from .reader import open_archive, read_small, read_to_end
 
 CHUNK = 4 << 20
@@ -80,6 +81,7 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
                     raise _refuse(archive, "the first member must be the top folder",
                                   member.name)
                 root = name
+                _check_file_name(archive, root)
                 continue
             if not name.startswith(f"{root}/"):
                 raise _refuse(archive, "member outside the top folder", member.name)
@@ -96,6 +98,10 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
                 except ValueError as exc:
                     raise _refuse(archive, f"summary is not JSON: {exc}", member.name) from None
                 check_summary(summary, f"{archive}:{member.name}")
+                if _root_of(summary) != root:
+                    raise _refuse(archive, "the top folder is not named after the package "
+                                  "its summary describes", member.name,
+                                  expected=_root_of(summary))
                 expected = {c["path"]: c for c in summary["contents"]}
                 folders = {str(p) for c in expected for p in Path(c).parents} - {"."}
                 _write(into / SUMMARY_NAME, [data])
@@ -122,6 +128,21 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
         raise PackageError("refusing archive: files listed in the summary are missing",
                            archive=str(archive), missing=", ".join(missing[:5]))
     return len(expected), total
+
+
+def _check_file_name(archive: Path, root: str) -> None:
+    """A release archive is named after its top folder (``<package>-<version>-<layout>``):
+    one renamed, say to another layout's name, would install what its name does not say."""
+    if archive.name != f"{root}{SUFFIX}":
+        raise PackageError("refusing archive: its file name is not the name of the package "
+                           f"it holds, {root}{SUFFIX}", archive=str(archive), holds=root)
+
+
+def _root_of(summary: dict[str, Any]) -> str | None:
+    try:
+        return archive_root(summary)
+    except (PackageError, KeyError, TypeError):
+        return None
 
 
 def _kind(member: tarfile.TarInfo) -> str:
