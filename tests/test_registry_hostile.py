@@ -31,6 +31,7 @@ from weightstore.errors import (
 )
 from weightstore.registry import client as client_module
 from weightstore.registry.artifact import (
+    ASSEMBLY_TYPE,
     FILEPATH,
     PAYLOAD,
     ParsedArtifact,
@@ -275,10 +276,17 @@ def test_a_file_that_is_not_what_the_summary_lists_is_never_published(pushed,
     a, b = next((x, y) for x in weights for y in weights
                 if x["size"] == y["size"] and x["id"] != y["id"])
     a["id"], b["id"] = b["id"], a["id"]  # two payloads placed where the other sits
+    # sizes and places are checked against the summary before anything is fetched
+    for tag, files, why in (
+            ("swapped", {"encoder.onnx": b"\x08\x07" * 10}, "not the one the summary lists"),
+            ("placed", {"summary.json": json.dumps(summary).encode()}, "other pieces")):
+        ref = _altered(host, manifest, tag, files)
+        with pytest.raises(RegistryError, match=why):
+            pull(ref, tmp_path / tag, store=store)
+        assert not (tmp_path / tag).exists()
+        assert _leftovers(tmp_path) == []
     for tag, files, problem in (
-            ("swapped", {"encoder.onnx": b"\x08\x07" * 10}, "size: encoder.onnx"),
-            ("extra", {"notes.txt": b"hello"}, "unexpected: notes.txt"),
-            ("placed", {"summary.json": json.dumps(summary).encode()}, "pieces: ")):
+            ("extra", {"notes.txt": b"hello"}, "unexpected: notes.txt"),):
         ref = _altered(host, manifest, tag, files)
         with pytest.raises(IntegrityError, match="does not match its summary") as info:
             pull(ref, tmp_path / tag, store=store)
@@ -443,3 +451,81 @@ def test_a_pair_an_earlier_version_remembered_unproven_is_computed_again(pushed,
     assert report.hashed_bytes == layers[a]["size"]  # that row alone, computed again
     served = _served_keys(host, target)
     assert served == {k: k for k in served} and a in served
+
+
+# -- sizes an artifact declares ------------------------------------------------------------
+
+def _upload(host: str, ref, data: bytes) -> dict:
+    """Put ``data`` in ``ref``'s repository; its digest and size."""
+    client = RegistryClient(host, push=True)
+    digest = sha256_digest(data)
+    if not client.has_blob(ref, digest):
+        location = client.start_upload(ref, digest)
+        client.put_monolithic(ref, location, digest, len(data), lambda s, e: [data[s:e]])
+    return {"digest": digest, "size": len(data)}
+
+
+def _reassembled(host: str, manifest: dict, tag: str, change: Callable[[dict], None],
+                 summary: Callable[[dict], None] | None = None) -> str:
+    """Push a copy of ``manifest`` whose assembly record (and summary) ``change`` (and
+    ``summary``) altered; returns its reference."""
+    ref = parse_reference(f"{host}/pk/a:{tag}")
+    client = RegistryClient(host)
+    doc = json.loads(json.dumps(manifest))
+    for layer in doc["layers"]:
+        notes = layer.get("annotations") or {}
+        edit = (change if layer["mediaType"] == ASSEMBLY_TYPE
+                else summary if notes.get(FILEPATH) == "summary.json" else None)
+        if edit is None:
+            continue
+        with client.open_blob(ref, layer["digest"]) as resp:
+            record = json.loads(resp.content)
+        edit(record)
+        layer.update(_upload(host, ref, json.dumps(record).encode()))
+    RegistryClient(host, push=True).put_manifest(ref, tag, json.dumps(doc).encode())
+    return str(ref)
+
+
+def _grow(size: int) -> Callable[[dict], None]:
+    def change(record: dict) -> None:
+        record["files"][0]["size"] = size
+    return change
+
+
+def _grow_summary(size: int) -> Callable[[dict], None]:
+    def change(summary: dict) -> None:
+        name = summary["files"][0]["name"]
+        summary["files"][0]["size"] = size
+        for c in summary["contents"]:
+            if c["path"] == name:
+                c["size"] = size
+    return change
+
+
+@needs_registry
+@pytest.mark.parametrize("how", ["whole", "device", "scenario"])
+def test_a_declared_size_out_of_bounds_is_refused_before_anything_is_written(
+        pushed, tmp_path, capsys, how) -> None:
+    """A weight file declared 4 TB in the assembly record (alone, or with a summary that
+    agrees) is refused before a temp file is created: one line, exit 2, nothing left."""
+    import time
+
+    host, _, manifest = pushed
+    store = WeightStore(tmp_path / "store")
+    options = {"whole": [], "device": ["--device", "npu"], "scenario": ["--scenario", "half"]}
+    cases = {"assembly": _reassembled(host, manifest, f"big-{how}", _grow(1 << 42)),
+             "both": _reassembled(host, manifest, f"bigger-{how}", _grow(1 << 42),
+                                  _grow_summary(1 << 42)),
+             "summary": _reassembled(host, manifest, f"big-summary-{how}", lambda r: None,
+                                     _grow_summary(1 << 42))}
+    for case, ref in cases.items():
+        start = time.monotonic()
+        code = main(["pull", ref, str(tmp_path / "out"), "--store", str(store.root),
+                     *options[how]])
+        err = capsys.readouterr().err.strip()
+        assert code == 2, (case, err)
+        assert err.startswith("weightstore: error: ") and "\n" not in err, err
+        assert "size" in err, err
+        assert time.monotonic() - start < 10
+        assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+        assert not store.root.exists() or not list(store.root.glob("objects/**/*.*"))

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import PackageError, RegistryError
 from ..io.digests import split_key
-from ..io.files import is_relative_inside, parse_json
+from ..io.files import MAX_ALIGNMENT, is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
 
@@ -303,7 +303,14 @@ def parse_assembly(data: bytes, parsed: ParsedArtifact, reference: str) -> list[
                 if layer is None or layer["size"] != size:
                     raise RegistryError("malformed model manifest: assembly names a payload "
                                         "without its layer", reference=reference, key=key)
-            out.append(_weight_file(name, _count(f["size"], bad, file=name, entry=i), found))
+            wf = _weight_file(name, _count(f["size"], bad, file=name, entry=i), found)
+            for offset, length in wf.gaps():
+                if length > MAX_ALIGNMENT:
+                    raise bad("a weight file's size is out of proportion to its pieces: "
+                              "more zero bytes in a row than any alignment pads",
+                              file=name, size=wf.size, offset=offset, zeros=length,
+                              limit=MAX_ALIGNMENT)
+            out.append(wf)
     except (KeyError, TypeError, AttributeError) as exc:
         raise bad(f"{type(exc).__name__}: {exc}") from None
     except PackageError as exc:  # pieces that overlap or leave their file, a bad key

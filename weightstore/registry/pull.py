@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..io.digests import ALGORITHMS, digest_file, make_key, new_hasher, split_key
 from ..io.files import discard_temp_dir, make_temp_dir, parse_json, publish_dir, published_meanwhile
-from ..package.assembly import assemble, contents_problem
+from ..package.assembly import assemble, contents_problem, summary_weight_files
 from ..package.summary import read_summary_file
 from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
@@ -209,8 +209,10 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
                                                stage / ".assembly"), parsed, str(ref))
             for name in (".config", ".assembly"):
                 (stage / name).unlink()
+            summary = _read_summary(client, ref, parsed, stage, report)
+            check_declared_sizes(parsed, files, summary, str(ref))
             with store.leased():
-                plan = _plan_variant(client, ref, parsed, files, stage, report,
+                plan = _plan_variant(client, ref, parsed, files, summary, stage, report,
                                      device=device, scenario=scenario)
                 hashed = _fetch_and_assemble(client, ref, store, parsed, plan.wanted, report,
                                              jobs, progress, plan.folder, plan.files)
@@ -293,14 +295,63 @@ class _Plan:
     known: dict[str, str] = field(default_factory=dict)
 
 
+def _read_summary(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
+                  stage: Path, report: PullReport) -> dict[str, Any]:
+    """The artifact's ``summary.json``, downloaded into ``stage`` (a metadata document:
+    no larger than any other) and checked as every summary is: well formed, its paths
+    inside."""
+    desc = parsed.files.get(SUMMARY_NAME)
+    if desc is not None and desc["size"] > MAX_DOCUMENT:
+        raise RegistryError("malformed model manifest: metadata blob too large",
+                            file=SUMMARY_NAME, size=desc["size"], limit=MAX_DOCUMENT,
+                            reference=str(ref))
+    _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
+    return read_summary_file(stage)[1]
+
+
+def check_declared_sizes(parsed: ParsedArtifact, files: list[WeightFile],
+                         summary: dict[str, Any], reference: str) -> None:
+    """Every size the manifest and the assembly record declare is the one the summary
+    gives, before a byte of them is fetched or a file allocated: the weight files are the
+    ones the summary's models place their payloads in (same sizes, same pieces), and each
+    file layer the summary's ``contents`` lists has the size listed there. (The assembly
+    record's own files are bounded by their pieces: :func:`.artifact.parse_assembly`.)"""
+    def bad(why: str, **ctx: Any) -> RegistryError:
+        return RegistryError(f"malformed model artifact: {why}", reference=reference, **ctx)
+
+    try:
+        placed = {f.name: f for f in summary_weight_files(summary)}
+        listed = {str(c["path"]): c["size"] for c in summary.get("contents", [])}
+    except (KeyError, TypeError, ValueError, PackageError):
+        raise bad("the summary's files or contents are malformed", file=SUMMARY_NAME) from None
+    declared = {f.name: f for f in files}
+    for name in sorted(declared.keys() | placed.keys()):
+        mine, theirs = declared.get(name), placed.get(name)
+        if mine is None or theirs is None or mine.size != theirs.size:
+            raise bad("the assembly record's weight file is not the summary's", file=name,
+                      size=mine.size if mine else None,
+                      listed_size=theirs.size if theirs else None)
+        if mine != theirs:
+            raise bad("the assembly record places other pieces than the summary", file=name)
+    for name, size in sorted(listed.items()):
+        layer = parsed.files.get(name)
+        if name in declared:
+            found = declared[name].size
+        elif layer is not None:
+            found = layer["size"]
+        else:
+            continue  # missing: the contents check names it
+        if found != size:
+            raise bad("a declared size is not the one the summary lists", file=name,
+                      size=found, listed_size=size)
+
+
 def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
-                  files: list[WeightFile], stage: Path, report: PullReport, *,
-                  device: str | None, scenario: str | None) -> _Plan:
+                  files: list[WeightFile], summary: dict[str, Any], stage: Path,
+                  report: PullReport, *, device: str | None, scenario: str | None) -> _Plan:
     """Fetch the metadata the output needs and decide which payloads it needs. A whole
     package is assembled in ``stage`` itself, a variant in a folder inside it."""
     if device is None and scenario is None:
-        _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
-        summary = read_summary_file(stage)[1]  # well formed, its paths inside
         algo = _contents_algo(summary)
         known = _download_files(client, ref, parsed, sorted(set(parsed.files) - {SUMMARY_NAME}),
                                 stage, report, also=algo)
@@ -329,8 +380,6 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
             (result / entry["file"]).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, result / entry["file"])
     else:
-        _download_files(client, ref, parsed, [SUMMARY_NAME], stage, report)
-        summary = read_summary_file(stage)[1]  # well formed, its paths inside
         entries = [(str(m["file"]), list(m.get("scenarios", []))) for m in summary["models"]]
         if not any(scenario in names for _, names in entries):
             raise ScenarioError("no model of the artifact has this scenario",
