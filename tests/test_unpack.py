@@ -18,6 +18,7 @@ from weightstore.package.inventory import verify_package
 from weightstore.release.api import ReleaseOptions, release
 from weightstore.release.unpack import unpack
 
+from . import test_store_shared
 from .samples import run_onnxruntime, sample_inputs
 
 
@@ -259,3 +260,24 @@ def test_a_top_folder_renamed_with_its_archive_is_refused(tmp_path):
         unpack(bad, tmp_path / "pkg")
     assert info.value.context["expected"] == "p-1-l"
     assert sorted(os.listdir(tmp_path)) == [bad.name]
+
+
+small_disk = test_store_shared.small_disk  # a 4 MiB tmpfs (root only)
+
+
+def test_a_full_disk_names_the_path_and_leaves_nothing(archive, small_disk, capsys):
+    """unpack onto a disk that fills up: one line saying what happened and naming the
+    file it could not write and the folder, exit 2, no temp folder left; once there is
+    space the same command unpacks."""
+    _, path, _ = archive
+    dest = small_disk / "pkg"
+    test_store_shared.fill(small_disk, 16 << 10)
+    assert main(["unpack", str(path), str(dest)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert "No space left on device" in lines[0] and "nothing was unpacked" in lines[0]
+    assert f"file={small_disk}/.pkg." in lines[0] and f"folder={dest}" in lines[0]
+    assert sorted(os.listdir(small_disk)) == ["filler"]
+    os.unlink(small_disk / "filler")
+    assert main(["unpack", str(path), str(dest)]) == 0
+    assert verify_package(dest).ok

@@ -18,7 +18,16 @@ from typing import Any
 
 from ..errors import IntegrityError, PackageError
 from ..io.digests import make_key, new_hasher
-from ..io.files import dir_mode, discard_temp_dir, file_mode, make_temp_dir, parse_json, publish_dir
+from ..io.files import (
+    WRITE_ERRNOS,
+    dir_mode,
+    discard_temp_dir,
+    file_mode,
+    make_temp_dir,
+    name_path,
+    parse_json,
+    publish_dir,
+)
 from ..package.inventory import check_member_path, check_summary
 from ..package.summary import SUMMARY_NAME
 from .archive import SUFFIX, archive_root
@@ -51,6 +60,12 @@ def unpack(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Unp
         publish_dir(tmp, dest)
         tmp = None
         return UnpackResult(dest, files, size)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        # a full or read-only disk: say so, with the file that could not be written
+        raise PackageError(f"cannot write the package: {exc.strerror}; nothing was unpacked",
+                           file=exc.filename, folder=str(dest)) from None
     finally:
         discard_temp_dir(tmp)
 
@@ -186,8 +201,11 @@ def _write_verified(tf: tarfile.TarFile, member: tarfile.TarInfo, path: Path,
 def _write(path: Path, chunks) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
                  file_mode())
-    with os.fdopen(fd, "wb") as f:
-        for data in chunks:
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for data in chunks:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:  # a write names no file: name the one written
+        raise name_path(exc, path) from None
