@@ -529,3 +529,46 @@ def test_a_declared_size_out_of_bounds_is_refused_before_anything_is_written(
         assert time.monotonic() - start < 10
         assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
         assert not store.root.exists() or not list(store.root.glob("objects/**/*.*"))
+
+
+# -- a damaged store ------------------------------------------------------------------------
+
+def _flip(store: WeightStore, key: str) -> None:
+    import os
+
+    obj = store.locate([key])[key]
+    path = store.path_of(obj)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(obj.offset + 3)
+        b = f.read(1)
+        f.seek(obj.offset + 3)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@needs_registry
+@pytest.mark.parametrize("kind", ["pulled", "built"])
+def test_a_pull_fetches_a_damaged_store_object_again(pushed, tmp_path, capsys,
+                                                     kind) -> None:
+    """A store object damaged since it was written (a per-weight file a pull adopted, or
+    a range of a build's combined file) is fetched again from the registry, verified and
+    put back, as a build rewrites it from its source; the pull says so on stderr."""
+    host, package, manifest = pushed
+    if kind == "pulled":
+        store = WeightStore(tmp_path / "store")
+        pull(f"{host}/pk/a:1", tmp_path / "first", store=store)
+    else:
+        store = WeightStore(shutil.copytree(package.parents[3] / "store", tmp_path / "store"))
+    keys = sorted(_payload_layers(manifest))
+    for key in keys[:2]:
+        _flip(store, key)
+    capsys.readouterr()
+    assert main(["pull", f"{host}/pk/a:1", str(tmp_path / "out"), "--store",
+                 str(store.root)]) == 0
+    err = capsys.readouterr().err
+    for key in keys[:2]:
+        assert f"store object {key}" in err and "was damaged" in err
+    assert _tree(tmp_path / "out") == _tree(package)
+    assert store.verify().ok
+    assert main(["verify", str(tmp_path / "out")]) == 0
+    assert _leftovers(tmp_path) == [] and not list(store.root.glob(".pull-*"))

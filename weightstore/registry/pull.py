@@ -156,22 +156,63 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
     computed on the bytes as they are written; only when both match is the file renamed
     into the store (no copy, no second read). The partial file's name is its digest, so
     a later pull resumes it; the blob's lock keeps two pulls from writing it at once."""
-    algo, hex_ = split_key(key)
-    name = f"pull-{desc['digest'].split(':', 1)[1]}"
-    tmp = store.root / f".{name}.tmp"
+    name, tmp = _blob_temp(store, desc)
     # two pulls of one blob into one store take turns; the lock's file goes with it
     with store.file_lock(name, removable=True):
         if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
             return 0, None  # the other one brought it
         try:
-            received, found = download(client, ref, desc, tmp, resume=True, also=algo)
-            if found != hex_:
-                raise IntegrityError("a blob's bytes do not match the key its layer names",
-                                     digest=desc["digest"], key=key, reference=str(ref))
+            received = _download_payload(client, ref, key, desc, tmp)
             return received, adopt(key, tmp)
         except IntegrityError:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def _blob_temp(store: WeightStore, desc: dict[str, Any]) -> tuple[str, Path]:
+    """The lock name of a payload blob's download and its partial file in the store."""
+    name = f"pull-{desc['digest'].split(':', 1)[1]}"
+    return name, store.root / f".{name}.tmp"
+
+
+def _download_payload(client: RegistryClient, ref: Reference, key: str,
+                      desc: dict[str, Any], tmp: Path) -> int:
+    """Download a payload blob to ``tmp``, its sha256 and its store key both computed over
+    the bytes written; the bytes received."""
+    algo, hex_ = split_key(key)
+    received, found = download(client, ref, desc, tmp, resume=True, also=algo)
+    if found != hex_:
+        raise IntegrityError("a blob's bytes do not match the key its layer names",
+                             digest=desc["digest"], key=key, reference=str(ref))
+    return received
+
+
+@dataclass(frozen=True)
+class _RegistryBlob(FilePayload):
+    """A payload downloaded to a temp file, named by where it came from."""
+
+    origin: str = ""
+
+    def describe(self) -> str:
+        return self.origin
+
+
+def _heal_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
+                  desc: dict[str, Any]) -> int:
+    """Fetch again the blob of a payload whose store object is damaged and put it back
+    (:meth:`WeightStore.heal`: verified against its key, rewritten under the store's
+    locks, reported on stderr, as a build rewrites one from its source); the bytes
+    received."""
+    name, tmp = _blob_temp(store, desc)
+    with store.file_lock(name, removable=True):
+        try:
+            received = _download_payload(client, ref, key, desc, tmp)
+            store.heal(_RegistryBlob(key, desc["size"], str(tmp),
+                                     origin=f"the registry's blob {desc['digest']} of {ref}"),
+                       store.locate([key]).get(key))
+        finally:
+            tmp.unlink(missing_ok=True)
+    return received
 
 
 def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
@@ -484,8 +525,23 @@ def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightSto
         found = store.locate(settle) if settle else {}
         for key in settle:
             arriving[key].set_result(found.get(key))  # type: ignore[arg-type]
-        assembling.result()
-    return hashed
+        healed: set[str] = set()
+        while True:
+            try:
+                assembling.result()
+                return hashed
+            except IntegrityError as exc:  # a store object damaged since it was written
+                key = exc.context.get("key")
+                if key not in wanted or key in healed:
+                    raise
+                healed.add(key)
+                received = _heal_payload(client, ref, store, key, parsed.payloads[key])
+            report.fetched += 1
+            report.fetched_bytes += received
+            hashed[key] = parsed.payloads[key]["digest"]
+            for f in files:  # assembled again, from the store as it is now
+                (folder / f.name).unlink(missing_ok=True)
+            assembling = runner.submit(assemble, store, folder, files, jobs=jobs)
 
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
