@@ -45,8 +45,11 @@ from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
+from . import test_store_shared
 from .helpers import scenario_package
 from .registry_server import needs_registry, running_registry
+
+small_disk = test_store_shared.small_disk  # a 4 MiB tmpfs (root only)
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 FAST = Transport(attempts=2, backoff=0.01, max_backoff=0.01, connect_timeout=2,
@@ -572,3 +575,35 @@ def test_a_pull_fetches_a_damaged_store_object_again(pushed, tmp_path, capsys,
     assert store.verify().ok
     assert main(["verify", str(tmp_path / "out")]) == 0
     assert _leftovers(tmp_path) == [] and not list(store.root.glob(".pull-*"))
+
+
+@needs_registry
+@pytest.mark.parametrize("leave", [8 << 10, 48 << 10])
+@pytest.mark.parametrize("full", ["store", "output"])
+def test_a_pull_onto_a_full_disk_names_the_file(pushed, tmp_path, capsys, full, leave,
+                                                small_disk) -> None:
+    """No space left, in the store or where the output goes: one line naming the path,
+    exit 2, no output folder, no temp file, the store as it was; once there is space, the
+    same pull completes."""
+    host, package, _ = pushed
+    from weightstore.io.digests import digest_bytes, make_key
+    from weightstore.store import BytesPayload
+
+    store = WeightStore((small_disk if full == "store" else tmp_path) / "store")
+    store.put([BytesPayload(make_key("blake3", digest_bytes("blake3", b"seed")), b"seed")],
+              kind="separate")  # a store in use: its index there
+    out = (small_disk if full == "output" else tmp_path) / "out"
+    test_store_shared.fill(small_disk, leave)  # nothing fits, or a part
+    argv = ["pull", f"{host}/pk/a:1", str(out), "--store", str(store.root)]
+    capsys.readouterr()
+    assert main(argv) == 2, capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("weightstore: error: ") and "\n" not in err, err
+    assert "No space left on device" in err or "disk is full" in err, err
+    assert str(small_disk) in err, err
+    assert not out.exists() and _leftovers(out.parent) == []
+    assert not list(store.root.glob(".pull-*")) and not list(store.root.glob("*.tmp"))
+    assert not store.index.exists() or store.verify().ok
+    (small_disk / "filler").unlink()
+    assert main(argv) == 0
+    assert _tree(out) == _tree(package)

@@ -39,7 +39,15 @@ from ..errors import (
     ScenarioError,
 )
 from ..io.digests import ALGORITHMS, digest_file, make_key, new_hasher, split_key
-from ..io.files import discard_temp_dir, make_temp_dir, parse_json, publish_dir, published_meanwhile
+from ..io.files import (
+    WRITE_ERRNOS,
+    discard_temp_dir,
+    make_temp_dir,
+    name_path,
+    parse_json,
+    publish_dir,
+    published_meanwhile,
+)
 from ..package.assembly import assemble, contents_problem, summary_weight_files
 from ..package.summary import read_summary_file
 from ..store import FilePayload, StoredObject, WeightStore
@@ -83,6 +91,16 @@ def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targe
     bytes. A mismatch removes ``target`` and names the digest. With ``resume``, bytes
     already in ``target`` (a pull cut off before) are hashed and only the rest is
     requested; if the whole then does not match, the blob is fetched once more from 0."""
+    try:
+        return _download(client, ref, desc, target, resume, also)
+    except OSError as exc:  # a full disk: the file, and nothing of it left
+        if exc.errno in WRITE_ERRNOS:
+            target.unlink(missing_ok=True)
+        raise name_path(exc, target) from None
+
+
+def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], target: Path,
+              resume: bool, also: str | None) -> tuple[int, str | None]:
     digest, size = desc["digest"], desc["size"]
     received = 0
     from_zero = not resume
