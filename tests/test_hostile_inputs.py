@@ -19,6 +19,7 @@ from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.errors import (
+    ExternalDataError,
     IntegrityError,
     ModelError,
     PackageError,
@@ -102,9 +103,14 @@ def test_checksums_are_verified_in_the_hashing_read(tmp_path, monkeypatch):
     assert opened.count(str(tmp_path / "w.bin")) == 1
 
 
-def test_unknown_checksum_forms_are_left_alone(tmp_path):
+def test_unknown_checksum_forms_are_refused(tmp_path):
+    """A checksum weightstore cannot verify is never ignored silently (see
+    test_external_data_entries for every form)."""
     recipe = write_recipe(tmp_path, {"m": _external(tmp_path, "md5:0123")}, LAYOUT)
-    build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    with pytest.raises(ExternalDataError) as err:
+        build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1))
+    assert err.value.context["key"] == "checksum"
+    assert err.value.context["value"] == "md5:0123"
 
 
 INLINE_LAYOUTS = {

@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ExternalDataError, ModelError
+from ..errors import ExternalDataError, IntegrityError, ModelError
+from ..io.digests import split_key
 from ..io.files import NotRegularFileError, open_regular, read_exact
 from ..io.onnx_proto import TensorProto
 from . import typed_fields
@@ -51,30 +52,101 @@ class PayloadDescriptor:
         return self.length if n is None else n
 
 
+EXTERNAL_KEYS = ("location", "offset", "length", "checksum")  # and prepacked_N
+_DIGITS = frozenset("0123456789")
+_MAX_OFFSET = 2**63 - 1  # onnxruntime's off_t / int64
+_SHA1_HEX = 40
+
+
+@dataclass(frozen=True)
+class ExternalEntries:
+    """A tensor's external-data entries, read as onnxruntime reads them."""
+
+    location: str
+    offset: int
+    length: int | None  # None: to the end of the file
+    checksum: str | None  # weightstore's "algo:hex" form
+    prepacked: tuple[tuple[str, str], ...] = ()  # onnxruntime's prepacked_N entries
+
+
 def external_info(tensor: TensorProto) -> dict[str, str]:
-    """The tensor's external-data entries by key; a key given twice (which one would
-    win?) is refused, naming the tensor."""
-    out = {e.key: e.value for e in tensor.external_data}
-    if len(out) != len(tensor.external_data):
-        seen: set[str] = set()
-        twice = next(e.key for e in tensor.external_data
-                     if e.key in seen or seen.add(e.key))  # type: ignore[func-returns-value]
-        raise ExternalDataError("external data gives a key twice", tensor=tensor.name,
-                                key=twice)
-    return out
+    """The tensor's external-data entries by key, each checked by
+    :func:`external_entries` when there are any; a key given twice (which one would
+    win?) is refused."""
+    if len(tensor.external_data):
+        external_entries(tensor)
+    return {e.key: e.value for e in tensor.external_data}
 
 
-def _int_field(info: dict[str, str], key: str, where: str) -> int | None:
-    if key not in info:
+def external_entries(tensor: TensorProto, where: str | None = None) -> ExternalEntries:
+    """The one parser of external-data entries (catalogue, convert, resolve, load).
+
+    onnxruntime reads ``offset`` and ``length`` with ``strtoll`` in base 10 (leading blanks
+    and a sign taken, trailing text refused) and refuses any key it does not know, where
+    Python's ``int()`` also takes trailing blanks, underscores and any Unicode decimal
+    digit: only plain ASCII digits read the same everywhere, so anything else is refused.
+    A ``location`` must name a file (no empty component, no trailing ``/``). A
+    ``checksum`` must be weightstore's ``blake3:``/``sha256:`` + lowercase hex; onnx.proto's
+    40-hex SHA-1 of the whole file is refused (never verified per payload), as is any other
+    form. Errors name the tensor, the key and the value.
+    """
+    context = {"tensor": tensor.name, **({"where": where} if where else {})}
+    seen: dict[str, str] = {}
+    prepacked = []
+    for e in tensor.external_data:
+        if e.key in seen or any(k == e.key for k, _ in prepacked):
+            raise ExternalDataError("external data gives a key twice", **context, key=e.key)
+        if e.key.startswith("prepacked"):
+            prepacked.append((e.key, e.value))
+        elif e.key in EXTERNAL_KEYS:
+            seen[e.key] = e.value
+        else:
+            raise ExternalDataError("external data has a key onnxruntime does not know",
+                                    **context, key=e.key, value=e.value)
+    location = seen.get("location", "")
+    if not location:
+        raise ExternalDataError("external data has no location", **context, key="location",
+                                value=location)
+    # (an absolute location is refused where it is resolved, as a PathEscapeError)
+    if "" in location.replace("\\", "/").lstrip("/").split("/"):
+        raise ExternalDataError("external data location has an empty component (a "
+                                "trailing or doubled '/'): it names no file",
+                                **context, key="location", value=location)
+    offset = _decimal(seen, "offset", context)
+    checksum = seen.get("checksum")
+    if checksum is not None:
+        _check_checksum(checksum, context)
+    return ExternalEntries(location, offset or 0, _decimal(seen, "length", context),
+                           checksum, tuple(prepacked))
+
+
+def _decimal(entries: dict[str, str], key: str, context: dict[str, str]) -> int | None:
+    if key not in entries:
         return None
+    value = entries[key]
+    if not value or not _DIGITS.issuperset(value):
+        raise ExternalDataError(f"external data {key} is not a plain decimal number (ASCII "
+                                "digits only, as every reader reads it the same)",
+                                **context, key=key, value=value)
+    number = int(value)
+    if number > _MAX_OFFSET:
+        raise ExternalDataError(f"external data {key} is larger than 2**63-1", **context,
+                                key=key, value=value)
+    return number
+
+
+def _check_checksum(value: str, context: dict[str, str]) -> None:
+    if len(value) == _SHA1_HEX and set(value.lower()) <= _DIGITS | set("abcdef"):
+        raise ExternalDataError("external data checksum is onnx.proto's SHA-1 of the whole "
+                                "file, which weightstore does not verify per payload: remove "
+                                "it, or write a blake3: or sha256: digest of the payload",
+                                **context, key="checksum", value=value)
     try:
-        value = int(info[key])
-    except ValueError:
-        raise ExternalDataError(f"external data {key} is not an integer", where=where,
-                                value=info[key]) from None
-    if value < 0:
-        raise ExternalDataError(f"external data {key} is negative", where=where, value=value)
-    return value
+        split_key(value)
+    except IntegrityError:
+        raise ExternalDataError("external data checksum is not a blake3: or sha256: digest "
+                                "(lowercase hex) of the payload", **context, key="checksum",
+                                value=value) from None
 
 
 def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadDescriptor | None:
@@ -89,11 +161,9 @@ def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadD
     if any(d < 0 for d in dims):
         raise ModelError("tensor has a negative dimension", where=site.where, dims=list(dims))
     if t.data_location == TensorProto.EXTERNAL:
-        info = external_info(t)
-        location = info.get("location", "")
+        info = external_entries(t, site.where)
+        location, offset, length = info.location, info.offset, info.length
         path = resolve_location(base_dir, location, where=site.where)
-        offset = _int_field(info, "offset", site.where) or 0
-        length = _int_field(info, "length", site.where)
         try:
             size = os.stat(path).st_size
         except FileNotFoundError:
@@ -118,7 +188,7 @@ def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadD
                                     where=site.where, location=location, length=length,
                                     expected=expected)
         return PayloadDescriptor(path, offset, length, "raw", t.data_type, dims,
-                                 location=location, checksum=info.get("checksum"))
+                                 location=location, checksum=info.checksum)
     inline = catalogue.payloads.get(site.path)
     if inline is None:
         expected = expected_nbytes(t.data_type, dims)

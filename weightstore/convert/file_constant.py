@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..catalogue.graphs import function_label, iter_containers, iter_scoped_containers
-from ..catalogue.payload import expected_nbytes
+from ..catalogue.payload import expected_nbytes, external_entries
 from ..errors import ConversionError
 from ..io.onnx_proto import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto
 from .encoding import set_external, set_payload
@@ -241,9 +241,12 @@ def file_constant_attributes(node: NodeProto) -> dict[str, object]:
     if isinstance(value, TensorProto):
         attrs.setdefault("dtype", value.data_type)
         attrs.setdefault("shape", list(value.dims))
-        for e in value.external_data:
-            if e.key in ("location", "offset", "length"):
-                attrs.setdefault(e.key, e.value)
+        if len(value.external_data):
+            info = external_entries(value, f"FileConstant {node.name!r}")
+            for key, field in (("location", info.location), ("offset", info.offset),
+                               ("length", info.length)):
+                if field is not None:
+                    attrs.setdefault(key, field)
     return attrs
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from ..catalogue.payload import external_info
+from ..catalogue.payload import external_entries
 from ..catalogue.sites import ambiguous_names, iter_tensor_sites
 from .prepared import (
     CHEAPER,
@@ -79,10 +79,9 @@ def value_digests(state: ResolutionState) -> dict[str, str]:
         name = site.value_name or t.name
         if t.data_location != onnx.TensorProto.EXTERNAL or name in ambiguous:
             continue
-        info = external_info(t)
-        key = state.source.store_keys.get((info.get("location", ""),
-                                           int(info.get("offset", "0") or 0)))
-        digest = info.get("checksum") or key
+        info = external_entries(t, site.where)
+        key = state.source.store_keys.get((info.location, info.offset))
+        digest = info.checksum or key
         if digest:
             out[name] = digest
     return out

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from ..catalogue.payload import describe, expected_nbytes, external_info
+from ..catalogue.payload import describe, expected_nbytes, external_entries
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload
-from ..errors import ExternalDataError, ResolutionError, ScenarioError
+from ..errors import ResolutionError, ScenarioError
 from ..passes.analysis import defined_names, node_subgraphs, output_names
 from ..scenarios.graphpath import Container
 from ..scenarios.resolve import live_payloads
@@ -67,15 +67,11 @@ def _site_source(site: TensorSite, catalogue: Catalogue | None) -> WeightSource 
     if t.data_type == onnx.TensorProto.STRING:
         return None
     if t.data_location == onnx.TensorProto.EXTERNAL:
-        info = external_info(t)
-        try:
-            offset = int(info.get("offset", "0"))
-            length = int(info["length"]) if "length" in info else expected_nbytes(
-                t.data_type, dims)
-        except ValueError:
-            raise ExternalDataError("malformed external data range", where=site.where) from None
-        return WeightSource(PayloadSource(info.get("location", ""), offset, length or 0,
-                                          checksum=info.get("checksum")),
+        info = external_entries(t, site.where)
+        length = info.length if info.length is not None else expected_nbytes(t.data_type,
+                                                                             dims)
+        return WeightSource(PayloadSource(info.location, info.offset, length or 0,
+                                          checksum=info.checksum),
                             t.data_type, dims, site.where)
     if catalogue is None or site.path not in catalogue.payloads:
         return None

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..catalogue.payload import external_info
+from ..catalogue.payload import external_entries, external_info
 
 SIZE = 64
 
@@ -80,8 +80,8 @@ def packing_reused() -> bool | None:
                        if any(k.startswith("prepacked") for k in external_info(t))), None)
         if source is None:
             return None
-        info = external_info(source)
-        offset, length = int(info.get("offset", "0")), int(info["length"])
+        info = external_entries(source)
+        offset, length = info.offset, info.length or 0
         with open(folder / "packed.data", "r+b") as f:  # the source + 1.0; the blob kept
             f.seek(offset)
             changed = np.frombuffer(f.read(length), dtype=np.float32) + np.float32(1.0)

@@ -32,7 +32,7 @@ from typing import Any
 import onnx
 
 from ..catalogue.graphs import iter_nodes
-from ..catalogue.payload import SMALL_VALUE_LIMIT, external_info
+from ..catalogue.payload import SMALL_VALUE_LIMIT, external_entries
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
 from ..io.digests import digest_bytes, make_key
@@ -157,11 +157,11 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
             if t.data_location != onnx.TensorProto.EXTERNAL:
                 continue
             name = site.value_name or t.name
-            info = external_info(t)
-            offset, length = int(info.get("offset", "0")), int(info["length"])
+            parsed = external_entries(t, name)
+            offset, length = parsed.offset, parsed.length or 0
             own = blob[offset:offset + length]
             key = make_key(algo, digest_bytes(algo, own))
-            entries = [(k, v) for k, v in info.items() if k.startswith("prepacked")]
+            entries = list(parsed.prepacked)
             if digest_of.get(name) != key and length <= SMALL_VALUE_LIMIT and not entries:
                 del t.external_data[:]  # a small value: part of the companion's metadata
                 t.data_location = onnx.TensorProto.DEFAULT

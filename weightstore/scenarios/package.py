@@ -25,7 +25,7 @@ from ..catalogue.locations import resolve_location
 from ..catalogue.payload import (
     SMALL_VALUE_LIMIT,
     expected_nbytes,
-    external_info,
+    external_entries,
     read_file_range,
 )
 from ..catalogue.shape_inputs import shape_input_names
@@ -241,11 +241,10 @@ def _bytes_of(tensor: onnx.TensorProto, name: str, value: Callable[[str], np.nda
         return lambda: data
     if tensor.data_location == onnx.TensorProto.EXTERNAL:  # a source scenario's stored bytes
         def stored() -> bytes:
-            info = external_info(tensor)
-            path = resolve_location(base_dir, info.get("location", ""), where=name)
-            data = read_file_range(path, int(info.get("offset", "0")),
-                                   int(info.get("length", "0")))
-            check_digest(data, info.get("checksum"), where=name)
+            info = external_entries(tensor, name)
+            path = resolve_location(base_dir, info.location, where=name)
+            data = read_file_range(path, info.offset, info.length or 0)
+            check_digest(data, info.checksum, where=name)
             return data
         return stored
 

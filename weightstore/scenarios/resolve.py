@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..catalogue.payload import expected_nbytes, external_info
+from ..catalogue.payload import expected_nbytes, external_entries
 from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites, value_key
 from ..errors import ScenarioError
 
@@ -52,23 +52,17 @@ def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
         t = site.tensor
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        info = external_info(t)
+        info = external_entries(t, site.where)
         name = site.value_key(ambiguous)
-        try:
-            offset = int(info.get("offset", "0"))
-            length = int(info["length"]) if "length" in info else None
-        except ValueError:
-            raise ScenarioError("live weight has a malformed external data range",
-                                scenario=scenario, initializer=name) from None
+        offset, length = info.offset, info.length
         expected = expected_nbytes(t.data_type, list(t.dims))
         if length is None:
             length = expected
-        if not info.get("location") or length is None or (
-                expected is not None and length != expected):
+        if length is None or (expected is not None and length != expected):
             raise ScenarioError("live weight has no eligible payload", scenario=scenario,
-                                initializer=name, location=info.get("location"))
-        out.append(LivePayload(name, site.where, info["location"], offset, length,
-                               info.get("checksum")))
+                                initializer=name, location=info.location)
+        out.append(LivePayload(name, site.where, info.location, offset, length,
+                               info.checksum))
     return out
 
 
