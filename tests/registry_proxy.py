@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def relay(handler: BaseHTTPRequestHandler, upstream: str, body: bytes,
-          change: Callable[[bytes], bytes] | None = None) -> int:
+def forward(handler: BaseHTTPRequestHandler, upstream: str,
+            body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
     """Send the handler's request with ``body`` to ``upstream``, keeping the client's Host
-    (so upload locations point back at the proxy), and its answer (through ``change``)
-    back; its status."""
+    (so upload locations point back at the proxy); the answer's status, headers and
+    body."""
     conn = http.client.HTTPConnection(upstream, timeout=30)
     try:
         conn.putrequest(handler.command, handler.path, skip_host=True,
@@ -20,17 +23,78 @@ def relay(handler: BaseHTTPRequestHandler, upstream: str, body: bytes,
             conn.putheader(k, v)
         conn.endheaders(body or None)
         resp = conn.getresponse()
-        data = resp.read()
-        if change is not None:
-            data = change(data)
-        handler.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                handler.send_header(k, v)
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        if handler.command != "HEAD":
-            handler.wfile.write(data)
-        return resp.status
+        return resp.status, resp.getheaders(), resp.read()
     finally:
         conn.close()
+
+
+def send_head(handler: BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]],
+              length: int) -> None:
+    """Send an answer's status and headers, with a Content-Length of ``length``."""
+    handler.send_response(status)
+    for k, v in headers:
+        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+            handler.send_header(k, v)
+    handler.send_header("Content-Length", str(length))
+    handler.end_headers()
+
+
+def answer(handler: BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]],
+           data: bytes) -> None:
+    """Send an answer."""
+    send_head(handler, status, headers, len(data))
+    if handler.command != "HEAD":
+        handler.wfile.write(data)
+
+
+def relay(handler: BaseHTTPRequestHandler, upstream: str, body: bytes,
+          change: Callable[[bytes], bytes] | None = None) -> int:
+    """Forward the handler's request and send its answer (through ``change``) back; its
+    status."""
+    status, headers, data = forward(handler, upstream, body)
+    answer(handler, status, headers, change(data) if change is not None else data)
+    return status
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A test server that says nothing when a client hangs up before the answer ends (as
+    the client under test should, on an answer it refuses)."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
+Intercept = Callable[[BaseHTTPRequestHandler, bytes], bool]
+
+
+@contextlib.contextmanager
+def misbehaving(upstream: str | None, intercept: Intercept) -> Iterator[str]:
+    """A proxy on 127.0.0.1 in front of ``upstream``: every request (with its body) goes
+    first to ``intercept``, which answers it itself and returns True, or returns False to
+    have it forwarded (with no ``upstream``, a server answering every request itself).
+    Yields its host. A client hanging up mid-answer is no error."""
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _handle(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                if not intercept(self, body) and upstream is not None:
+                    relay(self, upstream, body)
+
+        do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+    server = QuietServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -9,13 +9,11 @@ and its parent, as they were.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -47,6 +45,7 @@ from weightstore.store import WeightStore
 
 from . import test_store_shared
 from .helpers import scenario_package
+from .registry_proxy import forward, misbehaving, send_head
 from .registry_server import needs_registry, running_registry
 
 small_disk = test_store_shared.small_disk  # a 4 MiB tmpfs (root only)
@@ -58,27 +57,13 @@ FAST = Transport(attempts=2, backoff=0.01, max_backoff=0.01, connect_timeout=2,
 
 @contextmanager
 def answering(respond: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
-    """A server on 127.0.0.1 whose every GET is ``respond(handler)``; yields its host."""
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    """A server on 127.0.0.1 whose every answer is ``respond(handler)``; yields its host."""
+    def intercept(handler: BaseHTTPRequestHandler, body: bytes) -> bool:
+        respond(handler)
+        return True
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            # the client stops reading, as it should
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                respond(self)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with misbehaving(None, intercept) as host:
+        yield host
 
 
 def _endless(status: int) -> Callable[[BaseHTTPRequestHandler], None]:
@@ -607,3 +592,48 @@ def test_a_pull_onto_a_full_disk_names_the_file(pushed, tmp_path, capsys, full, 
     (small_disk / "filler").unlink()
     assert main(argv) == 0
     assert _tree(out) == _tree(package)
+
+
+# -- a registry that trickles --------------------------------------------------------------
+
+def _trickling(upstream: str, what: str) -> Callable[[BaseHTTPRequestHandler, bytes], bool]:
+    """Answers GETs whose path holds ``what`` whole in their headers, then one byte of
+    the body every 0.1 s (until the client hangs up)."""
+    import time
+
+    def intercept(h: BaseHTTPRequestHandler, body: bytes) -> bool:
+        if h.command != "GET" or what not in h.path:
+            return False
+        status, headers, data = forward(h, upstream, body)
+        send_head(h, status, headers, len(data))
+        for i in range(len(data)):
+            h.wfile.write(data[i:i + 1])
+            h.wfile.flush()
+            time.sleep(0.1)
+        return True
+    return intercept
+
+
+@needs_registry
+@pytest.mark.parametrize("what", ["/blobs/", "/manifests/"])
+def test_a_trickling_registry_is_given_up_on_with_one_line(pushed, tmp_path, capsys,
+                                                           what) -> None:
+    """A byte every 0.1 s never trips the timeout between bytes; the transfer's rate,
+    measured over each --timeout window, does: one line naming the URL, exit 2, within
+    a few windows, nothing left."""
+    import time
+
+    host, _, _ = pushed
+    store = WeightStore(tmp_path / "store")
+    with misbehaving(host, _trickling(host, what)) as proxy:
+        start = time.monotonic()
+        code = main(["pull", f"{proxy}/pk/a:1", str(tmp_path / "out"), "--store",
+                     str(store.root), "--timeout", "1"])
+        took = time.monotonic() - start
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("weightstore: error: ") and "\n" not in err, err
+    assert "too slow" in err and what in err, err
+    assert took < 6, took
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+    assert not store.index.exists() or store.verify().ok  # a partial blob is kept to resume

@@ -48,6 +48,7 @@ CHUNK = 1 << 20  # bytes per write to the socket
 CHUNKED_ABOVE = 64 << 20  # blobs larger than this are sent as PATCH chunks of this size
 MAX_DOCUMENT = 64 << 20  # the largest manifest, metadata blob or token answer accepted
 MAX_ERROR_BODY = 64 << 10  # how much of an error answer is read
+MIN_RATE = 1024  # bytes per second an answer's body must average over each --timeout window
 # what breaks a transfer off mid-way (retried): the connection, a timeout, a torn chunked
 # or compressed body
 BROKEN = (requests.ConnectionError, requests.Timeout,
@@ -65,6 +66,7 @@ class Transport:
     backoff: float = 0.25  # seconds before the first retry; doubles, capped at max_backoff
     max_backoff: float = 8.0
     chunk_size: int = CHUNKED_ABOVE
+    min_rate: int = MIN_RATE  # bytes/s over each read_timeout window (see body_pieces)
 
 
 @dataclass(frozen=True)
@@ -78,14 +80,49 @@ class Reply:
     content: bytes
 
 
-def read_body(resp: requests.Response, limit: int, *, strict: bool = True,
-              **context: Any) -> bytes:
-    """At most ``limit`` bytes of the body, the response closed after. A longer body is a
-    :class:`RegistryError` naming ``context`` (``strict``) or cut at ``limit``."""
+def body_pieces(resp: requests.Response, transport: Transport,
+                **context: Any) -> Iterator[bytes]:
+    """An answer's body in pieces as they arrive (one receive each, at most
+    :data:`CHUNK`), decoded as ``iter_content`` decodes it. A server that trickles (a byte
+    now and then, never long enough apart for the read timeout) is given up on: over each
+    window of ``read_timeout`` seconds the body must average ``min_rate`` bytes a second,
+    else a :class:`RegistryError` (not retried) names the URL and ``context``. Broken
+    transfers raise what ``iter_content`` raises (see :data:`BROKEN`)."""
+    from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError
+
+    raw = resp.raw
+    window, start, got = transport.read_timeout, time.monotonic(), 0
+    while True:
+        try:
+            data = raw.read1(CHUNK, decode_content=True)
+        except ProtocolError as exc:
+            raise requests.exceptions.ChunkedEncodingError(exc) from None
+        except DecodeError as exc:
+            raise requests.exceptions.ContentDecodingError(exc) from None
+        except ReadTimeoutError as exc:
+            raise requests.ConnectionError(exc) from None
+        if not data:
+            return
+        yield data
+        got += len(data)
+        elapsed = time.monotonic() - start
+        if elapsed >= window:
+            if got < transport.min_rate * elapsed:
+                raise RegistryError(
+                    f"registry transfer too slow: {got} bytes in {elapsed:.1f} s, fewer "
+                    f"than {transport.min_rate} a second", url=resp.url, **context)
+            start, got = time.monotonic(), 0
+
+
+def read_body(resp: requests.Response, limit: int, transport: Transport, *,
+              strict: bool = True, **context: Any) -> bytes:
+    """At most ``limit`` bytes of the body (read by :func:`body_pieces`), the response
+    closed after. A longer body is a :class:`RegistryError` naming ``context``
+    (``strict``) or cut at ``limit``."""
     parts: list[bytes] = []
     size = 0
     with resp:
-        for data in resp.iter_content(CHUNK):
+        for data in body_pieces(resp, transport, **context):
             size += len(data)
             if size > limit:
                 if strict:
@@ -201,7 +238,7 @@ class RegistryClient:
                 if resp.status_code in ok and limit is None:
                     return resp
                 good = resp.status_code in ok
-                content = read_body(resp, limit if good and limit else MAX_ERROR_BODY,
+                content = read_body(resp, limit if good and limit else MAX_ERROR_BODY, t,
                                     strict=good, host=self.host, **where)
             except requests.TooManyRedirects:
                 raise RegistryError("registry redirects without end", host=self.host,
@@ -267,6 +304,7 @@ class RegistryClient:
                                                 self.transport.read_timeout))
             status = resp.status_code
             content = read_body(resp, MAX_DOCUMENT if status == 200 else MAX_ERROR_BODY,
+                                self.transport,
                                 strict=status == 200, realm=realm)
         except requests.TooManyRedirects:
             raise RegistryAuthError("token service redirects without end",

@@ -34,7 +34,8 @@ def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="plain HTTP to a registry that is not on loopback (TLS otherwise)")
     p.add_argument("--timeout", type=_seconds, default=120.0,
-                   help="seconds to wait for a registry answer (default 120)")
+                   help="seconds to wait for a registry answer, and the window over which "
+                        "an answer's body must average 1 KiB/s (default 120)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -61,7 +61,7 @@ from .artifact import (
     parse_manifest,
     sha256_digest,
 )
-from .client import BROKEN, CHUNK, MAX_DOCUMENT, RegistryClient, Transport
+from .client import BROKEN, CHUNK, MAX_DOCUMENT, RegistryClient, Transport, body_pieces
 from .reference import Reference, parse_reference
 
 STREAM_ATTEMPTS = 4
@@ -147,7 +147,8 @@ def _stream(client: RegistryClient, ref: Reference, desc: dict[str, Any], f: Any
     pos = have
     try:
         with resp:
-            for data in resp.iter_content(CHUNK):
+            for data in body_pieces(resp, client.transport, digest=desc["digest"],
+                                    reference=str(ref)):
                 pos += len(data)
                 client.count_received(len(data))
                 if pos > desc["size"]:
