@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+import onnx
 import pytest
 
 from weightstore.cli import main
@@ -295,15 +296,19 @@ def test_a_variant_pull_of_a_broken_artifact_is_one_typed_error(pushed, tmp_path
     store = WeightStore(tmp_path / "store")
     model = ("devices/npu/encoder.onnx" if how == "device" else "encoder.onnx")
     cases = {"garbage": {model: b"\xff" * 64}}
+    data = (package / model).read_bytes()  # a node output's name made not UTF-8
+    name = onnx.load_from_string(data).graph.node[0].output[0].encode()
+    cases["badname"] = {model: data.replace(name, b"\xff" + name[1:])}
     if how == "scenario":
         summary = json.loads((package / "summary.json").read_bytes())
         summary["models"][0]["file"] = "nope.onnx"
         cases["nolayer"] = {"summary.json": json.dumps(summary).encode()}
     for tag, files in cases.items():
         ref = _altered(host, manifest, f"{how}-{tag}", files)
-        with pytest.raises(RegistryError, match="malformed model artifact"):
+        with pytest.raises(RegistryError, match="malformed model artifact") as err:
             pull(ref, tmp_path / "out", store=store,
                  **({"device": "npu"} if how == "device" else {"scenario": "half"}))
+        assert tag != "badname" or err.value.context["field"] == "NodeProto.output"
         assert not (tmp_path / "out").exists()
         assert _leftovers(tmp_path) == []
     # an unknown name, and the variant pulled whole

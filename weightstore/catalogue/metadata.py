@@ -14,10 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..convert.encoding import TYPED_FIELDS
+from ..errors import ModelError
 from ..io.onnx_proto import ModelProto, TensorProto
 from .payload import SMALL_VALUE_LIMIT, expected_nbytes
 from .reader import Catalogue, refuse_duplicate_initializers
 from .sites import iter_tensor_sites, iter_tensors
+from .utf8 import check_message
 
 # files up to this size may be parsed whole: a larger one holds large payloads (or is a
 # graph so big that the catalogue's bounded reads are worth their time anyway)
@@ -51,6 +53,10 @@ def parse_metadata(data: bytes, source: Path, small_limit: int = SMALL_VALUE_LIM
     except Exception:  # protobuf's DecodeError, or its depth and size limits
         return None
     if not model.HasField("graph") or not model.ir_version:
+        return None
+    try:
+        check_message(memoryview(data), 0, len(data), ModelProto.DESCRIPTOR)
+    except ModelError:
         return None
     for t in iter_tensors(model):
         if _inline(t):

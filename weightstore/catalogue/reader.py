@@ -24,12 +24,11 @@ from ..io.onnx_proto import GraphProto, ModelProto, TensorProto
 from .filebytes import FileBytes
 from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
-from .wire import LEN, Field, FramingError, encode_varint, iter_fields
+from .utf8 import check_field
+from .wire import LEN, MAX_DEPTH, Field, FramingError, encode_varint, iter_fields
 
 if TYPE_CHECKING:
     from .sites import TensorSite
-
-MAX_DEPTH = 96
 
 
 @dataclass(frozen=True)
@@ -161,6 +160,10 @@ class Catalogue:
         self.close()
 
 
+DESCRIPTORS = {kind: ModelProto.DESCRIPTOR.file.message_types_by_name[kind.value]
+               for kind in Kind}
+
+
 class _Stripper:
     def __init__(self, buf: FileBytes) -> None:
         self.buf = buf
@@ -181,6 +184,7 @@ class _Stripper:
                 continue
             child = children.get(f.number)
             if child is None:
+                check_field(self.buf, f, DESCRIPTORS[kind], depth)
                 out.append(self.buf[f.start:f.end])
                 continue
             child_kind, repeated = child

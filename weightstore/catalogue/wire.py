@@ -17,6 +17,7 @@ class FramingError(ModelError):
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 MAX_VARINT_BYTES = 10
+MAX_DEPTH = 96  # messages nested deeper than this are refused
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import (
     IntegrityError,
+    ModelError,
     PackageError,
     RegistryDigestError,
     RegistryError,
@@ -334,8 +335,16 @@ def _download_files(client: RegistryClient, ref: Reference, parsed: ParsedArtifa
 
 def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
     """A model file of the artifact, parsed; a malformed one is a typed error."""
+    from ..catalogue.utf8 import check_message
+
     try:
-        return onnx.load(str(path), load_external_data=False)
+        data = path.read_bytes()
+        model = onnx.load_from_string(data)
+        check_message(memoryview(data), 0, len(data), model.DESCRIPTOR)
+        return model
+    except ModelError as exc:  # a string that is not UTF-8, as every reader refuses it
+        raise RegistryError(f"malformed model artifact: {exc.message}", reference=str(ref),
+                            file=path.name, **exc.context) from None
     except (DecodeError, OSError, ValueError, RecursionError) as exc:
         raise RegistryError(f"malformed model artifact: a model file does not parse "
                             f"({type(exc).__name__})", reference=str(ref),
