@@ -46,7 +46,7 @@ from weightstore.store import WeightStore
 
 from . import test_store_shared
 from .helpers import scenario_package
-from .registry_proxy import forward, misbehaving, send_head
+from .registry_proxy import answer, forward, misbehaving, send_head
 from .registry_server import needs_registry, running_registry
 
 small_disk = test_store_shared.small_disk  # a 4 MiB tmpfs (root only)
@@ -642,3 +642,58 @@ def test_a_trickling_registry_is_given_up_on_with_one_line(pushed, tmp_path, cap
     assert took < 6, took
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
     assert not store.index.exists() or store.verify().ok  # a partial blob is kept to resume
+
+
+# -- push to a registry that lies ----------------------------------------------------------
+
+def _lying(upstream: str, how: str, elsewhere: str) -> Callable[[BaseHTTPRequestHandler, bytes],
+                                                                 bool]:
+    """What a registry that lies answers, the rest forwarded to ``upstream``."""
+    def intercept(h: BaseHTTPRequestHandler, body: bytes) -> bool:
+        if how == "has-every-blob" and h.command == "HEAD" and "/blobs/" in h.path:
+            send_head(h, 200, [("Docker-Content-Digest", h.path.rsplit("/", 1)[1])], 1)
+            return True
+        if how == "mounts-anything" and h.command == "POST" and "mount=" in h.path:
+            send_head(h, 201, [], 0)
+            return True
+        if how == "escapes" and h.command == "POST" and "/blobs/uploads/" in h.path:
+            send_head(h, 202, [("Location", f"http://{elsewhere}/v2/steal?state=x")], 0)
+            return True
+        if how == "other-digest" and h.command == "PUT":
+            status, headers, data = forward(h, upstream, body)
+            other = "sha256:" + "0" * 64
+            answer(h, status, [(k, other if k.lower() == "docker-content-digest" else v)
+                               for k, v in headers], data)
+            return True
+        return False
+    return intercept
+
+
+@needs_registry
+@pytest.mark.parametrize("how", ["has-every-blob", "mounts-anything", "escapes",
+                                 "other-digest"])
+def test_a_push_to_a_lying_registry_fails_closed(pushed, tmp_path, capsys, how) -> None:
+    """Blobs it claims to hold but does not, mounts it claims but never made, an upload
+    location on another host, another digest than the one sent: one line, exit 2, no tag
+    published, nothing sent elsewhere, the package folder as it was."""
+    host, package, _ = pushed
+    before = _tree(package)
+    contacted: list[str] = []
+
+    def record(h: BaseHTTPRequestHandler, body: bytes) -> bool:
+        contacted.append(f"{h.command} {h.path}")
+        send_head(h, 500, [], 0)
+        return True
+
+    repository = f"pk/lied-{how}"
+    with (misbehaving(None, record) as elsewhere,
+          misbehaving(host, _lying(host, how, elsewhere)) as proxy):
+        code = main(["push", str(package), f"{proxy}/{repository}:1", "--store",
+                     str(tmp_path / "store"), "--mount-from", "pk/a", "--timeout", "5"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("weightstore: error: ") and "\n" not in err, err
+    assert contacted == []
+    with pytest.raises(RegistryError, match="not found"):
+        RegistryClient(host).get_manifest(parse_reference(f"{host}/{repository}:1"))
+    assert _tree(package) == before

@@ -20,16 +20,22 @@ settings.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from ..errors import RegistryAuthError, RegistryError, RegistryUnreachableError
+from ..errors import (
+    RegistryAuthError,
+    RegistryDigestError,
+    RegistryError,
+    RegistryUnreachableError,
+)
 from ..io.files import parse_json
 from .auth import Challenge, Credentials, find_credentials, parse_challenge
 from .reference import (
@@ -360,7 +366,21 @@ class RegistryClient:
         if not location:
             raise RegistryError("registry gave no upload location", reference=str(ref),
                                 digest=digest, status=resp.status_code)
-        return urljoin(resp.url, location)
+        found = urljoin(resp.url, location)
+        if urlsplit(found).netloc != urlsplit(resp.url).netloc:
+            # a body and our credentials go only to the registry asked
+            raise RegistryError("registry gave an upload location on another host",
+                                reference=str(ref), digest=digest, location=found[:200])
+        return found
+
+    def _check_stored(self, resp: Reply, ref: Reference, digest: str) -> None:
+        """A registry that answers another digest than the one sent stored other bytes (or
+        says so): never taken for a success."""
+        answered = resp.headers.get("Docker-Content-Digest")
+        if answered and answered != digest:
+            raise RegistryDigestError("registry stored other bytes than the ones sent",
+                                      reference=str(ref), digest=digest,
+                                      answered=answered[:100])
 
     def upload_status(self, ref: Reference, location: str, digest: str) -> int:
         """How many bytes of an upload session the registry holds."""
@@ -373,10 +393,11 @@ class RegistryClient:
         def body() -> Body:
             return Body(size, lambda: self._count_sent(pieces(0, size)))
 
-        self.request("PUT", with_query(location, digest=digest),
-                     scope=self._scope(ref), ok={201}, body=body,
-                     headers={"Content-Type": "application/octet-stream"},
-                     reference=ref, digest=digest, action="upload blob")
+        resp = self.request("PUT", with_query(location, digest=digest),
+                            scope=self._scope(ref), ok={201}, body=body,
+                            headers={"Content-Type": "application/octet-stream"},
+                            reference=ref, digest=digest, action="upload blob")
+        self._check_stored(resp, ref, digest)
 
     def patch_chunk(self, ref: Reference, location: str, digest: str, start: int, end: int,
                     pieces: Callable[[int, int], Iterable[bytes]]) -> str:
@@ -391,9 +412,10 @@ class RegistryClient:
         return self._location(resp, ref, digest)
 
     def finish_upload(self, ref: Reference, location: str, digest: str) -> None:
-        self.request("PUT", with_query(location, digest=digest),
-                     scope=self._scope(ref), ok={201}, reference=ref,
-                     digest=digest, action="finish upload", headers={"Content-Length": "0"})
+        resp = self.request("PUT", with_query(location, digest=digest),
+                            scope=self._scope(ref), ok={201}, reference=ref, digest=digest,
+                            action="finish upload", headers={"Content-Length": "0"})
+        self._check_stored(resp, ref, digest)
 
     def _count_sent(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
         for piece in pieces:
@@ -422,6 +444,7 @@ class RegistryClient:
                             scope=self._scope(ref), ok={201},
                             body=lambda: data, headers={"Content-Type": media_type},
                             reference=ref, action="PUT manifest")
+        self._check_stored(resp, ref, "sha256:" + hashlib.sha256(data).hexdigest())
         with self._lock:
             self.sent_bytes += len(data)
         return resp.headers.get("Docker-Content-Digest", "")
