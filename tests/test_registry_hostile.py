@@ -697,3 +697,73 @@ def test_a_push_to_a_lying_registry_fails_closed(pushed, tmp_path, capsys, how) 
     with pytest.raises(RegistryError, match="not found"):
         RegistryClient(host).get_manifest(parse_reference(f"{host}/{repository}:1"))
     assert _tree(package) == before
+
+
+# -- --device and --scenario pulls from a registry that lies ------------------------------
+
+def _relayered(host: str, manifest: dict, tag: str, change: Callable[[list], None]) -> str:
+    """Push a copy of ``manifest`` whose layer list ``change`` altered; its reference."""
+    ref = parse_reference(f"{host}/pk/a:{tag}")
+    doc = json.loads(json.dumps(manifest))
+    change(doc["layers"])
+    RegistryClient(host, push=True).put_manifest(ref, tag, json.dumps(doc).encode())
+    return str(ref)
+
+
+def _swap_digests(layers: list) -> None:
+    """Every payload layer names the blob of another payload of its size."""
+    groups: dict[int, list[dict]] = {}
+    for layer in layers:
+        if PAYLOAD in (layer.get("annotations") or {}):
+            groups.setdefault(layer["size"], []).append(layer)
+    digests = {}
+    for group in groups.values():
+        for a, b in zip(group, group[1:] + group[:1], strict=True):
+            digests[id(a)] = b["digest"]
+    assert any(len(g) > 1 for g in groups.values())
+    for layer in layers:
+        layer["digest"] = digests.get(id(layer), layer["digest"])
+
+
+def _oversize(layers: list) -> None:
+    for layer in layers:
+        if PAYLOAD in (layer.get("annotations") or {}):
+            layer["size"] = 1 << 42
+
+
+def _drop_payloads(layers: list) -> None:
+    layers[:] = [x for x in layers if PAYLOAD not in (x.get("annotations") or {})]
+
+
+def _drop_summary(layers: list) -> None:
+    layers[:] = [x for x in layers
+                 if (x.get("annotations") or {}).get(FILEPATH) != "summary.json"]
+
+
+@needs_registry
+@pytest.mark.parametrize("how", ["device", "scenario"])
+def test_a_variant_pull_from_a_lying_registry_fails_closed(pushed, tmp_path, capsys,
+                                                           how) -> None:
+    """Payload layers naming other payloads' blobs, sizes past any file, payload layers
+    or the summary's layer missing: one line, exit 2, no output, no root, nothing in the
+    store that is not what its key says; the honest tag then pulls."""
+    host, _, manifest = pushed
+    store = WeightStore(tmp_path / "store")
+    option = ["--device", "npu"] if how == "device" else ["--scenario", "half"]
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "mine.txt").write_text("mine")
+    for case, change in (("swapped", _swap_digests), ("oversized", _oversize),
+                         ("nopayloads", _drop_payloads), ("nosummary", _drop_summary)):
+        ref = _relayered(host, manifest, f"{how}-{case}", change)
+        for out, extra in ((tmp_path / "out", []), (tmp_path / "keep", ["--force"])):
+            code = main(["pull", ref, str(out), "--store", str(store.root), *option, *extra])
+            err = capsys.readouterr().err.strip()
+            assert code == 2, (case, err)
+            assert err.startswith("weightstore: error: ") and "\n" not in err, (case, err)
+        assert not (tmp_path / "out").exists(), case
+        assert _tree(tmp_path / "keep") == {"mine.txt": b"mine"}, case
+        assert _leftovers(tmp_path) == [], case
+        assert store.roots() == []
+        assert not store.index.exists() or store.verify().ok, case
+    assert main(["pull", f"{host}/pk/a:1", str(tmp_path / "out"), "--store",
+                 str(store.root), *option]) == 0

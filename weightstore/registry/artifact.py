@@ -302,7 +302,9 @@ def parse_assembly(data: bytes, parsed: ParsedArtifact, reference: str) -> list[
                 layer = parsed.payloads.get(key)
                 if layer is None or layer["size"] != size:
                     raise RegistryError("malformed model manifest: assembly names a payload "
-                                        "without its layer", reference=reference, key=key)
+                                        "without its layer", reference=reference, key=key,
+                                        size=size,
+                                        layer_size=None if layer is None else layer["size"])
             wf = _weight_file(name, _count(f["size"], bad, file=name, entry=i), found)
             for offset, length in wf.gaps():
                 if length > MAX_ALIGNMENT:
