@@ -4,6 +4,7 @@ before anything is sent, and a summary naming a path outside the folder is refus
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,6 +16,8 @@ from tests.release_helpers import make_checkout
 from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, PackageError
+from weightstore.registry import push as push_module
+from weightstore.registry.client import Transport
 from weightstore.registry.push import push
 from weightstore.store import WeightStore
 
@@ -137,3 +140,80 @@ def test_an_intact_package_still_pushes(built: Path, package: Path, registry) ->
     report = push(package, f"{registry.host}/proof/intact:1",
                   store=WeightStore(built / "store"))
     assert report.uploaded and _published(registry, "proof/intact")
+
+
+def _tag_pushed(registry, repository: str, tag: str = "1") -> bool:
+    return (registry.folder / "data" / "docker" / "registry" / "v2" / "repositories"
+            / repository / "_manifests" / "tags" / tag).exists()
+
+
+def _blob(registry, data: bytes) -> Path:
+    hex_ = hashlib.sha256(data).hexdigest()
+    return (registry.folder / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"
+            / hex_[:2] / hex_ / "data")
+
+
+def _changed_after_the_check(monkeypatch, paths: list[Path], offset: int) -> None:
+    """Flip one byte of each of ``paths`` once push has checked the whole package against its
+    summary and keys and planned the artifact from what it hashed: between the check and
+    the upload."""
+    plan = push_module.build_artifact
+
+    def planned(*args, **kwargs):
+        artifact = plan(*args, **kwargs)
+        for path in paths:
+            _flip(path, offset)
+        return artifact
+
+    monkeypatch.setattr(push_module, "build_artifact", planned)
+
+
+@pytest.mark.parametrize("chunk", [None, 4096], ids=["monolithic", "chunked"])
+def test_a_weight_file_changed_after_the_check_is_never_published(
+        package: Path, registry, tmp_path: Path, monkeypatch, capsys, chunk) -> None:
+    weights = next(p for p in package.iterdir() if p.suffix not in (".onnx", ".json"))
+    original = weights.read_bytes()
+    offset = next(i for i, b in enumerate(original) if b)  # a byte of a payload
+    _changed_after_the_check(monkeypatch, [weights], offset)
+    repository = f"swap/weights-{chunk or 0}"
+    transport = Transport(chunk_size=chunk) if chunk else None
+    with pytest.raises(IntegrityError, match="changed after it was checked"):
+        push(package, f"{registry.host}/{repository}:1", store=WeightStore(tmp_path / "s1"),
+             transport=transport, jobs=1)
+    assert not _tag_pushed(registry, repository)
+    assert not _blob(registry, weights.read_bytes()).exists()  # no upload was completed
+    weights.write_bytes(original)
+    capsys.readouterr()
+    assert main(["push", str(package), f"{registry.host}/{repository}:1",
+                 "--store", str(tmp_path / "s2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "changed after it was checked" in err[0] and str(weights) in err[0]
+    assert not _tag_pushed(registry, repository)
+    # a rerun on the intact file publishes it
+    weights.write_bytes(original)
+    monkeypatch.undo()
+    push(package, f"{registry.host}/{repository}:1", store=WeightStore(tmp_path / "s3"),
+         transport=transport, jobs=1)
+    assert _tag_pushed(registry, repository)
+
+
+def test_a_model_file_changed_after_the_check_is_not_what_is_published(
+        package: Path, registry, tmp_path: Path, monkeypatch) -> None:
+    """A small file goes up from the bytes that were hashed, so the change is never sent;
+    a large one (here: every file) is hashed again as it goes and stopped."""
+    model = package / "encoder.onnx"
+    original = model.read_bytes()
+    copies = [p for p in package.rglob("*.onnx") if p.read_bytes() == original]  # one blob
+    _changed_after_the_check(monkeypatch, copies, 40)
+    push(package, f"{registry.host}/swap/model:1", store=WeightStore(tmp_path / "s1"))
+    assert _tag_pushed(registry, "swap/model")
+    assert _blob(registry, original).read_bytes() == original
+    assert not _blob(registry, model.read_bytes()).exists()
+
+    for path in copies:
+        path.write_bytes(original)
+    monkeypatch.setattr(push_module, "KEPT_IN_MEMORY", 0)
+    with pytest.raises(IntegrityError, match="changed after it was checked"):
+        push(package, f"{registry.host}/swap/model-large:1",
+             store=WeightStore(tmp_path / "s2"))
+    assert not _tag_pushed(registry, "swap/model-large")

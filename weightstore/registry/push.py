@@ -46,6 +46,7 @@ from .client import CHUNK, RegistryClient, Transport
 from .reference import Reference, parse_reference
 
 CHUNK_RETRIES = 5
+KEPT_IN_MEMORY = 16 << 20  # files up to this size are uploaded from the bytes that were hashed
 
 Pieces = Callable[[int, int], Iterable[bytes]]
 
@@ -93,12 +94,62 @@ def bytes_pieces(data: bytes) -> Pieces:
     return pieces
 
 
-def _hash_range(path: Path, offset: int, size: int, algos: Iterable[str]) -> dict[str, str]:
+class CheckedPieces:
+    """The bytes of one blob, read from ``path`` (at ``base``) as they are uploaded and
+    hashed as they go: the piece that completes the blob is handed over only once the
+    whole blob hashed to ``digest``, the sha256 the package was checked with, so a file
+    changed on disk after the check never completes an upload (a monolithic body stops
+    short of its length; the last chunk of a chunked upload is not sent, nor the upload
+    finished) and the manifest is never pushed. A range asked for again (a retried
+    request, a resumed session) continues from the hash state saved at its start; a start
+    with no saved state (a session a killed push left) hashes the bytes before it again
+    from the file."""
+
+    def __init__(self, path: Path, base: int, size: int, digest: str) -> None:
+        self.path, self.base, self.size, self.digest = path, base, size, digest
+        self._states: dict[int, Any] = {0: hashlib.sha256()}  # offset -> hash state there
+
+    def __call__(self, start: int, end: int) -> Iterator[bytes]:
+        state = self._state_at(start)
+        for stale in [p for p in self._states if p > start]:  # bytes read again replace them
+            del self._states[stale]
+        pos = start
+        if pos == end == self.size:
+            self._check(state)
+        for data in file_pieces(self.path, self.base)(start, end):
+            state.update(data)
+            pos += len(data)
+            if pos == self.size:
+                self._check(state)
+            self._states[pos] = state.copy()
+            yield data
+
+    def _state_at(self, start: int) -> Any:
+        below = max(p for p in self._states if p <= start)
+        state = self._states[below].copy()
+        for data in file_pieces(self.path, self.base)(below, start):
+            state.update(data)
+        return state
+
+    def _check(self, state: Any) -> None:
+        actual = "sha256:" + state.hexdigest()
+        if actual != self.digest:
+            raise IntegrityError("a file changed after it was checked; its upload was "
+                                 "stopped and nothing was published", file=str(self.path),
+                                 offset=self.base, size=self.size, expected=self.digest,
+                                 actual=actual)
+
+
+def _hashes(pieces: Iterable[bytes], algos: Iterable[str]) -> dict[str, str]:
     hashers = {a: new_hasher(a) for a in algos}
-    for data in file_pieces(path, offset)(0, size):
+    for data in pieces:
         for h in hashers.values():
             h.update(data)
     return {a: h.hexdigest() for a, h in hashers.items()}
+
+
+def _hash_range(path: Path, offset: int, size: int, algos: Iterable[str]) -> dict[str, str]:
+    return _hashes(file_pieces(path, offset)(0, size), algos)
 
 
 def payload_digests(folder: Path, plan: PackagePlan, store: WeightStore,
@@ -129,13 +180,16 @@ def payload_digests(folder: Path, plan: PackagePlan, store: WeightStore,
 
 
 def _file_digests(folder: Path, plan: PackagePlan, summary: dict[str, Any],
-                  summary_bytes: bytes, ref: Reference) -> dict[str, tuple[str, int]]:
+                  summary_bytes: bytes, ref: Reference,
+                  ) -> tuple[dict[str, tuple[str, int]], dict[str, bytes]]:
     """(sha256, size) of every file that is not a weight file, each hashed in the same
-    read with the digest its summary lists, and the folder checked against the summary
-    as a whole (nothing missing or unlisted, every size and digest, the weight files'
-    pieces) before anything is uploaded. The weight files' payloads are checked against
-    their keys as they are hashed (:func:`payload_digests`), their padding by
-    :func:`_check_padding`; files ``prepare`` added are checked as ``verify`` checks them."""
+    read with the digest its summary lists, and the bytes hashed of those up to
+    :data:`KEPT_IN_MEMORY` (the summary's always), which are what is uploaded; and the
+    folder checked against the summary as a whole (nothing missing or unlisted, every
+    size and digest, the weight files' pieces) before anything is uploaded. The weight
+    files' payloads are checked against their keys as they are hashed
+    (:func:`payload_digests`), their padding by :func:`_check_padding`; files ``prepare``
+    added are checked as ``verify`` checks them."""
     from ..package.assembly import contents_problem
     from ..resolve.prepared_cache import companion_contents
 
@@ -144,6 +198,7 @@ def _file_digests(folder: Path, plan: PackagePlan, summary: dict[str, Any],
     records, graphs = companion_contents([n for n in others if n not in listed], folder)
     listed.update((g["path"], g["digest"]) for g in graphs)
     out = {SUMMARY_NAME: (_digest(summary_bytes), len(summary_bytes))}
+    kept = {SUMMARY_NAME: summary_bytes}
     found: dict[str, tuple[int, str]] = {}
     for name in others:
         path = folder / name
@@ -151,7 +206,12 @@ def _file_digests(folder: Path, plan: PackagePlan, summary: dict[str, Any],
         algo = listed.get(name, "sha256:").partition(":")[0]
         if algo not in ALGORITHMS:  # a digest weightstore cannot take: never a match
             algo = "sha256"
-        digests = _hash_range(path, 0, size, {"sha256", algo})
+        if size <= KEPT_IN_MEMORY:
+            kept[name] = path.read_bytes()
+            size = len(kept[name])
+            digests = _hashes([kept[name]], {"sha256", algo})
+        else:
+            digests = _hash_range(path, 0, size, {"sha256", algo})
         out[name] = ("sha256:" + digests["sha256"], size)
         if name not in records:
             found[name] = (size, make_key(algo, digests[algo]))
@@ -163,7 +223,7 @@ def _file_digests(folder: Path, plan: PackagePlan, summary: dict[str, Any],
     if problem is not None:
         raise IntegrityError("the package does not match its summary; nothing was pushed",
                              folder=str(folder), reference=str(ref), problem=problem)
-    return out
+    return out, kept
 
 
 def _check_padding(folder: Path, plan: PackagePlan) -> None:
@@ -195,17 +255,20 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     plan = plan_package(folder, summary, list_files(folder))
     _check_padding(folder, plan)
     sha, hashed = payload_digests(folder, plan, store, jobs)
-    file_digests = _file_digests(folder, plan, summary, summary_bytes, ref)
+    file_digests, kept = _file_digests(folder, plan, summary, summary_bytes, ref)
     artifact = build_artifact(plan, sha, file_digests, created_at())
+    # what is uploaded is what was checked: the bytes hashed, or bytes hashed again as
+    # they are sent and held back from the registry unless they match (CheckedPieces)
     sources: dict[str, tuple[int, Pieces]] = {}
     for key, (name, offset) in plan.payload_sources().items():
-        sources.setdefault(sha[key], (plan.payload_sizes()[key],
-                                      file_pieces(folder / name, offset)))
+        size = plan.payload_sizes()[key]
+        sources.setdefault(sha[key], (size, upload_pieces(folder / name, offset, size,
+                                                          sha[key])))
     sources.setdefault(_digest(artifact.assembly), (len(artifact.assembly),
                                                     bytes_pieces(artifact.assembly)))
-    for name, (digest, size) in file_digests.items():  # the summary: the bytes checked
-        sources.setdefault(digest, (size, bytes_pieces(summary_bytes) if name == SUMMARY_NAME
-                                    else file_pieces(folder / name)))
+    for name, (digest, size) in file_digests.items():
+        sources.setdefault(digest, (size, bytes_pieces(kept[name]) if name in kept
+                                    else upload_pieces(folder / name, 0, size, digest)))
     sources.setdefault(_digest(artifact.config), (len(artifact.config),
                                                   bytes_pieces(artifact.config)))
 
@@ -253,6 +316,11 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     client.put_manifest(ref, ref.tag or "latest", artifact.manifest)
     report.sent_bytes = client.sent_bytes
     return report
+
+
+def upload_pieces(path: Path, base: int, size: int, digest: str) -> Pieces:
+    """How a blob is read from the package at upload time: checked as it is sent."""
+    return CheckedPieces(path, base, size, digest)
 
 
 def _digest(data: bytes) -> str:
@@ -303,6 +371,9 @@ class _ChunkedUpload:
             location = self.client.start_upload(self.ref, self.digest)
         try:
             self._send(location, offset)
+        except IntegrityError:
+            self._forget()  # bytes other than the checked ones: never continue them
+            raise
         except RegistryDigestError:
             if not offset:
                 raise
