@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,6 +31,9 @@ from .plan import BUFFER, STORE, Placement, ReadPlan, Run
 from .reader import Reader, read_range
 
 BOUNCE = 1 << 20  # bytes: read, hashed and written to a sink through a buffer this big
+MOVED_RETRIES = 5  # reads planned again after the store moved what they were reading
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,6 +89,34 @@ def _read_damage(exc: IntegrityError, run: Run, at: int,
     return IntegrityError(exc.message, scenario=scenario or "(default)",
                           initializer=entry.values[0],
                           **store_context(entry, placements.get(entry.id)))
+
+
+def moved_in_store(exc: IntegrityError, store: Any) -> bool:
+    """Did the store object a failed read names move since the read was planned: does
+    the index now place its key at another file or offset? A compaction re-points a
+    file's rows to the copy it made and then removes the file, so a reader that located
+    the object just before can find the file gone; that is no damage (the index still
+    places the key where the read looked when it is)."""
+    key, path, offset = (exc.context.get(k) for k in ("key", "path", "offset"))
+    if store is None or not key or path is None:
+        return False
+    hit = store.locate([key]).get(key)
+    return hit is not None and (Path(hit.path), hit.offset) != (Path(str(path)), offset)
+
+
+def reading_store(store: Any, read: Callable[[], T]) -> T:
+    """``read()`` (a load that plans its reads, locating store objects, then reads them),
+    planned and read again when it failed on a store object that moved meanwhile
+    (:func:`moved_in_store`), at most :data:`MOVED_RETRIES` times: a reader racing a
+    compaction gets the right bytes, never an error."""
+    attempt = 0
+    while True:
+        try:
+            return read()
+        except IntegrityError as exc:
+            if attempt >= MOVED_RETRIES or not moved_in_store(exc, store):
+                raise
+            attempt += 1
 
 
 def lanes(plan: ReadPlan) -> list[list[int]]:

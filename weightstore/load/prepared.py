@@ -20,7 +20,7 @@ from ..catalogue.sites import iter_tensor_sites
 from ..errors import LoadError
 from ..resolve.model import ResolvedModel
 from ..resolve.prepare import VALUE_PREFIX
-from .executor import execute
+from .executor import execute, reading_store
 from .mapped import MappedData, layout
 from .plan import plan_reads
 from .reader import FileReader, Reader
@@ -30,7 +30,16 @@ from .session import create_session, point_at
 def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None, jobs: int,
                      report: Any, providers: Sequence[str], session_options: Any) -> Any:
     """The session, or None when a packed payload failed its checksum (the caller then
-    loads the portable weights)."""
+    loads the portable weights). Reads of store objects a compaction moved meanwhile
+    are planned and made again (:func:`.executor.reading_store`)."""
+    return reading_store(resolved.source.store, lambda: _prepared_session(
+        ort, resolved, reader=reader, jobs=jobs, report=report, providers=providers,
+        session_options=session_options))
+
+
+def _prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None,
+                      jobs: int, report: Any, providers: Sequence[str],
+                      session_options: Any) -> Any:
     assert resolved.prepared_graph is not None
     manifest = resolved.payload_manifest
     entries = {e.id: e for e in manifest.entries}

@@ -37,7 +37,7 @@ from ..passes.analysis import is_constant, iter_scopes
 from ..resolve.manifest import ACTIVE, STORE_ONLY, ManifestEntry
 from ..resolve.model import ResolvedModel
 from ..scenarios.derive import resolver
-from .executor import execute
+from .executor import execute, reading_store
 from .manager import WEIGHTS, WeightManager
 from .mapped import MappedData, SpillFile, layout
 from .plan import plan_reads
@@ -147,7 +147,16 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
     """The bytes of every active entry, verified. Entries the manager already holds are
     not read. With ``mapped``, entries are read into mapped data files (see
     :mod:`.mapped`): one for what the manager holds, one for ``unshared`` values' entries
-    (not held: released once the session exists)."""
+    (not held: released once the session exists). Reads of store objects a compaction
+    moved meanwhile are planned and made again (:func:`.executor.reading_store`)."""
+    return reading_store(resolved.source.store, lambda: _read_active(
+        resolved, buffers=buffers, reader=reader, jobs=jobs, manager=manager,
+        report=report, mapped=mapped, unshared=unshared))
+
+
+def _read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
+                 reader: Reader | None, jobs: int, manager: WeightManager,
+                 report: LoadReport, mapped: bool, unshared: Collection[str]) -> ActiveBytes:
     manifest = resolved.payload_manifest
     entries = {e.id: e for e in manifest.entries}
     out = ActiveBytes({}, [])
@@ -220,6 +229,7 @@ def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
     except BaseException:
         for file in out.files:
             file.remove_folder()
+        manager.release(out.held)  # nothing will use them: a retry acquires its own
         raise
     finally:
         if own_reader:
