@@ -217,3 +217,17 @@ def test_a_model_file_changed_after_the_check_is_not_what_is_published(
         push(package, f"{registry.host}/swap/model-large:1",
              store=WeightStore(tmp_path / "s2"))
     assert not _tag_pushed(registry, "swap/model-large")
+
+def test_a_store_that_does_not_know_the_build_proves_only_consistency(
+        built: Path, package: Path, registry, tmp_path: Path, capsys) -> None:
+    """Push cannot rebuild: with a store that holds no record of the build it goes on, and
+    says in one stderr line that the folder is proven only internally consistent."""
+    other = tmp_path / "other-store"
+    shutil.copytree(built / "store", other)
+    shutil.rmtree(other / "build-actions")
+    capsys.readouterr()
+    assert main(["push", str(package), f"{registry.host}/proof/unknown:1",
+                 "--store", str(other)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "proven only internally consistent, not the build" in err[0]
+    assert str(package) in err[0] and _published(registry, "proof/unknown")

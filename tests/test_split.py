@@ -368,6 +368,9 @@ def test_deleted_device_folder_is_not_up_to_date(package):
             build(recipe, BuildOptions(jobs=1))
     finally:
         shutil.move(str(saved), path / "devices")
+    # the module's build signed its action records under another test's key: the store
+    # cannot prove the folders under this one, so a build rebuilds them once
+    build(recipe, BuildOptions(jobs=1))
     assert all(p.status == "up-to-date" for p in build(recipe, BuildOptions(jobs=1)).packages)
 
 

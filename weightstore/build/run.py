@@ -21,6 +21,7 @@ Package tree (one folder per layout)::
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,24 +325,42 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
     return _intact(target, summary, digests, store_root)
 
 
+PROVEN = "proven"  # the store's record names this summary, and the files agree with it
+UNRECORDED = "the store holds no sound record of this build"
+OTHER_SUMMARY = "the store recorded another summary.json for its fingerprint"
+DAMAGED = "damaged"  # the files do not agree with the folder's own summary
+
+
 def _intact(target: Path, summary: dict[str, Any], digests: FileDigests,
             store_root: Path) -> bool:
-    """The folder is the build: when the store recorded the build, the summary is the one
-    it recorded (:mod:`.package.proof`), and every file the summary lists is there with
-    its digest (through the stat cache: a file rewritten since it was last hashed is
-    hashed again, so a change is never missed)."""
+    """The folder is the build, proven (:func:`_proof`)."""
+    return _proof(target, summary, digests, store_root) == PROVEN
+
+
+def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
+           store_root: Path) -> str:
+    """What the store proves about the folder: :data:`PROVEN`, the store's MAC'd action
+    record names this very summary (:mod:`.package.proof`) and every file the summary
+    lists is there with its digest (through the stat cache: a file rewritten since it was
+    last hashed is hashed again, so a change is never missed); :data:`UNRECORDED` or
+    :data:`OTHER_SUMMARY`, the files agree with the summary but the store does not prove
+    that summary is the build's (the build rebuilds it); :data:`DAMAGED` otherwise."""
     from ..package.inventory import verify_package
 
     version = summary.get("format_version")
     if not isinstance(version, int) or version < CONTENTS_SINCE:
-        return False  # no file digests to check against
+        return DAMAGED  # no file digests to check against
     try:
         report = verify_package(target, digest=lambda algo, path: digests.of(path, algo),
                                 store=store_root)
     except (OSError, WeightstoreError):
-        return False
+        return DAMAGED
     # files the summary does not list are not part of the package (verify reports them)
-    return all(p.kind == "unexpected" for p in report.problems)
+    if any(p.kind not in ("unexpected", "build") for p in report.problems):
+        return DAMAGED
+    if any(p.kind == "build" for p in report.problems):
+        return OTHER_SUMMARY
+    return PROVEN if report.recorded else UNRECORDED
 
 
 def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict | None]],
@@ -374,7 +393,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             fp = _fingerprint(loaded, layout, identities)
             if existing is not None and not options.force:
                 _refuse(target, existing, fp, layout, identities, loaded.recipe,
-                        store_root=store_root)
+                        proof=_same_build_proof(target, existing, fp, digests, store_root))
             for s in sources:
                 size = packaging.estimated_model_bytes(s, layout)
                 if size > PROTOBUF_LIMIT:
@@ -450,21 +469,25 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
         with target_lock(target, store.root):
             # another build may have published here since the first look
             existing = _existing_summary(target, options.force)
+            proof = None
             if existing is not None and not options.force:
-                if (existing.get("fingerprint") == fp
-                        and _intact(target, existing, digests, store.root)):
+                proof = _same_build_proof(target, existing, fp, digests, store.root)
+                if proof == PROVEN:
                     result.packages.append(
                         PackageResult(layout.name, target, "up-to-date", existing))
                     todo.pop(0)
                     continue
                 _refuse(target, existing, fp, layout, [s.identity for s in sources],
-                        recipe, store_root=store.root)
+                        recipe, proof=proof)
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress,
                                               replace=options.force or existing is not None)
             # its other files go into the store too: a later build materializes it
             stored = build_actions.record(store, target, summary, jobs=options.jobs)
             register_root(store, target, summary)
+            if proof in (UNRECORDED, OTHER_SUMMARY):
+                print(f"weightstore: {target}: not proven to be the build ({proof}); "
+                      "rebuilt", file=sys.stderr, flush=True)
         for k, v in stored.items():
             result.store_report[k] = result.store_report.get(k, 0) + v
         result.packages.append(PackageResult(layout.name, target, "built", summary))
@@ -516,33 +539,32 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
             "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
 
 
+def _same_build_proof(target: Path, existing: dict[str, Any], fingerprint: str,
+                      digests: FileDigests, store_root: Path) -> str | None:
+    """:func:`_proof` of a folder holding this build's fingerprint; None for another."""
+    if existing.get("fingerprint") != fingerprint:
+        return None
+    return _proof(target, existing, digests, store_root)
+
+
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
             layout: Layout | None = None, identities: list[dict[str, Any]] | None = None,
-            recipe: Recipe | None = None, *, store_root: Path) -> None:
+            recipe: Recipe | None = None, *, proof: str | None) -> None:
+    """Refuse to replace a folder of another build, or a damaged one (``--force``
+    replaces it); a folder of this build's fingerprint that the store does not prove to
+    be the build (``proof``: :func:`_proof`) is rebuilt: the rebuild is what the recipe
+    makes, and gives a genuine folder its own bytes again."""
     version = existing.get("format_version")
     different = existing.get("fingerprint") != fingerprint
     if not different and isinstance(version, int) and version < CONTENTS_SINCE:
         return  # the same build in an older summary format: rewritten, nothing is lost
-    what = "a different build" if different else (
-        "a package that is not the build the store recorded for its fingerprint"
-        if _not_recorded(target, existing, store_root) else "a damaged package")
+    if not different and proof in (UNRECORDED, OTHER_SUMMARY):
+        return
+    what = "a different build" if different else "a damaged package"
     changed = (_what_changed(existing, layout, identities, recipe)
                if different and layout is not None and identities is not None else None)
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",
                        folder=str(target), changed=changed)
-
-
-def _not_recorded(target: Path, summary: dict[str, Any], store_root: Path) -> bool:
-    """Does the store know this fingerprint's build, with another summary than the
-    folder's (a folder edited so that it still agrees with its own summary)?"""
-    from ..io.files import read_regular
-    from ..package.proof import recorded_build
-
-    try:
-        return recorded_build(store_root, read_regular(target / SUMMARY_NAME),
-                              summary) is False
-    except OSError:
-        return False
 
 
 def _what_changed(existing: dict[str, Any], layout: Layout,

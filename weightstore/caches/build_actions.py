@@ -21,6 +21,12 @@ an authority: it is used only when its MAC (under the user's own secret,
 :mod:`weightstore.caches.mac`) holds, and every byte it leads to is re-hashed against its
 store key as it is copied. A record another user wrote, edited, truncated or swapped, or
 one naming an object the store no longer holds, costs a real build, never a wrong package.
+
+The record is also the proof that a package folder is the build (:mod:`weightstore.package.
+proof`): its ``summary.json`` key names the very summary the fingerprint produced. An
+``embedded`` layout, whose weights are all inside its model files, gets a record naming only
+``summary.json`` (its object is not stored): it proves such a folder, and materializes
+nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from .mac import entry_mac, verify_mac
 if TYPE_CHECKING:
     from ..store import WeightStore
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: embedded layouts get a record too, naming only summary.json
 FOLDER = "build-actions"
 KEY_ALGO = "blake3"
 STORE_FORMAT_VERSION = 2  # weightstore.store.index.FORMAT_VERSION (not imported: sqlite3)
@@ -146,24 +152,32 @@ def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
     """
     from ..store import BytesPayload
 
-    if summary.get("layout", {}).get("external_weight") == "embedded":
-        return {}  # every weight is in the model: nothing of it is in the store
+    embedded = summary.get("layout", {}).get("external_weight") == "embedded"
     try:
         summary_bytes = read_regular(folder / SUMMARY_NAME)
-        weights = summary_weight_files(summary)
+        if parse_json(summary_bytes) != summary:
+            return {}  # replaced since it was written: not this build's summary
+        weights = [] if embedded else summary_weight_files(summary)
         whole = whole_files(summary, summary_bytes, weights)
+        if embedded:
+            # every weight is in the model, nothing of it in the store: the record holds
+            # only the summary's key, the proof that a folder is this build
+            # (package.proof); it materializes nothing (its object is not stored)
+            whole = [f for f in whole if f.name == SUMMARY_NAME]
         payloads = [BytesPayload(f.pieces[0].key, read_regular(folder / f.name),
-                                 str(folder / f.name)) for f in whole]
+                                 str(folder / f.name)) for f in whole if not embedded]
         fingerprint = str(summary["fingerprint"])
     except (OSError, ValueError, TypeError, KeyError, PackageError):
         return {}
-    if any(p.size != f.size for p, f in zip(payloads, whole, strict=True)):
+    if payloads and any(p.size != f.size for p, f in zip(payloads, whole, strict=True)):
         return {}
     if entry_mac([]) is None:
         return {}  # no private key: no record would be trusted, so store nothing for one
+    report: dict[str, int] = {}
     try:
-        _rewrite_damaged(store, payloads)
-        report = store.put(payloads, kind="separate", jobs=jobs).to_dict()
+        if payloads:
+            _rewrite_damaged(store, payloads)
+            report = store.put(payloads, kind="separate", jobs=jobs).to_dict()
     except IntegrityError:  # changed since it was published: record nothing
         return {}
     files = sorted([*weights, *whole], key=lambda f: f.name)

@@ -10,13 +10,14 @@ A folder whose summary has that key, and whose files agree with that summary, is
 
 :func:`recorded_build` answers from metadata alone (the action record and the summary's
 bytes); the up-to-date check of ``build``, ``verify``, ``release`` and ``push`` all ask it.
-Where the store does not know the build (another store, no private key, an embedded
-layout, which the store holds nothing of), only internal consistency can be proven, and
-the callers say so.
+Where the store does not know the build (another store, a deleted or unsound record, no
+private key), only internal consistency can be proven: ``build`` then rebuilds the folder,
+and ``verify``, ``release`` of a package folder and ``push`` say so.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ PROVEN_BUILD = "build"  # the folder is the build the store recorded
 PROVEN_INTERNAL = "internal-consistency"  # the folder agrees with its own summary
 NOT_THE_BUILD = ("package folder is not the build the store recorded for its fingerprint "
                  "(its summary.json differs)")
+UNPROVEN_NOTE = "proven only internally consistent, not the build"
 
 
 def recorded_summary_key(store_root: Path, fingerprint: object) -> str | None:
@@ -65,9 +67,18 @@ def check_recorded_build(folder: Path, store_root: Path | None, summary_bytes: b
     """What the store proves about the folder's summary: :data:`PROVEN_BUILD` when it is
     the one the store recorded, :data:`PROVEN_INTERNAL` when the store does not know the
     build; a :class:`~weightstore.errors.PackageError` when the store knows the build and
-    this is not it (the caller re-hashes the files against the summary either way)."""
+    this is not it (the caller re-hashes the files against the summary either way, and then
+says so with :func:`say_unproven` when only internal consistency is proven)."""
     found = recorded_build(store_root, summary_bytes, summary)
     if found is False:
         raise PackageError(NOT_THE_BUILD, folder=str(folder), store=str(store_root),
                            fingerprint=summary.get("fingerprint"))
     return PROVEN_BUILD if found else PROVEN_INTERNAL
+
+
+def say_unproven(folder: Path, store_root: Path | None) -> None:
+    """One stderr line: the store does not know the build of the folder, whose files were
+    checked against its summary, so only internal consistency is proven (as ``verify``
+    says it; ``release`` of a package folder and ``push`` go on: they cannot rebuild)."""
+    print(f"weightstore: {folder}: {UNPROVEN_NOTE} (the store {store_root} holds no "
+          "record of this build)", file=sys.stderr, flush=True)

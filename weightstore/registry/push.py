@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..io.digests import ALGORITHMS, make_key, new_hasher, split_key
 from ..package.inventory import read_summary_bytes
-from ..package.proof import check_recorded_build
+from ..package.proof import PROVEN_INTERNAL, check_recorded_build, say_unproven
 from ..package.summary import SUMMARY_NAME
 from ..store import WeightStore
 from . import digests, sessions
@@ -251,7 +251,7 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     # well formed, its files listed, every path inside the folder; the build, when the
     # store recorded it
     summary_bytes, summary = read_summary_bytes(folder)
-    check_recorded_build(folder, store.root, summary_bytes, summary)
+    proven = check_recorded_build(folder, store.root, summary_bytes, summary)
     plan = plan_package(folder, summary, list_files(folder))
     _check_padding(folder, plan)
     sha, hashed = payload_digests(folder, plan, store, jobs)
@@ -315,6 +315,8 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     client.put_manifest(ref, artifact.manifest_digest, artifact.manifest)
     client.put_manifest(ref, ref.tag or "latest", artifact.manifest)
     report.sent_bytes = client.sent_bytes
+    if proven == PROVEN_INTERNAL:  # every file was checked against the summary
+        say_unproven(folder, store.root)
     return report
 
 

@@ -94,6 +94,7 @@ class _Package:
     folder: Path
     summary_bytes: bytes
     summary: dict[str, Any]
+    unproven_by: Path | None = None  # a store that does not know the build (proof.py)
 
 
 def release(target: str | os.PathLike[str], options: ReleaseOptions | None = None,
@@ -148,11 +149,11 @@ def _read_package(folder: Path, store: Path) -> _Package:
     """The package at ``folder``, refused when ``store`` recorded its build with another
     summary (:mod:`..package.proof`); its files are checked against the summary as they
     are archived."""
-    from ..package.proof import check_recorded_build
+    from ..package.proof import PROVEN_INTERNAL, check_recorded_build
 
     data, summary = read_summary_bytes(folder)
-    check_recorded_build(folder, store, data, summary)
-    return _Package(folder, data, summary)
+    proven = check_recorded_build(folder, store, data, summary)
+    return _Package(folder, data, summary, store if proven == PROVEN_INTERNAL else None)
 
 
 def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseOptions,
@@ -191,6 +192,11 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
         if made and not done:  # the folder this release made: nothing is left behind
             with contextlib.suppress(OSError):
                 output.rmdir()
+    from ..package.proof import say_unproven
+
+    for p in packages:  # archived, so checked against their summaries
+        if p.unproven_by is not None:
+            say_unproven(p.folder, p.unproven_by)
     return ReleaseResult(output, records)
 
 
