@@ -177,3 +177,14 @@ def tamper_consistently(folder: Path, model: str = "encoder.onnx") -> None:
     algo = entry["digest"].partition(":")[0]
     entry.update(size=path.stat().st_size, digest=make_key(algo, digest_file(algo, path)))
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def empty_store(root: Path) -> Path:
+    """A new, empty weight store at ``root`` (its index created), as a command's
+    ``--store`` must name one when it proves a package folder against it."""
+    from weightstore.store import WeightStore
+
+    root.mkdir(parents=True, exist_ok=True)
+    with WeightStore(root).index.writing():
+        pass
+    return root

@@ -173,8 +173,6 @@ def test_verify_says_what_it_proved(project: Path, capsys) -> None:
     assert doc["ok"] is True and doc["proven"] == "internal-consistency"
     assert main(["verify", str(folder)]) == 0
     assert "internal consistency only" in capsys.readouterr().out
-    assert main(["verify", str(folder), "--store", str(store) + "-typo"]) == 2
-    assert "no store at this path" in capsys.readouterr().err
 
     tamper_consistently(folder)
     assert main(["verify", str(folder), "--store", str(store), "--json"]) == 1
@@ -215,3 +213,28 @@ def test_release_of_a_folder_the_store_does_not_know_says_so(project: Path,
     assert main(["release", str(_folder(project)), "--output", str(out), "--store",
                  str(project.parent / "store")]) == 0
     assert not capsys.readouterr().err
+
+
+NOT_A_STORE = "--store is not a weightstore store"
+
+
+@pytest.mark.parametrize("command", ["verify", "release"])
+@pytest.mark.parametrize("where", ["typo", "empty", "other-folder"])
+def test_a_store_that_is_not_one_proves_nothing_and_is_refused(project: Path, command: str,
+                                                               where: str, capsys) -> None:
+    """A mistyped path, an empty folder or any folder that is not a store (neither an
+    index nor meta.json) would prove nothing: one line, exit 2, naming the path."""
+    folder = _folder(project)
+    store = {"typo": project.parent / "store-typo", "empty": project.parent / "empty",
+             "other-folder": project.parent / "models"}[where]
+    if where == "empty":
+        store.mkdir()
+    out = project.parent / "rel"
+    argv = [command, str(folder), "--store", str(store)]
+    assert main(argv + (["--output", str(out)] if command == "release" else [])) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and NOT_A_STORE in err[0] and str(store) in err[0]
+    assert not captured.out and not out.exists()
+    assert main([command, str(folder), "--store", str(project.parent / "store")]
+                + (["--output", str(out)] if command == "release" else [])) == 0

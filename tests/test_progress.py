@@ -23,6 +23,7 @@ import pytest
 
 from weightstore.build.run import BuildOptions, build
 
+from .helpers import empty_store
 from .registry_server import BINARY, running_registry
 from .samples import make_encoder
 
@@ -122,7 +123,7 @@ COMMANDS: dict[str, Callable[[dict], list[str]]] = {
     "release": lambda p: ["release", str(p["package"]), "--output", str(_out(p, "release"))],
     "push": lambda p: ["push", str(p["package"]),
                        f"{p['registry'].host}/pg/enc:{next(p['runs'])}",
-                       "--store", str(_out(p, "push-store"))],
+                       "--store", str(empty_store(_out(p, "push-store")))],
     "pull": lambda p: ["pull", f"{p['registry'].host}/pg/enc:pulled",
                        str(_out(p, "pulled")), "--store", str(_out(p, "pull-store"))],
 }

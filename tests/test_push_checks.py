@@ -21,7 +21,7 @@ from weightstore.registry.client import Transport
 from weightstore.registry.push import push
 from weightstore.store import WeightStore
 
-from .helpers import tamper_consistently
+from .helpers import empty_store, tamper_consistently
 from .registry_server import needs_registry, running_registry
 
 pytestmark = needs_registry
@@ -86,7 +86,7 @@ def test_a_consistently_tampered_package_is_refused_when_the_store_knows_it(
 def test_a_flipped_byte_in_a_model_file_is_refused(package: Path, registry, tmp_path: Path,
                                                    capsys) -> None:
     _flip(package / "encoder.onnx", 40)
-    _refused(package, registry, "proof/model", tmp_path / "fresh-store", capsys,
+    _refused(package, registry, "proof/model", empty_store(tmp_path / "fresh-store"), capsys,
              IntegrityError, "does not match its summary")
 
 
@@ -97,7 +97,7 @@ def test_a_flipped_byte_in_the_summary_is_refused(built: Path, package: Path, re
     model = json.loads(data)["contents"]
     digest = next(c["digest"] for c in model if c["path"] == "encoder.onnx")
     _flip(summary, data.index(digest.encode()) + len(digest) - 1)  # one bit of its digest
-    _refused(package, registry, "proof/summary", tmp_path / "fresh-store", capsys,
+    _refused(package, registry, "proof/summary", empty_store(tmp_path / "fresh-store"), capsys,
              IntegrityError, "does not match its summary")
     # a flipped byte no file digest shows: the store that recorded the build sees it
     summary.write_bytes(data.replace(b'"pkg"', b'"pkh"', 1))
@@ -113,26 +113,26 @@ def test_a_summary_naming_a_path_outside_the_folder_is_refused(package: Path, re
     summary = json.loads((package / "summary.json").read_bytes())
     summary["contents"].append({"path": name, "size": 6, "digest": "blake3:" + "0" * 64})
     (package / "summary.json").write_text(json.dumps(summary))
-    _refused(package, registry, "proof/unsafe", tmp_path / "fresh-store", capsys,
+    _refused(package, registry, "proof/unsafe", empty_store(tmp_path / "fresh-store"), capsys,
              PackageError, "unsafe path")
 
 
 def test_unlisted_files_and_links_are_refused(package: Path, registry, tmp_path: Path,
                                               capsys) -> None:
     (package / "notes.txt").write_text("not part of the build")
-    _refused(package, registry, "proof/unlisted", tmp_path / "fresh-store", capsys,
+    _refused(package, registry, "proof/unlisted", empty_store(tmp_path / "fresh-store"), capsys,
              IntegrityError, "does not match its summary")
     os.unlink(package / "notes.txt")
     model = package / "encoder.onnx"
     (tmp_path / "elsewhere.onnx").write_bytes(model.read_bytes())
     model.unlink()
     model.symlink_to(tmp_path / "elsewhere.onnx")
-    _refused(package, registry, "proof/link", tmp_path / "fresh-store", capsys,
+    _refused(package, registry, "proof/link", empty_store(tmp_path / "fresh-store"), capsys,
              PackageError, "regular files")
     model.unlink()
     shutil.copyfile(tmp_path / "elsewhere.onnx", model)
     (package / "linked").symlink_to(tmp_path)  # a folder link: never followed, never skipped
-    _refused(package, registry, "proof/dirlink", tmp_path / "fresh-store", capsys,
+    _refused(package, registry, "proof/dirlink", empty_store(tmp_path / "fresh-store"), capsys,
              PackageError, "regular files")
 
 
@@ -185,7 +185,7 @@ def test_a_weight_file_changed_after_the_check_is_never_published(
     weights.write_bytes(original)
     capsys.readouterr()
     assert main(["push", str(package), f"{registry.host}/{repository}:1",
-                 "--store", str(tmp_path / "s2")]) == 2
+                 "--store", str(empty_store(tmp_path / "s2"))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "changed after it was checked" in err[0] and str(weights) in err[0]
     assert not _tag_pushed(registry, repository)
@@ -231,3 +231,16 @@ def test_a_store_that_does_not_know_the_build_proves_only_consistency(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "proven only internally consistent, not the build" in err[0]
     assert str(package) in err[0] and _published(registry, "proof/unknown")
+
+
+@pytest.mark.parametrize("where", ["typo", "empty"])
+def test_a_store_that_is_not_one_is_refused(package: Path, registry, tmp_path: Path,
+                                            where: str, capsys) -> None:
+    store = tmp_path / where
+    if where == "empty":
+        store.mkdir()
+    assert main(["push", str(package), f"{registry.host}/proof/nostore-{where}:1",
+                 "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--store is not a weightstore store" in err[0]
+    assert str(store) in err[0] and not _published(registry, f"proof/nostore-{where}")

@@ -45,7 +45,7 @@ from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
 from . import test_store_shared
-from .helpers import scenario_package
+from .helpers import empty_store, scenario_package
 from .registry_proxy import answer, forward, misbehaving, send_head
 from .registry_server import needs_registry, running_registry
 
@@ -694,7 +694,8 @@ def test_a_push_to_a_lying_registry_fails_closed(pushed, tmp_path, capsys, how) 
     with (misbehaving(None, record) as elsewhere,
           misbehaving(host, _lying(host, how, elsewhere)) as proxy):
         code = main(["push", str(package), f"{proxy}/{repository}:1", "--store",
-                     str(tmp_path / "store"), "--mount-from", "pk/a", "--timeout", "5"])
+                     str(empty_store(tmp_path / "store")), "--mount-from", "pk/a",
+                     "--timeout", "5"])
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert err.startswith("weightstore: error: ") and "\n" not in err, err

@@ -28,6 +28,7 @@ from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
+from .helpers import empty_store
 from .registry_proxy import relay
 from .registry_server import needs_registry, running_registry
 from .samples import make_large_model
@@ -124,7 +125,7 @@ def _proxy(registry_host: str, cut_after: int | None):
 def _push_cli(package: Path, ref: str, store: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "weightstore", "push", str(package), ref, "--store",
-         str(store), "--chunk-size", str(CHUNK), "--jobs", "1", "--json"],
+         str(empty_store(store)), "--chunk-size", str(CHUNK), "--jobs", "1", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
 
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackageError
+from ..errors import PackageError, StoreError
 from ..io.digests import digest_bytes, make_key
 from .summary import SUMMARY_NAME
 
@@ -31,6 +31,22 @@ PROVEN_INTERNAL = "internal-consistency"  # the folder agrees with its own summa
 NOT_THE_BUILD = ("package folder is not the build the store recorded for its fingerprint "
                  "(its summary.json differs)")
 UNPROVEN_NOTE = "proven only internally consistent, not the build"
+
+
+def proving_store(flag: str | None) -> Path:
+    """The store a command proves a package folder against (``verify``, ``release`` of a
+    package folder, ``push``): ``--store``, else ``$WEIGHTSTORE_DIR`` or the user cache
+    folder. A ``--store`` given that is not a weightstore store (neither its index nor its
+    ``meta.json`` there: a mistyped or an empty folder) would prove nothing: a
+    :class:`~weightstore.errors.StoreError` naming the path."""
+    from ..store.layout import is_store
+    from ..store.location import resolve_store_path
+
+    store = resolve_store_path(flag, None)
+    if flag and not is_store(store):
+        raise StoreError("--store is not a weightstore store (no index.sqlite or meta.json "
+                         "there), so it can prove nothing about the package", path=str(store))
+    return store
 
 
 def recorded_summary_key(store_root: Path, fingerprint: object) -> str | None:

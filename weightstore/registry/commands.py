@@ -80,10 +80,13 @@ def _transport(args: argparse.Namespace) -> Transport:
 
 
 def run_push(args: argparse.Namespace) -> int:
+    from ..package.proof import proving_store
     from ..progress import requested
+    from ..store import WeightStore
     from .push import push
 
-    report = push(args.package, args.reference, store=_store(args), transport=_transport(args),
+    report = push(args.package, args.reference, store=WeightStore(proving_store(args.store)),
+                  transport=_transport(args),
                   jobs=args.jobs, mount_from=args.mount_from, progress=requested(args))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))

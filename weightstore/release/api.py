@@ -107,9 +107,9 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
         from ..recipe.schema import load_recipe
 
         return _release_recipe(load_recipe(path), options)
-    from ..store.location import resolve_store_path
+    from ..package.proof import proving_store
 
-    store = resolve_store_path(options.store, None)
+    store = proving_store(options.store)
     packages = [_read_package(p, store) for p in _package_folders(path)]
     first = packages[0].summary
     output = Path(options.output or Path(RELEASES_DIR) / f"{first['package']}-"

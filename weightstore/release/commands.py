@@ -65,15 +65,10 @@ def _print_json(data: Any) -> None:
 
 def run_verify(args: argparse.Namespace) -> int:
     from ..package.inventory import verify_package
-    from ..package.proof import PROVEN_BUILD
+    from ..package.proof import PROVEN_BUILD, proving_store
     from ..progress import requested
-    from ..store.location import resolve_store_path
 
-    store = resolve_store_path(args.store, None)
-    if args.store and not store.is_dir():  # a mistyped --store would prove nothing
-        from ..errors import StoreError
-
-        raise StoreError("no store at this path", path=str(store))
+    store = proving_store(args.store)
     report = verify_package(args.package, jobs=args.jobs, progress=requested(args),
                             store=store)
     if args.json:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import StoreError
+from ..store.layout import is_store
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class WeightStoreLocator:
     def locate(self, keys: Iterable[str]) -> dict[str, StoredRange]:
         from ..store import WeightStore
 
-        if not ((self.root / "meta.json").is_file() or (self.root / "index.sqlite").is_file()):
+        if not is_store(self.root):
             return {}
         store = WeightStore(self.root)
         out: dict[str, StoredRange] = {}

@@ -24,6 +24,13 @@ COMBINED_SUFFIX = "_weight_combined"
 
 Kind = Literal["separate", "combined"]
 
+
+def is_store(root: Path) -> bool:
+    """Is ``root`` a weightstore store: its index or its ``meta.json`` is there?"""
+    from .index import INDEX_NAME
+
+    return (root / INDEX_NAME).is_file() or (root / META_NAME).is_file()
+
 _COMBINED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _UNSAFE_CHARS = frozenset("/\\\0:")
 
