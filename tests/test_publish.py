@@ -23,7 +23,7 @@ def _folder(parent, name, content):
 
 def test_publish_replaces_and_cleans(tmp_path):
     final = _folder(tmp_path, "pkg", "old")
-    stale_tmp = _folder(tmp_path, ".pkg.abc123.tmp", "crashed build")
+    stale_tmp = _folder(tmp_path, ".pkg.abc123xy.tmp", "crashed build")  # as mkdtemp names
     stale_old = _folder(tmp_path, ".pkg.old-42", "crashed swap")
     other = _folder(tmp_path, ".other.x.tmp", "not ours")
     tmp = make_temp_dir(tmp_path, ".pkg.")

@@ -265,8 +265,43 @@ def test_check_names_files_release_does_not_write(released, capsys):
         (result.output / name).unlink()
     (result.output / "extra").rmdir()
     # what release itself writes: its files, and the temp folder a killed release leaves
-    (result.output / ".release.x1y2z3.tmp").mkdir()
+    tempfile.mkdtemp(prefix=".release.", suffix=".tmp", dir=result.output)
     assert check_release(recipe, ReleaseOptions(jobs=1)).ok
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "link"])
+def test_check_names_what_only_looks_like_a_temp_folder(released, tmp_path, capsys,
+                                                        kind) -> None:
+    """Only a folder a release makes for its files is passed over (a live run's, which
+    it holds locked, or a killed run's, named as make_temp_dir names it); a file or a link
+    named like one, or a folder whose name release never gives, is named with what is in
+    it."""
+    from weightstore.io.files import discard_temp_dir, make_temp_dir
+    from weightstore.release.api import TEMP_PREFIX
+
+    recipe, result = released
+    live = make_temp_dir(result.output, TEMP_PREFIX)  # held by this (live) run
+    try:
+        (live / "pkg-1.0.0-combined.tar.zst").write_bytes(b"being written")
+        name = ".release.x.tmp"
+        if kind == "file":
+            (result.output / name).write_bytes(b"evil")
+        elif kind == "folder":
+            (result.output / name).mkdir()
+            (result.output / name / "evil.tar.zst").write_bytes(b"evil")
+        else:
+            (tmp_path / "elsewhere").mkdir()
+            name = Path(tempfile.mkdtemp(prefix=".release.", suffix=".tmp",
+                                         dir=tmp_path)).name
+            (result.output / name).symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(PackageError, match="files release does not write") as info:
+            check_release(recipe, ReleaseOptions(jobs=1))
+        assert info.value.context["files"] == name
+        assert main(["release", "--check", str(recipe)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0] and live.name not in err[0]
+    finally:
+        discard_temp_dir(live)
 
 
 def test_check_needs_a_recipe_and_a_release(released, tmp_path):

@@ -186,6 +186,24 @@ def discard_temp_dir(path: Path | None) -> None:
             _let_go(Path(held))
 
 
+def is_temp_dir_name(name: str, prefix: str) -> bool:
+    """Is ``name`` one that :func:`make_temp_dir` gives with ``prefix``: the prefix,
+    tempfile's 8 random characters, ``.tmp``?"""
+    import re
+
+    return re.fullmatch(re.escape(prefix) + r"[a-z0-9_]{8}\.tmp", name) is not None
+
+
+def is_temp_dir(path: Path, prefix: str) -> bool:
+    """Is ``path`` a temp folder of :func:`make_temp_dir` with ``prefix``, a live run's
+    or a killed one's: such a name, and a folder itself (a file or a link named like one
+    is not one)?"""
+    try:
+        return is_temp_dir_name(path.name, prefix) and stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def remove_dead_temp_dirs(parent: Path, prefix: str) -> list[Path]:
     """Remove the temp folders ``<prefix>*.tmp`` in ``parent`` whose run died: those that
     can be locked (a live run holds its own, see :func:`make_temp_dir`). Each is removed
@@ -195,7 +213,7 @@ def remove_dead_temp_dirs(parent: Path, prefix: str) -> list[Path]:
 
     removed = []
     for stale in parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        if str(stale) in _HELD:
+        if str(stale) in _HELD or not is_temp_dir_name(stale.name, prefix):
             continue
         try:
             fd = os.open(stale, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
