@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -188,3 +189,16 @@ def empty_store(root: Path) -> Path:
     with WeightStore(root).index.writing():
         pass
     return root
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` but for about ``leave`` bytes."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 65536)
+    finally:
+        os.close(fd)
+    os.truncate(filler, max(0, filler.stat().st_size - leave))

@@ -229,3 +229,17 @@ def test_blobs_finishing_together_are_adopted_in_one_transaction(tmp_path: Path)
     assert groups == [1, 5]
     assert {k: store.read(o) for k, o in found.items()} == {p.key: p.data for p in payloads}
     assert store.verify().ok
+
+
+def test_a_registry_gone_during_a_blob_download_is_its_own_error(tmp_path: Path) -> None:
+    """A blob download that meets a registry error (no errno: not the disk's) raises that
+    error as it is: naming the file it was writing rebuilt it as an OSError with errno
+    arguments, which a WeightstoreError does not take (a TypeError traceback)."""
+    from weightstore.registry.pull import download
+
+    host = f"127.0.0.1:{free_port()}"  # nothing listens there
+    client = RegistryClient(host, Transport(attempts=1, connect_timeout=1.0, backoff=0.0))
+    ref = parse_reference(f"{host}/gone/model:1")
+    with pytest.raises(RegistryUnreachableError):
+        download(client, ref, {"digest": "sha256:" + "0" * 64, "size": 1},
+                 tmp_path / "blob")

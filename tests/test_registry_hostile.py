@@ -44,12 +44,9 @@ from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
-from . import test_store_shared
-from .helpers import empty_store, scenario_package
+from .helpers import empty_store, fill, scenario_package
 from .registry_proxy import answer, forward, misbehaving, send_head
 from .registry_server import needs_registry, running_registry
-
-small_disk = test_store_shared.small_disk  # a 4 MiB tmpfs (root only)
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 FAST = Transport(attempts=2, backoff=0.01, max_backoff=0.01, connect_timeout=2,
@@ -588,7 +585,7 @@ def test_a_pull_onto_a_full_disk_names_the_file(pushed, tmp_path, capsys, full, 
     store.put([BytesPayload(make_key("blake3", digest_bytes("blake3", b"seed")), b"seed")],
               kind="separate")  # a store in use: its index there
     out = (small_disk if full == "output" else tmp_path) / "out"
-    test_store_shared.fill(small_disk, leave)  # nothing fits, or a part
+    fill(small_disk, leave)  # nothing fits, or a part
     argv = ["pull", f"{host}/pk/a:1", str(out), "--store", str(store.root)]
     capsys.readouterr()
     assert main(argv) == 2, capsys.readouterr().err

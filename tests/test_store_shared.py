@@ -9,7 +9,6 @@ elsewhere it is another process of the same user, which can do no less.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from weightstore.package.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 from weightstore.store.index import INDEX_NAME
 
-from .helpers import assert_ge_reads_keys
+from .helpers import assert_ge_reads_keys, fill
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import write_recipe
 
@@ -200,34 +199,6 @@ def test_another_user_tampering_with_a_shared_store(built: dict, what: str, tmp_
 # -- a full disk during gc's compaction and store verify --repair ---------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs, where this user may mount one (root); unmounted afterwards."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(disk: Path, leave: int) -> None:
-    """Fill ``disk`` but for about ``leave`` bytes."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(fd, b"\0" * 65536)
-    finally:
-        os.close(fd)
-    os.truncate(filler, max(0, filler.stat().st_size - leave))
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess:
@@ -482,10 +453,3 @@ def test_a_load_whose_file_a_compaction_took_after_it_was_located_reads_again(
     assert len(planned) == raced + 2 * once  # not again: the index still places it there
     store.index.close()
 
-
-def wait_for(path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert all(p.poll() is None for p in procs)
-        assert time.monotonic() < deadline
-        time.sleep(0.02)

@@ -18,7 +18,7 @@ from weightstore.package.inventory import verify_package
 from weightstore.release.api import ReleaseOptions, release
 from weightstore.release.unpack import unpack
 
-from . import test_store_shared
+from .helpers import fill
 from .samples import run_onnxruntime, sample_inputs
 
 
@@ -262,7 +262,6 @@ def test_a_top_folder_renamed_with_its_archive_is_refused(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [bad.name]
 
 
-small_disk = test_store_shared.small_disk  # a 4 MiB tmpfs (root only)
 
 
 def test_a_full_disk_names_the_path_and_leaves_nothing(archive, small_disk, capsys):
@@ -271,7 +270,7 @@ def test_a_full_disk_names_the_path_and_leaves_nothing(archive, small_disk, caps
     space the same command unpacks."""
     _, path, _ = archive
     dest = small_disk / "pkg"
-    test_store_shared.fill(small_disk, 16 << 10)
+    fill(small_disk, 16 << 10)
     assert main(["unpack", str(path), str(dest)]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines

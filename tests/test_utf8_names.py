@@ -85,3 +85,34 @@ def test_a_name_that_is_not_utf8_is_refused_everywhere(tmp_path, capsys, marker,
             assert json.loads(err[0])["context"]["offset"] == offset
     assert not (tmp_path / "out").exists() and not (tmp_path / "o.onnx").exists()
     assert not (tmp_path / "i.onnx").exists()
+
+
+def test_a_bad_name_inside_an_if_branchs_constant_is_refused(tmp_path, capsys):
+    """Exporters put weights in Constant nodes with typed fields and shape logic in If
+    branches: a tensor name that is not UTF-8 there, two messages deep, is refused too."""
+    from weightstore.catalogue.metadata import parse_metadata
+
+    value = helper.make_tensor("CNAME", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
+    branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=value)], "then", [],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [4])])
+    other = helper.make_graph(
+        [helper.make_node("Constant", [], ["d"], value_floats=[0.0, 0.0, 0.0, 0.0])],
+        "else", [], [helper.make_tensor_value_info("d", TensorProto.FLOAT, [4])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other)],
+        "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]
+                             ).SerializeToString()
+    offset = data.index(b"CNAME") + 1
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data.replace(b"CNAME", b"C" + BAD + b"ME"))
+    with pytest.raises(ModelError) as err, read_catalogue(path):
+        pass
+    assert err.value.context["field"] == "TensorProto.name"
+    assert err.value.context["offset"] == offset
+    assert parse_metadata(path.read_bytes(), path) is None  # the fast path hands it over
+    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

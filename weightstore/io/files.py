@@ -328,8 +328,10 @@ def name_path(exc: OSError, written: str | os.PathLike[str],
               read: str | os.PathLike[str] | None = None) -> OSError:
     """The error with the file it concerns, when it named none: the file written for a
     full or read-only disk (``No space left on device`` alone does not say which), else
-    the file read from (``written`` when there is none)."""
-    if exc.filename:
+    the file read from (``written`` when there is none). An error that is not the file
+    system's (no errno: a registry or network error raised through the same ``except``) is
+    left as it is."""
+    if exc.filename or exc.errno is None:
         return exc
     path = written if exc.errno in WRITE_ERRNOS or read is None else read
     return type(exc)(exc.errno, exc.strerror or str(exc), os.fspath(path))
@@ -514,7 +516,6 @@ def publish_dir(tmp_dir: Path, final_dir: Path, *, replace: bool = False,
     parent, name = final_dir.parent, final_dir.name
     if replace and final_dir.exists():
         if exchange(tmp_dir, final_dir):
-            _let_go(tmp_dir)
             shutil.rmtree(tmp_dir, ignore_errors=True)
         else:
             old = parent / f".{name}.old-{os.urandom(8).hex()}"
@@ -522,7 +523,7 @@ def publish_dir(tmp_dir: Path, final_dir: Path, *, replace: bool = False,
             os.replace(tmp_dir, final_dir)
             shutil.rmtree(old, ignore_errors=True)
     else:
-        if over_empty or replace:
+        if over_empty:
             with contextlib.suppress(OSError):  # not empty (or gone): the rename decides
                 final_dir.rmdir()
         _rename_new(tmp_dir, final_dir)

@@ -60,7 +60,7 @@ def recorded_summary_key(store_root: Path, fingerprint: object) -> str | None:
     record = build_actions.load(store_root, fingerprint)
     if record is None:
         return None
-    return next(f.pieces[0].key for f in record.files if f.name == SUMMARY_NAME)
+    return next((f.pieces[0].key for f in record.files if f.name == SUMMARY_NAME), None)
 
 
 def recorded_build(store_root: Path | None, summary_bytes: bytes,
@@ -84,7 +84,7 @@ def check_recorded_build(folder: Path, store_root: Path | None, summary_bytes: b
     the one the store recorded, :data:`PROVEN_INTERNAL` when the store does not know the
     build; a :class:`~weightstore.errors.PackageError` when the store knows the build and
     this is not it (the caller re-hashes the files against the summary either way, and then
-says so with :func:`say_unproven` when only internal consistency is proven)."""
+    says so with :func:`say_unproven` when only internal consistency is proven)."""
     found = recorded_build(store_root, summary_bytes, summary)
     if found is False:
         raise PackageError(NOT_THE_BUILD, folder=str(folder), store=str(store_root),

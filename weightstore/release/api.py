@@ -347,13 +347,15 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
 
 def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
     """A release folder holds only what release writes there: the recipe's archives,
-    ``SHA256SUMS``, ``release.json`` (and the temp folder of a live or a killed release,
-    as :func:`~weightstore.io.files.make_temp_dir` makes it: a folder, so named). Any
-    other file or folder beside them (an archive of no layout, a note, a file or a link
-    or a folder only named like a temp folder) is named, since a release that passes its
-    check must be exactly what the recipe gives."""
-    from ..io.files import is_temp_dir
+    ``SHA256SUMS``, ``release.json`` (and the temp folder of a live release, as
+    :func:`~weightstore.io.files.make_temp_dir` makes it; a killed release's is removed
+    first, as the next release removes it, whatever it holds). Any other file or folder
+    beside them (an archive of no layout, a note, a file or a link or a folder only named
+    like a temp folder) is named, since a release that passes its check must be exactly
+    what the recipe gives."""
+    from ..io.files import is_temp_dir, remove_dead_temp_dirs
 
+    remove_dead_temp_dirs(folder, TEMP_PREFIX)
     written = {*archives, SUMS_NAME, PROVENANCE_NAME}
     extra = sorted(name for name in os.listdir(folder) if name not in written
                    and not is_temp_dir(folder / name, TEMP_PREFIX))
