@@ -13,10 +13,18 @@ Figures (medians of ``--runs`` interleaved runs; the machine is shared, so they 
   for scale.
 - bytes fetched by a device pull, against the device's live bytes (``bundle.json``).
   Target = 1.00.
+- whole-process ``weightstore pull`` and ``weightstore push`` of a MiniLM-sized package
+  (a generated transformer export: 6 layers of hidden 384, the embedding table filling it
+  to ``--peer-mb``, about 100 weights), separate and combined layouts, against skopeo
+  copying the same artifact in the same round: ``skopeo copy docker://... oci:DIR`` for a
+  pull (into an empty store), ``skopeo copy oci:DIR docker://...`` for a push (into a
+  fresh registry). Target: pull <= 1.3x skopeo, push <= 1.0x skopeo. Skipped, with a
+  message, where skopeo is not installed.
 
 Every run starts a fresh registry (its own storage folder) and a fresh local store, so
 nothing is skipped or mounted. Run as ``python bench/registry.py``; needs the
-``docker-registry`` binary (Debian's CNCF distribution registry).
+``docker-registry`` binary (Debian's CNCF distribution registry). ``--part peer`` runs only
+the comparison with skopeo (``throughput`` and ``bytes`` the other parts).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +45,8 @@ import harness
 sys.path.insert(0, str(harness.REPO))
 
 from tests.registry_server import BINARY, RegistryServer
+
+SKOPEO = shutil.which("skopeo")
 
 RECIPE = """\
 package: {package}
@@ -214,50 +225,188 @@ def _payloads(folder: Path) -> dict[str, int]:
     return {w["id"]: w["size"] for m in summary["models"] for w in m["external_weights"]}
 
 
-def run(workdir: Path, size_mb: int, runs: int, as_json: bool) -> int:
-    found = {"throughput": throughput_runs(workdir, size_mb, runs),
-             "bytes": byte_figures(workdir)}
-    t, b = found["throughput"], found["bytes"]
-    targets = [
-        harness.Target("push time / one streaming PUT", t["push_vs_put"], 1.25),
-        harness.Target("pull time / one streaming GET", t["pull_vs_get"], 1.25),
-        harness.Target("update: all bytes sent / changed payloads", b["update_sent_vs_changed"],
-                       None, 3),
-        harness.Target("update weight bytes / changed", b["update_weight_ratio"], 1.05, 3),
-        harness.Target("device fetched / live bytes", b["device_ratio"], 1.0, 3),
-    ]
+PEER_RECIPE = """\
+package: mini
+version: "1.0.0"
+store: {{path: {store}}}
+models:
+  - {{name: mini, source: {source}}}
+layouts:
+  - {{name: separate, external_weight: separate}}
+  - {{name: combined, external_weight: combined}}
+output: {out}
+"""
+
+
+def transformer_packages(workdir: Path, size_mb: int) -> dict[str, Path]:
+    """A MiniLM-shaped export (6 layers of hidden 384, ffn 1536: embeddings, attention and
+    MLP matrices, layer norms; the word embeddings fill it to ``size_mb``), built into a
+    separate and a combined layout; layout name -> package folder."""
+    import onnx
+
+    from tests.samples import make_encoder
+    from weightstore.build.run import BuildOptions, build
+
+    layers, hidden, ffn = 6, 384, 1536
+    per_layer = 4 * (4 * hidden * hidden + 2 * hidden * ffn)
+    vocab = max(1000, (size_mb * harness.MB - layers * per_layer) // (4 * hidden))
+    model = make_encoder(vocab=vocab, hidden=hidden, heads=6, layers=layers, ffn=ffn,
+                         max_seq=512, name="mini")
+    source = workdir / "mini.onnx"
+    onnx.save(model, str(source))
+    recipe = workdir / "mini.yaml"
+    recipe.write_text(PEER_RECIPE.format(store=workdir / "mini-store", source=source,
+                                         out=workdir / "out"))
+    return {p.layout: p.path for p in build(recipe, BuildOptions(jobs=2)).packages}
+
+
+def _weightstore(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "weightstore", *argv]
+
+
+def _skopeo(*argv: str) -> list[str]:
+    assert SKOPEO is not None
+    return [SKOPEO, "copy", "-q", *argv]
+
+
+def _timed(argv: list[str], workdir: Path, name: str) -> float:
+    """Wall seconds of ``argv`` as a whole process."""
+    return harness.run_process(argv, workdir, name).seconds
+
+
+def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
+    """Whole-process push and pull against skopeo's copies of the same artifact, each
+    round on a fresh registry, the order of the two alternating between rounds."""
+    harness.log(f"building a {size_mb} MB transformer package ...")
+    packages = transformer_packages(workdir, size_mb)
+    store = workdir / "mini-store"
+    weights = {layout: len(json.loads((folder / "summary.json").read_text())["models"][0]
+                           ["external_weights"]) for layout, folder in packages.items()}
+    names = ("pull", "skopeo-pull", "push", "skopeo-push")
+    times: dict[str, dict[str, list[float]]] = {
+        layout: {n: [] for n in names} for layout in packages}
+    run_dir = workdir / "runs"
+    for i in range(runs):
+        for layout, folder in packages.items():
+            harness.log(f"round {i + 1}/{runs}, {layout}")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir()
+            oci = run_dir / "oci"
+            server = fresh_registry(workdir, "reg-peer")
+            try:  # the artifact pulled, by weightstore and by skopeo
+                ref = f"{server.host}/bench/mini:{layout}"
+                harness.run_process(_weightstore("push", str(folder), ref, "--store", str(store)),
+                                    workdir, "setup-push")
+                pulls = [("pull", _weightstore("pull", ref, str(run_dir / "pulled"), "--store",
+                                                 str(run_dir / "pull-store"))),
+                         ("skopeo-pull", _skopeo("--src-tls-verify=false", f"docker://{ref}",
+                                                 f"oci:{oci}"))]
+                for name, argv in pulls if i % 2 == 0 else pulls[::-1]:
+                    times[layout][name].append(_timed(argv, workdir, name))
+            finally:
+                server.stop()
+            pushes = [("push", folder, _weightstore("push", str(folder), "{ref}", "--store",
+                                                      str(store))),
+                      ("skopeo-push", oci, _skopeo("--dest-tls-verify=false", f"oci:{oci}",
+                                                   "docker://{ref}"))]
+            for name, _, argv in pushes if i % 2 == 0 else pushes[::-1]:
+                server = fresh_registry(workdir, "reg-peer")  # nothing there to skip
+                try:
+                    ref = f"{server.host}/bench/mini:{layout}"
+                    times[layout][name].append(
+                        _timed([a.replace("{ref}", ref) for a in argv], workdir, name))
+                finally:
+                    server.stop()
+    med = {layout: {n: statistics.median(v) for n, v in t.items()}
+           for layout, t in times.items()}
+    return {"package_bytes": {layout: sum(p.stat().st_size for p in folder.rglob("*")
+                                          if p.is_file())
+                              for layout, folder in packages.items()},
+            "weights": weights, "seconds": times, "median": med,
+            "pull_vs_skopeo": {k: m["pull"] / m["skopeo-pull"] for k, m in med.items()},
+            "push_vs_skopeo": {k: m["push"] / m["skopeo-push"] for k, m in med.items()},
+            "skopeo": subprocess.run([SKOPEO, "--version"], capture_output=True, text=True,
+                                     check=False).stdout.strip() if SKOPEO else None}
+
+
+def peer_targets(p: dict[str, Any]) -> list[harness.Target]:
+    return [target
+            for layout in p["median"]
+            for target in (
+                harness.Target(f"{layout}: pull / skopeo pull", p["pull_vs_skopeo"][layout], 1.3),
+                harness.Target(f"{layout}: push / skopeo push", p["push_vs_skopeo"][layout],
+                               1.0))]
+
+
+def peer_text(p: dict[str, Any], runs: int) -> list[str]:
+    lines = [f"whole process against {p['skopeo']}, {runs} rounds, medians (s)"]
+    for layout, med in p["median"].items():
+        lines.append(f"  {layout} ({p['package_bytes'][layout] / harness.MB:.0f} MB, "
+                     f"{p['weights'][layout]} weights): "
+                     + ", ".join(f"{name} {value:.3f}" for name, value in med.items()))
+    return lines
+
+
+def run(workdir: Path, size_mb: int, runs: int, as_json: bool, part: str = "all",
+        peer_mb: int = 90) -> int:
+    found: dict[str, Any] = {}
+    targets: list[harness.Target] = []
+    text: list[str] = []
+    if part in ("all", "throughput"):
+        t = found["throughput"] = throughput_runs(workdir, size_mb, runs)
+        targets += [harness.Target("push time / one streaming PUT", t["push_vs_put"], 1.25),
+                    harness.Target("pull time / one streaming GET", t["pull_vs_get"], 1.25)]
+        med = t["median"]
+        mb = t["package_bytes"] / harness.MB
+        text.append(f"package {mb:.0f} MB, {runs} runs, medians (noisy shared machine)")
+        text += [f"  {name:>5}: {med[name]:6.2f} s  {mb / med[name]:7.1f} MB/s"
+                 for name in ("put", "push", "get", "pull")]
+    if part in ("all", "bytes"):
+        b = found["bytes"] = byte_figures(workdir)
+        targets += [
+            harness.Target("update: all bytes sent / changed payloads",
+                           b["update_sent_vs_changed"], None, 3),
+            harness.Target("update weight bytes / changed", b["update_weight_ratio"], 1.05, 3),
+            harness.Target("device fetched / live bytes", b["device_ratio"], 1.0, 3)]
+        text.append(f"one-tensor update: changed payloads {b['update_changed_payload_bytes']} "
+                    f"B, weights uploaded {b['update_uploaded_weight_bytes']} B, all bytes "
+                    f"sent {b['update_sent_bytes']} B (metadata {b['update_metadata_bytes']} "
+                    f"B); package payloads {b['package_payload_bytes']} B")
+        text.append(f"device pull: live {b['device_live_bytes']} B, fetched "
+                    f"{b['device_fetched_bytes']} B; 1.0.0 -> 1.0.1 on the device fetched "
+                    f"{b['device_update_fetched_bytes']} B")
+    if part in ("all", "peer"):
+        if SKOPEO is None:
+            harness.log("bench: skopeo is not installed: the comparison with skopeo is "
+                        "skipped (Debian package 'skopeo')")
+        else:
+            p = found["peer"] = peer_runs(workdir, peer_mb, runs)
+            targets += peer_targets(p)
+            text += peer_text(p, runs)
     if as_json:
         found["targets"] = [x.as_json() for x in targets]
         print(json.dumps(found, indent=2, sort_keys=True))
         return 0
-    med = t["median"]
-    mb = t["package_bytes"] / harness.MB
-    print(f"package {mb:.0f} MB, {runs} runs, medians (noisy shared machine)")
-    for name in ("put", "push", "get", "pull"):
-        print(f"  {name:>5}: {med[name]:6.2f} s  {mb / med[name]:7.1f} MB/s")
-    print(f"one-tensor update: changed payloads {b['update_changed_payload_bytes']} B, "
-          f"weights uploaded {b['update_uploaded_weight_bytes']} B, all bytes sent "
-          f"{b['update_sent_bytes']} B (metadata {b['update_metadata_bytes']} B); package "
-          f"payloads {b['package_payload_bytes']} B")
-    print(f"device pull: live {b['device_live_bytes']} B, fetched "
-          f"{b['device_fetched_bytes']} B; 1.0.0 -> 1.0.1 on the device fetched "
-          f"{b['device_update_fetched_bytes']} B")
-    print()
-    print("\n".join(harness.target_table(targets, "figure", 42, 10)))
+    print("\n".join([*text, "", *harness.target_table(targets, "figure", 42, 10)]))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--peer-mb", type=int, default=90,
+                        help="size of the transformer package compared with skopeo")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--part", choices=("all", "throughput", "bytes", "peer"),
+                        default="all", help="which figures to measure (default all)")
     harness.add_common_arguments(parser, "the packages, stores and registries")
     args = parser.parse_args(argv)
     if BINARY is None:
         print("bench: error: docker-registry is not installed", file=sys.stderr)
         return 2
     code = harness.in_workdir(args.workdir, args.keep,
-                              lambda w: run(w, args.size_mb, args.runs, args.json))
+                              lambda w: run(w, args.size_mb, args.runs, args.json, args.part,
+                                            args.peer_mb))
     return 0 if code is None else code
 
 

@@ -23,7 +23,7 @@ from weightstore.resolve.kernels import CpuKernels, select_kernels
 from weightstore.resolve.packing_probe import packing_reused
 from weightstore.resolve.prepare import prepare
 from weightstore.resolve.prepared import IN_ORDER, PreparedOptions
-from weightstore.resolve.prepared_cache import sign_record
+from weightstore.resolve.prepared_record import sign_record
 from weightstore.resolve.runnable import runnable_variant
 from weightstore.store import WeightStore
 

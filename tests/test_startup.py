@@ -12,6 +12,8 @@ from pathlib import Path
 import onnx
 import pytest
 
+from .registry_server import needs_registry, running_registry
+
 HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests")
 
 
@@ -40,6 +42,8 @@ def folder(tmp_path: Path, encoder_model: onnx.ModelProto) -> Path:
 @pytest.mark.parametrize(("argv", "allowed"), [
     (["--version"], set()),
     (["--help"], set()),
+    (["push", "--help"], set()),
+    (["pull", "--help"], set()),
     (["store", "stats", "--store", "nowhere"], set()),
     (["inspect", "model.onnx"], {"numpy", "onnx", "google.protobuf"}),
     (["scenario", "list", "model.onnx"], {"numpy", "onnx", "google.protobuf"}),
@@ -85,6 +89,33 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
     package = folder / "out" / "pkg" / "1.0.0"
     for layout in ("combined", "per-weight"):  # what it wrote is a model onnx accepts
         onnx.checker.check_model(str(package / layout / "encoder.onnx"))
+
+
+REGISTRY_ALLOWED = {"requests"}  # the HTTP client; neither onnx, numpy nor protobuf
+
+
+@needs_registry
+def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
+    """A registry command moves files and checks digests: onnx's initialiser (its C++
+    extension, numpy, ml_dtypes) took most of a pull's start-up though nothing in a whole
+    pull or a push reads a model. Only --device and --scenario, which resolve a graph,
+    load onnx."""
+    from weightstore.build.run import build
+
+    (folder / "recipe.yaml").write_text(COLD_RECIPE)  # combined and separate
+    packages = {p.layout: p.path for p in build(folder / "recipe.yaml").packages}
+    store = os.environ["WEIGHTSTORE_DIR"]
+    with running_registry(folder / "registry") as server:
+        for layout, package in packages.items():
+            ref = f"{server.host}/startup/pkg:{layout}"
+            assert _imported(["push", str(package), ref, "--store", store],
+                             folder) <= REGISTRY_ALLOWED
+            for into in ("new-store", store):  # every blob fetched; every one in the store
+                out = folder / f"pulled-{layout}-{Path(into).name}"
+                assert _imported(["pull", ref, str(out), "--store", str(folder / into)],
+                                 folder) <= REGISTRY_ALLOWED
+                assert (out / "summary.json").read_bytes() == \
+                    (package / "summary.json").read_bytes()
 
 
 OTHER_COMMANDS = ("weightstore.release.commands", "weightstore.resolve.commands",

@@ -224,7 +224,7 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
         present = []
     unlisted = [name for name in present if name not in listed]
     if any(name.startswith("prepared/") for name in unlisted):
-        from ..resolve.prepared_cache import companion_contents, prepared_proof
+        from ..resolve.prepared_record import companion_contents, prepared_proof
 
         records, graphs = companion_contents(unlisted, folder)
         report.files += len(graphs)

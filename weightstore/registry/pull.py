@@ -26,10 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import onnx
-from google.protobuf.message import DecodeError
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     IntegrityError,
@@ -64,6 +61,9 @@ from .artifact import (
 )
 from .client import BROKEN, CHUNK, MAX_DOCUMENT, RegistryClient, Transport, body_pieces
 from .reference import Reference, parse_reference
+
+if TYPE_CHECKING:  # onnx loads only when --device or --scenario resolves a graph
+    import onnx
 
 STREAM_ATTEMPTS = 4
 DEVICES = "devices"
@@ -335,6 +335,9 @@ def _download_files(client: RegistryClient, ref: Reference, parsed: ParsedArtifa
 
 def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
     """A model file of the artifact, parsed; a malformed one is a typed error."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
     from ..catalogue.utf8 import check_message
 
     try:
@@ -493,7 +496,7 @@ def _check_contents(folder: Path, summary: dict[str, Any], files: list[WeightFil
     every other file by the digest taken while it downloaded; nothing unlisted."""
     if "contents" not in summary:
         return  # a package from before file digests: nothing to check against
-    from ..resolve.prepared_cache import companion_contents
+    from ..resolve.prepared_record import companion_contents
 
     assembled = {f.name: f for f in files}
     others = {}

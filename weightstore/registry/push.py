@@ -191,7 +191,7 @@ def _file_digests(folder: Path, plan: PackagePlan, summary: dict[str, Any],
     (:func:`payload_digests`), their padding by :func:`_check_padding`; files ``prepare``
     added are checked as ``verify`` checks them."""
     from ..package.assembly import contents_problem
-    from ..resolve.prepared_cache import companion_contents
+    from ..resolve.prepared_record import companion_contents
 
     listed = {str(c["path"]): str(c["digest"]) for c in summary["contents"]}
     others = [n for n in plan.other_files if n != SUMMARY_NAME]

@@ -40,7 +40,7 @@ from ..io.files import atomic_write_bytes
 from ..io.models import save_model
 from .packing_probe import packing_reused
 from .prepared import PreparedOptions
-from .prepared_cache import FORMAT_VERSION, record_paths, sign_record
+from .prepared_record import FORMAT_VERSION, record_paths, sign_record
 
 VALUE_PREFIX = "weightstore-value:"  # companion locations name values, not files
 
