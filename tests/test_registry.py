@@ -349,10 +349,15 @@ def _put_manifest(client: RegistryClient, ref, doc: dict) -> None:
 
 
 @pytest.mark.parametrize("doc, why", [
+    # without weightstore's fingerprint: a foreign artifact (tests/test_registry_foreign.py)
     ({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-      "layers": []}, "not a ModelPack artifact"),
+      "layers": []}, "lists no layers"),
     ({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-      "artifactType": ARTIFACT_TYPE, "layers": []}, "no assembly record"),
+      "artifactType": ARTIFACT_TYPE, "layers": []}, "lists no layers"),
+    ({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+      "artifactType": ARTIFACT_TYPE, "layers": [],
+      "annotations": {"org.weightstore.fingerprint": "blake3:" + "0" * 64}},
+     "no assembly record"),
 ])
 def test_malformed_manifest_is_refused(registry, tmp_path, doc, why) -> None:
     ref = parse_reference(f"{registry.host}/bad/m:{len(why)}")

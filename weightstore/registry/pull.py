@@ -18,11 +18,12 @@ zeros (holes) elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,49 +251,73 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
     if ref.digest and manifest_digest != ref.digest:
         raise RegistryDigestError("manifest does not match its digest", digest=ref.digest,
                                   reference=str(ref))
+    from .foreign import is_foreign, pull_foreign
+
+    if is_foreign(data):  # not pushed by weightstore: a generic ModelPack or ORAS artifact
+        if device is not None or scenario is not None:
+            raise RegistryError("--device and --scenario need a weightstore artifact; this "
+                                "one was pushed by another client", reference=str(ref))
+        return pull_foreign(client, ref, data, output, store=store, jobs=jobs, force=force,
+                            progress=progress)
     parsed = parse_manifest(data, str(ref))
+    out = output_folder(ref, output, force)
+    report = PullReport(str(ref), manifest_digest, str(out))
+    with staged_output(out, store, force) as stage:
+        config = blob_bytes(client, ref, parsed.config, stage / ".config")
+        _check_config(config, parsed, str(ref))
+        files = parse_assembly(blob_bytes(client, ref, parsed.assembly,
+                                           stage / ".assembly"), parsed, str(ref))
+        for name in (".config", ".assembly"):
+            (stage / name).unlink()
+        summary = _read_summary(client, ref, parsed, stage, report)
+        check_declared_sizes(parsed, files, summary, str(ref))
+        with store.leased():
+            plan = _plan_variant(client, ref, parsed, files, summary, stage, report,
+                                 device=device, scenario=scenario)
+            hashed = fetch_and_assemble(client, ref, store, parsed.payloads, plan.wanted,
+                                        report, jobs, progress, plan.folder, plan.files)
+            # only the pairs this pull hashed: a payload taken from the store says
+            # nothing about the blob the manifest names for it
+            digests.remember(store, sha256=hashed, host=ref.host, repository=ref.repository,
+                             digests=[d["digest"] for d in parsed.payloads.values()])
+            if plan.summary is not None:
+                _check_contents(plan.folder, plan.summary, plan.files, plan.known, ref)
+            publish_dir(plan.folder, out, replace=force, over_empty=True)
+            if plan.summary is not None:
+                _register(store, out, plan.summary, plan.wanted)
+    report.received_bytes = client.received_bytes
+    return report
+
+
+def output_folder(ref: Reference, output: str | os.PathLike[str] | None,
+                  force: bool) -> Path:
+    """Where a pull writes (by default the repository's last name component): an empty or
+    absent folder, or with ``force`` any folder."""
     out = Path(output) if output is not None else Path(ref.repository.rsplit("/", 1)[-1])
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise PackageError("output folder is not empty (use --force to replace it)",
                            folder=str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = PullReport(str(ref), manifest_digest, str(out))
+    return out
+
+
+@contextlib.contextmanager
+def staged_output(out: Path, store: WeightStore, force: bool) -> Iterator[Path]:
+    """A temp folder beside ``out`` to write the pull into, under ``out``'s lock (one
+    publish of a folder at a time); removed at the end, published or not."""
     from ..io.locks import target_lock
 
-    with target_lock(out, store.root):  # one publish of a folder at a time
+    with target_lock(out, store.root):
         if not force and out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise published_meanwhile(out)  # a pull that waited for the lock
         stage = make_temp_dir(out.parent, f".{out.name}.")
         try:
-            config = _blob_bytes(client, ref, parsed.config, stage / ".config")
-            _check_config(config, parsed, str(ref))
-            files = parse_assembly(_blob_bytes(client, ref, parsed.assembly,
-                                               stage / ".assembly"), parsed, str(ref))
-            for name in (".config", ".assembly"):
-                (stage / name).unlink()
-            summary = _read_summary(client, ref, parsed, stage, report)
-            check_declared_sizes(parsed, files, summary, str(ref))
-            with store.leased():
-                plan = _plan_variant(client, ref, parsed, files, summary, stage, report,
-                                     device=device, scenario=scenario)
-                hashed = _fetch_and_assemble(client, ref, store, parsed, plan.wanted, report,
-                                             jobs, progress, plan.folder, plan.files)
-                # only the pairs this pull hashed: a payload taken from the store says
-                # nothing about the blob the manifest names for it
-                digests.remember(store, sha256=hashed, host=ref.host, repository=ref.repository,
-                                 digests=[d["digest"] for d in parsed.payloads.values()])
-                if plan.summary is not None:
-                    _check_contents(plan.folder, plan.summary, plan.files, plan.known, ref)
-                publish_dir(plan.folder, out, replace=force, over_empty=True)
-                if plan.summary is not None:
-                    _register(store, out, plan.summary, plan.wanted)
+            yield stage
         finally:
             discard_temp_dir(stage)
-    report.received_bytes = client.received_bytes
-    return report
 
 
-def _blob_bytes(client: RegistryClient, ref: Reference, desc: dict[str, Any],
+def blob_bytes(client: RegistryClient, ref: Reference, desc: dict[str, Any],
                 path: Path) -> bytes:
     if desc["size"] > MAX_DOCUMENT:
         raise RegistryError("malformed model manifest: metadata blob too large",
@@ -530,20 +555,21 @@ def _count(wanted: dict[str, int], report: PullReport) -> dict[str, int]:
     return wanted
 
 
-def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStore,
-                        parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
-                        jobs: int, progress: bool | None, folder: Path,
-                        files: list[WeightFile]) -> dict[str, str]:
-    """Fetch the missing payloads while the output's files are assembled from the store:
-    a piece is copied (and re-hashed) as soon as its payload is in, so the copies overlap
-    the downloads that are still running. Returns key -> sha256 of the payloads this pull
-    downloaded, both digests computed over the bytes it received."""
+def fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStore,
+                       payloads: dict[str, dict[str, Any]], wanted: dict[str, int],
+                       report: PullReport, jobs: int, progress: bool | None, folder: Path,
+                       files: list[WeightFile]) -> dict[str, str]:
+    """Fetch the missing payloads (``payloads``: store key -> layer descriptor) while the
+    output's files are assembled from the store: a piece is copied (and re-hashed) as
+    soon as its payload is in, so the copies overlap the downloads that are still
+    running. Returns key -> sha256 of the payloads this pull downloaded, both digests
+    computed over the bytes it received."""
     arriving: dict[str, Future[StoredObject]] = {k: Future() for k in wanted}
     with ThreadPoolExecutor(1) as runner:
         assembling = runner.submit(assemble, store, folder, files, jobs=jobs,
                                    arriving=arriving)
         try:
-            hashed = _fetch_missing(client, ref, store, parsed, wanted, report, jobs,
+            hashed = _fetch_missing(client, ref, store, payloads, wanted, report, jobs,
                                     progress, arriving)
         except BaseException as exc:
             for future in arriving.values():
@@ -566,17 +592,18 @@ def _fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightSto
                 if key not in wanted or key in healed:
                     raise
                 healed.add(key)
-                received = _heal_payload(client, ref, store, key, parsed.payloads[key])
+                received = _heal_payload(client, ref, store, key, payloads[key])
             report.fetched += 1
             report.fetched_bytes += received
-            hashed[key] = parsed.payloads[key]["digest"]
+            hashed[key] = payloads[key]["digest"]
             for f in files:  # assembled again, from the store as it is now
                 (folder / f.name).unlink(missing_ok=True)
             assembling = runner.submit(assemble, store, folder, files, jobs=jobs)
 
 
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
-                   parsed: ParsedArtifact, wanted: dict[str, int], report: PullReport,
+                   payloads: dict[str, dict[str, Any]], wanted: dict[str, int],
+                   report: PullReport,
                    jobs: int, progress: bool | None,
                    arriving: dict[str, Future[StoredObject]]) -> dict[str, str]:
     """Download what the store lacks; key -> sha256 of each payload downloaded."""
@@ -590,11 +617,11 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
     adoption = _GroupAdoption(store)
 
     def fetch(key: str) -> int:
-        received, obj = _fetch_payload(client, ref, store, key, parsed.payloads[key],
+        received, obj = _fetch_payload(client, ref, store, key, payloads[key],
                                        adoption.adopt)
         if obj is not None:
             # download() matched the sha256 and the key over the bytes it wrote
-            hashed[key] = parsed.payloads[key]["digest"]
+            hashed[key] = payloads[key]["digest"]
             arriving[key].set_result(obj)  # its pieces are copied while others download
         return received
 

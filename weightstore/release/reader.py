@@ -10,21 +10,9 @@ from pathlib import Path
 
 from ..errors import PackageError
 from ..io.files import NotRegularFileError, open_regular
+from ..io.tar import BoundedTarInfo
 
 JSON_LIMIT = 64 << 20  # summary.json and bundle.json members are read whole, up to this
-HEADER_LIMIT = 1 << 20  # PAX and GNU long-name headers: tarfile reads them whole
-_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
-             tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
-
-
-class _BoundedTarInfo(tarfile.TarInfo):
-    """Refuses extended headers larger than :data:`HEADER_LIMIT` before tarfile reads them
-    into memory (a hostile archive could announce gigabytes)."""
-
-    def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
-        if self.type in _EXTENDED and self.size > HEADER_LIMIT:
-            raise tarfile.HeaderError(f"extended header of {self.size} bytes")
-        return super()._proc_member(tf)  # type: ignore[misc]
 
 
 @contextlib.contextmanager
@@ -49,7 +37,7 @@ def open_archive(path: str | Path) -> Iterator[tarfile.TarFile]:
         with os.fdopen(fd, "rb") as f:
             reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
             with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
-                              tarinfo=_BoundedTarInfo) as tf:
+                              tarinfo=BoundedTarInfo) as tf:
                 yield tf
     except (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError) as exc:
         raise PackageError(f"corrupt archive: {exc}", archive=str(path)) from None

@@ -22,12 +22,11 @@ from ..io.files import (
     WRITE_ERRNOS,
     dir_mode,
     discard_temp_dir,
-    file_mode,
     make_temp_dir,
-    name_path,
     parse_json,
     publish_dir,
 )
+from ..io.tar import REGULAR, member_kind, write_new
 from ..package.inventory import check_member_path, check_summary
 from ..package.summary import SUMMARY_NAME
 from .archive import SUFFIX, archive_root
@@ -84,9 +83,9 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
     with open_archive(archive) as tf:
         for member in tf:
             name = member.name.rstrip("/") if member.isdir() else member.name
-            if not (member.isdir() or member.type in (tarfile.REGTYPE, tarfile.AREGTYPE)):
+            if not (member.isdir() or member.type in REGULAR):
                 raise _refuse(archive, "only regular files and folders are allowed",
-                              member.name, type=_kind(member))
+                              member.name, type=member_kind(member))
             try:
                 check_member_path(name, str(archive))
             except PackageError:
@@ -119,7 +118,7 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
                                   expected=_root_of(summary))
                 expected = {c["path"]: c for c in summary["contents"]}
                 folders = {str(p) for c in expected for p in Path(c).parents} - {"."}
-                _write(into / SUMMARY_NAME, [data])
+                write_new(into / SUMMARY_NAME, [data])
                 continue
             if member.isdir():
                 if rel not in folders:
@@ -160,20 +159,6 @@ def _root_of(summary: dict[str, Any]) -> str | None:
         return None
 
 
-def _kind(member: tarfile.TarInfo) -> str:
-    if member.issym():
-        return "symlink"
-    if member.islnk():
-        return "hard link"
-    if member.isfifo():
-        return "fifo"
-    if member.isdev():
-        return "device"
-    if member.issparse():
-        return "sparse file"
-    return repr(member.type.decode(errors="replace"))
-
-
 def _write_verified(tf: tarfile.TarFile, member: tarfile.TarInfo, path: Path,
                     entry: dict[str, Any], archive: Path) -> None:
     algo = entry["digest"].partition(":")[0]
@@ -191,21 +176,8 @@ def _write_verified(tf: tarfile.TarFile, member: tarfile.TarInfo, path: Path,
             remaining -= len(data)
             yield data
 
-    _write(path, chunks())
+    write_new(path, chunks())
     actual = make_key(algo, hasher.hexdigest())
     if actual != entry["digest"]:
         raise IntegrityError("archive member differs from its summary", archive=str(archive),
                              member=member.name, expected=entry["digest"], actual=actual)
-
-
-def _write(path: Path, chunks) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                 file_mode())
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for data in chunks:
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:  # a write names no file: name the one written
-        raise name_path(exc, path) from None
