@@ -415,12 +415,13 @@ def test_foreign_artifacts_have_no_device_or_scenario_variants(registry, sources
     assert not (tmp_path / "out").exists()
 
 
-def test_an_empty_raw_layer_is_an_empty_file(registry, tmp_path) -> None:
+def test_an_empty_raw_layer_is_an_empty_file_and_dot_slash_is_relative(registry,
+                                                                        tmp_path) -> None:
     host = registry.host
     empty = _raw(host, "edge/empty", b"", "empty.txt")
     data = np.arange(10, dtype=np.float32).tobytes()
     ref = _put_artifact(host, "edge/empty", "1", [empty, _raw(host, "edge/empty", data,
-                                                               "sub/w.bin")])
+                                                               "./sub/w.bin")])
     pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "s"))
     assert (tmp_path / "out" / "empty.txt").read_bytes() == b""
     assert (tmp_path / "out" / "sub" / "w.bin").read_bytes() == data

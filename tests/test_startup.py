@@ -118,6 +118,30 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
                     (package / "summary.json").read_bytes()
 
 
+@needs_registry
+def test_a_pull_of_a_foreign_artifact_imports_neither_onnx_nor_numpy(folder: Path) -> None:
+    """The generic pull of what another client pushed (a file layer and a folder as a
+    tar+gzip layer, by oras-py) moves and unpacks files: no model is read."""
+    import oras.client
+
+    (folder / "weights").mkdir()
+    (folder / "weights" / "w.bin").write_bytes(b"\x01" * 64)
+    with running_registry(folder / "registry") as server:
+        ref = f"{server.host}/startup/foreign:1"
+        cwd = os.getcwd()
+        os.chdir(folder)  # oras-py takes paths relative to the working folder
+        try:
+            oras.client.OrasClient(insecure=True).push(target=ref,
+                                                       files=["model.onnx", "weights"])
+        finally:
+            os.chdir(cwd)
+        out = folder / "pulled"
+        assert _imported(["pull", ref, str(out), "--store", str(folder / "store")],
+                         folder) <= REGISTRY_ALLOWED
+    assert (out / "model.onnx").read_bytes() == (folder / "model.onnx").read_bytes()
+    assert (out / "weights" / "w.bin").read_bytes() == b"\x01" * 64
+
+
 OTHER_COMMANDS = ("weightstore.release.commands", "weightstore.resolve.commands",
                   "weightstore.registry.commands", "weightstore.store.commands")
 

@@ -187,8 +187,10 @@ def _plan_layer(i: int, layer: Any, modelpack: bool, reference: str) -> ForeignL
         raise _bad(f"a layer names no file ({FILEPATH} or {TITLE})", reference, layer=i)
     unpack = ((kind is not None and kind.group(1) != "raw") or notes.get(ORAS_UNPACK) == "true"
               or (media in OCI_ARCHIVES and notes.get(ORAS_UNPACK) != "false"))
-    if unpack and isinstance(path, str) and path.endswith("/"):
-        path = path.rstrip("/")  # a folder's name
+    if isinstance(path, str):
+        path = _relative(path)
+        if unpack:
+            path = path.rstrip("/")  # a folder's name
     if not is_relative_inside(path):
         raise _bad("unsafe file path (empty, absolute, or leaving the folder)", reference,
                    layer=i, filepath=repr(path))
@@ -199,6 +201,14 @@ def _plan_layer(i: int, layer: Any, modelpack: bool, reference: str) -> ForeignL
         return ForeignLayer(i, path, layer)
     archive = "gzip" if media.endswith("+gzip") else "zstd" if media.endswith("+zstd") else "tar"
     return ForeignLayer(i, path, layer, archive)
+
+
+def _relative(path: str) -> str:
+    """``./a/b`` is ``a/b`` (tar and modelpack-client accept the prefix); what is left
+    must still pass :func:`~weightstore.io.files.is_relative_inside`."""
+    while path.startswith("./"):
+        path = path[2:]
+    return path
 
 
 def _check_paths(layers: list[ForeignLayer], reference: str) -> None:
@@ -356,9 +366,7 @@ def _decompressed(raw: BinaryIO, archive: str | None) -> Iterator[BinaryIO]:
 
 
 def _unpack_member(tf: tarfile.TarFile, member: tarfile.TarInfo, into: Path, bad: Any) -> None:
-    name = member.name
-    while name.startswith("./"):
-        name = name[2:]
+    name = _relative(member.name)
     if member.isdir():
         name = name.rstrip("/")
     elif member.type not in REGULAR:
