@@ -9,7 +9,7 @@ Figures (medians of ``--runs`` interleaved runs; the machine is shared, so they 
   below is <= 1.25).
 - bytes uploaded for a one-tensor update (an encoder, version 1.0.1 changing one weight
   matrix), against the changed payload bytes. Target <= 1.05 for the weight blobs; all
-  bytes sent (models, summary, assembly record, config and manifests included) are shown
+  bytes sent (models, summary, config and manifests included) are shown
   for scale.
 - bytes fetched by a device pull, against the device's live bytes (``bundle.json``).
   Target = 1.00.

@@ -6,10 +6,14 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from weightstore.store import StoredObject, WeightStore
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def store_index(store: WeightStore) -> dict[str, StoredObject]:
@@ -202,3 +206,45 @@ def fill(disk: Path, leave: int) -> None:
     finally:
         os.close(fd)
     os.truncate(filler, max(0, filler.stat().st_size - leave))
+
+
+# every layout a recipe makes: weights inline, per-weight files (at the root or in
+# scenario groups), combined files (per model, shared, or per scenario group)
+EVERY_LAYOUT = """\
+package: pk
+version: "{version}"
+store: {{path: {store}}}
+models:
+  - name: encoder
+    source: {src}
+    scenarios:
+      - {{name: half, passes: [cast-fp16, cleanup], requires: {{accelerator: npu}}}}
+layouts:
+  - {{name: embedded, external_weight: embedded}}
+  - {{name: separate, external_weight: separate}}
+  - {{name: combined, external_weight: combined}}
+  - {{name: shared, external_weight: combined, combined: shared}}
+  - {{name: split, external_weight: combined, split: scenario, alignment: 4096}}
+  - {{name: split-sep, external_weight: separate, split: scenario}}
+devices:
+  - {{name: npu, capabilities: {{accelerator: npu}}, scenario: auto}}
+output: {out}
+"""
+
+
+def every_layout(folder: Path, model: onnx.ModelProto, version: str,
+                 ) -> dict[str, Path]:
+    """Build ``model`` as package pk ``version`` in every layout (and a scenario, a
+    device) below ``folder``; layout name -> package folder."""
+    import onnx
+
+    from weightstore.build.run import BuildOptions, build
+
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / f"encoder-{version}.onnx"
+    onnx.save(model, str(src))
+    recipe = folder / f"recipe-{version}.yaml"
+    recipe.write_text(EVERY_LAYOUT.format(version=version, store=folder / "store", src=src,
+                                          out=folder / "out"))
+    result = build(recipe, BuildOptions(jobs=2))
+    return {p.layout: p.path for p in result.packages}

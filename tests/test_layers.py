@@ -80,3 +80,14 @@ def test_only_the_command_line_and_releases_start_builds():
 
 def test_the_folder_scan_sees_imports():
     assert "io" in _folder_imports("store") and "recipe" in _folder_imports("build")
+
+
+def test_offline_assembly_reaches_no_registry():
+    """``weightstore assemble`` works offline on what a generic client pulled: its module
+    takes the artifact's naming (``registry.artifact``) and the package's assembly, never
+    the registry client, push or pull, nor onnx."""
+    names = _imports(PACKAGE / "registry" / "assemble.py")
+    registry = {n.rsplit(".", 1)[-1] for n in names if n.startswith("weightstore.registry.")}
+    assert registry == {"artifact"}
+    assert "weightstore.package.assembly" in names
+    assert not any(n == "onnx" or n.startswith(("onnx.", "requests")) for n in names)

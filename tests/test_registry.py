@@ -15,7 +15,6 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import (
     PackageError,
@@ -34,6 +33,7 @@ from weightstore.registry.reference import parse_reference
 from weightstore.resolve.runnable import runnable_variant
 from weightstore.store import WeightStore
 
+from .helpers import every_layout
 from .registry_proxy import relay
 from .registry_server import RegistryServer, needs_registry, running_registry
 from .samples import make_encoder, run_onnxruntime, sample_inputs
@@ -42,39 +42,7 @@ pytestmark = needs_registry
 
 LAYOUTS = ("embedded", "separate", "combined", "shared", "split", "split-sep")
 
-RECIPE = """\
-package: pk
-version: "{version}"
-store: {{path: {store}}}
-models:
-  - name: encoder
-    source: {src}
-    scenarios:
-      - {{name: half, passes: [cast-fp16, cleanup], requires: {{accelerator: npu}}}}
-layouts:
-  - {{name: embedded, external_weight: embedded}}
-  - {{name: separate, external_weight: separate}}
-  - {{name: combined, external_weight: combined}}
-  - {{name: shared, external_weight: combined, combined: shared}}
-  - {{name: split, external_weight: combined, split: scenario, alignment: 4096}}
-  - {{name: split-sep, external_weight: separate, split: scenario}}
-devices:
-  - {{name: npu, capabilities: {{accelerator: npu}}, scenario: auto}}
-output: {out}
-"""
-
 CHANGED = "encoder.layer.1.attention.output.dense.weight"
-
-
-def _build(folder: Path, model: onnx.ModelProto, version: str) -> dict[str, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    src = folder / f"encoder-{version}.onnx"
-    onnx.save(model, str(src))
-    recipe = folder / f"recipe-{version}.yaml"
-    recipe.write_text(RECIPE.format(version=version, store=folder / "store", src=src,
-                                    out=folder / "out"))
-    result = build(recipe, BuildOptions(jobs=2))
-    return {p.layout: p.path for p in result.packages}
 
 
 def _changed(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -93,9 +61,9 @@ def _changed(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def packages(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("packages")
     model = make_encoder()
-    v1 = _build(folder, model, "1.0.0")
+    v1 = every_layout(folder, model, "1.0.0")
     changed, size = _changed(model)
-    v2 = _build(folder, changed, "1.0.1")
+    v2 = every_layout(folder, changed, "1.0.1")
     return {"folder": folder, "model": model, "v1": v1, "v2": v2, "changed_bytes": size,
             "store": WeightStore(folder / "store")}
 
@@ -160,9 +128,19 @@ def test_manifest_shape_and_generic_file_paths(packages, registry) -> None:
     # a generic client gets every file of the folder, weight files included
     on_disk = {p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()}
     assert weight_files <= paths and on_disk <= paths
-    weights = [x for x in doc["layers"]
-               if x["mediaType"] == "application/vnd.cncf.model.weight.v1.raw"]
-    assert len(weights) == summary["totals"]["unique_payloads"]
+    payloads = [x for x in doc["layers"] if "org.weightstore.payload" in x["annotations"]]
+    assert len(payloads) == summary["totals"]["unique_payloads"]
+    # every layer is a file at its path for ModelPack and ORAS clients alike; graphs
+    # and payloads are weights, records weight configs
+    for layer in doc["layers"]:
+        notes = layer["annotations"]
+        assert notes["org.cncf.model.filepath"] == notes["org.opencontainers.image.title"]
+        path = notes["org.cncf.model.filepath"]
+        assert layer["mediaType"] == (
+            "application/vnd.cncf.model.weight.v1.raw"
+            if path.endswith(".onnx") or layer in payloads
+            else "application/vnd.cncf.model.weight.config.v1.raw"), path
+    assert paths == on_disk  # nothing beside the package's own files
 
 
 def test_one_tensor_update_uploads_about_that_tensor(packages, registry) -> None:
@@ -176,9 +154,8 @@ def test_one_tensor_update_uploads_about_that_tensor(packages, registry) -> None
     assert changed == packages["changed_bytes"] * 3 // 2
     assert report.hashed_bytes == changed  # only the new payloads were read
     assert report.uploaded_weight_bytes == changed
-    # besides: the two models, summary, assembly record and config (the device record
-    # is unchanged)
-    assert report.uploaded == 2 + 5
+    # besides: the two models, summary and config (the device record is unchanged)
+    assert report.uploaded == 2 + 4
 
 def test_device_pull_fetches_only_live_payloads(packages, registry, tmp_path) -> None:
     source = packages["v1"]["split"]
@@ -357,7 +334,7 @@ def _put_manifest(client: RegistryClient, ref, doc: dict) -> None:
     ({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
       "artifactType": ARTIFACT_TYPE, "layers": [],
       "annotations": {"org.weightstore.fingerprint": "blake3:" + "0" * 64}},
-     "no assembly record"),
+     "summary.json has no layer|no layer"),
 ])
 def test_malformed_manifest_is_refused(registry, tmp_path, doc, why) -> None:
     ref = parse_reference(f"{registry.host}/bad/m:{len(why)}")

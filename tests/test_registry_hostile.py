@@ -45,6 +45,7 @@ from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
 from .helpers import empty_store, fill, scenario_package
+from .registry_formats import push_format1, upload
 from .registry_proxy import answer, forward, misbehaving, send_head
 from .registry_server import needs_registry, running_registry
 
@@ -262,11 +263,14 @@ def test_a_file_that_is_not_what_the_summary_lists_is_never_published(pushed,
     a, b = next((x, y) for x in weights for y in weights
                 if x["size"] == y["size"] and x["id"] != y["id"])
     a["id"], b["id"] = b["id"], a["id"]  # two payloads placed where the other sits
-    # sizes and places are checked against the summary before anything is fetched
-    for tag, files, why in (
-            ("swapped", {"encoder.onnx": b"\x08\x07" * 10}, "not the one the summary lists"),
-            ("placed", {"summary.json": json.dumps(summary).encode()}, "other pieces")):
-        ref = _altered(host, manifest, tag, files)
+    # sizes and places are checked against the summary before anything is fetched (a
+    # format 1 artifact's assembly record placing pieces elsewhere than its summary)
+    _, old = push_format1(host, "pk/a", "format1", package, manifest)
+    for tag, files, why, doc in (
+            ("swapped", {"encoder.onnx": b"\x08\x07" * 10}, "not the one the summary lists",
+             manifest),
+            ("placed", {"summary.json": json.dumps(summary).encode()}, "other pieces", old)):
+        ref = _altered(host, doc, tag, files)
         with pytest.raises(RegistryError, match=why):
             pull(ref, tmp_path / tag, store=store)
         assert not (tmp_path / tag).exists()
@@ -445,16 +449,6 @@ def test_a_pair_an_earlier_version_remembered_unproven_is_computed_again(pushed,
 
 # -- sizes an artifact declares ------------------------------------------------------------
 
-def _upload(host: str, ref, data: bytes) -> dict:
-    """Put ``data`` in ``ref``'s repository; its digest and size."""
-    client = RegistryClient(host, push=True)
-    digest = sha256_digest(data)
-    if not client.has_blob(ref, digest):
-        location = client.start_upload(ref, digest)
-        client.put_monolithic(ref, location, digest, len(data), lambda s, e: [data[s:e]])
-    return {"digest": digest, "size": len(data)}
-
-
 def _reassembled(host: str, manifest: dict, tag: str, change: Callable[[dict], None],
                  summary: Callable[[dict], None] | None = None) -> str:
     """Push a copy of ``manifest`` whose assembly record (and summary) ``change`` (and
@@ -471,7 +465,7 @@ def _reassembled(host: str, manifest: dict, tag: str, change: Callable[[dict], N
         with client.open_blob(ref, layer["digest"]) as resp:
             record = json.loads(resp.content)
         edit(record)
-        layer.update(_upload(host, ref, json.dumps(record).encode()))
+        layer.update(upload(host, ref, json.dumps(record).encode()))
     RegistryClient(host, push=True).put_manifest(ref, tag, json.dumps(doc).encode())
     return str(ref)
 
@@ -496,16 +490,20 @@ def _grow_summary(size: int) -> Callable[[dict], None]:
 @pytest.mark.parametrize("how", ["whole", "device", "scenario"])
 def test_a_declared_size_out_of_bounds_is_refused_before_anything_is_written(
         pushed, tmp_path, capsys, how) -> None:
-    """A weight file declared 4 TB in the assembly record (alone, or with a summary that
-    agrees) is refused before a temp file is created: one line, exit 2, nothing left."""
+    """A weight file declared 4 TB in the summary (format 2's assembly record), or in a
+    format 1 artifact's assembly record (alone, or with a summary that agrees), is refused
+    before a temp file is created: one line, exit 2, nothing left."""
     import time
 
-    host, _, manifest = pushed
+    host, package, manifest = pushed
+    _, old = push_format1(host, "pk/a", f"format1-{how}", package, manifest)
     store = WeightStore(tmp_path / "store")
     options = {"whole": [], "device": ["--device", "npu"], "scenario": ["--scenario", "half"]}
-    cases = {"assembly": _reassembled(host, manifest, f"big-{how}", _grow(1 << 42)),
-             "both": _reassembled(host, manifest, f"bigger-{how}", _grow(1 << 42),
+    cases = {"assembly": _reassembled(host, old, f"big-{how}", _grow(1 << 42)),
+             "both": _reassembled(host, old, f"bigger-{how}", _grow(1 << 42),
                                   _grow_summary(1 << 42)),
+             "summary-format1": _reassembled(host, old, f"big-summary1-{how}",
+                                             lambda r: None, _grow_summary(1 << 42)),
              "summary": _reassembled(host, manifest, f"big-summary-{how}", lambda r: None,
                                      _grow_summary(1 << 42))}
     for case, ref in cases.items():

@@ -236,7 +236,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
     (("bundle",), _add_bundle),
     (("verify", "release", "unpack", "diff"), _add_release),
     (("resolve", "run", "prepare"), _add_resolve),
-    (("push", "pull"), _add_registry),
+    (("push", "pull", "assemble"), _add_registry),
     (("schema",), _add_schema),
 )
 
@@ -545,6 +545,7 @@ COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "run": _cmd_resolve, "prepare": _cmd_resolve,
             "push": lambda args: _registry("run_push", args),
             "pull": lambda args: _registry("run_pull", args),
+            "assemble": lambda args: _registry("run_assemble", args),
             "verify": _release, "release": _release, "unpack": _release, "diff": _release}
 
 

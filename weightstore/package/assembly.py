@@ -28,6 +28,7 @@ from ..io.digests import split_key
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    from ..layout.writer import PayloadLocator
     from ..store import StoredObject, WeightStore
 
 _SEPARATE = re.compile(r"(?:.*/)?weight_[0-9a-f]{64}")
@@ -147,21 +148,10 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
     the store waits for its future (and raises what it raises), so copies overlap the
     downloads while every piece is still re-hashed against its key.
     """
-    from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload
-    from ..layout.writer import FileRange, write_plan
+    from ..layout.writer import FileRange
 
     files = list(files)
-    seen: set[str] = set()
-    for f in files:  # never written over: another file of the folder, or one listed twice
-        if f.name in seen or os.path.lexists(folder / f.name):
-            raise PackageError("a file to assemble is already in the folder", file=f.name,
-                               folder=str(folder))
-        seen.add(f.name)
     objects = store.locate({p.key for f in files for p in f.pieces})
-    plan = LayoutPlan("combined", 1, tuple(
-        PlannedFile(f.name, f.size, tuple(PlannedPayload(p.key, p.size, f.name, p.offset)
-                                          for p in f.pieces))
-        for f in files))
 
     def locate(key: str) -> FileRange:
         obj = objects.get(key)
@@ -172,5 +162,28 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
                                       store=str(store.root))
         return FileRange(store.path_of(obj), obj.offset, stored=True)
 
+    return write_files(folder, files, locate, jobs=jobs, file_digest=file_digest)
+
+
+def write_files(folder: Path, files: Iterable[WeightFile], locate: PayloadLocator, *,
+                jobs: int = 4, file_digest: str | None = None) -> dict[str, str]:
+    """Write ``files`` into the temp folder ``folder``, ``locate(key)`` finding each
+    payload's bytes (a store object, or a payload's own file in a folder a generic client
+    pulled): copied, zeros elsewhere, every piece re-hashed against its key in one
+    read-back per file, each file fsynced. See :func:`assemble`."""
+    from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload
+    from ..layout.writer import write_plan
+
+    files = list(files)
+    seen: set[str] = set()
+    for f in files:  # never written over: another file of the folder, or one listed twice
+        if f.name in seen or os.path.lexists(folder / f.name):
+            raise PackageError("a file to assemble is already in the folder", file=f.name,
+                               folder=str(folder))
+        seen.add(f.name)
+    plan = LayoutPlan("combined", 1, tuple(
+        PlannedFile(f.name, f.size, tuple(PlannedPayload(p.key, p.size, f.name, p.offset)
+                                          for p in f.pieces))
+        for f in files))
     return write_plan(plan, folder, locate, jobs=jobs, file_digest=file_digest,
                       sync_dir=False)

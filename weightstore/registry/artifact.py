@@ -1,17 +1,25 @@
 """The package as an OCI artifact in the CNCF ModelPack v1 shape: a pure planner.
 
 Metadata in (``summary.json`` and the folder's file list), descriptors and documents out;
-no payload bytes are read here. The unit of transfer is the weight payload, not the file:
+no payload bytes are read here. Every layer is a file of the artifact: it has a media type
+the ModelPack specification defines and its relative path in ``org.cncf.model.filepath``
+and ``org.opencontainers.image.title``, so any ModelPack or ORAS client writes it where it
+belongs. The unit of transfer is the weight payload, not the file:
 
 - one layer per distinct payload (``application/vnd.cncf.model.weight.v1.raw``), carrying
-  ``org.weightstore.payload`` (its store key); a per-weight file ``weight_<hex>`` is exactly
-  its payload, so its layer also carries ``org.cncf.model.filepath`` and a generic
-  ModelPack or ORAS client gets a working folder;
-- one assembly record (:data:`ASSEMBLY_TYPE`) saying which payload sits at which offset
-  of every weight file, zero bytes everywhere else; ``weightstore pull`` rebuilds combined
-  and split files byte for byte from it;
-- every other file (models, ``summary.json``, device folders) as one layer with its
-  ``org.cncf.model.filepath``.
+  ``org.weightstore.payload`` (its store key). A payload that is a whole per-weight file
+  ``weight_<hex>`` has that file's path (one layer per such file: a payload that is two
+  files of a split layout is one blob named by two layers); every other payload (a piece
+  of a combined or split file) has a path of its own, ``payloads/weight_<hex>``
+  (:func:`payload_paths`);
+- every other file (models, ``summary.json``, device folders) as one layer at its path;
+  ONNX graphs are ``weight`` layers, records ``weight.config`` layers.
+
+There is no separate assembly record: ``summary.json`` lists every weight file and where
+each payload sits in it (key, offset, size), which is all ``weightstore pull`` and
+``weightstore assemble`` need to rebuild combined and split files byte for byte.
+Artifacts of format 1 (an ``application/vnd.weightstore.assembly.v1+json`` layer, paths
+on per-weight payloads only) are still read.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,10 +45,16 @@ ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.cncf.model.config.v1+json"
 WEIGHT_TYPE = "application/vnd.cncf.model.weight.v1.raw"
 FILE_TYPE = "application/vnd.cncf.model.weight.config.v1.raw"
-ASSEMBLY_TYPE = "application/vnd.weightstore.assembly.v1+json"
+ASSEMBLY_TYPE = "application/vnd.weightstore.assembly.v1+json"  # format 1 artifacts only
 FILEPATH = "org.cncf.model.filepath"
+TITLE = "org.opencontainers.image.title"
 PAYLOAD = "org.weightstore.payload"
+FORMAT = "org.weightstore.format_version"
+FINGERPRINT = "org.weightstore.fingerprint"
+FORMAT_VERSION = 2  # of the artifact: 1 had an assembly record layer
 ASSEMBLY_VERSION = 1
+PAYLOADS_DIR = "payloads"  # where payloads that are no whole file of the package go
+GRAPH_SUFFIX = ".onnx"  # files pushed as weight layers; other files are weight.config
 SUMMARY_NAME = "summary.json"
 FIXED_EPOCH = 0  # createdAt when SOURCE_DATE_EPOCH is not set: builds carry no time
 
@@ -144,7 +158,6 @@ class Artifact:
 
     manifest: bytes
     config: bytes
-    assembly: bytes
     layers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -153,6 +166,8 @@ class Artifact:
 
 
 def assembly_record(plan: PackagePlan, sha256: Mapping[str, str]) -> bytes:
+    """The assembly record of format 1 artifacts (which format 2 no longer pushes: its
+    content is the summary's); kept to describe and test the artifacts still read."""
     return canonical({
         "format_version": ASSEMBLY_VERSION,
         "package": plan.package, "version": plan.version, "layout": plan.layout,
@@ -164,25 +179,57 @@ def assembly_record(plan: PackagePlan, sha256: Mapping[str, str]) -> bytes:
     })
 
 
+def payload_paths(files: Iterable[WeightFile]) -> dict[str, list[str]]:
+    """The file paths of each payload's layers, from the weight files alone (so push,
+    which names the layers, and ``weightstore assemble``, which finds them in a folder a
+    generic client pulled, agree): every whole per-weight file ``weight_<hex>`` holding
+    it, in name order, or else ``payloads/weight_<hex>`` (the payload's own file, named
+    as GE names per-weight files). Keys in file then offset order."""
+    files = list(files)
+    out: dict[str, list[str]] = {}
+    for f in files:
+        if f.is_separate:
+            out.setdefault(f.pieces[0].key, []).append(f.name)
+    order: dict[str, list[str]] = {}
+    for f in files:
+        for p in f.pieces:
+            order.setdefault(p.key, out.get(p.key)
+                             or [f"{PAYLOADS_DIR}/weight_{split_key(p.key)[1]}"])
+    return order
+
+
+def layer_type(name: str) -> str:
+    """An ONNX graph is a ``weight`` layer, any other file (records) a ``weight.config``."""
+    return WEIGHT_TYPE if name.endswith(GRAPH_SUFFIX) else FILE_TYPE
+
+
+def _layer(media_type: str, digest: str, size: int, path: str,
+           **annotations: str) -> dict[str, Any]:
+    return {"mediaType": media_type, "digest": digest, "size": size,
+            "annotations": {FILEPATH: path, TITLE: path, **annotations}}
+
+
 def build_artifact(plan: PackagePlan, payload_sha256: Mapping[str, str],
                    file_digests: Mapping[str, tuple[str, int]], created: str) -> Artifact:
-    """Config, assembly record and manifest for ``plan``; ``file_digests`` are the
-    (sha256, size) of every other file."""
+    """Config and manifest for ``plan``; ``file_digests`` are the (sha256, size) of every
+    other file. Two layers with one file path (a file of the package where a payload's
+    own file would go) are a :class:`PackageError`: a generic client would write one
+    over the other."""
     layers: list[dict[str, Any]] = []
-    separate = {f.pieces[0].key: f.name for f in plan.weight_files if f.is_separate}
+    paths = payload_paths(plan.weight_files)
     for key, size in plan.payload_sizes().items():
-        annotations = {PAYLOAD: key}
-        if key in separate:
-            annotations[FILEPATH] = separate[key]
-        layers.append({"mediaType": WEIGHT_TYPE, "digest": payload_sha256[key], "size": size,
-                       "annotations": annotations})
-    assembly = assembly_record(plan, payload_sha256)
-    layers.append({"mediaType": ASSEMBLY_TYPE, "digest": sha256_digest(assembly),
-                   "size": len(assembly)})
+        layers.extend(_layer(WEIGHT_TYPE, payload_sha256[key], size, path, **{PAYLOAD: key})
+                      for path in paths[key])
     for name in plan.other_files:
         digest, size = file_digests[name]
-        layers.append({"mediaType": FILE_TYPE, "digest": digest, "size": size,
-                       "annotations": {FILEPATH: name}})
+        layers.append(_layer(layer_type(name), digest, size, name))
+    seen: set[str] = set()
+    for layer in layers:
+        path = layer["annotations"][FILEPATH]
+        if path in seen:
+            raise PackageError("two layers of the artifact would have one file path; "
+                               "nothing was pushed", file=path)
+        seen.add(path)
     config = canonical({
         "descriptor": {"name": plan.package, "version": plan.version, "createdAt": created},
         "config": {"format": "onnx"},
@@ -197,9 +244,10 @@ def build_artifact(plan: PackagePlan, payload_sha256: Mapping[str, str],
         "layers": layers,
         "annotations": {"org.opencontainers.image.version": plan.version,
                         "org.weightstore.layout": plan.layout,
-                        "org.weightstore.fingerprint": plan.fingerprint},
+                        FINGERPRINT: plan.fingerprint,
+                        FORMAT: str(FORMAT_VERSION)},
     })
-    return Artifact(manifest=manifest, config=config, assembly=assembly, layers=layers)
+    return Artifact(manifest=manifest, config=config, layers=layers)
 
 
 # -- reading an artifact back -------------------------------------------------------------
@@ -210,7 +258,7 @@ class ParsedArtifact:
     """A pulled manifest, checked: what to fetch and how to assemble it."""
 
     config: dict[str, Any]  # the config descriptor
-    assembly: dict[str, Any]  # the assembly layer's descriptor
+    assembly: dict[str, Any] | None  # a format 1 artifact's assembly layer descriptor
     files: dict[str, dict[str, Any]]  # filepath -> descriptor of other files
     payloads: dict[str, dict[str, Any]]  # store key -> descriptor
     annotations: dict[str, str]
@@ -238,6 +286,7 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
     assembly = None
     files: dict[str, dict[str, Any]] = {}
     payloads: dict[str, dict[str, Any]] = {}
+    paths: set[str] = set()
     for i, layer in enumerate(layers):
         if not _descriptor_ok(layer):
             raise bad("layer descriptor malformed", layer=i)
@@ -246,19 +295,24 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
             raise bad("layer annotations are not an object", layer=i)
         if layer["mediaType"] == ASSEMBLY_TYPE:
             assembly = layer
-        elif layer["mediaType"] == WEIGHT_TYPE and PAYLOAD in notes:
+            continue
+        name = None
+        if FILEPATH in notes:
+            name = _safe_path(notes[FILEPATH], reference)
+            if name in paths:
+                raise bad("two layers for one file path", filepath=name)
+            paths.add(name)
+        if layer["mediaType"] == WEIGHT_TYPE and PAYLOAD in notes:
+            key = notes[PAYLOAD]
             try:
-                split_key(notes[PAYLOAD])
+                split_key(key)
             except (ValueError, TypeError):
                 raise bad("payload key malformed", layer=i) from None
-            payloads[notes[PAYLOAD]] = layer
-        elif FILEPATH in notes:
-            name = _safe_path(notes[FILEPATH], reference)
-            if name in files:
-                raise bad("two layers for one file path", filepath=name)
+            first = payloads.setdefault(key, layer)
+            if (first["digest"], first["size"]) != (layer["digest"], layer["size"]):
+                raise bad("two layers name one payload with other bytes", key=key, layer=i)
+        elif name is not None:
             files[name] = layer
-    if assembly is None:
-        raise bad("no assembly record layer")
     annotations = doc.get("annotations") or {}
     return ParsedArtifact(config, assembly, files, payloads,
                           annotations if isinstance(annotations, dict) else {})
@@ -279,7 +333,8 @@ def _safe_path(name: Any, reference: str) -> str:
 
 
 def parse_assembly(data: bytes, parsed: ParsedArtifact, reference: str) -> list[WeightFile]:
-    """The weight files of an assembly record, each piece's payload in the manifest."""
+    """The weight files of a format 1 artifact's assembly record, each piece's payload in
+    the manifest."""
     def bad(why: str, **ctx: Any) -> RegistryError:
         return RegistryError(f"malformed assembly record: {why}", reference=reference, **ctx)
 
@@ -298,26 +353,51 @@ def parse_assembly(data: bytes, parsed: ParsedArtifact, reference: str) -> list[
             found = {(_count(p["offset"], bad, file=name, entry=i),
                       _count(p["size"], bad, file=name, entry=i), str(p["key"]))
                      for p in f["pieces"]}
-            for _, size, key in found:
-                layer = parsed.payloads.get(key)
-                if layer is None or layer["size"] != size:
-                    raise RegistryError("malformed model manifest: assembly names a payload "
-                                        "without its layer", reference=reference, key=key,
-                                        size=size,
-                                        layer_size=None if layer is None else layer["size"])
             wf = _weight_file(name, _count(f["size"], bad, file=name, entry=i), found)
-            for offset, length in wf.gaps():
-                if length > MAX_ALIGNMENT:
-                    raise bad("a weight file's size is out of proportion to its pieces: "
-                              "more zero bytes in a row than any alignment pads",
-                              file=name, size=wf.size, offset=offset, zeros=length,
-                              limit=MAX_ALIGNMENT)
-            out.append(wf)
+            out.append(_with_payloads(wf, parsed, reference, bad))
     except (KeyError, TypeError, AttributeError) as exc:
         raise bad(f"{type(exc).__name__}: {exc}") from None
     except PackageError as exc:  # pieces that overlap or leave their file, a bad key
         raise bad(exc.message, **exc.context) from None
     return out
+
+
+def summary_assembly(summary: Mapping[str, Any], parsed: ParsedArtifact,
+                     reference: str) -> list[WeightFile]:
+    """The weight files the artifact's ``summary.json`` lists (its models place each
+    payload at an offset of a file: the assembly record of format 2), each piece's
+    payload in the manifest, as :func:`parse_assembly` checks a format 1 record."""
+    def bad(why: str, **ctx: Any) -> RegistryError:
+        return RegistryError(f"malformed model artifact: {why}", reference=reference, **ctx)
+
+    try:
+        found = summary_weight_files(summary)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad(f"the summary's weight files are malformed ({type(exc).__name__})",
+                  file=SUMMARY_NAME) from None
+    except PackageError as exc:  # pieces that overlap or leave their file, a bad key
+        raise bad(exc.message, summary=SUMMARY_NAME, **exc.context) from None
+    return [_with_payloads(f, parsed, reference, bad) for f in found]
+
+
+def _with_payloads(wf: WeightFile, parsed: ParsedArtifact, reference: str,
+                   bad: Callable[..., RegistryError]) -> WeightFile:
+    """``wf``, once every piece has a payload layer of its size and no run of zeros
+    between pieces is longer than any alignment pads (a size out of proportion)."""
+    for p in wf.pieces:
+        layer = parsed.payloads.get(p.key)
+        if layer is None or layer["size"] != p.size:
+            raise RegistryError("malformed model manifest: assembly names a payload "
+                                "without its layer", reference=reference, key=p.key,
+                                size=p.size,
+                                layer_size=None if layer is None else layer["size"])
+    for offset, length in wf.gaps():
+        if length > MAX_ALIGNMENT:
+            raise bad("a weight file's size is out of proportion to its pieces: "
+                      "more zero bytes in a row than any alignment pads",
+                      file=wf.name, size=wf.size, offset=offset, zeros=length,
+                      limit=MAX_ALIGNMENT)
+    return wf
 
 
 def _count(value: Any, bad: Callable[..., RegistryError], **ctx: Any) -> int:

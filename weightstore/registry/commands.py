@@ -1,4 +1,4 @@
-"""``weightstore push`` and ``weightstore pull``: parsers and handlers."""
+"""``weightstore push``, ``pull`` and ``assemble``: parsers and handlers."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
 
 
 def add_parsers(sub: Any, jobs: Any) -> None:
-    """Register push and pull (``jobs``: the CLI's type for --jobs and other counts)."""
+    """Register push, pull and assemble (``jobs``: the CLI's type for --jobs and other counts)."""
     ps = sub.add_parser("push", help="push a package folder to an OCI registry (CNCF "
                                      "ModelPack shape, one layer per weight)")
     ps.add_argument("package", help="a package folder (holding summary.json)")
@@ -61,6 +61,14 @@ def add_parsers(sub: Any, jobs: Any) -> None:
     which.add_argument("--scenario", help="fetch only what this scenario runs")
     pl.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     _transport_flags(pl, jobs)
+    am = sub.add_parser("assemble", help="make the package, offline, from the folder a "
+                                         "generic ModelPack or ORAS client pulled")
+    am.add_argument("folder", help="the pulled folder (models, summary.json, per-weight "
+                                   "files, payloads/)")
+    am.add_argument("--output", help="write the package here (a new or empty folder); "
+                                     "default: replace the folder in place")
+    am.add_argument("--jobs", type=jobs, default=4, help="parallel payload checks and copies")
+    am.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def _store(args: argparse.Namespace) -> Any:
@@ -113,4 +121,19 @@ def run_pull(args: argparse.Namespace) -> int:
               f"{report.payloads} weights ({report.payload_bytes / 1e6:.1f} MB), "
               f"{report.fetched} fetched ({report.fetched_bytes / 1e6:.1f} MB), "
               f"{report.payloads - report.fetched} from the store")
+    return 0
+
+
+def run_assemble(args: argparse.Namespace) -> int:
+    from .assemble import assemble_folder
+
+    if args.jobs < 1:
+        raise ValueError("--jobs must be at least 1")
+    report = assemble_folder(args.folder, args.output, jobs=args.jobs)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(f"assembled {report.source} into {report.output}: {report.files} files, "
+              f"{report.weight_files} weight files from {report.payloads} payloads "
+              f"({report.payload_bytes / 1e6:.1f} MB), each checked against its key")
     return 0

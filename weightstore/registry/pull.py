@@ -37,7 +37,7 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..io.digests import ALGORITHMS, digest_file, make_key, new_hasher, split_key
+from ..io.digests import make_key, new_hasher, split_key
 from ..io.files import (
     WRITE_ERRNOS,
     discard_temp_dir,
@@ -47,7 +47,7 @@ from ..io.files import (
     publish_dir,
     published_meanwhile,
 )
-from ..package.assembly import assemble, contents_problem, summary_weight_files
+from ..package.assembly import assemble, summary_weight_files
 from ..package.summary import read_summary_file
 from ..store import FilePayload, StoredObject, WeightStore
 from . import digests
@@ -55,11 +55,12 @@ from .artifact import (
     SUMMARY_NAME,
     ParsedArtifact,
     WeightFile,
-    list_files,
     parse_assembly,
     parse_manifest,
     sha256_digest,
+    summary_assembly,
 )
+from .assemble import contents_algo, contents_check
 from .client import BROKEN, CHUNK, MAX_DOCUMENT, RegistryClient, Transport, body_pieces
 from .reference import Reference, parse_reference
 
@@ -265,11 +266,14 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
     with staged_output(out, store, force) as stage:
         config = blob_bytes(client, ref, parsed.config, stage / ".config")
         _check_config(config, parsed, str(ref))
-        files = parse_assembly(blob_bytes(client, ref, parsed.assembly,
-                                           stage / ".assembly"), parsed, str(ref))
-        for name in (".config", ".assembly"):
-            (stage / name).unlink()
+        (stage / ".config").unlink()
+        legacy = None
+        if parsed.assembly is not None:  # a format 1 artifact: its own record
+            legacy = parse_assembly(blob_bytes(client, ref, parsed.assembly,
+                                               stage / ".assembly"), parsed, str(ref))
+            (stage / ".assembly").unlink()
         summary = _read_summary(client, ref, parsed, stage, report)
+        files = summary_assembly(summary, parsed, str(ref)) if legacy is None else legacy
         check_declared_sizes(parsed, files, summary, str(ref))
         with store.leased():
             plan = _plan_variant(client, ref, parsed, files, summary, stage, report,
@@ -449,7 +453,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     """Fetch the metadata the output needs and decide which payloads it needs. A whole
     package is assembled in ``stage`` itself, a variant in a folder inside it."""
     if device is None and scenario is None:
-        algo = _contents_algo(summary)
+        algo = contents_algo(summary)
         known = _download_files(client, ref, parsed, sorted(set(parsed.files) - {SUMMARY_NAME}),
                                 stage, report, also=algo)
         wanted = {p.key: p.size for f in files for p in f.pieces}
@@ -505,45 +509,12 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     return _Plan(result, kept, _count(live, report))
 
 
-def _contents_algo(summary: dict[str, Any]) -> str | None:
-    """The algorithm of the summary's file digests (None before ``contents`` existed)."""
-    contents = summary.get("contents")
-    if not isinstance(contents, list) or not contents or not isinstance(contents[0], dict):
-        return None
-    algo = str(contents[0].get("digest", "")).partition(":")[0]
-    return algo if algo in ALGORITHMS else None
-
-
 def _check_contents(folder: Path, summary: dict[str, Any], files: list[WeightFile],
                     known: dict[str, str], ref: Reference) -> None:
     """A pulled package is exactly what its summary lists (when it lists its files): the
-    weight files by construction (:func:`~weightstore.package.assembly.contents_problem`),
-    every other file by the digest taken while it downloaded; nothing unlisted."""
-    if "contents" not in summary:
-        return  # a package from before file digests: nothing to check against
-    from ..resolve.prepared_record import companion_contents
-
-    assembled = {f.name: f for f in files}
-    others = {}
-    for name in list_files(folder):
-        if name not in assembled and name != SUMMARY_NAME:
-            others[name] = ((folder / name).stat().st_size, known.get(name, "(not hashed)"))
-    try:
-        listed = {str(c["path"]) for c in summary["contents"]}
-        # what `prepare` added, as verify accepts it: records, and the graphs they name
-        records, graphs = companion_contents([n for n in others if n not in listed], folder)
-        for name in records:
-            others.pop(name)
-        for g in graphs:  # small: hashed again when the download's algorithm is another
-            algo = g["digest"].partition(":")[0]
-            if g["path"] in others and not others[g["path"]][1].startswith(f"{algo}:"):
-                size = others[g["path"]][0]
-                others[g["path"]] = (size, make_key(algo, digest_file(algo,
-                                                                      folder / g["path"])))
-        problem = contents_problem(summary, assembled, others,
-                                   {g["path"]: (g["size"], g["digest"]) for g in graphs})
-    except (KeyError, TypeError, ValueError):
-        problem = "the summary's contents are malformed"
+    weight files by construction, every other file by the digest taken while it
+    downloaded; nothing unlisted (:func:`.assemble.contents_check`)."""
+    problem = contents_check(folder, summary, files, known)
     if problem is not None:
         raise IntegrityError("the pulled package does not match its summary",
                              reference=str(ref), problem=problem)

@@ -264,8 +264,6 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
         size = plan.payload_sizes()[key]
         sources.setdefault(sha[key], (size, upload_pieces(folder / name, offset, size,
                                                           sha[key])))
-    sources.setdefault(_digest(artifact.assembly), (len(artifact.assembly),
-                                                    bytes_pieces(artifact.assembly)))
     for name, (digest, size) in file_digests.items():
         sources.setdefault(digest, (size, bytes_pieces(kept[name]) if name in kept
                                     else upload_pieces(folder / name, 0, size, digest)))
