@@ -15,6 +15,18 @@ from weightstore.store import StoredObject, WeightStore
 if TYPE_CHECKING:
     import onnx
 
+# the encoder in model.onnx, packaged as one combined file and as one file a weight
+TWO_LAYOUTS = """\
+package: pkg
+version: "1.0.0"
+models:
+  - {name: encoder, source: model.onnx}
+layouts:
+  - {name: combined, external_weight: combined, size_threshold: 64, constants: external-data}
+  - {name: per-weight, external_weight: separate, size_threshold: 64}
+output: out
+"""
+
 
 def store_index(store: WeightStore) -> dict[str, StoredObject]:
     """The whole index as a dict (tests only: the store's API never hands it out)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from .helpers import TWO_LAYOUTS
 from .registry_server import needs_registry, running_registry
 
 HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests")
@@ -53,18 +54,6 @@ def test_command_imports_only_what_it_needs(folder: Path, argv: list[str],
     assert _imported(argv, folder) <= allowed
 
 
-COLD_RECIPE = """\
-package: pkg
-version: "1.0.0"
-models:
-  - {name: encoder, source: model.onnx}
-layouts:
-  - {name: combined, external_weight: combined, size_threshold: 64, constants: external-data}
-  - {name: per-weight, external_weight: separate, size_threshold: 64}
-output: out
-"""
-
-
 def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: Path,
                                                                         ) -> None:
     """onnx's initialiser (its C++ extension, numpy, ml_dtypes) costs more than converting a
@@ -73,7 +62,7 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
     model = onnx.load(str(folder / "model.onnx"))
     assert any(n.op_type == "Constant" and n.attribute[0].t.int64_data
                for n in model.graph.node)  # a typed field is decoded
-    (folder / "recipe.yaml").write_text(COLD_RECIPE)
+    (folder / "recipe.yaml").write_text(TWO_LAYOUTS)
     code = ("import sys, io, contextlib, json\n"
             "from weightstore.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
@@ -102,7 +91,7 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
     load onnx."""
     from weightstore.build.run import build
 
-    (folder / "recipe.yaml").write_text(COLD_RECIPE)  # combined and separate
+    (folder / "recipe.yaml").write_text(TWO_LAYOUTS)  # combined and separate
     packages = {p.layout: p.path for p in build(folder / "recipe.yaml").packages}
     store = os.environ["WEIGHTSTORE_DIR"]
     with running_registry(folder / "registry") as server:

@@ -4,7 +4,8 @@ Bytes are copied in the kernel (``os.copy_file_range``) from wherever the caller
 payload lives, then every file is read back once: each written range is re-hashed and
 compared with its key, so a corrupt source never reaches a package, and the same read
 gives the whole file's digest for the package's inventory. Each file is published by
-temp + fsync + rename.
+temp + fsync + rename: the worker that read a file back fsyncs it, so the fsyncs of many
+small files run side by side, and the folder is fsynced once per batch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..io.files import (
     NotRegularFileError,
     atomic_writer,
     copy_range,
+    fsync_dir,
     name_path,
     open_regular,
     start_writeback,
@@ -91,8 +93,9 @@ def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLoca
                  pool: ThreadPoolExecutor, progress: Callable[[int], None] | None,
                  file_digest: str | None, sync_dir: bool) -> dict[str, str]:
     with contextlib.ExitStack() as stack:
-        handles = [stack.enter_context(atomic_writer(folder / f.name, "w+b",
-                                                     sync_dir=sync_dir)) for f in files]
+        # durable here: _check_and_sync fsyncs each file before it is renamed
+        handles = [stack.enter_context(atomic_writer(folder / f.name, "w+b", durable=False))
+                   for f in files]
         copies = {(f.name, p.offset): pool.submit(_copy_payload, h.fileno(), p, locate,
                                                   folder / f.name)
                   for f, h in zip(files, handles, strict=True) for p in f.payloads}
@@ -101,11 +104,28 @@ def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLoca
         for f, h in zip(files, handles, strict=True):
             os.ftruncate(h.fileno(), f.size)
             start_writeback(h.fileno())  # the disk works while the files are read back
-        checks = [pool.submit(_check_file, h.fileno(), f, sources, file_digest, progress)
+        checks = [pool.submit(_check_and_sync, h.fileno(), f, sources, file_digest, progress,
+                              folder / f.name)
                   for f, h in zip(files, handles, strict=True)]
         _results(checks)  # every worker is done with the files before any can be closed
-        return {f.name: digest for f, future in zip(files, checks, strict=True)
-                if (digest := future.result()) is not None}
+    if sync_dir:  # the renames, once per folder
+        for parent in sorted({(folder / f.name).parent for f in files}):
+            fsync_dir(parent)
+    return {f.name: digest for f, future in zip(files, checks, strict=True)
+            if (digest := future.result()) is not None}
+
+
+def _check_and_sync(fd: int, f: PlannedFile, sources: Mapping[tuple[str, int], FileRange | None],
+                    file_digest: str | None, progress: Callable[[int], None] | None,
+                    path: Path) -> str | None:
+    """:func:`_check_file`, then the file's fsync (its temp file is renamed to ``path``
+    once every file of the batch is checked and durable)."""
+    digest = _check_file(fd, f, sources, file_digest, progress)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise name_path(exc, path) from None
+    return digest
 
 
 def _results(futures: Iterable[Future[Any]]) -> None:

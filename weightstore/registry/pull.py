@@ -172,19 +172,21 @@ def _hashers(also: str | None) -> list[Any]:
 
 def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
                    desc: dict[str, Any], adopt: Callable[[str, Path], StoredObject],
-                   ) -> tuple[int, StoredObject | None]:
+                   slot: threading.Semaphore) -> tuple[int, StoredObject | None]:
     """Download one payload blob into the store: (bytes received, its object, or None
     when another pull brought it meanwhile). Its sha256 and its store key are both
     computed on the bytes as they are written; only when both match is the file renamed
     into the store (no copy, no second read). The partial file's name is its digest, so
-    a later pull resumes it; the blob's lock keeps two pulls from writing it at once."""
+    a later pull resumes it; the blob's lock keeps two pulls from writing it at once.
+    ``slot`` is held while the blob downloads, not while it waits for its commit."""
     name, tmp = _blob_temp(store, desc)
     # two pulls of one blob into one store take turns; the lock's file goes with it
     with store.file_lock(name, removable=True):
         if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
             return 0, None  # the other one brought it
         try:
-            received = _download_payload(client, ref, key, desc, tmp)
+            with slot:
+                received = _download_payload(client, ref, key, desc, tmp)
             return received, adopt(key, tmp)
         except IntegrityError:
             tmp.unlink(missing_ok=True)
@@ -586,10 +588,12 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
         return hashed
     store._make_root()
     adoption = _GroupAdoption(store)
+    # jobs blobs in flight; as many threads again wait for their commit meanwhile
+    slots = threading.Semaphore(jobs)
 
     def fetch(key: str) -> int:
         received, obj = _fetch_payload(client, ref, store, key, payloads[key],
-                                       adoption.adopt)
+                                       adoption.adopt, slots)
         if obj is not None:
             # download() matched the sha256 and the key over the bytes it wrote
             hashed[key] = payloads[key]["digest"]
@@ -599,7 +603,7 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
     order = sorted(missing, key=lambda k: (-wanted[k], k))
     try:
         with (Progress("pulling", sum(wanted[k] for k in missing), enabled=progress) as bar,
-              ThreadPoolExecutor(jobs) as pool):
+              ThreadPoolExecutor(2 * jobs) as pool):
             client.on_blob_bytes = bar.advance
             for received in pool.map(fetch, order):
                 report.fetched += 1
