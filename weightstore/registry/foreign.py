@@ -146,7 +146,7 @@ def plan_foreign(manifest: bytes, reference: str) -> ForeignPlan:
     :class:`RegistryError` naming the layer: a layer without a path, a path that is empty,
     absolute or leaves the folder, two files at one path (or a file where another file's
     folder must be), a ModelPack layer of a type ModelPack does not define, an empty
-    ModelPack tar layer's digest that is not the empty blob's."""
+    file layer whose digest is not the empty blob's."""
     try:
         doc = _parse_json(manifest)
     except ValueError as exc:
