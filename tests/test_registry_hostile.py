@@ -172,6 +172,27 @@ def test_manifest_nested_too_deep_or_with_one_path_twice_is_refused() -> None:
 KEY = "blake3:" + "ab" * 32
 
 
+@pytest.mark.parametrize("case", ["escapes", "clash", "other-bytes"])
+def test_payload_layers_paths_and_keys_are_checked(case) -> None:
+    """A payload layer's file path is a file path like any other (inside the folder, one
+    layer for it), and two layers naming one payload must name one blob."""
+    weight = "application/vnd.cncf.model.weight.v1.raw"
+    payload = _layer(b"w", weight, **{PAYLOAD: KEY, FILEPATH: "payloads/weight_ab"})
+    layers = {
+        "escapes": [_layer(b"w", weight, **{PAYLOAD: KEY, FILEPATH: "../weight_ab"})],
+        "clash": [payload, _layer(b"m", weight, **{FILEPATH: "payloads/weight_ab"})],
+        "other-bytes": [payload, _layer(b"x", weight, **{PAYLOAD: KEY, FILEPATH: "w2"})],
+    }[case]
+    doc = {**MANIFEST, "layers": layers}
+    with pytest.raises(RegistryError, match={"escapes": "unsafe file path",
+                                             "clash": "two layers for one file path",
+                                             "other-bytes": "one payload with other bytes"}[case]):
+        parse_manifest(json.dumps(doc).encode(), "r")
+    same = [payload, _layer(b"w", weight, **{PAYLOAD: KEY, FILEPATH: "g/weight_ab"})]
+    parsed = parse_manifest(json.dumps({**MANIFEST, "layers": same}).encode(), "r")
+    assert parsed.payloads == {KEY: payload} and parsed.files == {}
+
+
 @pytest.mark.parametrize("offset", ["1e400", "1.5", '"0"', "true", "-1", "null"])
 def test_assembly_offsets_must_be_non_negative_integers(offset) -> None:
     parsed = ParsedArtifact({}, {}, {}, {KEY: {"size": 4}}, {})

@@ -149,7 +149,7 @@ def test_skopeo_copies_the_package(built, layout, tmp_path) -> None:
     _check_generic(built, layout, tmp_path / "skopeo", tmp_path)
 
 
-def test_assemble_in_place(built, tmp_path) -> None:
+def test_assemble_in_place(built, tmp_path, capsys) -> None:
     from oras.client import OrasClient
 
     OrasClient(hostname=built["host"], insecure=True).pull(
@@ -157,9 +157,15 @@ def test_assemble_in_place(built, tmp_path) -> None:
     assert main(["assemble", str(tmp_path / "dir")]) == 0
     assert _tree(tmp_path / "dir") == _tree(built["packages"]["split"])
     assert [p.name for p in tmp_path.iterdir()] == ["dir"]  # no temp folder left
+    capsys.readouterr()
     # a folder that already is the package assembles to itself
-    assert main(["assemble", str(tmp_path / "dir")]) == 0
+    assert main(["assemble", str(tmp_path / "dir"), "--json"]) == 0
     assert _tree(tmp_path / "dir") == _tree(built["packages"]["split"])
+    summary = json.loads((tmp_path / "dir" / "summary.json").read_bytes())
+    report = json.loads(capsys.readouterr().out)
+    assert report["payloads"] == summary["totals"]["unique_payloads"]
+    assert report["weight_files"] == len(summary["files"])
+    assert report["files"] == len(_tree(tmp_path / "dir"))
 
 
 @pytest.mark.parametrize("layout", ["combined", "separate"])
