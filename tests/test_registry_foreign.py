@@ -425,3 +425,33 @@ def test_an_empty_raw_layer_is_an_empty_file_and_dot_slash_is_relative(registry,
     pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "s"))
     assert (tmp_path / "out" / "empty.txt").read_bytes() == b""
     assert (tmp_path / "out" / "sub" / "w.bin").read_bytes() == data
+
+
+def test_a_package_relayed_by_another_client_assembles_back(registry, model, tmp_path) -> None:
+    """weightstore push, modelpack-client pull and push to another repository (now a
+    foreign artifact: no fingerprint), weightstore pull, weightstore assemble: the
+    combined package comes back byte for byte."""
+    from modelpack_client import ModelLayer, ModelPackClient
+
+    src = tmp_path / "model.onnx"
+    onnx.save(model, str(src))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.format(store=tmp_path / "store", src=src, out=tmp_path / "out"))
+    (package,) = build(recipe, BuildOptions(jobs=1)).packages
+    ref = f"{registry.host}/relay/own:1"
+    from weightstore.registry.push import push
+
+    push(package.path, ref, store=WeightStore(tmp_path / "store"))
+    generic = tmp_path / "generic"
+    ModelPackClient(insecure=True).pull(ref, generic)
+    relayed = f"{registry.host}/relay/foreign:1"
+    manifest = _modelpack_push(relayed, [
+        ModelLayer(generic / n, media_type=f"{WEIGHT}.raw", artifact_path=n)
+        for n in _files(generic)])
+    assert "org.weightstore.fingerprint" not in (manifest.get("annotations") or {})
+    pulled = tmp_path / "pulled"
+    report = pull(relayed, pulled, store=WeightStore(tmp_path / "pull-store"))
+    assert report.payloads == len(_files(generic))
+    _same_tree(generic, pulled)
+    assert main(["assemble", str(pulled), "--output", str(tmp_path / "assembled")]) == 0
+    _same_tree(Path(package.path), tmp_path / "assembled")
