@@ -186,7 +186,8 @@ def tamper_consistently(folder: Path, model: str = "encoder.onnx") -> None:
     node = next(n for n in proto.graph.node
                 if n.op_type == "Constant" and n.output[0].endswith("attention.scale"))
     tensor = node.attribute[0].t
-    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) + 5.0, tensor.name))
+    values = numpy_helper.to_array(tensor)  # + 5 in its own type (numpy 1 widens a 0-d one)
+    tensor.CopyFrom(numpy_helper.from_array(values + values.dtype.type(5.0), tensor.name))
     onnx.save(proto, str(path))
     summary_path = folder / "summary.json"
     summary = json.loads(summary_path.read_bytes())

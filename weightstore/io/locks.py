@@ -8,6 +8,8 @@ fails on an exotic filesystem costs duplicate work, never a torn file.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import os
 import socket
@@ -119,10 +121,26 @@ def _new_lock(path: Path, removable: bool) -> tuple[Any, bool]:
         if not os.path.samestat(here, os.fstat(fd)):
             raise _Replaced
 
-    try:
-        return FileLock(path, mode=file_mode(), on_acquired=same_file), True
-    except TypeError:  # filelock 3: no access to the locked descriptor, keep the file
+    if not lock_files_removable():  # no access to the locked descriptor: keep the file
         return FileLock(path, mode=file_mode()), False
+    return FileLock(path, mode=file_mode(), on_acquired=same_file), True
+
+
+@functools.cache
+def lock_files_removable() -> bool:
+    """Whether removable lock files are removed: filelock hands the locked descriptor to
+    an ``on_acquired`` check (filelock 4), as its signature says.
+
+    The signature is read, not tried: on filelock 3, ``FileLock(..., on_acquired=...)``
+    builds the object in ``__new__`` before ``__init__`` refuses the keyword, and that
+    half-made lock's ``__del__`` prints an ignored-exception traceback, one per lock taken.
+    """
+    from filelock import FileLock
+
+    try:
+        return "on_acquired" in inspect.signature(FileLock).parameters
+    except (TypeError, ValueError):  # no signature to read: keep the files
+        return False
 
 
 def _holder_path(path: Path) -> Path:

@@ -373,9 +373,10 @@ def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
 
     try:
         data = path.read_bytes()
-        model = onnx.load_from_string(data)
-        check_message(memoryview(data), 0, len(data), model.DESCRIPTOR)
-        return model
+        # before parsing: protobuf's pure-Python parser (protobuf 3) refuses such a string
+        # itself, naming neither the field nor the offset
+        check_message(memoryview(data), 0, len(data), onnx.ModelProto.DESCRIPTOR)
+        return onnx.load_from_string(data)
     except ModelError as exc:  # a string that is not UTF-8, as every reader refuses it
         raise RegistryError(f"malformed model artifact: {exc.message}", reference=str(ref),
                             file=path.name, **exc.context) from None

@@ -31,7 +31,7 @@ from typing import Any
 
 import onnx
 
-from ..catalogue.graphs import iter_nodes
+from ..catalogue.graphs import iter_containers, iter_nodes
 from ..catalogue.payload import SMALL_VALUE_LIMIT, external_entries
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
@@ -96,6 +96,22 @@ def _ort_optimize(source: Path, out: Path, level: str) -> None:
     ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
 
 
+def _keep_last_duplicates(model: onnx.ModelProto) -> None:
+    """Keep one initializer of each name in every graph, the last, as onnxruntime reads
+    them: onnxruntime before 1.31 saves each initializer of a subgraph twice (in an If's
+    branch, say: the first copy without its prepacked entries), and refuses to load what
+    it saved ("initializer name is not unique")."""
+    for graph, _ in iter_containers(model):
+        if not isinstance(graph, onnx.GraphProto):
+            continue
+        last = {t.name: i for i, t in enumerate(graph.initializer)}
+        if len(last) == len(graph.initializer):
+            continue
+        kept = [t for i, t in enumerate(graph.initializer) if last[t.name] == i]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
 def _root(store: Any, package: Path, keys: set[str]) -> None:
     """Keep the stored blobs alive as long as the package: its root in the store names
     them too (a root is made for a package this store has none for)."""
@@ -147,6 +163,7 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
             save_model(graph, tmp / "source.onnx")
             _ort_optimize(tmp / "source.onnx", tmp / "prepared.onnx", optimization_level)
             companion = onnx.load(str(tmp / "prepared.onnx"), load_external_data=False)
+            _keep_last_duplicates(companion)
             blob = (tmp / "prepared.data").read_bytes() if (
                 tmp / "prepared.data").exists() else b""
         finally:
