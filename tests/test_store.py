@@ -34,7 +34,13 @@ from weightstore.store import (
 from weightstore.store.index import Index
 from weightstore.store.meta import read_legacy as read_index
 
-from .helpers import assert_ge_reads_keys, set_row, store_files, store_index
+from .helpers import (
+    assert_ge_reads_keys,
+    needs_removable_locks,
+    set_row,
+    store_files,
+    store_index,
+)
 from .test_build import write_recipe
 
 # -- helpers ------------------------------------------------------------------------------
@@ -672,6 +678,7 @@ for _ in range(int(sys.argv[3])):
 """
 
 
+@needs_removable_locks
 def test_a_removable_lock_goes_with_its_holder_and_stays_exclusive(tmp_path: Path) -> None:
     import subprocess
     import sys
