@@ -1,8 +1,9 @@
 """Releases made under two onnx versions: the same archives, ``SHA256SUMS`` and, but for the
 tool versions it records, the same ``release.json``.
 
-The other interpreter comes from ``$WEIGHTSTORE_OTHER_PYTHON`` (CI: a venv with the oldest
-supported onnx and protobuf); it runs this checkout's source through ``PYTHONPATH``.
+The other interpreter comes from ``$WEIGHTSTORE_OTHER_PYTHON`` (CI: a venv with every
+runtime dependency at its declared floor); it runs this checkout's source through
+``PYTHONPATH``.
 """
 
 from __future__ import annotations
