@@ -45,8 +45,8 @@ def _tool_versions(python: str) -> dict[str, str]:
 def other_python() -> tuple[str, dict[str, str]]:
     python = os.environ.get(ENV_VAR)
     if not python:
-        pytest.skip(f"${ENV_VAR} names no other interpreter (CI sets it to a venv with the "
-                    "oldest supported onnx)")
+        pytest.skip(f"${ENV_VAR} names no other interpreter (CI sets it to a venv with "
+                    "every runtime dependency at its floor)")
     theirs, ours = _tool_versions(python), _tool_versions(sys.executable)
     if theirs["onnx"] == ours["onnx"]:
         pytest.skip(f"${ENV_VAR} ({python}) has the same onnx as this one ({ours['onnx']})")
