@@ -244,7 +244,9 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
     False leaves the folder's fsync to the caller: a temp folder published by
     :func:`publish_dir`, which fsyncs it once for all its files before renaming it.
     ``durable=False`` skips both fsyncs, for notes that mean nothing after a crash (who
-    holds a lock): still never torn, only possibly lost.
+    holds a lock): still never torn, only possibly lost; or for a caller that fsyncs the
+    file itself before the block ends and its folder after (the package writer, whose
+    workers fsync the files they read back side by side).
     """
     path = Path(path)
     if sweep:
