@@ -112,7 +112,7 @@ def test_summary_totals(built):
     package = next(p for p in result.packages if p.layout == "combined-4k")
     s = package.summary
     on_disk = json.loads((package.path / "summary.json").read_text())
-    assert on_disk == s and s["format_version"] == 3
+    assert on_disk == s and s["format_version"] == 4
     t = s["totals"]
     weights = s["models"][0]["external_weights"]
     assert t["external_weights"] == len(weights)
@@ -312,9 +312,12 @@ def test_sha256_store_and_packages(encoder_model, save_model, tmp_path):
     ids = [w["id"] for w in summary["models"][0]["external_weights"]]
     assert ids and all(i.startswith("sha256:") for i in ids)
     model = onnx.load(str(result.packages[0].path / "encoder.onnx"), load_external_data=False)
-    checksums = {e.value for t in model.graph.initializer for e in t.external_data
-                 if e.key == "checksum"}
-    assert checksums <= set(ids) and checksums
+    # the summary keys each range; the model's external data names only the range
+    ranges = {(w["location"], w["offset"]) for w in summary["models"][0]["external_weights"]}
+    external = [{e.key: e.value for e in t.external_data} for t in model.graph.initializer
+                if t.external_data]
+    assert external and all(set(e) == {"location", "offset", "length"} for e in external)
+    assert {(e["location"], int(e["offset"])) for e in external} <= ranges
     assert all(k.startswith("sha256:") for k in store_index(WeightStore(result.store)))
     inputs = sample_inputs(encoder_model)
     expected = run_onnxruntime(encoder_model, inputs)

@@ -215,7 +215,7 @@ def test_build_external_data_layouts(packages, layout):
             continue
         assert expected_nbytes(tensor.data_type, tensor.dims) >= max(threshold, 1)
         info = {e.key: e.value for e in tensor.external_data}
-        assert set(info) == {"location", "offset", "length", "checksum"}
+        assert set(info) == {"location", "offset", "length"}  # onnx.proto's, no digest
         locations.add(info["location"])
         if layout != "separate":
             assert int(info["offset"]) % 512 == 0
@@ -326,7 +326,8 @@ def test_typed_payloads_decode_like_onnx(sources, tmp_path):
         name = cm.type_name(data_type).lower()
         raw = {e.key: e.value for e in by_name[f"{name}_raw"].external_data}
         typed = {e.key: e.value for e in by_name[f"{name}_typed"].external_data}
-        assert raw["checksum"] == typed["checksum"], name
+        # one key, so one payload: the conversion stores it once, at one range
+        assert (raw["location"], raw["offset"]) == (typed["location"], typed["offset"]), name
     source = onnx.load(str(sources["full"]))
     by_name = {t.name: t for t in source.graph.initializer}
     for t in source.graph.initializer:

@@ -268,9 +268,10 @@ def test_inline_detects_digest_mismatch(tmp_path):
     raw = bytearray(data.read_bytes())
     raw[10] ^= 0xFF
     data.write_bytes(bytes(raw))
-    with pytest.raises(IntegrityError) as err:
+    with pytest.raises(IntegrityError) as err:  # onnx.proto's SHA-1 of the data file
         convert_to_inline(out, tmp_path / "back.onnx")
-    assert "W" in err.value.context["where"]
+    assert "SHA-1" in err.value.message and err.value.context["file"] == str(data)
+    assert "W" in err.value.context["tensor"]
     assert not (tmp_path / "back.onnx").exists()
 
 

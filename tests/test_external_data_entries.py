@@ -51,7 +51,7 @@ BAD = [("offset", "+0"), ("offset", " 16"), ("offset", "16 "), ("offset", "1_6")
        ("location", "w.bin/"), ("location", "sub//w.bin"), ("location", ""),
        ("checksum", "md5:0123"), ("checksum", "sha256:" + "A" * 64),
        ("checksum", "blake3:" + "0" * 63), ("checksum", "deadbeef"),
-       ("checksum", "0" * 40), ("unknown_key", "1")]
+       ("checksum", "0" * 39), ("checksum", "g" * 40), ("unknown_key", "1")]
 
 
 @pytest.mark.parametrize(("key", "value"), BAD)
@@ -86,7 +86,7 @@ def test_the_parser_reads_what_every_reader_reads_the_same():
 @pytest.mark.parametrize(("key", "value"), [("offset", "+0"), ("offset", " 0"),
                                             ("offset", "\u0660"), ("location", "w.bin/"),
                                             ("checksum", "crc32:1234"),
-                                            ("checksum", "0" * 40)])
+                                            ("checksum", "0" * 41)])
 def test_every_command_refuses_a_loose_entry(tmp_path, capsys, key, value):
     path = _model(tmp_path, **{key: value})
     with pytest.raises(ExternalDataError), read_catalogue(path) as catalogue:
@@ -111,12 +111,20 @@ def test_every_command_refuses_a_loose_entry(tmp_path, capsys, key, value):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_sha1_checksum_is_refused_with_what_to_do(tmp_path, capsys):
-    """onnx.proto's checksum is the SHA-1 of the whole file at location; weightstore
-    verifies payloads by their own digest and never takes a SHA-1 for one: refused."""
-    path = _model(tmp_path, checksum=hashlib.sha1(W.tobytes()).hexdigest())
-    assert main(["convert", "to-inline", str(path), str(tmp_path / "out.onnx")]) == 2
-    assert "SHA-1" in capsys.readouterr().err
+def test_a_sha1_checksum_is_read_as_onnx_proto_defines_it():
+    """onnx.proto's checksum is the SHA-1 of the whole file at location: read as that,
+    never as a payload digest (see test_external_data_checksum for the checks)."""
+    from weightstore.catalogue.payload import external_entries
+
+    sha1 = hashlib.sha1(W.tobytes()).hexdigest()
+    for written in (sha1, sha1.upper()):
+        t = numpy_helper.from_array(W, "W")
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in {"location": "w.bin", "offset": "0", "length": "64",
+                     "checksum": written}.items():
+            t.external_data.add(key=k, value=v)
+        info = external_entries(t)
+        assert (info.checksum, info.file_sha1) == (None, sha1)
 
 
 def test_a_well_formed_model_still_converts(tmp_path):

@@ -27,7 +27,7 @@ def test_summary_lists_every_file_with_size_and_digest(package):
     _, version = package
     for folder in (version / "combined", version / "separate"):
         summary = json.loads((folder / "summary.json").read_text())
-        assert summary["format_version"] == 3
+        assert summary["format_version"] == 4
         on_disk = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
                          if (p.is_file() and p.name != "summary.json") or (p.parent != folder
                          and p.is_file()))

@@ -33,6 +33,7 @@ from weightstore.registry.pull import pull
 from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
 from weightstore.resolve.runnable import runnable_variant
+from weightstore.resolve.source import store_keys_of
 from weightstore.store import WeightStore
 
 from .helpers import every_layout
@@ -158,8 +159,9 @@ def test_one_tensor_update_uploads_about_that_tensor(packages, registry) -> None
     assert changed == packages["changed_bytes"] * 3 // 2
     assert report.hashed_bytes == changed  # only the new payloads were read
     assert report.uploaded_weight_bytes == changed
-    # besides: the two models, summary and config (the device record is unchanged)
-    assert report.uploaded == 2 + 4
+    # besides: summary and config (the models, whose external data names ranges and no
+    # digest, and the device record are unchanged)
+    assert report.uploaded == 2 + 2
 
 def test_device_pull_fetches_only_live_payloads(packages, registry, tmp_path) -> None:
     source = packages["v1"]["split"]
@@ -171,7 +173,10 @@ def test_device_pull_fetches_only_live_payloads(packages, registry, tmp_path) ->
     assert report.fetched_bytes == report.payload_bytes == live
     summary = json.loads((source / "summary.json").read_text())
     assert live < summary["totals"]["unique_payload_bytes"]
-    assert check_live(tmp_path / "npu" / "encoder.onnx", "half", verify=True) == []
+    # the folder holds no summary: its payloads are verified against the package's keys
+    (entry,) = [m for m in summary["models"] if m["file"] == "encoder.onnx"]
+    assert check_live(tmp_path / "npu" / "encoder.onnx", "half", verify=True,
+                      store_keys=store_keys_of(entry)) == []
     inputs = sample_inputs(packages["model"], seed=4)
     expected = run_onnxruntime(runnable_variant(source / "encoder.onnx", "half"), inputs)
     for e, a in zip(expected, run_onnxruntime(tmp_path / "npu" / "encoder.onnx", inputs),

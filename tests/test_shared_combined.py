@@ -101,9 +101,9 @@ def test_format_version_and_fingerprint_follow_the_key(pair_build):
     packages, _, _ = pair_build
     per_model, shared = packages["per-model"].summary, packages["shared"].summary
     # a layout that does not use the key records no key (its fingerprint is unchanged);
-    # every package is format 3 for its file digests
-    assert per_model["format_version"] == 3 and "combined" not in per_model["layout"]
-    assert shared["format_version"] == 3 and shared["layout"]["combined"] == "shared"
+    # every package is format 4, for its file digests and external data without them
+    assert per_model["format_version"] == 4 and "combined" not in per_model["layout"]
+    assert shared["format_version"] == 4 and shared["layout"]["combined"] == "shared"
     explicit = Layout(name="l", external_weight="combined", combined="per-model")
     implicit = Layout(name="l", external_weight="combined")
     fp = [layout_fingerprint(package="p", version="1", hash_algo="blake3", layout=x,
@@ -152,22 +152,22 @@ def test_split_layout_accepts_shared(tmp_path, save_model):
                     .packages[0])
     files = [{k: v for k, v in tree(p.path).items() if k.endswith(".data")} for p in outs]
     assert files[0] == files[1] and files[0]
-    assert json.loads((outs[1].path / "summary.json").read_text())["format_version"] == 3
+    assert json.loads((outs[1].path / "summary.json").read_text())["format_version"] == 4
 
 
 def test_package_of_a_newer_format_is_refused(pair_build):
     packages, _, recipe = pair_build
     summary_path = packages["shared"].path / "summary.json"
     summary = json.loads(summary_path.read_text())
-    summary["format_version"] = 4
+    summary["format_version"] = 5
     summary_path.write_text(json.dumps(summary))
     store = str(Path(recipe).parent / "store")
     with pytest.raises(PackageError, match="format this weightstore does not know") as info:
         build(recipe, BuildOptions(store=store, jobs=2))
-    assert info.value.context["format_version"] == 4
+    assert info.value.context["format_version"] == 5
     again = build(recipe, BuildOptions(store=store, jobs=2, force=True))
     assert {p.layout: p.status for p in again.packages}["shared"] == "built"
-    assert json.loads(summary_path.read_text())["format_version"] == 3
+    assert json.loads(summary_path.read_text())["format_version"] == 4
 
 
 def test_family_example_writes_the_documented_bytes(tmp_path):

@@ -17,6 +17,7 @@ from weightstore.package.bundles import assemble, satisfies
 from weightstore.package.check import check_package, variant_of
 from weightstore.resolve.files import file_problems
 from weightstore.resolve.runnable import runnable_variant
+from weightstore.resolve.source import store_keys_of
 from weightstore.resolve.variant import variant_graph
 from weightstore.scenarios.resolve import live_payloads
 
@@ -65,8 +66,14 @@ def package(tmp_path_factory):
     return folder, model, recipe, {p.layout: p for p in result.packages}
 
 
-def _locations(model: onnx.ModelProto) -> dict[str, str]:
-    """checksum -> location of every external tensor, base and scenario-added."""
+def _keys(package) -> dict[tuple[str, int], str]:
+    """The summary's store key of every (location, offset) of the package's model: the
+    external data names the range only."""
+    return store_keys_of(package.summary["models"][0])
+
+
+def _locations(model: onnx.ModelProto, keys: dict[tuple[str, int], str]) -> dict[str, str]:
+    """store key -> location of every external tensor, base and scenario-added."""
     from weightstore.catalogue.sites import iter_tensor_sites
     from weightstore.scenarios.storage import read_scenarios
 
@@ -76,8 +83,8 @@ def _locations(model: onnx.ModelProto) -> dict[str, str]:
                 for t in r.added_initializers]
     for t in tensors:
         info = {e.key: e.value for e in t.external_data}
-        if "checksum" in info:
-            out[info["checksum"]] = info["location"]
+        if "location" in info:
+            out[keys[(info["location"], int(info["offset"]))]] = info["location"]
     return out
 
 
@@ -85,11 +92,12 @@ def test_file_membership_is_reconstructible_from_external_data(package):
     _, _, _, packages = package
     path = packages["split"].path
     model = onnx.load(str(path / "encoder.onnx"), load_external_data=False)
+    keys = _keys(packages["split"])
     users: dict[str, set[str]] = {}
     for name in (None, "fused", "half", "both"):
         for p in live_payloads(variant_graph(model, name), name):
-            users.setdefault(p.checksum, set()).add(name or "default")
-    where = _locations(model)
+            users.setdefault(keys[(p.location, p.offset)], set()).add(name or "default")
+    where = _locations(model, keys)
     for key, location in where.items():
         u = users.get(key, {"default"})
         expected = next(iter(u)) if len(u) == 1 else "common"
@@ -115,8 +123,11 @@ def test_group_rules(package):
     fused_name = next(n for n in fused if n.endswith(".fused_qkv"))
     assert fused[fused_name] == "pk.fused.data"
     # a payload live in the default graph and in a scenario is shared: common
-    default_keys = {p.checksum: p.location for p in live_payloads(variant_graph(model, None))}
-    fused_keys = {p.checksum for p in live_payloads(variant_graph(model, "fused"), "fused")}
+    keys = _keys(packages["split"])
+    default_keys = {keys[(p.location, p.offset)]: p.location
+                    for p in live_payloads(variant_graph(model, None))}
+    fused_keys = {keys[(p.location, p.offset)]
+                  for p in live_payloads(variant_graph(model, "fused"), "fused")}
     shared = set(default_keys) & fused_keys
     assert shared and {default_keys[k] for k in shared} == {"pk.common.data"}
     assert both  # the third scenario resolves too
@@ -125,9 +136,12 @@ def test_group_rules(package):
 def test_scenario_weights_shared_by_two_scenarios_go_to_common(package):
     _, _, _, packages = package
     model = onnx.load(str(packages["split"].path / "encoder.onnx"), load_external_data=False)
-    half = {p.checksum: p for p in live_payloads(variant_graph(model, "half"), "half")}
-    both = {p.checksum: p for p in live_payloads(variant_graph(model, "both"), "both")}
-    default = {p.checksum for p in live_payloads(variant_graph(model, None))}
+    keys = _keys(packages["split"])
+    half = {keys[(p.location, p.offset)]: p
+            for p in live_payloads(variant_graph(model, "half"), "half")}
+    both = {keys[(p.location, p.offset)]: p
+            for p in live_payloads(variant_graph(model, "both"), "both")}
+    default = {keys[(p.location, p.offset)] for p in live_payloads(variant_graph(model, None))}
     two_scenarios = (set(half) & set(both)) - default
     assert two_scenarios  # fp16 copies of weights both cast scenarios keep
     assert all(half[k].location == "pk.common.data" for k in two_scenarios)

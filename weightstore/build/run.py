@@ -329,6 +329,7 @@ PROVEN = "proven"  # the store's record names this summary, and the files agree 
 UNRECORDED = "the store holds no sound record of this build"
 OTHER_SUMMARY = "the store recorded another summary.json for its fingerprint"
 DAMAGED = "damaged"  # the files do not agree with the folder's own summary
+OLDER_FORMAT = "older format"  # intact, but this version writes the build otherwise
 
 
 def _intact(target: Path, summary: dict[str, Any], digests: FileDigests,
@@ -344,7 +345,9 @@ def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
     lists is there with its digest (through the stat cache: a file rewritten since it was
     last hashed is hashed again, so a change is never missed); :data:`UNRECORDED` or
     :data:`OTHER_SUMMARY`, the files agree with the summary but the store does not prove
-    that summary is the build's (the build rebuilds it); :data:`DAMAGED` otherwise."""
+    that summary is the build's (the build rebuilds it); :data:`OLDER_FORMAT`, the files
+    agree with a summary of an older package format, which this version writes otherwise
+    (rewritten without a word: it is the same build); :data:`DAMAGED` otherwise."""
     from ..package.inventory import verify_package
 
     version = summary.get("format_version")
@@ -358,6 +361,8 @@ def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
     # files the summary does not list are not part of the package (verify reports them)
     if any(p.kind not in ("unexpected", "build") for p in report.problems):
         return DAMAGED
+    if version < SUMMARY_FORMAT_VERSION:
+        return OLDER_FORMAT
     if any(p.kind == "build" for p in report.problems):
         return OTHER_SUMMARY
     return PROVEN if report.recorded else UNRECORDED
@@ -558,7 +563,7 @@ def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
     different = existing.get("fingerprint") != fingerprint
     if not different and isinstance(version, int) and version < CONTENTS_SINCE:
         return  # the same build in an older summary format: rewritten, nothing is lost
-    if not different and proof in (UNRECORDED, OTHER_SUMMARY):
+    if not different and proof in (UNRECORDED, OTHER_SUMMARY, OLDER_FORMAT):
         return
     what = "a different build" if different else "a damaged package"
     changed = (_what_changed(existing, layout, identities, recipe)

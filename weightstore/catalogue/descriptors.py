@@ -94,7 +94,8 @@ class WeightDescriptor:
         elif p is not None:
             out["payload"] = {
                 "file": p.file.name, "offset": p.offset, "length": p.length,
-                "encoding": p.encoding, "location": p.location, "checksum": p.checksum,
+                "encoding": p.encoding, "location": p.location,
+                "checksum": p.checksum or p.file_sha1,  # as the model writes it
             }
         return out
 

@@ -9,11 +9,12 @@ Recovering the bytes reads exactly the descriptor's range.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ExternalDataError, IntegrityError, ModelError
-from ..io.digests import split_key
+from ..io.digests import FILE_CHECKSUM, digest_file, split_key
 from ..io.files import NotRegularFileError, open_regular, read_exact
 from ..io.onnx_proto import TensorProto
 from . import typed_fields
@@ -37,7 +38,8 @@ class PayloadDescriptor:
     dims: tuple[int, ...]
     spans: tuple[tuple[int, int], ...] = ()  # typed encodings: field spans, tags included
     location: str | None = None  # external data: location as written in the model
-    checksum: str | None = None  # external data: "algo:hex" when the model records one
+    checksum: str | None = None  # external data: the payload's "algo:hex" (earlier packages)
+    file_sha1: str | None = None  # external data: onnx.proto's SHA-1 of the whole file
 
     @property
     def is_external(self) -> bool:
@@ -56,6 +58,7 @@ EXTERNAL_KEYS = ("location", "offset", "length", "checksum")  # and prepacked_N
 _DIGITS = frozenset("0123456789")
 _MAX_OFFSET = 2**63 - 1  # onnxruntime's off_t / int64
 _SHA1_HEX = 40
+_HEX = _DIGITS | frozenset("abcdef")
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class ExternalEntries:
     location: str
     offset: int
     length: int | None  # None: to the end of the file
-    checksum: str | None  # weightstore's "algo:hex" form
+    checksum: str | None  # weightstore's earlier "algo:hex" form: the payload's digest
+    file_sha1: str | None = None  # onnx.proto's form: SHA-1 of the whole file, lowercase hex
     prepacked: tuple[tuple[str, str], ...] = ()  # onnxruntime's prepacked_N entries
 
 
@@ -86,9 +90,11 @@ def external_entries(tensor: TensorProto, where: str | None = None) -> ExternalE
     Python's ``int()`` also takes trailing blanks, underscores and any Unicode decimal
     digit: only plain ASCII digits read the same everywhere, so anything else is refused.
     A ``location`` must name a file (no empty component, no trailing ``/``). A
-    ``checksum`` must be weightstore's ``blake3:``/``sha256:`` + lowercase hex; onnx.proto's
-    40-hex SHA-1 of the whole file is refused (never verified per payload), as is any other
-    form. Errors name the tensor, the key and the value.
+    ``checksum`` is onnx.proto's (40 hex digits: the SHA-1 of the whole file at
+    ``location``, returned as ``file_sha1``) or the form packages of earlier weightstore
+    versions wrote (``blake3:``/``sha256:`` + 64 lowercase hex: the payload's digest,
+    returned as ``checksum``); any other form is refused, since it could be verified
+    against nothing. Errors name the tensor, the key and the value.
     """
     context = {"tensor": tensor.name, **({"where": where} if where else {})}
     seen: dict[str, str] = {}
@@ -113,11 +119,9 @@ def external_entries(tensor: TensorProto, where: str | None = None) -> ExternalE
                                 "trailing or doubled '/'): it names no file",
                                 **context, key="location", value=location)
     offset = _decimal(seen, "offset", context)
-    checksum = seen.get("checksum")
-    if checksum is not None:
-        _check_checksum(checksum, context)
+    checksum, file_sha1 = _checksum(seen.get("checksum"), context)
     return ExternalEntries(location, offset or 0, _decimal(seen, "length", context),
-                           checksum, tuple(prepacked))
+                           checksum, file_sha1, tuple(prepacked))
 
 
 def _decimal(entries: dict[str, str], key: str, context: dict[str, str]) -> int | None:
@@ -135,18 +139,42 @@ def _decimal(entries: dict[str, str], key: str, context: dict[str, str]) -> int 
     return number
 
 
-def _check_checksum(value: str, context: dict[str, str]) -> None:
-    if len(value) == _SHA1_HEX and set(value.lower()) <= _DIGITS | set("abcdef"):
-        raise ExternalDataError("external data checksum is onnx.proto's SHA-1 of the whole "
-                                "file, which weightstore does not verify per payload: remove "
-                                "it, or write a blake3: or sha256: digest of the payload",
-                                **context, key="checksum", value=value)
+def _checksum(value: str | None, context: dict[str, str]) -> tuple[str | None, str | None]:
+    """``(payload digest, file SHA-1)`` of a ``checksum`` entry: at most one is set."""
+    if value is None:
+        return None, None
+    if len(value) == _SHA1_HEX and _HEX.issuperset(value.lower()):
+        return None, value.lower()
     try:
         split_key(value)
     except IntegrityError:
-        raise ExternalDataError("external data checksum is not a blake3: or sha256: digest "
-                                "(lowercase hex) of the payload", **context, key="checksum",
-                                value=value) from None
+        raise ExternalDataError("external data checksum is neither onnx.proto's SHA-1 of the "
+                                "file (40 hex digits) nor an earlier weightstore package's "
+                                "blake3: or sha256: digest (lowercase hex) of the payload",
+                                **context, key="checksum", value=value) from None
+    return value, None
+
+
+def verify_file_checksums(described: Iterable[tuple[PayloadDescriptor | None, str]]) -> None:
+    """Refuse an external file whose SHA-1 is not the one its model declares.
+
+    onnx.proto's external-data ``checksum`` is the SHA-1 of the whole file at ``location``
+    (:attr:`PayloadDescriptor.file_sha1`): each file a model declares one for (in
+    ``described``, each descriptor with the tensor it is of) is read once, whole, and
+    every declaration is compared with it. A mismatch names the file and the tensor."""
+    declared: dict[Path, list[tuple[PayloadDescriptor, str]]] = {}
+    for desc, where in described:
+        if desc is not None and desc.file_sha1 is not None:
+            declared.setdefault(desc.file, []).append((desc, where))
+    for path, descs in declared.items():
+        actual = digest_file(FILE_CHECKSUM, path)
+        for desc, where in descs:
+            if desc.file_sha1 != actual:
+                raise IntegrityError(
+                    "external data file does not match the SHA-1 checksum its model "
+                    "declares (onnx.proto's checksum)", file=str(path),
+                    location=desc.location, tensor=where, expected=desc.file_sha1,
+                    actual=actual)
 
 
 def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadDescriptor | None:
@@ -188,7 +216,8 @@ def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadD
                                     where=site.where, location=location, length=length,
                                     expected=expected)
         return PayloadDescriptor(path, offset, length, "raw", t.data_type, dims,
-                                 location=location, checksum=info.checksum)
+                                 location=location, checksum=info.checksum,
+                                 file_sha1=info.file_sha1)
     inline = catalogue.payloads.get(site.path)
     if inline is None:
         expected = expected_nbytes(t.data_type, dims)

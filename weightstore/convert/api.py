@@ -16,7 +16,7 @@ from ..catalogue.descriptors import weight_descriptors
 from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
 from ..errors import ConversionError, WeightstoreError
-from ..io.digests import digest_bytes
+from ..io.digests import FILE_CHECKSUM, digest_bytes, digest_file
 from ..io.files import alignment_problem
 from ..io.models import save_model
 from ..layout.plan import plan_layout
@@ -27,6 +27,7 @@ from ..scenarios.api import rebase_scenarios
 from ..scenarios.storage import read_scenarios
 from ..scenarios.variants import metadata_of
 from ..store.layout import COMBINED_SUFFIX
+from .external_data import declare_file_checksums
 from .file_constant import file_constant_locations
 from .inline import file_constant_reads, inline_model
 from .placement import Placement
@@ -119,6 +120,9 @@ def convert_to_external(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                 for w in weights
             }
             model = mw.materialize(placements, form)
+            if form == "external-data":  # the pair stands alone: onnx.proto's checksum
+                declare_file_checksums(model, {p.name: digest_file(FILE_CHECKSUM, p)
+                                               for p in data_paths})
             rebase_scenarios(source_meta, model)
             save_model(model, dst)
         except BaseException:  # no model refers to a data file this run created

@@ -61,16 +61,14 @@ def set_payload(tensor: TensorProto, data: bytes, encoding: str = "raw_data") ->
         tensor.data_location = TensorProto.DEFAULT
 
 
-def set_external(tensor: TensorProto, location: str, offset: int, length: int,
-                 checksum: str) -> None:
-    """Point ``tensor`` at external data with only the keys onnxruntime accepts (no
-    ``checksum`` when it is empty)."""
+def set_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    """Point ``tensor`` at external data with onnx.proto's ``location``, ``offset`` and
+    ``length`` only. No ``checksum``: onnx.proto defines it as the SHA-1 of the whole file,
+    which no payload's digest is; weightstore keeps those in ``summary.json`` and the store
+    (see docs/formats.md)."""
     clear_payload(tensor)
     tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)),
-                       ("length", str(length)), ("checksum", checksum)):
-        if not value:
-            continue
-        entry = tensor.external_data.add()
-        entry.key = key
-        entry.value = value
+                       ("length", str(length))):
+        if value:
+            tensor.external_data.add(key=key, value=value)

@@ -1,18 +1,22 @@
 """The ``external-data`` form: standard ONNX external data.
 
-Only the keys ``location``, ``offset``, ``length`` and ``checksum`` are written (onnxruntime
-rejects others). Tensors that were held in typed fields are listed in the model's
-``metadata_props`` under :data:`ENCODINGS_KEY` so that inlining restores them exactly.
+Only the keys ``location``, ``offset`` and ``length`` are written by the placement:
+onnxruntime rejects keys it does not know, and onnx.proto's ``checksum`` is the SHA-1 of
+the whole file, which the payload's digest is not. A model that stands alone with its data
+file gets that SHA-1 (:func:`declare_file_checksums`). Tensors that were held in typed
+fields are listed in the model's ``metadata_props`` under :data:`ENCODINGS_KEY` so that
+inlining restores them exactly.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError
 from ..io.files import parse_json
-from ..io.onnx_proto import ModelProto
+from ..io.onnx_proto import ModelProto, TensorProto
 from .encoding import set_external
 from .placement import ExternalTensor
 
@@ -24,11 +28,25 @@ def apply_external_data(model: ModelProto, tensors: Sequence[ExternalTensor]) ->
     typed: dict[str, str] = {}
     for ext in tensors:
         p = ext.placement
-        set_external(ext.site.tensor, p.location, p.offset, p.length, p.key)
+        set_external(ext.site.tensor, p.location, p.offset, p.length)
         if ext.encoding != "raw_data":
             typed[ext.site.key] = ext.encoding
     if typed:
         set_metadata(model, ENCODINGS_KEY, json.dumps(typed, sort_keys=True))
+
+
+def declare_file_checksums(model: ModelProto, sha1: Mapping[str, str]) -> None:
+    """Give each external tensor of ``model`` whose ``location`` is a key of ``sha1``
+    onnx.proto's ``checksum``: the SHA-1 of that whole file (lowercase hex). For a model
+    that stands alone with its data file (a ``convert`` output), which no summary
+    describes; packages write none (their digests are in ``summary.json``)."""
+    for site in iter_tensor_sites(model):
+        t = site.tensor
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in t.external_data if e.key == "location"), None)
+        if location in sha1:
+            t.external_data.add(key="checksum", value=sha1[location])
 
 
 def recorded_encodings(model: ModelProto) -> dict[str, str]:

@@ -174,7 +174,7 @@ def as_external_constants(model: ModelProto) -> int:
     def external(node: NodeProto, attrs: dict[str, object], tensor: TensorProto,
                  where: str) -> None:
         set_external(tensor, attribute_text(attrs.get("location", b"")),
-                     int(attrs.get("offset", 0)), int(attrs.get("length", 0)), "")
+                     int(attrs.get("offset", 0)), int(attrs.get("length", 0)))
 
     return _restore(model, is_file_constant, external)
 

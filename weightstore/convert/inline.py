@@ -1,7 +1,8 @@
 """The reverse conversion: external data and FileConstant nodes back to inline tensors.
 
 Every payload read is bounds-checked, its path kept inside the model's folder, and verified
-against the digest recorded beside it (``checksum`` or ``file_id``) when there is one.
+against the digest recorded beside it (``checksum`` or ``file_id``) when there is one; a
+file whose model declares onnx.proto's SHA-1 of it is checked whole first.
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..catalogue.locations import resolve_location
-from ..catalogue.payload import describe, expected_nbytes, read_file_range, read_payload
+from ..catalogue.payload import (
+    describe,
+    expected_nbytes,
+    read_file_range,
+    read_payload,
+    verify_file_checksums,
+)
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import ConversionError, ExternalDataError, IntegrityError
@@ -123,8 +130,9 @@ def inline_model(catalogue: Catalogue, base_dir: Path | None = None,
     model = ModelProto()
     model.CopyFrom(catalogue.model)
     encodings = recorded_encodings(model)
-    for site in iter_tensor_sites(model):
-        desc = describe(site, catalogue, base_dir)
+    described = [(site, describe(site, catalogue, base_dir)) for site in iter_tensor_sites(model)]
+    verify_file_checksums((desc, site.where) for site, desc in described)
+    for site, desc in described:
         if desc is None:
             continue
         if desc.is_external:

@@ -103,6 +103,7 @@ def _point_at_file(tensor: TensorProto, attrs: dict[str, object], base_dir: Path
     offset, length = file_constant_range(attrs, where)
     file_id = attribute_text(attrs.get("file_id") or "")
     algo, sep, _ = file_id.partition(":")
-    checksum = file_id if sep and algo in ALGORITHMS else ""
     location = named.get("location") or named["file_path"]
-    set_external(tensor, location, offset, length, checksum)
+    set_external(tensor, location, offset, length)
+    if sep and algo in ALGORITHMS:  # in memory only: the folded tensor is written anew
+        tensor.external_data.add(key="checksum", value=file_id)

@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalogue.metadata import metadata_model
-from ..catalogue.payload import PayloadDescriptor, describe, read_payload
+from ..catalogue.payload import (
+    PayloadDescriptor,
+    describe,
+    read_payload,
+    verify_file_checksums,
+)
 from ..catalogue.reader import Catalogue, read_catalogue
 from ..catalogue.schema import Path as TensorPath
 from ..catalogue.shape_inputs import shape_input_names
@@ -103,6 +108,7 @@ class ModelWeights:
                 desc = describe(site, catalogue, base_dir)
                 if desc is not None:
                     descriptors[site.path] = desc
+            verify_file_checksums((descriptors.get(s.path), s.where) for s in sites)
             return cls(catalogue, base_dir, descriptors, sites,
                        shape_input_names(catalogue.model), encodings=encodings)
         except BaseException:

@@ -18,6 +18,7 @@ from .files import NotRegularFileError, open_regular
 Algorithm = Literal["blake3", "sha256"]
 ALGORITHMS: tuple[str, ...] = ("blake3", "sha256")
 HEX_LENGTH = {"blake3": 64, "sha256": 64}
+FILE_CHECKSUM = "sha1"  # onnx.proto's external-data checksum: never a store key
 CHUNK = 4 << 20  # per hashing thread: bounds resident memory at jobs x CHUNK
 
 
@@ -35,6 +36,10 @@ def new_hasher(algo: str, threads: bool = True) -> Hasher:
         import hashlib  # loads OpenSSL: only when asked for
 
         return hashlib.sha256()
+    if algo == FILE_CHECKSUM:
+        import hashlib
+
+        return hashlib.sha1(usedforsecurity=False)
     raise ValueError(f"unknown hash algorithm {algo!r}; expected one of {ALGORITHMS}")
 
 

@@ -27,6 +27,7 @@ from ..errors import PackageError
 from ..io.files import atomic_write_bytes, copy_range, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import save_model
 from ..resolve.files import file_problems
+from ..resolve.source import store_keys_of
 from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
 from .check import variant_of
 from .summary import read_summary_file
@@ -111,7 +112,9 @@ def assemble(package: str | os.PathLike[str], device: str,
     from ..progress import Progress
 
     package, output = Path(package), Path(output)
-    record = read_bundle(package, device, read_summary_file(package)[1])
+    summary = read_summary_file(package)[1]
+    record = read_bundle(package, device, summary)
+    keys = {m["name"]: store_keys_of(m) for m in summary["models"]}
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.exists() and any(output.iterdir()):
         raise PackageError("output folder is not empty", folder=str(output))
@@ -127,7 +130,7 @@ def assemble(package: str | os.PathLike[str], device: str,
                 bar.advance(f["size"])
         if verify:
             resolved = [(entry, variant_of(tmp / entry["file"], entry["scenario"],
-                                           final=True))
+                                           final=True, store_keys=keys.get(entry["name"])))
                         for entry in record["models"]]
             total = sum(e.source.length for _, v in resolved for e in v.external)
             with Progress("verifying", total, enabled=progress) as bar:
@@ -156,10 +159,13 @@ def _copy_file(src: Path, dst: Path, size: int) -> None:
         os.fsync(fout.fileno())
 
 
-def check_live(model_path: Path, scenario: str | None, *, verify: bool) -> list[str]:
+def check_live(model_path: Path, scenario: str | None, *, verify: bool,
+               store_keys: Mapping[tuple[str, int], str] | None = None) -> list[str]:
     """Problems with the files a device model (a resolved variant: ``scenario`` names it
     in messages) needs; the first one raises (see
-    :func:`weightstore.resolve.files.file_problems`)."""
-    return file_problems(model_path.parent,
-                         variant_of(model_path, scenario, final=True).external, scenario,
-                         verify=verify, strict=True)
+    :func:`weightstore.resolve.files.file_problems`). ``verify`` re-hashes the live
+    payloads against ``store_keys`` (its package summary's) or the digests the model
+    itself declares (an earlier version's package)."""
+    variant = variant_of(model_path, scenario, final=True, store_keys=store_keys)
+    return file_problems(model_path.parent, variant.external, scenario, verify=verify,
+                         strict=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,15 @@ class CheckReport:
                 "ok": self.ok, "models": self.models, "problems": self.problems}
 
 
-def variant_of(model_path: Path, scenario: str | None, *, final: bool = False) -> Variant:
+def variant_of(model_path: Path, scenario: str | None, *, final: bool = False,
+               store_keys: Mapping[tuple[str, int], str] | None = None) -> Variant:
     """Resolve ``scenario`` of the model file at ``model_path`` from its metadata (no
     payload read), the file closed afterwards; ``final``: the file is a resolved variant
-    (a device model), ``scenario`` the one it was resolved for."""
+    (a device model), ``scenario`` the one it was resolved for. ``store_keys``: the
+    payload keys of its package's summary (:func:`~weightstore.resolve.source.store_keys_of`),
+    which its live payloads are verified against."""
     with contextlib.closing(open_source(model_path)) as source:
+        source.store_keys = dict(store_keys or {})
         return resolve_variant(source, scenario, final=final)
 
 

@@ -21,8 +21,11 @@ if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..recipe.schema import Layout
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 3  # the newest this code writes and reads
+FORMAT_VERSION = 4  # the newest this code writes and reads
 CONTENTS_SINCE = 3  # ``contents``: every file of the package with its size and digest
+# external data as onnx.proto defines it: no payload digest in ``checksum`` (the digests
+# are the summary's ``external_weights[].id``); earlier packages wrote one there
+STANDARD_EXTERNAL_DATA_SINCE = 4
 
 
 @dataclass(frozen=True)
@@ -115,12 +118,13 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
 
 
 def package_format_version(settings: dict[str, Any]) -> int:
-    """The oldest package format that holds these layout settings and ``contents``, which
-    every summary now lists (a reader of an older format could not check it)."""
+    """The oldest package format that holds these layout settings, ``contents`` (which
+    every summary now lists: a reader of an older format could not check it) and models
+    whose external data carries no payload digest in ``checksum``."""
     from ..recipe.schema import LAYOUT_KEYS_SINCE
 
-    return max([CONTENTS_SINCE, *(LAYOUT_KEYS_SINCE[k] for k in settings
-                                  if k in LAYOUT_KEYS_SINCE)])
+    return max([CONTENTS_SINCE, STANDARD_EXTERNAL_DATA_SINCE,
+                *(LAYOUT_KEYS_SINCE[k] for k in settings if k in LAYOUT_KEYS_SINCE)])
 
 
 def render(summary: dict[str, Any]) -> bytes:

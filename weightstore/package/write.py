@@ -550,7 +550,8 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
 
     read_added = _added_reader(store, index)
 
-    pending = {key: PlannedPayload(key, size, "pending", 0)
+    # each payload at a location of its own (its key) until the groups are known
+    pending = {key: PlannedPayload(key, size, key, 0)
                for _, ps in payloads for key, size in ps}
     scenario_order = package_scenarios(per_model)
     for s, ws in per_model:
@@ -562,7 +563,7 @@ def _split_plan(layout: Layout, per_model: list[tuple[Source, list[Weight]]],
             # a model without scenario S runs its default graph in variant S
             selected = name if name in own else None
             if selected not in resolved:
-                resolved[selected] = {p.checksum or "" for p in
+                resolved[selected] = {p.location for p in
                                       live_payloads(variant_graph(model, selected),
                                                     selected)}
             for key in resolved[selected]:

@@ -461,9 +461,13 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
                                 stage, report, also=algo)
         wanted = {p.key: p.size for f in files for p in f.pieces}
         return _Plan(stage, files, _count(wanted, report), summary, known)
+    from ..resolve.source import store_keys_of
     from ..resolve.variant import variant_graph
     from ..scenarios.resolve import live_payloads
 
+    by_name = {m.get("name"): store_keys_of(m) for m in summary["models"]}
+    # model file -> the payload keys of its ranges
+    keys = {str(m.get("file")): store_keys_of(m) for m in summary["models"]}
     result = make_temp_dir(stage, ".variant.")
     models: list[tuple[onnx.ModelProto, str | None, str]] = []
     if device is not None:
@@ -481,6 +485,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         for entry in record["models"]:
             path = stage / prefix / entry["file"]
             models.append((_load_model(path, ref), entry["scenario"], entry["file"]))
+            keys[entry["file"]] = by_name.get(entry.get("name"), {})
             (result / entry["file"]).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, result / entry["file"])
     else:
@@ -500,10 +505,12 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     live: dict[str, int] = {}
     for model, chosen, file in models:
         for p in live_payloads(model, chosen):
-            if p.checksum is None or p.checksum not in parsed.payloads:
+            # the summary's key of its range; an earlier version's model also declares it
+            key = p.checksum or keys.get(file, {}).get((p.location, p.offset))
+            if key is None or key not in parsed.payloads:
                 raise RegistryError("a live weight has no payload layer in the artifact",
                                     reference=str(ref), model=file, weight=p.name)
-            live[p.checksum] = p.length
+            live[key] = p.length
     kept = []
     for f in files:
         pieces = tuple(p for p in f.pieces if p.key in live)

@@ -160,7 +160,7 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
                                "link: a package holds only regular files and folders",
                                file=str(entry["file"]), package=str(path))
         out = ModelSource.open(model_path, entry["name"], package=path,
-                               store_keys=_store_keys(entry))
+                               store_keys=store_keys_of(entry))
         if device is not None:
             _apply_device(out, path, device, summary)
         return out
@@ -186,7 +186,7 @@ def _open_reference(ref: StoreReference, model: str | None, device: str | None,
     entry = _model_entry(build.summary, model, reference=str(ref))
     record = None if device is None else build.device_record(device)
     path, fd = open_model_object(build, str(entry["file"]))
-    out = ModelSource.open(path, entry["name"], fd=fd, store_keys=_store_keys(entry),
+    out = ModelSource.open(path, entry["name"], fd=fd, store_keys=store_keys_of(entry),
                            store=WeightStoreLocator(root), in_store=True)
     if record is not None:
         _apply_record(out, record)
@@ -207,8 +207,10 @@ def _model_entry(summary: dict[str, Any], model: str | None,
     return models[model]
 
 
-def _store_keys(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
-    """Each external weight's store key by (location, offset), from the summary."""
+def store_keys_of(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """Each external weight's store key by (location, offset), from the summary's entry of
+    a model: what a packaged model's payloads are verified against, their external data
+    carrying no digest (see docs/formats.md)."""
     return {(w["location"], int(w["offset"])): w["id"]
             for w in entry.get("external_weights", ())}
 

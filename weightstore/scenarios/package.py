@@ -316,6 +316,6 @@ def attach(model: onnx.ModelProto, scenarios: Sequence[PackagedScenario],
             if where is None:
                 set_payload(tensor, read(weight))
             else:
-                set_external(tensor, where[0], where[1], weight.size, weight.key)
+                set_external(tensor, where[0], where[1], weight.size)
         protos.append(proto)
     write_scenarios(model, protos)
