@@ -28,12 +28,10 @@ ModelModificationScenarioProto = pb.ModelModificationScenarioProto
 
 def unknown_field_set(message: ModelProto) -> Any:
     """The message's unknown fields (``field_number``, ``wire_type``, ``data``), through
-    the API the installed protobuf has: ``google.protobuf.unknown_fields`` since 4.22,
-    ``Message.UnknownFields()`` before it (onnx accepts protobuf from 3.20)."""
-    try:
-        from google.protobuf import unknown_fields
-    except ImportError:
-        return message.UnknownFields()
+    ``google.protobuf.unknown_fields`` (every protobuf from the declared floor, 4.21.1, has
+    it; ``Message.UnknownFields()``, which it replaces, is gone from protobuf 5.26 on)."""
+    from google.protobuf import unknown_fields
+
     return unknown_fields.UnknownFieldSet(message)
 
 
