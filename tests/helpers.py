@@ -203,6 +203,58 @@ def tamper_consistently(folder: Path, model: str = "encoder.onnx") -> None:
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
+def as_an_earlier_version_wrote_it(package: Path) -> None:
+    """Rewrite a package folder as weightstore before format 4 wrote it: each external
+    tensor's ``checksum`` the payload's store key (the summary's ``id`` of its location and
+    offset), in the models and the device models, device records of format 1 (no keys),
+    ``format_version`` 3, and the changed files' sizes and digests in ``contents``."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    from weightstore.io.digests import digest_file, make_key
+
+    summary_path = package / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    keys = {m["name"]: {(w["location"], w["offset"]): w["id"] for w in m["external_weights"]}
+            for m in summary["models"]}
+    changed = [(m["file"], keys[m["name"]]) for m in summary["models"]]
+    for record_path in sorted(package.glob("devices/*/bundle.json")):
+        record = json.loads(record_path.read_text())
+        device = record_path.parent.relative_to(package).as_posix()
+        changed += [(f"{device}/{m['file']}", keys[m["name"]]) for m in record["models"]]
+        record["format_version"] = 1
+        for m in record["models"]:
+            m.pop("external_weights", None)
+        record_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        changed.append((f"{device}/bundle.json", None))
+    for file, by_range in changed:
+        path = package / file
+        if by_range is not None:
+            proto = onnx.load(path, load_external_data=False)
+            for t in _get_all_tensors(proto):
+                if uses_external_data(t):
+                    info = ExternalDataInfo(t)
+                    t.external_data.add(key="checksum",
+                                        value=by_range[(info.location, info.offset)])
+            path.write_bytes(proto.SerializeToString())
+        (entry,) = [c for c in summary["contents"] if c["path"] == file]
+        entry.update(size=path.stat().st_size,
+                     digest=make_key("blake3", digest_file("blake3", path)))
+    summary["format_version"] = 3
+    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def flip_live_byte(folder: Path, weights: list[dict]) -> str:
+    """Flip one byte inside the first of ``weights`` (a record's ``external_weights``)
+    whose file ``folder`` holds; returns that weight's name."""
+    w = next(w for w in weights if (folder / w["location"]).is_file())
+    path = folder / w["location"]
+    data = bytearray(path.read_bytes())
+    data[w["offset"] + w["size"] // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    return w["name"]
+
+
 def empty_store(root: Path) -> Path:
     """A new, empty weight store at ``root`` (its index created), as a command's
     ``--store`` must name one when it proves a package folder against it."""

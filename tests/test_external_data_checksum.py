@@ -28,11 +28,10 @@ from onnx.external_data_helper import (
 
 from weightstore.build.run import BuildOptions, build
 from weightstore.cli import main
-from weightstore.io.digests import digest_file, make_key
 from weightstore.recipe.schema import load_recipe
 from weightstore.scenarios.storage import read_scenarios
 
-from .helpers import scenario_package
+from .helpers import as_an_earlier_version_wrote_it, scenario_package
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 
 STANDARD_KEYS = {"location", "offset", "length"}
@@ -198,28 +197,6 @@ def test_a_convert_output_declares_its_data_file_sha1(tmp_path):
     assert not (tmp_path / "back.onnx").exists()
 
 
-def _as_an_earlier_version_wrote_it(package: Path) -> None:
-    """Rewrite a package folder as weightstore before format 4 wrote it: each external
-    tensor's ``checksum`` the payload's store key (the summary's ``id`` of its location and
-    offset), ``format_version`` 3, and the model files' sizes and digests in ``contents``."""
-    summary_path = package / "summary.json"
-    summary = json.loads(summary_path.read_text())
-    for m in summary["models"]:
-        keys = {(w["location"], w["offset"]): w["id"] for w in m["external_weights"]}
-        path = package / m["file"]
-        proto = onnx.load(path, load_external_data=False)
-        for t in _get_all_tensors(proto):
-            if uses_external_data(t):
-                info = ExternalDataInfo(t)
-                t.external_data.add(key="checksum", value=keys[(info.location, info.offset)])
-        path.write_bytes(proto.SerializeToString())
-        (entry,) = [c for c in summary["contents"] if c["path"] == m["file"]]
-        entry.update(size=path.stat().st_size,
-                     digest=make_key("blake3", digest_file("blake3", path)))
-    summary["format_version"] = 3
-    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-
-
 def test_a_package_an_earlier_version_wrote_is_read_verified_loaded_and_rebuilt(
         tmp_path, capsys):
     source = tmp_path / "e.onnx"
@@ -229,7 +206,7 @@ def test_a_package_an_earlier_version_wrote_is_read_verified_loaded_and_rebuilt(
     build(recipe, BuildOptions())
     package = tmp_path / "out/p/1/c"
     current = {p.name: p.read_bytes() for p in package.iterdir()}
-    _as_an_earlier_version_wrote_it(package)
+    as_an_earlier_version_wrote_it(package)
     old = _entries(package / "m.onnx")
     assert old and all(e["checksum"].startswith("blake3:") for e in old)
 

@@ -16,8 +16,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+import weightstore
 from weightstore.cli import main
 from weightstore.errors import (
+    IntegrityError,
     PackageError,
     RegistryAuthError,
     RegistryDigestError,
@@ -33,10 +35,9 @@ from weightstore.registry.pull import pull
 from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
 from weightstore.resolve.runnable import runnable_variant
-from weightstore.resolve.source import store_keys_of
 from weightstore.store import WeightStore
 
-from .helpers import every_layout
+from .helpers import every_layout, flip_live_byte
 from .registry_proxy import relay
 from .registry_server import RegistryServer, needs_registry, running_registry
 from .samples import make_encoder, run_onnxruntime, sample_inputs
@@ -159,9 +160,30 @@ def test_one_tensor_update_uploads_about_that_tensor(packages, registry) -> None
     assert changed == packages["changed_bytes"] * 3 // 2
     assert report.hashed_bytes == changed  # only the new payloads were read
     assert report.uploaded_weight_bytes == changed
-    # besides: summary and config (the models, whose external data names ranges and no
-    # digest, and the device record are unchanged)
-    assert report.uploaded == 2 + 2
+    # besides: summary and config, and the device records that list the tensor's key (the
+    # models, whose external data names ranges and no digest, are unchanged)
+    records = [p.relative_to(packages["v1"]["combined"])
+               for p in packages["v1"]["combined"].glob("devices/*/bundle.json")]
+    changed_records = sum((packages["v1"]["combined"] / r).read_bytes()
+                          != (packages["v2"]["combined"] / r).read_bytes() for r in records)
+    assert changed_records == len(records) >= 1
+    assert report.uploaded == 2 + 2 + changed_records
+
+
+def _runs_and_is_verified(folder: Path, expected: list, inputs: dict,
+                          weights: list[dict]) -> None:
+    """The variant folder a pull wrote runs bit-identically in onnxruntime as it is, and
+    a flipped byte in a live payload is caught against the keys of its own record."""
+    assert check_live(folder / "encoder.onnx", "half", verify=True) == []
+    for e, a in zip(expected, run_onnxruntime(folder / "encoder.onnx", inputs), strict=True):
+        assert e.tobytes() == a.tobytes()
+    flip_live_byte(folder, weights)
+    with pytest.raises(IntegrityError, match="do not match"):
+        check_live(folder / "encoder.onnx", "half", verify=True)
+    with pytest.raises(IntegrityError, match="do not match"), \
+            weightstore.resolve(folder / "encoder.onnx") as resolved:
+        weightstore.load(resolved)
+
 
 def test_device_pull_fetches_only_live_payloads(packages, registry, tmp_path) -> None:
     source = packages["v1"]["split"]
@@ -173,15 +195,13 @@ def test_device_pull_fetches_only_live_payloads(packages, registry, tmp_path) ->
     assert report.fetched_bytes == report.payload_bytes == live
     summary = json.loads((source / "summary.json").read_text())
     assert live < summary["totals"]["unique_payload_bytes"]
-    # the folder holds no summary: its payloads are verified against the package's keys
-    (entry,) = [m for m in summary["models"] if m["file"] == "encoder.onnx"]
-    assert check_live(tmp_path / "npu" / "encoder.onnx", "half", verify=True,
-                      store_keys=store_keys_of(entry)) == []
+    # the folder's own record is the device's: its models' payloads are verified
+    # against the keys it lists
+    assert json.loads((tmp_path / "npu" / "bundle.json").read_text()) == bundle
     inputs = sample_inputs(packages["model"], seed=4)
     expected = run_onnxruntime(runnable_variant(source / "encoder.onnx", "half"), inputs)
-    for e, a in zip(expected, run_onnxruntime(tmp_path / "npu" / "encoder.onnx", inputs),
-                    strict=True):
-        assert e.tobytes() == a.tobytes()
+    _runs_and_is_verified(tmp_path / "npu", expected, inputs,
+                          bundle["models"][0]["external_weights"])
     # 1.0.0 -> 1.0.1 on the device: only the changed tensor travels
     push(packages["v2"]["split"], f"{registry.host}/device/split:1.0.1",
          store=packages["store"])
@@ -193,6 +213,11 @@ def test_device_pull_fetches_only_live_payloads(packages, registry, tmp_path) ->
     scenario = pull(ref, tmp_path / "half", store=WeightStore(tmp_path / "s2"),
                     scenario="half")
     assert scenario.fetched_bytes == live
+    # a scenario's folder has a record of its own, as a device's
+    record = json.loads((tmp_path / "half" / "bundle.json").read_text())
+    assert record["models"][0]["external_weights"] == bundle["models"][0]["external_weights"]
+    _runs_and_is_verified(tmp_path / "half", expected, inputs,
+                          record["models"][0]["external_weights"])
 
 
 def test_cross_repository_mount(packages, registry, tmp_path) -> None:

@@ -163,7 +163,11 @@ def test_bundles_run_like_the_replayed_model(package, tmp_path, layout):
         out = tmp_path / layout / device
         assemble(path, device, out)
         assert sorted(p.name for p in out.iterdir()) == sorted(
-            {"encoder.onnx", *(f["name"].split("/")[0] for f in record["files"])})
+            {"encoder.onnx", "bundle.json",
+             *(f["name"].split("/")[0] for f in record["files"])})
+        # the device folder's own record: the package's, the keys of its live weights too
+        assert json.loads((out / "bundle.json").read_text()) == record
+        assert record["format_version"] == 2 and record["models"][0]["external_weights"]
         actual = run_onnxruntime(out / "encoder.onnx", inputs)
         for e, a in zip(expected[scenario], actual, strict=True):
             assert e.tobytes() == a.tobytes(), (device, scenario)

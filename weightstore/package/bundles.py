@@ -14,7 +14,6 @@ Scenario selection is metadata only: an explicit scenario, null (the default gra
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -27,8 +26,14 @@ from ..errors import PackageError
 from ..io.files import atomic_write_bytes, copy_range, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import save_model
 from ..resolve.files import file_problems
-from ..resolve.source import store_keys_of
-from .bundle_record import BUNDLE_NAME, DEVICES, FORMAT_VERSION, read_bundle
+from .bundle_record import (
+    BUNDLE_NAME,
+    DEVICES,
+    device_record,
+    model_entry,
+    read_bundle,
+    render_record,
+)
 from .check import variant_of
 from .summary import read_summary_file
 
@@ -59,15 +64,16 @@ def select_scenario(device: Device, scenarios: Sequence[tuple[str, Mapping[str, 
     return None
 
 
-def write_device(folder: Path, device: Device, models: Sequence[tuple[str, onnx.ModelProto,
-                                                                       str | None]],
-                 ) -> dict[str, Any]:
+def write_device(folder: Path, device: Device,
+                 models: Sequence[tuple[str, onnx.ModelProto, str | None,
+                                        Mapping[tuple[str, int], str]]]) -> dict[str, Any]:
     """Write ``devices/<device>/`` in a package being built; returns its bundle record.
 
-    ``models`` are ``(model name, packaged model, scenario)``; a model without that
+    ``models`` are ``(model name, packaged model, scenario, store keys)``, the keys of its
+    external weights by location and offset (the summary's); a model without that
     scenario runs its default graph. Each is resolved as a load resolves it
     (:func:`weightstore.resolve.variant.variant_graph`): the device's model is the final
-    graph, and its files are those its live weights need.
+    graph, and its files are those its live weights need, whose keys the record lists.
     """
     from ..resolve.variant import variant_graph
     from ..scenarios.resolve import live_payloads
@@ -76,26 +82,14 @@ def write_device(folder: Path, device: Device, models: Sequence[tuple[str, onnx.
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     files: dict[str, int] = {}
-    for name, model, scenario in models:
+    for name, model, scenario, keys in models:
         resolved = variant_graph(model, scenario)
         live = live_payloads(resolved, scenario)
         size = save_model(resolved, out / f"{name}.onnx")
-        for p in live:
-            files[p.location] = max(files.get(p.location, 0), p.offset + p.length)
-        entries.append({"name": name, "file": f"{name}.onnx", "scenario": scenario,
-                        "model_bytes": size, "live_weights": len(live),
-                        "live_bytes": sum(p.length for p in live)})
-    record = {
-        "format_version": FORMAT_VERSION,
-        "device": device.name,
-        "capabilities": device.capabilities,
-        "scenario_rule": device.scenario,
-        "models": entries,
-        "files": [{"name": n, "size": (folder / n).stat().st_size}
-                  for n in sorted(files)],
-    }
-    atomic_write_bytes(out / BUNDLE_NAME,
-                       (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+        files.update((p.location, (folder / p.location).stat().st_size) for p in live)
+        entries.append(model_entry(name, f"{name}.onnx", scenario, size, live, keys))
+    record = device_record(device.name, device.capabilities, device.scenario, entries, files)
+    atomic_write_bytes(out / BUNDLE_NAME, render_record(record))
     return record
 
 
@@ -112,9 +106,7 @@ def assemble(package: str | os.PathLike[str], device: str,
     from ..progress import Progress
 
     package, output = Path(package), Path(output)
-    summary = read_summary_file(package)[1]
-    record = read_bundle(package, device, summary)
-    keys = {m["name"]: store_keys_of(m) for m in summary["models"]}
+    record = read_bundle(package, device, read_summary_file(package)[1])
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.exists() and any(output.iterdir()):
         raise PackageError("output folder is not empty", folder=str(output))
@@ -123,14 +115,15 @@ def assemble(package: str | os.PathLike[str], device: str,
         source = package / DEVICES / device
         for entry in record["models"]:
             shutil.copyfile(source / entry["file"], tmp / entry["file"])
+        # the folder's own record (the one read): its models, their files and keys
+        atomic_write_bytes(tmp / BUNDLE_NAME, render_record(record), sync_dir=False)
         with Progress("copying", sum(f["size"] for f in record["files"]),
                       enabled=progress) as bar:
             for f in record["files"]:
                 _copy_file(package / f["name"], tmp / f["name"], f["size"])
                 bar.advance(f["size"])
         if verify:
-            resolved = [(entry, variant_of(tmp / entry["file"], entry["scenario"],
-                                           final=True, store_keys=keys.get(entry["name"])))
+            resolved = [(entry, variant_of(tmp / entry["file"], entry["scenario"], final=True))
                         for entry in record["models"]]
             total = sum(e.source.length for _, v in resolved for e in v.external)
             with Progress("verifying", total, enabled=progress) as bar:
@@ -159,13 +152,12 @@ def _copy_file(src: Path, dst: Path, size: int) -> None:
         os.fsync(fout.fileno())
 
 
-def check_live(model_path: Path, scenario: str | None, *, verify: bool,
-               store_keys: Mapping[tuple[str, int], str] | None = None) -> list[str]:
+def check_live(model_path: Path, scenario: str | None, *, verify: bool) -> list[str]:
     """Problems with the files a device model (a resolved variant: ``scenario`` names it
     in messages) needs; the first one raises (see
     :func:`weightstore.resolve.files.file_problems`). ``verify`` re-hashes the live
-    payloads against ``store_keys`` (its package summary's) or the digests the model
+    payloads against the keys of the record beside the model, or the digests the model
     itself declares (an earlier version's package)."""
-    variant = variant_of(model_path, scenario, final=True, store_keys=store_keys)
+    variant = variant_of(model_path, scenario, final=True)
     return file_problems(model_path.parent, variant.external, scenario, verify=verify,
                          strict=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,39 +51,45 @@ class CheckReport:
                 "ok": self.ok, "models": self.models, "problems": self.problems}
 
 
-def variant_of(model_path: Path, scenario: str | None, *, final: bool = False,
-               store_keys: Mapping[tuple[str, int], str] | None = None) -> Variant:
+def variant_of(model_path: Path, scenario: str | None, *, final: bool = False) -> Variant:
     """Resolve ``scenario`` of the model file at ``model_path`` from its metadata (no
     payload read), the file closed afterwards; ``final``: the file is a resolved variant
-    (a device model), ``scenario`` the one it was resolved for. ``store_keys``: the
-    payload keys of its package's summary (:func:`~weightstore.resolve.source.store_keys_of`),
-    which its live payloads are verified against."""
+    (a device model), ``scenario`` the one it was resolved for. Its live payloads carry
+    the store keys of the record beside the file
+    (:func:`~weightstore.resolve.source.record_beside`), which they are verified against."""
     with contextlib.closing(open_source(model_path)) as source:
-        source.store_keys = dict(store_keys or {})
         return resolve_variant(source, scenario, final=final)
 
 
 def check_package(package: str | os.PathLike[str], *, scenario: str | None = None,
                   device: str | None = None, verify: bool = False,
                   progress: bool | None = False) -> CheckReport:
-    """Resolve every model of a package folder for a scenario or device, then check the
-    files its live weights need. ``progress``: with ``verify``, a bar over the bytes to
-    re-hash (None: only on an interactive terminal)."""
+    """Resolve every model of a package folder (or one model file: a package's, a device
+    folder's or any other, its payloads' keys from the record beside it) for a scenario
+    or device, then check the files its live weights need. ``progress``: with ``verify``,
+    a bar over the bytes to re-hash (None: only on an interactive terminal)."""
     from ..progress import Progress
 
     if scenario is not None and device is not None:
         raise ScenarioError("choose a scenario or a device, not both")
     folder = Path(package)
-    summary = read_summary_file(folder)[1]
-    models = [(m["name"], m["file"]) for m in summary["models"]]
     chosen: dict[str, str | None] = {}
-    if device is not None:
-        bundle = read_bundle(folder, device, summary)
-        chosen = {str(m["file"]): m["scenario"] for m in bundle["models"]}
-    report = CheckReport(str(folder), scenario, device)
+    if folder.is_file():
+        if device is not None:
+            raise ResolutionError("a device is chosen in a package folder, not a model "
+                                  "file", device=device, model=str(folder))
+        folder, models = folder.parent, [(None, folder.name)]
+    else:
+        summary = read_summary_file(folder)[1]
+        models = [(m["name"], m["file"]) for m in summary["models"]]
+        if device is not None:
+            bundle = read_bundle(folder, device, summary)
+            chosen = {str(m["file"]): m["scenario"] for m in bundle["models"]}
+    report = CheckReport(str(package), scenario, device)
     with contextlib.ExitStack() as opened:  # each model file opened once
         sources = {file: opened.enter_context(contextlib.closing(
-            open_source(folder, model=name))) for name, file in models}
+            open_source(folder / file) if name is None else open_source(folder, model=name)))
+            for name, file in models}
         metadata = {file: source.metadata() for file, source in sources.items()}
         held = {file: {s.scenario for s in read_scenarios(meta)}
                 for file, meta in metadata.items()}

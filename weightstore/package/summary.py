@@ -172,7 +172,7 @@ _MODEL_KEYS = {"name": (True, _is_str), "file": (True, _is_str),
                    isinstance(k, str) and isinstance(d, str) for k, d in v.items())),
                "model_bytes": (False, _is_int), "inline_tensors": (False, _is_int),
                "inline_bytes": (False, _is_int), "source_digest": (False, _is_str)}
-_WEIGHT_KEYS = {"id": (True, _is_str), "name": (True, _is_str),
+WEIGHT_KEYS = {"id": (True, _is_str), "name": (True, _is_str),
                 "location": (True, _is_str), "offset": (True, _is_int),
                 "size": (True, _is_int), "where": (False, _is_str),
                 "dtype": (False, _is_str),
@@ -185,17 +185,19 @@ _DEVICE_KEYS = {"name": (True, _is_str), "scenario": (False, lambda v: v is None
                 "files": (False, _is_str_list)}
 
 
-def _check_entry(entry: Any, keys: dict[str, Any], where: str, at: str) -> None:
+def check_entry(entry: Any, keys: dict[str, Any], where: str, at: str, *,
+                what: str = "package summary") -> None:
+    """Refuse an entry (``at`` in the file ``where``, a ``what``) that is not an object,
+    lacks a required key of ``keys`` or holds one of the wrong type."""
     if not isinstance(entry, dict):
-        raise PackageError("malformed package summary: not a JSON object", file=where,
-                           key=at)
+        raise PackageError(f"malformed {what}: not a JSON object", file=where, key=at)
     for key, (required, check) in keys.items():
         if key not in entry:
             if required:
-                raise PackageError("malformed package summary: a key is missing",
+                raise PackageError(f"malformed {what}: a key is missing",
                                    file=where, key=f"{at}.{key}")
         elif not check(entry[key]):
-            raise PackageError("malformed package summary: a key has the wrong type",
+            raise PackageError(f"malformed {what}: a key has the wrong type",
                                file=where, key=f"{at}.{key}")
 
 
@@ -214,9 +216,9 @@ def check_structure(summary: Any, where: str) -> None:
         raise PackageError("malformed package summary: no list of models", file=where,
                            key="models")
     for i, model in enumerate(models):
-        _check_entry(model, _MODEL_KEYS, where, f"models[{i}]")
+        check_entry(model, _MODEL_KEYS, where, f"models[{i}]")
         for j, weight in enumerate(model["external_weights"]):
-            _check_entry(weight, _WEIGHT_KEYS, where, f"models[{i}].external_weights[{j}]")
+            check_entry(weight, WEIGHT_KEYS, where, f"models[{i}].external_weights[{j}]")
     for key, keys in (("files", _FILE_KEYS), ("devices", _DEVICE_KEYS)):
         if key not in summary:
             continue
@@ -224,7 +226,7 @@ def check_structure(summary: Any, where: str) -> None:
             raise PackageError("malformed package summary: a key has the wrong type",
                                file=where, key=key)
         for i, entry in enumerate(summary[key]):
-            _check_entry(entry, keys, where, f"{key}[{i}]")
+            check_entry(entry, keys, where, f"{key}[{i}]")
     _check_paths(summary, where)
 
 

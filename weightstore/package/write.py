@@ -447,7 +447,7 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             with s.weights.opened():
                 models.append(_write_model(tmp, s, ws, maps.get(s.name, {}), layout,
                                            read_added, written, recipe.store.hash))
-        devices = (_write_devices(tmp, recipe, sources)
+        devices = (_write_devices(tmp, recipe, sources, models)
                    if layout.external_weight != "embedded" else [])
         from .inventory import package_contents
 
@@ -611,9 +611,11 @@ def offered_scenarios(recipe: Recipe, sources: list[Source]) -> list[tuple[str, 
     return list(offered.items())
 
 
-def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> list[dict]:
-    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.package.bundles`);
-    returns what the summary records of them."""
+def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
+                   summaries: list[ModelSummary]) -> list[dict]:
+    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.package.bundles`),
+    its record listing the store keys ``summaries`` give the live weights; returns what
+    the summary records of the devices."""
     if not recipe.devices:
         return []
     import onnx
@@ -621,6 +623,7 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> list[
     from .bundles import select_scenario, write_device
 
     offered = offered_scenarios(recipe, sources)
+    keys = {m.name: {(w.location, w.offset): w.id for w in m.external} for m in summaries}
     models = []
     for s in sources:
         model = onnx.load(str(folder / f"{s.name}.onnx"), load_external_data=False)
@@ -628,8 +631,9 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source]) -> list[
     out = []
     for device in recipe.devices:
         chosen = select_scenario(device, offered)
-        record = write_device(folder, device, [(name, model, chosen if chosen in names else None)
-                                               for name, model, names in models])
+        record = write_device(folder, device, [
+            (name, model, chosen if chosen in names else None, keys[name])
+            for name, model, names in models])
         out.append({"name": device.name, "scenario": chosen,
                     "files": [f"devices/{device.name}/{m['file']}" for m in record["models"]]
                     + [f"devices/{device.name}/bundle.json"]})

@@ -13,7 +13,9 @@ With ``--device`` or ``--scenario``, the variant is resolved from the model meta
 first (the device folder's models and ``bundle.json``, or the package models with the
 scenario replayed) and only the live payloads are fetched: the output is the variant's
 self-contained folder, its weight files holding the live payloads at their offsets and
-zeros (holes) elsewhere.
+zeros (holes) elsewhere, and its ``bundle.json`` (the device's record, or one for the
+scenario) listing the store key of each live payload, which its models are verified
+against when they are loaded, resolved or checked.
 """
 
 from __future__ import annotations
@@ -461,15 +463,16 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
                                 stage, report, also=algo)
         wanted = {p.key: p.size for f in files for p in f.pieces}
         return _Plan(stage, files, _count(wanted, report), summary, known)
-    from ..resolve.source import store_keys_of
+    from ..package.bundle_record import BUNDLE_NAME, device_record, model_entry, render_record
+    from ..resolve.source import record_beside, store_keys_of
     from ..resolve.variant import variant_graph
     from ..scenarios.resolve import live_payloads
 
     by_name = {m.get("name"): store_keys_of(m) for m in summary["models"]}
-    # model file -> the payload keys of its ranges
-    keys = {str(m.get("file")): store_keys_of(m) for m in summary["models"]}
     result = make_temp_dir(stage, ".variant.")
-    models: list[tuple[onnx.ModelProto, str | None, str]] = []
+    # (model, scenario, file, name, the payload keys of its ranges, its size)
+    models: list[tuple[onnx.ModelProto, str | None, str, str, dict, int]] = []
+    record = None
     if device is not None:
         prefix = f"{DEVICES}/{device}/"
         names = sorted(n for n in parsed.files if n.startswith(prefix))
@@ -484,38 +487,59 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         record = read_bundle(stage, device)
         for entry in record["models"]:
             path = stage / prefix / entry["file"]
-            models.append((_load_model(path, ref), entry["scenario"], entry["file"]))
-            keys[entry["file"]] = by_name.get(entry.get("name"), {})
+            # the keys of the record beside it (format 2); a format 1 record's are the
+            # summary's
+            keys = store_keys_of(record_beside(path) or {}) or by_name.get(entry.get("name"),
+                                                                              {})
+            models.append((_load_model(path, ref), entry["scenario"], entry["file"],
+                           entry.get("name"), keys, 0))
             (result / entry["file"]).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, result / entry["file"])
     else:
-        entries = [(str(m["file"]), list(m.get("scenarios", []))) for m in summary["models"]]
+        entries = [(m, list(m.get("scenarios", []))) for m in summary["models"]]
         if not any(scenario in names for _, names in entries):
             raise ScenarioError("no model of the artifact has this scenario",
                                 scenario=scenario, reference=str(ref))
-        _download_files(client, ref, parsed, [f for f, _ in entries], stage, report)
+        _download_files(client, ref, parsed, [str(m["file"]) for m, _ in entries], stage,
+                        report)
         from ..io.models import save_model
 
-        for file, names in entries:
-            chosen = scenario if scenario in names else None
+        for m, names in entries:
+            file, chosen = str(m["file"]), scenario if scenario in names else None
             resolved = variant_graph(_load_model(stage / file, ref), chosen)
             (result / file).parent.mkdir(parents=True, exist_ok=True)
-            save_model(resolved, result / file)
-            models.append((resolved, chosen, file))
+            size = save_model(resolved, result / file)
+            keys = store_keys_of(record_beside(stage / file) or {})  # the summary's
+            models.append((resolved, chosen, file, str(m["name"]), keys, size))
     live: dict[str, int] = {}
-    for model, chosen, file in models:
-        for p in live_payloads(model, chosen):
-            # the summary's key of its range; an earlier version's model also declares it
-            key = p.checksum or keys.get(file, {}).get((p.location, p.offset))
+    described = []
+    for model, chosen, file, name, keys, size in models:
+        payloads = live_payloads(model, chosen)
+        for p in payloads:
+            # the record's key of its range; an earlier version's model also declares it
+            key = p.checksum or keys.get((p.location, p.offset))
             if key is None or key not in parsed.payloads:
                 raise RegistryError("a live weight has no payload layer in the artifact",
                                     reference=str(ref), model=file, weight=p.name)
             live[key] = p.length
+        described.append(model_entry(name, file, chosen, size, payloads, keys))
     kept = []
     for f in files:
         pieces = tuple(p for p in f.pieces if p.key in live)
         if pieces:
             kept.append(WeightFile(f.name, f.size, pieces))
+    # the variant folder's own record, as a device's: its models, their files and keys
+    if record is None:
+        record = device_record(None, {}, scenario, described,
+                               {f.name: f.size for f in kept})
+    else:  # the device's, each model with its keys (a format 1 record had none)
+        record = device_record(record["device"], record.get("capabilities") or {},
+                               record.get("scenario_rule"), [
+                                   {**entry, "external_weights": d["external_weights"]}
+                                   for entry, d in zip(record["models"], described,
+                                                       strict=True)], {
+                                   f["name"]: f["size"] for f in record["files"]})
+    (result / BUNDLE_NAME).write_bytes(render_record(record))
     return _Plan(result, kept, _count(live, report))
 
 

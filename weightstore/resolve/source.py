@@ -169,7 +169,9 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
                               device=device, model=str(path))
     if not path.is_file():
         raise ResolutionError("no such model file or package folder", source=str(path))
-    return ModelSource.open(path, model or path.stem)
+    entry = record_beside(path)
+    return ModelSource.open(path, model or (entry or {}).get("name") or path.stem,
+                            store_keys=store_keys_of(entry or {}))
 
 
 def _open_reference(ref: StoreReference, model: str | None, device: str | None,
@@ -207,10 +209,31 @@ def _model_entry(summary: dict[str, Any], model: str | None,
     return models[model]
 
 
+def record_beside(model_path: Path) -> dict[str, Any] | None:
+    """The entry of the model file at ``model_path`` in the record beside it: the folder's
+    ``summary.json`` when it lists the file as a model, else the folder's ``bundle.json``
+    (a device folder, or a package's ``devices/<device>/``) when it lists it; None when
+    neither does (a model of no package: only the digests its external data declares are
+    checked). A record that is there but malformed is a :class:`PackageError` naming it."""
+    from ..package.bundle_record import BUNDLE_NAME, read_record
+    from ..package.summary import SUMMARY_NAME
+
+    folder, name = model_path.parent, model_path.name
+    if (folder / SUMMARY_NAME).exists():
+        for m in _summary(folder)["models"]:
+            if m["file"] == name:
+                return m
+    try:
+        record = read_record(folder / BUNDLE_NAME)
+    except FileNotFoundError:
+        return None
+    return next((m for m in record["models"] if m["file"] == name), None)
+
+
 def store_keys_of(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
-    """Each external weight's store key by (location, offset), from the summary's entry of
-    a model: what a packaged model's payloads are verified against, their external data
-    carrying no digest (see docs/formats.md)."""
+    """Each external weight's store key by (location, offset), from a model's entry in its
+    package summary or bundle record: what a packaged model's payloads are verified
+    against, their external data carrying no digest (see docs/formats.md)."""
     return {(w["location"], int(w["offset"])): w["id"]
             for w in entry.get("external_weights", ())}
 

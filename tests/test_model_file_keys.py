@@ -1,0 +1,152 @@
+"""A model file opened on its own is verified against the record beside it.
+
+A package's models carry no payload digest in their external data (onnx.proto's
+``checksum`` is the SHA-1 of the whole file): the store keys are the package summary's
+``external_weights``, and a device folder's (``devices/<device>/``, a ``bundle`` output,
+a ``pull --device``/``--scenario`` folder, tested with the registry) are its
+``bundle.json``'s. Whichever way a model file is opened (resolve and load, ``run``,
+``check --verify``), a flipped byte in a live payload is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import weightstore
+from weightstore.cli import main
+from weightstore.errors import IntegrityError, PackageError
+from weightstore.package.bundle_record import read_bundle
+from weightstore.package.bundles import assemble
+from weightstore.resolve.runnable import runnable_variant
+
+from .helpers import as_an_earlier_version_wrote_it, flip_live_byte
+from .samples import make_encoder, run_onnxruntime, sample_inputs
+
+
+@pytest.fixture
+def split(split_build):
+    return split_build / "out" / "pk" / "1" / "split"
+
+
+def _inputs(tmp_path):
+    inputs = sample_inputs(make_encoder(), seed=3)
+    path = tmp_path / "inputs.npz"
+    np.savez(path, **inputs)
+    return inputs, path
+
+
+def _load(model_file, **kwargs):
+    with weightstore.resolve(model_file, **kwargs) as resolved:
+        session = weightstore.load(resolved)
+    return session
+
+
+def _caught(model_file, inputs_path, capsys) -> None:
+    """A load, ``run`` and ``check --verify`` of ``model_file`` refuse its flipped byte."""
+    with pytest.raises(IntegrityError, match="do not match"):
+        _load(model_file)
+    capsys.readouterr()
+    assert main(["run", str(model_file), "--inputs", str(inputs_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "do not match" in err
+    assert main(["check", str(model_file), "--verify"]) == 1
+    out = capsys.readouterr()
+    assert "do not match" in out.out + out.err
+
+
+def test_a_package_model_file_opened_alone_is_verified(split, tmp_path, capsys):
+    copy = tmp_path / "pk"
+    shutil.copytree(split, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    default = [w for w in summary["models"][0]["external_weights"]
+               if w.get("scenario") is None and w["location"] == "pk.default.data"]
+    _, inputs_path = _inputs(tmp_path)
+    assert main(["check", str(copy / "encoder.onnx"), "--verify"]) == 0
+    flip_live_byte(copy, default)
+    _caught(copy / "encoder.onnx", inputs_path, capsys)
+
+
+def test_a_bundle_folder_is_verified_and_runs(split, tmp_path, capsys):
+    out = tmp_path / "npu"
+    assert main(["bundle", str(split), "npu", "--output", str(out)]) == 0
+    record = json.loads((out / "bundle.json").read_text())
+    assert record == json.loads((split / "devices" / "npu" / "bundle.json").read_text())
+    inputs, inputs_path = _inputs(tmp_path)
+    expected = run_onnxruntime(runnable_variant(split / "encoder.onnx", "half"), inputs)
+    for e, a in zip(expected, run_onnxruntime(out / "encoder.onnx", inputs), strict=True):
+        assert e.tobytes() == a.tobytes()  # onnxruntime loads the folder as it is
+    for e, a in zip(expected, _load(out / "encoder.onnx").run(None, inputs), strict=True):
+        assert e.tobytes() == a.tobytes()
+    assert main(["check", str(out / "encoder.onnx"), "--verify"]) == 0
+    flip_live_byte(out, record["models"][0]["external_weights"])
+    _caught(out / "encoder.onnx", inputs_path, capsys)
+
+
+def test_a_package_device_model_opened_alone_is_verified(split_build, split, tmp_path,
+                                                          capsys):
+    copy = tmp_path / "pk"
+    shutil.copytree(split, copy)
+    device = copy / "devices" / "npu"
+    inputs, inputs_path = _inputs(tmp_path)
+    expected = run_onnxruntime(runnable_variant(split / "encoder.onnx", "half"), inputs)
+    record = json.loads((device / "bundle.json").read_text())
+    for f in record["files"]:  # the package's weight files, beside the device's model
+        shutil.copyfile(copy / f["name"], device / f["name"])
+    flip_live_byte(device, record["models"][0]["external_weights"])
+    _caught(device / "encoder.onnx", inputs_path, capsys)
+    for f in record["files"]:
+        (device / f["name"]).unlink()
+    # without them, the record's keys find the bytes in the store
+    session = _load(device / "encoder.onnx", store=split_build / "store")
+    for e, a in zip(expected, session.run(None, inputs), strict=True):
+        assert e.tobytes() == a.tobytes()
+
+
+def test_a_malformed_record_beside_a_model_is_one_line(split, tmp_path, capsys):
+    out = tmp_path / "npu"
+    assemble(split, "npu", out)
+    _, inputs_path = _inputs(tmp_path)
+    good = (out / "bundle.json").read_text()
+    # an id of no known algorithm would verify nothing
+    for key, value in (("offset", "0"), ("id", "md5:" + "0" * 32)):
+        record = json.loads(good)
+        record["models"][0]["external_weights"][0][key] = value
+        (out / "bundle.json").write_text(json.dumps(record))
+        with pytest.raises(PackageError, match="malformed bundle record") as err:
+            _load(out / "encoder.onnx")
+        assert err.value.context["file"] == str(out / "bundle.json")
+        assert err.value.context["key"] == f"models[0].external_weights[0].{key}"
+    capsys.readouterr()
+    for command in (["run", str(out / "encoder.onnx"), "--inputs", str(inputs_path)],
+                    ["check", str(out / "encoder.onnx"), "--verify"]):
+        assert main(command) == 2
+        err_lines = capsys.readouterr().err.strip().splitlines()
+        assert len(err_lines) == 1 and "bundle.json" in err_lines[0], command
+    copy = tmp_path / "pk"
+    shutil.copytree(split, copy)
+    (copy / "summary.json").write_text("{")
+    assert main(["run", str(copy / "encoder.onnx"), "--inputs", str(inputs_path)]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and "summary.json" in err_lines[0]
+
+
+def test_a_format_1_bundle_record_still_reads(split, tmp_path, capsys):
+    copy = tmp_path / "pk"
+    shutil.copytree(split, copy)
+    as_an_earlier_version_wrote_it(copy)  # its models carry their keys, its records none
+    summary = json.loads((copy / "summary.json").read_text())
+    assert read_bundle(copy, "npu", summary)["format_version"] == 1
+    out = tmp_path / "npu"
+    assemble(copy, "npu", out)  # verified against the keys its device model declares
+    assert json.loads((out / "bundle.json").read_text())["format_version"] == 1
+    inputs, inputs_path = _inputs(tmp_path)
+    expected = run_onnxruntime(runnable_variant(split / "encoder.onnx", "half"), inputs)
+    for e, a in zip(expected, _load(out / "encoder.onnx").run(None, inputs), strict=True):
+        assert e.tobytes() == a.tobytes()
+    record = json.loads((split / "devices" / "npu" / "bundle.json").read_text())
+    flip_live_byte(out, record["models"][0]["external_weights"])
+    _caught(out / "encoder.onnx", inputs_path, capsys)
