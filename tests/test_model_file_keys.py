@@ -14,11 +14,12 @@ import json
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 
 import weightstore
 from weightstore.cli import main
-from weightstore.errors import IntegrityError, PackageError
+from weightstore.errors import IntegrityError, PackageError, ResolutionError
 from weightstore.package.bundle_record import read_bundle
 from weightstore.package.bundles import assemble
 from weightstore.resolve.runnable import runnable_variant
@@ -150,3 +151,67 @@ def test_a_format_1_bundle_record_still_reads(split, tmp_path, capsys):
     record = json.loads((split / "devices" / "npu" / "bundle.json").read_text())
     flip_live_byte(out, record["models"][0]["external_weights"])
     _caught(out / "encoder.onnx", inputs_path, capsys)
+
+
+def _one_line(command, capsys, *words) -> None:
+    """``command`` exits 2 with one line on stderr holding each of ``words``."""
+    capsys.readouterr()
+    assert main(command) == 2, command
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), (command, lines)
+
+
+@pytest.mark.parametrize("bad_id", ["md5:" + "0" * 32, "blake3:" + "0" * 40],
+                         ids=["unknown-algorithm", "wrong-length"])
+def test_a_summary_id_that_is_not_a_store_key_is_refused(split, tmp_path, capsys, bad_id):
+    copy = tmp_path / "pk"
+    shutil.copytree(split, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    weights = summary["models"][0]["external_weights"]
+    j = next(j for j, w in enumerate(weights) if w["location"] == "pk.default.data")
+    weights[j]["id"] = bad_id  # it would verify nothing
+    (copy / "summary.json").write_text(json.dumps(summary))
+    _, inputs_path = _inputs(tmp_path)
+    key = f"models[0].external_weights[{j}].id"
+    for source in (copy, copy / "encoder.onnx"):
+        with pytest.raises(PackageError, match="an id is not a store key") as err:
+            _load(source)
+        assert err.value.context["file"] == str(copy / "summary.json")
+        assert err.value.context["key"] == key
+        _one_line(["run", str(source), "--inputs", str(inputs_path)], capsys,
+                  "summary.json", key)
+    _one_line(["verify", str(copy)], capsys, "summary.json", key)
+
+
+def test_a_live_weight_missing_from_the_record_is_refused(split, tmp_path, capsys):
+    copy = tmp_path / "pk"
+    shutil.copytree(split, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    weights = summary["models"][0]["external_weights"]
+    lost = next(w for w in weights
+                if w.get("scenario") is None and w["location"] == "pk.default.data")
+    weights.remove(lost)
+    (copy / "summary.json").write_text(json.dumps(summary))
+    _, inputs_path = _inputs(tmp_path)
+    for source in (copy, copy / "encoder.onnx"):
+        refused = pytest.raises(ResolutionError, match="no digest in its package record")
+        with refused as err, weightstore.resolve(source) as resolved:  # before any read
+            weightstore.load(resolved)
+        assert err.value.context["location"] == lost["location"]
+        assert err.value.context["offset"] == lost["offset"]
+        assert err.value.context["model"] == str(copy / "encoder.onnx")
+        _one_line(["run", str(source), "--inputs", str(inputs_path)], capsys,
+                  "no digest in its package record", lost["location"],
+                  str(lost["offset"]))
+
+
+def test_a_foreign_model_with_external_data_and_no_record_still_loads(tmp_path):
+    model = make_encoder()
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    onnx.save_model(model, folder / "m.onnx", save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="m.data", size_threshold=0)
+    inputs = sample_inputs(model, seed=3)
+    expected = run_onnxruntime(folder / "m.onnx", inputs)
+    for e, a in zip(expected, _load(folder / "m.onnx").run(None, inputs), strict=True):
+        assert e.tobytes() == a.tobytes()

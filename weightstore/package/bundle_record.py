@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalogue.locations import resolve_location
-from ..errors import IntegrityError, PackageError
-from ..io.digests import split_key
+from ..errors import PackageError
 from ..io.files import parse_json, read_regular
 
 BUNDLE_NAME = "bundle.json"
@@ -91,7 +90,7 @@ def read_record(path: Path, files_root: Path | None = None) -> dict[str, Any]:
     ``files_root``: the package, or the record's own folder when None). A missing file
     raises :class:`FileNotFoundError`; anything else wrong, a :class:`PackageError`
     naming the file."""
-    from .summary import WEIGHT_KEYS, check_entry
+    from .summary import check_weight
 
     try:
         record = parse_json(read_regular(path))
@@ -111,13 +110,8 @@ def read_record(path: Path, files_root: Path | None = None) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise PackageError("malformed bundle record", file=str(path)) from None
     for i, j, w in weights:
-        at = f"models[{i}].external_weights[{j}]"
-        check_entry(w, WEIGHT_KEYS, str(path), at, what="bundle record")
-        try:  # what its payload is verified against: a key of a known algorithm
-            split_key(w["id"])
-        except IntegrityError:
-            raise PackageError("malformed bundle record: an id is not a store key",
-                               file=str(path), key=f"{at}.id", value=w["id"]) from None
+        check_weight(w, str(path), f"models[{i}].external_weights[{j}]",
+                     what="bundle record")
     for name, _ in models:  # names stay inside their folders, whoever wrote the record
         resolve_location(path.parent, name, where=str(path))
     for name, _ in files:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import PackageError
+from ..errors import IntegrityError, PackageError
+from ..io.digests import split_key
 from ..io.files import is_relative_inside, parse_json, read_regular
 
 if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
@@ -201,6 +202,20 @@ def check_entry(entry: Any, keys: dict[str, Any], where: str, at: str, *,
                                file=where, key=f"{at}.{key}")
 
 
+def check_weight(weight: Any, where: str, at: str, *,
+                 what: str = "package summary") -> None:
+    """Refuse an external weight's entry (``at`` in the file ``where``, a ``what``) that
+    is malformed or whose ``id`` is not a store key of a known algorithm and length:
+    that id is what the weight's payload is verified against, and one no reader can
+    check would leave the weight unverified."""
+    check_entry(weight, WEIGHT_KEYS, where, at, what=what)
+    try:
+        split_key(weight["id"])
+    except IntegrityError:
+        raise PackageError(f"malformed {what}: an id is not a store key", file=where,
+                           key=f"{at}.id", value=weight["id"]) from None
+
+
 def check_structure(summary: Any, where: str) -> None:
     """Refuse a summary of a format this code does not know (newer, or not an integer),
     and one whose models, external weights, files or devices lack a key or hold one of the
@@ -218,7 +233,7 @@ def check_structure(summary: Any, where: str) -> None:
     for i, model in enumerate(models):
         check_entry(model, _MODEL_KEYS, where, f"models[{i}]")
         for j, weight in enumerate(model["external_weights"]):
-            check_entry(weight, WEIGHT_KEYS, where, f"models[{i}].external_weights[{j}]")
+            check_weight(weight, where, f"models[{i}].external_weights[{j}]")
     for key, keys in (("files", _FILE_KEYS), ("devices", _DEVICE_KEYS)):
         if key not in summary:
             continue

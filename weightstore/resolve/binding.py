@@ -80,7 +80,7 @@ def value_digests(state: ResolutionState) -> dict[str, str]:
         if t.data_location != onnx.TensorProto.EXTERNAL or name in ambiguous:
             continue
         info = external_entries(t, site.where)
-        key = state.source.store_keys.get((info.location, info.offset))
+        key = (state.source.store_keys or {}).get((info.location, info.offset))
         digest = info.checksum or key
         if digest:
             out[name] = digest

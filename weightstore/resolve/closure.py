@@ -122,7 +122,8 @@ def consumers(model: onnx.ModelProto, names: Collection[str] | None = None,
 class _Builder:
     """Entries by byte range (tied and duplicate weights share one), in discovery order."""
 
-    store_keys: Mapping[tuple[str, int], str]
+    store_keys: Mapping[tuple[str, int], str] | None  # None: the model has no record
+    model: str | None = None  # the model file, named by a refusal
     entries: dict[tuple, dict] = field(default_factory=dict)
 
     def add(self, ws: WeightSource, value: str, reasons: Sequence[str], *, origin: str,
@@ -130,11 +131,15 @@ class _Builder:
         src = ws.source
         assert src is not None
         key = (status, *src.range_key)
-        if src.file and src.store_key is None:
+        if src.file and src.store_key is None and self.store_keys is not None:
             store_key = self.store_keys.get((src.file, src.offset))
             if store_key is not None:
                 src = PayloadSource(src.file, src.offset, src.length, src.encoding,
                                     src.checksum or store_key, store_key, src.spans)
+            elif not src.checksum:  # a record that lists the model lists its payloads
+                raise ResolutionError("live weight has no digest in its package record",
+                                      model=self.model, location=src.file,
+                                      offset=src.offset, initializer=value)
         entry = self.entries.setdefault(key, {
             "source": src, "values": [], "reasons": [], "origin": origin,
             "dtype": ws.dtype, "dims": ws.dims, "fallback_for": fallback_for, "types": []})
@@ -164,6 +169,7 @@ class _Builder:
 def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], *,
                     derivations: Mapping, scenario: str | None,
                     store_keys: Mapping[tuple[str, int], str] | None = None,
+                    model_file: str | None = None,
                     bindings: Sequence[PreparedBinding] = (), keeps_source: bool = False,
                     runtime_values: Mapping[str, Mapping] | None = None,
                     ) -> tuple[tuple[ManifestEntry, ...], tuple[Derivation, ...]]:
@@ -175,9 +181,13 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
     its portable source is a dormant fallback, or stays active when the runtime reads it
     anyway (``keeps_source``). ``runtime_values`` are
     initializers a prepared companion graph holds that the runtime created (store keys).
+    ``store_keys``: the store key of each external range by (location, offset), from the
+    record of ``model_file``; with a record, a live external range it does not list and
+    whose external data declares no digest is refused (it would load unverified), and
+    None (no record) verifies only the digests external data declares.
     """
     base: dict[str, list[WeightSource]] | None = None  # walked only when a weight needs it
-    builder = _Builder(store_keys or {})
+    builder = _Builder(store_keys, model_file)
     derived: dict[str, Derivation] = {}
     bound: dict[str, PreparedBinding] = {}
     for b in bindings:

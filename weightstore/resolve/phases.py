@@ -303,7 +303,8 @@ class Closure(_Base):
         state.entries, state.load_derivations = payload_closure(
             state.model, lambda: state.source.catalogue, derivations=state.derivations,
             scenario=state.scenario, store_keys=state.source.store_keys,
-            bindings=state.bindings, keeps_source=state.kernels.keeps_source,
+            model_file=str(state.source.path), bindings=state.bindings,
+            keeps_source=state.kernels.keeps_source,
             runtime_values=runtime)
         if self.check_files:
             file_problems(state.source.folder, state.entries, state.scenario, strict=True,

@@ -40,7 +40,9 @@ class ModelSource:
     path: Path  # the model file
     name: str
     package: Path | None = None
-    store_keys: dict[tuple[str, int], str] = field(default_factory=dict)  # (location, offset)
+    # each live external weight's store key by (location, offset), from the model's
+    # record (package summary or bundle record); None when the model has no record
+    store_keys: dict[tuple[str, int], str] | None = None
     device_scenario: str | None = None
     device_capabilities: dict[str, Any] = field(default_factory=dict)
     store: Any = None  # a locator.StoreLocator, when a store is known
@@ -171,7 +173,7 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
         raise ResolutionError("no such model file or package folder", source=str(path))
     entry = record_beside(path)
     return ModelSource.open(path, model or (entry or {}).get("name") or path.stem,
-                            store_keys=store_keys_of(entry or {}))
+                            store_keys=None if entry is None else store_keys_of(entry))
 
 
 def _open_reference(ref: StoreReference, model: str | None, device: str | None,
