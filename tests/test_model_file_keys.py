@@ -215,3 +215,26 @@ def test_a_foreign_model_with_external_data_and_no_record_still_loads(tmp_path):
     expected = run_onnxruntime(folder / "m.onnx", inputs)
     for e, a in zip(expected, _load(folder / "m.onnx").run(None, inputs), strict=True):
         assert e.tobytes() == a.tobytes()
+
+
+def test_scenario_replay_of_a_package_model_is_verified(split, tmp_path, capsys):
+    copy = tmp_path / "pk"
+    shutil.copytree(split, copy)
+    out = tmp_path / "half.onnx"
+    replay = ["scenario", "replay", str(copy / "encoder.onnx"), "half", "--output", str(out)]
+    capsys.readouterr()
+    assert main(replay) == 0
+    summary = json.loads((copy / "summary.json").read_text())
+    weights = summary["models"][0]["external_weights"]
+    live = [w for w in weights if w.get("scenario") is None
+            and w["location"] == "pk.common.data"]
+    name = flip_live_byte(copy, live)
+    out.unlink()
+    _one_line(replay, capsys, "payload digest mismatch", "scenario=half")
+    assert not out.exists()
+    shutil.copyfile(split / "pk.common.data", copy / "pk.common.data")
+    lost = next(w for w in live if w["name"] == name)
+    weights.remove(lost)
+    (copy / "summary.json").write_text(json.dumps(summary))
+    _one_line(replay, capsys, "no digest in its package record", lost["location"],
+              str(lost["offset"]))

@@ -33,6 +33,7 @@ from ..scenarios.graphpath import Container
 from ..scenarios.resolve import live_payloads
 from .manifest import ACTIVE, DORMANT, Derivation, ManifestEntry, PayloadSource
 from .prepared import PreparedBinding
+from .source import record_key
 
 
 @dataclass(frozen=True)
@@ -131,15 +132,12 @@ class _Builder:
         src = ws.source
         assert src is not None
         key = (status, *src.range_key)
-        if src.file and src.store_key is None and self.store_keys is not None:
-            store_key = self.store_keys.get((src.file, src.offset))
+        if src.file and src.store_key is None:
+            store_key = record_key(self.store_keys, src.file, src.offset, src.checksum,
+                                   model=self.model, initializer=value)
             if store_key is not None:
                 src = PayloadSource(src.file, src.offset, src.length, src.encoding,
                                     src.checksum or store_key, store_key, src.spans)
-            elif not src.checksum:  # a record that lists the model lists its payloads
-                raise ResolutionError("live weight has no digest in its package record",
-                                      model=self.model, location=src.file,
-                                      offset=src.offset, initializer=value)
         entry = self.entries.setdefault(key, {
             "source": src, "values": [], "reasons": [], "origin": origin,
             "dtype": ws.dtype, "dims": ws.dims, "fallback_for": fallback_for, "types": []})

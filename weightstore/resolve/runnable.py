@@ -28,7 +28,7 @@ from ..scenarios.derive import resolver
 from ..scenarios.operations import output_path
 from ..scenarios.rewriting import derivations_of
 from ..scenarios.variants import catalogue_values
-from .source import ModelSource
+from .source import ModelSource, record_beside, record_key, store_keys_of
 from .variant import variant_graph
 
 
@@ -36,10 +36,13 @@ def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx
     """The model (or one of its scenarios) with every live payload inline.
 
     Each live tensor without its value gets it: from its own external data when the model
-    stores it (checksum verified), computed when a record derives it, else from the base
-    model's weight of that name. The file is parsed once.
+    stores it (verified against the digest it declares, else a package model's record
+    key), computed when a record derives it, else from the base model's weight of that
+    name. The file is parsed once.
     """
     path = Path(path)
+    entry = record_beside(path)  # a package's model: verified against its record's keys
+    keys = None if entry is None else store_keys_of(entry)
     with contextlib.closing(ModelSource.open(path, path.stem)) as source:
         meta = source.metadata()
         resolved = variant_graph(meta, scenario)
@@ -58,7 +61,9 @@ def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 desc = describe(site, source.catalogue, path.parent)
                 data = read_payload(desc, source.catalogue)
-                check_digest(data, desc.checksum, where=site.where, scenario=scenario)
+                key = record_key(keys, desc.location, desc.offset, desc.checksum,
+                                 model=str(path), where=site.where)
+                check_digest(data, desc.checksum or key, where=site.where, scenario=scenario)
             else:
                 data = numpy_helper.from_array(np.ascontiguousarray(value(name))).raw_data
             set_payload(t, data)

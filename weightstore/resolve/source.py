@@ -240,6 +240,20 @@ def store_keys_of(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
             for w in entry.get("external_weights", ())}
 
 
+def record_key(store_keys: dict[tuple[str, int], str] | None, location: str, offset: int,
+               checksum: str | None, **where: object) -> str | None:
+    """The store key the model's record (``store_keys``, None when the model has none)
+    gives the live external payload at (``location``, ``offset``); None when it gives
+    none. A model with a record whose live range has no key there and declares no digest
+    (``checksum``) in its external data either is refused, naming ``where``, the location
+    and the offset: it would be read unverified."""
+    key = (store_keys or {}).get((location, offset))
+    if store_keys is not None and key is None and not checksum:
+        raise ResolutionError("live weight has no digest in its package record", **where,
+                              location=location, offset=offset)
+    return key
+
+
 def _apply_device(out: ModelSource, package: Path, device: str,
                   summary: dict[str, Any]) -> None:
     from ..package.bundle_record import read_bundle
