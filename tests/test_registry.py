@@ -27,7 +27,6 @@ from weightstore.errors import (
     RegistryNotFoundError,
     RegistryUnreachableError,
 )
-from weightstore.io.locks import lock_files_removable
 from weightstore.package.bundles import check_live
 from weightstore.registry.artifact import ARTIFACT_TYPE, sha256_digest
 from weightstore.registry.client import RegistryClient, Transport
@@ -104,11 +103,12 @@ def test_round_trip_is_bit_identical_and_runs(packages, registry, tmp_path, layo
     if layout != "embedded":
         assert pulled.fetched_bytes == pulled.payload_bytes > 0
         assert store.verify().ok
-        # each blob's lock went with it (a filelock too old to tell which file it locked
-        # keeps them); the package folder's lock stays, as a build's
-        blob_locks = list((store.root / "locks").glob("pull-*"))
-        assert bool(blob_locks) != lock_files_removable()
-        assert len(list((store.root / "locks").glob("*.lock"))) == 1 + len(blob_locks)
+        # a blob's download is locked on its partial file, which went into the store:
+        # no lock file and no partial is left; the package folder's lock stays, as a
+        # build's
+        assert not list(store.root.glob(".pull-*"))
+        assert [p.name for p in (store.root / "locks").iterdir()] == [
+            next((store.root / "locks").glob("*.lock")).name]
         assert [r.folder for r in store.roots()] == [str((tmp_path / "out").absolute())]
     # the same pull again reads every payload from the store
     again = pull(ref, tmp_path / "again", store=store)

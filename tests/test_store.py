@@ -7,6 +7,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -695,6 +696,78 @@ def test_a_removable_lock_goes_with_its_holder_and_stays_exclusive(tmp_path: Pat
     assert [p.wait(60) for p in procs] == [0, 0, 0]
     assert counter.read_text() == "120"  # no two processes ever held it at once
     assert not lock.exists()
+
+
+_PARTIAL_TURNS = """
+import os, sys, time
+from pathlib import Path
+from weightstore.errors import StoreError
+from weightstore.io.locks import partial_file_lock
+partial, counter = Path(sys.argv[1]), Path(sys.argv[2])
+for i in range(int(sys.argv[3])):
+    with partial_file_lock(partial, -1, StoreError, "test"):
+        value = int(counter.read_text())
+        time.sleep(0.0005)  # a read-modify-write that overlaps if two hold the lock
+        counter.write_text(str(value + 1))
+        if i % 3 == 0:  # adopted: renamed away while held
+            os.rename(partial, partial.with_name(f"away-{os.getpid()}-{i}"))
+        elif i % 3 == 1:  # brought by another: removed while held
+            partial.unlink()
+        # else left at the path, to be resumed
+"""
+
+
+def test_a_partial_file_is_its_own_lock_and_stays_exclusive(tmp_path: Path) -> None:
+    """A blob's partial download is locked by flocking the file itself: exclusive between
+    processes whether its holder renames it away, removes it or leaves it; a taker that
+    waited takes the file now at the path; a timeout is a typed error; a symbolic link at
+    the path is refused."""
+    import subprocess
+    import sys
+    import threading
+
+    from weightstore.io.locks import partial_file_lock
+
+    partial, counter = tmp_path / ".pull-x.tmp", tmp_path / "counter"
+    with partial_file_lock(partial, 0, StoreError, "download"):
+        assert partial.exists() and partial.stat().st_size == 0
+        with (pytest.raises(StoreError, match="timed out waiting for the download"),
+              partial_file_lock(partial, 0.1, StoreError, "download")):
+            pass
+        partial.write_bytes(b"prefix")
+    with partial_file_lock(partial, 0, StoreError, "download"):  # kept to be resumed
+        assert partial.read_bytes() == b"prefix"
+
+    # a waiter that opened the file before its holder renamed it away locks the new one
+    got = []
+    with partial_file_lock(partial, 0, StoreError, "download"):
+        waiter = threading.Thread(target=lambda: got.append(_take(partial)))
+        waiter.start()
+        time.sleep(0.2)
+        assert not got  # still waiting
+        os.rename(partial, tmp_path / "adopted")
+    waiter.join(10)
+    assert got == [b""] and (tmp_path / "adopted").read_bytes() == b"prefix"
+
+    counter.write_text("0")
+    procs = [subprocess.Popen([sys.executable, "-c", _PARTIAL_TURNS, str(partial),
+                               str(counter), "40"]) for _ in range(3)]
+    assert [p.wait(60) for p in procs] == [0, 0, 0]
+    assert counter.read_text() == "120"  # no two processes ever held it at once
+
+    partial.unlink(missing_ok=True)
+    partial.symlink_to(tmp_path / "elsewhere")
+    with (pytest.raises(StoreError, match="cannot open the download"),
+          partial_file_lock(partial, 0, StoreError, "download")):
+        pass
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def _take(partial: Path) -> bytes:
+    from weightstore.io.locks import partial_file_lock
+
+    with partial_file_lock(partial, 10, StoreError, "download"):
+        return partial.read_bytes()
 
 
 # -- crash safety -------------------------------------------------------------------------

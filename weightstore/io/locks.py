@@ -95,6 +95,59 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
         lock.release()
 
 
+POLL_SECONDS = 0.05
+
+
+@contextlib.contextmanager
+def partial_file_lock(path: Path, timeout: float, error: type[WeightstoreError],
+                      what: str) -> Iterator[None]:
+    """Hold the partial file ``path`` (a download in progress, kept to be resumed) by
+    flocking the file itself: no lock file beside it, no holder note, one open.
+
+    Made for many small transient locks (one per blob of a pull), where a lock file of
+    its own and filelock's bookkeeping cost more than the lock. The file is created empty
+    when absent. While holding it, the holder may write it, remove it or rename it away
+    (into the store); a taker that waited checks, once it holds the lock, that the file
+    it locked is still the one at the path, and otherwise takes the one there now (as
+    :func:`file_lock` does for ``removable`` locks). A symbolic link at the path is
+    refused. A waiter says on stderr every :data:`WAIT_REPORT_SECONDS` what it waits for.
+    """
+    import fcntl
+
+    start = last_report = time.monotonic()
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        try:
+            fd = os.open(path, flags, file_mode())
+        except OSError as exc:
+            raise error(f"cannot open the {what}: {exc.strerror}", file=str(path)) from exc
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    now = time.monotonic()
+                    if 0 <= timeout <= now - start:
+                        raise error(f"timed out waiting for the {what}; another process "
+                                    "holds it", file=str(path), timeout=timeout) from None
+                    if now - last_report >= WAIT_REPORT_SECONDS:
+                        last_report = now
+                        print(f"weightstore: waiting {now - start:.0f} s for the {what} "
+                              f"{path}: another process holds it", file=sys.stderr,
+                              flush=True)
+                    time.sleep(POLL_SECONDS)
+            try:
+                here = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                here = None
+            if here is not None and os.path.samestat(here, os.fstat(fd)):
+                yield
+                return
+        finally:
+            os.close(fd)  # lets go of the lock
+
+
 def _asks_removal(remove_if: Callable[[], bool] | None) -> bool:
     """``remove_if()``; False when there is none or it cannot tell (an OSError)."""
     if remove_if is None:

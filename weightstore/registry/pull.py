@@ -131,10 +131,10 @@ def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targ
             continue  # resume from what arrived
         if pos == size and "sha256:" + hashers[0].hexdigest() == digest:
             return received, hashers[-1].hexdigest() if also else None
-        target.unlink(missing_ok=True)
-        if resumed:  # the kept prefix was bad: once more, from 0
-            from_zero = True
+        if resumed:  # the kept prefix was bad: once more, from 0, in the same file
+            from_zero = True  # (a blob's partial file is its lock: never replaced)
             continue
+        target.unlink(missing_ok=True)
         raise RegistryDigestError("blob does not match its digest", digest=digest,
                                   reference=str(ref), size=size, received=pos)
     raise RegistryError("blob transfer kept breaking off", digest=digest, reference=str(ref))
@@ -181,11 +181,12 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
     into the store (no copy, no second read). The partial file's name is its digest, so
     a later pull resumes it; the blob's lock keeps two pulls from writing it at once.
     ``slot`` is held while the blob downloads, not while it waits for its commit."""
-    name, tmp = _blob_temp(store, desc)
-    # two pulls of one blob into one store take turns; the lock's file goes with it
-    with store.file_lock(name, removable=True):
+    tmp = _blob_temp(store, desc)
+    # two pulls of one blob into one store take turns on its partial file
+    with _blob_lock(store, tmp):
         if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
-            return 0, None  # the other one brought it
+            tmp.unlink()  # the other one brought it
+            return 0, None
         try:
             with slot:
                 received = _download_payload(client, ref, key, desc, tmp)
@@ -195,10 +196,18 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
             raise
 
 
-def _blob_temp(store: WeightStore, desc: dict[str, Any]) -> tuple[str, Path]:
-    """The lock name of a payload blob's download and its partial file in the store."""
-    name = f"pull-{desc['digest'].split(':', 1)[1]}"
-    return name, store.root / f".{name}.tmp"
+def _blob_temp(store: WeightStore, desc: dict[str, Any]) -> Path:
+    """The partial file of a payload blob's download in the store."""
+    return store.root / f".pull-{desc['digest'].split(':', 1)[1]}.tmp"
+
+
+def _blob_lock(store: WeightStore, tmp: Path) -> contextlib.AbstractContextManager[None]:
+    """A blob's download: its partial file, held (:func:`~weightstore.io.locks.
+    partial_file_lock`) until it is renamed into the store, removed, or left to resume."""
+    from ..errors import StoreError
+    from ..io.locks import partial_file_lock
+
+    return partial_file_lock(tmp, store.lock_timeout, StoreError, "download of a blob")
 
 
 def _download_payload(client: RegistryClient, ref: Reference, key: str,
@@ -229,8 +238,8 @@ def _heal_payload(client: RegistryClient, ref: Reference, store: WeightStore, ke
     (:meth:`WeightStore.heal`: verified against its key, rewritten under the store's
     locks, reported on stderr, as a build rewrites one from its source); the bytes
     received."""
-    name, tmp = _blob_temp(store, desc)
-    with store.file_lock(name, removable=True):
+    tmp = _blob_temp(store, desc)
+    with _blob_lock(store, tmp):
         try:
             received = _download_payload(client, ref, key, desc, tmp)
             store.heal(_RegistryBlob(key, desc["size"], str(tmp),
