@@ -91,6 +91,17 @@ def split_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def chromium() -> Any:
+    """Headless Chromium (tests.browser), or a skip where Debian's chromium is absent."""
+    from .browser import Chromium, find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed (CI installs Debian's chromium: .ci/run)")
+    return Chromium(binary)
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, where this user may mount one (root); unmounted afterwards."""

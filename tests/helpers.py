@@ -319,3 +319,25 @@ def every_layout(folder: Path, model: onnx.ModelProto, version: str,
                                           out=folder / "out"))
     result = build(recipe, BuildOptions(jobs=2))
     return {p.layout: p.path for p in result.packages}
+
+
+EXAMPLE_RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def build_example(folder: Path, recipe: str) -> Path:
+    """Build the repository's recipe ``recipes/<recipe>.yaml`` with its store and output
+    in ``folder``; returns the output folder (``<package>/<version>/<layout>`` below)."""
+    import yaml
+
+    import weightstore
+
+    doc = yaml.safe_load((EXAMPLE_RECIPES / f"{recipe}.yaml").read_text())
+    for model in doc["models"]:
+        model["source"] = str((EXAMPLE_RECIPES / model["source"]).resolve())
+    doc["store"] = {**doc.get("store", {}), "path": str(folder / "store")}
+    doc["output"] = str(folder / "dist")
+    path = folder / f"{recipe}.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    weightstore.build(path, weightstore.BuildOptions(jobs=2))
+    return folder / "dist"

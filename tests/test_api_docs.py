@@ -20,7 +20,7 @@ PUBLIC = [
     "WeightStore",
     "WeightstoreError", "__version__", "add_scenario", "build", "bundle", "check_package",
     "convert_to_external", "convert_to_inline", "inspect", "list_scenarios", "load",
-    "load_recipe", "prepare", "remove_scenario", "replay_scenario", "resolve",
+    "load_recipe", "prepare", "remove_scenario", "replay_scenario", "report", "resolve",
     "show_scenario",
 ]
 

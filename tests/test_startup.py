@@ -132,7 +132,8 @@ def test_a_pull_of_a_foreign_artifact_imports_neither_onnx_nor_numpy(folder: Pat
 
 
 OTHER_COMMANDS = ("weightstore.release.commands", "weightstore.resolve.commands",
-                  "weightstore.registry.commands", "weightstore.store.commands")
+                  "weightstore.registry.commands", "weightstore.store.commands",
+                  "weightstore.report.commands")
 
 
 def test_a_command_builds_only_its_own_parsers(folder: Path) -> None:

@@ -11,14 +11,15 @@ commands that build, inspect, convert, check and load have a function here:
   ``replay_scenario``: modification scenarios stored in a model file;
 * ``check_package`` and ``bundle``: a built package, for a scenario or a device;
 * ``WeightStore``: the store itself (stats, verify, repair);
+* ``report(target, output)``: the HTML report of a package (its data returned);
 * ``resolve(source, ...)`` and ``load(resolved)``: the deploy side, with ``prepare``
   (a device's prepared weights), ``PreparedOptions`` (how ``resolve`` uses them) and the
   ``ScenarioSelectionContext`` a ``selector`` is given.
 
 Names load on first use (PEP 562): ``import weightstore`` stays cheap, so the command
 line, which imports this package first, pays only for what its command needs.
-``build``, ``inspect``, ``resolve`` and ``load`` are also modules (``inspect`` is
-``catalogue.inspect``); each is callable as its function, whatever was imported first.
+``build``, ``inspect``, ``resolve``, ``load`` and ``report`` are also modules (``inspect``
+is ``catalogue.inspect``); each is callable as its function, whatever was imported first.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "PreparedOptions": ("resolve", "PreparedOptions"),
     "StoreReference": ("resolve", "StoreReference"),
     "prepare": ("resolve.prepare", "prepare"),
+    "report": ("report", None),
     "WeightstoreError": ("errors", "WeightstoreError"),
 }
 
@@ -65,7 +67,7 @@ __all__ = [
     "PreparedOptions", "Recipe", "ResolvedModel", "ScenarioSelectionContext", "StoreReference",
     "WeightStore", "WeightstoreError", "__version__", "add_scenario", "build", "bundle",
     "check_package", "convert_to_external", "convert_to_inline", "inspect", "list_scenarios",
-    "load", "load_recipe", "prepare", "remove_scenario", "replay_scenario", "resolve",
+    "load", "load_recipe", "prepare", "remove_scenario", "replay_scenario", "report", "resolve",
     "show_scenario",
 ]
 
@@ -78,6 +80,7 @@ if TYPE_CHECKING:  # the four callable modules are typed as the functions they c
     from .package.bundles import assemble as bundle
     from .package.check import CheckReport, check_package
     from .recipe.schema import Recipe, load_recipe
+    from .report.api import report
     from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext, StoreReference
     from .resolve.api import resolve
     from .resolve.prepare import prepare

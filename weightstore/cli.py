@@ -220,6 +220,12 @@ def _add_registry(sub: Any) -> None:
     add_parsers(sub, _jobs)
 
 
+def _add_report(sub: Any) -> None:
+    from .report.commands import add_parsers
+
+    add_parsers(sub)
+
+
 def _add_schema(sub: Any) -> None:
     sc = sub.add_parser("schema", help="print the recipe JSON Schema")
     sc.add_argument("--output", help="write it to this file instead (the project's copy is "
@@ -238,6 +244,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
     (("verify", "release", "unpack", "diff"), _add_release),
     (("resolve", "run", "prepare"), _add_resolve),
     (("push", "pull", "assemble"), _add_registry),
+    (("report",), _add_report),
     (("schema",), _add_schema),
 )
 
@@ -534,6 +541,12 @@ def _registry(handler: str, args: argparse.Namespace) -> int:
     return getattr(commands, handler)(args)
 
 
+def _report_command(args: argparse.Namespace) -> int:
+    from .report.commands import run
+
+    return run(args)
+
+
 def _release(args: argparse.Namespace) -> int:
     from .release.commands import COMMANDS as RELEASE_COMMANDS
 
@@ -547,7 +560,8 @@ COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "push": lambda args: _registry("run_push", args),
             "pull": lambda args: _registry("run_pull", args),
             "assemble": lambda args: _registry("run_assemble", args),
-            "verify": _release, "release": _release, "unpack": _release, "diff": _release}
+            "verify": _release, "release": _release, "unpack": _release, "diff": _release,
+            "report": _report_command}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -74,6 +74,10 @@ class LoadError(WeightstoreError, RuntimeError):
     """A resolved model's payloads cannot be read or handed to the runtime."""
 
 
+class ReportError(WeightstoreError, RuntimeError):
+    """A report cannot be made (its drawing library absent, a target of no known kind)."""
+
+
 class RegistryError(WeightstoreError, RuntimeError):
     """An OCI registry refused a request or answered something we cannot use."""
 

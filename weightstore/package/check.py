@@ -40,6 +40,9 @@ class CheckReport:
     device: str | None
     models: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # each model file's live external entries, as resolution found them (what ``models``
+    # counts; the report draws their ranges), not part of ``to_dict``
+    live: dict[str, tuple[ManifestEntry, ...]] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -110,6 +113,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
             problems += file_problems(folder, entries, selected, verify=verify,
                                       strict=False, model=file, progress=bar.advance)
             report.problems.extend(problems)
+            report.live[file] = tuple(entries)
             report.models.append({"file": file, "scenario": selected,
                                   "live_weights": sum(len(e.values) for e in entries),
                                   "live_bytes": sum(e.source.length for e in entries),

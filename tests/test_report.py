@@ -1,0 +1,166 @@
+"""``weightstore report``: the data behind the page, the page, the terminal summary, bad
+input. The browser's view of the page is in test_report_browser.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from weightstore.cli import main
+
+from .helpers import build_example
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The repository's scenario/device recipe and its two-model family, built once."""
+    root = tmp_path_factory.mktemp("report")
+    dist = build_example(root / "scenarios", "tiny-bert-scenarios")
+    family = build_example(root / "family", "tiny-bert-family")
+    return {"scenarios": dist / "tiny-bert-scenarios" / "1.0.0" / "release",
+            "family": family / "tiny-bert-family" / "1.0.0" / "shared",
+            "family-release": family / "tiny-bert-family" / "1.0.0" / "release"}
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["report", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _summary(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def test_the_data_holds_the_summary_totals_and_every_weight(packages, capsys):
+    data = _json(capsys, str(packages["family"]))
+    assert data["format_version"] == 1 and set(data["views"]) == {"package"}
+    view = data["views"]["package"]
+    summary = _summary(packages["family"])
+    assert view["totals"] == summary["totals"]
+    assert view["totals"]["dedup_saved_bytes"] > 0  # the family shares weights
+    # the treemap's leaves add up to every byte the models reference
+    assert view["treemap"]["bytes"] == summary["totals"]["referenced_bytes"]
+    assert sum(m["referenced_bytes"] for m in view["models"]) == \
+        summary["totals"]["referenced_bytes"]
+    # what sharing saved, payload by payload, is the summary's dedup figure
+    assert view["shared_payloads"]["saved_bytes"] == summary["totals"]["dedup_saved_bytes"]
+    for m, s in zip(view["models"], summary["models"], strict=True):
+        ids = {w["id"]: w["size"] for w in s["external_weights"]}
+        assert m["unique_bytes"] == sum(ids.values())
+    largest = max(w["size"] for m in summary["models"] for w in m["external_weights"])
+    assert view["tensors"][0]["bytes"] == largest
+    assert view["tensors"][0]["shared_by"] == ["encoder", "finetuned"]
+
+
+def test_devices_need_what_check_resolves(packages, capsys):
+    """Each device's row has the files ``check --device`` resolves the live weights to and
+    their live bytes; it downloads what its bundle lists; live + dead = download."""
+    folder = packages["scenarios"]
+    view = _json(capsys, str(folder))["views"]["package"]
+    devices = {r["name"]: r for r in view["variants"] if r["kind"] == "device"}
+    assert sorted(devices) == sorted(d["name"] for d in _summary(folder)["devices"])
+    for name, row in devices.items():
+        assert main(["check", str(folder), "--device", name, "--json"]) == 0
+        checked = json.loads(capsys.readouterr().out)
+        assert {f["name"] for f in row["files"] if f["live_bytes"]} == \
+            set().union(*(m["files"] for m in checked["models"]))
+        assert row["live_bytes"] == sum(m["live_bytes"] for m in checked["models"])
+        record = json.loads((folder / "devices" / name / "bundle.json").read_text())
+        listed = {f["name"] if isinstance(f, dict) else f for f in record["files"]}
+        assert {f["name"] for f in row["files"]} == listed
+        assert row["live_bytes"] + row["dead_bytes"] == row["download_bytes"]
+    # the accelerator's half-precision weights leave the float32 ones it downloads dead
+    assert devices["npu"]["dead_bytes"] > 0 and devices["reference"]["dead_bytes"] == 0
+    scenarios = [r["name"] for r in view["variants"] if r["kind"] == "scenario"]
+    assert scenarios == ["default", "fused", "half"]
+
+
+def test_same_inputs_same_bytes_wherever_they_lie(packages, tmp_path, capsys):
+    moved = tmp_path / "elsewhere" / "release"
+    shutil.copytree(packages["scenarios"], moved)
+    first, second = tmp_path / "a.html", tmp_path / "b.html"
+    assert main(["report", str(packages["scenarios"]), "--output", str(first)]) == 0
+    assert main(["report", str(moved), "--output", str(second), "-q"]) == 0
+    assert first.read_bytes() == second.read_bytes()
+    capsys.readouterr()
+    assert _json(capsys, str(packages["scenarios"])) == _json(capsys, str(moved))
+    page = first.read_text()
+    assert str(tmp_path) not in page and str(packages["scenarios"].parent) not in page
+    # self-contained: nothing fetched when viewed
+    assert "http://" not in page and "https://" not in page and " src=" not in page
+
+
+def test_an_archive_reports_as_its_folder(packages, tmp_path, capsys):
+    assert main(["release", str(packages["family-release"]), "--output",
+                 str(tmp_path / "rel"), "-q"]) == 0
+    archive = next((tmp_path / "rel").glob("*.tar.zst"))
+    from_archive = _json(capsys, str(archive))
+    from_folder = _json(capsys, str(packages["family-release"]))
+    assert from_archive["target"] == {"kind": "archive", "name": archive.name}
+    assert from_archive["views"] == from_folder["views"]
+    assert not list(Path(tmp_path).glob("**/weightstore-report-*"))
+
+
+def test_without_output_a_text_summary(packages, capsys):
+    assert main(["report", str(packages["scenarios"])]) == 0
+    out = capsys.readouterr().out
+    summary = _summary(packages["scenarios"])
+    assert "top tensors:" in out and "embeddings.word_embeddings.weight" in out
+    assert "device npu: download" in out and "dedup:" in out
+    assert f"{summary['totals']['external_weights']} external weights" in out
+
+
+def test_large_packages_name_their_largest_tensors_and_sum_the_rest(packages, monkeypatch,
+                                                                     capsys):
+    from weightstore.report import package
+
+    monkeypatch.setattr(package, "TOP_TENSORS", 5)
+    view = _json(capsys, str(packages["scenarios"]))["views"]["package"]
+    assert len(view["tensors"]) == 5
+    leaves = []
+
+    def walk(node):
+        for child in node.get("children", ()):
+            walk(child) if "children" in child else leaves.append(child)
+
+    walk(view["treemap"])
+    named = [leaf for leaf in leaves if leaf["kind"] == "tensor"]
+    rest = [leaf for leaf in leaves if leaf["kind"] == "rest"]
+    assert sorted(leaf["tensor"] for leaf in named) == list(range(5))
+    assert sum(leaf["count"] for leaf in rest) == \
+        _summary(packages["scenarios"])["totals"]["external_weights"] - 5
+    assert sum(leaf["bytes"] for leaf in leaves) == view["treemap"]["bytes"]
+
+
+def _corrupt_archive(folder: Path) -> Path:
+    path = folder / "broken.tar.zst"
+    path.write_bytes(b"\x28\xb5\x2f\xfd garbage")  # a zstd magic, then nothing of one
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "missing", "no such package folder or archive"),
+    (lambda p: p, "not a package folder"),
+    (_corrupt_archive, "corrupt archive"),
+])
+def test_bad_targets_are_one_line_and_exit_2(tmp_path, capsys, make, message):
+    target = make(tmp_path)
+    out = tmp_path / "r.html"
+    assert main(["report", str(target), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not out.exists()
+
+
+def test_without_squarify_the_page_says_how_to_install_it(packages, tmp_path, monkeypatch,
+                                                          capsys):
+    monkeypatch.setitem(__import__("sys").modules, "squarify", None)  # import fails
+    out = tmp_path / "r.html"
+    assert main(["report", str(packages["family"]), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'weightstore[report]'" in err
+    assert not out.exists()
+    assert main(["report", str(packages["family"])]) == 0  # the text needs no drawing

@@ -1,0 +1,102 @@
+"""The report in a real browser (headless Chromium): each view of reports built from the
+repository's example recipes loads offline without a console message, draws something,
+shows the numbers ``--json`` and ``summary.json`` hold, and links to one tensor."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from weightstore.cli import main
+
+from .browser import png_colours
+from .helpers import build_example
+
+FIGURE = re.compile(r'data-key="([^"]+)" data-value="(-?\d+)"')
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict, dict]]:
+    """name -> (page, --json data, summary.json) for the scenario/device recipe and the
+    two-model family's shared layout."""
+    root = tmp_path_factory.mktemp("report-browser")
+    folders = {
+        "scenarios": build_example(root / "s", "tiny-bert-scenarios")
+        / "tiny-bert-scenarios" / "1.0.0" / "release",
+        "family": build_example(root / "f", "tiny-bert-family")
+        / "tiny-bert-family" / "1.0.0" / "shared"}
+    out = {}
+    for name, folder in folders.items():
+        page, data = root / f"{name}.html", root / f"{name}.json"
+        assert main(["report", str(folder), "--output", str(page), "-q"]) == 0
+        import contextlib
+        import io
+
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            assert main(["report", str(folder), "--json"]) == 0
+        data.write_text(buffer.getvalue())
+        out[name] = (page, json.loads(buffer.getvalue()),
+                     json.loads((folder / "summary.json").read_text()))
+    return out
+
+
+def _figures(dom: str) -> dict[str, int]:
+    return {key: int(value) for key, value in FIGURE.findall(dom)}
+
+
+def test_a_blank_page_counts_as_blank(chromium, tmp_path):
+    """The drawing check can fail: a page of one colour has almost no distinct bytes."""
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body></body></html>")
+    assert png_colours(chromium.load(blank).screenshot) < 16
+
+
+def test_every_view_loads_draws_and_logs_nothing(chromium, reports):
+    shots = {}
+    for name, (page, data, _) in reports.items():
+        for view in data["views"]:
+            loaded = chromium.load(page, view)
+            assert loaded.console == [], (name, view)
+            assert f'class="view on" id="view-{view}"' in loaded.dom
+            assert png_colours(loaded.screenshot) > 64, (name, view)
+            shots[(name, view)] = loaded.screenshot
+    assert len(set(shots.values())) == len(shots)  # every view of every report differs
+
+
+def test_the_numbers_shown_are_the_data_and_the_summary(chromium, reports):
+    for page, data, summary in reports.values():
+        figures = _figures(chromium.load(page, "package").dom)
+        view = data["views"]["package"]
+        for key, value in summary["totals"].items():
+            if f"totals.{key}" in figures:
+                assert figures[f"totals.{key}"] == value, key
+        assert figures["totals.referenced_bytes"] == summary["totals"]["referenced_bytes"]
+        assert figures["dedup.dedup_saved_bytes"] == summary["totals"]["dedup_saved_bytes"]
+        assert figures["shared.saved_bytes"] == view["shared_payloads"]["saved_bytes"]
+        for m in view["models"]:
+            for key in ("referenced_bytes", "unique_bytes", "shared_bytes"):
+                assert figures[f"models.{m['name']}.{key}"] == m[key]
+        for row in view["variants"]:
+            for key in ("download_bytes", "live_bytes", "dead_bytes"):
+                assert figures[f"variants.{row['kind']}.{row['name']}.{key}"] == row[key]
+    family = reports["family"][2]["totals"]
+    assert family["dedup_saved_bytes"] > 0
+    devices = [r for r in reports["scenarios"][1]["views"]["package"]["variants"]
+               if r["kind"] == "device"]
+    assert len(devices) == 3
+
+
+def test_a_link_to_a_tensor_shows_its_details(chromium, reports):
+    page, data, _ = reports["family"]
+    tensor = data["views"]["package"]["tensors"][3]
+    dom = chromium.load(page, "package&tensor=3").dom
+    details = re.search(r'<div id="details" class="details">(.*?)</div></div>', dom,
+                        re.S).group(1)
+    for shown in (tensor["name"], tensor["digest"], f"{tensor['bytes']:,} bytes",
+                  ", ".join(tensor["shared_by"])):
+        assert shown in details
+    assert re.search(r'<rect class="t sel" data-i="3"', dom)

@@ -1,0 +1,72 @@
+"""The report's data: one JSON-serializable dict, exactly what ``report --json`` prints.
+
+``{"format_version": 1, "generator": "weightstore X.Y.Z", "target": {"kind", "name"},
+"views": {NAME: view data}}`` (docs/formats.md). A release archive is read as ``unpack``
+reads it (:func:`weightstore.release.unpack.unpack`: every member checked and verified
+against the summary) into a temp folder that is removed afterwards; the data names the
+target by its file name only, never by a path, so the same inputs give the same bytes
+wherever they lie.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackageError
+from .views import VIEWS, ReportRequest
+
+FORMAT_VERSION = 1
+
+
+def collect_report(target: str | os.PathLike[str] | None, *,
+                   against: str | os.PathLike[str] | None = None,
+                   store: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Every view that applies to the request, collected."""
+    from .. import __version__
+
+    request = ReportRequest(target=None if target is None else Path(target),
+                            against=None if against is None else Path(against),
+                            store=None if store is None else Path(store))
+    with _package_folder(request.target) as (kind, folder):
+        request = replace(request, folder=folder)
+        views = {}
+        for view in VIEWS:
+            collected = view.collect(request)
+            if collected is not None:
+                views[view.name] = collected
+    name = request.target.name if request.target is not None else (
+        request.store.name if request.store is not None else "")
+    return {"format_version": FORMAT_VERSION, "generator": f"weightstore {__version__}",
+            "target": {"kind": kind, "name": name}, "views": views}
+
+
+@contextlib.contextmanager
+def _package_folder(target: Path | None) -> Iterator[tuple[str, Path | None]]:
+    """``(kind, folder)``: the target as a package folder (an archive unpacked and
+    verified into a temp folder, removed afterwards)."""
+    if target is None:
+        yield "store", None
+        return
+    if target.is_dir():
+        yield "package", target
+        return
+    if not target.exists():
+        raise PackageError("no such package folder or archive", path=str(target))
+    from ..release.unpack import unpack
+
+    with tempfile.TemporaryDirectory(prefix="weightstore-report-") as tmp:
+        folder = Path(tmp) / "package"
+        unpack(target, folder)
+        yield "archive", folder
+
+
+def render_json(data: dict[str, Any]) -> str:
+    """The data as ``--json`` prints it: sorted keys, two-space indent, one final newline."""
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -1,0 +1,40 @@
+"""The registry of report views: what each collects, how it renders, in tab order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import package, package_page
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """What the report was asked for: ``target`` (a package folder or a release archive),
+    ``against`` (an older package or archive, for the diff view) and ``store`` (a store
+    folder, for the store view and store references); ``folder`` is the target as a
+    package folder (an archive unpacked), None when the target is no package."""
+
+    target: Path | None
+    against: Path | None = None
+    store: Path | None = None
+    folder: Path | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """One view of the page: ``name`` is its key in ``views``, its section's id
+    (``view-NAME``) and its URL fragment (``#NAME``); ``title`` its tab's label."""
+
+    name: str
+    title: str
+    collect: Callable[[ReportRequest], dict[str, Any] | None]
+    render: Callable[[dict[str, Any], dict[str, Any]], str]
+    summarize: Callable[[dict[str, Any]], list[str]] | None = None
+
+
+VIEWS: tuple[View, ...] = (
+    View("package", "Package", package.collect, package_page.render, package.summarize),
+)
