@@ -78,6 +78,28 @@ def test_devices_need_what_check_resolves(packages, capsys):
     assert scenarios == ["default", "fused", "half"]
 
 
+@pytest.mark.parametrize("package", ["scenarios", "family"])
+def test_scenarios_need_what_check_resolves(packages, capsys, package):
+    """Every scenario row (from the device records where a device runs it, from check's
+    resolution where none does: the family has no devices) is what ``check`` says."""
+    folder = packages[package]
+    view = _json(capsys, str(folder))["views"]["package"]
+    for row in (r for r in view["variants"] if r["kind"] == "scenario"):
+        scenario = [] if row["scenario"] is None else ["--scenario", row["scenario"]]
+        assert main(["check", str(folder), *scenario, "--json"]) == 0
+        checked = json.loads(capsys.readouterr().out)
+        assert {f["name"] for f in row["files"]} == \
+            set().union(*(m["files"] for m in checked["models"]))
+        each = sum(m["live_bytes"] for m in checked["models"])
+        if package == "family":  # two models, one shared file: each shared range once
+            totals = _summary(folder)["totals"]
+            assert each == totals["referenced_bytes"] > totals["unique_payload_bytes"]
+            assert row["live_bytes"] == totals["unique_payload_bytes"]
+        else:
+            assert row["live_bytes"] == each
+        assert row["models"] == {m["file"]: m["scenario"] for m in checked["models"]}
+
+
 def test_same_inputs_same_bytes_wherever_they_lie(packages, tmp_path, capsys):
     moved = tmp_path / "elsewhere" / "release"
     shutil.copytree(packages["scenarios"], moved)

@@ -161,58 +161,89 @@ def _group(kind: str, name: str, children: list[dict[str, Any]], **extra: Any) -
 def _variants(folder: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The device x file matrix: for each device (as its bundle record chose the scenario
     of each model) and each scenario of the package (the default graph first), the
-    weight files its live weights are in, with the live and dead bytes of each."""
-    from ..package.bundle_record import read_bundle
-    from ..package.check import check_package
+    weight files its live weights are in, with the live and dead bytes of each.
 
+    A device's live ranges are those its bundle record lists (format 2: what the build's
+    resolution found, the record ``bundle`` and the loads of a device folder read); a
+    scenario's are those of a device running it, else ``check``'s resolution of it."""
+    from ..package.bundle_record import read_bundle
+
+    live: dict[tuple[str, str | None], list[tuple[str, int, int]]] = {}
+    problems: dict[str | None, list[str]] = {}
+    records = {d["name"]: read_bundle(folder, d["name"], summary)
+               for d in summary.get("devices", [])}
+    for record in records.values():
+        for m in record["models"]:
+            if "external_weights" in m:
+                live.setdefault((str(m["file"]), m.get("scenario")), [
+                    (w["location"], w["offset"], w["size"]) for w in m["external_weights"]])
     scenarios = sorted({s for m in summary["models"] for s in m.get("scenarios", [])})
-    resolved = {None: check_package(folder)}
-    resolved.update((s, check_package(folder, scenario=s)) for s in scenarios)
-    live = {(file, scenario): entries for scenario, report in resolved.items()
-            for file, entries in report.live.items()}
-    problems = {scenario: report.problems for scenario, report in resolved.items()}
+    by_device = {name: [(str(m["file"]), m.get("scenario")) for m in record["models"]]
+                 for name, record in records.items()}
+    by_scenario = {s: _choices(summary, s) for s in (None, *scenarios)}
+    wanted = {key for chosen in (*by_device.values(), *by_scenario.values())
+              for key in chosen}
+    for scenario in (None, *scenarios):  # resolve only what no record answers
+        if any(key not in live and key[1] == scenario for key in wanted):
+            _resolve(folder, scenario, live, problems)
     sizes = {f["name"]: f["size"] for f in summary.get("files", [])}
     rows = []
     for d in summary.get("devices", []):
-        record = read_bundle(folder, d["name"], summary)
-        chosen = [(str(m["file"]), m.get("scenario")) for m in record["models"]]
+        chosen = by_device[d["name"]]
         rows.append(_row("device", d["name"], d.get("scenario"), chosen, live, sizes,
                          [p for _, s in chosen for p in problems.get(s, [])],
-                         downloads=[str(f["name"]) if isinstance(f, dict) else str(f)
-                                    for f in record.get("files", [])]))
+                         downloads=[str(f["name"]) for f in records[d["name"]]["files"]]))
     for scenario in (None, *scenarios):
-        chosen = [(m["file"], scenario if scenario in m.get("scenarios", []) else None)
-                  for m in summary["models"]]
-        rows.append(_row("scenario", scenario or DEFAULT, scenario, chosen, live, sizes,
-                         problems[scenario]))
+        rows.append(_row("scenario", scenario or DEFAULT, scenario, by_scenario[scenario],
+                         live, sizes, problems.get(scenario, [])))
     return rows
 
 
+def _choices(summary: Mapping[str, Any], scenario: str | None) -> list[tuple[str, str | None]]:
+    """(model file, the scenario it runs) when the package runs ``scenario``: a model
+    without it runs its own graph."""
+    return [(m["file"], scenario if scenario in m.get("scenarios", []) else None)
+            for m in summary["models"]]
+
+
+def _resolve(folder: Path, scenario: str | None,
+             live: dict[tuple[str, str | None], list[tuple[str, int, int]]],
+             problems: dict[str | None, list[str]]) -> None:
+    """Resolve the package for ``scenario`` as ``check`` does, from metadata."""
+    from ..package.check import check_package
+
+    report = check_package(folder, scenario=scenario)
+    problems[scenario] = list(report.problems)
+    for m in report.models:
+        entries = report.live[m["file"]]
+        live.setdefault((m["file"], m["scenario"]), [
+            (e.source.file, e.source.offset, e.source.length) for e in entries
+            if e.source.file])  # external weights only (inline ones travel in the model)
+
+
 def _row(kind: str, name: str, scenario: str | None,
-         chosen: Iterable[tuple[str, str | None]],
-         live: Mapping[tuple[str, str | None], Sequence[Any]], sizes: Mapping[str, int],
-         problems: Sequence[str], downloads: Sequence[str] | None = None) -> dict[str, Any]:
-    ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    weights: dict[str, int] = defaultdict(int)
-    for file, selected in chosen:
-        for e in live.get((file, selected), ()):
-            if e.source.file:  # external weights only (inline ones travel in the model)
-                ranges[e.source.file].append((e.source.offset, e.source.length))
-                weights[e.source.file] += len(e.values)
+         chosen: Sequence[tuple[str, str | None]],
+         live: Mapping[tuple[str, str | None], Sequence[tuple[str, int, int]]],
+         sizes: Mapping[str, int], problems: Sequence[str],
+         downloads: Sequence[str] | None = None) -> dict[str, Any]:
+    ranges: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    for key in chosen:
+        for file, offset, length in live.get(key, ()):
+            ranges[file].add((offset, length))
     needed = sorted(set(ranges) | set(downloads or ()))
     files = []
     for name_ in needed:
         if name_ not in sizes:
             raise PackageError("a live weight's file is not in the package summary",
                                file=name_, variant=name)
-        merged = _merge(ranges.get(name_, []))
+        merged = _merge(ranges.get(name_, ()))
         live_bytes = sum(length for _, length in merged)
         files.append({"name": name_, "size": sizes[name_], "live_bytes": live_bytes,
                       "dead_bytes": sizes[name_] - live_bytes,
-                      "live_weights": weights.get(name_, 0),
+                      "live_ranges": len(ranges.get(name_, ())),
                       "live_map": _live_map(merged, sizes[name_])})
     return {"kind": kind, "name": name, "scenario": scenario,
-            "models": {file: selected for file, selected in chosen},
+            "models": dict(chosen),
             "files": files,
             "live_bytes": sum(f["live_bytes"] for f in files),
             "dead_bytes": sum(f["dead_bytes"] for f in files),

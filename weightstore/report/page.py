@@ -68,6 +68,15 @@ if(el)pick(+el.getAttribute('data-i'));});
 """
 
 
+def _subject(data: Mapping[str, Any]) -> str:
+    """What the report is of: the package, version and layout, else the target's name."""
+    package = data["views"].get("package")
+    if package is None:
+        return str(data["target"]["name"])
+    p = package["package"]
+    return f"{p['package']} {p['version']} ({package['layout']})"
+
+
 def render_page(data: Mapping[str, Any]) -> str:
     """The whole page for ``data`` (what :func:`~.data.collect_report` returns)."""
     views = data["views"]
@@ -77,13 +86,14 @@ def render_page(data: Mapping[str, Any]) -> str:
                        f'{esc(v.name)}">{v.render(views[v.name], data)}</section>'
                        for v in present)
     target = data["target"]
-    title = f"weightstore report: {target['name']}"
+    title = f"weightstore report: {_subject(data)}"
     return ("<!DOCTYPE html>\n"
             f'<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">"
             f"<style>{STYLE}</style></head><body><header><h1>{esc(title)}</h1>"
-            f'<div class="sub">{esc(target["kind"])} · {esc(data["generator"])} · report '
+            f'<div class="sub">{esc(target["kind"])} {esc(target["name"])} · '
+            f'{esc(data["generator"])} · report '
             f'format {data["format_version"]}</div></header><nav>{tabs}</nav>'
             f"<main>{sections}</main><script>{SCRIPT}</script></body></html>\n")
