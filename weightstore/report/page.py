@@ -40,7 +40,7 @@ height:10px;fill:#2a6fdb}.bar .bg{fill:#e3e5ea}.matrix td{min-width:90px}
 
 SCRIPT = """
 (function(){
-var views=[].slice.call(document.querySelectorAll('section.view'));
+var views=[].slice.call(document.querySelectorAll('section.view')),pinned=null;
 var tensors=[],panel=document.getElementById('details'),data=document.getElementById('tensors');
 if(data)tensors=JSON.parse(data.textContent);
 function fmt(n){return n.toLocaleString('en')+' bytes';}
@@ -60,10 +60,14 @@ if(!hit&&views.length)name=views[0].id.slice(5);
 views.forEach(function(v){v.classList.toggle('on',v.id==='view-'+name);});
 [].forEach.call(document.querySelectorAll('nav a'),function(a){
 a.classList.toggle('on',a.getAttribute('href')==='#'+name);});
-parts.slice(1).forEach(function(p){if(p.indexOf('tensor=')===0)pick(+p.slice(7));});}
+parts.slice(1).forEach(function(p){if(p.indexOf('tensor=')===0){pinned=+p.slice(7);
+pick(pinned);}});}
 window.addEventListener('hashchange',show);show();
 document.addEventListener('click',function(e){var el=e.target.closest('[data-i]');
-if(el)pick(+el.getAttribute('data-i'));});
+if(el){pinned=+el.getAttribute('data-i');pick(pinned);}});
+document.addEventListener('mouseover',function(e){var el=e.target.closest('rect[data-i]');
+if(el)pick(+el.getAttribute('data-i'));else if(pinned!==null&&e.target.closest('svg'))
+pick(pinned);});
 })();
 """
 
