@@ -269,9 +269,10 @@ def _skopeo(*argv: str) -> list[str]:
     return [SKOPEO, "copy", "-q", *argv]
 
 
-def _timed(argv: list[str], workdir: Path, name: str) -> float:
-    """Wall seconds of ``argv`` as a whole process."""
-    return harness.run_process(argv, workdir, name).seconds
+def _timed(argv: list[str], workdir: Path, name: str) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of ``argv`` as a whole process."""
+    proc = harness.run_process(argv, workdir, name)
+    return proc.seconds, proc.cpu_seconds
 
 
 def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
@@ -284,6 +285,8 @@ def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
                            ["external_weights"]) for layout, folder in packages.items()}
     names = ("pull", "skopeo-pull", "push", "skopeo-push")
     times: dict[str, dict[str, list[float]]] = {
+        layout: {n: [] for n in names} for layout in packages}
+    cpu: dict[str, dict[str, list[float]]] = {
         layout: {n: [] for n in names} for layout in packages}
     run_dir = workdir / "runs"
     for i in range(runs):
@@ -302,7 +305,9 @@ def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
                          ("skopeo-pull", _skopeo("--src-tls-verify=false", f"docker://{ref}",
                                                  f"oci:{oci}"))]
                 for name, argv in pulls if i % 2 == 0 else pulls[::-1]:
-                    times[layout][name].append(_timed(argv, workdir, name))
+                    wall, used = _timed(argv, workdir, name)
+                    times[layout][name].append(wall)
+                    cpu[layout][name].append(used)
             finally:
                 server.stop()
             pushes = [("push", folder, _weightstore("push", str(folder), "{ref}", "--store",
@@ -313,18 +318,26 @@ def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
                 server = fresh_registry(workdir, "reg-peer")  # nothing there to skip
                 try:
                     ref = f"{server.host}/bench/mini:{layout}"
-                    times[layout][name].append(
-                        _timed([a.replace("{ref}", ref) for a in argv], workdir, name))
+                    wall, used = _timed([a.replace("{ref}", ref) for a in argv], workdir, name)
+                    times[layout][name].append(wall)
+                    cpu[layout][name].append(used)
                 finally:
                     server.stop()
     med = {layout: {n: statistics.median(v) for n, v in t.items()}
            for layout, t in times.items()}
+    med_cpu = {layout: {n: statistics.median(v) for n, v in t.items()}
+               for layout, t in cpu.items()}
     return {"package_bytes": {layout: sum(p.stat().st_size for p in folder.rglob("*")
                                           if p.is_file())
                               for layout, folder in packages.items()},
             "weights": weights, "seconds": times, "median": med,
+            "cpu_seconds": cpu, "median_cpu": med_cpu,
             "pull_vs_skopeo": {k: m["pull"] / m["skopeo-pull"] for k, m in med.items()},
             "push_vs_skopeo": {k: m["push"] / m["skopeo-push"] for k, m in med.items()},
+            "pull_cpu_vs_skopeo": {k: m["pull"] / m["skopeo-pull"]
+                                   for k, m in med_cpu.items()},
+            "push_cpu_vs_skopeo": {k: m["push"] / m["skopeo-push"]
+                                   for k, m in med_cpu.items()},
             "skopeo": subprocess.run([SKOPEO, "--version"], capture_output=True, text=True,
                                      check=False).stdout.strip() if SKOPEO else None}
 
@@ -335,7 +348,11 @@ def peer_targets(p: dict[str, Any]) -> list[harness.Target]:
             for target in (
                 harness.Target(f"{layout}: pull / skopeo pull", p["pull_vs_skopeo"][layout], 1.3),
                 harness.Target(f"{layout}: push / skopeo push", p["push_vs_skopeo"][layout],
-                               1.0))]
+                               1.0),
+                harness.Target(f"{layout}: pull CPU / skopeo pull CPU",
+                               p["pull_cpu_vs_skopeo"][layout], None),
+                harness.Target(f"{layout}: push CPU / skopeo push CPU",
+                               p["push_cpu_vs_skopeo"][layout], None))]
 
 
 def peer_text(p: dict[str, Any], runs: int) -> list[str]:
@@ -344,6 +361,8 @@ def peer_text(p: dict[str, Any], runs: int) -> list[str]:
         lines.append(f"  {layout} ({p['package_bytes'][layout] / harness.MB:.0f} MB, "
                      f"{p['weights'][layout]} weights): "
                      + ", ".join(f"{name} {value:.3f}" for name, value in med.items()))
+        lines.append("    CPU (user + system): " + ", ".join(
+            f"{name} {value:.3f}" for name, value in p["median_cpu"][layout].items()))
     return lines
 
 

@@ -426,9 +426,47 @@ def test_bearer_token_flow(packages, tmp_path, monkeypatch) -> None:
             pull(ref, tmp_path / "again", store=WeightStore(tmp_path / "s3"))
 
 
-def test_pull_resumes_a_partial_blob(packages, registry, tmp_path) -> None:
-    source = packages["v1"]["combined"]
-    ref = parse_reference(f"{registry.host}/resume/a:1")
+@pytest.mark.parametrize("layout", ["combined", "separate"])
+def test_concurrent_pulls_into_one_store_download_each_blob_once(packages, registry, tmp_path,
+                                                                layout) -> None:
+    """Two pulls of one artifact into one store at once: each blob is downloaded by one
+    of them (the other waits on its partial file, then takes it from the store, a
+    per-weight file copied from there instead of written by its download), and both
+    folders are the package."""
+    source = packages["v1"][layout]
+    ref = f"{registry.host}/together/{layout}:1"
+    push(source, ref, store=packages["store"])
+    store_root = tmp_path / "store"
+    reports: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            reports[name] = pull(ref, tmp_path / name, store=WeightStore(store_root), jobs=2)
+        except BaseException as exc:
+            reports[name] = exc
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    a, b = reports["a"], reports["b"]
+    assert not isinstance(a, BaseException) and not isinstance(b, BaseException), reports
+    # never one blob twice, and each counts only what it downloaded
+    assert a.fetched + b.fetched == a.payloads == b.payloads > 0
+    assert a.fetched_bytes + b.fetched_bytes == a.payload_bytes
+    _same_tree(source, tmp_path / "a")
+    _same_tree(source, tmp_path / "b")
+    assert WeightStore(store_root).verify().ok
+    assert not list(store_root.glob(".pull-*"))
+
+
+@pytest.mark.parametrize("layout", ["combined", "separate"])
+def test_pull_resumes_a_partial_blob(packages, registry, tmp_path, layout) -> None:
+    """A kept prefix is resumed, in a combined file (assembled from the store) and in a
+    per-weight file (written by the download itself, the kept prefix included)."""
+    source = packages["v1"][layout]
+    ref = parse_reference(f"{registry.host}/resume/{layout}:1")
     push(source, str(ref), store=packages["store"])
     doc = json.loads(RegistryClient(ref.host).get_manifest(ref)[0])
     layer = max((x for x in doc["layers"]

@@ -4,10 +4,12 @@ The manifest first; then only the payload blobs the local store lacks, each stre
 a temp file beside the store's objects while its sha256 (and its store key, for a store
 of another algorithm) is computed, and put into the store only when both match: a wrong
 byte never enters the store. A blob cut off mid-stream resumes from the bytes already
-received (``Range``). Meanwhile the output's files are assembled from the store
-(:mod:`weightstore.package.assembly`: every piece copied as soon as its payload is in,
-while other blobs still download, and re-hashed against its key), byte-identical to the
-pushed package (payloads at their offsets, zero bytes between them).
+received (``Range``). A per-weight output file whose payload the pull downloads is
+written by the download itself, with the bytes as they are hashed. Meanwhile the other
+files are assembled from the store (:mod:`weightstore.package.assembly`: every piece
+copied as soon as its payload is in, while other blobs still download, and re-hashed
+against its key), byte-identical to the pushed package (payloads at their offsets, zero
+bytes between them).
 
 With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
 first (the device folder's models and ``bundle.json``, or the package models with the
@@ -90,22 +92,69 @@ class PullReport:
 
 
 def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], target: Path,
-             resume: bool = False, also: str | None = None) -> tuple[int, str | None]:
+             resume: bool = False, also: str | None = None,
+             copy_to: Path | None = None) -> tuple[int, str | None]:
     """Stream one blob to ``target``, checking its sha256 and size as it arrives. Returns
     the bytes received and, with ``also``, the hex digest of that algorithm over the same
     bytes. A mismatch removes ``target`` and names the digest. With ``resume``, bytes
     already in ``target`` (a pull cut off before) are hashed and only the rest is
-    requested; if the whole then does not match, the blob is fetched once more from 0."""
+    requested; if the whole then does not match, the blob is fetched once more from 0.
+
+    ``copy_to``: a second file (new, or truncated) that gets every byte the hashers get,
+    as they get it, the kept prefix included, and is fsynced with ``target``: when the
+    digests match, it holds exactly the verified bytes, with no copy or read-back after.
+    On a mismatch its content is undefined (its caller discards it)."""
     try:
-        return _download(client, ref, desc, target, resume, also)
+        return _download(client, ref, desc, target, resume, also, copy_to)
     except OSError as exc:  # a full disk: the file, and nothing of it left
         if exc.errno in WRITE_ERRNOS:
             target.unlink(missing_ok=True)
         raise name_path(exc, target) from None
 
 
+class _Tee:
+    """The file a blob streams into, and a copy that gets the same bytes at the same
+    offsets (:func:`download`'s ``copy_to``)."""
+
+    def __init__(self, main: Any, copy: Any | None) -> None:
+        self.files = [main] if copy is None else [main, copy]
+
+    def seek(self, pos: int) -> None:
+        for f in self.files:
+            f.seek(pos)
+
+    def truncate(self) -> None:
+        for f in self.files:
+            f.truncate()
+
+    def write(self, data: bytes | memoryview) -> None:
+        for f in self.files:
+            f.write(data)
+
+    def sync(self) -> None:
+        for f in self.files:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _open_copy(path: Path | None) -> Iterator[Any]:
+    """``path`` opened for a blob's copy (created or truncated, never through a link), or
+    None."""
+    if path is None:
+        yield None
+        return
+    from ..io.files import file_mode
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 file_mode())
+    with open(fd, "wb") as f:
+        yield f
+
+
 def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], target: Path,
-              resume: bool, also: str | None) -> tuple[int, str | None]:
+              resume: bool, also: str | None,
+              copy_to: Path | None) -> tuple[int, str | None]:
     digest, size = desc["digest"], desc["size"]
     received = 0
     from_zero = not resume
@@ -115,17 +164,19 @@ def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targ
         resumed = have > 0
         if have > size:
             have = 0
-        with open(target, "r+b" if have else "wb") as f:
+        with open(target, "r+b" if have else "wb") as f, _open_copy(copy_to) as copy:
             for data in iter(lambda: f.read(CHUNK), b"") if have else ():
                 for h in hashers:
                     h.update(data)
+                if copy is not None:
+                    copy.write(data)
+            out = _Tee(f, copy)
             pos, broken = have, False
             if have < size:
-                broken, pos, count = _stream(client, ref, desc, f, have, hashers, also)
+                broken, pos, count = _stream(client, ref, desc, out, have, hashers, also)
                 received += count
-            f.flush()
             if not broken:
-                os.fsync(f.fileno())
+                out.sync()
         if broken:
             from_zero = False
             continue  # resume from what arrived
@@ -174,22 +225,26 @@ def _hashers(also: str | None) -> list[Any]:
 
 def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, key: str,
                    desc: dict[str, Any], adopt: Callable[[str, Path], StoredObject],
-                   slot: threading.Semaphore) -> tuple[int, StoredObject | None]:
+                   slot: threading.Semaphore,
+                   copy_to: Path | None = None) -> tuple[int, StoredObject | None]:
     """Download one payload blob into the store: (bytes received, its object, or None
     when another pull brought it meanwhile). Its sha256 and its store key are both
     computed on the bytes as they are written; only when both match is the file renamed
     into the store (no copy, no second read). The partial file's name is its digest, so
     a later pull resumes it; the blob's lock keeps two pulls from writing it at once.
-    ``slot`` is held while the blob downloads, not while it waits for its commit."""
+    ``slot`` is held while the blob downloads, not while it waits for its commit.
+    ``copy_to``: a file of the output that is this payload and nothing else, written with
+    the same bytes as they are hashed (:func:`download`); left unwritten when another
+    pull brought the payload."""
     tmp = _blob_temp(store, desc)
     # two pulls of one blob into one store take turns on its partial file
     with _blob_lock(store, tmp):
-        if not store.missing([FilePayload(key=key, size=desc["size"], path="")]):
+        if not store.missing_settled([FilePayload(key=key, size=desc["size"], path="")]):
             tmp.unlink()  # the other one brought it
             return 0, None
         try:
             with slot:
-                received = _download_payload(client, ref, key, desc, tmp)
+                received = _download_payload(client, ref, key, desc, tmp, copy_to)
             return received, adopt(key, tmp)
         except IntegrityError:
             tmp.unlink(missing_ok=True)
@@ -211,11 +266,12 @@ def _blob_lock(store: WeightStore, tmp: Path) -> contextlib.AbstractContextManag
 
 
 def _download_payload(client: RegistryClient, ref: Reference, key: str,
-                      desc: dict[str, Any], tmp: Path) -> int:
-    """Download a payload blob to ``tmp``, its sha256 and its store key both computed over
-    the bytes written; the bytes received."""
+                      desc: dict[str, Any], tmp: Path, copy_to: Path | None = None) -> int:
+    """Download a payload blob to ``tmp`` (and ``copy_to``), its sha256 and its store key
+    both computed over the bytes written; the bytes received."""
     algo, hex_ = split_key(key)
-    received, found = download(client, ref, desc, tmp, resume=True, also=algo)
+    received, found = download(client, ref, desc, tmp, resume=True, also=algo,
+                               copy_to=copy_to)
     if found != hex_:
         raise IntegrityError("a blob's bytes do not match the key its layer names",
                              digest=desc["digest"], key=key, reference=str(ref))
@@ -574,17 +630,22 @@ def fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStor
                        report: PullReport, jobs: int, progress: bool | None, folder: Path,
                        files: list[WeightFile]) -> dict[str, str]:
     """Fetch the missing payloads (``payloads``: store key -> layer descriptor) while the
-    output's files are assembled from the store: a piece is copied (and re-hashed) as
-    soon as its payload is in, so the copies overlap the downloads that are still
-    running. Returns key -> sha256 of the payloads this pull downloaded, both digests
-    computed over the bytes it received."""
+    output's files are written. A file that is one payload and nothing else (a per-weight
+    file) whose payload this pull downloads is written by the download itself, with the
+    bytes as they are hashed (no copy, no read-back); every other file is assembled from
+    the store, a piece copied (and re-hashed) as soon as its payload is in, so the copies
+    overlap the downloads that are still running. Returns key -> sha256 of the payloads
+    this pull downloaded, both digests computed over the bytes it received."""
+    missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
+    direct = _written_by_download(files, missing)
+    rest = [f for f in files if direct.get(f.pieces[0].key if f.pieces else "") is not f]
     arriving: dict[str, Future[StoredObject]] = {k: Future() for k in wanted}
     with ThreadPoolExecutor(1) as runner:
-        assembling = runner.submit(assemble, store, folder, files, jobs=jobs,
+        assembling = runner.submit(assemble, store, folder, rest, jobs=jobs,
                                    arriving=arriving)
         try:
-            hashed = _fetch_missing(client, ref, store, payloads, wanted, report, jobs,
-                                    progress, arriving)
+            hashed = _fetch_missing(client, ref, store, payloads, wanted, missing, report,
+                                    jobs, progress, arriving, folder, direct)
         except BaseException as exc:
             for future in arriving.values():
                 if not future.done():
@@ -615,15 +676,26 @@ def fetch_and_assemble(client: RegistryClient, ref: Reference, store: WeightStor
             assembling = runner.submit(assemble, store, folder, files, jobs=jobs)
 
 
+def _written_by_download(files: list[WeightFile], missing: list[str]) -> dict[str, WeightFile]:
+    """The files a download writes itself: per key to download, the first file that is
+    that payload and nothing else (the others holding it are assembled from the store)."""
+    keys = set(missing)
+    direct: dict[str, WeightFile] = {}
+    for f in files:
+        if f.is_separate and f.pieces[0].key in keys:
+            direct.setdefault(f.pieces[0].key, f)
+    return direct
+
+
 def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
                    payloads: dict[str, dict[str, Any]], wanted: dict[str, int],
-                   report: PullReport,
-                   jobs: int, progress: bool | None,
-                   arriving: dict[str, Future[StoredObject]]) -> dict[str, str]:
-    """Download what the store lacks; key -> sha256 of each payload downloaded."""
+                   missing: list[str], report: PullReport, jobs: int, progress: bool | None,
+                   arriving: dict[str, Future[StoredObject]], folder: Path,
+                   direct: dict[str, WeightFile]) -> dict[str, str]:
+    """Download ``missing`` into the store, each of ``direct``'s files written on the way;
+    key -> sha256 of each payload downloaded."""
     from ..progress import Progress
 
-    missing = store.missing([FilePayload(key=k, size=n, path="") for k, n in wanted.items()])
     hashed: dict[str, str] = {}
     if not missing:
         return hashed
@@ -632,22 +704,28 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
     # jobs blobs in flight; as many threads again wait for their commit meanwhile
     slots = threading.Semaphore(jobs)
 
-    def fetch(key: str) -> int:
+    def fetch(key: str) -> tuple[int, bool]:
+        own = direct.get(key)
+        copy_to = folder / own.name if own is not None else None
+        if copy_to is not None:
+            copy_to.parent.mkdir(parents=True, exist_ok=True)
         received, obj = _fetch_payload(client, ref, store, key, payloads[key],
-                                       adoption.adopt, slots)
+                                       adoption.adopt, slots, copy_to)
         if obj is not None:
             # download() matched the sha256 and the key over the bytes it wrote
             hashed[key] = payloads[key]["digest"]
             arriving[key].set_result(obj)  # its pieces are copied while others download
-        return received
+        elif own is not None:  # another pull brought it: copied from the store
+            assemble(store, folder, [own], jobs=1)
+        return received, obj is not None
 
     order = sorted(missing, key=lambda k: (-wanted[k], k))
     try:
         with (Progress("pulling", sum(wanted[k] for k in missing), enabled=progress) as bar,
               ThreadPoolExecutor(2 * jobs) as pool):
             client.on_blob_bytes = bar.advance
-            for received in pool.map(fetch, order):
-                report.fetched += 1
+            for received, downloaded in pool.map(fetch, order):
+                report.fetched += downloaded  # not one another pull brought meanwhile
                 report.fetched_bytes += received
     finally:
         client.on_blob_bytes = None

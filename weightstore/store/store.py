@@ -211,6 +211,7 @@ class WeightStore:
         written)."""
         staged = dict(zip((o.key for o in outcome.objects), outcome.staged, strict=False))
         new: dict[str, StoredObject] = {}
+        renamed: list[Path] = []
         try:
             with self.index.writing() as conn:
                 self._hold(conn, wanted)
@@ -220,11 +221,11 @@ class WeightStore:
                 new = {o.key: o for o in outcome.objects if o.key not in present}
                 if publish:
                     publish_staged(self.root, list(new.values()),
-                                   [staged[k] for k in new])
+                                   [staged[k] for k in new], renamed)
                 self.index.insert(conn, new.values())
         finally:
-            if publish:  # a renamed one is gone; any other, unpublished, goes
-                discard(list(staged.values()))
+            if publish:  # any temp file not renamed into place goes
+                discard([p for p in staged.values() if p not in renamed])
         return present, new
 
     def heal(self, src: PayloadSource, damaged: StoredObject | None = None) -> StoredObject:
@@ -247,12 +248,13 @@ class WeightStore:
             if outcome.error is not None:
                 raise outcome.error
             try:
+                renamed: list[Path] = []
                 with self.index.writing() as conn:
                     self._hold(conn, [src.key])
-                    publish_staged(self.root, outcome.objects, outcome.staged)
+                    publish_staged(self.root, outcome.objects, outcome.staged, renamed)
                     self.index.insert(conn, outcome.objects)
             finally:
-                discard(list(outcome.staged))
+                discard([p for p in outcome.staged if p not in renamed])
             return outcome.objects[0]
         with self._free_combined(old.file) as file:  # a sibling when it is not appendable
             outcome = append_combined(self.root, file, [src], _alignment_of(old), 1)
@@ -415,6 +417,20 @@ class WeightStore:
         wanted = _collapse(payloads)
         present = self._present(self.index.locate(wanted), wanted)
         return [key for key in wanted if key not in present]
+
+    def missing_settled(self, payloads: Iterable[PayloadSource]) -> list[str]:
+        """:meth:`missing`, with any adoption in flight seen committed: an adoption renames
+        its file into place before its transaction commits, so a key missing whose
+        per-weight object is already in place is looked up again once the index's write
+        lock has been had (that commit done). For a pull that just took the partial file
+        of a blob another pull renamed into the store."""
+        payloads = list(payloads)
+        missing = self.missing(payloads)
+        if any(os.path.lexists(self.root / separate_file_name(k)) for k in missing):
+            with self.index.writing():
+                pass
+            missing = self.missing(payloads)
+        return missing
 
     def lookup(self, key: str) -> StoredObject | None:
         """Where the object of ``key`` lies (file, offset, size), or None."""

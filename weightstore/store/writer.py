@@ -124,15 +124,21 @@ def _stage_one(root: Path, src: PayloadSource) -> tuple[StoredObject, Path]:
     return StoredObject(key=src.key, file=name, offset=0, size=src.size), Path(tmp)
 
 
-def publish_staged(root: Path, objects: Sequence[StoredObject], staged: Sequence[Path]) -> None:
+def publish_staged(root: Path, objects: Sequence[StoredObject], staged: Sequence[Path],
+                   renamed: list[Path] | None = None) -> None:
     """Rename verified temp files to their final names (the caller records the rows in the
-    same transaction, so gc never sees a final name without its row)."""
+    same transaction, so gc never sees a final name without its row). ``renamed`` gets
+    each temp path as it is renamed away: the caller discards only the others, since a
+    name renamed away may be taken again meanwhile (a pull's partial file, by the next
+    pull of the blob)."""
     for obj, tmp in zip(objects, staged, strict=True):
         try:
             os.replace(tmp, root / obj.file)
         except IsADirectoryError:
             clear_folder_object(root / obj.file)
             os.replace(tmp, root / obj.file)
+        if renamed is not None:
+            renamed.append(tmp)
     if objects:
         fsync_dir(root)
 
