@@ -20,9 +20,13 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("report")
     dist = build_example(root / "scenarios", "tiny-bert-scenarios")
     family = build_example(root / "family", "tiny-bert-family")
+    layouts = build_example(root / "layouts", "tiny-bert")
     return {"scenarios": dist / "tiny-bert-scenarios" / "1.0.0" / "release",
             "family": family / "tiny-bert-family" / "1.0.0" / "shared",
-            "family-release": family / "tiny-bert-family" / "1.0.0" / "release"}
+            "family-release": family / "tiny-bert-family" / "1.0.0" / "release",
+            "separate": layouts / "tiny-bert" / "1.0.0" / "separate",
+            "embedded": layouts / "tiny-bert" / "1.0.0" / "embedded",
+            "file-constant": layouts / "tiny-bert" / "1.0.0" / "ge-combined"}
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -78,7 +82,7 @@ def test_devices_need_what_check_resolves(packages, capsys):
     assert scenarios == ["default", "fused", "half"]
 
 
-@pytest.mark.parametrize("package", ["scenarios", "family"])
+@pytest.mark.parametrize("package", ["scenarios", "family", "file-constant"])
 def test_scenarios_need_what_check_resolves(packages, capsys, package):
     """Every scenario row (from the device records where a device runs it, from check's
     resolution where none does: the family has no devices) is what ``check`` says."""
@@ -135,12 +139,15 @@ def test_without_output_a_text_summary(packages, capsys):
     assert f"{summary['totals']['external_weights']} external weights" in out
 
 
+@pytest.mark.parametrize("package", ["scenarios", "separate"])
 def test_large_packages_name_their_largest_tensors_and_sum_the_rest(packages, monkeypatch,
-                                                                     capsys):
-    from weightstore.report import package
+                                                                     capsys, package):
+    """Only the largest tensors have a cell; the others are one cell per weight file, and
+    the files holding none of those (a separate layout's, one a weight) one cell."""
+    from weightstore.report import package as collector
 
-    monkeypatch.setattr(package, "TOP_TENSORS", 5)
-    view = _json(capsys, str(packages["scenarios"]))["views"]["package"]
+    monkeypatch.setattr(collector, "TOP_TENSORS", 5)
+    view = _json(capsys, str(packages[package]))["views"]["package"]
     assert len(view["tensors"]) == 5
     leaves = []
 
@@ -153,8 +160,9 @@ def test_large_packages_name_their_largest_tensors_and_sum_the_rest(packages, mo
     rest = [leaf for leaf in leaves if leaf["kind"] == "rest"]
     assert sorted(leaf["tensor"] for leaf in named) == list(range(5))
     assert sum(leaf["count"] for leaf in rest) == \
-        _summary(packages["scenarios"])["totals"]["external_weights"] - 5
+        _summary(packages[package])["totals"]["external_weights"] - 5
     assert sum(leaf["bytes"] for leaf in leaves) == view["treemap"]["bytes"]
+    assert len(leaves) <= 5 + 5 + 3  # a rest per file with a named tensor, per scenario
 
 
 def _corrupt_archive(folder: Path) -> Path:
@@ -186,3 +194,31 @@ def test_without_squarify_the_page_says_how_to_install_it(packages, tmp_path, mo
     assert err.count("\n") == 1 and "pip install 'weightstore[report]'" in err
     assert not out.exists()
     assert main(["report", str(packages["family"])]) == 0  # the text needs no drawing
+
+
+def test_the_page_does_not_depend_on_the_hash_seed(packages, tmp_path):
+    """Two processes with different string hashing (set and dict orders) write the same
+    page and the same data."""
+    import os
+    import subprocess
+    import sys
+
+    out = {}
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        page = tmp_path / f"{seed}.html"
+        done = subprocess.run([sys.executable, "-m", "weightstore", "report",
+                               str(packages["family"]), "--output", str(page), "--json"],
+                              env=env, capture_output=True, check=True)
+        out[seed] = (page.read_bytes(), done.stdout)
+    assert out["1"] == out["2"]
+
+
+def test_an_embedded_package_has_no_weight_files_to_draw(packages, tmp_path, capsys):
+    page = tmp_path / "r.html"
+    assert main(["report", str(packages["embedded"]), "--output", str(page)]) == 0
+    assert "No external weights" in page.read_text()
+    capsys.readouterr()
+    view = _json(capsys, str(packages["embedded"]))["views"]["package"]
+    assert view["tensors"] == [] and view["treemap"]["bytes"] == 0
+    assert [(r["name"], r["files"]) for r in view["variants"]] == [("default", [])]

@@ -100,3 +100,40 @@ def test_a_link_to_a_tensor_shows_its_details(chromium, reports):
                   ", ".join(tensor["shared_by"])):
         assert shown in details
     assert re.search(r'<rect class="t sel" data-i="3"', dom)
+
+
+HOSTILE = "w</script><img src=x onerror=\"console.error(1)\">&amp;'\u00e9"
+
+
+def test_names_are_shown_as_text_never_run(chromium, tmp_path):
+    """A tensor may be named anything: markup and a closing script tag in a name are
+    shown as the name, in the treemap, the list and the details, and run nothing."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.arange(512, dtype=np.float32), HOSTILE)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", HOSTILE], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])], [weight])
+    onnx.save_model(helper.make_model(graph), tmp_path / "model.onnx")
+    (tmp_path / "r.yaml").write_text(
+        'package: odd\nversion: "1.0.0"\nmodels:\n  - {name: m, source: model.onnx}\n'
+        "layouts:\n  - {name: c, external_weight: combined, size_threshold: 64}\n"
+        "output: out\n")
+    import weightstore
+
+    weightstore.build(tmp_path / "r.yaml")
+    page = tmp_path / "odd.html"
+    assert main(["report", str(tmp_path / "out" / "odd" / "1.0.0" / "c"), "--output",
+                 str(page), "-q"]) == 0
+    loaded = chromium.load(page, "package&tensor=0")
+    assert loaded.console == []
+    outside_scripts = re.sub(r"<script\b.*?</script>", "", loaded.dom, flags=re.S)
+    assert "<img" not in outside_scripts  # no element was made of the name
+    import html
+
+    details = re.search(r'<div id="details" class="details">(.*?)</div></div>', loaded.dom,
+                        re.S).group(1)
+    assert html.escape(HOSTILE, quote=False) in details

@@ -117,7 +117,9 @@ def _shared(tensors: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _treemap(summary: Mapping[str, Any], tensors: Sequence[dict[str, Any]],
              named: Mapping[int, int]) -> dict[str, Any]:
     """model -> scenario (with the devices that run it) -> weight file -> tensor; the
-    tensors not named are one ``rest`` node per weight file."""
+    tensors not named are one ``rest`` node per weight file, and the files that hold no
+    named tensor one ``rest`` node per scenario, so the tree stays small whatever the
+    number of tensors and files (a separate layout has a file per weight)."""
     runs: dict[tuple[str, str], list[str]] = defaultdict(list)
     groups: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
         m["name"]: {} for m in summary["models"]}
@@ -133,7 +135,15 @@ def _treemap(summary: Mapping[str, Any], tensors: Sequence[dict[str, Any]],
     for model, scenarios in groups.items():
         children = []
         for scenario, files in scenarios.items():
-            file_nodes = [_file_node(name, members, named) for name, members in files.items()]
+            file_nodes = [_file_node(name, members, named) for name, members in files.items()
+                          if any(t["named"] for t in members)]
+            tail = [t for members in files.values() if not any(t["named"] for t in members)
+                    for t in members]
+            if tail:  # files holding no named tensor (one a weight, say): one cell for all
+                count = len({t["file"] for t in tail})
+                file_nodes.append({"kind": "rest", "name": f"{len(tail)} smaller tensors in "
+                                   f"{count} file(s)", "bytes": sum(t["bytes"] for t in tail),
+                                   "count": len(tail), "files": count})
             children.append(_group("scenario", scenario, file_nodes,
                                    devices=sorted(runs.get((model, scenario), []))))
         models.append(_group("model", model, children))

@@ -45,6 +45,10 @@ def _headline(view: Mapping[str, Any]) -> str:
 
 def _treemap(view: Mapping[str, Any]) -> str:
     tensors = view["tensors"]
+    if not tensors:
+        return ('<h3>Where the bytes go</h3><p class="empty">No external weights: every '
+                "weight is inside the model files (an embedded layout, or weights under "
+                "the layout's size threshold).</p>")
     rows = []
     for i, t in enumerate(tensors[:TOP_LISTED]):
         where = t["model"] + (f"@{t['scenario']}" if t["scenario"] else "")
