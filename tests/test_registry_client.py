@@ -188,7 +188,7 @@ def test_adopt_renames_a_verified_temp_file_once(tmp_path: Path) -> None:
 def test_blobs_finishing_together_are_adopted_in_one_transaction(tmp_path: Path) -> None:
     import threading
 
-    from weightstore.registry.pull import _GroupAdoption
+    from weightstore.registry.fetch import _GroupAdoption
     from weightstore.store import BytesPayload, WeightStore
 
     store = WeightStore(tmp_path / "store")
@@ -235,7 +235,7 @@ def test_a_registry_gone_during_a_blob_download_is_its_own_error(tmp_path: Path)
     """A blob download that meets a registry error (no errno: not the disk's) raises that
     error as it is: naming the file it was writing rebuilt it as an OSError with errno
     arguments, which a WeightstoreError does not take (a TypeError traceback)."""
-    from weightstore.registry.pull import download
+    from weightstore.registry.fetch import download
 
     host = f"127.0.0.1:{free_port()}"  # nothing listens there
     client = RegistryClient(host, Transport(attempts=1, connect_timeout=1.0, backoff=0.0))

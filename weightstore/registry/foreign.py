@@ -18,7 +18,7 @@ ModelPack tar type, when it carries ORAS's ``io.deis.oras.content.unpack: true``
 it is an OCI ``tar+gzip``/``tar+zstd`` layer (oras-py's folders), and is otherwise a file.
 
 :func:`pull_foreign` carries the plan out with the machinery of every pull
-(:mod:`.pull`): raw layers are payloads keyed by their sha256 digest, downloaded into the
+(:mod:`.fetch`): raw layers are payloads keyed by their sha256 digest, downloaded into the
 store while their sha256 is checked and copied out of it (re-hashed) into a temp folder
 beside OUT, which is published in one step; tar layers are downloaded (checked the same
 way) and unpacked safely into that folder, their uncompressed bytes checked against the
@@ -54,7 +54,7 @@ from ..store import WeightStore
 from . import digests
 from .artifact import sha256_digest
 from .client import CHUNK, RegistryClient
-from .pull import (
+from .fetch import (
     PullReport,
     blob_bytes,
     download,
