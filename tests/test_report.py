@@ -222,3 +222,53 @@ def test_an_embedded_package_has_no_weight_files_to_draw(packages, tmp_path, cap
     view = _json(capsys, str(packages["embedded"]))["views"]["package"]
     assert view["tensors"] == [] and view["treemap"]["bytes"] == 0
     assert [(r["name"], r["files"]) for r in view["variants"]] == [("default", [])]
+
+
+def test_a_release_can_hold_each_layout_s_report(packages, tmp_path, capsys):
+    """release --report writes beside each archive the page report writes of that archive,
+    lists it in SHA256SUMS (checked by coreutils' sha256sum) and in release.json."""
+    import subprocess
+
+    out = tmp_path / "rel"
+    version = packages["family"].parent
+    assert main(["release", str(version), "--output", str(out), "--report", "-q"]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["SHA256SUMS", "release.json",
+                     "tiny-bert-family-1.0.0-release.report.html",
+                     "tiny-bert-family-1.0.0-release.tar.zst",
+                     "tiny-bert-family-1.0.0-shared.report.html",
+                     "tiny-bert-family-1.0.0-shared.tar.zst"]
+    for layout in ("release", "shared"):
+        archive = out / f"tiny-bert-family-1.0.0-{layout}.tar.zst"
+        page = tmp_path / f"{layout}.html"
+        assert main(["report", str(archive), "--output", str(page), "-q"]) == 0
+        assert page.read_bytes() == (out / f"tiny-bert-family-1.0.0-{layout}.report.html"
+                                     ).read_bytes()
+    if shutil.which("sha256sum"):
+        subprocess.run(["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=out, check=True,
+                       capture_output=True)
+    assert sum(".report.html" in line for line in (out / "SHA256SUMS").read_text()
+               .splitlines()) == 2
+    statement = json.loads((out / "release.json").read_text())
+    assert [s["name"] for s in statement["subject"]] == names[2:]
+    assert statement["predicate"]["buildDefinition"]["externalParameters"]["report"] is True
+
+
+def test_a_release_with_reports_is_reproducible(tmp_path, capsys):
+    """release --check rebuilds the reports too (release.json says they were written),
+    and finds them identical; a release without them has no report key at all."""
+    dist = build_example(tmp_path, "tiny-bert-family")
+    recipe = tmp_path / "tiny-bert-family.yaml"
+    out = tmp_path / "rel"
+    assert main(["release", str(recipe), "--output", str(out), "--report", "-q"]) == 0
+    assert main(["release", "--check", str(recipe), "--output", str(out), "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["ok"] and sum(n.endswith(".report.html") for n in checked["compared"]) == 2
+    (out / "tiny-bert-family-1.0.0-shared.report.html").write_text("changed")
+    assert main(["release", "--check", str(recipe), "--output", str(out), "-q"]) == 1
+    plain = tmp_path / "plain"
+    assert main(["release", str(dist / "tiny-bert-family" / "1.0.0"), "--output",
+                 str(plain), "-q"]) == 0
+    params = json.loads((plain / "release.json").read_text())["predicate"][
+        "buildDefinition"]["externalParameters"]
+    assert "report" not in params

@@ -4,6 +4,7 @@ Release folder (default ``<recipe output>/releases/<package>-<version>/``, or
 ``releases/<package>-<version>/`` in the current folder for package folders)::
 
     <package>-<version>-<layout>.tar.zst    one per layout, see :mod:`.archive`
+    <package>-<version>-<layout>.report.html  with ``report``: the archive's HTML report
     SHA256SUMS                              ``sha256sum -c SHA256SUMS`` checks them
     release.json                            in-toto Statement, SLSA provenance v1
 
@@ -44,6 +45,7 @@ from .provenance import (
     PROVENANCE_NAME,
     SUMS_NAME,
     ArchiveRecord,
+    FileRecord,
     render_statement,
     render_sums,
     statement,
@@ -75,6 +77,7 @@ class ReleaseOptions:
     compression: Compression = field(default_factory=Compression)
     epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else a fixed epoch
     progress: bool | None = False  # bars with rate and ETA (None: only on a terminal)
+    report: bool = False  # also each archive's HTML report (weightstore report)
 
 
 @dataclass
@@ -82,11 +85,14 @@ class ReleaseResult:
     output: Path
     archives: list[ArchiveRecord]
     built: list[str] = field(default_factory=list)  # layouts the build had to (re)build
+    reports: list[FileRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"output": str(self.output), "built": self.built,
                 "archives": [dataclasses.asdict(a) for a in self.archives],
-                "files": [a.file_name for a in self.archives] + [SUMS_NAME, PROVENANCE_NAME]}
+                "reports": [dataclasses.asdict(r) for r in self.reports],
+                "files": [a.file_name for a in self.archives]
+                + [r.file_name for r in self.reports] + [SUMS_NAME, PROVENANCE_NAME]}
 
 
 @dataclass(frozen=True)
@@ -173,17 +179,20 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
     try:
         tmp = make_temp_dir(output, TEMP_PREFIX)
         records = [_write_archive(p, tmp, epoch, options) for p in packages]
+        reports = [_write_report(p, r, tmp) for p, r in zip(packages, records, strict=True)
+                   ] if options.report else []
         package, version = identity.pop()
         doc = statement(package=package, version=version, archives=records,
                         summaries=[p.summary for p in packages], epoch=epoch,
                         compression=options.compression.to_dict(), recipe=recipe,
-                        versions=tool_versions())
+                        versions=tool_versions(), reports=reports if options.report else None)
         with atomic_writer(tmp / SUMS_NAME) as f:
-            f.write(render_sums(records))
+            f.write(render_sums([*records, *reports]))
         with atomic_writer(tmp / PROVENANCE_NAME) as f:
             f.write(render_statement(doc))
         with folder_lock(output):  # of two releases into one folder, one whole set wins
-            for name in [*(r.file_name for r in records), SUMS_NAME, PROVENANCE_NAME]:
+            for name in [*(r.file_name for r in records), *(r.file_name for r in reports),
+                         SUMS_NAME, PROVENANCE_NAME]:
                 os.replace(tmp / name, output / name)
             fsync_dir(output)
         done = True
@@ -197,7 +206,27 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
     for p in packages:  # archived, so checked against their summaries
         if p.unproven_by is not None:
             say_unproven(p.folder, p.unproven_by)
-    return ReleaseResult(output, records)
+    return ReleaseResult(output, records, reports=reports)
+
+
+def report_name(archive_name: str) -> str:
+    """The report of ``<package>-<version>-<layout>.tar.zst``: ``….report.html``."""
+    return archive_name.removesuffix(SUFFIX) + ".report.html"
+
+
+def _write_report(p: _Package, archive: ArchiveRecord, folder: Path) -> FileRecord:
+    """The page ``weightstore report ARCHIVE`` writes of the archive just made, rendered
+    from the folder it was made of (whose files were checked against the summary on their
+    way into it), so the archive is not read back."""
+    from ..report.data import collect_report
+    from ..report.page import render_page
+
+    data = collect_report(p.folder, named=("archive", archive.file_name))
+    page = render_page(data).encode()
+    name = report_name(archive.file_name)
+    with atomic_writer(folder / name) as f:
+        f.write(page)
+    return FileRecord(name, hashlib.sha256(page).hexdigest())
 
 
 def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOptions,
@@ -326,17 +355,19 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
     if not (existing / SUMS_NAME).is_file():
         raise PackageError("no release to check; run weightstore release first",
                            folder=str(existing))
-    _refuse_unwritten(existing, [archive_root({"package": recipe.package,
-                                               "version": recipe.version,
-                                               "layout": {"name": layout.name}}) + SUFFIX
-                                 for layout in recipe.layouts])
     options = _published_settings(existing, options)
+    archives = [archive_root({"package": recipe.package, "version": recipe.version,
+                              "layout": {"name": layout.name}}) + SUFFIX
+                for layout in recipe.layouts]
+    _refuse_unwritten(existing, [*archives, *(report_name(a) for a in archives
+                                              if options.report)])
     with tempfile.TemporaryDirectory(prefix="weightstore-check-") as tmp:
         fresh = dataclasses.replace(loaded, recipe=recipe.model_copy(
             update={"output": str(Path(tmp) / "out")}))
         rebuilt = _release_recipe(fresh, dataclasses.replace(
             options, store=str(Path(tmp) / "store"), output=str(Path(tmp) / "release")))
         names = [a.file_name for a in sorted(rebuilt.archives, key=lambda a: a.file_name)]
+        names += sorted(r.file_name for r in rebuilt.reports)
         names += [SUMS_NAME, PROVENANCE_NAME]
         for name in names:
             difference = _first_difference(existing / name, rebuilt.output / name)
@@ -366,7 +397,7 @@ def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
 
 
 def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions:
-    """The epoch and compression the published release was made with (from its
+    """The epoch, compression and reports the published release was made with (from its
     release.json), so that the check asks whether the sources give these bytes."""
     try:
         params = parse_json(read_regular(folder / PROVENANCE_NAME))[
@@ -374,9 +405,10 @@ def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions
         compression = Compression(int(params["compression"]["level"]),
                                   bool(params["compression"]["long_distance"]))
         epoch = int(params["source_date_epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
+        report = params.get("report") is True
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return options  # unreadable: the comparison will name release.json
-    return dataclasses.replace(options, compression=compression,
+    return dataclasses.replace(options, compression=compression, report=report,
                                epoch=options.epoch if options.epoch is not None else epoch)
 
 

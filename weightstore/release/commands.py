@@ -38,6 +38,10 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
                    help="zstd level, 1 to 19 (default 3)")
     r.add_argument("--long", action="store_true",
                    help="zstd long-distance matching (128 MiB window)")
+    r.add_argument("--report", action="store_true",
+                   help="also write each layout's HTML report (weightstore report) beside "
+                        "its archive, listed in SHA256SUMS and release.json (needs "
+                        "weightstore[report])")
     r.add_argument("--check", action="store_true",
                    help="rebuild from scratch in a temp folder with a fresh store and compare "
                         "byte for byte with the release in --output; exit 1 on a difference")
@@ -102,7 +106,11 @@ def run_release(args: argparse.Namespace) -> int:
     options = ReleaseOptions(
         output=args.output, store=args.store, jobs=args.jobs,
         compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long),
-        progress=requested(args))
+        progress=requested(args), report=args.report)
+    if args.report and not args.check:  # before anything is built: the drawing library
+        from ..report.treemap import squarify_module
+
+        squarify_module()
     if args.check:
         result = check_release(args.target, options)
         if args.json:
@@ -119,6 +127,8 @@ def run_release(args: argparse.Namespace) -> int:
         return EXIT_OK
     for a in out.archives:
         print(f"{a.sha256}  {out.output / a.file_name} ({a.size / 1e6:.1f} MB)")
+    for r in out.reports:
+        print(f"{r.sha256}  {out.output / r.file_name}")
     print(f"wrote {out.output / 'SHA256SUMS'} and {out.output / 'release.json'}")
     return EXIT_OK
 

@@ -40,7 +40,15 @@ class ArchiveRecord:
     fingerprint: str  # the layout's build fingerprint, "blake3:<hex>"
 
 
-def render_sums(archives: Sequence[ArchiveRecord]) -> bytes:
+@dataclass(frozen=True)
+class FileRecord:
+    """Another file of the release (a layout's HTML report)."""
+
+    file_name: str
+    sha256: str  # hex
+
+
+def render_sums(archives: Sequence[ArchiveRecord | FileRecord]) -> bytes:
     """GNU coreutils format (``sha256sum -c`` reads it): ``<hex>  <name>`` (two spaces:
     text mode; binary mode's `` *`` is equivalent on POSIX), sorted by name."""
     return "".join(f"{a.sha256}  {a.file_name}\n"
@@ -75,9 +83,12 @@ def _digest_set(key: str) -> dict[str, str]:
 def statement(*, package: str, version: str, archives: Sequence[ArchiveRecord],
               summaries: Sequence[Mapping[str, Any]], epoch: int,
               compression: Mapping[str, Any], recipe: tuple[str, str] | None,
-              versions: Mapping[str, str]) -> dict[str, Any]:
+              versions: Mapping[str, str],
+              reports: Sequence[FileRecord] | None = None) -> dict[str, Any]:
     """The Statement (pure). ``recipe``: ``(file name, sha256 hex)`` when released from a
-    recipe; a package folder alone does not know its recipe's bytes."""
+    recipe; a package folder alone does not know its recipe's bytes. ``reports``: the
+    layouts' HTML reports when the release writes them (subjects too, and
+    ``"report": true`` among the parameters); None leaves both out."""
     dependencies: list[dict[str, Any]] = []
     if recipe is not None:
         dependencies.append({"name": f"recipe/{recipe[0]}", "digest": {"sha256": recipe[1]}})
@@ -91,9 +102,10 @@ def statement(*, package: str, version: str, archives: Sequence[ArchiveRecord],
                     seen.add(name)
                     dependencies.append({"name": name, "digest": _digest_set(key)})
     by_layout = sorted(archives, key=lambda a: a.file_name)
-    return {
+    subjects = sorted([*archives, *(reports or ())], key=lambda a: a.file_name)
+    doc: dict[str, Any] = {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": a.file_name, "digest": {"sha256": a.sha256}} for a in by_layout],
+        "subject": [{"name": a.file_name, "digest": {"sha256": a.sha256}} for a in subjects],
         "predicateType": PREDICATE_TYPE,
         "predicate": {
             "buildDefinition": {
@@ -120,6 +132,9 @@ def statement(*, package: str, version: str, archives: Sequence[ArchiveRecord],
             },
         },
     }
+    if reports is not None:
+        doc["predicate"]["buildDefinition"]["externalParameters"]["report"] = True
+    return doc
 
 
 def render_statement(doc: Mapping[str, Any]) -> bytes:

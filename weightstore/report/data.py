@@ -27,8 +27,11 @@ FORMAT_VERSION = 1
 
 def collect_report(target: str | os.PathLike[str] | None, *,
                    against: str | os.PathLike[str] | None = None,
-                   store: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Every view that applies to the request, collected."""
+                   store: str | os.PathLike[str] | None = None,
+                   named: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Every view that applies to the request, collected. ``named``: the target's
+    ``(kind, name)`` in the data, where the caller knows it better (``release`` reports
+    the archive it just made from the folder it made it of)."""
     from .. import __version__
 
     request = ReportRequest(target=None if target is None else Path(target),
@@ -43,6 +46,8 @@ def collect_report(target: str | os.PathLike[str] | None, *,
                 views[view.name] = collected
     name = request.target.name if request.target is not None else (
         request.store.name if request.store is not None else "")
+    if named is not None:
+        kind, name = named
     return {"format_version": FORMAT_VERSION, "generator": f"weightstore {__version__}",
             "target": {"kind": kind, "name": name}, "views": views}
 
