@@ -272,3 +272,16 @@ def test_a_release_with_reports_is_reproducible(tmp_path, capsys):
     params = json.loads((plain / "release.json").read_text())["predicate"][
         "buildDefinition"]["externalParameters"]
     assert "report" not in params
+
+
+def test_an_option_no_view_answers_is_refused(packages, capsys):
+    """--against and --store are refused while no registered view answers them, rather
+    than ignored; the views that do say so in ``answers``."""
+    from weightstore.report.views import VIEWS
+
+    for option in ("--against", "--store"):
+        answered = any(option[2:] in v.answers for v in VIEWS)
+        code = main(["report", str(packages["family"]), option, str(packages["family"])])
+        err = capsys.readouterr().err
+        if not answered:
+            assert code == 2 and err.count("\n") == 1 and "not supported" in err

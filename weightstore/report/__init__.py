@@ -16,7 +16,9 @@ this request), its renderer, ``render(view, data) -> str`` (the view's data and 
 report in; an HTML fragment out, which the page wraps in ``<section id="view-NAME">``
 with its own tab, shown at ``report.html#NAME``), and optionally ``summarize(view) ->
 list[str]`` (lines for the terminal summary); then add one :class:`~.views.View` to
-:data:`~.views.VIEWS`, in the order of the tabs. Shared pieces for renderers (byte
+:data:`~.views.VIEWS`, in the order of the tabs, with ``answers`` naming the command's
+options it serves (``("against",)`` for a diff view: an option no view answers is
+refused, never silently ignored). Shared pieces for renderers (byte
 formatting, tables, the ``data-key``/``data-value`` attributes the browser tests read
 numbers by) are in :mod:`.html`. The package view (:mod:`.package`,
 :mod:`.package_page`, :mod:`.treemap`) is the first one.

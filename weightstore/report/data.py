@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackageError
+from ..errors import PackageError, ReportError
 from .views import VIEWS, ReportRequest
 
 FORMAT_VERSION = 1
@@ -34,6 +34,11 @@ def collect_report(target: str | os.PathLike[str] | None, *,
     the archive it just made from the folder it made it of)."""
     from .. import __version__
 
+    given = {"against": against, "store": store}
+    for option, value in given.items():
+        if value is not None and not any(option in v.answers for v in VIEWS):
+            raise ReportError(f"--{option} is not supported by this version's report "
+                              "views", **{option: str(value)})
     request = ReportRequest(target=None if target is None else Path(target),
                             against=None if against is None else Path(against),
                             store=None if store is None else Path(store))
@@ -44,6 +49,9 @@ def collect_report(target: str | os.PathLike[str] | None, *,
             collected = view.collect(request)
             if collected is not None:
                 views[view.name] = collected
+    if not views:
+        raise ReportError("nothing to report: no view applies to the target",
+                          target=str(request.target or request.store))
     name = request.target.name if request.target is not None else (
         request.store.name if request.store is not None else "")
     if named is not None:

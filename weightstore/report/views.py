@@ -33,6 +33,9 @@ class View:
     collect: Callable[[ReportRequest], dict[str, Any] | None]
     render: Callable[[dict[str, Any], dict[str, Any]], str]
     summarize: Callable[[dict[str, Any]], list[str]] | None = None
+    # the request's options this view answers ("against", "store"): an option no view
+    # answers is refused rather than ignored
+    answers: tuple[str, ...] = ()
 
 
 VIEWS: tuple[View, ...] = (
