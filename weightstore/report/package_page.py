@@ -130,7 +130,7 @@ def _matrix(view: Mapping[str, Any]) -> str:
             "variant's live weights are in (a device downloads them whole, as its bundle "
             "lists them), the live bytes it reads and the dead bytes it carries. The bar "
             "shows where in each file the live ranges are.</p>"
-            + table(head, body, cls="matrix"))
+            + f'<div class="scroll">{table(head, body, cls="matrix")}</div>')
 
 
 def _runs(row: Mapping[str, Any]) -> str:

@@ -35,7 +35,8 @@ collapse:collapse;background:#fff;margin:6px 0 14px}th,td{border:1px solid #e3e5
 4px 8px;text-align:left;vertical-align:top}th{background:#eef0f4;font-weight:600}.num{
 text-align:right;white-space:nowrap}tr.pick{cursor:pointer}tr.pick:hover,tr.sel{background:#eef3ff}
 table.top td{border-width:0 0 1px 0}code{font-size:11px}.bar{display:block;width:120px;
-height:10px;fill:#2a6fdb}.bar .bg{fill:#e3e5ea}.matrix td{min-width:90px}
+height:10px;fill:#2a6fdb}.bar .bg{fill:#e3e5ea}.matrix td{min-width:90px}.matrix th{
+max-width:150px;word-break:break-all;white-space:normal}.scroll{overflow-x:auto;max-width:100%}
 """
 
 SCRIPT = """
