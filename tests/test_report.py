@@ -285,3 +285,37 @@ def test_an_option_no_view_answers_is_refused(packages, capsys):
         err = capsys.readouterr().err
         if not answered:
             assert code == 2 and err.count("\n") == 1 and "not supported" in err
+
+
+def test_formats_md_shows_the_data_s_shape(packages, capsys):
+    """docs/formats.md's example of the report data has exactly the keys the data has, at
+    every level it shows (a key added or renamed must be documented)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    section = text[text.index("## Report data"):]
+    start = section.index("```json") + len("```json")
+    doc = json.loads(section[start:section.index("```", start)])
+    data = _json(capsys, str(packages["scenarios"]))
+
+    def keys(value):
+        return sorted(value)
+
+    assert keys(doc) == keys(data) and keys(doc["target"]) == keys(data["target"])
+    d, v = doc["views"]["package"], data["views"]["package"]
+    assert keys(d) == keys(v)
+    for name in ("models", "tensors", "files", "variants"):
+        assert keys(d[name][0]) == keys(v[name][0]), name
+    assert keys(d["variants"][0]["files"][0]) == keys(v["variants"][0]["files"][0])
+    assert keys(d["shared_payloads"]) == keys(v["shared_payloads"])
+    family = _json(capsys, str(packages["family"]))["views"]["package"]
+    assert keys(d["shared_payloads"]["payloads"][0]) == \
+        keys(family["shared_payloads"]["payloads"][0])
+    tree = d["treemap"]
+    model = tree["children"][0]
+    scenario = model["children"][0]
+    file = scenario["children"][0]
+    real = v["treemap"]
+    assert keys(tree) == keys(real) and keys(model) == keys(real["children"][0])
+    assert keys(scenario) == keys(real["children"][0]["children"][0])
+    real_file = real["children"][0]["children"][0]["children"][0]
+    assert keys(file) == keys(real_file)
+    assert keys(file["children"][0]) == keys(real_file["children"][0])  # a tensor

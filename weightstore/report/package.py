@@ -41,7 +41,8 @@ def collect(request: Any) -> dict[str, Any] | None:
         "totals": dict(summary.get("totals", {})),
         "files": [{"name": f["name"], "size": f["size"]} for f in summary.get("files", [])],
         "models": _models(summary, tensors),
-        "tensors": [t for t in tensors if t["named"]],
+        "tensors": [{k: v for k, v in t.items() if k != "named"} for t in tensors
+                    if t["named"]],
         "treemap": _treemap(summary, tensors, named),
         "shared_payloads": _shared(tensors),
         "variants": _variants(folder, summary),
