@@ -109,7 +109,7 @@ def test_a_blob_waiting_for_its_store_commit_holds_no_download(
             another.set()  # a download started while the first commit was held
         return real_download(*args, **kwargs)
 
-    import weightstore.registry.pull as pulling
+    import weightstore.registry.fetch as pulling
 
     real_download = pulling._download_payload
     with running_registry(tmp_path / "registry") as server:
