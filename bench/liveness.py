@@ -88,7 +88,7 @@ import json, shutil, statistics, sys, time
 recipe, package, bundle_dir, model, calls = sys.argv[1:6]
 import onnx
 import weightstore
-from weightstore.build import BuildOptions, build
+from weightstore.builder import BuildOptions, build
 from weightstore.package.bundles import assemble
 from weightstore.package.check import check_package
 

@@ -63,7 +63,7 @@ models:
 
 def build_package(workdir: Path, name: str, model: Any, version: str, hash_: str,
                   scenario: bool = False) -> Path:
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     src = workdir / f"{name}-{version}.onnx"
     import onnx
@@ -245,7 +245,7 @@ def transformer_packages(workdir: Path, size_mb: int) -> dict[str, Path]:
     import onnx
 
     from tests.samples import make_encoder
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     layers, hidden, ffn = 6, 384, 1536
     per_layer = 4 * (4 * hidden * hidden + 2 * hidden * ffn)

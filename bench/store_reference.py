@@ -36,7 +36,7 @@ from harness import MB, Target
 from resolve import GENERATE_ENCODER  # the same encoder and recipe as bench/resolve.py
 
 BUILD = GENERATE_ENCODER + r'''
-from weightstore.build import BuildOptions, build
+from weightstore.builder import BuildOptions, build
 build(folder / "recipe.yaml", BuildOptions(jobs=2))
 '''
 

@@ -113,7 +113,7 @@ def init(self, *a, **k):
     real(self, *a, **k)
     holds.append(self.write_holds)
 index_module.Index.__init__ = init
-from weightstore.build import build, BuildOptions
+from weightstore.builder import build, BuildOptions
 result = build(sys.argv[1], BuildOptions(store=sys.argv[2]))
 all_holds = [h for hs in holds for h in hs]
 print(json.dumps({"max_hold": max(all_holds), "transactions": len(all_holds),

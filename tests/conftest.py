@@ -82,7 +82,7 @@ def save_model(tmp_path: Path) -> SaveModel:
 def split_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A built recipe (store and packages) of the sample encoder with three scenarios and
     five devices (see ``tests.test_split.RECIPE``); read-only: copy before changing it."""
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     from .test_split import _write
 

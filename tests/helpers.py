@@ -138,7 +138,7 @@ def scenario_package(folder: Path):
     ``folder/store``): returns (the package folder, the source model)."""
     import onnx
 
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     from .samples import make_encoder
 
@@ -170,7 +170,7 @@ def file_constant_package(folder: Path, source: Path) -> Path:
     """Build ``source`` into GE's form (FileConstant nodes: a combined layout ``ge`` and a
     separate one ``ge-separate``, a device ``npu``) in ``folder`` (store ``folder/store``);
     returns the version folder holding both layouts."""
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     (folder / "ge.yaml").write_text(FILE_CONSTANT_PACKAGE.format(
         store=folder / "store", src=source, out=folder / "out"))
@@ -309,7 +309,7 @@ def every_layout(folder: Path, model: onnx.ModelProto, version: str,
     device) below ``folder``; layout name -> package folder."""
     import onnx
 
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     folder.mkdir(parents=True, exist_ok=True)
     src = folder / f"encoder-{version}.onnx"

@@ -45,7 +45,7 @@ def test_public_names_resolve_and_are_documented(name: str) -> None:
 
 
 def test_submodule_names_stay_callable_whatever_was_imported_first() -> None:
-    code = ("import weightstore.build.run, weightstore.catalogue.inspect, weightstore.resolve, "
+    code = ("import weightstore.builder.run, weightstore.catalogue.inspect, weightstore.resolve, "
             "weightstore.load, weightstore\n"
             "assert all(callable(getattr(weightstore, n)) for n in "
             "('build', 'inspect', 'resolve', 'load'))")

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.convert import convert_to_inline
 from weightstore.errors import PackageError
 from weightstore.store import WeightStore

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.io.digests import digest_bytes
 from weightstore.resolve.runnable import runnable_variant
 from weightstore.scenarios.api import replay_modification_scenario, scenario_names

@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.caches import build_stamp
 from weightstore.errors import PackageError
 from weightstore.store.location import user_cache_dir

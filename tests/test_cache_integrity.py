@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.caches.payload_keys import FOLDER
 from weightstore.errors import PackageError
 from weightstore.package import fingerprint

@@ -158,7 +158,7 @@ def test_refusing_a_different_build_names_what_changed(encoder_model, shared_pai
                                                         save_model, tmp_path):
     import pytest
 
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
     from weightstore.errors import PackageError
 
     src = save_model(encoder_model, "m.onnx")
@@ -393,7 +393,7 @@ def test_refusing_a_different_build_names_every_input(encoder_model, save_model,
     changes; what it does not record is named as what it may be, never the catch-all."""
     import pytest
 
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
     from weightstore.errors import PackageError
 
     src = save_model(encoder_model, "m.onnx")

@@ -22,7 +22,7 @@ from onnx import TensorProto as T
 from onnx import numpy_helper
 
 import weightstore
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.catalogue.graphs import iter_containers
 from weightstore.catalogue.inspect import inspect_model
 from weightstore.catalogue.payload import expected_nbytes

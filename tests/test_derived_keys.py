@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.caches.derived_keys import FOLDER
 
 from .test_build import tree

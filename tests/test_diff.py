@@ -10,7 +10,7 @@ import pytest
 from onnx import numpy_helper
 
 from tests.release_helpers import make_checkout
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.release.api import ReleaseOptions, release
 from weightstore.release.diff import diff_packages, open_view

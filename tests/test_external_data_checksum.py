@@ -26,7 +26,7 @@ from onnx.external_data_helper import (
     uses_external_data,
 )
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.recipe.schema import load_recipe
 from weightstore.scenarios.storage import read_scenarios

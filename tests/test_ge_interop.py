@@ -134,7 +134,7 @@ def test_bytes_that_do_not_fit_dtype_and_shape_are_an_error_naming_the_node(tmp_
     recipe = tmp_path / "r.yaml"  # as a build's source: refused too, nothing built
     recipe.write_text('package: p\nversion: "1"\nmodels: [{name: m, source: ge.onnx}]\n'
                       "layouts: [{name: c, external_weight: combined, size_threshold: 4}]\n")
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
     from weightstore.errors import WeightstoreError
 
     with pytest.raises(WeightstoreError) as err:

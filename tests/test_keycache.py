@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import weightstore.convert.weights as weights_module
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.caches.payload_keys import FOLDER
 
 from .test_build import tree, write_recipe

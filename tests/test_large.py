@@ -57,7 +57,7 @@ def test_over_2gib_single_file(tmp_path):
     build = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(f"""
             import json, resource
-            from weightstore.build import build, BuildOptions
+            from weightstore.builder import build, BuildOptions
             result = build({str(recipe)!r}, BuildOptions(jobs=2))
             print(json.dumps({{"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                                "path": str(result.packages[0].path)}}))

@@ -72,14 +72,14 @@ def test_io_and_the_store_sit_at_the_bottom():
 
 def test_only_the_command_line_and_releases_start_builds():
     importers = {folder.name for folder in PACKAGE.iterdir()
-                 if folder.is_dir() and "build" in _folder_imports(folder.name)}
+                 if folder.is_dir() and "builder" in _folder_imports(folder.name)}
     root = {p.stem for p in PACKAGE.glob("*.py")
-            if any(i.startswith("weightstore.build") for i in _imports(p))}
+            if any(i.startswith("weightstore.builder") for i in _imports(p))}
     assert importers <= {"release"} and root <= {"cli", "__init__"}
 
 
 def test_the_folder_scan_sees_imports():
-    assert "io" in _folder_imports("store") and "recipe" in _folder_imports("build")
+    assert "io" in _folder_imports("store") and "recipe" in _folder_imports("builder")
 
 
 def test_offline_assembly_reaches_no_registry():

@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 import weightstore
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, PackageError, ResolutionError
 from weightstore.load import RecordingReader, WeightManager

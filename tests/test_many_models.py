@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 
 from .samples import run_onnxruntime

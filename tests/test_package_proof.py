@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from tests.release_helpers import make_checkout
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.caches import build_actions, build_stamp
 from weightstore.cli import main
 from weightstore.package.inventory import verify_package

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.release_helpers import make_checkout
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import PackageError
 from weightstore.io.digests import digest_file, make_key

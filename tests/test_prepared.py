@@ -393,7 +393,7 @@ def test_corrupt_runtime_made_value_gives_up_the_companion(tmp_path):
     """A value onnxruntime created for the companion graph (here the GELU function's
     channel scale, inlined and folded) that fails its checksum makes the load use the
     resolved graph and its portable weights: a correct session."""
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     from .samples import make_encoder
 

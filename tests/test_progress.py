@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 
 from .helpers import empty_store
 from .registry_server import BINARY, running_registry

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.errors import PackageError
 from weightstore.io.files import exchange, make_temp_dir, publish_dir
 

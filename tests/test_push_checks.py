@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.release_helpers import make_checkout
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, PackageError
 from weightstore.registry import push as push_module

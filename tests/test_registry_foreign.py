@@ -19,7 +19,7 @@ import pytest
 import requests
 import zstandard
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import RegistryError
 from weightstore.registry.pull import pull

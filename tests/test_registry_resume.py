@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.errors import RegistryNotFoundError
 from weightstore.io.locks import lock_files_removable
 from weightstore.registry import sessions

@@ -338,7 +338,7 @@ def test_check_uses_the_published_epoch_and_compression(encoder_model, tmp_path,
 
 def test_unlisted_files_do_not_make_a_package_stale(released):
     recipe, _ = released
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     (recipe.parent / "out/pkg/1.0.0/combined/NOTES.txt").write_text("mine")
     again = build(recipe, BuildOptions(jobs=1))

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.errors import PackageError, RecipeError
 from weightstore.package.fingerprint import layout_fingerprint
 from weightstore.recipe.schema import Layout, parse_recipe_text

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
 from weightstore.package.bundles import assemble, satisfies

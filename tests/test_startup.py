@@ -89,7 +89,7 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
     extension, numpy, ml_dtypes) took most of a pull's start-up though nothing in a whole
     pull or a push reads a model. Only --device and --scenario, which resolve a graph,
     load onnx."""
-    from weightstore.build.run import build
+    from weightstore.builder.run import build
 
     (folder / "recipe.yaml").write_text(TWO_LAYOUTS)  # combined and separate
     packages = {p.layout: p.path for p in build(folder / "recipe.yaml").packages}

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.package.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
@@ -346,7 +346,7 @@ def run_until_killed(tmp_path: Path, module: str, func: str, run: str, arg: str,
     proc.wait(30)
 
 
-BUILD = ("from weightstore.build import build, BuildOptions\n"
+BUILD = ("from weightstore.builder import build, BuildOptions\n"
          "build(sys.argv[1], BuildOptions(jobs=2))")
 
 
@@ -472,7 +472,7 @@ def test_a_stamped_up_to_date_build_registers_a_missing_root(
                                                              root.objects)
     assert main(["store", "gc", "--store", str(store_dir)]) == 0
     shutil.rmtree(package_of(recipe))
-    import weightstore.build.run as run
+    import weightstore.builder.run as run
 
     converted = record_calls(monkeypatch, run, "_fill_and_write")
     again = build(recipe, BuildOptions(store=str(store_dir), jobs=2))

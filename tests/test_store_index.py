@@ -120,7 +120,7 @@ def _put_one(root: str, i: int) -> None:
 
 
 def test_a_build_reuses_a_migrated_store(encoder_model, save_model, tmp_path: Path) -> None:
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     from .test_build import write_recipe
 
@@ -369,7 +369,7 @@ def test_repair_of_a_lost_index_says_what_it_did_and_gc_says_it_would_refuse(
 def test_a_read_only_store_serves_a_build_without_writing(
         tmp_path: Path, encoder_model, save_model, monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a read-only mount: every payload present, so the build needs no write."""
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     from .helpers import freeze_index, index_bytes
     from .test_build import write_recipe
@@ -597,7 +597,7 @@ def test_a_store_on_a_read_only_mount_serves_a_build_without_the_folder_lock(
     goes on without it."""
     import subprocess
 
-    from weightstore.build.run import BuildOptions, build
+    from weightstore.builder.run import BuildOptions, build
 
     from .test_build import write_recipe
 

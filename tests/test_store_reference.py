@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import weightstore
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.caches import build_actions
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, ResolutionError

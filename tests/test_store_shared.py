@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.io import files as fsio
 from weightstore.package.check import check_package

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from tests.release_helpers import make_checkout
-from weightstore.build.run import BuildOptions, build
+from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import PackageError
 from weightstore.package.summary import check_structure

@@ -82,7 +82,7 @@ def test_a_blob_waiting_for_its_store_commit_holds_no_download(
     it was released."""
     import onnx
 
-    from weightstore.build.run import build
+    from weightstore.builder.run import build
     from weightstore.registry.pull import pull
     from weightstore.registry.push import push
     from weightstore.store import WeightStore

@@ -18,8 +18,9 @@ commands that build, inspect, convert, check and load have a function here:
 
 Names load on first use (PEP 562): ``import weightstore`` stays cheap, so the command
 line, which imports this package first, pays only for what its command needs.
-``build``, ``inspect``, ``resolve``, ``load`` and ``report`` are also modules (``inspect``
-is ``catalogue.inspect``); each is callable as its function, whatever was imported first.
+``inspect``, ``resolve``, ``load`` and ``report`` are also modules (``inspect`` is
+``catalogue.inspect``); each is callable as its function, whatever was imported first.
+``build`` is the function alone: the build's package is ``weightstore.builder``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ __version__ = "0.1.2"
 
 # name -> (submodule, attribute); attribute None: the submodule itself, which is callable
 _EXPORTS: dict[str, tuple[str, str | None]] = {
-    "build": ("build", None),
-    "BuildOptions": ("build.run", "BuildOptions"),
-    "BuildResult": ("build.run", "BuildResult"),
-    "PackageResult": ("build.run", "PackageResult"),
+    "build": ("builder.run", "build"),
+    "BuildOptions": ("builder.run", "BuildOptions"),
+    "BuildResult": ("builder.run", "BuildResult"),
+    "PackageResult": ("builder.run", "PackageResult"),
     "Recipe": ("recipe.schema", "Recipe"),
     "load_recipe": ("recipe.schema", "load_recipe"),
     "inspect": ("catalogue.inspect", None),
@@ -71,8 +72,8 @@ __all__ = [
     "show_scenario",
 ]
 
-if TYPE_CHECKING:  # the four callable modules are typed as the functions they call
-    from .build.run import BuildOptions, BuildResult, PackageResult, build
+if TYPE_CHECKING:  # the callable modules are typed as the functions they call
+    from .builder.run import BuildOptions, BuildResult, PackageResult, build
     from .catalogue.inspect import inspect_model as inspect
     from .convert import ConvertReport, convert_to_external, convert_to_inline
     from .errors import WeightstoreError

@@ -330,7 +330,7 @@ def _mb(n: int) -> str:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .build.run import BuildOptions, build
+    from .builder.run import BuildOptions, build
 
     result = build(args.recipe, BuildOptions(store=args.store, jobs=args.jobs,
                                              force=args.force, models=tuple(args.model),
@@ -341,7 +341,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         _print_json(result.to_dict())
         return EXIT_OK
     if args.dry_run:
-        from .build.plan import render_plan
+        from .builder.plan import render_plan
 
         print(render_plan(result))
         return EXIT_OK

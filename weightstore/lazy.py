@@ -4,11 +4,12 @@ Packages export their public names lazily so that ``import weightstore`` and the
 line's start-up pay only for what a command needs. :func:`lazy_exports` gives a package
 its ``__getattr__`` and ``__dir__`` from one table.
 
-``weightstore.build`` is both a submodule and the build function. The import system sets
-a package attribute to the submodule whenever that is first imported, so a function
+``weightstore.resolve`` is both a subpackage and the resolve function. The import system
+sets a package attribute to the submodule whenever that is first imported, so a function
 exported under the same name would be replaced or not depending on import order. Making
-the submodule itself callable (:func:`make_callable`) keeps ``weightstore.build(...)`` the
-function, whatever was imported first (``inspect``, ``resolve`` and ``load`` likewise).
+the submodule itself callable (:func:`make_callable`) keeps ``weightstore.resolve(...)``
+the function, whatever was imported first (``inspect``, ``load`` and ``report``
+likewise).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def make_callable(module_name: str, function_name: str) -> None:
 
         @property
         def __signature__(self) -> inspect.Signature:
-            # inspect.signature(weightstore.build) gives the function's parameters
+            # inspect.signature(weightstore.resolve) gives the function's parameters
             return inspect.signature(getattr(self, function_name))
 
     module.__class__ = CallableModule

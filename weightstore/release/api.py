@@ -124,7 +124,7 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
 
 
 def _release_recipe(loaded: LoadedRecipe, options: ReleaseOptions) -> ReleaseResult:
-    from ..build.run import BuildOptions, build
+    from ..builder.run import BuildOptions, build
 
     result = build(loaded, BuildOptions(store=options.store, jobs=options.jobs,
                                         progress=options.progress))

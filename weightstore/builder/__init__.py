@@ -1,15 +1,16 @@
 """The build: a recipe's models hashed into the store and written as packages.
 
 :mod:`.run` is ``weightstore build`` end to end (recipe -> catalogue -> store -> packages),
-:mod:`.plan` renders what ``build --dry-run`` would do. The package itself is callable:
-``weightstore.build(recipe)`` is :func:`.run.build`, whatever was imported first.
+:mod:`.plan` renders what ``build --dry-run`` would do. ``weightstore.build(recipe)`` is
+:func:`.run.build`. (The folder is not named ``build/``: that name is ignored as a build
+output at any depth by common ``.gitignore`` templates and skipped by tools.)
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import lazy_exports, make_callable
+from ..lazy import lazy_exports
 
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "build": ("run", "build"),
@@ -25,4 +26,3 @@ if TYPE_CHECKING:
     from .run import BuildOptions, BuildResult, PackageResult, build
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
-make_callable(__name__, "build")  # weightstore.build(recipe) is the function
