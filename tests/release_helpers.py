@@ -126,3 +126,43 @@ def entry(name: str, data: bytes | None = None, kind: bytes = tarfile.REGTYPE,
     for k, v in fields.items():
         setattr(info, k, v)
     return info, data
+
+
+CHANGED = "encoder.layer.0.attention.self.query.weight"
+
+
+def build_two_versions(root: Path) -> dict[str, tuple[Path, Path]]:
+    """Two builds of one package into one store (``root/store``), as folders and release
+    archives: ``a``, and ``b`` with one weight of its encoder changed, a second model and a
+    second device. name -> (package folder, archive)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from weightstore.builder.run import BuildOptions, build
+    from weightstore.release.api import ReleaseOptions, release
+
+    from .samples import make_encoder
+
+    model = make_encoder(vocab=200, hidden=32, layers=1, ffn=64)
+    a = make_checkout(root / "a", model)
+    tensor = next(t for t in model.graph.initializer if t.name == CHANGED)
+    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) + np.float32(1),
+                                            CHANGED))
+    b = make_checkout(root / "b", model)
+    text = b.read_text().replace("devices:\n  - {name: cpu, scenario: null}",
+                                 "devices:\n  - {name: cpu, scenario: null}\n"
+                                 "  - {name: edge, scenario: null}")
+    text = text.replace("  - {name: encoder, source: models/encoder.onnx}",
+                        "  - {name: encoder, source: models/encoder.onnx}\n"
+                        "  - {name: second, source: models/second.onnx}")
+    b.write_text(text)
+    onnx.save_model(make_encoder(vocab=100, hidden=16, layers=1, ffn=32, seed=3),
+                    str(root / "b" / "models" / "second.onnx"))
+    out = {}
+    for name, recipe in (("a", a), ("b", b)):
+        build(recipe, BuildOptions(jobs=2, store=str(root / "store")))
+        rel = release(recipe.parent / "out/pkg/1.0.0/combined",
+                      ReleaseOptions(output=str(root / f"rel-{name}"), jobs=2))
+        out[name] = (recipe.parent / "out/pkg/1.0.0/combined",
+                     rel.output / rel.archives[0].file_name)
+    return out

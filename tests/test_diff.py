@@ -4,48 +4,16 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
-from tests.release_helpers import make_checkout
-from weightstore.builder.run import BuildOptions, build
+from tests.release_helpers import CHANGED, build_two_versions
 from weightstore.cli import main
-from weightstore.release.api import ReleaseOptions, release
 from weightstore.release.diff import diff_packages, open_view
-
-from .samples import make_encoder
-
-CHANGED = "encoder.layer.0.attention.self.query.weight"
 
 
 @pytest.fixture(scope="module")
 def two_versions(tmp_path_factory):
-    root = tmp_path_factory.mktemp("diff")
-    model = make_encoder(vocab=200, hidden=32, layers=1, ffn=64)
-    a = make_checkout(root / "a", model)
-    tensor = next(t for t in model.graph.initializer if t.name == CHANGED)
-    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) + np.float32(1),
-                                            CHANGED))
-    b = make_checkout(root / "b", model)
-    text = b.read_text().replace("devices:\n  - {name: cpu, scenario: null}",
-                                 "devices:\n  - {name: cpu, scenario: null}\n"
-                                 "  - {name: edge, scenario: null}")
-    text = text.replace("  - {name: encoder, source: models/encoder.onnx}",
-                        "  - {name: encoder, source: models/encoder.onnx}\n"
-                        "  - {name: second, source: models/second.onnx}")
-    b.write_text(text)
-    onnx.save_model(make_encoder(vocab=100, hidden=16, layers=1, ffn=32, seed=3),
-                    str(root / "b" / "models" / "second.onnx"))
-    out = {}
-    for name, recipe in (("a", a), ("b", b)):
-        build(recipe, BuildOptions(jobs=2, store=str(root / "store")))
-        rel = release(recipe.parent / "out/pkg/1.0.0/combined",
-                      ReleaseOptions(output=str(root / f"rel-{name}"), jobs=2))
-        out[name] = (recipe.parent / "out/pkg/1.0.0/combined",
-                     rel.output / rel.archives[0].file_name)
-    return out
+    return build_two_versions(tmp_path_factory.mktemp("diff"))
 
 
 def test_identical_packages(two_versions, capsys):

@@ -95,11 +95,12 @@ def test_offline_assembly_reaches_no_registry():
 
 def test_only_the_command_line_the_api_and_releases_import_the_report():
     """The report sits beside release/: it reads packages, release archives, resolution
-    (through package/check) and the store, and nothing below it knows it exists."""
+    (through package/check), the store and the builds it records (a store reference's
+    action record), and nothing below it knows it exists."""
     importers = {folder.name for folder in PACKAGE.iterdir()
                  if folder.is_dir() and "report" in _folder_imports(folder.name)}
     root = {p.stem for p in PACKAGE.glob("*.py")
             if any(i.startswith("weightstore.report") for i in _imports(p))}
     assert importers <= {"release"} and root <= {"cli", "__init__"}
-    assert _folder_imports("report") <= {"errors", "io", "lazy", "progress", "package",
-                                         "release", "resolve", "store"}
+    assert _folder_imports("report") <= {"caches", "errors", "io", "lazy", "progress",
+                                         "package", "release", "resolve", "store"}

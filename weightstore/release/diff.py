@@ -116,7 +116,8 @@ def _archive_view(path: Path) -> PackageView:
     return PackageView(str(path), summary, bundles)
 
 
-def _weights(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def weights_by_name(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """External weights by the name a diff gives them: ``model/name[@scenario]``."""
     out = {}
     for m in summary["models"]:
         for w in m["external_weights"]:
@@ -141,7 +142,7 @@ def diff_packages(a: PackageView, b: PackageView) -> PackageDiff:
     models_b = {m["name"]: m for m in sb["models"]}
     changes += _pairs("model", {k: m["file"] for k, m in models_a.items()},
                       {k: m["file"] for k, m in models_b.items()})
-    wa, wb = _weights(sa), _weights(sb)
+    wa, wb = weights_by_name(sa), weights_by_name(sb)
     weight_changes = _pairs("weight", {k: w["id"] for k, w in wa.items()},
                             {k: w["id"] for k, w in wb.items()})
     changes += weight_changes

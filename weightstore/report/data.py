@@ -42,7 +42,7 @@ def collect_report(target: str | os.PathLike[str] | None, *,
     request = ReportRequest(target=None if target is None else Path(target),
                             against=None if against is None else Path(against),
                             store=None if store is None else Path(store))
-    with _package_folder(request.target) as (kind, folder):
+    with _package_folder(request.target, request.store) as (kind, folder):
         request = replace(request, folder=folder)
         views = {}
         for view in VIEWS:
@@ -61,9 +61,11 @@ def collect_report(target: str | os.PathLike[str] | None, *,
 
 
 @contextlib.contextmanager
-def _package_folder(target: Path | None) -> Iterator[tuple[str, Path | None]]:
+def _package_folder(target: Path | None,
+                    store: Path | None) -> Iterator[tuple[str, Path | None]]:
     """``(kind, folder)``: the target as a package folder (an archive unpacked and
-    verified into a temp folder, removed afterwards)."""
+    verified, or a store reference's build assembled from the store, into a temp folder
+    removed afterwards)."""
     if target is None:
         yield "store", None
         return
@@ -71,6 +73,10 @@ def _package_folder(target: Path | None) -> Iterator[tuple[str, Path | None]]:
         yield "package", target
         return
     if not target.exists():
+        if store is not None and not target.is_absolute():
+            with _referenced_build(str(target), store) as folder:
+                yield "store reference", folder
+            return
         raise PackageError("no such package folder or archive", path=str(target))
     from ..release.unpack import unpack
 
@@ -78,6 +84,29 @@ def _package_folder(target: Path | None) -> Iterator[tuple[str, Path | None]]:
         folder = Path(tmp) / "package"
         unpack(target, folder)
         yield "archive", folder
+
+
+@contextlib.contextmanager
+def _referenced_build(text: str, store: Path) -> Iterator[Path]:
+    """The build a store reference names (:func:`weightstore.resolve.reference.find_build`:
+    one build, its action record's MAC and its summary checked), assembled from the store
+    by that record into a temp folder: every piece re-hashed against its key, as a warm
+    build materializes it, but registered nowhere."""
+    from ..caches import build_actions
+    from ..package.assembly import assemble
+    from ..resolve.reference import StoreReference, find_build
+    from ..store import WeightStore
+
+    build = find_build(store, StoreReference.parse(text))
+    record = build_actions.load(store, build.fingerprint)
+    if record is None:  # gone since find_build read it
+        raise ReportError("the build's action record left the store", reference=text)
+    weights = WeightStore(store)
+    with tempfile.TemporaryDirectory(prefix="weightstore-report-") as tmp, weights.leased():
+        folder = Path(tmp) / "package"
+        folder.mkdir()
+        assemble(weights, folder, record.files)
+        yield folder
 
 
 def render_json(data: dict[str, Any]) -> str:

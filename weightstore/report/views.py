@@ -7,15 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import package, package_page
+from . import diff, package, package_page, store_view
 
 
 @dataclass(frozen=True)
 class ReportRequest:
-    """What the report was asked for: ``target`` (a package folder or a release archive),
-    ``against`` (an older package or archive, for the diff view) and ``store`` (a store
-    folder, for the store view and store references); ``folder`` is the target as a
-    package folder (an archive unpacked), None when the target is no package."""
+    """What the report was asked for: ``target`` (a package folder, a release archive, or
+    with ``store`` a store reference ``PACKAGE[/VERSION[/LAYOUT]]``), ``against`` (an older
+    package or archive, for the diff view) and ``store`` (a store folder, for the store
+    view and store references); ``folder`` is the target as a package folder (an archive
+    unpacked, a store reference's build assembled from the store), None when the target is
+    no package."""
 
     target: Path | None
     against: Path | None = None
@@ -40,4 +42,7 @@ class View:
 
 VIEWS: tuple[View, ...] = (
     View("package", "Package", package.collect, package_page.render, package.summarize),
+    View("diff", "Changes", diff.collect, diff.render, diff.summarize, answers=("against",)),
+    View("store", "Store", store_view.collect, store_view.render, store_view.summarize,
+         answers=("store",)),
 )
