@@ -104,3 +104,108 @@ def test_only_the_command_line_the_api_and_releases_import_the_report():
     assert importers <= {"release"} and root <= {"cli", "__init__"}
     assert _folder_imports("report") <= {"caches", "errors", "io", "lazy", "progress",
                                          "package", "release", "resolve", "store"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of weightstore by its dotted name (a package by its own name)."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _module_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The weightstore modules ``path`` imports, anywhere in it (inside functions and
+    ``TYPE_CHECKING`` blocks too), each resolved to the module it names: ``from . import
+    x`` imports the submodule ``x``, ``from .m import name`` the module ``m``. The one
+    exception is the API table's ``TYPE_CHECKING`` block (``weightstore/__init__.py``),
+    which types the names it exports lazily from every folder: the package root sits
+    above everything by design."""
+    tree = ast.parse(path.read_text())
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts == ("weightstore", "__init__"):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                node.body = []
+    package = parts if parts[-1] == "__init__" else parts[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = (package if parts[-1] == "__init__" else parts)[
+                    :len(parts) - node.level]
+                module = ".".join((*base, *(node.module or "").split("."))).strip(".")
+            else:
+                module = node.module or ""
+            subs = {f"{module}.{a.name}" for a in node.names} & modules.keys()
+            out |= subs
+            if len(subs) < len(node.names) and module in modules:
+                out.add(module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names} & modules.keys()
+    return out - {".".join(parts[:-1] if parts[-1] == "__init__" else parts)}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one
+    module (Tarjan's algorithm, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle_between_modules():
+    """No module imports, however indirectly and wherever in the file (a function, a
+    ``TYPE_CHECKING`` block), a module that imports it back: each concept sits on the
+    ones it needs (docs/architecture.md, "No circles")."""
+    modules = _modules()
+    graph = {name: _module_imports(path, modules) for name, path in modules.items()}
+    assert _circles(graph) == []
+
+
+def test_the_circle_scan_sees_circles_and_every_kind_of_import():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+    modules = _modules()
+    # a function-level import, a TYPE_CHECKING one, and "from . import submodule"
+    assert "weightstore.store.gc" in _module_imports(
+        PACKAGE / "store" / "store.py", modules)  # inside WeightStore.plan_gc
+    assert "weightstore.store.core" in _module_imports(PACKAGE / "store" / "gc.py", modules)
+    assert {"weightstore.report.diff", "weightstore.report.store_view"} <= _module_imports(
+        PACKAGE / "report" / "views.py", modules)

@@ -18,10 +18,10 @@ from weightstore.cli import main
 from weightstore.errors import IntegrityError, PackageError, ResolutionError
 from weightstore.load import LoadReport, RecordingReader, WeightManager, plan_reads
 from weightstore.load.executor import execute
+from weightstore.load.prepare import prepare
 from weightstore.resolve.binding import COSTLIER, PERSISTED, PORTABLE, prepared_key
 from weightstore.resolve.kernels import CpuKernels, select_kernels
 from weightstore.resolve.packing_probe import packing_reused
-from weightstore.resolve.prepare import prepare
 from weightstore.resolve.prepared import IN_ORDER, PreparedOptions
 from weightstore.resolve.prepared_record import sign_record
 from weightstore.resolve.runnable import runnable_variant

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from weightstore._proto import weightstore_pb2 as pb
 from weightstore.catalogue.descriptors import DerivedWeightRecipe
-from weightstore.catalogue.payload import SMALL_VALUE_LIMIT
 from weightstore.catalogue.reader import read_catalogue
+from weightstore.catalogue.schema import SMALL_VALUE_LIMIT
 from weightstore.errors import ScenarioError
 from weightstore.scenarios.api import (
     AddModificationScenarioOptions,

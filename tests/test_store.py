@@ -16,7 +16,7 @@ from filelock import FileLock, Timeout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import weightstore.store.store as store_module
+import weightstore.store.core as store_module
 import weightstore.store.writer as writer_module
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, StoreError

@@ -58,7 +58,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ScenarioSelectionContext": ("resolve", "ScenarioSelectionContext"),
     "PreparedOptions": ("resolve", "PreparedOptions"),
     "StoreReference": ("resolve", "StoreReference"),
-    "prepare": ("resolve.prepare", "prepare"),
+    "prepare": ("load.prepare", "prepare"),
     "report": ("report", None),
     "WeightstoreError": ("errors", "WeightstoreError"),
 }
@@ -77,6 +77,7 @@ if TYPE_CHECKING:  # the callable modules are typed as the functions they call
     from .catalogue.inspect import inspect_model as inspect
     from .convert import ConvertReport, convert_to_external, convert_to_inline
     from .errors import WeightstoreError
+    from .load.prepare import prepare
     from .load.session import load
     from .package.bundles import assemble as bundle
     from .package.check import CheckReport, check_package
@@ -84,7 +85,6 @@ if TYPE_CHECKING:  # the callable modules are typed as the functions they call
     from .report.api import report
     from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext, StoreReference
     from .resolve.api import resolve
-    from .resolve.prepare import prepare
     from .resolve.runnable import replay_scenario
     from .scenarios.operations import (
         add_scenario,

@@ -214,6 +214,12 @@ def _add_resolve(sub: Any) -> None:
     register(sub)
 
 
+def _add_load(sub: Any) -> None:
+    from .load.commands import register
+
+    register(sub)
+
+
 def _add_registry(sub: Any) -> None:
     from .registry.commands import add_parsers
 
@@ -242,7 +248,8 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
     (("check",), _add_check),
     (("bundle",), _add_bundle),
     (("verify", "release", "unpack", "diff"), _add_release),
-    (("resolve", "run", "prepare"), _add_resolve),
+    (("resolve",), _add_resolve),
+    (("run", "prepare"), _add_load),
     (("push", "pull", "assemble"), _add_registry),
     (("report",), _add_report),
     (("schema",), _add_schema),
@@ -531,8 +538,14 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 def _cmd_resolve(args: argparse.Namespace) -> int:
     from .resolve import commands
 
-    return {"resolve": commands.resolve_command, "run": commands.run_command,
-            "prepare": commands.prepare_command}[args.command](args)
+    return commands.resolve_command(args)
+
+
+def _cmd_load(args: argparse.Namespace) -> int:
+    from .load import commands
+
+    return {"run": commands.run_command, "prepare": commands.prepare_command}[args.command](
+        args)
 
 
 def _registry(handler: str, args: argparse.Namespace) -> int:
@@ -556,7 +569,7 @@ def _release(args: argparse.Namespace) -> int:
 COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "inspect": _cmd_inspect, "scenario": _cmd_scenario, "check": _cmd_check,
             "bundle": _cmd_bundle, "schema": _cmd_schema, "resolve": _cmd_resolve,
-            "run": _cmd_resolve, "prepare": _cmd_resolve,
+            "run": _cmd_load, "prepare": _cmd_load,
             "push": lambda args: _registry("run_push", args),
             "pull": lambda args: _registry("run_pull", args),
             "assemble": lambda args: _registry("run_assemble", args),

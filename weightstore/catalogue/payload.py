@@ -23,8 +23,6 @@ from .locations import resolve_location
 from .reader import Catalogue
 from .sites import TensorSite
 
-SMALL_VALUE_LIMIT = 4096  # bytes: values this small are metadata (shapes, conditions)
-
 
 @dataclass(frozen=True)
 class PayloadDescriptor:

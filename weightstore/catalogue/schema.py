@@ -39,6 +39,10 @@ CHILDREN: dict[Kind, dict[int, tuple[Kind, bool]]] = {
     Kind.TENSOR: {},
 }
 
+# bytes: tensor values this small are metadata (shapes, conditions), kept in the metadata
+# model; larger ones are payloads
+SMALL_VALUE_LIMIT = 4096
+
 # TensorProto fields that hold payload bytes. string_data (6) stays in the metadata model:
 # strings cannot be external data.
 PAYLOAD_FIELDS: dict[int, str] = {

@@ -18,7 +18,7 @@ from ..io.onnx_proto import (
 )
 from .element_types import expected_nbytes
 from .graphs import function_label, iter_scoped_containers, subgraph_chain
-from .schema import CHILDREN, Kind, Path, path_str
+from .schema import CHILDREN, SMALL_VALUE_LIMIT, Kind, Path, path_str
 
 Role = str  # "initializer" | "constant" | "attribute" | "sparse"
 
@@ -95,8 +95,6 @@ def _held_apart(tensor: TensorProto) -> bool:
     """Are the tensor's values kept out of the metadata model (external, or too large to
     be metadata), so that resolution must find them by name? A small value (a
     ``ConstantOfShape`` fill) travels with the metadata and needs none."""
-    from .payload import SMALL_VALUE_LIMIT  # payload builds on this module
-
     if tensor.data_location == TensorProto.EXTERNAL:
         return True
     nbytes = expected_nbytes(tensor.data_type, list(tensor.dims))

@@ -13,8 +13,8 @@ from pathlib import Path
 import onnx
 
 from ..catalogue.descriptors import weight_descriptors
-from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
+from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..errors import ConversionError, WeightstoreError
 from ..io.digests import FILE_CHECKSUM, digest_bytes, digest_file
 from ..io.files import alignment_problem

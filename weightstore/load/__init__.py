@@ -1,18 +1,32 @@
 """Loading a resolved model: exactly its manifest's payloads, verified, into onnxruntime.
 
-The package is callable: ``weightstore.load(resolved)`` is :func:`.session.load`.
+The package is callable: ``weightstore.load(resolved)`` is :func:`.session.load`. Its
+names load on first use, so the command line's parsers (:mod:`.commands`) import neither
+numpy nor onnx.
 """
 
 from __future__ import annotations
 
-from ..lazy import make_callable
-from .manager import WEIGHTS, WeightManager
-from .plan import CHUNK, ReadPlan, plan_reads
-from .reader import FileReader, Reader, RecordingReader
-from .session import LoadReport, load
+from typing import TYPE_CHECKING
 
+from ..lazy import lazy_exports, make_callable
+
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "CHUNK": ("plan", "CHUNK"), "ReadPlan": ("plan", "ReadPlan"),
+    "plan_reads": ("plan", "plan_reads"), "WEIGHTS": ("manager", "WEIGHTS"),
+    "WeightManager": ("manager", "WeightManager"), "FileReader": ("reader", "FileReader"),
+    "Reader": ("reader", "Reader"), "RecordingReader": ("reader", "RecordingReader"),
+    "LoadReport": ("runtime", "LoadReport"), "load": ("session", "load"),
+}
 __all__ = ["CHUNK", "WEIGHTS", "FileReader", "LoadReport", "ReadPlan", "Reader",
            "RecordingReader", "WeightManager", "load", "plan_reads"]
 
+if TYPE_CHECKING:
+    from .manager import WEIGHTS, WeightManager
+    from .plan import CHUNK, ReadPlan, plan_reads
+    from .reader import FileReader, Reader, RecordingReader
+    from .runtime import LoadReport
+    from .session import load
 
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 make_callable(__name__, "load")

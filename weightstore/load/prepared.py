@@ -19,12 +19,12 @@ from ..catalogue.payload import external_info
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import LoadError
 from ..resolve.model import ResolvedModel
-from ..resolve.prepare import VALUE_PREFIX
+from ..resolve.prepared_record import VALUE_PREFIX
 from .executor import execute, reading_store
 from .mapped import MappedData, layout
 from .plan import plan_reads
 from .reader import FileReader, Reader
-from .session import create_session, point_at
+from .runtime import create_session, point_at
 
 
 def prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | None, jobs: int,

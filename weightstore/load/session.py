@@ -12,11 +12,9 @@ bound to prepared weights loads through :mod:`.prepared` instead."""
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,53 +40,15 @@ from .manager import WEIGHTS, WeightManager
 from .mapped import MappedData, SpillFile, layout
 from .plan import plan_reads
 from .reader import FileReader, Reader
+from .runtime import LoadReport, create_session, point_at
 
 MEMORY_PREFIX = "weightstore-memory-"
-
-
-@dataclass
-class LoadReport:
-    """What one load did: bytes read, entries shared from the manager, fallbacks, and the
-    seconds onnxruntime itself took to create the session (the rest is reading and
-    verifying)."""
-
-    read_bytes: int = 0
-    live_bytes: int = 0
-    entries_read: int = 0
-    entries_shared: int = 0
-    fell_back: dict[str, str] = field(default_factory=dict)
-    runtime_seconds: float = 0.0
-
-
-def create_session(ort: Any, path: Path, options: Any, providers: Sequence[str],
-                   report: LoadReport, *, model: str) -> Any:
-    """onnxruntime's session of the model file at ``path``, timed into ``report``; a model
-    onnxruntime refuses is a :class:`LoadError` naming ``model`` (where it came from)."""
-    start = time.perf_counter()
-    try:
-        return ort.InferenceSession(str(path), options, providers=list(providers))
-    except Exception as exc:  # onnxruntime's own classes (Fail, InvalidGraph, ...) only
-        detail = " ".join(str(exc).split())
-        raise LoadError(f"onnxruntime refused the model: {detail}", model=model) from exc
-    finally:
-        report.runtime_seconds += time.perf_counter() - start
 
 
 def _array(entry: ManifestEntry, value: str, data: memoryview) -> np.ndarray:
     """The bytes as ``value`` holds them (an entry's values may differ in type)."""
     dtype, dims = entry.value_type(value)
     return np.frombuffer(data, dtype=helper.tensor_dtype_to_np_dtype(dtype)).reshape(dims)
-
-
-def point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int,
-             extra: Sequence[tuple[str, str]] = ()) -> None:
-    """Make ``tensor``'s payload ``length`` bytes of file ``name`` at ``offset``."""
-    del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", name), ("offset", str(offset)), ("length", str(length)),
-                       *extra):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
 
 
 def _constants_to_initializers(model: onnx.ModelProto) -> None:

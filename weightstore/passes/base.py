@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..catalogue.payload import SMALL_VALUE_LIMIT
+from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
 from ..scenarios.rewriting import LocalRewriting, normalize

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError, ReportError
-from .views import VIEWS, ReportRequest
+from .request import ReportRequest
+from .views import VIEWS
 
 FORMAT_VERSION = 1
 

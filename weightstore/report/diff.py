@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .html import count, esc, figure, table
 
 if TYPE_CHECKING:
-    from .views import ReportRequest
+    from .request import ReportRequest
 
 LISTED = 300  # changed tensors listed on the page; --json lists every one
 SIGNS = {"added": "+", "removed": "-", "changed": "~"}

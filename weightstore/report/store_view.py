@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .html import count, esc, figure, table
 
 if TYPE_CHECKING:
-    from .views import ReportRequest
+    from .request import ReportRequest
 
 DAY = 86_400
 AGES = (("the newest day", 1 * DAY), ("1 to 7 days older", 7 * DAY),

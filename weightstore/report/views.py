@@ -4,25 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from . import diff, package, package_page, store_view
-
-
-@dataclass(frozen=True)
-class ReportRequest:
-    """What the report was asked for: ``target`` (a package folder, a release archive, or
-    with ``store`` a store reference ``PACKAGE[/VERSION[/LAYOUT]]``), ``against`` (an older
-    package or archive, for the diff view) and ``store`` (a store folder, for the store
-    view and store references); ``folder`` is the target as a package folder (an archive
-    unpacked, a store reference's build assembled from the store), None when the target is
-    no package."""
-
-    target: Path | None
-    against: Path | None = None
-    store: Path | None = None
-    folder: Path | None = None
+from .request import ReportRequest
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,13 @@ from .phases import (
     DEFAULT_PHASES,
     Phase,
     PhaseReport,
-    ResolutionState,
     TransformationReport,
     run_pipeline,
 )
 from .prepared import PreparedOptions
 from .reference import StoreReference
 from .source import ModelSource, open_source
+from .state import ResolutionState
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .prepared import (
 
 if TYPE_CHECKING:
     from .kernels import PreparedRequirement
-    from .phases import ResolutionState
+    from .state import ResolutionState
 
 PACKED_FORMAT = "onnxruntime-prepacked-v1"
 COSTLIER = ("the runtime packs the source even when a persisted form is supplied (probed "

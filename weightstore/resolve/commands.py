@@ -1,5 +1,5 @@
-"""``weightstore resolve``, ``weightstore run``, ``weightstore prepare`` and
-``weightstore scenario replay`` (a variant resolved, then written runnable)."""
+"""``weightstore resolve`` and ``weightstore scenario replay`` (a variant resolved, then
+written runnable); ``run`` and ``prepare``, which load, are :mod:`weightstore.load.commands`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import LoadError
 from ..store.location import add_store_options
 
 SOURCE_HELP = ("a package folder, a model file, or a build in the store: "
@@ -16,35 +15,19 @@ SOURCE_HELP = ("a package folder, a model file, or a build in the store: "
 
 
 def register(sub: Any) -> None:
-    """Add the commands' parsers to the ``weightstore`` subcommands."""
+    """Add the command's parser to the ``weightstore`` subcommands."""
     r = sub.add_parser("resolve", help="resolve a package or model from metadata and print "
                                        "its payload manifest (no payload read)")
     r.add_argument("source", help=SOURCE_HELP)
-    _common(r)
+    add_source_options(r)
     r.add_argument("--transform", default="",
                    help="comma-separated passes to apply after the scenario")
     r.add_argument("--json", action="store_true",
                    help="print the resolved model (manifest, phases, requirements) as JSON")
 
-    rn = sub.add_parser("run", help="resolve, load exactly the live payloads into "
-                                    "onnxruntime, and run once on given inputs")
-    rn.add_argument("source", help=SOURCE_HELP)
-    _common(rn)
-    rn.add_argument("--inputs", required=True, help="a .npz file with one array per input")
-    rn.add_argument("--output", help="write the outputs to this .npz file")
-    rn.add_argument("--json", action="store_true", help="print the load report as JSON")
 
-    pp = sub.add_parser("prepare", help="build a device's prepared (prepacked) weights once "
-                                        "and put them in the store")
-    pp.add_argument("source", help="a package folder")
-    pp.add_argument("--model", help="the model of a package holding several")
-    pp.add_argument("--device", help="a device of the package (its scenario)")
-    pp.add_argument("--scenario", help="a scenario (instead of a device)")
-    pp.add_argument("--store", help="store folder (default: $WEIGHTSTORE_DIR or the user cache)")
-    pp.add_argument("--json", action="store_true", help="print what was prepared as JSON")
-
-
-def _common(p: argparse.ArgumentParser) -> None:
+def add_source_options(p: argparse.ArgumentParser) -> None:
+    """--model, --device | --scenario and the store options of a command that resolves."""
     p.add_argument("--model", help="the model of a package holding several")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--device", help="a device of the package (its scenario and "
@@ -55,7 +38,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                          "cache)")
 
 
-def _store(args: argparse.Namespace) -> Path:
+def store_of(args: argparse.Namespace) -> Path:
+    """The store a resolving command uses: ``--store``, the recipe's, or the default."""
     from ..store.location import resolve_store_path
 
     configured = None
@@ -71,7 +55,7 @@ def resolve_command(args: argparse.Namespace) -> int:
 
     passes = [p for p in args.transform.split(",") if p]
     with resolve(args.source, model=args.model, device=args.device, scenario=args.scenario,
-                 transformations=passes, store=_store(args)) as resolved:
+                 transformations=passes, store=store_of(args)) as resolved:
         m = resolved.payload_manifest
         if args.json:
             print(json.dumps(resolved.to_dict(), indent=2, sort_keys=True))
@@ -86,79 +70,6 @@ def resolve_command(args: argparse.Namespace) -> int:
                   f"{e.source.length}  {', '.join(e.values)}  (fallback of {e.fallback_for})")
         print(f"{len(m.active)} active entries ({m.active_bytes} bytes), "
               f"{len(m.dormant)} dormant, {len(m.derivations)} derivations")
-    return 0
-
-
-def run_command(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from ..io.files import atomic_writer
-    from ..load import LoadReport, load
-    from .api import resolve
-
-    feed = _read_inputs(np, args.inputs)
-    report = LoadReport()
-    with resolve(args.source, model=args.model, device=args.device, scenario=args.scenario,
-                 store=_store(args)) as resolved:
-        session = load(resolved, report=report)
-        names = [o.name for o in session.get_outputs()]
-        try:
-            outputs = session.run(None, feed)
-        except Exception as exc:
-            raise LoadError(f"the model did not run on these inputs: {exc}",
-                            inputs=args.inputs) from None
-    if args.output:
-        with atomic_writer(args.output) as f:
-            np.savez(f, **dict(zip(names, outputs, strict=True)))
-    summary = {"scenario": resolved.selected_scenario, "read_bytes": report.read_bytes,
-               "live_bytes": report.live_bytes, "entries_read": report.entries_read,
-               "fell_back": report.fell_back,
-               "outputs": {n: {"shape": list(o.shape), "dtype": str(o.dtype)}
-                           for n, o in zip(names, outputs, strict=True)}}
-    if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
-    else:
-        for n, o in zip(names, outputs, strict=True):
-            print(f"{n}: {o.dtype} {list(o.shape)}")
-        print(f"read {report.read_bytes} of {report.live_bytes} live bytes")
-    return 0
-
-
-def _read_inputs(np: Any, path: str) -> dict[str, Any]:
-    """``--inputs``: a .npz of arrays (``numpy.savez``); anything else is one error line,
-    never numpy's advice about pickles."""
-    import zipfile
-    import zlib
-
-    not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
-               "one per model input")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except OSError as exc:
-        raise LoadError(f"cannot read the inputs: {exc.strerror or exc}", file=path) from None
-    except (ValueError, EOFError):
-        raise LoadError(not_npz, file=path) from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise LoadError(not_npz, file=path)
-    feed = {}
-    with loaded as npz:
-        for name in npz.files:
-            try:
-                feed[name] = npz[name]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):  # damage
-                raise LoadError(not_npz, file=path, member=name) from None
-    return feed
-
-
-def prepare_command(args: argparse.Namespace) -> int:
-    from .prepare import prepare
-
-    result = prepare(args.source, model=args.model, device=args.device,
-                     scenario=args.scenario, store=_store(args))
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-    else:
-        print(result.describe())
     return 0
 
 

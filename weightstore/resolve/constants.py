@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..catalogue.payload import SMALL_VALUE_LIMIT
+from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..passes.analysis import (
     STANDARD_DOMAINS,
     Scope,

@@ -9,7 +9,6 @@ source it opened (the model file's catalogue) until :meth:`close`.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,13 +18,9 @@ import onnx
 from ..errors import ResolutionError
 from .kernels import PreparedRequirement
 from .manifest import RequiredPayloadManifest
-from .phases import TransformationReport
+from .phases import TransformationReport, graph_digest
 from .prepared import PreparedBinding
 from .source import ModelSource
-
-
-def graph_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
-
-import onnx
 
 from ..errors import ResolutionError, WeightstoreError
 from ..passes.analysis import name_problem
@@ -27,38 +25,12 @@ from ..passes.fold_constant_if import FoldConstantIf
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
 from ..scenarios.rewriting import derivations_of
 from .closure import payload_closure
-from .constants import ConstantResults, analyze
+from .constants import analyze
 from .files import file_problems
-from .kernels import KernelCatalogue, PreparedRequirement, select_kernels
-from .manifest import Derivation, ManifestEntry
-from .prepared import PreparedBinding, PreparedOptions
-from .source import ModelSource
+from .kernels import select_kernels
+from .state import ResolutionState
 
 ANALYSES = ("cleanup", "inference", "placement")
-
-
-@dataclass
-class ResolutionState:
-    """What the phases share while resolving (mutable until frozen)."""
-
-    source: ModelSource
-    model: onnx.ModelProto  # the metadata model, transformed in place
-    scenario: str | None
-    device: str
-    kernels: KernelCatalogue
-    transformations: Sequence[RewritePass | str] = ()
-    prepared: PreparedOptions = field(default_factory=PreparedOptions)
-    derivations: dict[str, Any] = field(default_factory=dict)
-    rewrites: int = 0
-    constants: ConstantResults | None = None
-    placement: dict[str, str] = field(default_factory=dict)
-    requirements: tuple[PreparedRequirement, ...] = ()
-    bindings: tuple[PreparedBinding, ...] = ()
-    entries: tuple[ManifestEntry, ...] = ()
-    load_derivations: tuple[Derivation, ...] = ()
-    target: str | None = None  # the device name, for its prepared records
-    companion: Any = None  # the prepared record whose companion graph is used
-    fresh: set[str] = field(default_factory=set)  # analyses that are up to date
 
 
 class Phase(Protocol):
@@ -89,6 +61,13 @@ class PhaseReport:
         if self.rerun_of:
             out["rerun_after"] = self.rerun_of
         return out
+
+
+def graph_digest(data: bytes) -> str:
+    """The digest of a resolved (transformed) graph's serialized bytes."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -252,7 +231,6 @@ class PreparedResolution(_Base):
     def run(self, state: ResolutionState) -> bool:
         # imported here: checks, bundles and builds resolve liveness without them
         from .binding import COSTLIER, PERSISTED, RESIDENT, bind_prepared
-        from .model import graph_digest  # imported by now: model imports this module
         from .prepared_cache import RecordCache, read_record
 
         record = None

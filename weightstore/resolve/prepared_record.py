@@ -25,6 +25,7 @@ from ..caches.mac import entry_mac, verify_mac
 from ..io.files import parse_json, read_regular
 
 FORMAT_VERSION = 2  # 2: the record carries a MAC; 1 (unsigned) is read as unproven
+VALUE_PREFIX = "weightstore-value:"  # companion graphs' locations name values, not files
 READABLE_VERSIONS = (1, FORMAT_VERSION)
 PREPARED = "prepared"
 DEFAULT_TARGET = "default"

@@ -32,11 +32,11 @@ from .phases import (
     Inference,
     Phase,
     Replay,
-    ResolutionState,
     TransformationReport,
     run_pipeline,
 )
 from .source import ModelSource
+from .state import ResolutionState
 
 LIVENESS_PHASES: tuple[Callable[[], Phase], ...] = (Replay, CleanupPhase, Inference,
                                                       FoldKnown)

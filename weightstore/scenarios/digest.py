@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 import onnx
 
 from ..catalogue import typed_fields
-from ..catalogue.payload import SMALL_VALUE_LIMIT, expected_nbytes, external_info
-from ..catalogue.schema import PAYLOAD_FIELDS
+from ..catalogue.payload import expected_nbytes, external_info
+from ..catalogue.schema import PAYLOAD_FIELDS, SMALL_VALUE_LIMIT
 from ..catalogue.sites import ATTRIBUTE_NAME_PREFIX, TensorSite, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError

@@ -16,8 +16,8 @@ from typing import Any
 import onnx
 
 from .._proto import weightstore_pb2 as pb
-from ..catalogue.payload import SMALL_VALUE_LIMIT
 from ..catalogue.reader import read_catalogue
+from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..convert.weights import ModelWeights
 from ..package.outputs import check_outputs, files_read, scenario_locations
 from .api import (

@@ -23,11 +23,11 @@ from onnx import helper, numpy_helper
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.locations import resolve_location
 from ..catalogue.payload import (
-    SMALL_VALUE_LIMIT,
     expected_nbytes,
     external_entries,
     read_file_range,
 )
+from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..catalogue.shape_inputs import shape_input_names
 from ..convert.encoding import clear_payload, has_payload, set_external, set_payload
 from ..convert.inline import check_digest

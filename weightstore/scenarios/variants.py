@@ -16,8 +16,9 @@ import onnx
 from onnx import numpy_helper
 
 from ..catalogue.metadata import metadata_model
-from ..catalogue.payload import SMALL_VALUE_LIMIT, describe, read_payload
+from ..catalogue.payload import describe, read_payload
 from ..catalogue.reader import Catalogue, read_catalogue
+from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..catalogue.sites import ATTRIBUTE_NAME_PREFIX, iter_tensor_sites
 from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights

@@ -31,7 +31,7 @@ from .layout import COMBINED_SUFFIX
 from .objects import StoredObject
 
 if TYPE_CHECKING:
-    from .store import WeightStore
+    from .core import Store
 
 KEPT_ALIGNMENT = 4096  # the largest alignment compaction keeps (a store file's, not a package's)
 
@@ -57,7 +57,7 @@ def alignment_of(objects: list[StoredObject]) -> int:
     return min(KEPT_ALIGNMENT, g & -g)
 
 
-def compact_file(store: WeightStore, file: str) -> dict[str, Any]:
+def compact_file(store: Store, file: str) -> dict[str, Any]:
     """Compact ``file``; returns what happened (``new_file`` set when it was done)."""
     with store.file_lock(file):
         with store.index.reading() as conn:
@@ -99,7 +99,7 @@ class _Busy(Exception):
     pass
 
 
-def _copy_live(store: WeightStore, file: str, objects: list[StoredObject], new_name: str,
+def _copy_live(store: Store, file: str, objects: list[StoredObject], new_name: str,
                ) -> list[tuple[StoredObject, StoredObject]] | str:
     """Write the live ranges to ``new_name``, verified and durable; a string says why not."""
     alignment = alignment_of(objects)

@@ -45,8 +45,8 @@ from .sweep import (
 )
 
 if TYPE_CHECKING:
+    from .core import Store
     from .roots import Root
-    from .store import WeightStore
 
 DELETE_BATCH = 5000
 DEFAULT_COMPACT_RATIO = 0.5
@@ -103,7 +103,7 @@ class GcPlan:
             "damaged_rows": self.damaged_rows,
         }
 
-    def execute(self, store: WeightStore) -> GcResult:
+    def execute(self, store: Store) -> GcResult:
         return execute(self, store)
 
 
@@ -145,7 +145,7 @@ def plan_gc(*, root: str, cutoff: float, roots: list[Root], dead_leases: list[in
                   compact_ratio=compact_ratio, damaged_rows=damaged_roots + damaged_leases)
 
 
-def gather(store: WeightStore, *, older_than: float = 0.0,
+def gather(store: Store, *, older_than: float = 0.0,
            compact_ratio: float = DEFAULT_COMPACT_RATIO) -> GcPlan:
     """Read the facts from one snapshot of the index and the folder; plan."""
     if older_than < 0 or not 0 < compact_ratio <= 1:
@@ -192,7 +192,7 @@ def gather(store: WeightStore, *, older_than: float = 0.0,
                    damaged_leases=damaged_leases)
 
 
-def execute(plan: GcPlan, store: WeightStore,
+def execute(plan: GcPlan, store: Store,
             progress: Callable[[str], None] | None = None) -> GcResult:
     """Carry out ``plan`` (under the gc lock: one gc at a time per store)."""
     from ..io.locks import file_lock
@@ -223,7 +223,7 @@ def execute(plan: GcPlan, store: WeightStore,
     return result
 
 
-def _delete_unkept(store: WeightStore, keys: list[str], cutoff: float) -> int:
+def _delete_unkept(store: Store, keys: list[str], cutoff: float) -> int:
     """Delete the rows of ``keys`` that no root and no lease holds right now."""
     deleted = 0
     with store.index.writing() as conn:
@@ -237,7 +237,7 @@ def _delete_unkept(store: WeightStore, keys: list[str], cutoff: float) -> int:
     return deleted
 
 
-def _sizes(store: WeightStore, names: tuple[str, ...]) -> dict[str, int]:
+def _sizes(store: Store, names: tuple[str, ...]) -> dict[str, int]:
     sizes = {}
     for name in names:
         with contextlib.suppress(OSError):

@@ -42,11 +42,9 @@ from pathlib import Path
 from ..errors import IntegrityError, StoreError
 from ..io.digests import ALGORITHMS, HEX_LENGTH, split_key
 from ..io.files import WRITE_ERRNOS, file_mode
-from .layout import LOCK_NAME, META_NAME, is_safe_component
+from .layout import FORMAT_VERSION, INDEX_NAME, LOCK_NAME, META_NAME, is_safe_component
 from .objects import MAX_INT, StoredObject
 
-FORMAT_VERSION = 2
-INDEX_NAME = "index.sqlite"
 BATCH = 900  # values per IN (...) list: below SQLite's historical limit of 999
 WAIT_REPORT_SECONDS = 10.0
 WAL_SWITCH_SECONDS = 30.0  # a switch refused this long is not a race between openers

@@ -15,6 +15,8 @@ from typing import Literal
 
 from ..io.digests import split_key
 
+INDEX_NAME = "index.sqlite"  # the index (weightstore.store.index)
+FORMAT_VERSION = 2  # the store's format: the index, and meta.json as its marker
 META_NAME = "meta.json"
 LOCK_NAME = "meta.json.lock"
 # the folders where builds keep their caches (written by temp + rename, like the objects)
@@ -27,8 +29,6 @@ Kind = Literal["separate", "combined"]
 
 def is_store(root: Path) -> bool:
     """Is ``root`` a weightstore store: its index or its ``meta.json`` is there?"""
-    from .index import INDEX_NAME
-
     return (root / INDEX_NAME).is_file() or (root / META_NAME).is_file()
 
 _COMBINED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")

@@ -20,7 +20,7 @@ from typing import IO, Any
 from ..errors import IntegrityError, StoreError
 from ..io.digests import split_key
 from ..io.files import atomic_write_bytes, atomic_writer, parse_json, read_regular
-from .layout import is_safe_component
+from .layout import FORMAT_VERSION, is_safe_component
 from .objects import MAX_INT, StoredObject
 
 LEGACY_VERSION = 1
@@ -46,7 +46,6 @@ def read_legacy(path: Path) -> dict[str, StoredObject] | None:
     version = doc.get("format_version")
     if type(version) is not int:
         raise StoreError("store index lacks an integer format_version", path=str(path))
-    from .index import FORMAT_VERSION
 
     if version == FORMAT_VERSION:
         return None
@@ -146,7 +145,6 @@ def is_marker(path: Path) -> bool:
 def write_marker(path: Path, index_name: str) -> None:
     """The ``meta.json`` of a format 2 store: no maps, so that nothing mistakes it for the
     index; ``export-meta`` replaces it with the maps on request."""
-    from .index import FORMAT_VERSION
 
     doc = {"format_version": FORMAT_VERSION, "index": index_name,
            "note": "the index is in SQLite; run 'weightstore store export-meta' for "
@@ -162,7 +160,6 @@ def export_meta(path: Path, rows: Callable[[], Iterable[tuple[str, str, int, int
     called once per map, so memory stays flat however large the store is. The bytes are
     deterministic for a given content.
     """
-    from .index import FORMAT_VERSION
 
     count = 0
     with atomic_writer(path, "w") as f:

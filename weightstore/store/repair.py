@@ -46,7 +46,7 @@ from .sweep import (
 from .verify import VerifyReport, verify_store
 
 if TYPE_CHECKING:
-    from .store import WeightStore
+    from .core import Store
 
 NOT_DAMAGE = frozenset({"no_permission"})
 
@@ -105,7 +105,7 @@ class RepairReport:
         }
 
 
-def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False,
+def repair_store(store: Store, jobs: int, *, progress: bool | None = False,
                  ) -> RepairReport:
     rebuilt = None
     restored: list[str] = []
@@ -163,7 +163,7 @@ def repair_store(store: WeightStore, jobs: int, *, progress: bool | None = False
                         removed_locks=tuple(locks))
 
 
-def restore_schema(store: WeightStore) -> list[str]:
+def restore_schema(store: Store) -> list[str]:
     """Bring back what a readable index lost of its schema (its format version, a table,
     an index, a column), every row it holds kept; returns what was restored."""
     missing = store.index.missing_schema()
@@ -227,7 +227,7 @@ def _still_bad(found: VerifyReport, obj: StoredObject) -> bool:
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def refuse_unless_lost(store: WeightStore, exc: StoreError) -> None:
+def refuse_unless_lost(store: Store, exc: StoreError) -> None:
     """Re-raise ``exc`` unless the index is really lost or damaged: an index of a newer
     format, or one this user may not read, is not damage, and rebuilding it would set aside
     every combined object and root it holds. Nothing is touched before this check."""
@@ -269,7 +269,7 @@ def refuse_unless_lost(store: WeightStore, exc: StoreError) -> None:
                          "store folder (nothing was changed)", path=str(store.root))
 
 
-def rebuild_index(store: WeightStore, jobs: int) -> int:
+def rebuild_index(store: Store, jobs: int) -> int:
     """A new index from the per-weight objects on disk; the old one is set aside."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -1,7 +1,7 @@
 """Removing store files that no row refers to, without racing the writers.
 
 A per-weight object gets its final name in the same transaction that records its row
-(:meth:`WeightStore.put`), so deleting its file inside a write transaction, after checking
+(:meth:`Store.put`), so deleting its file inside a write transaction, after checking
 that no row refers to it, can never remove bytes that a committed row needs. Deletions go
 in batches, so that each transaction stays short. Combined files are deleted under their
 own file lock as well, since appends create them before their rows exist.
@@ -31,13 +31,13 @@ from .layout import (
 from .writer import clear_folder_object
 
 if TYPE_CHECKING:
-    from .store import WeightStore
+    from .core import Store
 
 STALE_TEMP_SECONDS = 15 * 60
 SWEEP_BATCH = 500
 
 
-def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
+def unlink_unreferenced(store: Store, files: Iterable[str]) -> list[str]:
     """Delete each of ``files`` that no row refers to; returns the names deleted."""
     deleted: list[str] = []
     names = [f for f in dict.fromkeys(files) if is_safe_component(f)]
@@ -63,11 +63,11 @@ def unlink_unreferenced(store: WeightStore, files: Iterable[str]) -> list[str]:
     return deleted
 
 
-def remove_stale_locks(store: WeightStore) -> list[str]:
+def remove_stale_locks(store: Store) -> list[str]:
     """Remove the lock files of combined files that no longer exist (left by a
     weightstore that kept them, or by a kill between a file's removal and its lock
     file's); returns their names. Each is taken without waiting and removed while held
-    (:meth:`WeightStore.file_lock` removes the lock file of an absent combined file on
+    (:meth:`Store.file_lock` removes the lock file of an absent combined file on
     release, and every taker checks it locked the file at the path); one another process
     holds or waits for is left for the next sweep. Other locks (gc's, package folders',
     a pull's) are never touched."""
@@ -94,7 +94,7 @@ def remove_stale_locks(store: WeightStore) -> list[str]:
     return removed
 
 
-def stale_temps(store: WeightStore, oldest_writer: float | None) -> list[str]:
+def stale_temps(store: Store, oldest_writer: float | None) -> list[str]:
     """Temp files no live writer can still be writing: untouched for
     :data:`STALE_TEMP_SECONDS` and older than the oldest live lease; in the store root and
     in the cache folders builds write to (named ``<folder>/<name>``)."""
@@ -112,7 +112,7 @@ def stale_temps(store: WeightStore, oldest_writer: float | None) -> list[str]:
     return stale
 
 
-def remove_temps(store: WeightStore, names: Iterable[str]) -> list[str]:
+def remove_temps(store: Store, names: Iterable[str]) -> list[str]:
     removed = []
     for name in names:
         folder, _, base = name.rpartition("/")
@@ -138,7 +138,7 @@ def _folder_of(root: Path, name: str) -> Iterator[tuple[int, str]]:
         os.close(fd)
 
 
-def oldest_live_lease(store: WeightStore) -> float | None:
+def oldest_live_lease(store: Store) -> float | None:
     """Creation time of the oldest live lease (None when no build runs)."""
     from .leases import live_leases
 

@@ -38,7 +38,7 @@ ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mis
                       "malformed_time", "stale_marker"]
 
 if TYPE_CHECKING:
-    from .store import WeightStore
+    from .core import Store
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def _size(path: Path) -> int | None:
 VERIFY_BATCH = 20_000  # rows checked at a time: memory stays flat however large the store
 
 
-def verify_store(store: WeightStore, jobs: int, *, rehash: bool = True,
+def verify_store(store: Store, jobs: int, *, rehash: bool = True,
                  progress: bool | None = False) -> VerifyReport:
     """Verify one snapshot of ``store``'s index, streamed in batches of whole files, then
     keep the findings that still hold (``rehash=False``: structure only). ``progress``:
@@ -255,7 +255,7 @@ class SnapshotCheck:
                             problems=tuple(sorted(self.problems, key=_order)), warnings=())
 
 
-def check_snapshot(store: WeightStore, conn: Any, jobs: int, *, rehash: bool = True,
+def check_snapshot(store: Store, conn: Any, jobs: int, *, rehash: bool = True,
                    progress: Callable[[int], None] | None = None) -> SnapshotCheck:
     """Every row of the ``objects`` table in the snapshot ``conn``, checked against the
     files (malformed rows, shapes, overlaps and, with ``rehash``, each range hashed
@@ -280,7 +280,7 @@ def check_snapshot(store: WeightStore, conn: Any, jobs: int, *, rehash: bool = T
     return SnapshotCheck(tuple(problems), seen, objects, hashed)
 
 
-def marker_warnings(store: WeightStore) -> list[Problem]:
+def marker_warnings(store: Store) -> list[Problem]:
     """``meta.json`` that is neither the format 2 marker nor an export: an older
     weightstore could take it for its index and write objects no index row records."""
     from .meta import is_current
@@ -326,7 +326,7 @@ def time_warnings(conn: Any) -> list[Problem]:
                 f"WHERE typeof(created) != 'integer' AND {well_formed()} GROUP BY file")]
 
 
-def _run(store: WeightStore, batch: list[StoredObject], jobs: int, rehash: bool,
+def _run(store: Store, batch: list[StoredObject], jobs: int, rehash: bool,
          problems: list[Problem], seen: dict[str, StoredObject], objects: int, hashed: int,
          progress: Callable[[int], None] | None = None) -> tuple[int, int]:
     found, n = check_rows(store.root, batch, jobs, rehash=rehash, progress=progress)
@@ -338,7 +338,7 @@ def _run(store: WeightStore, batch: list[StoredObject], jobs: int, rehash: bool,
     return objects + len(batch), hashed + n
 
 
-def still_current(store: WeightStore, report: VerifyReport,
+def still_current(store: Store, report: VerifyReport,
                   snapshot: dict[str, StoredObject]) -> VerifyReport:
     """Drop the problems whose row changed or vanished since the snapshot."""
     keys = [p.key for p in report.problems if p.key is not None]

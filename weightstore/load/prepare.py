@@ -32,17 +32,16 @@ from typing import Any
 import onnx
 
 from ..catalogue.graphs import iter_containers, iter_nodes
-from ..catalogue.payload import SMALL_VALUE_LIMIT, external_entries
+from ..catalogue.payload import external_entries
+from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
 from ..io.digests import digest_bytes, make_key
 from ..io.files import atomic_write_bytes
 from ..io.models import save_model
-from .packing_probe import packing_reused
-from .prepared import PreparedOptions
-from .prepared_record import FORMAT_VERSION, record_paths, sign_record
-
-VALUE_PREFIX = "weightstore-value:"  # companion locations name values, not files
+from ..resolve.packing_probe import packing_reused
+from ..resolve.prepared import PreparedOptions
+from ..resolve.prepared_record import FORMAT_VERSION, VALUE_PREFIX, record_paths, sign_record
 
 
 @dataclass(frozen=True)
@@ -127,11 +126,12 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
             store: str | os.PathLike[str], algo: str = "blake3",
             optimization_level: str = "extended") -> PrepareResult:
     """Build and record the prepared companion of one model of ``package``."""
-    from ..load.manager import WeightManager
-    from ..load.session import LoadReport, bind_payloads, read_active
+    from ..resolve.api import resolve
+    from ..resolve.binding import cpu_features, prepared_key, runtime_version
     from ..store import BytesPayload, WeightStore
-    from .api import resolve
-    from .binding import cpu_features, prepared_key, runtime_version
+    from .manager import WeightManager
+    from .runtime import LoadReport
+    from .session import bind_payloads, read_active
 
     package = Path(package)
     options = PreparedOptions(records=False, optimization_level=optimization_level)

@@ -1,0 +1,55 @@
+"""What a load hands onnxruntime, and what it records: the session created from a model
+file (timed, its refusal a typed error), tensors pointed at the load's data files, and the
+load's report. Shared by the portable load (:mod:`.session`) and the prepared one
+(:mod:`.prepared`), neither of which imports the other for it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ..errors import LoadError
+
+
+@dataclass
+class LoadReport:
+    """What one load did: bytes read, entries shared from the manager, fallbacks, and the
+    seconds onnxruntime itself took to create the session (the rest is reading and
+    verifying)."""
+
+    read_bytes: int = 0
+    live_bytes: int = 0
+    entries_read: int = 0
+    entries_shared: int = 0
+    fell_back: dict[str, str] = field(default_factory=dict)
+    runtime_seconds: float = 0.0
+
+
+def create_session(ort: Any, path: Path, options: Any, providers: Sequence[str],
+                   report: LoadReport, *, model: str) -> Any:
+    """onnxruntime's session of the model file at ``path``, timed into ``report``; a model
+    onnxruntime refuses is a :class:`LoadError` naming ``model`` (where it came from)."""
+    start = time.perf_counter()
+    try:
+        return ort.InferenceSession(str(path), options, providers=list(providers))
+    except Exception as exc:  # onnxruntime's own classes (Fail, InvalidGraph, ...) only
+        detail = " ".join(str(exc).split())
+        raise LoadError(f"onnxruntime refused the model: {detail}", model=model) from exc
+    finally:
+        report.runtime_seconds += time.perf_counter() - start
+
+
+def point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int,
+             extra: Sequence[tuple[str, str]] = ()) -> None:
+    """Make ``tensor``'s payload ``length`` bytes of file ``name`` at ``offset``."""
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", name), ("offset", str(offset)), ("length", str(length)),
+                       *extra):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
