@@ -330,6 +330,12 @@ def _cases(host: str) -> dict[str, str]:
     for name, members in tar_cases.items():
         put(name, lambda r, m=members: [_layer(host, r, _tar(m), f"{WEIGHT}.tar",
                                                **{FILEPATH: "d"})])
+    # a few kilobytes of gzip declaring a member of a terabyte (a decompression bomb)
+    bomb = tarfile.TarInfo("d/huge")
+    bomb.size = 1 << 40
+    put("tar-bomb", lambda r: [_layer(host, r, gzip.compress(
+        bomb.tobuf(tarfile.PAX_FORMAT) + bytes(1 << 16), mtime=0), f"{WEIGHT}.tar+gzip",
+        **{FILEPATH: "d"})])
     # a compressed tar whose diffId is its blob's digest, not that of the tar inside
     put("tar-gzip-diff", lambda r: [_layer(host, r, _tar([("d/x", None, b"1")], "gzip"),
                                            f"{WEIGHT}.tar+gzip", **{FILEPATH: "d"})])
@@ -356,6 +362,7 @@ HOSTILE = {
     "tar-traversal": "unsafe path", "tar-absolute": "unsafe path", "tar-duplicate": TWICE,
     "tar-over-raw": TWICE, "tar-file-then-folder": TWICE,
     "tar-gzip-diff": "another tar than its diffId names",
+    "tar-bomb": "would unpack more bytes than the disk has free",
 }
 
 

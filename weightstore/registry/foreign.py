@@ -32,6 +32,7 @@ import gzip
 import hashlib
 import os
 import re
+import shutil
 import tarfile
 import zlib
 from collections.abc import Iterator
@@ -75,6 +76,7 @@ ORAS_UNPACK = "io.deis.oras.content.unpack"
 MODELPACK_LAYER = re.compile(
     r"application/vnd\.cncf\.model\.(?:weight|weight\.config|doc|code|dataset)\.v1\."
     r"(raw|tar|tar\+gzip|tar\+zstd)")
+DISK_RESERVE = 64 << 20  # bytes a tar layer's unpacking leaves free on the disk
 OCI_ARCHIVES = {"application/vnd.oci.image.layer.v1.tar+gzip",
                 "application/vnd.oci.image.layer.v1.tar+zstd"}
 _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
@@ -328,12 +330,21 @@ def unpack_layer(blob: Path, layer: ForeignLayer, into: Path, reference: str) ->
         return _bad(f"a tar layer {why}", reference, layer=layer.index, filepath=layer.path,
                     **ctx)
 
+    # a compressed layer can declare far more bytes than it carries (a few kilobytes of
+    # gzip unpack to terabytes): a member is refused by the size its header declares,
+    # before a byte of it is written, once the layer's members would not fit on the disk
+    room = [shutil.disk_usage(into).free - DISK_RESERVE]
     try:
         with open(blob, "rb") as raw, _decompressed(raw, layer.archive) as stream:
             reader = _Sha256Reader(stream)
             with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
                               tarinfo=BoundedTarInfo) as tf:
                 for member in tf:
+                    if member.isfile():
+                        room[0] -= member.size
+                        if room[0] < 0:
+                            raise bad("would unpack more bytes than the disk has free",
+                                      member=member.name, size=member.size)
                     _unpack_member(tf, member, into, bad)
                 found = reader.drain()
     except (tarfile.TarError, zstandard.ZstdError, gzip.BadGzipFile, zlib.error, EOFError,
