@@ -469,7 +469,7 @@ def test_an_output_folder_not_writable_is_refused_before_the_store(
         encoder_model, save_model, tmp_path, monkeypatch):
     """As another user would find it (the suite runs as root, who may write anywhere, so
     the permission check itself is told "no")."""
-    import weightstore.package.outputs as outputs
+    import weightstore.io.files as outputs
 
     src = save_model(encoder_model, "m.onnx")
     recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)

@@ -38,8 +38,8 @@ from ..errors import (
     StoreError,
     WeightstoreError,
 )
+from ..io.files import check_output_folder
 from ..package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
-from ..package.outputs import check_output_folder
 from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..recipe.file import read_recipe_file

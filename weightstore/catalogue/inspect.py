@@ -40,7 +40,7 @@ def inspect_model(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _file_constants(model: onnx.ModelProto) -> list[dict[str, Any]]:
     """One entry per FileConstant node, from its attributes (a node holding GE's
     ``value`` tensor is listed by that tensor)."""
-    from ..convert.file_constant import (
+    from .file_constants import (
         attribute_text,
         file_constant_attributes,
         is_any_file_constant,

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..convert.encoding import TYPED_FIELDS
 from ..errors import ModelError
 from ..io.onnx_proto import ModelProto, TensorProto
 from .payload import expected_nbytes
 from .reader import Catalogue, refuse_duplicate_initializers
-from .schema import SMALL_VALUE_LIMIT
+from .schema import SMALL_VALUE_LIMIT, TYPED_FIELDS
 from .sites import iter_tensor_sites, iter_tensors
 from .utf8 import check_message
 

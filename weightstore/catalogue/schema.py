@@ -53,6 +53,8 @@ PAYLOAD_FIELDS: dict[int, str] = {
     10: "double_data",
     11: "uint64_data",
 }
+# the typed value fields (every payload field but raw_data)
+TYPED_FIELDS = frozenset(v for v in PAYLOAD_FIELDS.values() if v != "raw_data")
 RAW_DATA = 9
 
 # A structural path: ((field number, occurrence index), ...) from the ModelProto down.

@@ -17,13 +17,13 @@ from ..catalogue.reader import read_catalogue
 from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..errors import ConversionError, WeightstoreError
 from ..io.digests import FILE_CHECKSUM, digest_bytes, digest_file
-from ..io.files import alignment_problem
+from ..io.files import alignment_problem, check_outputs
 from ..io.models import save_model
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
-from ..package.outputs import check_outputs, files_read, scenario_locations
 from ..progress import Progress
 from ..scenarios.api import rebase_scenarios
+from ..scenarios.inputs import files_read, scenario_locations
 from ..scenarios.storage import read_scenarios
 from ..scenarios.variants import metadata_of
 from ..store.layout import COMBINED_SUFFIX

@@ -8,11 +8,10 @@ inline -> external -> inline gives back the very same TensorProto.
 from __future__ import annotations
 
 from ..catalogue import typed_fields
-from ..catalogue.schema import PAYLOAD_FIELDS
+from ..catalogue.schema import PAYLOAD_FIELDS, TYPED_FIELDS
 from ..errors import ConversionError, ModelError
 from ..io.onnx_proto import TensorProto
 
-TYPED_FIELDS = frozenset(v for v in PAYLOAD_FIELDS.values() if v != "raw_data")
 # Appended to an encoding when the inline tensor spelt out ``data_location: DEFAULT``
 # (onnxruntime's quantizer writes it): the same tensor, but two more bytes, which the
 # reverse conversion puts back.

@@ -12,28 +12,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from ..catalogue.file_constants import (
+    DOMAIN,
+    OP_TYPE,
+    OPSET_VERSION,
+    attribute_text,
+    file_constant_attributes,
+    helper_module,
+    is_any_file_constant,
+    is_file_constant,
+)
 from ..catalogue.graphs import function_label, iter_containers, iter_scoped_containers
-from ..catalogue.payload import expected_nbytes, external_entries
+from ..catalogue.payload import expected_nbytes
 from ..errors import ConversionError
 from ..io.onnx_proto import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto
 from .encoding import set_external, set_payload
 from .placement import ExternalTensor
-
-DOMAIN = "weightstore"
-OP_TYPE = "FileConstant"
-OPSET_VERSION = 1
-
-
-def is_file_constant(node: NodeProto) -> bool:
-    return node.op_type == OP_TYPE and node.domain == DOMAIN
-
-
-def is_any_file_constant(node: NodeProto) -> bool:
-    """Ours, or one another tool wrote (GE's are ``FileConstant`` in its own domain or
-    the default one): the reverse conversion takes every one of them."""
-    return node.op_type == OP_TYPE
 
 
 def _attributes(ext: ExternalTensor) -> dict[str, object]:
@@ -63,18 +58,10 @@ def _attributes(ext: ExternalTensor) -> dict[str, object]:
     return attrs
 
 
-def _helper() -> Any:
-    """``onnx.helper``, imported on first use: only FileConstant nodes need it, and a build
-    that writes none skips importing onnx (:mod:`weightstore.io.onnx_proto`)."""
-    from onnx import helper
-
-    return helper
-
-
 def _make_attributes(ext: ExternalTensor) -> list[AttributeProto]:
     return [
-        _helper().make_attribute(k, v, attr_type=AttributeProto.INTS) if k == "shape"
-        else _helper().make_attribute(k, v)
+        helper_module().make_attribute(k, v, attr_type=AttributeProto.INTS) if k == "shape"
+        else helper_module().make_attribute(k, v)
         for k, v in _attributes(ext).items()
     ]
 
@@ -87,7 +74,7 @@ def can_hold(ext_site_tensor: TensorProto) -> bool:
 
 def _import_domain(opsets) -> None:
     if not any(o.domain == DOMAIN for o in opsets):
-        opsets.append(_helper().make_opsetid(DOMAIN, OPSET_VERSION))
+        opsets.append(helper_module().make_opsetid(DOMAIN, OPSET_VERSION))
 
 
 def apply_file_constant(model: ModelProto, tensors: Sequence[ExternalTensor]) -> None:
@@ -118,8 +105,8 @@ def apply_file_constant(model: ModelProto, tensors: Sequence[ExternalTensor]) ->
                        key=lambda e: e.site.index)
         new_nodes = []
         for e in inits:
-            node = _helper().make_node(OP_TYPE, [], [e.site.tensor.name], name=e.site.tensor.name,
-                                    domain=DOMAIN)
+            node = helper_module().make_node(OP_TYPE, [], [e.site.tensor.name],
+                                             name=e.site.tensor.name, domain=DOMAIN)
             node.attribute.extend(_make_attributes(e))
             new_nodes.append(node)
         for e in reversed(inits):
@@ -221,33 +208,10 @@ def to_constant(node: NodeProto, attrs: dict[str, object],
         node.domain = attribute_text(attrs["constant_domain"])
     else:
         node.ClearField("domain")
-    node.attribute.append(_helper().make_attribute(
+    node.attribute.append(helper_module().make_attribute(
         "value", tensor, doc_string=attribute_text(attrs["value_doc_string"])
         if "value_doc_string" in attrs else None))
     return node.attribute[0].t
-
-
-def attribute_text(value: object) -> str:
-    """An attribute's string value (onnx gives bytes)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def file_constant_attributes(node: NodeProto) -> dict[str, object]:
-    """A FileConstant node's attributes, with GE's ONNX form folded in: GE's parser takes
-    ``dtype``, ``shape`` and ``location``/``offset``/``length`` from a ``value`` tensor
-    with external data; attributes set on the node itself win."""
-    attrs = {a.name: _helper().get_attribute_value(a) for a in node.attribute}
-    value = attrs.get("value")
-    if isinstance(value, TensorProto):
-        attrs.setdefault("dtype", value.data_type)
-        attrs.setdefault("shape", list(value.dims))
-        if len(value.external_data):
-            info = external_entries(value, f"FileConstant {node.name!r}")
-            for key, field in (("location", info.location), ("offset", info.offset),
-                               ("length", info.length)):
-                if field is not None:
-                    attrs.setdefault(key, field)
-    return attrs
 
 
 def tensor_of(attrs: dict[str, object], node: NodeProto, where: str) -> TensorProto:

@@ -14,11 +14,11 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import PackageError
+from ..errors import ConversionError, PackageError
 
 COPY_CHUNK = 8 << 20
 # errors that concern the file being written, whatever else the operation touched
@@ -593,3 +593,41 @@ def alignment_problem(value: object) -> str | None:
 
 def align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
+
+
+def check_outputs(src: Path, inputs: set[Path], outputs: Iterable[Path], *,
+                  keeps_folder: bool = False) -> None:
+    """Refuse outputs that would overwrite an input file, or leave the input's folder when
+    ``keeps_folder`` (the model's weights are files beside it)."""
+    for out in outputs:
+        out = Path(out)
+        if "\0" in str(out):
+            raise ConversionError("output path contains a NUL byte", output=repr(str(out)))
+        if not out.parent.is_dir():
+            raise ConversionError("output folder does not exist", folder=str(out.parent))
+        if os.path.lexists(out) and not out.is_file():
+            raise ConversionError("output path exists and is not a regular file",
+                                  output=str(out))
+        if out.resolve() in inputs:
+            raise ConversionError("output would overwrite a file the input model reads",
+                                  input=str(src), output=str(out))
+        if keeps_folder and out.resolve().parent != src.resolve().parent:
+            raise ConversionError("the model's weights are files beside it; write the output "
+                                  "in the same folder", input=str(src), output=str(out))
+
+
+def check_output_folder(folder: Path) -> None:
+    """Can ``folder`` (which may not exist yet) be created and written? Checked before a
+    build touches the store, so a bad output path costs nothing and loses nothing."""
+    text = str(folder)
+    if "\0" in text:
+        raise PackageError("output path contains a NUL byte", folder=repr(text))
+    existing = folder
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PackageError("output path runs through something that is not a folder",
+                           folder=text, blocked_by=str(existing))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PackageError("output folder is not writable", folder=text,
+                           not_writable=str(existing))

@@ -640,7 +640,7 @@ def render_schema() -> str:
 
 def write_schema(path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> Path:
     """Write the schema atomically (creating its folder) and return where it went."""
-    from ..package.outputs import check_output_folder
+    from ..io.files import check_output_folder
 
     target = Path(path)
     check_output_folder(target.parent)

@@ -100,7 +100,7 @@ def run_release(args: argparse.Namespace) -> int:
     from .compression import DEFAULT_LEVEL, Compression
 
     if args.output and not args.check:  # before anything is built, as build checks its own
-        from ..package.outputs import check_output_folder
+        from ..io.files import check_output_folder
 
         check_output_folder(Path(args.output))
     options = ReleaseOptions(

@@ -19,7 +19,7 @@ from .._proto import weightstore_pb2 as pb
 from ..catalogue.reader import read_catalogue
 from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..convert.weights import ModelWeights
-from ..package.outputs import check_outputs, files_read, scenario_locations
+from ..io.files import check_outputs
 from .api import (
     AddModificationScenarioOptions,
     add_modification_scenario,
@@ -28,6 +28,7 @@ from .api import (
     remove_modification_scenario,
 )
 from .files import rewrite_scenarios_file
+from .inputs import files_read, scenario_locations
 from .package import check_name
 from .rewriting import derivations_of
 from .storage import read_scenarios
