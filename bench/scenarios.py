@@ -88,6 +88,7 @@ from weightstore.convert.weights import ModelWeights
 from weightstore.passes.analysis import iter_scopes
 from weightstore.passes.base import SMALL_VALUE_LIMIT, run_passes
 from weightstore.passes.registry import get_pass
+from weightstore.passes.rewriting import apply_record
 from weightstore.scenarios.api import (
     add_modification_scenario,
     check_scenarios,
@@ -98,7 +99,6 @@ from weightstore.scenarios.api import (
 )
 from weightstore.scenarios.digest import base_graph_digest
 from weightstore.scenarios.files import rewrite_scenarios_file
-from weightstore.scenarios.rewriting import apply_record
 from weightstore.scenarios.storage import read_scenarios
 from weightstore.scenarios.variants import metadata_of, scenario_rewrites
 

@@ -18,8 +18,8 @@ from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.convert.encoding import clear_payload
 from weightstore.passes.base import SMALL_VALUE_LIMIT
 from weightstore.passes.cleanup import prune
+from weightstore.passes.rewriting import apply_record, derivations_of
 from weightstore.scenarios.derive import base_values, materialize
-from weightstore.scenarios.rewriting import apply_record, derivations_of
 
 OPSET = 17
 Inputs = dict[str, np.ndarray]

@@ -330,9 +330,9 @@ def test_model_metadata_nested_too_deep_is_malformed(tmp_path):
     from weightstore._proto import weightstore_pb2 as pb
     from weightstore.catalogue.descriptors import DerivedWeightRecipe
     from weightstore.errors import ConversionError, ScenarioError
+    from weightstore.passes.rewriting import DERIVATION_PREFIX, derivations_of
     from weightstore.scenarios.derive import compute
     from weightstore.scenarios.package import _requires_of
-    from weightstore.scenarios.rewriting import DERIVATION_PREFIX, derivations_of
 
     deep = "[" * 100_000 + "]" * 100_000
     model = _model([numpy_helper.from_array(np.zeros(4, np.float32), "W")], outputs=["W"])

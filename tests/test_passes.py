@@ -26,10 +26,10 @@ from weightstore.errors import ScenarioError
 from weightstore.passes.base import SMALL_VALUE_LIMIT, has_payload, run_passes
 from weightstore.passes.cleanup import prune
 from weightstore.passes.registry import PASSES, get_pass
+from weightstore.passes.rewriting import LocalRewriting, derivations_of, normalize
 from weightstore.scenarios.api import replay_modification_scenario, strip_scenarios
 from weightstore.scenarios.derive import base_values, compute, materialize
 from weightstore.scenarios.digest import base_graph_digest
-from weightstore.scenarios.rewriting import LocalRewriting, derivations_of, normalize
 from weightstore.scenarios.storage import read_scenarios, write_scenarios
 
 from .samples import make_encoder, run_onnxruntime, sample_inputs

@@ -14,6 +14,7 @@ from weightstore.catalogue.descriptors import DerivedWeightRecipe
 from weightstore.catalogue.reader import read_catalogue
 from weightstore.catalogue.schema import SMALL_VALUE_LIMIT
 from weightstore.errors import ScenarioError
+from weightstore.passes.rewriting import LocalRewriting, derivations_of, normalize
 from weightstore.scenarios.api import (
     AddModificationScenarioOptions,
     add_modification_scenario,
@@ -23,7 +24,6 @@ from weightstore.scenarios.api import (
     strip_scenarios,
 )
 from weightstore.scenarios.digest import base_graph_digest
-from weightstore.scenarios.rewriting import LocalRewriting, derivations_of, normalize
 from weightstore.scenarios.storage import read_scenarios, write_scenarios
 from weightstore.scenarios.variants import metadata_of
 

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..scenarios.graphpath import Container, function_hop, node_hop
 from .base import small_value
+from .graphpath import Container, function_hop, node_hop
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 

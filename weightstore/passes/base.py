@@ -21,7 +21,7 @@ from onnx import numpy_helper
 from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
-from ..scenarios.rewriting import LocalRewriting, normalize
+from .rewriting import LocalRewriting, normalize
 
 
 def small_value(tensor: onnx.TensorProto) -> np.ndarray | None:

@@ -20,7 +20,6 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
-from ..scenarios.rewriting import LocalRewriting
 from .analysis import (
     STANDARD_DOMAINS,
     NameAllocator,
@@ -37,6 +36,7 @@ from .analysis import (
     without_payload,
 )
 from .base import PassContext
+from .rewriting import LocalRewriting
 
 MIN_ELEMENTS = 1024
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import onnx
 
-from ..scenarios.graphpath import Container, function_hop
-from ..scenarios.rewriting import LocalRewriting
 from .analysis import (
     Scope,
     child_scopes,
@@ -32,6 +30,8 @@ from .analysis import (
     producers,
 )
 from .base import PassContext
+from .graphpath import Container, function_hop
+from .rewriting import LocalRewriting
 
 PURE_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 

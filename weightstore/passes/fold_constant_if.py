@@ -34,8 +34,6 @@ import onnx
 from onnx import helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
-from ..scenarios.graphpath import function_hop
-from ..scenarios.rewriting import LocalRewriting
 from .analysis import (
     NameAllocator,
     Scope,
@@ -53,6 +51,8 @@ from .analysis import (
     tensor_name_counts,
 )
 from .base import PassContext, has_payload
+from .graphpath import function_hop
+from .rewriting import LocalRewriting
 
 
 @dataclass

@@ -18,7 +18,6 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
-from ..scenarios.rewriting import LocalRewriting
 from .analysis import (
     NameAllocator,
     Scope,
@@ -35,6 +34,7 @@ from .analysis import (
     without_payload,
 )
 from .base import PassContext
+from .rewriting import LocalRewriting
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import onnx
 
 from ..catalogue.descriptors import DerivedWeightRecipe
-from ..scenarios.rewriting import LocalRewriting
 from .analysis import (
     NameAllocator,
     Scope,
@@ -26,6 +25,7 @@ from .analysis import (
     without_payload,
 )
 from .base import PassContext
+from .rewriting import LocalRewriting
 
 
 class GemmTransposeB:

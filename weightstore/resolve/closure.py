@@ -29,7 +29,7 @@ from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ResolutionError, ScenarioError
 from ..passes.analysis import defined_names, node_subgraphs, output_names
-from ..scenarios.graphpath import Container
+from ..passes.graphpath import Container
 from ..scenarios.resolve import live_payloads
 from .manifest import ACTIVE, DORMANT, Derivation, ManifestEntry, PayloadSource
 from .prepared import PreparedBinding

@@ -23,6 +23,7 @@ import onnx
 from onnx import helper
 
 from ..catalogue.schema import SMALL_VALUE_LIMIT
+from ..passes import graphpath
 from ..passes.analysis import (
     STANDARD_DOMAINS,
     Scope,
@@ -35,7 +36,6 @@ from ..passes.analysis import (
     node_subgraphs,
 )
 from ..passes.base import small_value
-from ..scenarios import graphpath
 
 
 class ValueKind(str, Enum):

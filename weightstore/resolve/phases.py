@@ -22,8 +22,8 @@ from ..passes.analysis import name_problem
 from ..passes.base import PassContext, RewritePass, run_passes
 from ..passes.cleanup import Cleanup, prune
 from ..passes.fold_constant_if import FoldConstantIf
+from ..passes.rewriting import derivations_of
 from ..scenarios.api import apply_scenario, check_scenarios, find_scenario, verify_base
-from ..scenarios.rewriting import derivations_of
 from .closure import payload_closure
 from .constants import analyze
 from .files import file_problems

@@ -23,10 +23,10 @@ from ..convert.encoding import has_payload, set_payload
 from ..convert.external_data import ENCODINGS_KEY, pop_metadata
 from ..convert.inline import check_digest
 from ..io.models import save_model
+from ..passes.rewriting import derivations_of
 from ..scenarios.api import find_scenario
 from ..scenarios.derive import resolver
 from ..scenarios.operations import output_path
-from ..scenarios.rewriting import derivations_of
 from ..scenarios.variants import catalogue_values
 from .source import ModelSource, record_beside, record_key, store_keys_of
 from .variant import variant_graph

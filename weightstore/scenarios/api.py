@@ -18,8 +18,8 @@ from ..catalogue.payload import expected_nbytes
 from ..catalogue.sites import iter_tensor_sites
 from ..convert.encoding import clear_payload, has_payload
 from ..errors import ScenarioError
+from ..passes.rewriting import LocalRewriting, apply_record, normalize
 from .digest import base_graph_digest
-from .rewriting import LocalRewriting, apply_record, normalize
 from .storage import FIELD, read_scenarios, unknown_field_set, write_scenarios
 
 REPLAY_FORMAT_VERSION = 1

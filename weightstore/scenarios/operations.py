@@ -20,6 +20,7 @@ from ..catalogue.reader import read_catalogue
 from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..convert.weights import ModelWeights
 from ..io.files import check_outputs
+from ..passes.rewriting import derivations_of
 from .api import (
     AddModificationScenarioOptions,
     add_modification_scenario,
@@ -30,7 +31,6 @@ from .api import (
 from .files import rewrite_scenarios_file
 from .inputs import files_read, scenario_locations
 from .package import check_name
-from .rewriting import derivations_of
 from .storage import read_scenarios
 from .variants import scenario_rewrites
 

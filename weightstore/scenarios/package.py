@@ -37,11 +37,11 @@ from ..io.digests import digest_bytes, make_key
 from ..io.files import parse_json
 from ..passes.base import run_passes
 from ..passes.cleanup import Cleanup, prune
+from ..passes.rewriting import derivations_of
 from .api import apply_scenario, check_scenarios, prepare_records, strip_scenarios, verify_base
 from .derive import resolver
 from .digest import base_graph_digest
 from .resolve import live_value_names
-from .rewriting import derivations_of
 from .storage import write_scenarios
 from .variants import catalogue_values, scenario_rewrites
 

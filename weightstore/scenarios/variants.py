@@ -25,8 +25,8 @@ from ..convert.weights import ModelWeights
 from ..errors import ScenarioError
 from ..passes.base import run_passes
 from ..passes.registry import get_pass
+from ..passes.rewriting import LocalRewriting
 from .api import strip_scenarios
-from .rewriting import LocalRewriting
 
 
 def metadata_of(path: str | os.PathLike[str]) -> onnx.ModelProto:
