@@ -118,7 +118,7 @@ onnx.save_model(m, out, save_as_external_data=True, all_tensors_to_one_file=True
 CACHE_CHECKS = """\
 import json, statistics, sys, time
 from pathlib import Path
-from weightstore.package import write as packaging
+from weightstore.packaging import write as packaging
 from weightstore.package.fingerprint import CACHE_NAME, FileDigests
 from weightstore.caches.payload_keys import PayloadKeyCache, RangeReader, samples_agree
 from weightstore.catalogue.schema import path_str

@@ -89,8 +89,8 @@ recipe, package, bundle_dir, model, calls = sys.argv[1:6]
 import onnx
 import weightstore
 from weightstore.builder import BuildOptions, build
-from weightstore.package.bundles import assemble
-from weightstore.package.check import check_package
+from weightstore.packaging.bundles import assemble
+from weightstore.packaging.check import check_package
 
 def bundle():
     shutil.rmtree(bundle_dir, ignore_errors=True)

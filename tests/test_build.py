@@ -256,7 +256,7 @@ def test_failed_build_leaves_no_partial_package(encoder_model, save_model, tmp_p
                                                 monkeypatch):
     src = save_model(encoder_model, "models/encoder.onnx")
     recipe = write_recipe(tmp_path, {"encoder": src})
-    import weightstore.package.write as build_module
+    import weightstore.packaging.write as build_module
 
     calls = {"n": 0}
     real = build_module.atomic_write_bytes
@@ -329,7 +329,7 @@ def test_package_files_are_listed_without_reading_them_again(encoder_model, save
                                                              tmp_path, monkeypatch):
     """The summary's file digests come from the pass that writes and verifies the files:
     no package file is read again to list it, and every digest is the file's own."""
-    import weightstore.package.inventory as inventory
+    import weightstore.packaging.inventory as inventory
     from weightstore.io.digests import digest_file, make_key
 
     src = save_model(encoder_model, "models/encoder.onnx")

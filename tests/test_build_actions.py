@@ -15,7 +15,7 @@ import pytest
 
 from weightstore.builder.run import BuildOptions, build
 from weightstore.caches import build_actions, build_stamp
-from weightstore.package import write as packaging
+from weightstore.packaging import write as packaging
 from weightstore.store import WeightStore
 from weightstore.store.location import user_cache_dir
 
@@ -214,7 +214,7 @@ def test_a_different_build_in_the_folder_is_still_refused(project: Path) -> None
 
 def test_no_record_without_a_private_key(tmp_path: Path,
                                          encoder_model: onnx.ModelProto) -> None:
-    from weightstore.caches.mac import key_path
+    from weightstore.store.mac import key_path
 
     key_path().parent.mkdir(parents=True, exist_ok=True)
     key_path().write_bytes(b"x" * 32)

@@ -181,7 +181,7 @@ def test_dead_added_weights_are_not_packaged(encoder_model, save_model, tmp_path
 def test_moved_constants_are_packaged_and_run(tmp_path, save_model):
     """fold-constant-if moves a branch's weights into the parent graph: a device model,
     replayed from metadata, loads them from the package files."""
-    from weightstore.package.bundles import assemble
+    from weightstore.packaging.bundles import assemble
 
     from .samples import make_encoder
 

@@ -162,7 +162,7 @@ def _near_twins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def test_swap_that_every_sample_agrees_with(encoder_model, save_model, tmp_path, monkeypatch):
     """Only a full check of the bytes can see this swap; the package must still be right."""
-    from weightstore.package import write as packaging
+    from weightstore.packaging import write as packaging
 
     retries = []
     real = packaging.distrust_cached_keys
@@ -268,7 +268,7 @@ def test_wrong_size_in_source_digest_entry(shared_pair, save_model, tmp_path):
 
 def test_cache_key_must_be_private(tmp_path, monkeypatch):
     """A key others can read authenticates nothing: no entry is trusted or written."""
-    from weightstore.caches import mac as cache_mac
+    from weightstore.store import mac as cache_mac
 
     src = tmp_path / "model.bin"
     src.write_bytes(b"z" * 100)

@@ -30,7 +30,7 @@ from weightstore.catalogue.sites import iter_tensor_sites
 from weightstore.convert import convert_to_external, convert_to_inline
 from weightstore.convert.file_constant import DOMAIN, OP_TYPE
 from weightstore.errors import ModelError
-from weightstore.package.check import check_package
+from weightstore.packaging.check import check_package
 
 from . import conformance_models as cm
 from .samples import run_onnxruntime

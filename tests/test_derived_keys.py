@@ -57,7 +57,7 @@ def test_entries_that_are_not_authentic_are_recomputed(built, computed, tmp_path
         entry.write_text(json.dumps(doc))
     elif damage == "other-secret":  # written by another user of the store
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "someone-else"))
-        import weightstore.caches.mac as cache_mac
+        import weightstore.store.mac as cache_mac
 
         cache_mac._key.cache_clear()
     else:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.release_helpers import CHANGED, build_two_versions
 from weightstore.cli import main
-from weightstore.release.diff import diff_packages, open_view
+from weightstore.packaging.diff import diff_packages, open_view
 
 
 @pytest.fixture(scope="module")

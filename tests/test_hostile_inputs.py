@@ -593,7 +593,7 @@ def test_a_damaged_store_object_names_its_file_offset_and_the_repair(
     # Without a good copy, the error names the store file, offset and the repair.
     victim.write_bytes(bytes(data))
     shutil.rmtree(store / "payload-keys")
-    import weightstore.package.write as packaging
+    import weightstore.packaging.write as packaging
 
     monkeypatch.setattr(packaging, "heal", lambda *args: None)
     with pytest.raises(IntegrityError, match="does not match its digest") as err:

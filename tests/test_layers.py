@@ -94,16 +94,17 @@ def test_offline_assembly_reaches_no_registry():
 
 
 def test_only_the_command_line_the_api_and_releases_import_the_report():
-    """The report sits beside release/: it reads packages, release archives, resolution
-    (through package/check), the store and the builds it records (a store reference's
-    action record), and nothing below it knows it exists."""
+    """The report sits just below release/, which may include it: it reads packages,
+    release archives (through packaging/unpack and diff), resolution (through
+    packaging/check), the store and the builds it records (a store reference's action
+    record), and nothing below it knows it exists."""
     importers = {folder.name for folder in PACKAGE.iterdir()
                  if folder.is_dir() and "report" in _folder_imports(folder.name)}
     root = {p.stem for p in PACKAGE.glob("*.py")
             if any(i.startswith("weightstore.report") for i in _imports(p))}
     assert importers <= {"release"} and root <= {"cli", "__init__"}
     assert _folder_imports("report") <= {"caches", "errors", "io", "lazy", "progress",
-                                         "package", "release", "resolve", "store"}
+                                         "package", "packaging", "resolve", "store"}
 
 
 def _modules() -> dict[str, Path]:
@@ -213,17 +214,14 @@ def test_the_circle_scan_sees_circles_and_every_kind_of_import():
 
 # The layers, bottom first (docs/architecture.md, "Layers"): a module imports modules of
 # its own folder, of a lower layer, and the root's basics (errors, lazy, progress).
-LAYERS = ("io", "_proto", "store", "layout", "recipe", "catalogue", "caches", "convert",
-          "passes", "scenarios", "resolve", "package", "load", "registry", "builder",
-          "release", "report")
+LAYERS = ("io", "_proto", "store", "layout", "recipe", "catalogue", "package", "caches",
+          "convert", "passes", "scenarios", "resolve", "packaging", "load", "registry",
+          "builder", "report", "release")
 # Imports that still climb a layer, each (file, the folder it reaches up to), explained in
 # docs/architecture.md: release's two are meant to stay, the others are to go. A climb added
 # fails the test below, and so does one removed but still listed here.
 CLIMBS = {
-    ("caches/build_actions.py", "package"), ("caches/build_stamp.py", "package"),
     ("convert/api.py", "scenarios"),
-    ("resolve/reference.py", "package"), ("resolve/source.py", "package"),
-    ("release/api.py", "report"), ("release/commands.py", "report"),
 }
 
 

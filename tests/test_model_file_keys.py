@@ -21,7 +21,7 @@ import weightstore
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, PackageError, ResolutionError
 from weightstore.package.bundle_record import read_bundle
-from weightstore.package.bundles import assemble
+from weightstore.packaging.bundles import assemble
 from weightstore.resolve.runnable import runnable_variant
 
 from .helpers import as_an_earlier_version_wrote_it, flip_live_byte

@@ -17,7 +17,7 @@ from tests.release_helpers import make_checkout
 from weightstore.builder.run import BuildOptions, build
 from weightstore.caches import build_actions, build_stamp
 from weightstore.cli import main
-from weightstore.package.inventory import verify_package
+from weightstore.packaging.inventory import verify_package
 from weightstore.release.api import ReleaseOptions, release
 from weightstore.store.location import user_cache_dir
 

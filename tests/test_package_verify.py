@@ -13,7 +13,7 @@ from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import PackageError
 from weightstore.io.digests import digest_file, make_key
-from weightstore.package.inventory import verify_package
+from weightstore.packaging.inventory import verify_package
 
 
 @pytest.fixture

@@ -497,7 +497,7 @@ def test_unsigned_and_foreign_prepared_records_are_unproven(prepared, capsys):
     """A record of format 1 (no MAC) and one signed under another user's key are not
     used (the source graph and portable weights are), each with one stderr line saying
     why, and verify reports both as unproven."""
-    from weightstore.caches.mac import key_path
+    from weightstore.store.mac import key_path
 
     package, store = prepared
     path = package / "prepared" / "cpu" / "encoder.json"
@@ -515,7 +515,7 @@ def test_unsigned_and_foreign_prepared_records_are_unproven(prepared, capsys):
         assert main(["verify", str(package), "--json"]) == 0
         (entry,) = json.loads(capsys.readouterr().out)["prepared"]
         assert entry["proven"] is None and why in entry["detail"]
-    from weightstore.caches import mac
+    from weightstore.store import mac
 
     own = key_path().read_bytes()
     key_path().write_bytes(bytes(32))  # another user's key (the file stays 0600)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.release_helpers import make_checkout
 from weightstore.cli import main
-from weightstore.package.inventory import verify_package
+from weightstore.packaging.inventory import verify_package
 from weightstore.release.api import ReleaseOptions, release
 
 from .registry_server import needs_registry, running_registry
@@ -93,7 +93,7 @@ def test_publishing_a_folder_made_meanwhile_is_refused(tmp_path):
 
 
 def test_unpack_race(released, tmp_path, monkeypatch, capsys):
-    from weightstore.release import unpack
+    from weightstore.packaging import unpack
 
     _, _, output = released
     archive = output / "pkg-1.0.0-combined.tar.zst"
@@ -106,7 +106,7 @@ def test_unpack_race(released, tmp_path, monkeypatch, capsys):
 
 
 def test_bundle_race(released, tmp_path, monkeypatch, capsys):
-    from weightstore.package import bundles
+    from weightstore.packaging import bundles
 
     _, version, _ = released
     dest = tmp_path / "bundle"
@@ -190,7 +190,8 @@ def test_pull_race(released, tmp_path, monkeypatch, capsys, stores):
 _KILLED_MIDWAY = """
 import os, signal, sys
 from weightstore.cli import main
-from weightstore.release import api, unpack
+from weightstore.packaging import unpack
+from weightstore.release import api
 
 def killed(original):
     def run(*args, **kwargs):

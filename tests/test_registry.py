@@ -27,7 +27,7 @@ from weightstore.errors import (
     RegistryNotFoundError,
     RegistryUnreachableError,
 )
-from weightstore.package.bundles import check_live
+from weightstore.packaging.bundles import check_live
 from weightstore.registry.artifact import ARTIFACT_TYPE, sha256_digest
 from weightstore.registry.client import RegistryClient, Transport
 from weightstore.registry.pull import pull

@@ -449,7 +449,7 @@ def test_a_pair_an_earlier_version_remembered_unproven_is_computed_again(pushed,
     earlier versions signed the digests a pull's manifest named) are not believed."""
     import sqlite3
 
-    from weightstore.caches.mac import entry_mac
+    from weightstore.store.mac import entry_mac
 
     host, _, manifest = pushed
     store = WeightStore(tmp_path / "store")

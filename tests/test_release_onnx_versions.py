@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.release_helpers import make_checkout, released_files
-from weightstore.release.diff import first_member_difference
+from weightstore.packaging.diff import first_member_difference
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_VAR = "WEIGHTSTORE_OTHER_PYTHON"

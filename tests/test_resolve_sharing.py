@@ -18,8 +18,8 @@ from tests import resolve_models as rm
 from weightstore.catalogue.metadata import metadata_model
 from weightstore.catalogue.reader import read_catalogue
 from weightstore.errors import ExternalDataError, IntegrityError, ModelError, ResolutionError
-from weightstore.package.bundles import assemble
-from weightstore.package.check import check_package
+from weightstore.packaging.bundles import assemble
+from weightstore.packaging.check import check_package
 from weightstore.passes.analysis import Scope, iter_scopes
 from weightstore.passes.base import PassContext
 from weightstore.passes.fold_constant_if import FoldConstantIf

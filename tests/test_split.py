@@ -13,8 +13,8 @@ import pytest
 from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.errors import ExternalDataError, PackageError, PathEscapeError, ScenarioError
-from weightstore.package.bundles import assemble, satisfies
-from weightstore.package.check import check_package, variant_of
+from weightstore.packaging.bundles import assemble, satisfies
+from weightstore.packaging.check import check_package, variant_of
 from weightstore.resolve.files import file_problems
 from weightstore.resolve.runnable import runnable_variant
 from weightstore.resolve.source import store_keys_of
@@ -264,7 +264,7 @@ def test_two_models_share_a_file_group(shared_pair, save_model, tmp_path):
 
 
 def test_auto_without_a_match_runs_the_default_graph():
-    from weightstore.package.bundles import select_scenario
+    from weightstore.packaging.bundles import select_scenario
     from weightstore.recipe.schema import Device
 
     offered = [("half", {"accelerator": "npu"}), ("fused", {"kernels": ["fa"]})]

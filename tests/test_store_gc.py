@@ -17,7 +17,7 @@ import pytest
 
 from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
-from weightstore.package.check import check_package
+from weightstore.packaging.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 
 from .helpers import (
@@ -435,7 +435,7 @@ def test_a_build_rewrites_a_damaged_object_from_its_source(
 
 def test_a_damaged_object_without_a_source_is_left_to_the_copy_error(tmp_path: Path,
                                                                      ) -> None:
-    from weightstore.package.write import heal
+    from weightstore.packaging.write import heal
 
     store = WeightStore(tmp_path / "store")
     (p,) = payloads(("a", 100))

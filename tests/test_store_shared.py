@@ -27,7 +27,7 @@ import pytest
 from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
 from weightstore.io import files as fsio
-from weightstore.package.check import check_package
+from weightstore.packaging.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 from weightstore.store.index import INDEX_NAME
 

@@ -14,9 +14,9 @@ from tests.release_helpers import entry, make_checkout, tar_zst
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, PackageError
 from weightstore.io.digests import digest_bytes
-from weightstore.package.inventory import verify_package
+from weightstore.packaging.inventory import verify_package
+from weightstore.packaging.unpack import unpack
 from weightstore.release.api import ReleaseOptions, release
-from weightstore.release.unpack import unpack
 
 from .helpers import fill
 from .samples import run_onnxruntime, sample_inputs

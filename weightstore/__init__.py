@@ -48,9 +48,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "add_scenario": ("scenarios.operations", "add_scenario"),
     "remove_scenario": ("scenarios.operations", "remove_scenario"),
     "replay_scenario": ("resolve.runnable", "replay_scenario"),
-    "check_package": ("package.check", "check_package"),
-    "CheckReport": ("package.check", "CheckReport"),
-    "bundle": ("package.bundles", "assemble"),
+    "check_package": ("packaging.check", "check_package"),
+    "CheckReport": ("packaging.check", "CheckReport"),
+    "bundle": ("packaging.bundles", "assemble"),
     "WeightStore": ("store", "WeightStore"),
     "resolve": ("resolve", None),
     "load": ("load", None),
@@ -79,8 +79,8 @@ if TYPE_CHECKING:  # the callable modules are typed as the functions they call
     from .errors import WeightstoreError
     from .load.prepare import prepare
     from .load.session import load
-    from .package.bundles import assemble as bundle
-    from .package.check import CheckReport, check_package
+    from .packaging.bundles import assemble as bundle
+    from .packaging.check import CheckReport, check_package
     from .recipe.schema import Recipe, load_recipe
     from .report.api import report
     from .resolve import PreparedOptions, ResolvedModel, ScenarioSelectionContext, StoreReference

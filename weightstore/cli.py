@@ -497,7 +497,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .package.check import check_package
+    from .packaging.check import check_package
 
     report = check_package(args.package, scenario=args.scenario, device=args.device,
                            verify=args.verify, progress=requested(args))
@@ -515,7 +515,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_bundle(args: argparse.Namespace) -> int:
-    from .package.bundles import assemble
+    from .packaging.bundles import assemble
 
     record = assemble(args.package, args.device, args.output, verify=not args.no_verify,
                       progress=requested(args))

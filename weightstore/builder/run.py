@@ -46,7 +46,7 @@ from ..recipe.file import read_recipe_file
 from ..store.location import resolve_store_path
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
-    from ..package.materialize import Materialized
+    from ..packaging.materialize import Materialized
     from ..recipe.schema import Layout, LoadedRecipe, ModelEntry, Recipe
 
 
@@ -117,7 +117,7 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     whose bytes, sources and packages match its build stamp is decided without being
     parsed (:mod:`.caches.build_stamp`). A missing package folder whose build the store
     already holds is materialized from the store by its action record instead of being
-    converted again (:mod:`.package.materialize`; never with ``force``).
+    converted again (:mod:`weightstore.packaging.materialize`; never with ``force``).
     """
     options = options or BuildOptions()
     if not isinstance(recipe, (str, os.PathLike)):
@@ -145,7 +145,7 @@ def _stamped(stamp: build_stamp.Invocation, data: bytes, jobs: int,
     """The result of a build proven by the stamp, None when it proves nothing.
 
     Packages in place must be up to date; a missing package folder is materialized from
-    the store by its fingerprint's action record (:mod:`.package.materialize`), which
+    the store by its fingerprint's action record (:mod:`weightstore.packaging.materialize`), which
     needs neither onnx, numpy nor pydantic."""
     doc = build_stamp.load(stamp, data)
     if doc is None:
@@ -177,7 +177,7 @@ def _stamped(stamp: build_stamp.Invocation, data: bytes, jobs: int,
         result.packages.append(PackageResult(p["layout"], target, "up-to-date", summary))
         _ensure_root(store_root, target, summary)
     if missing:
-        from ..package.materialize import materialize
+        from ..packaging.materialize import materialize
 
         for p, target in missing:
             done = materialize(store_root, target, p["fingerprint"], jobs=jobs)
@@ -341,14 +341,14 @@ def _intact(target: Path, summary: dict[str, Any], digests: FileDigests,
 def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
            store_root: Path) -> str:
     """What the store proves about the folder: :data:`PROVEN`, the store's MAC'd action
-    record names this very summary (:mod:`.package.proof`) and every file the summary
+    record names this very summary (:mod:`weightstore.packaging.proof`) and every file the summary
     lists is there with its digest (through the stat cache: a file rewritten since it was
     last hashed is hashed again, so a change is never missed); :data:`UNRECORDED` or
     :data:`OTHER_SUMMARY`, the files agree with the summary but the store does not prove
     that summary is the build's (the build rebuilds it); :data:`OLDER_FORMAT`, the files
     agree with a summary of an older package format, which this version writes otherwise
     (rewritten without a word: it is the same build); :data:`DAMAGED` otherwise."""
-    from ..package.inventory import verify_package
+    from ..packaging.inventory import verify_package
 
     version = summary.get("format_version")
     if not isinstance(version, int) or version < CONTENTS_SINCE:
@@ -374,7 +374,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     # onnx and the catalogue: only when something must be built
     from ..caches.payload_keys import StaleKeyError
     from ..io.models import PROTOBUF_LIMIT
-    from ..package import write as packaging
+    from ..packaging import write as packaging
     from ..scenarios.storage import read_scenarios
     from ..store import WeightStore
 
@@ -415,7 +415,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             result.store_report = packaging.plan_store(
                 store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
                 options.jobs, options.progress)
-            from ..package.materialize import can_materialize
+            from ..packaging.materialize import can_materialize
 
             result.packages += [
                 PackageResult(layout.name, target, "would-materialize"
@@ -442,7 +442,7 @@ def _materialized(store_root: Path, layout: Layout, target: Path, fingerprint: s
     conversion); False when there is none or the store cannot serve it."""
     if target.exists() or layout.external_weight == "embedded":
         return False
-    from ..package.materialize import materialize
+    from ..packaging.materialize import materialize
 
     done = materialize(store_root, target, fingerprint, jobs=options.jobs)
     if done is None:
@@ -460,8 +460,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
     removed from ``todo``."""
     from ..caches import build_actions
     from ..io.locks import target_lock
-    from ..package import write as packaging
-    from ..package.materialize import register_root
+    from ..packaging import write as packaging
+    from ..packaging.materialize import register_root
 
     recipe = loaded.recipe
     report = packaging.fill_store(
@@ -509,7 +509,7 @@ def _ensure_root(store_root: Path, target: Path, summary: dict[str, Any]) -> Non
         if (summary["layout"]["external_weight"] == "embedded"
                 or not (store_root / INDEX_NAME).is_file()):
             return
-        from ..package.materialize import register_root
+        from ..packaging.materialize import register_root
         from ..store.roots import is_registered
 
         with Index(store_root).reading() as conn:  # the usual case: one indexed lookup

@@ -7,7 +7,7 @@ either store payloads at known offsets with zeros between (weight files) or one 
 object (model files, ``summary.json``, device folders' files, which the build puts into
 the store too). The record says which, so a later build of the same fingerprint whose
 folder is missing materializes the package from the store
-(:mod:`weightstore.package.materialize`) instead of converting: no onnx, numpy or
+(:mod:`weightstore.packaging.materialize`) instead of converting: no onnx, numpy or
 pydantic, no hashing of sources::
 
     <store>/build-actions/<hex of the action key>.json
@@ -18,7 +18,7 @@ pydantic, no hashing of sources::
 The action key is the blake3 digest of the fingerprint with this format's version, the
 weightstore version and the summary and store format versions. A record is a cache, never
 an authority: it is used only when its MAC (under the user's own secret,
-:mod:`weightstore.caches.mac`) holds, and every byte it leads to is re-hashed against its
+:mod:`weightstore.store.mac`) holds, and every byte it leads to is re-hashed against its
 store key as it is copied. A record another user wrote, edited, truncated or swapped, or
 one naming an object the store no longer holds, costs a real build, never a wrong package.
 
@@ -45,7 +45,7 @@ from ..io.files import atomic_write_bytes, is_relative_inside, parse_json, read_
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..package.summary import SUMMARY_NAME
-from .mac import entry_mac, verify_mac
+from ..store.mac import entry_mac, verify_mac
 
 if TYPE_CHECKING:
     from ..store import WeightStore
@@ -162,7 +162,7 @@ def record(store: WeightStore, folder: Path, summary: Mapping[str, Any], *,
         if embedded:
             # every weight is in the model, nothing of it in the store: the record holds
             # only the summary's key, the proof that a folder is this build
-            # (package.proof); it materializes nothing (its object is not stored)
+            # (packaging.proof); it materializes nothing (its object is not stored)
             whole = [f for f in whole if f.name == SUMMARY_NAME]
         payloads = [BytesPayload(f.pieces[0].key, read_regular(folder / f.name),
                                  str(folder / f.name)) for f in whole if not embedded]

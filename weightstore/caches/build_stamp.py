@@ -37,7 +37,7 @@ from ..io.digests import digest_bytes, make_key
 from ..io.files import atomic_write_bytes, parse_json, read_regular
 from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
 from ..store.location import user_cache_dir
-from .mac import entry_mac, verify_mac
+from ..store.mac import entry_mac, verify_mac
 
 FORMAT_VERSION = 2
 FOLDER = "build-stamps"

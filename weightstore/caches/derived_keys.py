@@ -4,7 +4,7 @@ A derived weight (an fp16 copy, a fused Q/K/V matrix) is computed from the sourc
 payloads by its scenario's records, so the source's content and the records determine its
 bytes; a rebuild whose source and scenarios did not change need not compute it again.
 Nothing cheaper than that computation could check a remembered key, so an entry carries a
-MAC under the user's own secret (:mod:`weightstore.caches.mac`) binding the source's
+MAC under the user's own secret (:mod:`weightstore.store.mac`) binding the source's
 identity, the algorithm and the keys: an entry another user wrote, or one edited,
 swapped or truncated, is ignored and the weights are computed. The cache lives in the
 store::
@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import IntegrityError
 from ..io.digests import digest_bytes, split_key
 from ..io.files import atomic_write_bytes, parse_json, read_regular
-from .mac import entry_mac, verify_mac
+from ..store.mac import entry_mac, verify_mac
 
 FOLDER = "derived-keys"
 FORMAT_VERSION = 1

@@ -1,6 +1,6 @@
 """Reading tar streams someone else wrote: bounded headers, member kinds, new files.
 
-Release archives (:mod:`weightstore.release.unpack`) and the tar layers of foreign registry
+Release archives (:mod:`weightstore.packaging.unpack`) and the tar layers of foreign registry
 artifacts (:mod:`weightstore.registry.foreign`) are both read as one stream (``r|``) and
 unpacked into a temp folder: regular files and folders only, each file created new.
 """

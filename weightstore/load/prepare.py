@@ -115,8 +115,8 @@ def _root(store: Any, package: Path, keys: set[str]) -> None:
     """Keep the stored blobs alive as long as the package: its root in the store names
     them too (a root is made for a package this store has none for)."""
     if not store.add_root_keys(package, keys):
-        from ..package.inventory import read_summary
-        from ..package.materialize import register_root
+        from ..packaging.inventory import read_summary
+        from ..packaging.materialize import register_root
 
         register_root(store, package, read_summary(package), extra=keys)
 

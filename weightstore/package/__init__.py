@@ -1,5 +1,8 @@
-"""A built package folder: writing it, its summary and fingerprint, checking it, and the
-device bundles assembled from it.
+"""A package folder's records: its ``summary.json`` (:mod:`.summary`), its weight files as
+store payloads at offsets (:mod:`.assembly`), the device bundle records
+(:mod:`.bundle_record`) and the build fingerprint with the source-digest cache it feeds
+(:mod:`.fingerprint`). Every layer above reads them; what is done to package folders is
+:mod:`weightstore.packaging`.
 
 Nothing is imported here: each module loads on first use (see :mod:`weightstore.lazy`).
 """

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..caches.mac import entry_mac, verify_mac
 from ..errors import WeightstoreError
 from ..io.digests import digest_bytes, digest_file, make_key
 from ..io.files import atomic_write_bytes, parse_json, read_regular
+from ..store.mac import entry_mac, verify_mac
 
 if TYPE_CHECKING:
     from ..recipe.schema import Layout
@@ -43,7 +43,7 @@ class FileDigests:
 
     The cache file sits in the store, which a group may share, and a digest cannot be
     checked without reading the whole file; so every entry carries a MAC under the user's
-    own key (:mod:`weightstore.caches.mac`) binding path, stamp and digest. An entry that
+    own key (:mod:`weightstore.store.mac`) binding path, stamp and digest. An entry that
     fails it, however it was damaged, is hashed again.
     """
 

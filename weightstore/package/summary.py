@@ -83,7 +83,7 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
                     plan: LayoutPlan, devices: Sequence[dict[str, Any]] = (),
                     contents: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """``contents``: every file of the package but the summary itself, from
-    :func:`weightstore.package.inventory.package_contents`."""
+    :func:`weightstore.packaging.inventory.package_contents`."""
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)

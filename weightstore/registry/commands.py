@@ -88,7 +88,7 @@ def _transport(args: argparse.Namespace) -> Transport:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from ..package.proof import proving_store
+    from ..packaging.proof import proving_store
     from ..progress import requested
     from ..store import WeightStore
     from .push import push

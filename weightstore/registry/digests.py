@@ -7,7 +7,7 @@ names) or mount it, and publish an artifact whose layer holds other bytes. So a 
 remembered only when this process computed both digests over the same bytes (a push
 reading a payload, a pull downloading one), never from what a manifest claims; and as the
 index sits in a store a group may share, each row carries a MAC under the user's own key
-(:mod:`weightstore.caches.mac`) over the pair and that proof, so a row that fails it
+(:mod:`weightstore.store.mac`) over the pair and that proof, so a row that fails it
 (written by another user, edited, swapped, or by a version that also remembered the
 digests a manifest named) is computed again from the bytes. ``blob_repos(host, digest,
 repository)``: the repositories a blob was pushed to or pulled from, so a push to another
@@ -22,10 +22,10 @@ import contextlib
 import sqlite3
 from collections.abc import Iterable
 
-from ..caches.mac import entry_mac, verify_mac
 from ..errors import StoreError
 from ..store import WeightStore
 from ..store.index import batched, marks
+from ..store.mac import entry_mac, verify_mac
 
 HASHED = "hashed-together"
 _TABLES = (

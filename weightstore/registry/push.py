@@ -30,9 +30,9 @@ from ..errors import (
     RegistryError,
 )
 from ..io.digests import ALGORITHMS, make_key, new_hasher, split_key
-from ..package.inventory import read_summary_bytes
-from ..package.proof import PROVEN_INTERNAL, check_recorded_build, say_unproven
 from ..package.summary import SUMMARY_NAME
+from ..packaging.inventory import read_summary_bytes
+from ..packaging.proof import PROVEN_INTERNAL, check_recorded_build, say_unproven
 from ..store import WeightStore
 from . import digests, sessions
 from .artifact import (

@@ -37,9 +37,10 @@ from ..io.files import (
     parse_json,
     read_regular,
 )
-from ..package.inventory import read_summary_bytes
 from ..package.summary import SUMMARY_NAME
-from .archive import SUFFIX, archive_root, plan_archive, source_date_epoch, write_archive
+from ..packaging.inventory import read_summary_bytes
+from ..packaging.unpack import SUFFIX, archive_root
+from .archive import plan_archive, source_date_epoch, write_archive
 from .compression import Compression
 from .provenance import (
     PROVENANCE_NAME,
@@ -113,7 +114,7 @@ def release(target: str | os.PathLike[str], options: ReleaseOptions | None = Non
         from ..recipe.schema import load_recipe
 
         return _release_recipe(load_recipe(path), options)
-    from ..package.proof import proving_store
+    from ..packaging.proof import proving_store
 
     store = proving_store(options.store)
     packages = [_read_package(p, store) for p in _package_folders(path)]
@@ -153,9 +154,9 @@ def _package_folders(path: Path) -> list[Path]:
 
 def _read_package(folder: Path, store: Path) -> _Package:
     """The package at ``folder``, refused when ``store`` recorded its build with another
-    summary (:mod:`..package.proof`); its files are checked against the summary as they
+    summary (:mod:`weightstore.packaging.proof`); its files are checked against the summary as they
     are archived."""
-    from ..package.proof import PROVEN_INTERNAL, check_recorded_build
+    from ..packaging.proof import PROVEN_INTERNAL, check_recorded_build
 
     data, summary = read_summary_bytes(folder)
     proven = check_recorded_build(folder, store, data, summary)
@@ -201,7 +202,7 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
         if made and not done:  # the folder this release made: nothing is left behind
             with contextlib.suppress(OSError):
                 output.rmdir()
-    from ..package.proof import say_unproven
+    from ..packaging.proof import say_unproven
 
     for p in packages:  # archived, so checked against their summaries
         if p.unproven_by is not None:
@@ -419,7 +420,7 @@ def _first_difference(published: Path, rebuilt: Path) -> str | None:
             digest_file("blake3", published) == digest_file("blake3", rebuilt)):
         return None
     if published.name.endswith(".tar.zst"):
-        from .diff import first_member_difference
+        from ..packaging.diff import first_member_difference
 
         return first_member_difference(published, rebuilt)
     with open(published, "rb") as a, open(rebuilt, "rb") as b:

@@ -32,10 +32,10 @@ from typing import Any
 from ..errors import IntegrityError, PackageError
 from ..io.digests import make_key, new_hasher
 from ..package.summary import SUMMARY_NAME
+from ..packaging.unpack import SUFFIX, archive_root
 from .compression import Compression
 from .zstd_frame import Frame, Sink
 
-SUFFIX = ".tar.zst"
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip can hold
 BLOCK = 512
 RECORD = 20 * BLOCK
@@ -82,14 +82,6 @@ class ArchivePlan:
         size = sum(len(h) + _padded(e.size) for h, e in zip(self.headers(), self.entries,
                                                           strict=True))
         return _padded_to(size + 2 * BLOCK, RECORD)
-
-
-def archive_root(summary: Mapping[str, Any]) -> str:
-    name = f"{summary['package']}-{summary['version']}-{summary['layout']['name']}"
-    if "/" in name or "\x00" in name or name.startswith("."):
-        raise PackageError("package, version or layout name cannot name an archive",
-                           name=name)
-    return name
 
 
 def plan_archive(summary: Mapping[str, Any], summary_size: int, mtime: int) -> ArchivePlan:

@@ -68,8 +68,8 @@ def _print_json(data: Any) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from ..package.inventory import verify_package
-    from ..package.proof import PROVEN_BUILD, proving_store
+    from ..packaging.inventory import verify_package
+    from ..packaging.proof import PROVEN_BUILD, proving_store
     from ..progress import requested
 
     store = proving_store(args.store)
@@ -134,7 +134,7 @@ def run_release(args: argparse.Namespace) -> int:
 
 
 def run_unpack(args: argparse.Namespace) -> int:
-    from .unpack import unpack
+    from ..packaging.unpack import unpack
 
     result = unpack(args.archive, args.folder)
     if args.json:
@@ -146,7 +146,7 @@ def run_unpack(args: argparse.Namespace) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from .diff import diff_packages, open_view
+    from ..packaging.diff import diff_packages, open_view
 
     result = diff_packages(open_view(args.a), open_view(args.b))
     if args.json:

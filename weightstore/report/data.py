@@ -2,7 +2,7 @@
 
 ``{"format_version": 1, "generator": "weightstore X.Y.Z", "target": {"kind", "name"},
 "views": {NAME: view data}}`` (docs/formats.md). A release archive is read as ``unpack``
-reads it (:func:`weightstore.release.unpack.unpack`: every member checked and verified
+reads it (:func:`weightstore.packaging.unpack.unpack`: every member checked and verified
 against the summary) into a temp folder that is removed afterwards; the data names the
 target by its file name only, never by a path, so the same inputs give the same bytes
 wherever they lie.
@@ -79,7 +79,7 @@ def _package_folder(target: Path | None,
                 yield "store reference", folder
             return
         raise PackageError("no such package folder or archive", path=str(target))
-    from ..release.unpack import unpack
+    from ..packaging.unpack import unpack
 
     with tempfile.TemporaryDirectory(prefix="weightstore-report-") as tmp:
         folder = Path(tmp) / "package"

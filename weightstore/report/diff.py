@@ -1,6 +1,6 @@
 """The diff view (``report TARGET --against OLD``): what changed, and what it costs to ship.
 
-Its figures are ``weightstore diff OLD TARGET``'s (:func:`weightstore.release.diff.diff_packages`,
+Its figures are ``weightstore diff OLD TARGET``'s (:func:`weightstore.packaging.diff.diff_packages`,
 read from metadata alone): tensors (external weights, by model, logical name and scenario)
 added, removed and changed by digest; the weight bytes each model references before and
 after; and the bytes a device holding OLD downloads to hold TARGET, counted three ways: the
@@ -28,7 +28,7 @@ def collect(request: ReportRequest) -> dict[str, Any] | None:
     if request.against is None:
         return None
     from ..errors import ReportError
-    from ..release.diff import diff_packages, open_view, weights_by_name
+    from ..packaging.diff import diff_packages, open_view, weights_by_name
 
     if request.folder is None:
         raise ReportError("--against compares two packages: give the newer one as TARGET",

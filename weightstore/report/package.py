@@ -2,7 +2,7 @@
 each device and scenario needs of the weight files.
 
 Everything comes from the package's ``summary.json`` and from resolution as ``check``
-computes it (:func:`weightstore.package.check.check_package`: each scenario once, every
+computes it (:func:`weightstore.packaging.check.check_package`: each scenario once, every
 model resolved from metadata, no payload read); a device's models run the scenarios its
 bundle record names (:func:`weightstore.package.bundle_record.read_bundle`), so its live
 ranges are those of its models' variants, and the files it downloads are those its
@@ -221,7 +221,7 @@ def _resolve(folder: Path, scenario: str | None,
              live: dict[tuple[str, str | None], list[tuple[str, int, int]]],
              problems: dict[str | None, list[str]]) -> None:
     """Resolve the package for ``scenario`` as ``check`` does, from metadata."""
-    from ..package.check import check_package
+    from ..packaging.check import check_package
 
     report = check_package(folder, scenario=scenario)
     problems[scenario] = list(report.problems)

@@ -5,7 +5,7 @@ package folder (the record) and ``prepared/<device>/<model>.onnx`` (the graph on
 optimized and annotated with its ``prepacked_N`` entries, payloads omitted).
 
 A record is trusted only under its MAC: ``prepare`` signs it with the user's private key
-(:mod:`weightstore.caches.mac`), binding every field, the companion graph's digest
+(:mod:`weightstore.store.mac`), binding every field, the companion graph's digest
 among them, to the record's place (``<target>/<model>``). A record whose MAC does not
 hold (edited, written by another user or machine, or by an earlier version) is
 unproven: resolution does not use it and says why on stderr, and ``verify`` reports it.
@@ -21,8 +21,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from ..caches.mac import entry_mac, verify_mac
 from ..io.files import parse_json, read_regular
+from ..store.mac import entry_mac, verify_mac
 
 FORMAT_VERSION = 2  # 2: the record carries a MAC; 1 (unsigned) is read as unproven
 VALUE_PREFIX = "weightstore-value:"  # companion graphs' locations name values, not files

@@ -25,10 +25,16 @@ from ..io.models import serialize_model
 from ..io.onnx_proto import ModelProto, TensorProto
 from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from ..layout.writer import FileRange, write_plan
+from ..package.summary import (
+    SUMMARY_NAME,
+    ExternalWeightDesc,
+    ModelSummary,
+    package_summary,
+    render,
+)
 from ..progress import Progress
 from ..recipe.schema import Layout, Recipe
 from ..store import BytesPayload, PayloadSource, StoredObject, WeightStore
-from .summary import SUMMARY_NAME, ExternalWeightDesc, ModelSummary, package_summary, render
 
 if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that use them
     from ..scenarios.package import AddedWeight, PackagedScenario
@@ -613,9 +619,10 @@ def offered_scenarios(recipe: Recipe, sources: list[Source]) -> list[tuple[str, 
 
 def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
                    summaries: list[ModelSummary]) -> list[dict]:
-    """``devices/<name>/`` for every device of the recipe (see :mod:`weightstore.package.bundles`),
-    its record listing the store keys ``summaries`` give the live weights; returns what
-    the summary records of the devices."""
+    """``devices/<name>/`` for every device of the recipe (see
+    :mod:`weightstore.packaging.bundles`), its record listing the store keys
+    ``summaries`` give the live weights; returns what the summary records of the
+    devices."""
     if not recipe.devices:
         return []
     import onnx

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import PackageError, StoreError
 from ..io.digests import digest_bytes, make_key
-from .summary import SUMMARY_NAME
+from ..package.summary import SUMMARY_NAME
 
 PROVEN_BUILD = "build"  # the folder is the build the store recorded
 PROVEN_INTERNAL = "internal-consistency"  # the folder agrees with its own summary

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from ..caches import build_actions
 from ..errors import IntegrityError, PackageError, StoreError
 from ..io.files import discard_temp_dir, make_temp_dir, parse_json, publish_dir, read_regular
-from .assembly import MissingPayloadError, assemble, contents_problem, summary_weight_files
-from .summary import SUMMARY_NAME
+from ..package.assembly import MissingPayloadError, assemble, contents_problem, summary_weight_files
+from ..package.summary import SUMMARY_NAME
 
 if TYPE_CHECKING:
     from ..store import WeightStore

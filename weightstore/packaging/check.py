@@ -21,13 +21,13 @@ from typing import Any
 import onnx
 
 from ..errors import ResolutionError, ScenarioError, WeightstoreError
+from ..package.bundle_record import read_bundle
+from ..package.summary import read_summary_file
 from ..resolve.files import file_problems
 from ..resolve.manifest import ManifestEntry
 from ..resolve.source import ModelSource, open_source
 from ..resolve.variant import Variant, resolve_variant
 from ..scenarios.storage import read_scenarios
-from .bundle_record import read_bundle
-from .summary import read_summary_file
 
 
 @dataclass

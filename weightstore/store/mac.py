@@ -26,7 +26,7 @@ from typing import Any
 
 import blake3
 
-from ..store.location import user_cache_dir
+from .location import user_cache_dir
 
 KEY_NAME = "cache-key"
 KEY_BYTES = 32

@@ -25,8 +25,7 @@ import onnx
 from ..errors import PackageError
 from ..io.files import atomic_write_bytes, copy_range, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import save_model
-from ..resolve.files import file_problems
-from .bundle_record import (
+from ..package.bundle_record import (
     BUNDLE_NAME,
     DEVICES,
     device_record,
@@ -34,8 +33,9 @@ from .bundle_record import (
     read_bundle,
     render_record,
 )
+from ..package.summary import read_summary_file
+from ..resolve.files import file_problems
 from .check import variant_of
-from .summary import read_summary_file
 
 if TYPE_CHECKING:  # reading bundle records needs no recipe machinery
     from ..recipe.schema import Device

@@ -19,9 +19,9 @@ from typing import Any
 from ..errors import PackageError
 from ..io.files import parse_json, read_regular
 from ..package.bundle_record import BUNDLE_NAME
-from ..package.inventory import check_summary, read_summary
 from ..package.summary import SUMMARY_NAME
-from .reader import open_archive, read_small
+from ..packaging.inventory import check_summary, read_summary
+from .archive_reader import open_archive, read_small
 
 
 @dataclass(frozen=True)

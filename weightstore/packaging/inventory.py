@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import PackageError
 from ..io.digests import digest_file, make_key
 from ..io.files import is_relative_inside
-from .summary import (
+from ..package.summary import (
     CONTENTS_SINCE,
     SUMMARY_NAME,
     check_structure,
@@ -133,7 +133,7 @@ class VerifyReport:
 
     @property
     def proven(self) -> str | None:
-        """What the check proved (:mod:`weightstore.package.proof`): ``"build"``, that the
+        """What the check proved (:mod:`weightstore.packaging.proof`): ``"build"``, that the
         folder is the build its store recorded; ``"internal-consistency"``, only that it
         agrees with its own summary (no store here knows the build); None on a problem."""
         from .proof import PROVEN_BUILD, PROVEN_INTERNAL
@@ -158,7 +158,7 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
     ``digest(algo, path)`` defaults to a full re-hash; the up-to-date check passes a stat
     cache instead. ``progress``: a bar over the bytes (None: only on a terminal).
     ``store``: a store whose action record of the build, when it has one, must name this
-    very summary (a ``build`` problem otherwise; see :mod:`weightstore.package.proof`).
+    very summary (a ``build`` problem otherwise; see :mod:`weightstore.packaging.proof`).
     """
     from .proof import NOT_THE_BUILD, recorded_build
 

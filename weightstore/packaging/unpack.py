@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,11 @@ from ..io.files import (
     publish_dir,
 )
 from ..io.tar import REGULAR, member_kind, write_new
-from ..package.inventory import check_member_path, check_summary
 from ..package.summary import SUMMARY_NAME
-from .archive import SUFFIX, archive_root
-from .reader import open_archive, read_small, read_to_end
+from .archive_reader import open_archive, read_small, read_to_end
+from .inventory import check_member_path, check_summary
 
+SUFFIX = ".tar.zst"  # a release archive: <package>-<version>-<layout>.tar.zst
 CHUNK = 4 << 20
 
 
@@ -43,6 +44,16 @@ class UnpackResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "files": self.files, "bytes": self.bytes}
+
+
+def archive_root(summary: Mapping[str, Any]) -> str:
+    """The top folder of a package's release archive, and the archive's name without
+    :data:`SUFFIX`: ``<package>-<version>-<layout>``."""
+    name = f"{summary['package']}-{summary['version']}-{summary['layout']['name']}"
+    if "/" in name or "\x00" in name or name.startswith("."):
+        raise PackageError("package, version or layout name cannot name an archive",
+                           name=name)
+    return name
 
 
 def unpack(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> UnpackResult:
