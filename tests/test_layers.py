@@ -218,7 +218,7 @@ LAYERS = ("io", "_proto", "store", "layout", "recipe", "catalogue", "package", "
           "convert", "passes", "scenarios", "resolve", "packaging", "load", "registry",
           "builder", "report", "release")
 # Imports that still climb a layer, each (file, the folder it reaches up to), explained in
-# docs/architecture.md: release's two are meant to stay, the others are to go. A climb added
+# docs/architecture.md (at most two). A climb added
 # fails the test below, and so does one removed but still listed here.
 CLIMBS = {
     ("convert/api.py", "scenarios"),
