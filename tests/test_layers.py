@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import weightstore
@@ -10,21 +11,45 @@ import weightstore
 PACKAGE = Path(weightstore.__file__).parent
 
 
+@functools.cache
+def _modules() -> dict[str, Path]:
+    """Every module of weightstore by its dotted name (a package by its own name)."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
 def _imports(path: Path) -> set[str]:
-    """Absolute names of the weightstore modules ``path`` imports (anywhere in it)."""
+    """The modules ``path`` imports, anywhere in it (inside functions and
+    ``TYPE_CHECKING`` blocks too): weightstore's each resolved to the module it names
+    (``from . import x`` imports the submodule ``x``, ``from .m import name`` the module
+    ``m``), any other by its name. The one exception is the API table's
+    ``TYPE_CHECKING`` block (``weightstore/__init__.py``), which types the names it
+    exports lazily from every folder: the package root sits above everything by design."""
+    modules = _modules()
     tree = ast.parse(path.read_text())
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts == ("weightstore", "__init__"):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                node.body = []
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = parts[:len(parts) - node.level]
-                out.add(".".join((*base, node.module or "")).rstrip("."))
-            elif node.module:
-                out.add(node.module)
+            base = parts[:len(parts) - node.level] if node.level else ()
+            module = ".".join((*base, *(node.module or "").split("."))).strip(".")
+            if module.split(".")[0] != "weightstore":
+                out.add(module)
+                continue
+            subs = {f"{module}.{a.name}" for a in node.names} & modules.keys()
+            out |= subs
+            if len(subs) < len(node.names):
+                out.add(module)
         elif isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-    return out
+            out.update(a.name for a in node.names)
+    return out - {".".join(parts[:-1] if parts[-1] == "__init__" else parts)}
 
 
 def test_scenarios_never_import_resolution():
@@ -103,49 +128,8 @@ def test_only_the_command_line_the_api_and_releases_import_the_report():
     root = {p.stem for p in PACKAGE.glob("*.py")
             if any(i.startswith("weightstore.report") for i in _imports(p))}
     assert importers <= {"release"} and root <= {"cli", "__init__"}
-    assert _folder_imports("report") <= {"caches", "errors", "io", "lazy", "progress",
+    assert _folder_imports("report") <= {"errors", "io", "lazy", "progress",
                                          "package", "packaging", "resolve", "store"}
-
-
-def _modules() -> dict[str, Path]:
-    """Every module of weightstore by its dotted name (a package by its own name)."""
-    out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
-def _module_imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The weightstore modules ``path`` imports, anywhere in it (inside functions and
-    ``TYPE_CHECKING`` blocks too), each resolved to the module it names: ``from . import
-    x`` imports the submodule ``x``, ``from .m import name`` the module ``m``. The one
-    exception is the API table's ``TYPE_CHECKING`` block (``weightstore/__init__.py``),
-    which types the names it exports lazily from every folder: the package root sits
-    above everything by design."""
-    tree = ast.parse(path.read_text())
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    if parts == ("weightstore", "__init__"):
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                node.body = []
-    package = parts if parts[-1] == "__init__" else parts[:-1]
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = (package if parts[-1] == "__init__" else parts)[
-                    :len(parts) - node.level]
-                module = ".".join((*base, *(node.module or "").split("."))).strip(".")
-            else:
-                module = node.module or ""
-            subs = {f"{module}.{a.name}" for a in node.names} & modules.keys()
-            out |= subs
-            if len(subs) < len(node.names) and module in modules:
-                out.add(module)
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names} & modules.keys()
-    return out - {".".join(parts[:-1] if parts[-1] == "__init__" else parts)}
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -196,20 +180,18 @@ def test_no_import_circle_between_modules():
     ``TYPE_CHECKING`` block), a module that imports it back: each concept sits on the
     ones it needs (docs/architecture.md, "No circles")."""
     modules = _modules()
-    graph = {name: _module_imports(path, modules) for name, path in modules.items()}
+    graph = {name: _imports(path) & modules.keys() for name, path in modules.items()}
     assert _circles(graph) == []
 
 
 def test_the_circle_scan_sees_circles_and_every_kind_of_import():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
-    modules = _modules()
     # a function-level import, a TYPE_CHECKING one, and "from . import submodule"
-    assert "weightstore.store.gc" in _module_imports(
-        PACKAGE / "store" / "store.py", modules)  # inside WeightStore.plan_gc
-    assert "weightstore.store.core" in _module_imports(PACKAGE / "store" / "gc.py", modules)
-    assert {"weightstore.report.diff", "weightstore.report.store_view"} <= _module_imports(
-        PACKAGE / "report" / "views.py", modules)
+    assert "weightstore.store.gc" in _imports(PACKAGE / "store" / "store.py")  # in plan_gc
+    assert "weightstore.store.core" in _imports(PACKAGE / "store" / "gc.py")
+    assert {"weightstore.report.diff", "weightstore.report.store_view"} <= _imports(
+        PACKAGE / "report" / "views.py")
 
 
 # The layers, bottom first (docs/architecture.md, "Layers"): a module imports modules of

@@ -215,3 +215,17 @@ def test_formats_md_shows_each_view_s_shape(versions, capsys):
                 assert sorted(value) == sorted(real[key]), (name, key)
             if isinstance(value, list) and value and isinstance(value[0], dict):
                 assert sorted(value[0]) == sorted(real[key][0]), (name, key)
+
+
+def test_objects_by_age_are_counted_back_from_the_newest():
+    """Each object falls in the bucket of its age behind the newest object: a day, a week,
+    30 and 90 days are the limits, each bucket's upper limit excluded."""
+    from weightstore.report.store_view import DAY, _ages
+
+    newest = 1_800_000_000
+    rows = [(newest, 1), (newest - DAY + 1, 2), (newest - DAY, 4), (newest - 7 * DAY, 8),
+            (newest - 30 * DAY, 16), (newest - 89 * DAY, 32), (newest - 90 * DAY, 64),
+            (newest - 400 * DAY, 128)]
+    assert [(a["objects"], a["bytes"]) for a in _ages(rows)] == [
+        (2, 3), (1, 4), (1, 8), (2, 48), (2, 192)]
+    assert [a["objects"] for a in _ages([])] == [0, 0, 0, 0, 0]

@@ -333,7 +333,7 @@ def unpack_layer(blob: Path, layer: ForeignLayer, into: Path, reference: str) ->
     # a compressed layer can declare far more bytes than it carries (a few kilobytes of
     # gzip unpack to terabytes): a member is refused by the size its header declares,
     # before a byte of it is written, once the layer's members would not fit on the disk
-    room = [shutil.disk_usage(into).free - DISK_RESERVE]
+    room = shutil.disk_usage(into).free - DISK_RESERVE
     try:
         with open(blob, "rb") as raw, _decompressed(raw, layer.archive) as stream:
             reader = _Sha256Reader(stream)
@@ -341,8 +341,8 @@ def unpack_layer(blob: Path, layer: ForeignLayer, into: Path, reference: str) ->
                               tarinfo=BoundedTarInfo) as tf:
                 for member in tf:
                     if member.isfile():
-                        room[0] -= member.size
-                        if room[0] < 0:
+                        room -= member.size
+                        if room < 0:
                             raise bad("would unpack more bytes than the disk has free",
                                       member=member.name, size=member.size)
                     _unpack_member(tf, member, into, bad)

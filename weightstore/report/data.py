@@ -93,20 +93,16 @@ def _referenced_build(text: str, store: Path) -> Iterator[Path]:
     one build, its action record's MAC and its summary checked), assembled from the store
     by that record into a temp folder: every piece re-hashed against its key, as a warm
     build materializes it, but registered nowhere."""
-    from ..caches import build_actions
     from ..package.assembly import assemble
     from ..resolve.reference import StoreReference, find_build
     from ..store import WeightStore
 
     build = find_build(store, StoreReference.parse(text))
-    record = build_actions.load(store, build.fingerprint)
-    if record is None:  # gone since find_build read it
-        raise ReportError("the build's action record left the store", reference=text)
     weights = WeightStore(store)
     with tempfile.TemporaryDirectory(prefix="weightstore-report-") as tmp, weights.leased():
         folder = Path(tmp) / "package"
         folder.mkdir()
-        assemble(weights, folder, record.files)
+        assemble(weights, folder, build.files)
         yield folder
 
 

@@ -1,11 +1,13 @@
 """The store view (``report --store DIR``): which roots keep the store's bytes alive.
 
-Every figure is the store's own: its roots as ``weightstore store ls`` lists them (the
-bytes each names, and the bytes only it names: what removing it frees), the pinned ones,
-what ``weightstore store gc`` would free now (its plan, :meth:`WeightStore.plan_gc`, read
-from one snapshot of the index: dead roots, garbage objects, files deleted or compacted),
-and the objects by age. Ages are counted back from the store's newest object, never from
-the clock, so the same store gives the same page whenever it is drawn.
+Every figure is the store's own: its objects and payload bytes from the index's
+well-formed rows (``store stats``' figures), its roots as ``weightstore store ls`` lists
+them (the bytes each names, and the bytes only it names: what removing it frees), the
+pinned ones, what ``weightstore store gc`` would free now (its plan,
+:meth:`WeightStore.plan_gc`, read from one snapshot of the index: dead roots, garbage
+objects, files deleted or compacted), and the objects by age. Ages are counted back from
+the store's newest object, never from the clock, so the same store gives the same page
+whenever it is drawn.
 """
 
 from __future__ import annotations
@@ -35,13 +37,11 @@ def collect(request: ReportRequest) -> dict[str, Any] | None:
         raise StoreError("not a weight store (no index.sqlite)", path=str(request.store))
     store = WeightStore(request.store)
     roots = store.roots()
-    stats = store.stats()
     plan = store.plan_gc()
-    with store.index.reading() as conn:
-        rows = conn.execute("SELECT created, size FROM objects").fetchall()
+    rows = store.object_ages()
     return {
         "store": request.store.name,
-        "totals": {"objects": stats.objects, "payload_bytes": stats.payload_bytes,
+        "totals": {"objects": len(rows), "payload_bytes": sum(n for _, n in rows),
                    "roots": len(roots), "pinned": sum(r.pinned for r in roots),
                    "dead": sum(not r.live for r in roots)},
         "roots": [{"id": r.id, "package": r.package, "version": r.version,
@@ -57,12 +57,11 @@ def collect(request: ReportRequest) -> dict[str, Any] | None:
     }
 
 
-def _ages(rows: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
+def _ages(rows: list[tuple[int, int]]) -> list[dict[str, Any]]:
     """Objects and their bytes per age bucket, counted back from the newest object."""
-    sound = [(c, s) for c, s in rows if type(c) is int and type(s) is int]
-    newest = max((c for c, _ in sound), default=0)
+    newest = max((c for c, _ in rows), default=0)
     buckets = [{"label": label, "objects": 0, "bytes": 0} for label, _ in AGES]
-    for created, size in sound:
+    for created, size in rows:
         age = newest - created
         i = next(i for i, (_, limit) in enumerate(AGES) if limit is None or age < limit)
         buckets[i]["objects"] += 1

@@ -24,10 +24,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import REPAIR_HINT, IntegrityError, ResolutionError, StoreError
 from ..io.files import parse_json
+
+if TYPE_CHECKING:
+    from ..package.assembly import WeightFile
 
 _NAME = re.compile(r"[^/@\s]+")
 _PIN = re.compile(r"0|[1-9][0-9]*|[a-z0-9]+:[0-9a-f]{16,128}")  # a root id, or a digest
@@ -69,7 +72,8 @@ class StoreReference:
 
 @dataclass(frozen=True)
 class ReferencedBuild:
-    """What a reference came down to: the build's summary and its model files' objects."""
+    """What a reference came down to: the build's summary, its model files' objects, and
+    every file of the package as its action record assembles it from the store."""
 
     reference: StoreReference
     store: Path
@@ -77,6 +81,7 @@ class ReferencedBuild:
     summary: dict[str, Any]
     model_keys: dict[str, tuple[str, int]]  # package file name -> (store key, size)
     whole_files: dict[str, str]  # every file that is one store object -> its key
+    files: tuple[WeightFile, ...] = ()  # the action record's files (payloads at offsets)
 
     def device_record(self, device: str) -> dict[str, Any]:
         """``device``'s bundle record, read from its store object."""
@@ -163,7 +168,8 @@ def find_build(store_root: Path, ref: StoreReference) -> ReferencedBuild:
         keys[name] = (f.pieces[0].key, f.size)
     whole = {f.name: f.pieces[0].key for f in record.files
              if len(f.pieces) == 1 and f.pieces[0].offset == 0 and f.pieces[0].size == f.size}
-    return ReferencedBuild(ref, store_root, fingerprint, summary, keys, whole)
+    return ReferencedBuild(ref, store_root, fingerprint, summary, keys, whole,
+                           tuple(record.files))
 
 
 def read_object(store: Any, key: str, context: dict[str, Any]) -> bytes:

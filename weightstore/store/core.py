@@ -441,6 +441,16 @@ class Store:
         with self.index.reading() as conn:
             yield from self.index.objects(conn)
 
+    def object_ages(self) -> list[tuple[int, int]]:
+        """``(created, size)`` of every well-formed object row (created: unix seconds, as
+        the index recorded it), from one snapshot; a row whose time is not an integer is
+        left out, as damage is (repair's)."""
+        from .index import well_formed
+
+        with self.index.reading() as conn:
+            rows = conn.execute(f"SELECT created, size FROM objects WHERE {well_formed()}")
+            return [(c, n) for c, n in rows if type(c) is int]
+
     def path_of(self, obj: StoredObject) -> Path:
         """The store file holding ``obj``; a file name that would leave the store root is
         a StoreError."""
