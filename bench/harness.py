@@ -62,7 +62,7 @@ class Process:
 
 def run_process(argv: list[str], workdir: Path, log_name: str, timeout: float | None = None,
                 *, merge_stderr: bool = False, checkout: Path = REPO,
-                cwd: Path | None = None) -> Process:
+                cwd: Path | None = None, env: dict[str, str] | None = None) -> Process:
     """Run ``argv`` in a fresh process; its output, wall time and peak RSS.
 
     Stderr goes to ``<log_name>.log`` in the workdir and is quoted when the process fails;
@@ -71,6 +71,7 @@ def run_process(argv: list[str], workdir: Path, log_name: str, timeout: float | 
     non-zero exit raises ``BenchError``. ``checkout``: the weightstore the child imports
     (another checkout of the project, to compare with an earlier version; give a ``cwd``
     outside this checkout then, since Python puts the current folder first on the path).
+    ``env``: variables set for the child besides the usual ones.
     """
     log_path = workdir / f"{log_name}.log"
     with open(log_path, "w+b") as err, tempfile.TemporaryFile(dir=workdir) as out:
@@ -78,7 +79,7 @@ def run_process(argv: list[str], workdir: Path, log_name: str, timeout: float | 
         expired = threading.Event()
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=sink, stderr=err,
-                                env=child_env(workdir, checkout), cwd=cwd,
+                                env={**child_env(workdir, checkout), **(env or {})}, cwd=cwd,
                                 stdin=subprocess.DEVNULL)
 
         def kill() -> None:

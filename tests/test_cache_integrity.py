@@ -36,7 +36,7 @@ K = "encoder.layer.0.attention.self.key.weight"
 @pytest.fixture(autouse=True)
 def _cache_everything(monkeypatch):
     """Files written by the test are seconds old: let the digest cache take them."""
-    monkeypatch.setattr(fingerprint, "RACY_SECONDS", 0)
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", 0)
 
 
 def _build(recipe: Path, store: Path) -> dict[str, bytes]:

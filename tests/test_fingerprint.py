@@ -19,7 +19,7 @@ def test_cache_reused_while_unchanged(tmp_path, monkeypatch):
     src = tmp_path / "model.bin"
     src.write_bytes(b"a" * 1000)
     cache = tmp_path / "cache.json"
-    monkeypatch.setattr(fingerprint, "RACY_SECONDS", 0)
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", 0)
     first = FileDigests(cache)
     assert first.of(src) == "blake3:" + digest_bytes("blake3", b"a" * 1000)
     first.save()
@@ -46,7 +46,7 @@ def test_recent_files_are_not_cached(tmp_path):
 
 
 def test_corrupt_cache_is_ignored(tmp_path, monkeypatch):
-    monkeypatch.setattr(fingerprint, "RACY_SECONDS", 0)
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", 0)
     src = tmp_path / "model.bin"
     src.write_bytes(b"y" * 10)
     cache = tmp_path / "cache.json"

@@ -166,7 +166,7 @@ def test_a_load_leaves_no_data_file_behind(split, monkeypatch):
 
     monkeypatch.setattr(mapped_module, "_temp_dir", spy)
     with weightstore.resolve(split) as r:
-        session = weightstore.load(r, manager=WeightManager())
+        session = weightstore.load(r, manager=WeightManager(), in_place=False)
         assert made and not any(folder.exists() for folder in made)
         feed, expected = _reference(split, None)
         np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
@@ -279,12 +279,12 @@ def test_sessions_share_buffers_through_the_weight_manager(split):
         held = [e for e in r.payload_manifest.active if not packed & set(e.values)]
         again = [e for e in r.payload_manifest.active if packed & set(e.values)]
         assert held and again
-        first = weightstore.load(r, manager=manager)
+        first = weightstore.load(r, manager=manager, in_place=False)
         digest = held[0].source.checksum
         assert manager.refcount(digest) == 1
         assert all(manager.refcount(e.source.checksum) == 0 for e in again)
         report = LoadReport()
-        second = weightstore.load(r, manager=manager, report=report)
+        second = weightstore.load(r, manager=manager, report=report, in_place=False)
         assert report.entries_shared == len(held)
         assert report.read_bytes == sum(e.source.length for e in again)
         assert manager.refcount(digest) == 2

@@ -176,11 +176,10 @@ def count_derivations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
-    import weightstore.package.fingerprint as fingerprint_module
 
     # source files just written are too fresh for the digest cache (timestamps could miss
     # a rewrite within the same tick); this test rewrites files seconds apart by design
-    monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", -1)
     # no payload shared between models: the payload-key cache proves a key two models
     # claim by hashing the second claim (see weightstore.caches.payload_keys)
     recipe = write_many(tmp_path, 5, MANY_LAYOUTS, shared_weight=False)
@@ -207,9 +206,8 @@ def test_changing_one_model_rehashes_only_that_model(tmp_path, monkeypatch):
 def test_changed_model_alone_recomputes_its_scenario_weights(tmp_path, monkeypatch):
     """Weights a scenario derives (fp16 copies here) are found again by key for the models
     that did not change; the package equals one built from an empty store."""
-    import weightstore.package.fingerprint as fingerprint_module
 
-    monkeypatch.setattr(fingerprint_module, "RACY_SECONDS", -1)
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", -1)
     computed = count_derivations(monkeypatch)
     scenario = ", scenarios: [{name: half, passes: [cast-fp16, cleanup]}]}"
     layouts = ("\n  - {name: shared, external_weight: combined, combined: shared}"

@@ -92,7 +92,8 @@ def test_up_to_date_check_reads_no_unchanged_file_twice(package, monkeypatch):
     import weightstore.package.fingerprint as fp
 
     recipe, _ = package
-    monkeypatch.setattr(fp, "RACY_SECONDS", -1)  # the files are fresh: trust them anyway
+    # the files are fresh: trust them anyway
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", -1)
     build(recipe, BuildOptions(jobs=2))  # caches the package files' digests
 
     hashed: list[Path] = []

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
 import weightstore
-import weightstore.resolve.source as source_module
+import weightstore.catalogue.reader as catalogue_reader
 from tests import passes_models as pm
 from tests import resolve_models as rm
 from weightstore.catalogue.metadata import metadata_model
@@ -39,8 +40,18 @@ def split(split_build):
 
 @pytest.fixture
 def walks(monkeypatch):
-    """The catalogue walks resolution makes (wire-level reads of a model file)."""
-    return record_calls(monkeypatch, source_module, "catalogue_from")
+    """The catalogue walks resolution makes (wire-level reads of a model file by the
+    source it opened; not the test's own)."""
+    calls: list[tuple] = []
+    real = catalogue_reader.catalogue_from
+
+    def recorded(*args, **kwargs):
+        if sys._getframe(1).f_globals.get("__name__") == "weightstore.resolve.model_source":
+            calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(catalogue_reader, "catalogue_from", recorded)
+    return calls
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ if TYPE_CHECKING:  # the callable modules are typed as the functions they call
     from .convert import ConvertReport, convert_to_external, convert_to_inline
     from .errors import WeightstoreError
     from .load.prepare import prepare
-    from .load.session import load
+    from .load.ready import load
     from .packaging.bundles import assemble as bundle
     from .packaging.check import CheckReport, check_package
     from .recipe.schema import Recipe, load_recipe

@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
 from ..io.files import NotRegularFileError, open_regular, read_exact
+from ..io.identity import file_stamp
 from ..io.onnx_proto import GraphProto, ModelProto, TensorProto
 from .filebytes import FileBytes
 from .graphs import iter_containers
@@ -296,7 +297,3 @@ def _open_model(source: FsPath) -> int:
     except OSError as exc:
         raise ModelError(f"cannot open model: {exc.strerror}", file=str(source)) from None
 
-
-def file_stamp(st: os.stat_result) -> tuple[int, ...]:
-    """The file's identity and version: a rewrite or a replacement changes it."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -1,6 +1,6 @@
 """Loading a resolved model: exactly its manifest's payloads, verified, into onnxruntime.
 
-The package is callable: ``weightstore.load(resolved)`` is :func:`.session.load`. Its
+The package is callable: ``weightstore.load(resolved)`` is :func:`.ready.load`. Its
 names load on first use, so the command line's parsers (:mod:`.commands`) import neither
 numpy nor onnx.
 """
@@ -16,7 +16,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "plan_reads": ("plan", "plan_reads"), "WEIGHTS": ("manager", "WEIGHTS"),
     "WeightManager": ("manager", "WeightManager"), "FileReader": ("reader", "FileReader"),
     "Reader": ("reader", "Reader"), "RecordingReader": ("reader", "RecordingReader"),
-    "LoadReport": ("runtime", "LoadReport"), "load": ("session", "load"),
+    "LoadReport": ("runtime", "LoadReport"), "load": ("ready", "load"),
 }
 __all__ = ["CHUNK", "WEIGHTS", "FileReader", "LoadReport", "ReadPlan", "Reader",
            "RecordingReader", "WeightManager", "load", "plan_reads"]
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from .manager import WEIGHTS, WeightManager
     from .plan import CHUNK, ReadPlan, plan_reads
     from .reader import FileReader, Reader, RecordingReader
+    from .ready import load
     from .runtime import LoadReport
-    from .session import load
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 make_callable(__name__, "load")

@@ -1,4 +1,6 @@
-"""``weightstore.load``: a frozen ResolvedModel -> an onnxruntime InferenceSession.
+"""The load through private data files: a frozen ResolvedModel -> an onnxruntime session,
+where :func:`weightstore.load` (:mod:`.ready`) cannot hand over the package's own files
+(:mod:`.direct`): weights held only by the store, large typed payloads, caller buffers.
 
 Only active manifest entries are read, each once (or taken from the process's weight
 manager when another session already holds the same digest), verified as they are read,
@@ -36,7 +38,7 @@ from ..resolve.manifest import ACTIVE, STORE_ONLY, ManifestEntry
 from ..resolve.model import ResolvedModel
 from ..scenarios.derive import resolver
 from .executor import execute, reading_store
-from .manager import WEIGHTS, WeightManager
+from .manager import WeightManager
 from .mapped import MappedData, SpillFile, layout
 from .plan import plan_reads
 from .reader import FileReader, Reader
@@ -103,26 +105,31 @@ def packed_only(resolved: ResolvedModel, model: onnx.ModelProto) -> set[str]:
 def read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                 reader: Reader | None, jobs: int, manager: WeightManager,
                 report: LoadReport, mapped: bool = False,
-                unshared: Collection[str] = ()) -> ActiveBytes:
+                unshared: Collection[str] = (),
+                only: Collection[str] | None = None) -> ActiveBytes:
     """The bytes of every active entry, verified. Entries the manager already holds are
     not read. With ``mapped``, entries are read into mapped data files (see
     :mod:`.mapped`): one for what the manager holds, one for ``unshared`` values' entries
-    (not held: released once the session exists). Reads of store objects a compaction
-    moved meanwhile are planned and made again (:func:`.executor.reading_store`)."""
+    (not held: released once the session exists). ``only``: these entries alone. Reads
+    of store objects a compaction moved meanwhile are planned and made again
+    (:func:`.executor.reading_store`)."""
     return reading_store(resolved.source.store, lambda: _read_active(
         resolved, buffers=buffers, reader=reader, jobs=jobs, manager=manager,
-        report=report, mapped=mapped, unshared=unshared))
+        report=report, mapped=mapped, unshared=unshared, only=only))
 
 
 def _read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                  reader: Reader | None, jobs: int, manager: WeightManager,
-                 report: LoadReport, mapped: bool, unshared: Collection[str]) -> ActiveBytes:
+                 report: LoadReport, mapped: bool, unshared: Collection[str],
+                 only: Collection[str] | None) -> ActiveBytes:
     manifest = resolved.payload_manifest
     entries = {e.id: e for e in manifest.entries}
     out = ActiveBytes({}, [])
     to_read = []
     shared: list[tuple[ManifestEntry, memoryview]] = []
     for e in manifest.active:
+        if only is not None and e.id not in only:
+            continue
         view = manager.acquire(e.source.checksum) if e.source.checksum else None
         if view is not None:
             shared.append((e, view))
@@ -201,27 +208,10 @@ def _read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
     return out
 
 
-def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
-         reader: Reader | None = None, jobs: int = 4, manager: WeightManager = WEIGHTS,
-         providers: Sequence[str] = ("CPUExecutionProvider",),
-         session_options: Any = None, report: LoadReport | None = None) -> Any:
-    """An onnxruntime session of ``resolved``, reading exactly its active payloads.
-
-    ``buffers`` (file name -> bytes-like) supply payloads from the caller's memory (GE's
-    user memory by file name), verified like bytes read; the weights onnxruntime packs are
-    handed over without a copy (the caller keeps the memory unchanged while the session
-    is created), the others are copied into the load's private data file.
-
-    With prepared weights bound (``weightstore prepare``), the session is created from the
-    prepared companion; a packed payload failing its checksum makes it fall back to the
-    portable weights (read anyway: onnxruntime checks packed weights against them).
-    """
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise LoadError("loading needs onnxruntime: pip install 'weightstore[runtime]'",
-                        model=resolved.source.name) from None
-
+def runnable_model(resolved: ResolvedModel) -> onnx.ModelProto:
+    """The resolved graph as onnxruntime runs it: our FileConstant nodes as the Constant
+    nodes they stand for (payloads still to bind); a FileConstant node of another tool
+    (GE) is refused."""
     model = resolved.frozen_model()
     foreign = next((n for s in iter_scopes(model) for n in s.container.node
                     if is_any_file_constant(n) and not is_file_constant(n)), None)
@@ -230,17 +220,16 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
                         "onnxruntime: bring its weights inline first (weightstore convert "
                         "to-inline, with --value-bins for file_id nodes)",
                         model=resolved.source.name, node=foreign.name)
-    # ours run as the Constant nodes they stand for, their live payloads bound below
     as_external_constants(model)
-    report = report if report is not None else LoadReport()
-    if resolved.prepared_graph is not None and not buffers:
-        from .prepared import prepared_session
+    return model
 
-        session = prepared_session(ort, resolved, reader=reader, jobs=jobs, report=report,
-                                   providers=providers, session_options=session_options)
-        if session is not None:
-            return session
-        resolved = resolved.without_prepared()  # a packed payload failed: portable weights
+
+def copied_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
+                   buffers: Mapping[str, Any] | None, reader: Reader | None, jobs: int,
+                   manager: WeightManager, providers: Sequence[str], session_options: Any,
+                   report: LoadReport) -> Any:
+    """The session of ``resolved`` (``model``: :func:`runnable_model`, ours to change)
+    through the load's private data files (see the module's text)."""
     views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
     packed = packed_only(resolved, model)
     active = read_active(resolved, buffers=views, reader=reader, jobs=jobs,
@@ -288,14 +277,16 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
                   where: Mapping[str, tuple[str, int]] | None = None,
                   spill: Callable[[memoryview], tuple[str, int]] | None = None, *,
                   handed: dict[str, np.ndarray] | None = None,
-                  hand: Collection[str] = ()) -> dict[str, memoryview]:
+                  hand: Collection[str] = (), inline: bool = False) -> dict[str, memoryview]:
     """Point every live tensor of ``model`` whose payload is omitted at its bytes: its
     slot in a mapped data file (``where``: entry id -> file name and offset), else an
     in-memory file per manifest entry (main graph; written to a file through ``spill``
     when given) or inline (subgraphs, functions). Returns the in-memory files by name
     (caller buffers included, unless ``handed`` is given: then each main-graph tensor
     of a value in ``hand`` held by a caller buffer is put there, by name, as an array over
-    that buffer, and the others are bound like bytes read here)."""
+    that buffer, and the others are bound like bytes read here). ``inline``: what has no
+    slot in ``where`` goes inline, in the main graph too (the model then needs no file
+    but those ``where`` names)."""
     where = where or {}
     manifest = resolved.payload_manifest
     by_value = {v: e for e in manifest.entries if e.status == ACTIVE
@@ -313,7 +304,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
     derived = resolver(recipes, value)
     # onnxruntime's shape inference reads these while loading and refuses external data
     # (a package of another tool, or of an older weightstore, may hold them outside)
-    inline = shape_input_names(model)
+    shape_inputs = shape_input_names(model)
     _constants_to_initializers(model)
     sites = list(iter_tensor_sites(model))
     ambiguous = ambiguous_names(model, sites)  # as the closure keyed the manifest
@@ -323,7 +314,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
             continue
         e = by_value.get(name)
-        if e is not None and (site.value_name or t.name) in inline:
+        if e is not None and (site.value_name or t.name) in shape_inputs:
             _inline(t, data[e.id])
             continue
         if (e is not None and e.source.file in views and site.container is model.graph
@@ -332,7 +323,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
                 handed[t.name] = np.require(_array(e, name, data[e.id]), requirements="A")
             continue  # the caller's buffer under the model's own file name
         if e is not None and e.id in where:
-            point_at(t, where[e.id][0], where[e.id][1], len(data[e.id]))
+            point_at(t, where[e.id][0], where[e.id][1], e.source.length)
             continue
         if e is not None:
             file, payload = MEMORY_PREFIX + e.id, data[e.id]
@@ -345,7 +336,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
             continue
         if site.container is model.graph and spill is not None:
             point_at(t, *spill(payload), len(payload))
-        elif site.container is model.graph:
+        elif site.container is model.graph and not inline:
             files[file] = payload
             point_at(t, file, 0, len(payload))
         else:  # onnxruntime takes in-memory external data for main-graph tensors only

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from .. import __version__
 from ..errors import WeightstoreError
 from ..io.digests import digest_bytes, digest_file, make_key
 from ..io.files import atomic_write_bytes, parse_json, read_regular
+from ..io.identity import settled
 from ..store.mac import entry_mac, verify_mac
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ FINGERPRINT_ALGO = "blake3"
 CACHE_NAME = "source-digests.json"
 CACHE_FORMAT_VERSION = 2
 CACHE_LIMIT = 10_000
-RACY_SECONDS = 2
 
 
 class FileDigests:
@@ -99,7 +98,7 @@ class FileDigests:
             digest = entry["digest"]
         else:
             digest = make_key(algo, digest_file(algo, path))
-            if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_SECONDS * 10**9:
+            if settled(st):
                 self._fresh[str(path)] = {**stamp, "digest": digest}  # signed when saved
         self._cache[(path, algo)] = {**stamp, "digest": digest}
         return digest

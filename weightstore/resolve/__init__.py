@@ -16,11 +16,11 @@ from ..lazy import lazy_exports, make_callable
 _EXPORTS = {
     "ScenarioSelectionContext": "api", "ScenarioSelector": "api", "resolve": "api",
     "ConstantResults": "constants", "ValueKind": "constants", "analyze": "constants",
-    "PreparedRequirement": "kernels",
+    "PreparedRequirement": "prepared",
     "Derivation": "manifest", "ManifestEntry": "manifest", "PayloadSource": "manifest",
     "RequiredPayloadManifest": "manifest",
     "ResolvedModel": "model",
-    "PhaseReport": "phases", "TransformationReport": "phases",
+    "PhaseReport": "model", "TransformationReport": "model",
     "PreparedBinding": "prepared", "PreparedKey": "prepared", "PreparedOptions": "prepared",
     "StoreReference": "reference",
 }
@@ -36,11 +36,9 @@ __all__ = [
 if TYPE_CHECKING:
     from .api import ScenarioSelectionContext, ScenarioSelector, resolve
     from .constants import ConstantResults, ValueKind, analyze
-    from .kernels import PreparedRequirement
     from .manifest import Derivation, ManifestEntry, PayloadSource, RequiredPayloadManifest
-    from .model import ResolvedModel
-    from .phases import PhaseReport, TransformationReport
-    from .prepared import PreparedBinding, PreparedKey, PreparedOptions
+    from .model import PhaseReport, ResolvedModel, TransformationReport
+    from .prepared import PreparedBinding, PreparedKey, PreparedOptions, PreparedRequirement
     from .reference import StoreReference
 
 

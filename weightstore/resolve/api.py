@@ -14,27 +14,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ResolutionError, WeightstoreError
-from ..passes.base import RewritePass
-from ..scenarios.storage import read_scenarios
-from .constants import ValueCounts
-from .kernels import catalogue_for
+from . import cache as records
 from .locator import StoreLocator, WeightStoreLocator
-from .manifest import RequiredPayloadManifest
-from .model import ResolvedModel, graph_digest
-from .phases import (
-    DEFAULT_PHASES,
-    Phase,
-    PhaseReport,
-    TransformationReport,
-    run_pipeline,
-)
 from .prepared import PreparedOptions
 from .reference import StoreReference
-from .source import ModelSource, open_source
-from .state import ResolutionState
+
+if TYPE_CHECKING:
+    from ..passes.base import RewritePass
+    from .model import ResolvedModel
+    from .phases import Phase
+    from .source import ModelSource
 
 
 @dataclass(frozen=True)
@@ -58,22 +50,47 @@ def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | Non
             transformations: Sequence[RewritePass | str] = (),
             prepared: PreparedOptions | None = None,
             store: str | os.PathLike[str] | StoreLocator | None = None,
-            phases: Sequence[Phase] | None = None) -> ResolvedModel:
+            phases: Sequence[Phase] | None = None, cache: bool = True,
+            ) -> ResolvedModel:
     """Resolve one model of a package folder, a model file or a build in ``store`` (a
-    :class:`StoreReference`, or its text naming no existing path) from metadata alone."""
+    :class:`StoreReference`, or its text naming no existing path) from metadata alone.
+
+    A package folder's resolution is kept for later processes and taken from there while
+    nothing below the folder changed (:mod:`.cache`); ``cache=False`` neither
+    reads nor writes such a record."""
     if scenario is not None and selector is not None:
         raise ResolutionError("choose a scenario or a selector, not both", phase=PARSE)
     if device is not None and scenario is not None:
         raise ResolutionError("choose a scenario or a device, not both", phase=PARSE)
+    key = None
+    if cache and selector is None and phases is None:
+        key = records.resolution_key(source, model=model, scenario=scenario, device=device,
+                                   capabilities=capabilities,
+                                   transformations=transformations, prepared=prepared,
+                                   store=store)
+    if key is not None:
+        hit = records.cached(key, None if store is None else WeightStoreLocator(store))
+        if hit is not None:
+            return hit
+    from .source import open_source
+
     root = getattr(store, "root", store) if hasattr(store, "locate") else store
     src = open_source(source, model=model, device=device, store=root)  # type: ignore[arg-type]
     try:
-        return _resolve(src, scenario=scenario, selector=selector, device=device,
-                        capabilities=capabilities, transformations=transformations,
-                        prepared=prepared or PreparedOptions(), store=store, phases=phases)
+        resolved = _resolve(src, scenario=scenario, selector=selector, device=device,
+                            capabilities=capabilities, transformations=transformations,
+                            prepared=prepared or PreparedOptions(), store=store,
+                            phases=phases)
     except BaseException:
         src.close()
         raise
+    if key is None:
+        return resolved
+    from dataclasses import replace
+
+    resolved = replace(resolved, key=key)
+    records.keep(key, resolved)
+    return resolved
 
 
 def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelector | None,
@@ -81,6 +98,14 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
              transformations: Sequence[RewritePass | str], prepared: PreparedOptions,
              store: str | os.PathLike[str] | StoreLocator | None,
              phases: Sequence[Phase] | None) -> ResolvedModel:
+    from ..scenarios.storage import read_scenarios
+    from .constants import ValueCounts
+    from .kernels import catalogue_for
+    from .manifest import RequiredPayloadManifest
+    from .model import ResolvedModel, graph_digest
+    from .phases import DEFAULT_PHASES, PhaseReport, TransformationReport, run_pipeline
+    from .state import ResolutionState
+
     start = time.perf_counter()
     if store is not None:
         src.store = store if hasattr(store, "locate") else WeightStoreLocator(store)  # type: ignore[arg-type]

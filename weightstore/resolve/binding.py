@@ -22,7 +22,7 @@ from .prepared import (
 )
 
 if TYPE_CHECKING:
-    from .kernels import PreparedRequirement
+    from .prepared import PreparedRequirement
     from .state import ResolutionState
 
 PACKED_FORMAT = "onnxruntime-prepacked-v1"

@@ -11,16 +11,59 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import onnx
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ResolutionError
-from .kernels import PreparedRequirement
 from .manifest import RequiredPayloadManifest
-from .phases import TransformationReport, graph_digest
-from .prepared import PreparedBinding
-from .source import ModelSource
+from .prepared import PreparedBinding, PreparedRequirement
+
+if TYPE_CHECKING:
+    import onnx
+
+    from .model_source import ModelSource
+
+
+@dataclass(frozen=True)
+class PhaseReport:
+    name: str
+    seconds: float
+    changed_topology: bool
+    stale: tuple[str, ...] = ()  # analyses this phase made stale
+    rerun_of: str | None = None  # set when this run re-ran an analysis made stale by it
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"phase": self.name, "seconds": round(self.seconds, 6),
+                               "changed_topology": self.changed_topology}
+        if self.stale:
+            out["stale"] = list(self.stale)
+        if self.rerun_of:
+            out["rerun_after"] = self.rerun_of
+        return out
+
+
+def graph_digest(data: bytes) -> str:
+    """The digest of a resolved (transformed) graph's serialized bytes."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class TransformationReport:
+    """What each phase did, in order, and which analyses went stale and were re-run."""
+
+    phases: tuple[PhaseReport, ...]
+    rewrites: int  # records applied (scenario replay and transformations)
+
+    @property
+    def reruns(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.phases if p.rerun_of)
+
+    def seconds(self, name: str) -> float:
+        return sum(p.seconds for p in self.phases if p.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rewrites": self.rewrites, "phases": [p.to_dict() for p in self.phases]}
 
 
 @dataclass(frozen=True)
@@ -48,6 +91,9 @@ class ResolvedModel:
     transformations: TransformationReport
     source: ModelSource = field(repr=False, compare=False)
     prepared_graph: bytes | None = field(default=None, repr=False)  # prepared companion
+    # the digest of what this resolution is a function of (:mod:`.cache`); None when it
+    # has none (a model file, a selector callback, ...): loads then keep no session record
+    key: str | None = field(default=None, compare=False)
 
     @property
     def tolerated_failures(self) -> frozenset[str]:
@@ -64,6 +110,8 @@ class ResolvedModel:
     @property
     def metadata_model(self) -> onnx.ModelProto:
         """A copy of the resolved graph (payloads omitted): editing it changes nothing."""
+        import onnx
+
         return onnx.load_from_string(self.model_bytes)
 
     def frozen_model(self) -> onnx.ModelProto:
@@ -71,6 +119,8 @@ class ResolvedModel:
         if graph_digest(self.model_bytes) != self.graph_digest:
             raise ResolutionError("the resolved graph changed after it was frozen",
                                   scenario=self.selected_scenario or "(default)")
+        import onnx
+
         return onnx.load_from_string(self.model_bytes)
 
     def without_prepared(self) -> ResolvedModel:
@@ -84,7 +134,8 @@ class ResolvedModel:
         entries = tuple(replace(e, status=ACTIVE, fallback_for=None)
                         for e in self.payload_manifest.entries if e.origin not in STORE_ONLY)
         manifest = replace(self.payload_manifest, entries=entries)
-        return replace(self, prepared_graph=None, payload_manifest=manifest, bindings=())
+        return replace(self, prepared_graph=None, payload_manifest=manifest, bindings=(),
+                       key=None)
 
     def close(self) -> None:
         """Release the source model file (also on leaving a ``with`` block)."""

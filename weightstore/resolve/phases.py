@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ..errors import ResolutionError, WeightstoreError
@@ -28,6 +28,7 @@ from .closure import payload_closure
 from .constants import analyze
 from .files import file_problems
 from .kernels import select_kernels
+from .model import PhaseReport, TransformationReport, graph_digest
 from .state import ResolutionState
 
 ANALYSES = ("cleanup", "inference", "placement")
@@ -43,49 +44,6 @@ class Phase(Protocol):
         ...
 
     def ensures(self, state: ResolutionState) -> None: ...
-
-
-@dataclass(frozen=True)
-class PhaseReport:
-    name: str
-    seconds: float
-    changed_topology: bool
-    stale: tuple[str, ...] = ()  # analyses this phase made stale
-    rerun_of: str | None = None  # set when this run re-ran an analysis made stale by it
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"phase": self.name, "seconds": round(self.seconds, 6),
-                               "changed_topology": self.changed_topology}
-        if self.stale:
-            out["stale"] = list(self.stale)
-        if self.rerun_of:
-            out["rerun_after"] = self.rerun_of
-        return out
-
-
-def graph_digest(data: bytes) -> str:
-    """The digest of a resolved (transformed) graph's serialized bytes."""
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-@dataclass(frozen=True)
-class TransformationReport:
-    """What each phase did, in order, and which analyses went stale and were re-run."""
-
-    phases: tuple[PhaseReport, ...]
-    rewrites: int  # records applied (scenario replay and transformations)
-
-    @property
-    def reruns(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.phases if p.rerun_of)
-
-    def seconds(self, name: str) -> float:
-        return sum(p.seconds for p in self.phases if p.name == name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rewrites": self.rewrites, "phases": [p.to_dict() for p in self.phases]}
 
 
 class _Base:

@@ -37,6 +37,37 @@ IN_ORDER = "in-order"  # the first eligible candidate, whatever it costs
 
 
 @dataclass(frozen=True)
+class PreparedRequirement:
+    """A kernel's request for a prepared form of one logical weight."""
+
+    value: str
+    kernel: str  # e.g. "MatMul", "Gemm", "Conv"
+    form: tuple[tuple[str, str], ...]  # what the packed object represents, e.g. transB
+    device: str
+    provider: str
+    dtype: int
+    dims: tuple[int, ...]
+    consumers: tuple[str, ...]  # nodes reading the prepared object
+    in_subgraph: bool = False  # read inside an If/Loop/Scan body
+
+    @property
+    def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+        return self.value, self.kernel, self.form
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "kernel": self.kernel, "form": dict(self.form),
+                "device": self.device, "provider": self.provider,
+                "dtype": _dtype_name(self.dtype), "dims": list(self.dims),
+                "consumers": list(self.consumers), "in_subgraph": self.in_subgraph}
+
+
+def _dtype_name(dtype: int) -> str:
+    import onnx  # the names of onnx's data types (only when described)
+
+    return onnx.TensorProto.DataType.Name(dtype)
+
+
+@dataclass(frozen=True)
 class PreparedKey:
     """Everything a packed payload depends on; equal keys are interchangeable bytes."""
 

@@ -15,112 +15,12 @@ its weights come from the store by digest.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnx
-
-from ..catalogue.metadata import WHOLE_PARSE_LIMIT, metadata_model, parse_metadata
-from ..catalogue.reader import Catalogue, catalogue_from, file_stamp, open_model
-from ..catalogue.sites import name_attribute_tensors
-from ..errors import ModelError, PackageError, ResolutionError
-from ..io.files import read_exact
+from ..errors import PackageError, ResolutionError
+from .model_source import ModelSource
 from .reference import StoreReference, UnknownReference
-
-
-@dataclass
-class ModelSource:
-    """One model file opened for resolution; owned by the ResolvedModel made from it.
-
-    The file stays open from :func:`open_source` to :meth:`close`, so the catalogue,
-    when a phase asks for it, describes the very file the metadata was parsed from.
-    """
-
-    path: Path  # the model file
-    name: str
-    package: Path | None = None
-    # each live external weight's store key by (location, offset), from the model's
-    # record (package summary or bundle record); None when the model has no record
-    store_keys: dict[tuple[str, int], str] | None = None
-    device_scenario: str | None = None
-    device_capabilities: dict[str, Any] = field(default_factory=dict)
-    store: Any = None  # a locator.StoreLocator, when a store is known
-    in_store: bool = False  # opened from a store reference: no folder holds its weights
-    _fd: int | None = field(default=None, repr=False)
-    _catalogue: Catalogue | None = field(default=None, repr=False)
-    _metadata: onnx.ModelProto | None = field(default=None, repr=False)
-    _stamp: tuple[int, ...] = field(default=(), repr=False)  # the file the metadata is of
-
-    @classmethod
-    def open(cls, path: Path, name: str, *, fd: int | None = None,
-             **kwargs: Any) -> ModelSource:
-        """Open and parse the model file (a malformed one fails here, naming the file);
-        ``fd``: the file already open (the source owns it from here on)."""
-        source = cls(path, name, _fd=open_model(path) if fd is None else fd, **kwargs)
-        try:
-            source._metadata = name_attribute_tensors(source._parse())
-        except BaseException:
-            source.close()
-            raise
-        return source
-
-    @property
-    def folder(self) -> Path | None:
-        """Where external weight files are looked for first; None for a build opened from
-        the store (its model file sits among store objects, not in a package)."""
-        return None if self.in_store else self.path.parent
-
-    @property
-    def catalogue(self) -> Catalogue:
-        """The file's catalogue (payload byte ranges), walked on first use."""
-        if self._catalogue is None:
-            if self._fd is None:
-                raise ModelError("model source is closed", file=str(self.path))
-            if file_stamp(os.fstat(self._fd)) != self._stamp:
-                raise ModelError("model file changed since it was parsed",
-                                 file=str(self.path))
-            fd, self._fd = self._fd, None
-            self._catalogue = catalogue_from(fd, self.path)  # owns the descriptor now
-            name_attribute_tensors(self._catalogue.model)  # as the metadata has them
-        return self._catalogue
-
-    def metadata(self) -> onnx.ModelProto:
-        """Structure and small values; large payloads omitted, external files unopened.
-
-        Parsed once, when the source was opened; each call returns a copy the caller may
-        transform.
-        """
-        assert self._metadata is not None
-        out = onnx.ModelProto()
-        out.CopyFrom(self._metadata)
-        return out
-
-    def _parse(self) -> onnx.ModelProto:
-        if self._catalogue is None and self._fd is not None:
-            st = os.fstat(self._fd)
-            self._stamp, size = file_stamp(st), st.st_size
-            if 0 < size <= WHOLE_PARSE_LIMIT:
-                try:
-                    data = read_exact(self._fd, 0, size)
-                except (EOFError, OSError):
-                    data = None  # the catalogue names the problem
-                model = None if data is None else parse_metadata(data, self.path)
-                if model is not None:
-                    return model
-        return metadata_model(self.catalogue)
-
-    def close(self) -> None:
-        if self._catalogue is not None:
-            self._catalogue.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    @property
-    def closed(self) -> bool:
-        """Is the model file closed (the source's and its catalogue's descriptor alike)?"""
-        return self._fd is None and (self._catalogue is None or self._catalogue._fd is None)
 
 
 def _summary(folder: Path) -> dict[str, Any]:

@@ -11,9 +11,9 @@ import onnx
 
 from ..passes.base import RewritePass
 from .constants import ConstantResults
-from .kernels import KernelCatalogue, PreparedRequirement
+from .kernels import KernelCatalogue
 from .manifest import Derivation, ManifestEntry
-from .prepared import PreparedBinding, PreparedOptions
+from .prepared import PreparedBinding, PreparedOptions, PreparedRequirement
 from .source import ModelSource
 
 

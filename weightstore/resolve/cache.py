@@ -1,0 +1,148 @@
+"""Resolutions kept for later processes: a resolved model is a pure function of its
+package's files and the options it was resolved with.
+
+:func:`resolution_key` digests what a resolution of a package folder depends on:
+
+* every entry below the package folder, by path and identity (device, inode, size, mtime,
+  ctime: see :mod:`weightstore.io.identity`), so that any file added, removed, rewritten
+  or replaced changes the key;
+* the options (model, scenario, device, capabilities, named transformations, prepared
+  options, store path);
+* weightstore's version and this record's format, and the installed onnx and
+  onnxruntime (their files' identities: an upgrade changes shape inference and packing)
+  and the machine.
+
+A resolution is kept (:func:`keep`) only when every file below the folder is settled
+(older than the timestamps' granularity); a resolution through a selector callback,
+transformation objects, a store locator object or a prepared cache object has no key
+and is never kept. A hit (:func:`cached`) rebuilds the :class:`ResolvedModel` without
+opening the model file, parsing it or importing onnx: the record is a pickle, read only
+after its signature (:mod:`weightstore.caches.signed_records`) proved that this user's
+own process wrote it. Its source opens the model file when something asks for its
+metadata, and refuses a file that changed since.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from ..caches.signed_records import SignedRecords
+from ..io.identity import identity_of, tree_identities
+from .prepared import PreparedOptions
+
+if TYPE_CHECKING:
+    from .model import ResolvedModel
+
+FORMAT_VERSION = 1
+RECORDS = SignedRecords("resolved")
+ENVIRONMENT_MODULES = ("onnx", "onnxruntime")
+
+
+def _environment() -> list[Any]:
+    """What resolution depends on besides its inputs: weightstore, onnx, onnxruntime
+    (each by its files' identity) and the machine."""
+    from .. import __version__
+
+    out: list[Any] = [__version__, list(os.uname())]
+    for name in ENVIRONMENT_MODULES:
+        spec = importlib.util.find_spec(name)
+        origin = getattr(spec, "origin", None)
+        try:
+            out.append([name, list(identity_of(os.stat(origin)))] if origin else [name])
+        except OSError:
+            out.append([name])
+    return out
+
+
+def resolution_key(source: object, *, model: str | None, scenario: str | None,
+                   device: str | None, capabilities: Mapping[str, Any] | None,
+                   transformations: Sequence[object], prepared: PreparedOptions | None,
+                   store: object) -> str | None:
+    """The key of resolving the package folder ``source`` with these options, or None
+    when the resolution is not one to keep (see the module's text)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    if not all(isinstance(t, str) for t in transformations):
+        return None
+    if store is not None and not isinstance(store, (str, os.PathLike)):
+        return None
+    options = prepared or PreparedOptions()
+    if options.cache is not None or options.resident is not None:
+        return None
+    try:
+        folder = Path(source).resolve(strict=True)
+        if not folder.is_dir():
+            return None
+        tree, settled = tree_identities(folder)
+    except OSError:
+        return None
+    if not settled:
+        return None
+    doc = {"format_version": FORMAT_VERSION, "environment": _environment(),
+           "folder": str(folder), "tree": tree, "model": model, "scenario": scenario,
+           "device": device, "capabilities": capabilities, "transformations":
+           list(transformations), "store": None if store is None else os.fspath(store),
+           "prepared": [options.runtime, options.cpu_features, options.optimization_level,
+                        options.records, options.prefer]}
+    try:
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):  # capabilities JSON cannot carry
+        return None
+    return blake3.blake3(text.encode()).hexdigest()
+
+
+def keep(key: str, resolved: ResolvedModel) -> None:
+    """Record ``resolved`` under ``key`` for later processes."""
+    src = resolved.source
+    fields = {name: getattr(resolved, name) for name in (
+        "model_bytes", "graph_digest", "selected_scenario", "device",
+        "prepared_requirements", "bindings", "payload_manifest", "transformations",
+        "prepared_graph")}
+    fields.update(capabilities=dict(resolved.capabilities),
+                  constant_counts=dict(resolved.constant_counts),
+                  placement=dict(resolved.placement))
+    record = {"fields": fields, "source": {
+        "path": str(src.path), "name": src.name,
+        "package": None if src.package is None else str(src.package),
+        "store_keys": src.store_keys, "device_scenario": src.device_scenario,
+        "device_capabilities": src.device_capabilities, "in_store": src.in_store,
+        "stamp": src._stamp}}
+    try:
+        body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return  # something in it is not plain data: not kept
+    RECORDS.put(key, body)
+
+
+def cached(key: str, locator: object) -> ResolvedModel | None:
+    """The resolution recorded under ``key``, its source bound to the store ``locator``
+    (None: no store), or None."""
+    body = RECORDS.get(key)
+    if body is None:
+        return None
+    try:
+        record = pickle.loads(body)  # signed by this user's own key: see the module text
+        fields, src = record["fields"], record["source"]
+    except Exception:  # a record of an older layout: resolved again
+        return None
+    from .model import ResolvedModel
+    from .model_source import ModelSource
+
+    source = ModelSource.unopened(
+        Path(src["path"]), src["name"], src["stamp"],
+        package=None if src["package"] is None else Path(src["package"]),
+        store_keys=src["store_keys"], device_scenario=src["device_scenario"],
+        device_capabilities=src["device_capabilities"], store=locator,
+        in_store=src["in_store"])
+    for name in ("capabilities", "constant_counts", "placement"):
+        fields[name] = MappingProxyType(fields[name])
+    return ResolvedModel(**fields, source=source, key=key)
