@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import weightstore
-from weightstore.errors import IntegrityError
+from weightstore.errors import IntegrityError, ModelError
 from weightstore.load import LoadReport, RecordingReader, WeightManager, plans
 from weightstore.load import mapped as mapped_module
 from weightstore.resolve import cache as resolution_cache
@@ -198,3 +198,20 @@ def test_a_fresh_process_loads_from_records_without_onnx(package, tmp_path):
     assert runs[0]["onnx"] and not runs[0]["record"]
     assert runs[1] == {"onnx": False, "record": True, "read": 0}
     assert model.graph.node  # the resolution the records stand for
+
+
+def test_a_resolution_from_records_opens_its_model_file_only_when_asked(package, settled):
+    weightstore.resolve(package).close()
+    with weightstore.resolve(package) as r:
+        assert r.source._unopened and not r.source.closed  # nothing opened yet
+        assert r.source.metadata().graph.node  # opened and parsed now
+    with weightstore.resolve(package) as r:
+        _rewrite_in_place(package / "encoder.onnx")  # after the resolution, before the use
+        with pytest.raises(ModelError, match="changed since it was resolved"):
+            r.source.metadata()
+    weightstore.resolve(package).close()  # records the changed package
+    r = weightstore.resolve(package)
+    assert r.source._unopened
+    r.close()
+    with pytest.raises(ModelError, match="closed"):
+        r.source.metadata()

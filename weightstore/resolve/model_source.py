@@ -101,7 +101,8 @@ class ModelSource:
         import onnx
 
         self._reopen()
-        assert self._metadata is not None
+        if self._metadata is None:  # a rebuilt source closed before it was opened
+            raise ModelError("model source is closed", file=str(self.path))
         out = onnx.ModelProto()
         out.CopyFrom(self._metadata)
         return out
