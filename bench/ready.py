@@ -1,7 +1,7 @@
 """A ready session from a package against onnxruntime's own, in fresh processes.
 
-Usage: ``python bench/ready.py [--small-mb 20] [--runs 5] [--workdir DIR] [--keep]
-[--json]``
+Usage: ``python bench/ready.py [--small-mb 20] [--runs 5] [--only NAME ...] [--workdir DIR]
+[--keep] [--json]``
 
 What a user's process does to serve a model: ``weightstore.load(weightstore.resolve(
 package, device="cpu"))`` (the portable path: packages built with a combined, 4096-aligned
@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -193,8 +194,10 @@ def child(mode: str, folder: Path, workdir: Path, cache: Path) -> dict[str, Any]
     return json.loads(proc.output.strip().splitlines()[-1])
 
 
-def run_all(small_mb: float, runs: int, workdir: Path) -> dict[str, Any]:
-    folders = models(workdir, small_mb)
+def run_all(small_mb: float, runs: int, workdir: Path,
+            only: list[str] | None = None) -> dict[str, Any]:
+    folders = {name: folder for name, folder in models(workdir, small_mb).items()
+               if not only or name in only}
     # files younger than the timestamps' granularity are not recorded: let them settle
     newest = max(p.stat().st_mtime for f in folders.values() for p in (f / "out").rglob("*"))
     time.sleep(max(0.0, newest + 2.5 - time.time()))
@@ -207,7 +210,9 @@ def run_all(small_mb: float, runs: int, workdir: Path) -> dict[str, Any]:
         harness.log(f"round {n + 1}/{runs}")
         for name, folder in folders.items():
             for mode in MODES:
-                cache = warm if mode == "ready" else workdir / f"cache-empty-{n}-{name}"
+                cache = warm if mode == "ready" else workdir / "cache-empty"
+                if mode == "first":
+                    shutil.rmtree(cache, ignore_errors=True)
                 results[name][mode].append(child(mode, folder, workdir, cache))
     return {"runs": runs, "results": results}
 
@@ -262,11 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small-mb", type=float, default=DEFAULT_SMALL_MB)
     parser.add_argument("--runs", type=int, default=DEFAULT_RUNS)
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="these models alone (chain, encoder, minilm, silero-vad, ...)")
     harness.add_common_arguments(parser, "the generated packages, records and logs")
     args = parser.parse_args(argv)
 
     def work(workdir: Path) -> int:
-        data = run_all(args.small_mb, args.runs, workdir)
+        data = run_all(args.small_mb, args.runs, workdir, args.only)
         summary, targets = figures(data)
         harness.print_figures(args.json, summary, targets,
                               lambda: report(data, summary, targets))

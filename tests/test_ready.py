@@ -215,3 +215,29 @@ def test_a_resolution_from_records_opens_its_model_file_only_when_asked(package,
     r.close()
     with pytest.raises(ModelError, match="closed"):
         r.source.metadata()
+
+
+def test_a_file_changed_during_a_direct_load_sends_it_to_private_files(package, settled,
+                                                                      monkeypatch):
+    """onnxruntime may have read the bytes before or after the change: the direct load
+    gives up, and the load through private data files reads and verifies what it hands
+    over."""
+    from weightstore.load import direct
+
+    real = direct._Verifier.run
+
+    def meanwhile(self):
+        _rewrite_in_place(package / "pk.common.data")
+        real(self)
+
+    monkeypatch.setattr(direct._Verifier, "run", meanwhile)
+    made = []
+    real_temp = mapped_module._temp_dir
+    monkeypatch.setattr(mapped_module, "_temp_dir",
+                        lambda size=0: made.append(1) or real_temp(size))
+    with weightstore.resolve(package) as r:
+        report = LoadReport()
+        _run(weightstore.load(r, report=report), package)
+        key = plans.plan_key(r, ("CPUExecutionProvider",))
+    assert made and report.verified_bytes == 0 and not report.from_record
+    assert plans.recorded(key) is None  # nothing recorded for the load given up

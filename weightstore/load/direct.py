@@ -1,20 +1,20 @@
 """The direct load: onnxruntime reads the package's own files, verified as it goes.
 
-When every live payload that is not a plain (``raw``) byte range of a regular file in
-the model's folder is small (at most :data:`INLINE_LIMIT` bytes in all: Constant values
-in typed fields, shape inputs, weights only the store holds), the model handed to
+When the live payloads that are no plain (``raw``) byte range of a regular file in the
+model's folder are small (at most :data:`INLINE_LIMIT` bytes in all: Constant values in
+typed fields, shape inputs, a few weights only the store holds), the model handed to
 onnxruntime points its tensors at those ranges, where onnxruntime maps or reads them
 itself, and carries the few others inline. Nothing is copied into a data file of the
 load's own.
 
 Every range is verified against its checksum on a second thread while onnxruntime
 creates the session; the session is handed over only when both are done. A range that
-fails, a file that cannot be read, or a model onnxruntime refuses gives the direct load
-up (the session, if any, is dropped unused): the load through private data files
+fails, a file that cannot be read or that changed while the load ran (its identity
+before and after differ), or a model onnxruntime refuses gives the direct load up (the
+session, if any, is dropped unused): the load through private data files
 (:mod:`.session`) then reads everything again and fails, or falls back to dormant
 payloads, naming what failed. A load that succeeds records its session plan
-(:mod:`.plans`) when its files' identities did not change while they were verified and
-are settled.
+(:mod:`.plans`) when its files are settled.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from ..resolve.model import ResolvedModel
 
-INLINE_LIMIT = 64 << 20  # bytes of live payloads carried inline in the model handed over
+INLINE_LIMIT = 8 << 20  # bytes of live payloads carried inline in the model handed over
 BLOCK = 4 << 20  # bytes: each range is read and hashed through a buffer this big
 
 
@@ -146,9 +146,12 @@ def direct_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
                 session = None
         finally:
             verifier.join()
-        if verifier.failed or session is None:
-            return None
         after = {name: os.stat(root / name) for name in files}
+        if verifier.failed or session is None or any(
+                identity_of(before[n]) != identity_of(after[n]) for n in files):
+            return None  # a file changed meanwhile: what onnxruntime read may not be
+            # what was verified
+
     except (OSError, WeightstoreError):
         return None
     finally:
@@ -159,8 +162,7 @@ def direct_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
     report.entries_read += mine.entries_read + len(todo)
     report.live_bytes = manifest.active_bytes
     report.runtime_seconds += mine.runtime_seconds
-    if all(identity_of(before[n]) == identity_of(after[n]) and settled(after[n])
-           for n in files):
+    if all(settled(after[n]) for n in files):
         keep_plan(plan_key, SessionPlan(plan.model, plan.folder, tuple(
             (n, identity_of(after[n])) for n in files)))
     return session

@@ -25,12 +25,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LoadError
-from .manager import WEIGHTS, WeightManager
 from .plans import RECORDS, plan_key, plan_session, recorded
 from .runtime import LoadReport
 
 if TYPE_CHECKING:
     from ..resolve.model import ResolvedModel
+    from .manager import WeightManager
     from .reader import Reader
 
 
@@ -43,7 +43,7 @@ def runtime() -> Any:
 
 
 def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
-         reader: Reader | None = None, jobs: int = 4, manager: WeightManager = WEIGHTS,
+         reader: Reader | None = None, jobs: int = 4, manager: WeightManager | None = None,
          providers: Sequence[str] = ("CPUExecutionProvider",),
          session_options: Any = None, report: LoadReport | None = None,
          in_place: bool = True) -> Any:
@@ -63,7 +63,8 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
     a later load of the same resolution whose files are unchanged reads none of them
     (see the module's text). The rest goes through the load's private data files
     (:mod:`.session`), as everything does with ``in_place=False``: weights another
-    session of the process holds (``manager``) are then shared, not read again.
+    session of the process holds (``manager``, by default the process's own) are then
+    shared, not read again.
     """
     ort = runtime()
     report = report if report is not None else LoadReport()
@@ -81,6 +82,7 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
             report.live_bytes = resolved.payload_manifest.active_bytes
             report.from_record = True
             return session
+    from .manager import WEIGHTS
     from .session import copied_session, runnable_model
 
     model = runnable_model(resolved)
@@ -102,5 +104,5 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
             return session
         model = runnable_model(resolved)  # the direct load changed its copy
     return copied_session(ort, resolved, model, buffers=buffers, reader=reader, jobs=jobs,
-                          manager=manager, providers=providers,
+                          manager=manager or WEIGHTS, providers=providers,
                           session_options=session_options, report=report)

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ResolutionError, WeightstoreError
 from . import cache as records
-from .locator import StoreLocator, WeightStoreLocator
 from .prepared import PreparedOptions
-from .reference import StoreReference
 
 if TYPE_CHECKING:
     from ..passes.base import RewritePass
+    from .locator import StoreLocator
     from .model import ResolvedModel
     from .phases import Phase
+    from .reference import StoreReference
     from .source import ModelSource
 
 
@@ -69,7 +69,7 @@ def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | Non
                                    transformations=transformations, prepared=prepared,
                                    store=store)
     if key is not None:
-        hit = records.cached(key, None if store is None else WeightStoreLocator(store))
+        hit = records.cached(key, None if store is None else _locator(store))
         if hit is not None:
             return hit
     from .source import open_source
@@ -93,6 +93,12 @@ def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | Non
     return resolved
 
 
+def _locator(store: str | os.PathLike[str]) -> StoreLocator:
+    from .locator import WeightStoreLocator
+
+    return WeightStoreLocator(store)
+
+
 def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelector | None,
              device: str | None, capabilities: Mapping[str, Any] | None,
              transformations: Sequence[RewritePass | str], prepared: PreparedOptions,
@@ -108,7 +114,7 @@ def _resolve(src: ModelSource, *, scenario: str | None, selector: ScenarioSelect
 
     start = time.perf_counter()
     if store is not None:
-        src.store = store if hasattr(store, "locate") else WeightStoreLocator(store)  # type: ignore[arg-type]
+        src.store = store if hasattr(store, "locate") else _locator(store)  # type: ignore[arg-type]
     caps = dict(src.device_capabilities)
     caps.update(capabilities or {})
     try:

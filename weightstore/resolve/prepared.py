@@ -21,7 +21,6 @@ meant to save.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,6 +91,8 @@ class PreparedKey:
     @property
     def digest(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        import hashlib
+
         return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
