@@ -167,11 +167,14 @@ FRESH = textwrap.dedent("""
     from weightstore.load import LoadReport
     package, feed = sys.argv[1], dict(np.load(sys.argv[2]))
     report = LoadReport()
-    session = weightstore.load(weightstore.resolve(package), report=report)
+    resolved = weightstore.resolve(package)
+    session = weightstore.load(resolved, report=report)
+    analyses = "weightstore.resolve.manifest" in sys.modules
     out = session.run(None, feed)
     np.save(sys.argv[3], out[0])
+    assert resolved.payload_manifest.active_bytes == report.live_bytes  # unpickled now
     print(json.dumps({"onnx": "onnx" in sys.modules, "record": report.from_record,
-                      "read": report.read_bytes}))
+                      "read": report.read_bytes, "analyses": analyses}))
 """)
 
 
@@ -196,7 +199,8 @@ def test_a_fresh_process_loads_from_records_without_onnx(package, tmp_path):
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         np.testing.assert_array_equal(np.load(out), expected)
     assert runs[0]["onnx"] and not runs[0]["record"]
-    assert runs[1] == {"onnx": False, "record": True, "read": 0}
+    # nor the manifest's types until something asks for the manifest
+    assert runs[1] == {"onnx": False, "record": True, "read": 0, "analyses": False}
     assert model.graph.node  # the resolution the records stand for
 
 

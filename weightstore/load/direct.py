@@ -164,5 +164,5 @@ def direct_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
     report.runtime_seconds += mine.runtime_seconds
     if all(settled(after[n]) for n in files):
         keep_plan(plan_key, SessionPlan(plan.model, plan.folder, tuple(
-            (n, identity_of(after[n])) for n in files)))
+            (n, identity_of(after[n])) for n in files), manifest.active_bytes))
     return session

@@ -25,7 +25,7 @@ from .runtime import LoadReport, create_session
 if TYPE_CHECKING:
     from ..resolve.model import ResolvedModel
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 RECORDS = SignedRecords("sessions")
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
@@ -38,6 +38,7 @@ class SessionPlan:
     model: bytes
     folder: str
     files: tuple[tuple[str, Identity], ...]
+    live_bytes: int = 0  # the resolution's live payload bytes (for the load's report)
 
     def unchanged(self) -> bool:
         """Does every file still have the identity it had when verified?"""
@@ -50,8 +51,8 @@ class SessionPlan:
         return True
 
     def to_bytes(self) -> bytes:
-        header = json.dumps({"folder": self.folder, "files": [[n, list(i)] for n, i
-                                                              in self.files]})
+        header = json.dumps({"folder": self.folder, "live_bytes": self.live_bytes,
+                             "files": [[n, list(i)] for n, i in self.files]})
         return header.encode() + b"\n" + self.model
 
     @classmethod
@@ -60,7 +61,8 @@ class SessionPlan:
         try:
             doc = parse_json(header)
             files = tuple((str(n), tuple(int(x) for x in i)) for n, i in doc["files"])
-            return cls(model, str(doc["folder"]), files)  # type: ignore[arg-type]
+            return cls(model, str(doc["folder"]), files,  # type: ignore[arg-type]
+                       int(doc["live_bytes"]))
         except (ValueError, KeyError, TypeError):
             return None
 

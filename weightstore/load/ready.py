@@ -79,7 +79,7 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
             RECORDS.drop(key)  # type: ignore[arg-type]
         else:
             report.files_unchanged = len(plan.files)
-            report.live_bytes = resolved.payload_manifest.active_bytes
+            report.live_bytes = plan.live_bytes
             report.from_record = True
             return session
     from .manager import WEIGHTS

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ResolutionError, WeightstoreError
 from . import cache as records
-from .prepared import PreparedOptions
 
 if TYPE_CHECKING:
     from ..passes.base import RewritePass
     from .locator import StoreLocator
     from .model import ResolvedModel
     from .phases import Phase
+    from .prepared import PreparedOptions
     from .reference import StoreReference
     from .source import ModelSource
 
@@ -72,6 +72,7 @@ def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | Non
         hit = records.cached(key, None if store is None else _locator(store))
         if hit is not None:
             return hit
+    from .prepared import PreparedOptions
     from .source import open_source
 
     root = getattr(store, "root", store) if hasattr(store, "locate") else store

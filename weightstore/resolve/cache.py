@@ -19,7 +19,10 @@ and is never kept. A hit (:func:`cached`) rebuilds the :class:`ResolvedModel` wi
 opening the model file, parsing it or importing onnx: the record is a pickle, read only
 after its signature (:mod:`weightstore.caches.signed_records`) proved that this user's
 own process wrote it. Its source opens the model file when something asks for its
-metadata, and refuses a file that changed since.
+metadata, and refuses a file that changed since. Its analyses (the payload manifest,
+prepared requirements and bindings, the transformation report) are a pickle of their
+own inside the record, unpickled when first asked for (:class:`RecordedResolution`): a
+load whose session plan is recorded needs none of them, nor their types' modules.
 """
 
 from __future__ import annotations
@@ -37,13 +40,15 @@ import blake3
 
 from ..caches.signed_records import SignedRecords
 from ..io.identity import identity_of, tree_identities
-from .prepared import PreparedOptions
+from .model import ResolvedModel
 
 if TYPE_CHECKING:
-    from .model import ResolvedModel
+    from .model_source import ModelSource
+    from .prepared import PreparedOptions
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 RECORDS = SignedRecords("resolved")
+ANALYSES = ("prepared_requirements", "bindings", "payload_manifest", "transformations")
 ENVIRONMENT_MODULES = ("onnx", "onnxruntime")
 
 
@@ -75,8 +80,7 @@ def resolution_key(source: object, *, model: str | None, scenario: str | None,
         return None
     if store is not None and not isinstance(store, (str, os.PathLike)):
         return None
-    options = prepared or PreparedOptions()
-    if options.cache is not None or options.resident is not None:
+    if prepared is not None and (prepared.cache is not None or prepared.resident is not None):
         return None
     try:
         folder = Path(source).resolve(strict=True)
@@ -91,8 +95,9 @@ def resolution_key(source: object, *, model: str | None, scenario: str | None,
            "folder": str(folder), "tree": tree, "model": model, "scenario": scenario,
            "device": device, "capabilities": capabilities, "transformations":
            list(transformations), "store": None if store is None else os.fspath(store),
-           "prepared": [options.runtime, options.cpu_features, options.optimization_level,
-                        options.records, options.prefer]}
+           "prepared": None if prepared is None else [  # None: the defaults
+               prepared.runtime, prepared.cpu_features, prepared.optimization_level,
+               prepared.records, prepared.prefer]}
     try:
         text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError):  # capabilities JSON cannot carry
@@ -103,14 +108,17 @@ def resolution_key(source: object, *, model: str | None, scenario: str | None,
 def keep(key: str, resolved: ResolvedModel) -> None:
     """Record ``resolved`` under ``key`` for later processes."""
     src = resolved.source
-    fields = {name: getattr(resolved, name) for name in (
-        "model_bytes", "graph_digest", "selected_scenario", "device",
-        "prepared_requirements", "bindings", "payload_manifest", "transformations",
-        "prepared_graph")}
+    fields: dict[str, Any] = {name: getattr(resolved, name) for name in (
+        "model_bytes", "graph_digest", "selected_scenario", "device", "prepared_graph")}
     fields.update(capabilities=dict(resolved.capabilities),
                   constant_counts=dict(resolved.constant_counts),
                   placement=dict(resolved.placement))
-    record = {"fields": fields, "source": {
+    try:
+        analyses = pickle.dumps({name: getattr(resolved, name) for name in ANALYSES},
+                                protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return  # something in it is not plain data: not kept
+    record = {"fields": fields, "analyses": analyses, "source": {
         "path": str(src.path), "name": src.name,
         "package": None if src.package is None else str(src.package),
         "store_keys": src.store_keys, "device_scenario": src.device_scenario,
@@ -131,10 +139,9 @@ def cached(key: str, locator: object) -> ResolvedModel | None:
         return None
     try:
         record = pickle.loads(body)  # signed by this user's own key: see the module text
-        fields, src = record["fields"], record["source"]
+        fields, analyses, src = record["fields"], record["analyses"], record["source"]
     except Exception:  # a record of an older layout: resolved again
         return None
-    from .model import ResolvedModel
     from .model_source import ModelSource
 
     source = ModelSource.unopened(
@@ -145,4 +152,27 @@ def cached(key: str, locator: object) -> ResolvedModel | None:
         in_store=src["in_store"])
     for name in ("capabilities", "constant_counts", "placement"):
         fields[name] = MappingProxyType(fields[name])
-    return ResolvedModel(**fields, source=source, key=key)
+    return RecordedResolution.rebuilt(fields, analyses, source, key)
+
+
+class RecordedResolution(ResolvedModel):
+    """A :class:`ResolvedModel` rebuilt from its record, whose analyses
+    (:data:`ANALYSES`) are unpickled when first asked for."""
+
+    @classmethod
+    def rebuilt(cls, fields: dict[str, Any], analyses: bytes, source: ModelSource,
+                key: str) -> RecordedResolution:
+        out = object.__new__(cls)  # the frozen fields are set once, here
+        for name, value in {**fields, "source": source, "key": key,
+                            "_analyses": analyses}.items():
+            object.__setattr__(out, name, value)
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # only for attributes not set yet
+        analyses = self.__dict__.get("_analyses")
+        if name not in ANALYSES or analyses is None:
+            raise AttributeError(name)
+        for field_name, value in pickle.loads(analyses).items():
+            object.__setattr__(self, field_name, value)
+        object.__setattr__(self, "_analyses", None)
+        return self.__dict__[name]

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ResolutionError
-from .manifest import RequiredPayloadManifest
-from .prepared import PreparedBinding, PreparedRequirement
 
 if TYPE_CHECKING:
     import onnx
 
+    from .manifest import RequiredPayloadManifest
     from .model_source import ModelSource
+    from .prepared import PreparedBinding, PreparedRequirement
 
 
 @dataclass(frozen=True)
