@@ -1,8 +1,9 @@
 """The declared dependency range, both ends, for CI.
 
-``floors``: every runtime dependency (``project.dependencies`` and the ``runtime`` extra)
-pinned at its declared lower bound, as a pip constraints file; a dependency that declares
-no lower bound is an error, since nothing would say which version it was tested with.
+``floors``: every runtime dependency (``project.dependencies``, the ``runtime`` and
+``sign`` extras) pinned at its declared lower bound, as a pip constraints file; a
+dependency that declares no lower bound is an error, since nothing would say which
+version it was tested with.
 
 ``newest``: reads ``pip list --outdated --format=json`` and fails when an environment
 holds an older release of a runtime dependency than the newest one (something held it
@@ -24,7 +25,8 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 def runtime_requirements() -> list[Requirement]:
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
-    listed = project["dependencies"] + project["optional-dependencies"]["runtime"]
+    extras = project["optional-dependencies"]
+    listed = project["dependencies"] + extras["runtime"] + extras["sign"]
     return [Requirement(text) for text in listed]
 
 

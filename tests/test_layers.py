@@ -196,7 +196,7 @@ def test_the_circle_scan_sees_circles_and_every_kind_of_import():
 
 # The layers, bottom first (docs/architecture.md, "Layers"): a module imports modules of
 # its own folder, of a lower layer, and the root's basics (errors, lazy, progress).
-LAYERS = ("io", "_proto", "store", "layout", "recipe", "catalogue", "package", "caches",
+LAYERS = ("io", "_proto", "store", "signing", "layout", "recipe", "catalogue", "package", "caches",
           "convert", "passes", "scenarios", "resolve", "packaging", "load", "registry",
           "builder", "report", "release")
 # Imports that still climb a layer, each (file, the folder it reaches up to), explained in

@@ -232,6 +232,12 @@ def _add_report(sub: Any) -> None:
     add_parsers(sub)
 
 
+def _add_key(sub: Any) -> None:
+    from .signing.commands import add_parsers
+
+    add_parsers(sub)
+
+
 def _add_schema(sub: Any) -> None:
     sc = sub.add_parser("schema", help="print the recipe JSON Schema")
     sc.add_argument("--output", help="write it to this file instead (the project's copy is "
@@ -252,6 +258,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
     (("run", "prepare"), _add_load),
     (("push", "pull", "assemble"), _add_registry),
     (("report",), _add_report),
+    (("key",), _add_key),
     (("schema",), _add_schema),
 )
 
@@ -560,6 +567,12 @@ def _report_command(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _key_command(args: argparse.Namespace) -> int:
+    from .signing.commands import run
+
+    return run(args)
+
+
 def _release(args: argparse.Namespace) -> int:
     from .release.commands import COMMANDS as RELEASE_COMMANDS
 
@@ -574,7 +587,7 @@ COMMANDS = {"build": _cmd_build, "store": _cmd_store, "convert": _cmd_convert,
             "pull": lambda args: _registry("run_pull", args),
             "assemble": lambda args: _registry("run_assemble", args),
             "verify": _release, "release": _release, "unpack": _release, "diff": _release,
-            "report": _report_command}
+            "report": _report_command, "key": _key_command}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

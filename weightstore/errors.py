@@ -96,3 +96,7 @@ class RegistryUnreachableError(RegistryError, ConnectionError):
 
 class RegistryDigestError(RegistryError, ValueError):
     """Bytes from (or for) the registry do not hash to the digest that names them."""
+
+
+class SignatureError(WeightstoreError, ValueError):
+    """A signature that does not verify, a key that is not trusted or cannot be read."""

@@ -41,6 +41,7 @@ from ..package.summary import SUMMARY_NAME
 from ..packaging.inventory import read_summary_bytes
 from ..packaging.unpack import SUFFIX, archive_root
 from .archive import plan_archive, source_date_epoch, write_archive
+from .attestation import ATTESTATION_NAME
 from .compression import Compression
 from .provenance import (
     PROVENANCE_NAME,
@@ -79,6 +80,8 @@ class ReleaseOptions:
     epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else a fixed epoch
     progress: bool | None = False  # bars with rate and ETA (None: only on a terminal)
     report: bool = False  # also each archive's HTML report (weightstore report)
+    # sign release.json into release.intoto.jsonl (a weightstore.signing.keys.PrivateKey)
+    signer: Any = None
 
 
 @dataclass
@@ -87,13 +90,16 @@ class ReleaseResult:
     archives: list[ArchiveRecord]
     built: list[str] = field(default_factory=list)  # layouts the build had to (re)build
     reports: list[FileRecord] = field(default_factory=list)
+    signed_by: str = ""  # the public key of the attestation's signature, when signed
 
     def to_dict(self) -> dict[str, Any]:
         return {"output": str(self.output), "built": self.built,
                 "archives": [dataclasses.asdict(a) for a in self.archives],
                 "reports": [dataclasses.asdict(r) for r in self.reports],
+                "signed_by": self.signed_by or None,
                 "files": [a.file_name for a in self.archives]
-                + [r.file_name for r in self.reports] + [SUMS_NAME, PROVENANCE_NAME]}
+                + [r.file_name for r in self.reports] + [SUMS_NAME, PROVENANCE_NAME]
+                + ([ATTESTATION_NAME] if self.signed_by else [])}
 
 
 @dataclass(frozen=True)
@@ -189,12 +195,23 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
                         versions=tool_versions(), reports=reports if options.report else None)
         with atomic_writer(tmp / SUMS_NAME) as f:
             f.write(render_sums([*records, *reports]))
+        provenance = render_statement(doc)
         with atomic_writer(tmp / PROVENANCE_NAME) as f:
-            f.write(render_statement(doc))
+            f.write(provenance)
+        names = [*(r.file_name for r in records), *(r.file_name for r in reports),
+                 SUMS_NAME, PROVENANCE_NAME]
+        if options.signer is not None:
+            from .attestation import attestation
+
+            with atomic_writer(tmp / ATTESTATION_NAME) as f:
+                f.write(attestation(provenance, options.signer))
+            names.append(ATTESTATION_NAME)
         with folder_lock(output):  # of two releases into one folder, one whole set wins
-            for name in [*(r.file_name for r in records), *(r.file_name for r in reports),
-                         SUMS_NAME, PROVENANCE_NAME]:
+            for name in names:
                 os.replace(tmp / name, output / name)
+            if options.signer is None:  # an earlier release's signature signs no more
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(output / ATTESTATION_NAME)
             fsync_dir(output)
         done = True
     finally:
@@ -207,7 +224,8 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
     for p in packages:  # archived, so checked against their summaries
         if p.unproven_by is not None:
             say_unproven(p.folder, p.unproven_by)
-    return ReleaseResult(output, records, reports=reports)
+    return ReleaseResult(output, records, reports=reports, signed_by="" if options.signer
+                         is None else options.signer.public.text)
 
 
 def report_name(archive_name: str) -> str:
@@ -379,7 +397,8 @@ def check_release(recipe_path: str | os.PathLike[str], options: ReleaseOptions |
 
 def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
     """A release folder holds only what release writes there: the recipe's archives,
-    ``SHA256SUMS``, ``release.json`` (and the temp folder of a live release, as
+    ``SHA256SUMS``, ``release.json``, a signed release's ``release.intoto.jsonl`` (and the
+    temp folder of a live release, as
     :func:`~weightstore.io.files.make_temp_dir` makes it; a killed release's is removed
     first, as the next release removes it, whatever it holds). Any other file or folder
     beside them (an archive of no layout, a note, a file or a link or a folder only named
@@ -388,7 +407,7 @@ def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
     from ..io.files import is_temp_dir, remove_dead_temp_dirs
 
     remove_dead_temp_dirs(folder, TEMP_PREFIX)
-    written = {*archives, SUMS_NAME, PROVENANCE_NAME}
+    written = {*archives, SUMS_NAME, PROVENANCE_NAME, ATTESTATION_NAME}
     extra = sorted(name for name in os.listdir(folder) if name not in written
                    and not is_temp_dir(folder / name, TEMP_PREFIX))
     if extra:

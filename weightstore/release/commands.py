@@ -26,8 +26,9 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
 
     r = sub.add_parser("release", help="write reproducible .tar.zst archives, SHA256SUMS and "
                                        "release.json (SLSA provenance)")
-    r.add_argument("target", metavar="RECIPE|PACKAGE",
-                   help="a recipe (built first) or a package folder / version folder")
+    r.add_argument("target", metavar="RECIPE|PACKAGE|DIR",
+                   help="a recipe (built first) or a package folder / version folder; with "
+                        "--verify, a release folder")
     r.add_argument("--output", help="release folder (default: <output>/releases/"
                                     "<package>-<version> for recipes)")
     r.add_argument("--store", help="store folder for the build; for a package folder, the "
@@ -45,6 +46,17 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
     r.add_argument("--check", action="store_true",
                    help="rebuild from scratch in a temp folder with a fresh store and compare "
                         "byte for byte with the release in --output; exit 1 on a difference")
+    r.add_argument("--sign", nargs="?", const="", metavar="KEY",
+                   help="also write release.intoto.jsonl: release.json in a DSSE envelope "
+                        "signed with this Ed25519 private key file (without KEY: "
+                        "$WEIGHTSTORE_SIGNING_KEY)")
+    r.add_argument("--verify", action="store_true",
+                   help="check the signed provenance of the release folder DIR: the "
+                        "signature, every archive's SHA-256 and SHA256SUMS; exit 1 when "
+                        "anything does not match")
+    r.add_argument("--key", action="append", default=[], metavar="PUB",
+                   help="with --verify: a public key (ed25519:<hex>) or a file holding "
+                        "one (repeatable; default: the trusted keys)")
     r.add_argument("--json", action="store_true", help="print JSON")
 
     u = sub.add_parser("unpack", help="extract a release archive into a new, verified folder")
@@ -99,6 +111,14 @@ def run_release(args: argparse.Namespace) -> int:
     from .api import ReleaseOptions, check_release, release
     from .compression import DEFAULT_LEVEL, Compression
 
+    if args.verify:
+        return _verify_release(args)
+    signer = None
+    if args.sign is not None:  # before anything is built: a key that cannot sign fails now
+        from ..signing.keys import load_private
+
+        signer = load_private(args.sign or None)
+
     if args.output and not args.check:  # before anything is built, as build checks its own
         from ..io.files import check_output_folder
 
@@ -106,7 +126,7 @@ def run_release(args: argparse.Namespace) -> int:
     options = ReleaseOptions(
         output=args.output, store=args.store, jobs=args.jobs,
         compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long),
-        progress=requested(args), report=args.report)
+        progress=requested(args), report=args.report, signer=signer)
     if args.report and not args.check:  # before anything is built: the drawing library
         from ..report.treemap import squarify_module
 
@@ -130,7 +150,37 @@ def run_release(args: argparse.Namespace) -> int:
     for r in out.reports:
         print(f"{r.sha256}  {out.output / r.file_name}")
     print(f"wrote {out.output / 'SHA256SUMS'} and {out.output / 'release.json'}")
+    if out.signed_by:
+        print(f"signed {out.output / 'release.intoto.jsonl'} with {out.signed_by}")
     return EXIT_OK
+
+
+def _verify_release(args: argparse.Namespace) -> int:
+    from ..errors import SignatureError
+    from ..signing.keys import parse_public, trusted_keys
+    from .attestation import verify_release
+
+    keys = [parse_public(k) for k in args.key] if args.key else trusted_keys()
+    if not keys:
+        raise SignatureError("no key to verify with: pass --key or trust one "
+                             "(trusted-keys, $WEIGHTSTORE_TRUSTED_KEYS)")
+    try:
+        result = verify_release(args.target, keys)
+    except SignatureError as exc:  # the release is not what a trusted key signed
+        if args.json:
+            _print_json({"folder": args.target, "ok": False, "error": str(exc)})
+        else:
+            print(f"not verified: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        for problem in result.problems:
+            print(f"problem: {problem}", file=_failures(args))
+        if result.ok:
+            print(f"verified: {len(result.subjects)} file(s) in {result.folder} are the "
+                  f"ones release.json names, signed by {result.key}")
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def run_unpack(args: argparse.Namespace) -> int:

@@ -45,18 +45,32 @@ def add_store_options(parser: Any, store_help: str) -> None:
 
 def user_cache_dir(env: Mapping[str, str] = os.environ, platform: str = sys.platform) -> Path:
     """The platform's per-user cache folder for this project."""
+    return _user_dir(env, platform, ("LOCALAPPDATA", "Local"), "Caches",
+                     ("XDG_CACHE_HOME", ".cache"))
+
+
+def user_config_dir(env: Mapping[str, str] = os.environ, platform: str = sys.platform) -> Path:
+    """The platform's per-user configuration folder for this project (trusted keys)."""
+    return _user_dir(env, platform, ("APPDATA", "Roaming"), "Application Support",
+                     ("XDG_CONFIG_HOME", ".config"))
+
+
+def _user_dir(env: Mapping[str, str], platform: str, windows: tuple[str, str], darwin: str,
+              xdg: tuple[str, str]) -> Path:
+    """Windows: ``%<variable>%`` or ``AppData/<folder>``; macOS: ``Library/<folder>``;
+    elsewhere the XDG variable, or ``~/<folder>``."""
     if platform.startswith("win"):
-        local = env.get("LOCALAPPDATA")
-        if local:
-            return Path(local) / APP_NAME
-        return _home(env, "USERPROFILE") / "AppData" / "Local" / APP_NAME
+        base = env.get(windows[0])
+        if base:
+            return Path(base) / APP_NAME
+        return _home(env, "USERPROFILE") / "AppData" / windows[1] / APP_NAME
     if platform == "darwin":
-        return _home(env, "HOME") / "Library" / "Caches" / APP_NAME
-    xdg = env.get("XDG_CACHE_HOME")
+        return _home(env, "HOME") / "Library" / darwin / APP_NAME
+    value = env.get(xdg[0])
     # The XDG spec says relative values are invalid and must be ignored.
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / APP_NAME
-    return _home(env, "HOME") / ".cache" / APP_NAME
+    if value and os.path.isabs(value):
+        return Path(value) / APP_NAME
+    return _home(env, "HOME") / xdg[1] / APP_NAME
 
 
 def _home(env: Mapping[str, str], var: str) -> Path:

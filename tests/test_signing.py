@@ -1,0 +1,190 @@
+"""Ed25519 keys, DSSE envelopes and signed release provenance (``release --sign`` and
+``--verify``), the envelopes checked by an independent implementation: securesystemslib's
+DSSE verifier, as in-toto uses it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import stat
+
+import pytest
+
+from tests.release_helpers import make_checkout
+from weightstore.cli import main
+from weightstore.errors import SignatureError
+from weightstore.release.api import ReleaseOptions, release
+from weightstore.release.attestation import ATTESTATION_NAME, verify_release
+from weightstore.signing import dsse
+from weightstore.signing.keys import (
+    TRUSTED_KEYS_ENV,
+    generate,
+    load_private,
+    parse_public,
+    trusted_keys,
+)
+
+securesystemslib = pytest.importorskip("securesystemslib", reason="the independent DSSE "
+                                       "verifier (pip install securesystemslib)")
+
+
+@pytest.fixture
+def key(tmp_path):
+    path = tmp_path / "keys" / "release.pem"
+    path.parent.mkdir()
+    return path, generate(path)
+
+
+@pytest.fixture
+def signed(encoder_model, tmp_path, key):
+    recipe = make_checkout(tmp_path / "checkout", encoder_model)
+    result = release(recipe, ReleaseOptions(jobs=2, signer=load_private(key[0])))
+    return result, key[1]
+
+
+def _sslib_key(public):
+    from securesystemslib.signer import SSlibKey
+
+    return SSlibKey(public.keyid, "ed25519", "ed25519", {"public": public.raw.hex()})
+
+
+def test_a_generated_key_is_private_and_refuses_to_be_overwritten(key, capsys):
+    path, public = key
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert load_private(path).public == public
+    assert main(["key", "generate", str(path)]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+    assert main(["key", "public", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == public.text
+    os.chmod(path, 0o640)
+    with pytest.raises(SignatureError, match="open to other users"):
+        load_private(path)
+
+
+def test_keys_from_the_environment_and_the_trusted_keys_file(key, tmp_path, monkeypatch):
+    path, public = key
+    os.chmod(path, 0o600)
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", path.read_text())
+    assert load_private().public == public
+    other = generate(tmp_path / "keys" / "old.pem")
+    config = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    (config / "weightstore").mkdir(parents=True)
+    (config / "weightstore" / "trusted-keys").write_text(
+        f"# rotation: the old key stays trusted until every entry it signed is gone\n"
+        f"{other.text}\n")
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, public.text)
+    assert trusted_keys() == [other, public]
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, "ed25519:nothex")
+    with pytest.raises(SignatureError, match="not a public key"):
+        trusted_keys()
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", "-----BEGIN PRIVATE KEY-----\nAAAA\n")
+    with pytest.raises(SignatureError, match="not a PEM private key"):
+        load_private()
+
+
+def test_an_envelope_verifies_in_securesystemslib(key):
+    from securesystemslib.dsse import Envelope
+
+    private = load_private(key[0])
+    doc = dsse.envelope(b'{"_type": "https://in-toto.io/Statement/v1"}', private)
+    assert doc == dsse.envelope(b'{"_type": "https://in-toto.io/Statement/v1"}', private)
+    theirs = Envelope.from_dict(json.loads(json.dumps(doc)))  # it takes the dict apart
+    assert set(theirs.verify([_sslib_key(private.public)], 1)) == {private.public.keyid}
+    payload, signer = dsse.open_envelope(doc, [private.public])
+    assert payload == theirs.payload and signer == private.public
+    assert theirs.pae() == dsse.pae(doc["payloadType"], payload)
+
+
+def test_a_signed_release_verifies_here_and_in_securesystemslib(signed, capsys):
+    from securesystemslib.dsse import Envelope
+
+    result, public = signed
+    out = result.output
+    lines = (out / ATTESTATION_NAME).read_bytes().splitlines()
+    assert len(lines) == 1 and result.signed_by == public.text
+    envelope = Envelope.from_dict(json.loads(lines[0]))
+    envelope.verify([_sslib_key(public)], 1)
+    assert envelope.payload == (out / "release.json").read_bytes()
+    assert envelope.payload_type == "application/vnd.in-toto+json"
+    check = verify_release(out, [public])
+    assert check.ok and set(check.subjects) == {a.file_name for a in result.archives}
+    assert main(["release", "--verify", str(out), "--key", public.text]) == 0
+    assert f"verified: {len(result.archives)} file(s)" in capsys.readouterr().out
+
+
+def test_tampering_with_a_signed_release_fails_its_verification(signed, tmp_path, capsys):
+    result, public = signed
+    stranger = generate(tmp_path / "stranger.pem")
+    assert main(["release", "--verify", str(result.output), "--key", stranger.text]) == 1
+    assert "signed by no trusted key" in capsys.readouterr().err
+
+    archive = result.output / result.archives[0].file_name
+    copy = tmp_path / "copy"
+    shutil.copytree(result.output, copy)
+    with open(copy / archive.name, "r+b") as f:  # one byte of an archive
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    check = verify_release(copy, [public])
+    assert not check.ok and "SHA-256 is not the one the provenance signs" in check.problems[0]
+    assert main(["release", "--verify", str(copy), "--key", public.text]) == 1
+
+    shutil.rmtree(copy)
+    shutil.copytree(result.output, copy)
+    provenance = json.loads((copy / "release.json").read_text())
+    provenance["subject"][0]["digest"]["sha256"] = "0" * 64  # the provenance itself
+    (copy / "release.json").write_text(json.dumps(provenance))
+    with pytest.raises(SignatureError, match=r"not release\.json"):
+        verify_release(copy, [public])
+
+    shutil.rmtree(copy)
+    shutil.copytree(result.output, copy)
+    doc = json.loads((copy / ATTESTATION_NAME).read_text())
+    doc["signatures"][0]["sig"] = base64.b64encode(b"\0" * 64).decode()
+    (copy / ATTESTATION_NAME).write_text(json.dumps(doc) + "\n")
+    with pytest.raises(SignatureError, match="does not verify"):
+        verify_release(copy, [public])
+
+    (copy / ATTESTATION_NAME).unlink()
+    assert main(["release", "--verify", str(copy), "--key", public.text]) == 1
+    assert "not signed" in capsys.readouterr().err
+
+
+def test_signing_is_reproducible_and_an_unsigned_release_drops_an_old_signature(
+        signed, key):
+    result, _ = signed
+    recipe = result.output.parent.parent.parent / "recipe.yaml"
+    first = (result.output / ATTESTATION_NAME).read_bytes()
+    again = release(recipe, ReleaseOptions(jobs=1, signer=load_private(key[0])))
+    assert (again.output / ATTESTATION_NAME).read_bytes() == first
+    release(recipe, ReleaseOptions(jobs=2))
+    assert not (result.output / ATTESTATION_NAME).exists()
+
+
+def test_release_sign_and_verify_on_the_command_line(encoder_model, tmp_path, key,
+                                                    monkeypatch, capsys):
+    path, public = key
+    recipe = make_checkout(tmp_path / "checkout", encoder_model)
+    os.chmod(path, 0o644)
+    assert main(["release", str(recipe), "--sign", str(path)]) == 2  # before any build
+    assert "open to other users" in capsys.readouterr().err
+    assert not (recipe.parent / "out").exists()
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", path.read_text())
+    assert main(["release", str(recipe), "--sign"]) == 0
+    out = recipe.parent / "out" / "releases" / "pkg-1.0.0"
+    assert f"with {public.text}" in capsys.readouterr().out
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, public.text)  # the trusted keys by default
+    assert main(["release", "--verify", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["release", str(recipe), "--check"]) == 0  # the attestation is allowed
+    monkeypatch.delenv(TRUSTED_KEYS_ENV)
+    assert main(["release", "--verify", str(out)]) == 2
+    assert "no key to verify with" in capsys.readouterr().err
+    pub = tmp_path / "release.pub"
+    pub.write_text(f"# the release key\n{public.text}\n")
+    assert parse_public(str(pub)) == public
+    assert main(["release", "--verify", str(out), "--key", str(pub)]) == 0
