@@ -90,6 +90,17 @@ def _add_build(sub: Any) -> None:
                    help="package only this model (repeatable; default: every model)")
     b.add_argument("--layout", action="append", default=[], metavar="NAME",
                    help="build only this layout (repeatable; default: every layout)")
+    b.add_argument("--cache", metavar="REF",
+                   help="a registry repository used as a signed build cache, read and "
+                        "written (default: $WEIGHTSTORE_CACHE)")
+    b.add_argument("--cache-from", action="append", default=[], metavar="REF",
+                   help="a build cache only read (repeatable; default: "
+                        "$WEIGHTSTORE_CACHE_FROM)")
+    b.add_argument("--cache-to", metavar="REF",
+                   help="a build cache only written (default: $WEIGHTSTORE_CACHE_TO)")
+    b.add_argument("--cache-key", metavar="FILE",
+                   help="the Ed25519 private key cache entries are signed with (default: "
+                        "$WEIGHTSTORE_SIGNING_KEY)")
 
 
 def _add_store(sub: Any) -> None:
@@ -350,7 +361,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
                                              force=args.force, models=tuple(args.model),
                                              layouts=tuple(args.layout),
                                              progress=requested(args),
-                                             dry_run=args.dry_run))
+                                             dry_run=args.dry_run, cache=args.cache,
+                                             cache_from=tuple(args.cache_from),
+                                             cache_to=args.cache_to,
+                                             cache_key=args.cache_key))
     if args.json:
         _print_json(result.to_dict())
         return EXIT_OK
@@ -366,7 +380,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
               f"({_mb(r['reused_bytes'])})")
     for p in result.packages:
         t = p.summary["totals"]
-        print(f"{p.status:>10} {p.layout}: {p.path} — {t['models']} model(s), "
+        status = "fetched" if p.cache else p.status
+        print(f"{status:>10} {p.layout}: {p.path} — {t['models']} model(s), "
               f"{t['external_weights']} external weights in {t['weight_files']} file(s), "
               f"{_mb(t['weight_file_bytes'])} weights, dedup saved "
               f"{_mb(t['dedup_saved_bytes'])}")

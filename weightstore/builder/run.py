@@ -68,6 +68,13 @@ class BuildOptions:
     models: tuple[str, ...] = ()  # --model: package only these (all when empty)
     layouts: tuple[str, ...] = ()  # --layout: build only these (all when empty)
     dry_run: bool = False  # report what would be built, written and reused; write nothing
+    # a registry-backed build cache (:mod:`.remote_cache`): ``cache`` read and written,
+    # ``cache_from`` read, ``cache_to`` written (signed with ``cache_key``, a private key
+    # file, else $WEIGHTSTORE_SIGNING_KEY); none given: $WEIGHTSTORE_CACHE and friends
+    cache: str | None = None
+    cache_from: tuple[str, ...] = ()
+    cache_to: str | None = None
+    cache_key: str | None = None
 
 
 @dataclass
@@ -79,6 +86,8 @@ class PackageResult:
     path: Path
     status: str  # "built" | "up-to-date" | "would-build" | "would-materialize" (dry run)
     summary: dict[str, Any]
+    cache: str | None = None  # the build cache repository it was fetched from
+    cache_bytes: int = 0  # the bytes read from it (signed record and package)
 
 
 REPORT_KEYS = ("written_objects", "written_bytes", "reused_objects", "reused_bytes",
@@ -101,7 +110,8 @@ class BuildResult:
             "store": str(self.store),
             "store_report": self.store_report,
             "packages": [{"layout": p.layout, "path": str(p.path), "status": p.status,
-                          "summary": p.summary} for p in self.packages],
+                          "summary": p.summary, "cache": p.cache,
+                          "cache_bytes": p.cache_bytes} for p in self.packages],
         }
 
 
@@ -406,8 +416,12 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                                        "external weight layout or a lower size_threshold",
                                        model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
+        cache = None
         if not options.force and not options.dry_run:
             todo = [t for t in todo if not _materialized(store_root, *t, options, result)]
+            cache = _cache_settings(options, recipe.cache)
+            if cache is not None and cache.read:
+                todo = [t for t in todo if not _fetched(cache, store_root, *t, options, result)]
             if not todo:
                 return
         store = WeightStore(store_root)
@@ -424,6 +438,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                               else "would-build", {})
                 for layout, target, fp in todo]
             return
+        converting = {target for _, target, _ in todo}
         with store.leased():  # gc spares every key this build relies on until it ends
             try:
                 _fill_and_write(loaded, todo, sources, store, digests, options, result)
@@ -432,6 +447,12 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 packaging.distrust_cached_keys(sources, store, recipe.store.hash)
                 _fill_and_write(loaded, todo, sources, store, digests, options, result,
                                 trust_cache=False)
+        if cache is not None and cache.write is not None:
+            from .remote_cache import publish
+
+            for p in result.packages:
+                if p.path in converting and p.status == "built":
+                    publish(cache, p.path, p.summary, store, options.jobs)
     finally:
         packaging.close_sources(sources)
 
@@ -449,6 +470,39 @@ def _materialized(store_root: Path, layout: Layout, target: Path, fingerprint: s
         return False
     result.packages.append(PackageResult(layout.name, target, "built", done.summary))
     _count_reused(result, done)
+    return True
+
+
+def _cache_settings(options: BuildOptions, configured: Any) -> Any:
+    from .remote_cache import settings
+
+    return settings(options.cache, options.cache_from, options.cache_to, options.cache_key,
+                    recipe=configured)
+
+
+def _fetched(cache: Any, store_root: Path, layout: Layout, target: Path, fingerprint: str,
+             options: BuildOptions, result: BuildResult) -> bool:
+    """Publish a missing package folder from the build cache (its signed entry, pulled
+    by the digest it signs); False on any miss."""
+    if target.exists() or layout.external_weight == "embedded":
+        return False
+    from ..caches import build_actions
+    from ..package.summary import read_summary_file
+    from ..store import WeightStore
+    from .remote_cache import fetch
+
+    store = WeightStore(store_root)
+    with store.leased():
+        found = fetch(cache, fingerprint, target, store, options.jobs)
+        if found is None:
+            return False
+        repository, received = found
+        summary = read_summary_file(target)[1]
+        stored = build_actions.record(store, target, summary, jobs=options.jobs)
+    for k, v in stored.items():
+        result.store_report[k] = result.store_report.get(k, 0) + v
+    result.packages.append(PackageResult(layout.name, target, "built", summary,
+                                         cache=repository, cache_bytes=received))
     return True
 
 

@@ -103,6 +103,20 @@ class StoreConfig(_Model):
     )
 
 
+class CacheConfig(_Model):
+    """A registry-backed build cache: repositories whose signed entries a build fetches
+    instead of converting, and the one it stores its entries in (docs/formats.md)."""
+
+    read: list[str] = Field(
+        default_factory=list,
+        description="Registry repositories (host/name, no tag) read for entries, in order.",
+    )
+    write: str | None = Field(
+        None, description="Registry repository entries are pushed to (signed) after a build "
+        "that converted."
+    )
+
+
 RESERVED_SCENARIO_NAMES = frozenset({"auto", "common", "default"})
 
 PassName = Literal["fuse-qkv", "cast-fp16", "gemm-transpose-b", "fold-batchnorm",
@@ -246,6 +260,12 @@ class Recipe(_Model):
     )
     output: PathText = Field(
         "dist", description="Output folder for built packages, relative to the recipe's folder."
+    )
+    cache: str | CacheConfig | None = Field(
+        None,
+        description="Build cache: a registry repository read and written, or {read, write}. "
+        "weightstore build's --cache, --cache-from and --cache-to beat it, and it beats "
+        "$WEIGHTSTORE_CACHE, $WEIGHTSTORE_CACHE_FROM and $WEIGHTSTORE_CACHE_TO.",
     )
 
     @field_validator("models")

@@ -1,0 +1,251 @@
+"""The registry-backed build cache, against a real registry: two runners with empty stores
+of their own, one registry; entries used only when a trusted key signed them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.registry_server import needs_registry, running_registry
+from tests.release_helpers import make_checkout
+from weightstore.builder.remote_cache import RECORD_SUFFIX, _entry, _push_record, settings
+from weightstore.builder.run import BuildOptions, build
+from weightstore.caches.build_actions import action_key
+from weightstore.cli import main
+from weightstore.signing.keys import TRUSTED_KEYS_ENV, generate, load_private
+from weightstore.store import WeightStore
+
+pytestmark = needs_registry
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    with running_registry(tmp_path_factory.mktemp("registry")) as server:
+        yield server
+
+
+@pytest.fixture
+def keys(tmp_path):
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    return {name: (folder / f"{name}.pem", generate(folder / f"{name}.pem"))
+            for name in ("ci", "old", "stranger")}
+
+
+@pytest.fixture
+def runner_a(encoder_model, tmp_path, registry, keys, monkeypatch):
+    """Runner A converted the recipe and filled the cache, signing with the ci key."""
+    repo = f"{registry.host}/cache/{tmp_path.name[-20:].lower()}"
+    recipe = make_checkout(tmp_path / "a", encoder_model)
+    result = build(recipe, BuildOptions(jobs=2, cache_to=repo, cache_key=str(keys["ci"][0])))
+    assert all(p.status == "built" and p.cache is None for p in result.packages)
+    return repo, recipe, result
+
+
+def _runner_b(encoder_model, tmp_path, name="b"):
+    return make_checkout(tmp_path / name, encoder_model)
+
+
+def _tree(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_trusted_entry_is_fetched_byte_identical(runner_a, encoder_model, tmp_path, keys,
+                                                   monkeypatch, capsys):
+    repo, _, built = runner_a
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    recipe = _runner_b(encoder_model, tmp_path)
+    fetched = build(recipe, BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in fetched.packages] == [repo, repo]
+    assert "hit" in capsys.readouterr().err
+    for a, b in zip(built.packages, fetched.packages, strict=True):
+        assert _tree(a.path) == _tree(b.path)  # the bytes a local build writes
+    store = WeightStore(recipe.parent / "store")
+    # an up-to-date build of runner B, then gc: the fetched packages are roots
+    again = build(recipe, BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.status for p in again.packages] == ["up-to-date", "up-to-date"]
+    assert main(["store", "gc", "--store", str(store.root)]) == 0
+    assert main(["verify", str(fetched.packages[0].path), "--store", str(store.root)]) == 0
+    # the folder gone, the store (with the action records written on the way) rebuilds it
+    import shutil
+
+    shutil.rmtree(fetched.packages[1].path)
+    third = build(recipe, BuildOptions(jobs=2))
+    assert third.packages[1].status == "built" and third.packages[1].cache is None
+    assert _tree(third.packages[1].path) == _tree(built.packages[1].path)
+
+
+def test_untrusted_tampered_or_absent_entries_are_misses(runner_a, encoder_model, tmp_path,
+                                                        keys, registry, monkeypatch, capsys):
+    repo, _, built = runner_a
+    recipe = _runner_b(encoder_model, tmp_path)
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["old"][1].text)  # not the key that signed
+    result = build(recipe, BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in result.packages] == [None, None]
+    assert "signed by no trusted key" in capsys.readouterr().err
+    assert _tree(result.packages[0].path) == _tree(built.packages[0].path)
+
+    # someone with push rights but no trusted key replaces the record: still a miss
+    fingerprint = built.packages[0].summary["fingerprint"]
+    cache = settings(None, (), repo, str(keys["stranger"][0]))
+    forged = json.dumps({"action_key": action_key(fingerprint), "fingerprint": fingerprint,
+                         "manifest": "sha256:" + "0" * 64}).encode()
+    _push_record(cache, _entry(repo, fingerprint, RECORD_SUFFIX), forged)
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    other = _runner_b(encoder_model, tmp_path, "c")
+    result = build(other, BuildOptions(jobs=2, cache_from=(repo,)))
+    assert result.packages[0].cache is None and result.packages[1].cache == repo
+    err = capsys.readouterr().err
+    assert "signed by no trusted key" in err and "hit" in err
+
+    # a record signed by a trusted key, but of another build, is refused too
+    cache = settings(None, (), repo, str(keys["ci"][0]))
+    _push_record(cache, _entry(repo, fingerprint, RECORD_SUFFIX), json.dumps(
+        {"action_key": action_key("blake3:" + "1" * 64), "fingerprint": fingerprint,
+         "manifest": "sha256:" + "0" * 64}).encode())
+    result = build(_runner_b(encoder_model, tmp_path, "d"),
+                   BuildOptions(jobs=2, cache_from=(repo,)))
+    assert result.packages[0].cache is None
+    assert "of another build" in capsys.readouterr().err
+
+    result = build(_runner_b(encoder_model, tmp_path, "e"),
+                   BuildOptions(jobs=2, cache_from=(f"{registry.host}/cache/empty",)))
+    assert [p.cache for p in result.packages] == [None, None]
+    assert "no entry for this build" in capsys.readouterr().err
+
+
+def test_key_rotation_trusts_either_key(encoder_model, tmp_path, registry, keys, monkeypatch,
+                                       capsys):
+    repo = f"{registry.host}/cache/rotation"
+    build(make_checkout(tmp_path / "a", encoder_model),
+          BuildOptions(jobs=2, cache_to=repo, cache_key=str(keys["old"][0])))
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, f"{keys['ci'][1].text},{keys['old'][1].text}")
+    result = build(_runner_b(encoder_model, tmp_path), BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in result.packages] == [repo, repo]
+    recipe = _runner_b(encoder_model, tmp_path, "c")  # the command line, from $WEIGHTSTORE_CACHE
+    monkeypatch.setenv("WEIGHTSTORE_CACHE_FROM", repo)
+    assert main(["build", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("   fetched ") == 2, out
+    recipe = _runner_b(encoder_model, tmp_path, "d")  # the recipe's cache beats the variable
+    monkeypatch.setenv("WEIGHTSTORE_CACHE_FROM", f"{registry.host}/cache/elsewhere")
+    recipe.write_text(recipe.read_text() + f"cache: {{read: [{repo}]}}\n")
+    result = build(recipe, BuildOptions(jobs=2))
+    assert [p.cache for p in result.packages] == [repo, repo]
+
+
+def test_a_registry_that_does_not_answer_costs_seconds_and_builds_locally(
+        encoder_model, tmp_path, keys, monkeypatch, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    monkeypatch.setenv("WEIGHTSTORE_CACHE", f"127.0.0.1:{port}/cache/down")
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", keys["ci"][0].read_text())
+    start = time.monotonic()
+    result = build(_runner_b(encoder_model, tmp_path), BuildOptions(jobs=2))
+    assert time.monotonic() - start < 30
+    assert [p.status for p in result.packages] == ["built", "built"]
+    err = capsys.readouterr().err
+    assert "unavailable" in err and "could not store" in err
+
+
+def test_two_runners_pushing_one_entry_at_once_leave_one_entry(encoder_model, tmp_path,
+                                                              registry, keys, monkeypatch):
+    repo = f"{registry.host}/cache/race"
+    recipes = [make_checkout(tmp_path / n, encoder_model) for n in ("a", "b")]
+    key = str(keys["ci"][0])
+    procs = [subprocess.Popen(
+        [__import__("sys").executable, "-m", "weightstore", "build", str(r),
+         "--cache-to", repo, "--cache-key", key, "--jobs", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in recipes]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all("stored" in err for _, err in outs)
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    result = build(_runner_b(encoder_model, tmp_path, "c"),
+                   BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in result.packages] == [repo, repo]
+    assert load_private(keys["ci"][0]).public == keys["ci"][1]
+
+
+def test_a_registry_that_hangs_is_given_up_on_in_seconds(encoder_model, tmp_path, keys,
+                                                         monkeypatch, capsys):
+    """It accepts connections and never answers: the lookup waits 5 s, once."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+        repo = f"127.0.0.1:{server.getsockname()[1]}/cache/hangs"
+        start = time.monotonic()
+        result = build(_runner_b(encoder_model, tmp_path), BuildOptions(
+            jobs=2, cache_from=(repo,)))
+        assert time.monotonic() - start < 15  # asked once, not once per layout
+        assert [p.cache for p in result.packages] == [None, None]
+        assert "unavailable" in capsys.readouterr().err
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def test_an_entry_missing_blobs_or_with_its_tag_moved(runner_a, encoder_model, tmp_path,
+                                                     keys, registry, monkeypatch, capsys):
+    """The package is pulled by the digest the record signs: a tag moved to another
+    manifest changes nothing; a blob deleted from the repository makes the entry a miss
+    (the layout is built locally, nothing half-written)."""
+    import requests
+
+    from weightstore.registry.push import push
+
+    repo, _, built = runner_a
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    combined, separate = built.packages
+    store = WeightStore(built.store)
+    # someone with push rights moves the combined entry's tag to the separate package
+    push(separate.path, _entry(repo, combined.summary["fingerprint"]), store=store)
+    result = build(_runner_b(encoder_model, tmp_path), BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in result.packages] == [repo, repo]
+    assert _tree(result.packages[0].path) == _tree(combined.path)
+
+    # a weight blob of the separate entry deleted from the repository (the combined entry
+    # shares it: both layouts are pushed as per-weight blobs)
+    name = repo.partition("/")[2]
+    manifest = requests.get(f"http://{registry.host}/v2/{name}/manifests/"
+                            f"{_entry(repo, separate.summary['fingerprint']).rpartition(':')[2]}",
+                            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+                            timeout=10).json()
+    weight = max(manifest["layers"], key=lambda d: d["size"])
+    assert requests.delete(f"http://{registry.host}/v2/{name}/blobs/{weight['digest']}",
+                           timeout=10).status_code == 202
+    capsys.readouterr()
+    result = build(_runner_b(encoder_model, tmp_path, "c"),
+                   BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in result.packages] == [None, None]
+    assert capsys.readouterr().err.count("entry unusable") == 2
+    assert _tree(result.packages[0].path) == _tree(combined.path)
+    assert _tree(result.packages[1].path) == _tree(separate.path)

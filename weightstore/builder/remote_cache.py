@@ -1,0 +1,280 @@
+"""A build cache in an OCI registry, its entries signed: what one CI runner built, another
+fetches instead of converting again.
+
+An entry is two artifacts in the cache repository, both tagged by the build's action key
+(:func:`weightstore.caches.build_actions.action_key`, hex ``H``)::
+
+    <repository>:ak-H       the package, pushed as ``weightstore push`` pushes one
+                            (ModelPack, per-weight blobs shared with ordinary pushes)
+    <repository>:ak-H.rec   the signed record: one layer, a DSSE envelope whose payload
+                            names the action key, the fingerprint, the layout and the
+                            package manifest's digest
+
+A build that would convert a layout (its folder missing, the local store unable to
+materialize it) first reads the record of each ``--cache-from`` repository. The record is
+used only when a trusted key (:func:`weightstore.signing.keys.trusted_keys`) signed it
+and it names this very action key and fingerprint; the package is then pulled *by the
+digest the record signs*, every blob verified as it streams and only those missing from
+the store fetched, and its ``summary.json`` must carry the fingerprint. So whoever can
+push to the repository but holds no trusted key can make a runner build locally, never
+ship other bytes. Anything else (no entry, no signature, an unknown key, a record of
+another key, a manifest that is not the one signed, a registry that does not answer) is
+a miss, said in one line, and the layout is converted locally. The registry is given a
+few seconds (:func:`_transport`), never the transfer timeouts: a build never fails or
+stalls because its cache is down.
+
+After converting, a build with ``--cache-to`` and a signing key pushes the entry: the
+package (blobs the registry holds are skipped), then the record. Both are deterministic
+(the package's bytes, an Ed25519 signature), so two runners pushing one entry at once
+both succeed and leave one entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    RegistryError,
+    RegistryUnreachableError,
+    SignatureError,
+    WeightstoreError,
+)
+from ..io.files import parse_json
+
+if TYPE_CHECKING:
+    from ..signing.keys import PrivateKey, PublicKey
+    from ..store import WeightStore
+
+ENTRY_PREFIX = "ak-"
+RECORD_SUFFIX = ".rec"
+RECORD_PAYLOAD = "application/vnd.weightstore.cache-record.v1+json"
+RECORD_LAYER = "application/vnd.weightstore.cache-record.v1.dsse+json"
+RECORD_ARTIFACT = "application/vnd.weightstore.cache-record.v1"
+EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
+CACHE_ENV, FROM_ENV, TO_ENV = "WEIGHTSTORE_CACHE", "WEIGHTSTORE_CACHE_FROM", "WEIGHTSTORE_CACHE_TO"
+
+
+def _transport(lookup: bool = False) -> Any:
+    """A cache's registry gets seconds to answer, not the transfer timeouts: a lookup
+    (the record) 2 s to connect and 5 s to answer, once; a transfer (the package) 3 s to
+    connect and 10 s for each answer or window of progress, twice."""
+    from ..registry.client import Transport
+
+    if lookup:
+        return Transport(connect_timeout=2.0, read_timeout=5.0, attempts=1)
+    return Transport(connect_timeout=3.0, read_timeout=10.0, attempts=2, backoff=0.2,
+                     max_backoff=0.5)
+
+
+@dataclass
+class CacheSettings:
+    """Where a build reads cache entries (``read``) and writes them (``write``)."""
+
+    read: tuple[str, ...] = ()
+    write: str | None = None
+    signer: PrivateKey | None = None
+    trusted: list[PublicKey] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # what the cache did, one line each
+    down: set[str] = field(default_factory=set)  # repositories that did not answer: not
+    # asked again during this build
+    received: int = 0  # bytes read from cache registries: records and packages
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+        print(f"weightstore: cache: {line}", file=sys.stderr, flush=True)
+
+
+def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | None,
+             key: str | None = None, env: dict[str, str] | None = None,
+             recipe: Any = None) -> CacheSettings | None:
+    """The build's cache from its options, else the recipe's ``cache`` (a repository, or
+    ``{read, write}``), else the environment (``$WEIGHTSTORE_CACHE``: read and write;
+    ``$WEIGHTSTORE_CACHE_FROM``, space-separated; ``$WEIGHTSTORE_CACHE_TO``); None
+    without any. Writing needs a signing key (``key``, a file, or
+    ``$WEIGHTSTORE_SIGNING_KEY``), read before anything is built."""
+    env = dict(os.environ) if env is None else env
+    if cache is None and not cache_from and cache_to is None:
+        if isinstance(recipe, str):
+            cache = recipe
+        elif recipe is not None:
+            cache_from, cache_to = tuple(recipe.read), recipe.write
+        else:
+            cache = env.get(CACHE_ENV) or None
+            cache_from = tuple(env.get(FROM_ENV, "").split())
+            cache_to = env.get(TO_ENV) or None
+    read = tuple(dict.fromkeys([*cache_from, *([cache] if cache else [])]))
+    write = cache_to or cache
+    if not read and write is None:
+        return None
+    from ..registry.reference import parse_reference
+    from ..signing.keys import load_private, trusted_keys
+
+    for ref in (*read, *([write] if write else [])):
+        parse_reference(ref)  # well formed
+        if "@" in ref or ":" in ref.partition("/")[2]:  # the host's port aside
+            raise RegistryError("a cache is a repository: give it without a tag or digest",
+                                reference=ref)
+    out = CacheSettings(read, write, trusted=trusted_keys(env) if read else [])
+    if write is not None:
+        out.signer = load_private(key, env)
+    return out
+
+
+def _entry(repository: str, fingerprint: str, suffix: str = "") -> str:
+    from ..caches.build_actions import action_key
+    from ..io.digests import split_key
+
+    return f"{repository}:{ENTRY_PREFIX}{split_key(action_key(fingerprint))[1]}{suffix}"
+
+
+def fetch(cache: CacheSettings, fingerprint: str, target: Path, store: WeightStore,
+          jobs: int) -> tuple[str, int] | None:
+    """Publish the package of ``fingerprint`` at ``target`` from the first cache that
+    holds a trusted entry; the repository it came from and the bytes read from it (record
+    and package), or None (a miss, said)."""
+    from ..caches.build_actions import action_key
+
+    key = action_key(fingerprint)
+    for repository in cache.read:
+        if repository in cache.down:
+            continue
+        try:
+            found = _trusted_manifest(cache, repository, fingerprint, key)
+            if found is None:
+                continue
+            manifest, record_bytes = found
+            received = record_bytes + _pull(repository, manifest, fingerprint, target, store,
+                                            jobs)
+        except (RegistryUnreachableError, OSError) as exc:
+            cache.say(f"{repository}: unavailable ({exc}); building locally, and not "
+                      "asking it again in this build")
+            cache.down.add(repository)
+            continue
+        except SignatureError as exc:
+            cache.say(f"{repository}: miss, entry refused: {exc}")
+            continue
+        except WeightstoreError as exc:  # a blob gone, a refusal, bytes that do not verify
+            cache.say(f"{repository}: miss, entry unusable: {exc}")
+            continue
+        cache.received += received
+        cache.say(f"{repository}: hit, {target} from the cache ({received} bytes)")
+        return repository, received
+    return None
+
+
+def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
+                      key: str) -> tuple[str, int] | None:
+    """The package manifest's digest a trusted record signs, and the bytes read."""
+    from ..errors import RegistryNotFoundError
+    from ..registry.client import RegistryClient
+    from ..registry.fetch import blob_bytes
+    from ..registry.reference import parse_reference
+    from ..signing.dsse import open_envelope
+
+    ref = parse_reference(_entry(repository, fingerprint, RECORD_SUFFIX))
+    client = RegistryClient(ref.host, _transport(lookup=True))
+    try:
+        data, _ = client.get_manifest(ref)
+    except RegistryNotFoundError:
+        cache.say(f"{repository}: miss, no entry for this build")
+        return None
+    import tempfile
+
+    try:
+        doc = parse_json(data)
+        layers = doc["layers"]
+        if len(layers) != 1 or layers[0]["mediaType"] != RECORD_LAYER:
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        raise SignatureError("the entry's record is not a weightstore cache record") from None
+    with tempfile.TemporaryDirectory(prefix=".cache-record.") as tmp:
+        envelope = parse_json(blob_bytes(client, ref, layers[0], Path(tmp) / "record"))
+    payload, _ = open_envelope(envelope, cache.trusted, RECORD_PAYLOAD)
+    record = parse_json(payload)
+    if record.get("action_key") != key or record.get("fingerprint") != fingerprint:
+        raise SignatureError("the signed record is of another build")
+    manifest = record.get("manifest")
+    if not isinstance(manifest, str) or not manifest.startswith("sha256:"):
+        raise SignatureError("the signed record names no manifest")
+    return manifest, client.received_bytes
+
+
+def _pull(repository: str, manifest: str, fingerprint: str, target: Path,
+          store: WeightStore, jobs: int) -> int:
+    """Pull the manifest the record signs into ``target`` (published whole, its blobs
+    verified, its payloads in the store and the folder a root of it, as any pull); the
+    bytes read."""
+    import shutil
+
+    from ..errors import IntegrityError
+    from ..registry.pull import pull
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    report = pull(f"{repository}@{manifest}", target, store=store, transport=_transport(),
+                  jobs=jobs)
+    summary = parse_json((target / "summary.json").read_bytes())
+    if summary.get("fingerprint") != fingerprint:  # a trusted key signed a wrong record
+        shutil.rmtree(target, ignore_errors=True)
+        raise IntegrityError("the cached package is of another build",
+                             fingerprint=summary.get("fingerprint"))
+    return report.received_bytes
+
+
+def publish(cache: CacheSettings, target: Path, summary: dict[str, Any],
+            store: WeightStore, jobs: int) -> None:
+    """Push the package at ``target`` and its signed record to ``cache.write``; a
+    registry that refuses or does not answer is said in one line, never fatal."""
+    assert cache.write is not None and cache.signer is not None
+    if cache.write in cache.down:
+        cache.say(f"{cache.write}: could not store {target.name} (it did not answer "
+                  "earlier in this build)")
+        return
+    from ..caches.build_actions import action_key
+    from ..registry.push import push
+
+    fingerprint = summary["fingerprint"]
+    try:
+        report = push(target, _entry(cache.write, fingerprint), store=store,
+                      transport=_transport(), jobs=jobs)
+        record = json.dumps({"action_key": action_key(fingerprint),
+                             "fingerprint": fingerprint,
+                             "layout": summary.get("layout", {}).get("name"),
+                             "manifest": report.manifest_digest},
+                            sort_keys=True, separators=(",", ":")).encode()
+        _push_record(cache, _entry(cache.write, fingerprint, RECORD_SUFFIX), record)
+    except (RegistryError, OSError) as exc:
+        cache.say(f"{cache.write}: could not store {target.name} ({exc})")
+        cache.down.add(cache.write)
+        return
+    cache.say(f"{cache.write}: stored {target.name}, signed by {cache.signer.public.text}")
+
+
+def _push_record(cache: CacheSettings, reference: str, record: bytes) -> None:
+    import hashlib
+
+    from ..registry.client import RegistryClient
+    from ..registry.push import bytes_pieces, upload_blob
+    from ..registry.reference import parse_reference
+    from ..signing.dsse import bundle_line, envelope
+
+    assert cache.signer is not None
+    ref = parse_reference(reference)
+    layer = bundle_line(envelope(record, cache.signer, RECORD_PAYLOAD))
+    config = b"{}"
+    client = RegistryClient(ref.host, _transport(), push=True)
+    descriptors = []
+    for data, media in ((config, EMPTY_CONFIG), (layer, RECORD_LAYER)):
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        upload_blob(client, ref, digest, len(data), bytes_pieces(data), [])
+        descriptors.append({"mediaType": media, "digest": digest, "size": len(data)})
+    manifest = json.dumps({"schemaVersion": 2,
+                           "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "artifactType": RECORD_ARTIFACT, "config": descriptors[0],
+                           "layers": [descriptors[1]]},
+                          sort_keys=True, separators=(",", ":")).encode()
+    client.put_manifest(ref, ref.tag or "latest", manifest)
