@@ -161,13 +161,17 @@ def test_two_runners_pushing_one_entry_at_once_leave_one_entry(encoder_model, tm
     repo = f"{registry.host}/cache/race"
     recipes = [make_checkout(tmp_path / n, encoder_model) for n in ("a", "b")]
     key = str(keys["ci"][0])
-    procs = [subprocess.Popen(
-        [__import__("sys").executable, "-m", "weightstore", "build", str(r),
-         "--cache-to", repo, "--cache-key", key, "--jobs", "1"],
+    import os
+    import sys
+
+    procs = [subprocess.Popen(  # two machines: each its own user cache folder
+        [sys.executable, "-m", "weightstore", "build", str(r), "--cache-to", repo,
+         "--cache-key", key, "--jobs", "1"],
+        env={**os.environ, "XDG_CACHE_HOME": str(r.parent / "user-cache")},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in recipes]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert all("stored" in err for _, err in outs)
+    assert all("stored" in err for _, err in outs), [err[-1500:] for _, err in outs]
     monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
     result = build(_runner_b(encoder_model, tmp_path, "c"),
                    BuildOptions(jobs=2, cache_from=(repo,)))

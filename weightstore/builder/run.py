@@ -396,11 +396,6 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             s.identity = _identity(
                 entry, digests.of(s.weights.catalogue.source),
                 {loc: digests.of(path) for loc, path in s.external_files})
-            if entry.scenarios or read_scenarios(s.weights.catalogue.model):
-                from ..scenarios.package import prepare_scenarios
-
-                with s.weights.opened():
-                    s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         _check_devices(loaded, sources)
         identities = [s.identity for s in sources]
         todo = []
@@ -424,6 +419,13 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 todo = [t for t in todo if not _fetched(cache, store_root, *t, options, result)]
             if not todo:
                 return
+        # the scenarios (onnx, each replayed): only for what is converted or planned
+        for s, entry in zip(sources, models, strict=True):
+            if entry.scenarios or read_scenarios(s.weights.catalogue.model):
+                from ..scenarios.package import prepare_scenarios
+
+                with s.weights.opened():
+                    s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         store = WeightStore(store_root)
         if options.dry_run:
             result.store_report = packaging.plan_store(
@@ -582,7 +584,9 @@ def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
     Building part of a recipe, a scenario of a model left out still counts: the models
     packaged run their default graph there, as in a build of the whole recipe.
     """
-    known = {sc.name for s in sources for sc in s.scenarios}
+    from ..scenarios.storage import read_scenarios
+
+    known = {sc.scenario for s in sources for sc in read_scenarios(s.weights.catalogue.model)}
     known |= {sc.name for m in loaded.recipe.models for sc in m.scenarios}
     for i, device in enumerate(loaded.recipe.devices):
         if device.scenario not in (None, "auto") and device.scenario not in known:

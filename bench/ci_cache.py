@@ -1,0 +1,231 @@
+"""Two CI runners and one registry: runner B's build from the signed build cache, against
+a plain ``weightstore pull`` of the same packages and against its own cold build.
+
+Usage: ``python bench/ci_cache.py [--runs 5] [--workdir DIR] [--keep] [--json]``
+
+Needs Debian's ``docker-registry`` (the tests' registry, started on 127.0.0.1). The model
+is a MiniLM-sized transformer export (``tests.samples.make_encoder``: 6 layers of hidden
+384, ffn 1536, a 30522-word vocabulary: about 90 MB in ~100 weights) with a ``cast-fp16``
+scenario (``half``), built in three layouts (separate; combined, 512-aligned; combined,
+4096-aligned, split by scenario). Runner A builds it once with ``--cache-to`` (signing
+the entries). Then, ``--runs`` rounds, each process fresh and each runner with an empty
+store, checkout and user cache of its own:
+
+* ``cache``: runner B's ``weightstore build RECIPE --cache-from REPO`` (A's key trusted);
+* ``pull``: ``weightstore pull`` of the three packages into an empty store, one process
+  each, run back to back (what B would do without the build cache: the same packages,
+  by the digests the entries sign);
+* ``cold``: runner B's own build, no cache.
+
+Targets: cache <= 1.2x pull (wall time, medians); cold >= 5x cache; bytes the cached
+build read from the registry = 1.00x the packages' unique payload bytes plus their
+manifests, records and small files (shown apart). Pinned sources are not measured:
+recipe sources pinned by digest do not exist yet. A measurement, not a gate: the exit
+code is 0 whatever the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness import MB, Target
+
+DEFAULT_RUNS = 5
+MODES = ("cache", "pull", "cold")
+
+GENERATE = r'''
+import sys
+from pathlib import Path
+import onnx
+sys.path.insert(0, sys.argv[2])
+from tests.samples import make_encoder
+model = make_encoder(vocab=30522, hidden=384, heads=12, layers=6, ffn=1536, max_seq=512,
+                     name="mini")
+onnx.save(model, sys.argv[1])
+'''
+
+RECIPE = """package: mini
+version: "1"
+store: {{path: store}}
+models:
+  - name: mini
+    source: {source}
+    scenarios:
+      - {{name: half, passes: [cast-fp16, cleanup]}}
+layouts:
+  - {{name: separate, external_weight: separate}}
+  - {{name: combined, external_weight: combined, alignment: 512}}
+  - {{name: split, external_weight: combined, alignment: 4096, split: scenario}}
+devices:
+  - {{name: cpu, scenario: null}}
+  - {{name: fp16, scenario: half}}
+output: out
+"""
+
+
+def _weightstore(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "weightstore", *argv]
+
+
+def _checkout(workdir: Path, name: str, source: Path) -> Path:
+    folder = workdir / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "recipe.yaml").write_text(RECIPE.format(source=source))
+    return folder
+
+
+def _env(folder: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"XDG_CACHE_HOME": str(folder / "user-cache"),
+            "XDG_CONFIG_HOME": str(folder / "user-config"),
+            "WEIGHTSTORE_DIR": str(folder / "default-store"), **(extra or {})}
+
+
+def run_all(runs: int, workdir: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(harness.REPO))
+    from tests.registry_server import BINARY, running_registry
+
+    if BINARY is None:
+        raise harness.BenchError("needs Debian's docker-registry (apt-get install "
+                                 "docker-registry)")
+    source = workdir / "mini.onnx"
+    if not source.is_file():
+        harness.log("generating the transformer ...")
+        harness.run_process([sys.executable, "-c", GENERATE, str(source), str(harness.REPO)],
+                            workdir, "generate")
+    from weightstore.signing.keys import generate
+
+    key = workdir / "ci.pem"
+    if not key.exists():
+        generate(key)
+    from weightstore.signing.keys import load_private
+
+    public = load_private(key).public.text
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    with running_registry(workdir / "registry") as registry:
+        repo = f"{registry.host}/cache/mini"
+        harness.log("runner A: cold build, filling the cache ...")
+        a = _checkout(workdir, "runner-a", source)
+        harness.run_process(_weightstore("build", str(a / "recipe.yaml"), "--cache-to", repo,
+                                         "--cache-key", str(key)), workdir, "runner-a",
+                            cwd=a, env=_env(a))
+        built = json.loads(harness.run_process(
+            _weightstore("build", str(a / "recipe.yaml"), "--json"), workdir, "runner-a-json",
+            cwd=a, env=_env(a)).output)
+        packages = [(p["layout"], p["summary"]) for p in built["packages"]]
+        payload = {w["id"]: w["size"] for _, s in packages for m in s["models"]
+                   for w in m["external_weights"]}
+        unique_payload = sum(payload.values())
+        digests = _manifest_digests(repo, packages)
+        for n in range(runs):
+            harness.log(f"round {n + 1}/{runs}")
+            for mode in MODES:
+                b = _checkout(workdir, f"runner-b-{mode}", source)
+                env = _env(b, {"WEIGHTSTORE_TRUSTED_KEYS": public})
+                if mode == "pull":
+                    seconds = cpu = 0.0
+                    received = 0
+                    for layout, digest in digests.items():
+                        proc = harness.run_process(_weightstore(
+                            "pull", f"{repo}@{digest}", str(b / "pulled" / layout), "--json"),
+                            workdir, f"pull-{layout}", cwd=b, env=env)
+                        seconds += proc.seconds
+                        cpu += proc.cpu_seconds
+                        received += json.loads(proc.output)["received_bytes"]
+                    results[mode].append({"seconds": seconds, "cpu": cpu,
+                                          "received": received})
+                    continue
+                argv = ["build", str(b / "recipe.yaml"), "--json"]
+                if mode == "cache":
+                    argv += ["--cache-from", repo]
+                proc = harness.run_process(_weightstore(*argv), workdir, f"{mode}-build",
+                                           cwd=b, env=env)
+                out = json.loads(proc.output)
+                row = {"seconds": proc.seconds, "cpu": proc.cpu_seconds,
+                       "received": sum(p["cache_bytes"] for p in out["packages"]),
+                       "fetched": [p["cache"] is not None for p in out["packages"]]}
+                if mode == "cache" and not all(row["fetched"]):
+                    raise harness.BenchError(f"runner B missed the cache: {row['fetched']}")
+                results[mode].append(row)
+    return {"runs": runs, "results": results, "unique_payload_bytes": unique_payload,
+            "layouts": [layout for layout, _ in packages]}
+
+
+def _manifest_digests(repo: str, packages: list[tuple[str, dict]]) -> dict[str, str]:
+    """Each layout's package manifest digest, as its cache entry signs it."""
+    import hashlib
+
+    from weightstore.builder.remote_cache import _entry
+    from weightstore.registry.client import RegistryClient
+    from weightstore.registry.reference import parse_reference
+
+    out = {}
+    for layout, summary in packages:
+        ref = parse_reference(_entry(repo, summary["fingerprint"]))
+        data, _ = RegistryClient(ref.host).get_manifest(ref)
+        out[layout] = "sha256:" + hashlib.sha256(data).hexdigest()
+    return out
+
+
+def figures(data: dict[str, Any]) -> tuple[dict[str, Any], list[Target]]:
+    r = data["results"]
+    med = {m: {k: statistics.median(x[k] for x in r[m]) for k in ("seconds", "cpu",
+                                                                  "received")} for m in MODES}
+    unique = data["unique_payload_bytes"]
+    summary = {"medians": med, "unique_payload_bytes": unique, "layouts": data["layouts"]}
+    targets = [
+        Target("cached build / plain pull", med["cache"]["seconds"] / med["pull"]["seconds"],
+               1.2),
+        Target("  CPU seconds", med["cache"]["cpu"] / med["pull"]["cpu"], None),
+        Target("cold build / cached build (>= 5)", med["cold"]["seconds"]
+               / med["cache"]["seconds"], None),
+        Target("bytes read / unique payload bytes", med["cache"]["received"] / unique, None),
+        Target("  the pulls' bytes / unique payload bytes", med["pull"]["received"] / unique,
+               None),
+    ]
+    return summary, targets
+
+
+def report(data: dict[str, Any], summary: dict[str, Any], targets: list[Target]) -> str:
+    med = summary["medians"]
+    lines = [f"build cache: {len(data['layouts'])} layouts ({', '.join(data['layouts'])}), "
+             f"{summary['unique_payload_bytes'] / MB:.1f} MB of unique payloads; medians "
+             f"of {data['runs']} rounds", "",
+             f"{'mode':<8}{'wall s':>9}{'cpu s':>9}{'read MB':>10}"]
+    for m in MODES:
+        lines.append(f"{m:<8}{med[m]['seconds']:>9.2f}{med[m]['cpu']:>9.2f}"
+                     f"{med[m]['received'] / MB:>10.1f}")
+    cold = med["cold"]["seconds"] / med["cache"]["seconds"]
+    lines += ["", *harness.target_table(targets, "figure", 46, 10),
+              f"{'cold / cached >= 5':<46}{cold:>10.2f}  {'PASS' if cold >= 5 else 'MISS'}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS)
+    harness.add_common_arguments(parser, "the model, checkouts, registry and logs")
+    args = parser.parse_args(argv)
+
+    def work(workdir: Path) -> int:
+        data = run_all(args.runs, workdir)
+        summary, targets = figures(data)
+        harness.print_figures(args.json, summary, targets,
+                              lambda: report(data, summary, targets))
+        return 0
+
+    harness.in_workdir(args.workdir, args.keep, work)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.exit(main())
