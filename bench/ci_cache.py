@@ -215,15 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_common_arguments(parser, "the model, checkouts, registry and logs")
     args = parser.parse_args(argv)
 
-    def work(workdir: Path) -> int:
-        data = run_all(args.runs, workdir)
-        summary, targets = figures(data)
-        harness.print_figures(args.json, summary, targets,
-                              lambda: report(data, summary, targets))
-        return 0
-
-    harness.in_workdir(args.workdir, args.keep, work)
-    return 0
+    return harness.measure(args, lambda w: run_all(args.runs, w), figures, report)
 
 
 if __name__ == "__main__":

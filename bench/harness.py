@@ -199,3 +199,19 @@ def in_workdir(workdir: Path | None, keep: bool, work: Callable[[Path], T]) -> T
             shutil.rmtree(folder, ignore_errors=True)
         elif temp:
             log(f"kept {folder}")
+
+
+def measure(args: argparse.Namespace, run: Callable[[Path], dict[str, Any]],
+            figures: Callable[[dict[str, Any]], tuple[dict[str, Any], list[Target]]],
+            report: Callable[[dict[str, Any], dict[str, Any], list[Target]], str]) -> int:
+    """A benchmark's whole course: ``run`` in the workdir (``--workdir``/``--keep``),
+    its ``figures``, printed as JSON (``--json``) or as its ``report``. Exit code 0."""
+
+    def work(workdir: Path) -> int:
+        data = run(workdir)
+        summary, targets = figures(data)
+        print_figures(args.json, summary, targets, lambda: report(data, summary, targets))
+        return 0
+
+    in_workdir(args.workdir, args.keep, work)
+    return 0

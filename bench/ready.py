@@ -278,15 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_common_arguments(parser, "the generated packages, records and logs")
     args = parser.parse_args(argv)
 
-    def work(workdir: Path) -> int:
-        data = run_all(args.small_mb, args.runs, workdir, args.only)
-        summary, targets = figures(data)
-        harness.print_figures(args.json, summary, targets,
-                              lambda: report(data, summary, targets))
-        return 0
-
-    harness.in_workdir(args.workdir, args.keep, work)
-    return 0
+    return harness.measure(args, lambda w: run_all(args.small_mb, args.runs, w, args.only),
+                           figures, report)
 
 
 if __name__ == "__main__":
