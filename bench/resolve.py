@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -319,12 +320,17 @@ def package_of(folder: Path, shape: str) -> Path:
 def child(mode: str, folder: Path, shape: str, workdir: Path,
           pair: Path | None = None) -> dict[str, Any]:
     """One fresh process of ``mode``; ``pair``: a package folder of the same shape whose
-    resolution is timed in turn with this one's (a ratio measured in one process)."""
+    resolution is timed in turn with this one's (a ratio measured in one process). Each
+    has an empty user cache: what is measured here is resolving and reading, not the
+    records a later process would use (bench/ready.py measures those)."""
     extra = [] if pair is None else [str(package_of(pair, shape)), str(pair / "store")]
+    cache = workdir / "user-cache"
+    shutil.rmtree(cache, ignore_errors=True)
     proc = harness.run_process([sys.executable, "-c", CHILD, mode,
                                 str(package_of(folder, shape)), str(folder / "store"),
                                 str(folder / "onnx-external" / "model.onnx"),
-                                str(folder / "feed.npz"), *extra], workdir, f"{mode}")
+                                str(folder / "feed.npz"), *extra], workdir, f"{mode}",
+                               env={"XDG_CACHE_HOME": str(cache)})
     return json.loads(proc.output.strip().splitlines()[-1])
 
 
