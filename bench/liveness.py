@@ -185,8 +185,13 @@ def whole(tree: str, checkout: Path, folder: Path, name: str,
     out = {}
     for command, args in argv.items():
         shutil.rmtree(bundle, ignore_errors=True)
+        # resolve with an empty user cache: the resolution itself, not a record of it
+        fresh = workdir / "user-cache"
+        shutil.rmtree(fresh, ignore_errors=True)
         proc = harness.run_process([sys.executable, "-m", "weightstore", "-q", *args],
-                                   workdir, f"{tree}-{name}", checkout=checkout, cwd=workdir)
+                                   workdir, f"{tree}-{name}", checkout=checkout, cwd=workdir,
+                                   env={"XDG_CACHE_HOME": str(fresh)}
+                                   if command.startswith("resolve") else None)
         out[command] = {"seconds": proc.seconds, "cpu_seconds": proc.cpu_seconds}
     for label, external in zip(LOADS, ("1", "0"), strict=True):
         proc = harness.run_process([sys.executable, "-c", LOAD,
