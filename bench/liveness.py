@@ -96,8 +96,15 @@ def bundle():
     shutil.rmtree(bundle_dir, ignore_errors=True)
     assemble(package, "npu", bundle_dir)
 
+import inspect
+from weightstore.resolve import api as resolve_api
+# the resolution itself each time, not the record the first call keeps (trees that keep
+# none have no such option)
+UNCACHED = ({"cache": False} if "cache" in inspect.signature(resolve_api.resolve).parameters
+            else {})
+
 def resolve_json():
-    with weightstore.resolve(package) as r:
+    with weightstore.resolve(package, **UNCACHED) as r:
         json.dumps(r.to_dict())
 
 operations = {
