@@ -231,7 +231,8 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     result = BuildResult(store_root)
     digests = next((d for d in seen or () if d.cache_file == store_root / CACHE_NAME),
                    None) or FileDigests(store_root / CACHE_NAME)
-    digests.prefetch(loaded.model_source(m) for m in loaded.models())  # while onnx loads
+    digests.prefetch(loaded.model_source(m) for m in loaded.models()  # while onnx loads
+                     if isinstance(m.source, str))
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)
@@ -256,7 +257,11 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
 
 def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, bytes],
                   store_root: Path, result: BuildResult) -> None:
-    """Stamp this build with the source identities its packages' summaries record."""
+    """Stamp this build with the source identities its packages' summaries record (not a
+    recipe with pinned sources: no local file stands for them; its full check needs
+    none either)."""
+    if any(not isinstance(entry.source, str) for entry in loaded.models()):
+        return
     listed = {m["name"]: m for m in result.packages[0].summary["models"]}
     sources = {str(loaded.model_source(entry)):
                {"digest": listed[entry.name]["source_digest"],
@@ -322,6 +327,9 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
             previous = listed.get(entry.name)
             if previous is None:
                 return False
+            if not isinstance(entry.source, str):  # pinned: by its digest, no file
+                identities.append(_pinned_identity(entry))
+                continue
             source = loaded.model_source(entry)
             external = {}
             for location in previous.get("external_sources", {}):
@@ -387,29 +395,33 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     from ..packaging import write as packaging
     from ..scenarios.storage import read_scenarios
     from ..store import WeightStore
+    from .sources import pinned_path
 
     recipe = loaded.recipe
     models = loaded.models()
-    sources = packaging.open_sources([(m.name, loaded.model_source(m)) for m in models])
+    local = [m for m in models if isinstance(m.source, str)]  # pinned: fetched to convert
+    opened = dict(zip([m.name for m in local], packaging.open_sources(
+        [(m.name, loaded.model_source(m)) for m in local]), strict=True))
+    sources: list = []
     try:
-        for s, entry in zip(sources, models, strict=True):
+        identities = []
+        for entry in models:
+            s = opened.get(entry.name)
+            if s is None:
+                identities.append(_pinned_identity(entry))
+                continue
             s.identity = _identity(
                 entry, digests.of(s.weights.catalogue.source),
                 {loc: digests.of(path) for loc, path in s.external_files})
-        _check_devices(loaded, sources)
-        identities = [s.identity for s in sources]
+            identities.append(s.identity)
+        if len(opened) == len(models):
+            _check_devices(loaded, list(opened.values()))
         todo = []
         for layout, target, existing in pending:
             fp = _fingerprint(loaded, layout, identities)
             if existing is not None and not options.force:
                 _refuse(target, existing, fp, layout, identities, loaded.recipe,
                         proof=_same_build_proof(target, existing, fp, digests, store_root))
-            for s in sources:
-                size = packaging.estimated_model_bytes(s, layout)
-                if size > PROTOBUF_LIMIT:
-                    raise PackageError("model would exceed protobuf's 2 GiB limit; use an "
-                                       "external weight layout or a lower size_threshold",
-                                       model=s.name, layout=layout.name, size=size)
             todo.append((layout, target, fp))
         cache = None
         if not options.force and not options.dry_run:
@@ -419,6 +431,22 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 todo = [t for t in todo if not _fetched(cache, store_root, *t, options, result)]
             if not todo:
                 return
+        # what converts needs every source: the pinned ones are fetched (once) now
+        for entry, identity in zip(models, identities, strict=True):
+            if entry.name not in opened:
+                path = pinned_path(entry, store_root, digests)
+                opened[entry.name] = packaging.open_sources([(entry.name, path)])[0]
+                opened[entry.name].identity = identity
+        sources = [opened[m.name] for m in models]
+        if len(local) != len(models):
+            _check_devices(loaded, sources)
+        for layout, _, _ in todo:
+            for s in sources:
+                size = packaging.estimated_model_bytes(s, layout)
+                if size > PROTOBUF_LIMIT:
+                    raise PackageError("model would exceed protobuf's 2 GiB limit; use an "
+                                       "external weight layout or a lower size_threshold",
+                                       model=s.name, layout=layout.name, size=size)
         # the scenarios (onnx, each replayed): only for what is converted or planned
         for s, entry in zip(sources, models, strict=True):
             if entry.scenarios or read_scenarios(s.weights.catalogue.model):
@@ -456,7 +484,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 if p.path in converting and p.status == "built":
                     publish(cache, p.path, p.summary, store, options.jobs)
     finally:
-        packaging.close_sources(sources)
+        packaging.close_sources(list(opened.values()))
 
 
 def _materialized(store_root: Path, layout: Layout, target: Path, fingerprint: str,
@@ -600,6 +628,18 @@ def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
     """What a model contributes to a package's fingerprint."""
     return {"name": entry.name, "source_digest": source_digest, "external": external,
             "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
+
+
+def _pinned_identity(entry: ModelEntry) -> dict[str, Any]:
+    """A pinned source's part of the fingerprint: the digest it is pinned by (and, for a
+    file of an artifact, its path there) in place of its content's, so that deciding a
+    build needs no source byte."""
+    pin = entry.source
+    assert not isinstance(pin, str)
+    identity = _identity(entry, pin.digest, {})
+    if pin.ref is not None:
+        identity["pinned"] = {"ref": pin.ref, "path": pin.path}
+    return identity
 
 
 def _same_build_proof(target: Path, existing: dict[str, Any], fingerprint: str,

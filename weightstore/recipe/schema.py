@@ -22,14 +22,18 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from ..errors import RecipeError
 from ..io.files import MAX_ALIGNMENT, alignment_problem, atomic_write_bytes
+from ..io.net import loopback_name
 from .file import RECIPE_SIZE_LIMIT, read_recipe_file
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
@@ -140,12 +144,65 @@ class ScenarioEntry(_Model):
                     "they produce are stored in the packaged model and replayed by name.")
 
 
+_SHA256 = r"^[0-9a-f]{64}$"
+_PINNED_REF = r"^[^@\s]+/[^@\s]+@sha256:[0-9a-f]{64}$"
+
+
+class PinnedSource(_Model):
+    """A model fetched by digest, once, into the store: a file at an HTTPS ``url`` with
+    its ``sha256``, or the file at ``path`` of the OCI artifact ``ref`` (pinned by its
+    manifest digest; a weightstore package or another client's ModelPack or ORAS one)."""
+
+    url: str | None = Field(None, description="https:// URL of the ONNX model file (plain "
+                            "http only on a loopback host).")
+    sha256: str | None = Field(None, pattern=_SHA256,
+                               description="SHA-256 of the file at url, 64 hex digits.")
+    ref: str | None = Field(None, pattern=_PINNED_REF,
+                            description="host/repository@sha256:<64 hex> of an OCI artifact.")
+    path: PathText | None = Field(None, description="The model file within the artifact "
+                                  "(default: its only .onnx file).")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> PinnedSource:
+        from urllib.parse import urlsplit
+
+        if (self.url is None) == (self.ref is None):
+            raise ValueError("a pinned source has a url (with sha256) or a ref, not both")
+        if self.url is not None:
+            if self.sha256 is None or self.path is not None:
+                raise ValueError("a url source needs its sha256, and no path")
+            parts = urlsplit(self.url)
+            if parts.scheme == "http" and not loopback_name(parts.hostname or ""):
+                raise ValueError("plain http is refused outside loopback: use https")
+            if parts.scheme not in ("https", "http") or not parts.hostname:
+                raise ValueError("a url source is an https:// URL")
+        elif self.sha256 is not None:
+            raise ValueError("a ref is pinned by its own digest: no sha256")
+        return self
+
+    @property
+    def digest(self) -> str:
+        """What the source's bytes are pinned by: ``sha256:<hex>``."""
+        return f"sha256:{self.sha256}" if self.url else str(self.ref).rpartition("@")[2]
+
+
+_FILE, _PINNED = "<file>", "<pinned>"  # the two kinds of source (never in an error's key)
+
+
+def _source_kind(value: object) -> str:
+    return _PINNED if isinstance(value, (Mapping, PinnedSource)) else _FILE
+
+
 class ModelEntry(_Model):
     """One ONNX model to package."""
 
     name: Name = Field(description="Model name, unique within the recipe; used as a file name.")
-    source: PathText = Field(
-        description="Path of the ONNX model file, relative to the recipe's folder."
+    source: Annotated[
+        Annotated[PathText, Tag(_FILE)] | Annotated[PinnedSource, Tag(_PINNED)],
+        Discriminator(_source_kind),
+    ] = Field(
+        description="Path of the ONNX model file, relative to the recipe's folder; or a "
+        "source pinned by digest ({url, sha256} or {ref, path}), fetched once into the store."
     )
     scenarios: list[ScenarioEntry] = Field(
         default_factory=list,
@@ -590,7 +647,7 @@ def _dotted(loc: Sequence[str | int]) -> str:
 
 
 def _error_loc(error: Any) -> Loc:
-    loc = tuple(error["loc"])
+    loc = tuple(p for p in error["loc"] if p not in (_FILE, _PINNED))
     if error["type"] == "duplicate_name":
         loc = (*loc, error["ctx"]["index"], "name")
     return loc

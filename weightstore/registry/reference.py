@@ -6,12 +6,12 @@ reference without a host part is refused rather than silently sent somewhere.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 from ..errors import RegistryError
+from ..io.net import loopback_name
 
 # the distribution spec's grammar
 _REPO = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)"
@@ -84,13 +84,7 @@ def hostname(host: str) -> str:
 
 
 def is_loopback(host: str) -> bool:
-    name = hostname(host)
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return loopback_name(hostname(host))
 
 
 def scheme_for(host: str, insecure: bool) -> str:
