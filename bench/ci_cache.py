@@ -19,9 +19,9 @@ store, checkout and user cache of its own:
 
 Targets: cache <= 1.2x pull (wall time, medians); cold >= 5x cache; bytes the cached
 build read from the registry = 1.00x the packages' unique payload bytes plus their
-manifests, records and small files (shown apart). Pinned sources are not measured:
-recipe sources pinned by digest do not exist yet. A measurement, not a gate: the exit
-code is 0 whatever the figures.
+manifests, records and small files (shown apart); the recipe pins the model by its URL
+and SHA-256 (served on loopback), and a cached build fetches 0 bytes of it. A measurement,
+not a gate: the exit code is 0 whatever the figures.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ version: "1"
 store: {{path: store}}
 models:
   - name: mini
-    source: {source}
+    source: {{url: "{url}", sha256: "{sha256}"}}
     scenarios:
       - {{name: half, passes: [cast-fp16, cleanup]}}
 layouts:
@@ -75,12 +75,45 @@ def _weightstore(*argv: str) -> list[str]:
     return [sys.executable, "-m", "weightstore", *argv]
 
 
-def _checkout(workdir: Path, name: str, source: Path) -> Path:
+def _checkout(workdir: Path, name: str, source: dict[str, str]) -> Path:
     folder = workdir / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    (folder / "recipe.yaml").write_text(RECIPE.format(source=source))
+    (folder / "recipe.yaml").write_text(RECIPE.format(**source))
     return folder
+
+
+class _SourceServer:
+    """The model file on a loopback HTTP server, counting the bytes it sends."""
+
+    def __init__(self, path: Path) -> None:
+        import hashlib
+        import http.server
+        import threading
+
+        self.sent = 0
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, directory=str(path.parent), **kwargs)
+
+            def do_GET(self) -> None:
+                server.sent += path.stat().st_size
+                super().do_GET()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.source = {"url": f"http://127.0.0.1:{self.httpd.server_address[1]}/{path.name}",
+                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.thread.join()
 
 
 def _env(folder: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -110,10 +143,12 @@ def run_all(runs: int, workdir: Path) -> dict[str, Any]:
 
     public = load_private(key).public.text
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    served = _SourceServer(source)
+    pinned = served.source  # every runner's recipe pins the model by its URL and digest
     with running_registry(workdir / "registry") as registry:
         repo = f"{registry.host}/cache/mini"
         harness.log("runner A: cold build, filling the cache ...")
-        a = _checkout(workdir, "runner-a", source)
+        a = _checkout(workdir, "runner-a", pinned)
         harness.run_process(_weightstore("build", str(a / "recipe.yaml"), "--cache-to", repo,
                                          "--cache-key", str(key)), workdir, "runner-a",
                             cwd=a, env=_env(a))
@@ -128,7 +163,7 @@ def run_all(runs: int, workdir: Path) -> dict[str, Any]:
         for n in range(runs):
             harness.log(f"round {n + 1}/{runs}")
             for mode in MODES:
-                b = _checkout(workdir, f"runner-b-{mode}", source)
+                b = _checkout(workdir, f"runner-b-{mode}", pinned)
                 env = _env(b, {"WEIGHTSTORE_TRUSTED_KEYS": public})
                 if mode == "pull":
                     seconds = cpu = 0.0
@@ -146,15 +181,18 @@ def run_all(runs: int, workdir: Path) -> dict[str, Any]:
                 argv = ["build", str(b / "recipe.yaml"), "--json"]
                 if mode == "cache":
                     argv += ["--cache-from", repo]
+                sent = served.sent
                 proc = harness.run_process(_weightstore(*argv), workdir, f"{mode}-build",
                                            cwd=b, env=env)
                 out = json.loads(proc.output)
                 row = {"seconds": proc.seconds, "cpu": proc.cpu_seconds,
                        "received": sum(p["cache_bytes"] for p in out["packages"]),
+                       "source_bytes": served.sent - sent,
                        "fetched": [p["cache"] is not None for p in out["packages"]]}
                 if mode == "cache" and not all(row["fetched"]):
                     raise harness.BenchError(f"runner B missed the cache: {row['fetched']}")
                 results[mode].append(row)
+    served.close()
     return {"runs": runs, "results": results, "unique_payload_bytes": unique_payload,
             "layouts": [layout for layout, _ in packages]}
 
@@ -180,7 +218,9 @@ def figures(data: dict[str, Any]) -> tuple[dict[str, Any], list[Target]]:
     med = {m: {k: statistics.median(x[k] for x in r[m]) for k in ("seconds", "cpu",
                                                                   "received")} for m in MODES}
     unique = data["unique_payload_bytes"]
-    summary = {"medians": med, "unique_payload_bytes": unique, "layouts": data["layouts"]}
+    source_bytes = {m: max(x["source_bytes"] for x in r[m]) for m in ("cache", "cold")}
+    summary = {"medians": med, "unique_payload_bytes": unique, "layouts": data["layouts"],
+               "source_bytes": source_bytes}
     targets = [
         Target("cached build / plain pull", med["cache"]["seconds"] / med["pull"]["seconds"],
                1.2),
@@ -190,6 +230,9 @@ def figures(data: dict[str, Any]) -> tuple[dict[str, Any], list[Target]]:
         Target("bytes read / unique payload bytes", med["cache"]["received"] / unique, None),
         Target("  the pulls' bytes / unique payload bytes", med["pull"]["received"] / unique,
                None),
+        Target("source bytes fetched by a cached build (pinned)", source_bytes["cache"], 0,
+               digits=0),
+        Target("  by a cold build", source_bytes["cold"], None, digits=0),
     ]
     return summary, targets
 
