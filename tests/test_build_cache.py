@@ -253,3 +253,45 @@ def test_an_entry_missing_blobs_or_with_its_tag_moved(runner_a, encoder_model, t
     assert capsys.readouterr().err.count("entry unusable") == 2
     assert _tree(result.packages[0].path) == _tree(combined.path)
     assert _tree(result.packages[1].path) == _tree(separate.path)
+
+
+def test_records_of_any_shape_someone_with_push_rights_writes_are_misses(
+        runner_a, encoder_model, tmp_path, keys, monkeypatch, capsys):
+    """Not JSON, a descriptor without its size, two layers, a signed payload that is no
+    object: each is one line and a local build, never a crash."""
+    from weightstore.registry.artifact import sha256_digest
+    from weightstore.registry.client import RegistryClient
+    from weightstore.registry.push import bytes_pieces, upload_blob
+    from weightstore.registry.reference import parse_reference
+    from weightstore.signing.dsse import bundle_line, envelope
+
+    repo, _, built = runner_a
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    fingerprint = built.packages[0].summary["fingerprint"]
+    ref = parse_reference(_entry(repo, fingerprint, RECORD_SUFFIX))
+    client = RegistryClient(ref.host, push=True)
+
+    def blob(data: bytes) -> dict:
+        digest = sha256_digest(data)
+        upload_blob(client, ref, digest, len(data), bytes_pieces(data), [])
+        return {"mediaType": "application/vnd.weightstore.cache-record.v1.dsse+json",
+                "digest": digest, "size": len(data)}
+
+    signed_list = bundle_line(envelope(b"[1, 2]", load_private(keys["ci"][0]),
+                                       "application/vnd.weightstore.cache-record.v1+json"))
+    config = blob(b"{}")
+    shapes = {"not JSON": [blob(b"\x00not json")],
+              "no size": [{k: v for k, v in blob(b"{}").items() if k != "size"}],
+              "two layers": [blob(b"{}"), blob(b"[]")],
+              "a list payload": [blob(signed_list)]}
+    for n, (what, layers) in enumerate(shapes.items()):
+        manifest = json.dumps({"schemaVersion": 2, "config": config, "layers": layers,
+                               "mediaType": "application/vnd.oci.image.manifest.v1+json"})
+        client.put_manifest(ref, ref.tag, manifest.encode())
+        capsys.readouterr()
+        result = build(_runner_b(encoder_model, tmp_path, f"r{n}"),
+                       BuildOptions(jobs=2, cache_from=(repo,)))
+        assert result.packages[0].cache is None, what
+        assert result.packages[0].status == "built", what
+        err = capsys.readouterr().err
+        assert "miss, entry refused" in err, (what, err)

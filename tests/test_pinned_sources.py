@@ -143,6 +143,17 @@ def test_a_ref_source_and_a_cache_hit_that_fetches_no_source_byte(served, tmp_pa
         a, b = _tree(from_ref.packages[0].path), _tree(plain.packages[0].path)
         assert {k: v for k, v in a.items() if k != "summary.json"} == {
             k: v for k, v in b.items() if k != "summary.json"}
+        # the pulled artifact is reused only as pulled: a byte changed there is pulled anew
+        pulled = next(p for p in (tmp_path / "ref" / "store" / "sources").glob("oci-*")
+                      if p.is_dir())
+        weights = max((p for p in pulled.rglob("*") if p.is_file()),
+                      key=lambda p: p.stat().st_size)
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        weights.write_bytes(bytes(data))
+        forced = build(tmp_path / "ref" / "recipe.yaml", BuildOptions(jobs=2, force=True))
+        assert _tree(forced.packages[0].path) == a
+        assert weights.read_bytes() != bytes(data)  # the damaged file was replaced
 
         # runner A fills the cache from the url source; runner B hits it: no source GET
         repo = f"{registry.host}/cache/pinned"

@@ -79,13 +79,10 @@ class CacheSettings:
     write: str | None = None
     signer: PrivateKey | None = None
     trusted: list[PublicKey] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)  # what the cache did, one line each
     down: set[str] = field(default_factory=set)  # repositories that did not answer: not
     # asked again during this build
-    received: int = 0  # bytes read from cache registries: records and packages
 
     def say(self, line: str) -> None:
-        self.lines.append(line)
         print(f"weightstore: cache: {line}", file=sys.stderr, flush=True)
 
 
@@ -161,7 +158,6 @@ def fetch(cache: CacheSettings, fingerprint: str, target: Path, store: WeightSto
         except WeightstoreError as exc:  # a blob gone, a refusal, bytes that do not verify
             cache.say(f"{repository}: miss, entry unusable: {exc}")
             continue
-        cache.received += received
         cache.say(f"{repository}: hit, {target} from the cache ({received} bytes)")
         return repository, received
     return None
@@ -185,17 +181,24 @@ def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
         return None
     import tempfile
 
-    try:
-        doc = parse_json(data)
-        layers = doc["layers"]
-        if len(layers) != 1 or layers[0]["mediaType"] != RECORD_LAYER:
-            raise ValueError
+    from ..registry.artifact import descriptor_ok
+
+    not_ours = SignatureError("the entry's record is not a weightstore cache record")
+    try:  # whoever can push to the repository wrote it: nothing is assumed of its shape
+        layers = parse_json(data)["layers"]
+        if (not isinstance(layers, list) or len(layers) != 1
+                or not descriptor_ok(layers[0]) or layers[0]["mediaType"] != RECORD_LAYER):
+            raise not_ours
+        with tempfile.TemporaryDirectory(prefix=".cache-record.") as tmp:
+            envelope = parse_json(blob_bytes(client, ref, layers[0], Path(tmp) / "record"))
     except (ValueError, KeyError, TypeError):
-        raise SignatureError("the entry's record is not a weightstore cache record") from None
-    with tempfile.TemporaryDirectory(prefix=".cache-record.") as tmp:
-        envelope = parse_json(blob_bytes(client, ref, layers[0], Path(tmp) / "record"))
+        raise not_ours from None
     payload, _ = open_envelope(envelope, cache.trusted, RECORD_PAYLOAD)
-    record = parse_json(payload)
+    try:
+        record = parse_json(payload)
+        assert isinstance(record, dict)
+    except (ValueError, AssertionError):
+        raise SignatureError("the signed record is not JSON") from None
     if record.get("action_key") != key or record.get("fingerprint") != fingerprint:
         raise SignatureError("the signed record is of another build")
     manifest = record.get("manifest")
@@ -255,8 +258,7 @@ def publish(cache: CacheSettings, target: Path, summary: dict[str, Any],
 
 
 def _push_record(cache: CacheSettings, reference: str, record: bytes) -> None:
-    import hashlib
-
+    from ..registry.artifact import sha256_digest
     from ..registry.client import RegistryClient
     from ..registry.push import bytes_pieces, upload_blob
     from ..registry.reference import parse_reference
@@ -269,7 +271,7 @@ def _push_record(cache: CacheSettings, reference: str, record: bytes) -> None:
     client = RegistryClient(ref.host, _transport(), push=True)
     descriptors = []
     for data, media in ((config, EMPTY_CONFIG), (layer, RECORD_LAYER)):
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        digest = sha256_digest(data)
         upload_blob(client, ref, digest, len(data), bytes_pieces(data), [])
         descriptors.append({"mediaType": media, "digest": digest, "size": len(data)})
     manifest = json.dumps({"schemaVersion": 2,

@@ -9,15 +9,21 @@ conversion fetches, into::
 
     <store>/sources/sha256-<hex>/<the URL's file name>    a url source
     <store>/sources/oci-<hex of the manifest digest>/     a ref source (the artifact)
+    <store>/sources/oci-<hex>.json                        its files' SHA-256, signed
 
 A url source is streamed to a temp file and hashed on the way; a digest that is not the
 pinned one is an error naming the source, and nothing is kept. A file already there is
-used while its SHA-256 (through the MAC'd stat cache) is the pinned one.
+used while its SHA-256 (through the MAC'd stat cache) is the pinned one. A pulled
+artifact is verified blob by blob as it is pulled; its files' SHA-256 are then recorded
+beside it under the user's MAC (:mod:`weightstore.store.mac`), and a later build uses the
+folder only while every file still has its recorded digest (the stat cache again), else
+pulls it anew.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
@@ -38,7 +44,7 @@ def pinned_path(entry: ModelEntry, store_root: Path, digests: FileDigests) -> Pa
     assert not isinstance(pin, str)
     if pin.url is not None:
         return _url_source(entry.name, pin, store_root, digests)
-    return _ref_source(entry.name, pin, store_root)
+    return _ref_source(entry.name, pin, store_root, digests)
 
 
 def _url_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDigests) -> Path:
@@ -82,22 +88,57 @@ def _url_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
     return path
 
 
-def _ref_source(name: str, pin: PinnedSource, store_root: Path) -> Path:
+def _listing(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".json")
+
+
+def _record(folder: Path, digests: FileDigests) -> None:
+    """Sign the SHA-256 of every file of a freshly pulled artifact."""
+    from ..io.files import atomic_write_bytes
+    from ..store.mac import entry_mac
+
+    doc = {"folder": str(folder), "files": {
+        p.relative_to(folder).as_posix(): digests.of(p, "sha256")
+        for p in sorted(folder.rglob("*")) if p.is_file()}}
+    mac = entry_mac(doc)
+    if mac is not None:  # without the user's key nothing is trusted: pulled again
+        atomic_write_bytes(_listing(folder), json.dumps({**doc, "mac": mac}).encode())
+
+
+def _intact(folder: Path, digests: FileDigests) -> bool:
+    """Is ``folder`` the artifact as pulled: its signed listing sound, every file there
+    with its recorded SHA-256?"""
+    from ..io.files import parse_json, read_regular
+    from ..store.mac import verify_mac
+
+    try:
+        doc = parse_json(read_regular(_listing(folder)))
+        mac = doc.pop("mac")
+        if doc.get("folder") != str(folder) or not verify_mac(doc, mac):
+            return False
+        return all(digests.of(folder / name, "sha256") == digest
+                   for name, digest in doc["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, WeightstoreError):
+        return False
+
+
+def _ref_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDigests,
+                ) -> Path:
     from ..io.files import discard_temp_dir, make_temp_dir, publish_dir
     from ..registry.pull import pull
     from ..store import WeightStore
 
     assert pin.ref is not None
     folder = store_root / FOLDER / f"oci-{pin.digest.partition(':')[2]}"
-    if not folder.is_dir():
+    if not _intact(folder, digests):
         folder.parent.mkdir(parents=True, exist_ok=True)
         stage = make_temp_dir(folder.parent, ".source.")
         try:  # the pull checks the manifest against the pinned digest, every blob its own
             pull(pin.ref, stage / "artifact", store=WeightStore(store_root))
-            with contextlib.suppress(FileExistsError, OSError):
-                publish_dir(stage / "artifact", folder)
+            publish_dir(stage / "artifact", folder, replace=folder.exists())
         finally:
             discard_temp_dir(stage)
+        _record(folder, digests)
     if pin.path is not None:
         path = folder / pin.path
         if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():

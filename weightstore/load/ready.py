@@ -99,7 +99,7 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
 
         session = direct_session(ort, resolved, model, reader=reader, jobs=jobs,
                                  providers=providers, session_options=session_options,
-                                 report=report, plan_key=plan_key(resolved, providers))
+                                 report=report, plan_key=key)
         if session is not None:
             return session
         model = runnable_model(resolved)  # the direct load changed its copy

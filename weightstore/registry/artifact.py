@@ -278,7 +278,7 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
     if doc.get("artifactType") != ARTIFACT_TYPE:
         raise bad("not a ModelPack artifact", artifactType=doc.get("artifactType"))
     config = doc.get("config")
-    if not _descriptor_ok(config) or config["mediaType"] != CONFIG_TYPE:
+    if not descriptor_ok(config) or config["mediaType"] != CONFIG_TYPE:
         raise bad("config descriptor missing or of another type")
     layers = doc.get("layers")
     if not isinstance(layers, list):
@@ -288,7 +288,7 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
     payloads: dict[str, dict[str, Any]] = {}
     paths: set[str] = set()
     for i, layer in enumerate(layers):
-        if not _descriptor_ok(layer):
+        if not descriptor_ok(layer):
             raise bad("layer descriptor malformed", layer=i)
         notes = layer.get("annotations") or {}
         if not isinstance(notes, dict):
@@ -318,7 +318,7 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
                           annotations if isinstance(annotations, dict) else {})
 
 
-def _descriptor_ok(d: Any) -> bool:
+def descriptor_ok(d: Any) -> bool:
     return (isinstance(d, dict) and isinstance(d.get("mediaType"), str)
             and isinstance(d.get("digest"), str) and bool(_SHA256.fullmatch(d["digest"]))
             and type(d.get("size")) is int and d["size"] >= 0)
