@@ -61,9 +61,16 @@ def test_a_trusted_entry_is_fetched_byte_identical(runner_a, encoder_model, tmp_
     recipe = _runner_b(encoder_model, tmp_path)
     fetched = build(recipe, BuildOptions(jobs=2, cache_from=(repo,)))
     assert [p.cache for p in fetched.packages] == [repo, repo]
-    assert "hit" in capsys.readouterr().err
+    hits = [line for line in capsys.readouterr().err.splitlines() if ": hit, " in line]
+    assert [line.split(": hit, ")[1].split()[0] for line in hits] == [
+        str(p.path) for p in fetched.packages]  # said in recipe order
     for a, b in zip(built.packages, fetched.packages, strict=True):
         assert _tree(a.path) == _tree(b.path)  # the bytes a local build writes
+    # the two layouts hold the same payloads, pulled at once: each blob read once (twice
+    # would be twice the payloads; the rest is models, summaries and records)
+    unique = sum({w["id"]: w["size"] for p in built.packages for m in p.summary["models"]
+                  for w in m["external_weights"]}.values())
+    assert unique < sum(p.cache_bytes for p in fetched.packages) < 1.5 * unique
     store = WeightStore(recipe.parent / "store")
     # an up-to-date build of runner B, then gc: the fetched packages are roots
     again = build(recipe, BuildOptions(jobs=2, cache_from=(repo,)))
@@ -295,3 +302,75 @@ def test_records_of_any_shape_someone_with_push_rights_writes_are_misses(
         assert result.packages[0].status == "built", what
         err = capsys.readouterr().err
         assert "miss, entry refused" in err, (what, err)
+
+
+def test_a_build_that_converts_nothing_still_fills_a_cache_lacking_its_entries(
+        encoder_model, tmp_path, registry, keys, monkeypatch, capsys):
+    """A runner whose store already holds the builds (packages up to date, or
+    materialized from the store) pushes the entries the cache lacks (never configured
+    before, or lost), replaces a record no trusted key signed, and leaves sound entries
+    alone. ``--force`` pushes what it converts."""
+    import shutil
+
+    repo = f"{registry.host}/cache/warm"
+    key = str(keys["ci"][0])
+    recipe = make_checkout(tmp_path / "a", encoder_model)
+    build(recipe)  # no cache yet
+    build(recipe)  # stamped: up to date
+    capsys.readouterr()
+    result = build(recipe, BuildOptions(jobs=2, cache_to=repo, cache_key=key))
+    assert [p.status for p in result.packages] == ["up-to-date", "up-to-date"]
+    assert capsys.readouterr().err.count(": stored ") == 2
+
+    # sound entries are left alone: one lookup each, nothing pushed
+    result = build(recipe, BuildOptions(jobs=2, cache_to=repo, cache_key=key))
+    assert ": stored " not in capsys.readouterr().err
+
+    # a record signed by no trusted key is replaced; a folder materialized from the store
+    fingerprint = result.packages[0].summary["fingerprint"]
+    _push_record(settings(None, (), repo, str(keys["stranger"][0])),
+                 _entry(repo, fingerprint, RECORD_SUFFIX), json.dumps(
+                     {"action_key": action_key(fingerprint), "fingerprint": fingerprint,
+                      "manifest": "sha256:" + "0" * 64}).encode())
+    shutil.rmtree(result.packages[0].path)
+    monkeypatch.setenv("WEIGHTSTORE_CACHE_TO", repo)  # the environment asks, as in CI
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", keys["ci"][0].read_text())
+    result = build(recipe)
+    assert [p.status for p in result.packages] == ["built", "up-to-date"]
+    err = capsys.readouterr().err
+    assert err.count(": stored ") == 1 and f"stored {result.packages[0].path.name}," in err
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    fetched = build(_runner_b(encoder_model, tmp_path), BuildOptions(jobs=2,
+                                                                    cache_from=(repo,)))
+    assert [p.cache for p in fetched.packages] == [repo, repo]
+
+    # --force converts again, and pushes what it converted
+    result = build(recipe, BuildOptions(jobs=2, force=True))
+    assert capsys.readouterr().err.count(": stored ") == 2
+
+
+def test_a_recipe_that_writes_a_cache_asks_it_at_every_build(encoder_model, tmp_path,
+                                                              registry, keys, monkeypatch,
+                                                              capsys):
+    """Such a recipe is never decided by its build stamp: an entry lost from the cache
+    after an up-to-date build is pushed again by the next one."""
+    import requests
+
+    repo = f"{registry.host}/cache/recipe-writes"
+    recipe = make_checkout(tmp_path / "a", encoder_model)
+    recipe.write_text(recipe.read_text() + f"cache: {{write: {repo}}}\n")
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", keys["ci"][0].read_text())
+    assert main(["build", str(recipe)]) == 0
+    assert main(["build", str(recipe)]) == 0
+    assert capsys.readouterr().err.count(": stored ") == 2
+    fingerprint = json.loads((recipe.parent / "out/pkg/1.0.0/combined/summary.json")
+                             .read_text())["fingerprint"]
+    name, tag = _entry(repo, fingerprint, RECORD_SUFFIX).split("/", 1)[1].split(":")
+    url = f"http://{registry.host}/v2/{name}/manifests/"
+    digest = requests.head(url + tag, timeout=10, headers={
+        "Accept": "application/vnd.oci.image.manifest.v1+json"}).headers[
+            "Docker-Content-Digest"]
+    assert requests.delete(url + digest, timeout=10).status_code == 202
+    assert main(["build", str(recipe)]) == 0
+    err = capsys.readouterr().err
+    assert err.count(": stored ") == 1 and "stored combined," in err

@@ -26,7 +26,8 @@ stalls because its cache is down.
 After converting, a build with ``--cache-to`` and a signing key pushes the entry: the
 package (blobs the registry holds are skipped), then the record. Both are deterministic
 (the package's bytes, an Ed25519 signature), so two runners pushing one entry at once
-both succeed and leave one entry.
+both succeed and leave one entry. A package the build did not convert is pushed only
+when the repository holds no sound entry of it (:func:`store_entries`).
 """
 
 from __future__ import annotations
@@ -86,15 +87,9 @@ class CacheSettings:
         print(f"weightstore: cache: {line}", file=sys.stderr, flush=True)
 
 
-def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | None,
-             key: str | None = None, env: dict[str, str] | None = None,
-             recipe: Any = None) -> CacheSettings | None:
-    """The build's cache from its options, else the recipe's ``cache`` (a repository, or
-    ``{read, write}``), else the environment (``$WEIGHTSTORE_CACHE``: read and write;
-    ``$WEIGHTSTORE_CACHE_FROM``, space-separated; ``$WEIGHTSTORE_CACHE_TO``); None
-    without any. Writing needs a signing key (``key``, a file, or
-    ``$WEIGHTSTORE_SIGNING_KEY``), read before anything is built."""
-    env = dict(os.environ) if env is None else env
+def _repositories(cache: str | None, cache_from: tuple[str, ...], cache_to: str | None,
+                  env: dict[str, str], recipe: Any) -> tuple[tuple[str, ...], str | None]:
+    """The repositories read and the one written (see :func:`settings`)."""
     if cache is None and not cache_from and cache_to is None:
         if isinstance(recipe, str):
             cache = recipe
@@ -105,7 +100,27 @@ def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | Non
             cache_from = tuple(env.get(FROM_ENV, "").split())
             cache_to = env.get(TO_ENV) or None
     read = tuple(dict.fromkeys([*cache_from, *([cache] if cache else [])]))
-    write = cache_to or cache
+    return read, cache_to or cache
+
+
+def writes(cache: str | None, cache_to: str | None, recipe: Any = None,
+           env: dict[str, str] | None = None) -> bool:
+    """Would a build with these options (and the recipe's ``cache``, None when unknown)
+    write a cache? Decided without a key or a network."""
+    env = dict(os.environ) if env is None else env
+    return _repositories(cache, (), cache_to, env, recipe)[1] is not None
+
+
+def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | None,
+             key: str | None = None, env: dict[str, str] | None = None,
+             recipe: Any = None) -> CacheSettings | None:
+    """The build's cache from its options, else the recipe's ``cache`` (a repository, or
+    ``{read, write}``), else the environment (``$WEIGHTSTORE_CACHE``: read and write;
+    ``$WEIGHTSTORE_CACHE_FROM``, space-separated; ``$WEIGHTSTORE_CACHE_TO``); None
+    without any. Writing needs a signing key (``key``, a file, or
+    ``$WEIGHTSTORE_SIGNING_KEY``), read before anything is built."""
+    env = dict(os.environ) if env is None else env
+    read, write = _repositories(cache, cache_from, cache_to, env, recipe)
     if not read and write is None:
         return None
     from ..registry.reference import parse_reference
@@ -143,6 +158,7 @@ def fetch(cache: CacheSettings, fingerprint: str, target: Path, store: WeightSto
         try:
             found = _trusted_manifest(cache, repository, fingerprint, key)
             if found is None:
+                cache.say(f"{repository}: miss, no entry for this build")
                 continue
             manifest, record_bytes = found
             received = record_bytes + _pull(repository, manifest, fingerprint, target, store,
@@ -165,7 +181,8 @@ def fetch(cache: CacheSettings, fingerprint: str, target: Path, store: WeightSto
 
 def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
                       key: str) -> tuple[str, int] | None:
-    """The package manifest's digest a trusted record signs, and the bytes read."""
+    """The package manifest's digest a trusted record signs, and the bytes read; None
+    when the repository has no record of ``key``."""
     from ..errors import RegistryNotFoundError
     from ..registry.client import RegistryClient
     from ..registry.fetch import blob_bytes
@@ -177,7 +194,6 @@ def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
     try:
         data, _ = client.get_manifest(ref)
     except RegistryNotFoundError:
-        cache.say(f"{repository}: miss, no entry for this build")
         return None
     import tempfile
 
@@ -228,15 +244,61 @@ def _pull(repository: str, manifest: str, fingerprint: str, target: Path,
     return report.received_bytes
 
 
+def store_entries(cache: CacheSettings, packages: list[tuple[Path, dict[str, Any], bool]],
+                  store: WeightStore, jobs: int) -> None:
+    """Push to ``cache.write`` the entry of each ``(folder, summary, converted)``: a
+    package this build converted always; any other (up to date, materialized from the
+    store, fetched from another cache) when the repository holds no sound entry of it
+    (none, gone, or a record no trusted key and not this build's key signed). So a
+    runner whose store already holds the builds still fills a cache that lost them."""
+    from ..caches.build_actions import action_key
+
+    assert cache.write is not None and cache.signer is not None
+    mine = CacheSettings(trusted=[*cache.trusted, cache.signer.public])
+    for target, summary, converted in packages:
+        if cache.write in cache.down:
+            cache.say(f"{cache.write}: could not store {target.name} (it did not answer "
+                      "earlier in this build)")
+            continue
+        if not converted:
+            fingerprint = summary["fingerprint"]
+            try:
+                if _holds(mine, cache.write, fingerprint, action_key(fingerprint)):
+                    continue
+            except (RegistryUnreachableError, OSError) as exc:
+                cache.say(f"{cache.write}: could not store {target.name} ({exc})")
+                cache.down.add(cache.write)
+                continue
+        publish(cache, target, summary, store, jobs)
+
+
+def _holds(trusting: CacheSettings, repository: str, fingerprint: str, key: str) -> bool:
+    """Does ``repository`` hold a record of ``key`` a key of ``trusting`` signed, and the
+    package manifest it names?"""
+    from ..errors import RegistryNotFoundError
+    from ..registry.client import RegistryClient
+    from ..registry.reference import parse_reference
+
+    try:
+        found = _trusted_manifest(trusting, repository, fingerprint, key)
+        if found is None:
+            return False
+        ref = parse_reference(f"{repository}@{found[0]}")
+        RegistryClient(ref.host, _transport(lookup=True)).get_manifest(ref)
+    except RegistryUnreachableError:
+        raise
+    except (SignatureError, RegistryNotFoundError):
+        return False
+    except WeightstoreError:  # a malformed answer: replaced by a sound entry
+        return False
+    return True
+
+
 def publish(cache: CacheSettings, target: Path, summary: dict[str, Any],
             store: WeightStore, jobs: int) -> None:
     """Push the package at ``target`` and its signed record to ``cache.write``; a
     registry that refuses or does not answer is said in one line, never fatal."""
     assert cache.write is not None and cache.signer is not None
-    if cache.write in cache.down:
-        cache.say(f"{cache.write}: could not store {target.name} (it did not answer "
-                  "earlier in this build)")
-        return
     from ..caches.build_actions import action_key
     from ..registry.push import push
 

@@ -140,7 +140,9 @@ def build(recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | LoadedRe
     stamp = build_stamp.Invocation(absolute, tuple(options.models), tuple(options.layouts),
                                    resolve_store_path(options.store, None))
     seen: list[FileDigests] = []  # digests the stamp's check took: never taken twice
-    if not options.force and not options.dry_run:
+    # a build that writes a cache asks it for every package: never decided by the stamp
+    # (a recipe whose own ``cache`` writes is not stamped)
+    if not options.force and not options.dry_run and not _writes_cache(options):
         done = _stamped(stamp, data, options.jobs, seen)
         if done is not None:
             return done
@@ -244,10 +246,21 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
             _ensure_root(store_root, target, existing)
         else:
             pending.append((layout, target, existing))
+    # the cache (its key read) before anything is built
+    cache = None if options.dry_run else _cache_settings(options, recipe.cache)
+    converted: set[Path] = set()
     if pending:
-        _build_pending(loaded, pending, store_root, digests, options, result)
+        converted = _build_pending(loaded, pending, store_root, digests, options, result,
+                                   cache)
     if not options.dry_run:
         digests.save()
+    if cache is not None and cache.write is not None:
+        from ..store import WeightStore
+        from .remote_cache import store_entries
+
+        store_entries(cache, [(p.path, p.summary, p.path in converted)
+                              for p in result.packages if p.cache != cache.write],
+                      WeightStore(store_root), options.jobs)
     order = {layout.name: i for i, layout in enumerate(recipe.layouts)}
     result.packages.sort(key=lambda p: order[p.layout])
     if stamp is not None and result.packages and not options.dry_run:
@@ -259,8 +272,10 @@ def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, byt
                   store_root: Path, result: BuildResult) -> None:
     """Stamp this build with the source identities its packages' summaries record (not a
     recipe with pinned sources: no local file stands for them; its full check needs
-    none either)."""
+    none either; nor one that writes a build cache, asked at every build)."""
     if any(not isinstance(entry.source, str) for entry in loaded.models()):
+        return
+    if _writes_cache(None, loaded.recipe.cache):
         return
     listed = {m["name"]: m for m in result.packages[0].summary["models"]}
     sources = {str(loaded.model_source(entry)):
@@ -388,7 +403,9 @@ def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
 
 def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict | None]],
                    store_root: Path, digests: FileDigests, options: BuildOptions,
-                   result: BuildResult) -> None:
+                   result: BuildResult, cache: Any) -> set[Path]:
+    """Materialize, fetch (``cache``) or convert the pending layouts; the folders of
+    those converted."""
     # onnx and the catalogue: only when something must be built
     from ..caches.payload_keys import StaleKeyError
     from ..io.models import PROTOBUF_LIMIT
@@ -423,14 +440,12 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 _refuse(target, existing, fp, layout, identities, loaded.recipe,
                         proof=_same_build_proof(target, existing, fp, digests, store_root))
             todo.append((layout, target, fp))
-        cache = None
         if not options.force and not options.dry_run:
             todo = [t for t in todo if not _materialized(store_root, *t, options, result)]
-            cache = _cache_settings(options, recipe.cache)
             if cache is not None and cache.read:
                 todo = [t for t in todo if not _fetched(cache, store_root, *t, options, result)]
             if not todo:
-                return
+                return set()
         # what converts needs every source: the pinned ones are fetched (once) now
         for entry, identity in zip(models, identities, strict=True):
             if entry.name not in opened:
@@ -467,7 +482,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                               and can_materialize(store_root, target, fp)
                               else "would-build", {})
                 for layout, target, fp in todo]
-            return
+            return set()
         converting = {target for _, target, _ in todo}
         with store.leased():  # gc spares every key this build relies on until it ends
             try:
@@ -477,12 +492,8 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 packaging.distrust_cached_keys(sources, store, recipe.store.hash)
                 _fill_and_write(loaded, todo, sources, store, digests, options, result,
                                 trust_cache=False)
-        if cache is not None and cache.write is not None:
-            from .remote_cache import publish
-
-            for p in result.packages:
-                if p.path in converting and p.status == "built":
-                    publish(cache, p.path, p.summary, store, options.jobs)
+        return {p.path for p in result.packages if p.path in converting
+                and p.status == "built"}
     finally:
         packaging.close_sources(list(opened.values()))
 
@@ -508,6 +519,16 @@ def _cache_settings(options: BuildOptions, configured: Any) -> Any:
 
     return settings(options.cache, options.cache_from, options.cache_to, options.cache_key,
                     recipe=configured)
+
+
+def _writes_cache(options: BuildOptions | None, configured: Any = None) -> bool:
+    """Do the options (or, without options, the recipe's ``cache``) or the environment
+    write a build cache?"""
+    from .remote_cache import writes
+
+    if options is None:
+        return writes(None, None, recipe=configured)
+    return writes(options.cache, options.cache_to)
 
 
 def _fetched(cache: Any, store_root: Path, layout: Layout, target: Path, fingerprint: str,
