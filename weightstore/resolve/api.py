@@ -63,6 +63,7 @@ def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | Non
     if device is not None and scenario is not None:
         raise ResolutionError("choose a scenario or a device, not both", phase=PARSE)
     key = None
+    start = time.perf_counter()
     if cache and selector is None and phases is None:
         key = records.resolution_key(source, model=model, scenario=scenario, device=device,
                                    capabilities=capabilities,
@@ -71,6 +72,7 @@ def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | Non
     if key is not None:
         hit = records.cached(key, None if store is None else _locator(store))
         if hit is not None:
+            object.__setattr__(hit, "record_seconds", time.perf_counter() - start)
             return hit
     from .prepared import PreparedOptions
     from .source import open_source

@@ -159,4 +159,9 @@ class ResolvedModel:
             "bindings": [b.to_dict() for b in self.bindings],
             "transformations": self.transformations.to_dict(),
             "manifest": self.payload_manifest.to_dict(),
+            "record": self._record(),
         }
+
+    def _record(self) -> dict[str, Any] | None:
+        """None: resolved by this process (the phases' seconds are its own)."""
+        return None
