@@ -304,6 +304,16 @@ def test_records_of_any_shape_someone_with_push_rights_writes_are_misses(
         assert "miss, entry refused" in err, (what, err)
 
 
+def _manifest_digest(registry, repo, fingerprint):
+    """The digest of the package manifest the cache entry of ``fingerprint`` tags."""
+    import requests
+
+    name, tag = _entry(repo, fingerprint).split("/", 1)[1].split(":")
+    return requests.head(f"http://{registry.host}/v2/{name}/manifests/{tag}", timeout=10,
+                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}
+                         ).headers["Docker-Content-Digest"]
+
+
 def test_a_build_that_converts_nothing_still_fills_a_cache_lacking_its_entries(
         encoder_model, tmp_path, registry, keys, monkeypatch, capsys):
     """A runner whose store already holds the builds (packages up to date, or
@@ -322,9 +332,19 @@ def test_a_build_that_converts_nothing_still_fills_a_cache_lacking_its_entries(
     assert [p.status for p in result.packages] == ["up-to-date", "up-to-date"]
     assert capsys.readouterr().err.count(": stored ") == 2
 
-    # sound entries are left alone: one lookup each, nothing pushed
+    # sound entries are left alone: one lookup each, nothing pushed; so is one another
+    # trusted key signed (runners with keys of their own do not rewrite each other's)
+    fingerprint = result.packages[1].summary["fingerprint"]
+    cache = settings(None, (), repo, str(keys["old"][0]))
+    _push_record(cache, _entry(repo, fingerprint, RECORD_SUFFIX), json.dumps(
+        {"action_key": action_key(fingerprint), "fingerprint": fingerprint,
+         "manifest": _manifest_digest(registry, repo, fingerprint)}).encode())
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["old"][1].text)
     result = build(recipe, BuildOptions(jobs=2, cache_to=repo, cache_key=key))
     assert ": stored " not in capsys.readouterr().err
+    monkeypatch.delenv(TRUSTED_KEYS_ENV)
+    result = build(recipe, BuildOptions(jobs=2, cache_to=repo, cache_key=key))
+    assert capsys.readouterr().err.count(": stored ") == 1  # not trusted: replaced
 
     # a record signed by no trusted key is replaced; a folder materialized from the store
     fingerprint = result.packages[0].summary["fingerprint"]

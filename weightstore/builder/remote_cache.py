@@ -131,7 +131,8 @@ def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | Non
         if "@" in ref or ":" in ref.partition("/")[2]:  # the host's port aside
             raise RegistryError("a cache is a repository: give it without a tag or digest",
                                 reference=ref)
-    out = CacheSettings(read, write, trusted=trusted_keys(env) if read else [])
+    # a writer trusts them too: a sound entry another trusted key signed is left alone
+    out = CacheSettings(read, write, trusted=trusted_keys(env))
     if write is not None:
         out.signer = load_private(key, env)
     return out
@@ -249,8 +250,10 @@ def store_entries(cache: CacheSettings, packages: list[tuple[Path, dict[str, Any
     """Push to ``cache.write`` the entry of each ``(folder, summary, converted)``: a
     package this build converted always; any other (up to date, materialized from the
     store, fetched from another cache) when the repository holds no sound entry of it
-    (none, gone, or a record no trusted key and not this build's key signed). So a
-    runner whose store already holds the builds still fills a cache that lost them."""
+    (none, gone, or a record neither a trusted key nor this build's key signed: one a
+    trusted key signed is left alone, so runners signing with different trusted keys do
+    not rewrite each other's records). So a runner whose store already holds the builds
+    still fills a cache that lost them."""
     from ..caches.build_actions import action_key
 
     assert cache.write is not None and cache.signer is not None
