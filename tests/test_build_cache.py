@@ -156,11 +156,20 @@ def test_a_registry_that_does_not_answer_costs_seconds_and_builds_locally(
     monkeypatch.setenv("WEIGHTSTORE_CACHE", f"127.0.0.1:{port}/cache/down")
     monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", keys["ci"][0].read_text())
     start = time.monotonic()
-    result = build(_runner_b(encoder_model, tmp_path), BuildOptions(jobs=2))
+    recipe = _runner_b(encoder_model, tmp_path)
+    result = build(recipe, BuildOptions(jobs=2))
     assert time.monotonic() - start < 30
     assert [p.status for p in result.packages] == ["built", "built"]
     err = capsys.readouterr().err
     assert "unavailable" in err and "could not store" in err
+    # an up-to-date build, which looks its entries up to push the missing ones: asked
+    # once, said once, and up to date all the same
+    start = time.monotonic()
+    result = build(recipe, BuildOptions(jobs=2))
+    assert time.monotonic() - start < 15
+    assert [p.status for p in result.packages] == ["up-to-date", "up-to-date"]
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all("could not store" in line for line in lines), lines
 
 
 def test_two_runners_pushing_one_entry_at_once_leave_one_entry(encoder_model, tmp_path,
