@@ -97,7 +97,8 @@ def _add_build(sub: Any) -> None:
                    help="a build cache only read (repeatable; default: "
                         "$WEIGHTSTORE_CACHE_FROM)")
     b.add_argument("--cache-to", metavar="REF",
-                   help="a build cache only written (default: $WEIGHTSTORE_CACHE_TO)")
+                   help="a build cache only written: the entry of each package converted, "
+                        "and of any other it lacks (default: $WEIGHTSTORE_CACHE_TO)")
     b.add_argument("--cache-key", metavar="FILE",
                    help="the Ed25519 private key cache entries are signed with (default: "
                         "$WEIGHTSTORE_SIGNING_KEY)")
