@@ -87,6 +87,45 @@ def test_a_bundle_folder_is_verified_and_runs(split, tmp_path, capsys):
     _caught(out / "encoder.onnx", inputs_path, capsys)
 
 
+def test_a_device_folder_is_a_source_of_its_own(split, tmp_path, capsys, monkeypatch):
+    """resolve, load and ``run`` take a device folder and a model name, as they take a
+    package folder: the folder's models are the device's graphs, verified against its
+    record; a device it was not made for, or a model it lacks, is one line."""
+    out = tmp_path / "npu"
+    assert main(["bundle", str(split), "npu", "--output", str(out)]) == 0
+    inputs, inputs_path = _inputs(tmp_path)
+    expected = run_onnxruntime(runnable_variant(split / "encoder.onnx", "half"), inputs)
+    for kwargs in ({}, {"model": "encoder"}, {"model": "encoder", "device": "npu"}):
+        with weightstore.resolve(out, **kwargs) as resolved:
+            assert resolved.source.path == out / "encoder.onnx"
+            got = weightstore.load(resolved).run(None, inputs)
+        assert [e.tobytes() for e in expected] == [a.tobytes() for a in got]
+    assert main(["run", str(out), "--model", "encoder", "--inputs", str(inputs_path),
+                 "--output", str(tmp_path / "ran.npz")]) == 0
+    ran = np.load(tmp_path / "ran.npz")
+    assert [e.tobytes() for e in expected] == [ran[k].tobytes() for k in ran.files]
+    with pytest.raises(ResolutionError, match="made for another device"):
+        weightstore.resolve(out, device="cpu")
+    with pytest.raises(ResolutionError, match="no such model in the device folder"):
+        weightstore.resolve(out, model="decoder")
+    capsys.readouterr()
+    assert main(["resolve", str(out), "--model", "decoder"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such model in the device folder" in err[0]
+    # settled files: the resolution is recorded, and taken from its record next time
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", -1)
+    with weightstore.resolve(out) as first:
+        assert first.key is not None
+    with weightstore.resolve(out) as again:
+        assert again.to_dict()["record"] is not None
+        got = weightstore.load(again).run(None, inputs)
+    assert [e.tobytes() for e in expected] == [a.tobytes() for a in got]
+    flip_live_byte(out, json.loads((out / "bundle.json").read_text())["models"][0][
+        "external_weights"])
+    with pytest.raises(IntegrityError, match="do not match"):
+        _load(out)
+
+
 def test_a_package_device_model_opened_alone_is_verified(split_build, split, tmp_path,
                                                           capsys):
     copy = tmp_path / "pk"

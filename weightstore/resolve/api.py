@@ -52,8 +52,9 @@ def resolve(source: str | os.PathLike[str] | StoreReference, *, model: str | Non
             store: str | os.PathLike[str] | StoreLocator | None = None,
             phases: Sequence[Phase] | None = None, cache: bool = True,
             ) -> ResolvedModel:
-    """Resolve one model of a package folder, a model file or a build in ``store`` (a
-    :class:`StoreReference`, or its text naming no existing path) from metadata alone.
+    """Resolve one model of a package folder, a device folder, a model file or a build in
+    ``store`` (a :class:`StoreReference`, or its text naming no existing path) from
+    metadata alone.
 
     A package folder's resolution is kept for later processes and taken from there while
     nothing below the folder changed (:mod:`.cache`); ``cache=False`` neither

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..store.location import add_store_options
 
-SOURCE_HELP = ("a package folder, a model file, or a build in the store: "
-               "PACKAGE[/VERSION[/LAYOUT]][@ROOT_ID|@SUMMARY_DIGEST]")
+SOURCE_HELP = ("a package folder, a device folder (bundle, pull --device), a model file, "
+               "or a build in the store: PACKAGE[/VERSION[/LAYOUT]][@ROOT_ID|@SUMMARY_DIGEST]")
 
 
 def register(sub: Any) -> None:

@@ -32,9 +32,10 @@ def _summary(folder: Path) -> dict[str, Any]:
 def open_source(source: str | os.PathLike[str] | StoreReference, *,
                 model: str | None = None, device: str | None = None,
                 store: str | os.PathLike[str] | None = None) -> ModelSource:
-    """The model ``source`` names: a model file, one model of a package folder (``model``
-    by name, needed when the package holds several), or one model of a build in the store
-    at ``store`` (a :class:`StoreReference`, or its text when no such path exists)."""
+    """The model ``source`` names: a model file, one model of a package folder or of a
+    device folder (``model`` by name, needed when the folder holds several), or one model
+    of a build in the store at ``store`` (a :class:`StoreReference`, or its text when no
+    such path exists)."""
     if isinstance(source, StoreReference):
         return _open_reference(source, model, device, store)
     path = Path(source)
@@ -53,6 +54,8 @@ def open_source(source: str | os.PathLike[str] | StoreReference, *,
 
 
 def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource:
+    if path.is_dir() and _is_device_folder(path):
+        return _open_device_folder(path, model, device)
     if path.is_dir():
         summary = _summary(path)
         entry = _model_entry(summary, model, package=str(path))
@@ -74,6 +77,36 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
     entry = record_beside(path)
     return ModelSource.open(path, model or (entry or {}).get("name") or path.stem,
                             store_keys=None if entry is None else store_keys_of(entry))
+
+
+def _is_device_folder(folder: Path) -> bool:
+    """A device's self-contained folder (``bundle``, ``pull --device``): its record, no
+    package summary."""
+    from ..package.bundle_record import BUNDLE_NAME
+    from ..package.summary import SUMMARY_NAME
+
+    return not (folder / SUMMARY_NAME).exists() and (folder / BUNDLE_NAME).exists()
+
+
+def _open_device_folder(folder: Path, model: str | None, device: str | None) -> ModelSource:
+    """One model of a device folder, by the name its ``bundle.json`` gives it (the only
+    one when None): opened as its model file is, verified against the record. Its models
+    are the device's graphs already, so the folder is its own device: ``device``, when
+    given, must be the one it was made for."""
+    from ..package.bundle_record import BUNDLE_NAME, read_record
+
+    record = read_record(folder / BUNDLE_NAME)
+    if device is not None and device != record.get("device"):
+        raise ResolutionError("this device folder was made for another device",
+                              device=device, folder=str(folder),
+                              made_for=record.get("device") or "a scenario")
+    entry = _model_entry(record, model, folder=str(folder))
+    model_path = folder / entry["file"]
+    if model_path.resolve() != folder.resolve() / entry["file"]:
+        raise PackageError("the device folder's model file is reached through a symbolic "
+                           "link: it holds only regular files", file=str(entry["file"]),
+                           folder=str(folder))
+    return _open_path(model_path, entry["name"], None)
 
 
 def _open_reference(ref: StoreReference, model: str | None, device: str | None,
@@ -99,15 +132,18 @@ def _open_reference(ref: StoreReference, model: str | None, device: str | None,
 
 def _model_entry(summary: dict[str, Any], model: str | None,
                  **where: str) -> dict[str, Any]:
-    """The summary's entry of ``model`` (the only one when None)."""
+    """The entry of ``model`` (the only one when None) in a package summary or a device
+    record; ``where`` names the package, the reference or the device folder."""
     models = {m["name"]: m for m in summary["models"]}
+    holder = "device folder" if "folder" in where else "package"
     if model is None:
         if len(models) != 1:
-            raise ResolutionError("the package holds several models: name one",
+            raise ResolutionError(f"the {holder} holds several models: name one",
                                   **where, models=", ".join(sorted(models)))
         model = next(iter(models))
     if model not in models:
-        raise ResolutionError("no such model in the package", model=model, **where)
+        raise ResolutionError(f"no such model in the {holder}", model=model, **where,
+                              models=", ".join(sorted(models)))
     return models[model]
 
 
