@@ -120,10 +120,20 @@ def test_a_device_folder_is_a_source_of_its_own(split, tmp_path, capsys, monkeyp
         assert again.to_dict()["record"] is not None
         got = weightstore.load(again).run(None, inputs)
     assert [e.tobytes() for e in expected] == [a.tobytes() for a in got]
+    # check takes it too: every model, as the device's graph
+    capsys.readouterr()
+    assert main(["check", str(out), "--verify", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] is None and [m["scenario"] for m in report["models"]] == ["half"]
+    for argv in (["--device", "cpu"], ["--scenario", "half"]):
+        assert main(["check", str(out), *argv]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
     flip_live_byte(out, json.loads((out / "bundle.json").read_text())["models"][0][
         "external_weights"])
     with pytest.raises(IntegrityError, match="do not match"):
         _load(out)
+    assert main(["check", str(out), "--verify"]) == 1
+    assert "do not match" in capsys.readouterr().out
 
 
 def test_a_package_device_model_opened_alone_is_verified(split_build, split, tmp_path,

@@ -194,8 +194,10 @@ def _add_scenario(sub: Any) -> None:
 def _add_check(sub: Any) -> None:
     ck = sub.add_parser("check", help="resolve a package for a scenario or device and check "
                                       "the files its live weights need")
-    ck.add_argument("package", help="a package folder (holding summary.json), or a model "
-                                     "file (a package's, a device folder's or any other)")
+    ck.add_argument("package", help="a package folder (holding summary.json), a device "
+                                     "folder (holding bundle.json: bundle, pull --device), "
+                                     "or a model file (a package's, a device folder's or "
+                                     "any other)")
     which = ck.add_mutually_exclusive_group()
     which.add_argument("--scenario", help="resolve this scenario (default: the base graph)")
     which.add_argument("--device", help="resolve the scenario this device runs")

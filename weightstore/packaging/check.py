@@ -25,7 +25,12 @@ from ..package.bundle_record import read_bundle
 from ..package.summary import read_summary_file
 from ..resolve.files import file_problems
 from ..resolve.manifest import ManifestEntry
-from ..resolve.source import ModelSource, open_source
+from ..resolve.source import (
+    ModelSource,
+    device_folder_record,
+    is_device_folder,
+    open_source,
+)
 from ..resolve.variant import Variant, resolve_variant
 from ..scenarios.storage import read_scenarios
 
@@ -67,9 +72,10 @@ def variant_of(model_path: Path, scenario: str | None, *, final: bool = False) -
 def check_package(package: str | os.PathLike[str], *, scenario: str | None = None,
                   device: str | None = None, verify: bool = False,
                   progress: bool | None = False) -> CheckReport:
-    """Resolve every model of a package folder (or one model file: a package's, a device
-    folder's or any other, its payloads' keys from the record beside it) for a scenario
-    or device, then check the files its live weights need. ``progress``: with ``verify``,
+    """Resolve every model of a package folder (or of a device folder, each model as the
+    device's graph; or one model file: a package's, a device folder's or any other, its
+    payloads' keys from the record beside it) for a scenario or device, then check the
+    files its live weights need. ``progress``: with ``verify``,
     a bar over the bytes to re-hash (None: only on an interactive terminal)."""
     from ..progress import Progress
 
@@ -77,11 +83,20 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         raise ScenarioError("choose a scenario or a device, not both")
     folder = Path(package)
     chosen: dict[str, str | None] = {}
+    finals: dict[str, str | None] = {}  # a device folder's models: the scenario each ran
     if folder.is_file():
         if device is not None:
             raise ResolutionError("a device is chosen in a package folder, not a model "
                                   "file", device=device, model=str(folder))
         folder, models = folder.parent, [(None, folder.name)]
+    elif is_device_folder(folder):  # its models are the device's graphs, each final
+        if scenario is not None:
+            raise ScenarioError("a device folder's models are its device's graphs: there "
+                                "is no scenario to choose", scenario=scenario,
+                                folder=str(folder))
+        record = device_folder_record(folder, device)
+        models = [(None, str(m["file"])) for m in record["models"]]
+        finals = {str(m["file"]): m.get("scenario") for m in record["models"]}
     else:
         summary = read_summary_file(folder)[1]
         models = [(m["name"], m["file"]) for m in summary["models"]]
@@ -103,10 +118,13 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         # every selection, replay and liveness first; files only after all of them
         resolved = []
         for file, source in sources.items():
-            selected = chosen.get(file) if device is not None else (
-                scenario if scenario in held[file] else None)
-            resolved.append((file, selected,
-                             *_live_entries(source, metadata[file], file, selected)))
+            if file in finals:
+                selected = finals[file]
+            else:
+                selected = chosen.get(file) if device is not None else (
+                    scenario if scenario in held[file] else None)
+            resolved.append((file, selected, *_live_entries(
+                source, metadata[file], file, selected, final=file in finals)))
     total = sum(e.source.length for _, _, entries, _ in resolved for e in entries)
     with Progress("verifying", total, enabled=progress if verify else False) as bar:
         for file, selected, entries, problems in resolved:
@@ -123,11 +141,13 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
 
 
 def _live_entries(source: ModelSource, meta: onnx.ModelProto, file: str,
-                  scenario: str | None) -> tuple[Sequence[ManifestEntry], list[str]]:
-    """The external entries a model needs for ``scenario``; a live weight without an
-    eligible payload is a problem to report, not an error."""
+                  scenario: str | None, *,
+                  final: bool = False) -> tuple[Sequence[ManifestEntry], list[str]]:
+    """The external entries a model needs for ``scenario`` (``final``: the model is the
+    graph of ``scenario`` already, a device's); a live weight without an eligible payload
+    is a problem to report, not an error."""
     try:
-        return resolve_variant(source, scenario, model=meta).external, []
+        return resolve_variant(source, scenario, model=meta, final=final).external, []
     except ResolutionError as exc:
         if "eligible payload" not in exc.message:
             raise

@@ -54,7 +54,7 @@ def open_source(source: str | os.PathLike[str] | StoreReference, *,
 
 
 def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource:
-    if path.is_dir() and _is_device_folder(path):
+    if path.is_dir() and is_device_folder(path):
         return _open_device_folder(path, model, device)
     if path.is_dir():
         summary = _summary(path)
@@ -79,7 +79,7 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
                             store_keys=None if entry is None else store_keys_of(entry))
 
 
-def _is_device_folder(folder: Path) -> bool:
+def is_device_folder(folder: Path) -> bool:
     """A device's self-contained folder (``bundle``, ``pull --device``): its record, no
     package summary."""
     from ..package.bundle_record import BUNDLE_NAME
@@ -88,11 +88,9 @@ def _is_device_folder(folder: Path) -> bool:
     return not (folder / SUMMARY_NAME).exists() and (folder / BUNDLE_NAME).exists()
 
 
-def _open_device_folder(folder: Path, model: str | None, device: str | None) -> ModelSource:
-    """One model of a device folder, by the name its ``bundle.json`` gives it (the only
-    one when None): opened as its model file is, verified against the record. Its models
-    are the device's graphs already, so the folder is its own device: ``device``, when
-    given, must be the one it was made for."""
+def device_folder_record(folder: Path, device: str | None) -> dict[str, Any]:
+    """The record of the device folder ``folder``; ``device``, when given, must be the
+    one it was made for."""
     from ..package.bundle_record import BUNDLE_NAME, read_record
 
     record = read_record(folder / BUNDLE_NAME)
@@ -100,6 +98,16 @@ def _open_device_folder(folder: Path, model: str | None, device: str | None) -> 
         raise ResolutionError("this device folder was made for another device",
                               device=device, folder=str(folder),
                               made_for=record.get("device") or "a scenario")
+    return record
+
+
+def _open_device_folder(folder: Path, model: str | None, device: str | None) -> ModelSource:
+    """One model of a device folder, by the name its ``bundle.json`` gives it (the only
+    one when None): opened as its model file is, verified against the record. Its models
+    are the device's graphs already, so the folder is its own device: ``device``, when
+    given, must be the one it was made for."""
+
+    record = device_folder_record(folder, device)
     entry = _model_entry(record, model, folder=str(folder))
     model_path = folder / entry["file"]
     if model_path.resolve() != folder.resolve() / entry["file"]:
