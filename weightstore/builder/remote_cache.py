@@ -103,12 +103,12 @@ def _repositories(cache: str | None, cache_from: tuple[str, ...], cache_to: str 
     return read, cache_to or cache
 
 
-def writes(cache: str | None, cache_to: str | None, recipe: Any = None,
-           env: dict[str, str] | None = None) -> bool:
+def writes(cache: str | None, cache_from: tuple[str, ...], cache_to: str | None,
+           recipe: Any = None, env: dict[str, str] | None = None) -> bool:
     """Would a build with these options (and the recipe's ``cache``, None when unknown)
     write a cache? Decided without a key or a network."""
     env = dict(os.environ) if env is None else env
-    return _repositories(cache, (), cache_to, env, recipe)[1] is not None
+    return _repositories(cache, cache_from, cache_to, env, recipe)[1] is not None
 
 
 def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | None,

@@ -527,8 +527,8 @@ def _writes_cache(options: BuildOptions | None, configured: Any = None) -> bool:
     from .remote_cache import writes
 
     if options is None:
-        return writes(None, None, recipe=configured)
-    return writes(options.cache, options.cache_to)
+        return writes(None, (), None, recipe=configured)
+    return writes(options.cache, options.cache_from, options.cache_to)
 
 
 def _fetched(cache: Any, store_root: Path, layout: Layout, target: Path, fingerprint: str,
