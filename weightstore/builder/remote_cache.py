@@ -278,7 +278,6 @@ def store_entries(cache: CacheSettings, packages: list[tuple[Path, dict[str, Any
 def _holds(trusting: CacheSettings, repository: str, fingerprint: str, key: str) -> bool:
     """Does ``repository`` hold a record of ``key`` a key of ``trusting`` signed, and the
     package manifest it names?"""
-    from ..errors import RegistryNotFoundError
     from ..registry.client import RegistryClient
     from ..registry.reference import parse_reference
 
@@ -290,10 +289,8 @@ def _holds(trusting: CacheSettings, repository: str, fingerprint: str, key: str)
         RegistryClient(ref.host, _transport(lookup=True)).get_manifest(ref)
     except RegistryUnreachableError:
         raise
-    except (SignatureError, RegistryNotFoundError):
-        return False
-    except WeightstoreError:  # a malformed answer: replaced by a sound entry
-        return False
+    except WeightstoreError:  # a signature no key of ``trusting`` made, a manifest gone,
+        return False  # a malformed answer: replaced by a sound entry
     return True
 
 
