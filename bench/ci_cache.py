@@ -236,13 +236,14 @@ def _blob_urls(host: str, repo: str, digests: dict[str, str]) -> list[tuple[str,
     from weightstore.registry.client import RegistryClient
     from weightstore.registry.reference import parse_reference
 
+    repository = parse_reference(repo).repository
     blobs = {}
     for digest in digests.values():
         ref = parse_reference(f"{repo}@{digest}")
         data, _ = RegistryClient(ref.host).get_manifest(ref)
         for layer in parse_json(data)["layers"]:
             blobs[layer["digest"]] = layer["size"]
-    return [(f"http://{host}/v2/{ref.repository}/blobs/{d}", n) for d, n in sorted(blobs.items())]
+    return [(f"http://{host}/v2/{repository}/blobs/{d}", n) for d, n in sorted(blobs.items())]
 
 
 def _floor(workdir: Path, blobs: list[tuple[str, int]]) -> dict[str, Any]:

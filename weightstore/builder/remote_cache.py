@@ -86,6 +86,12 @@ class CacheSettings:
     def say(self, line: str) -> None:
         print(f"weightstore: cache: {line}", file=sys.stderr, flush=True)
 
+    def not_stored(self, target: Path, exc: BaseException) -> None:
+        """``write`` refused or did not answer for ``target``: said, and not asked again
+        in this build."""
+        self.say(f"{self.write}: could not store {target.name} ({exc})")
+        self.down.add(self.write)  # type: ignore[arg-type]
+
 
 def _repositories(cache: str | None, cache_from: tuple[str, ...], cache_to: str | None,
                   env: dict[str, str], recipe: Any) -> tuple[tuple[str, ...], str | None]:
@@ -269,8 +275,7 @@ def store_entries(cache: CacheSettings, packages: list[tuple[Path, dict[str, Any
                 if _holds(mine, cache.write, fingerprint, action_key(fingerprint)):
                     continue
             except (RegistryUnreachableError, OSError) as exc:
-                cache.say(f"{cache.write}: could not store {target.name} ({exc})")
-                cache.down.add(cache.write)
+                cache.not_stored(target, exc)
                 continue
         publish(cache, target, summary, store, jobs)
 
@@ -313,8 +318,7 @@ def publish(cache: CacheSettings, target: Path, summary: dict[str, Any],
                             sort_keys=True, separators=(",", ":")).encode()
         _push_record(cache, _entry(cache.write, fingerprint, RECORD_SUFFIX), record)
     except (RegistryError, OSError) as exc:
-        cache.say(f"{cache.write}: could not store {target.name} ({exc})")
-        cache.down.add(cache.write)
+        cache.not_stored(target, exc)
         return
     cache.say(f"{cache.write}: stored {target.name}, signed by {cache.signer.public.text}")
 

@@ -54,21 +54,8 @@ def open_source(source: str | os.PathLike[str] | StoreReference, *,
 
 
 def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource:
-    if path.is_dir() and is_device_folder(path):
-        return _open_device_folder(path, model, device)
     if path.is_dir():
-        summary = _summary(path)
-        entry = _model_entry(summary, model, package=str(path))
-        model_path = path / entry["file"]
-        if model_path.resolve() != path.resolve() / entry["file"]:
-            raise PackageError("the package's model file is reached through a symbolic "
-                               "link: a package holds only regular files and folders",
-                               file=str(entry["file"]), package=str(path))
-        out = ModelSource.open(model_path, entry["name"], package=path,
-                               store_keys=store_keys_of(entry))
-        if device is not None:
-            _apply_device(out, path, device, summary)
-        return out
+        return _open_folder(path, model, device)
     if device is not None:
         raise ResolutionError("a device is chosen in a package folder, not a model file",
                               device=device, model=str(path))
@@ -101,20 +88,30 @@ def device_folder_record(folder: Path, device: str | None) -> dict[str, Any]:
     return record
 
 
-def _open_device_folder(folder: Path, model: str | None, device: str | None) -> ModelSource:
-    """One model of a device folder, by the name its ``bundle.json`` gives it (the only
-    one when None): opened as its model file is, verified against the record. Its models
-    are the device's graphs already, so the folder is its own device: ``device``, when
-    given, must be the one it was made for."""
-
-    record = device_folder_record(folder, device)
-    entry = _model_entry(record, model, folder=str(folder))
+def _open_folder(folder: Path, model: str | None, device: str | None) -> ModelSource:
+    """One model of a package folder, or of a device folder, by the name its
+    ``summary.json`` or ``bundle.json`` gives it (the only one when None), its payloads'
+    keys from that record. A device folder's models are the device's graphs already, so
+    the folder is its own device: ``device``, when given, must be the one it was made
+    for; in a package it selects the device's scenario and capabilities."""
+    if is_device_folder(folder):
+        record, summary, holder = device_folder_record(folder, device), None, "device folder"
+    else:
+        summary = _summary(folder)
+        record, holder = summary, "package"
+    where = {"package" if summary is not None else "folder": str(folder)}
+    entry = _model_entry(record, model, holder, **where)
     model_path = folder / entry["file"]
     if model_path.resolve() != folder.resolve() / entry["file"]:
-        raise PackageError("the device folder's model file is reached through a symbolic "
-                           "link: it holds only regular files", file=str(entry["file"]),
-                           folder=str(folder))
-    return _open_path(model_path, entry["name"], None)
+        raise PackageError(f"the {holder}'s model file is reached through a symbolic "
+                           f"link: a {holder} holds only regular files and folders",
+                           file=str(entry["file"]), **where)
+    out = ModelSource.open(model_path, entry["name"],
+                           package=folder if summary is not None else None,
+                           store_keys=store_keys_of(entry))
+    if device is not None and summary is not None:
+        _apply_device(out, folder, device, summary)
+    return out
 
 
 def _open_reference(ref: StoreReference, model: str | None, device: str | None,
@@ -128,7 +125,7 @@ def _open_reference(ref: StoreReference, model: str | None, device: str | None,
                               "a locator", reference=str(ref))
     root = resolve_store_path(None if store is None else os.fspath(store), None)
     build = find_build(root, ref)
-    entry = _model_entry(build.summary, model, reference=str(ref))
+    entry = _model_entry(build.summary, model, "package", reference=str(ref))
     record = None if device is None else build.device_record(device)
     path, fd = open_model_object(build, str(entry["file"]))
     out = ModelSource.open(path, entry["name"], fd=fd, store_keys=store_keys_of(entry),
@@ -138,12 +135,12 @@ def _open_reference(ref: StoreReference, model: str | None, device: str | None,
     return out
 
 
-def _model_entry(summary: dict[str, Any], model: str | None,
+def _model_entry(summary: dict[str, Any], model: str | None, holder: str,
                  **where: str) -> dict[str, Any]:
     """The entry of ``model`` (the only one when None) in a package summary or a device
-    record; ``where`` names the package, the reference or the device folder."""
+    record (``holder`` says which, in messages); ``where`` names the package, the
+    reference or the device folder."""
     models = {m["name"]: m for m in summary["models"]}
-    holder = "device folder" if "folder" in where else "package"
     if model is None:
         if len(models) != 1:
             raise ResolutionError(f"the {holder} holds several models: name one",
