@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -315,6 +316,19 @@ def test_every_integer_option_says_not_an_integer(tmp_path, capsys):
         assert f"argument {option}: not an integer" in capsys.readouterr().err, argv
     assert main(["pull", "localhost/r:1", "--jobs", "0"]) == 2
     assert "argument --jobs: must be at least 1" in capsys.readouterr().err
+    huge = "99999999999999999999"  # once an OverflowError's traceback from the thread pool
+    for argv, option, top in ((["release", p, "--jobs", huge], "--jobs", 256),
+                              (["verify", p, "--jobs", huge], "--jobs", 256),
+                              (["build", p, "--jobs", huge], "--jobs", 256),
+                              (["store", "verify", "--jobs", "257"], "--jobs", 256),
+                              (["assemble", p, "--jobs", huge], "--jobs", 256),
+                              (["pull", "localhost/r:1", "--jobs", huge], "--jobs", 256),
+                              (["push", p, "localhost/r:1", "--chunk-size", huge],
+                               "--chunk-size", 1 << 30)):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.startswith(
+            f"weightstore: error: argument {option}: must be at least 1 and at most {top} ("
+        ), argv
     bounds = "must be more than 0 and at most 86400"
     for value, reason in (("x", "not a number"), ("0", bounds), ("inf", bounds),
                           ("nan", bounds), ("1e300", bounds)):
@@ -365,13 +379,24 @@ def test_run_refuses_inputs_that_are_not_an_npz(tmp_path, capsys):
     data = bytearray(compressed.read_bytes())
     data[len(data) // 2] ^= 0xFF
     compressed.write_bytes(bytes(data))
+    zip_head = tmp_path / "zip_head.npz"  # a zip's magic, then nothing a zip holds
+    zip_head.write_bytes(b"PK\x03\x04garbage")
     for path, extra in ((junk, ""), (tmp_path / "one.npy", ""), (objects, ", member=x"),
-                        (compressed, ", member=x")):
+                        (compressed, ", member=x"), (zip_head, "")):
         assert main(["run", str(tmp_path / "nope"), "--inputs", str(path)]) == 2
         err = capsys.readouterr().err
         assert err == ("weightstore: error: cannot read the inputs: they must be a .npz "
                        "file of arrays (numpy.savez), one per model input "
                        f"(file={path}{extra})\n")
+
+
+def test_run_refuses_an_inputs_fifo_without_waiting_on_it(tmp_path):
+    fifo = tmp_path / "inputs.npz"
+    os.mkfifo(fifo)
+    res = _run("run", str(tmp_path / "nope"), "--inputs", str(fifo))  # no writer: never opened
+    assert res.returncode == 2
+    assert res.stderr == ("weightstore: error: cannot read the inputs: not a regular file (a "
+                          f"FIFO, device or socket is never read) (file={fifo})\n")
 
 
 def test_release_checks_its_output_before_building(encoder_model, save_model, tmp_path,
@@ -506,3 +531,26 @@ def test_a_dry_run_writes_nothing_in_the_user_cache_either(encoder_model, save_m
     assert not cache.exists() or list(cache.rglob("*")) == []
     assert main(["build", str(recipe), "--store", str(tmp_path / "s")]) == 0
     assert (cache / "weightstore" / "cache-key").is_file()  # a real build signs entries
+
+
+def test_error_lines_escape_what_they_quote(tmp_path):
+    """A value that is not UTF-8, holds a newline or a terminal escape, and a runtime's
+    message of several lines: each error is one line, nothing in it reaches the terminal
+    as a control character."""
+    hostile = os.fsencode(tmp_path) + b"/a\xff\x1b[31mb\nc"
+    res = subprocess.run([sys.executable, "-m", "weightstore", b"inspect", hostile],
+                         capture_output=True, check=False, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr == (b"weightstore: error: model file not found (file="
+                          + os.fsencode(tmp_path) + b"/a\\xff\\x1b[31mb\\nc)\n")
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "m.onnx")
+    np.savez(tmp_path / "in.npz", x=np.zeros(3, np.float32))  # onnxruntime: [2] expected
+    res = _run("run", str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "in.npz"))
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.endswith("\n")
+    assert res.stderr.startswith("weightstore: error: the model did not run on these inputs: ")
+    assert "\\n index: 0 Got: 3 Expected: 2\\n" in res.stderr

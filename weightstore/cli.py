@@ -33,12 +33,27 @@ def _count(text: str) -> int:
     return value
 
 
-def _jobs(text: str) -> int:
-    """``--jobs`` and other counts: an integer of at least 1."""
+MAX_JOBS = 256  # workers a command may start: more buys nothing, and a 20-digit count
+# overflowed the thread pool's C integer
+MAX_CHUNK = 1 << 30  # bytes a push sends in one request: each chunk is held in memory
+
+
+def _bounded(text: str, low: int, high: int) -> int:
+    """An integer from ``low`` to ``high``, each bound named when it is crossed."""
     value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be at least {low} and at most {high}")
     return value
+
+
+def _jobs(text: str) -> int:
+    """``--jobs``: worker threads, from 1 to :data:`MAX_JOBS`."""
+    return _bounded(text, 1, MAX_JOBS)
+
+
+def _chunk(text: str) -> int:
+    """``--chunk-size``: bytes, from 1 to :data:`MAX_CHUNK`."""
+    return _bounded(text, 1, MAX_CHUNK)
 
 
 class _UsageError(WeightstoreError, ValueError):
@@ -237,7 +252,7 @@ def _add_load(sub: Any) -> None:
 def _add_registry(sub: Any) -> None:
     from .registry.commands import add_parsers
 
-    add_parsers(sub, _jobs)
+    add_parsers(sub, _jobs, _chunk)
 
 
 def _add_report(sub: Any) -> None:
@@ -649,10 +664,25 @@ def _report(exc: Exception, args: argparse.Namespace) -> int:
                          sort_keys=True), file=sys.stderr)
     elif isinstance(exc, OSError) and not isinstance(exc, WeightstoreError):
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"weightstore: error: {message}{where}", file=sys.stderr)
+        print(f"weightstore: error: {_one_line(f'{message}{where}')}", file=sys.stderr)
     else:
-        print(f"weightstore: error: {exc}", file=sys.stderr)
+        print(f"weightstore: error: {_one_line(str(exc))}", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every character a terminal would act on or that is no text escaped:
+    newlines (a runtime's message of several lines), control characters (``ESC[31m``),
+    line and paragraph separators, formatting marks, and the bytes of an argument that is
+    not UTF-8 (``\\xff``). What an error quotes stays on its one line, as it was given."""
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte os.fsdecode could not decode (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    return ch.encode("unicode_escape").decode("ascii")
 
 
 def _silence_stdout() -> None:

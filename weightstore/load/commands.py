@@ -68,27 +68,35 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _read_inputs(np: Any, path: str) -> dict[str, Any]:
     """``--inputs``: a .npz of arrays (``numpy.savez``); anything else is one error line,
-    never numpy's advice about pickles."""
+    never numpy's advice about pickles. A FIFO, device or folder is refused before any
+    read, so a run never waits on one."""
+    import os
     import zipfile
     import zlib
 
+    from ..io.files import open_regular
+
     not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
                "one per model input")
+    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
     try:
-        loaded = np.load(path, allow_pickle=False)
+        f = os.fdopen(open_regular(path), "rb")
     except OSError as exc:
         raise LoadError(f"cannot read the inputs: {exc.strerror or exc}", file=path) from None
-    except (ValueError, EOFError):
-        raise LoadError(not_npz, file=path) from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise LoadError(not_npz, file=path)
     feed = {}
-    with loaded as npz:
-        for name in npz.files:
-            try:
-                feed[name] = npz[name]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):  # damage
-                raise LoadError(not_npz, file=path, member=name) from None
+    with f:
+        try:
+            loaded = np.load(f, allow_pickle=False)
+        except damaged:
+            raise LoadError(not_npz, file=path) from None
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise LoadError(not_npz, file=path)
+        with loaded as npz:
+            for name in npz.files:
+                try:
+                    feed[name] = npz[name]
+                except damaged:
+                    raise LoadError(not_npz, file=path, member=name) from None
     return feed
 
 

@@ -39,15 +39,16 @@ def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def add_parsers(sub: Any, jobs: Any) -> None:
-    """Register push, pull and assemble (``jobs``: the CLI's type for --jobs and other counts)."""
+def add_parsers(sub: Any, jobs: Any, chunk: Any) -> None:
+    """Register push, pull and assemble (``jobs``: the CLI's type for --jobs, ``chunk``:
+    its type for --chunk-size)."""
     ps = sub.add_parser("push", help="push a package folder to an OCI registry (CNCF "
                                      "ModelPack shape, one layer per weight)")
     ps.add_argument("package", help="a package folder (holding summary.json)")
     ps.add_argument("reference", help="host[:port]/repository[:tag]")
     ps.add_argument("--mount-from", action="append", default=[], metavar="REPOSITORY",
                     help="another repository of the same registry to mount blobs from")
-    ps.add_argument("--chunk-size", type=jobs, default=None, metavar="BYTES",
+    ps.add_argument("--chunk-size", type=chunk, default=None, metavar="BYTES",
                     help="blobs larger than this are sent in chunks of this size, each "
                          "recorded so a killed push resumes (default 64 MiB)")
     _transport_flags(ps, jobs)
