@@ -166,3 +166,102 @@ def build_two_versions(root: Path) -> dict[str, tuple[Path, Path]]:
         out[name] = (recipe.parent / "out/pkg/1.0.0/combined",
                      rel.output / rel.archives[0].file_name)
     return out
+
+
+def archive_members(path: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """Every member of a release archive with its data (small test archives only)."""
+    import zstandard
+
+    raw = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes())
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
+        return [(m, tf.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
+                for m in tf.getmembers()]
+
+
+def tar_bytes(members: Sequence[tuple[tarfile.TarInfo, bytes | None]], *,
+              end: bool = True) -> bytes:
+    """A tar of ``members``; ``end=False``: without its end-of-archive blocks."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for info, data in members:
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+        size = tf.offset
+    return buf.getvalue() if end else buf.getvalue()[:size]
+
+
+def _edited(path: Path, name: str, edit) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """The archive's members with the one ending in ``/name`` replaced by ``edit(info,
+    data)`` (a list of members)."""
+    out = []
+    for info, data in archive_members(path):
+        out += edit(info, data) if info.name.endswith(f"/{name}") else [(info, data)]
+    return out
+
+
+def _flip_four(info: tarfile.TarInfo, data: bytes | None):
+    assert data is not None and len(data) > 100
+    return [(info, data[:64] + bytes(b ^ 0x5A for b in data[64:68]) + data[68:])]
+
+
+def _with(*extra: tuple[tarfile.TarInfo, bytes | None]):
+    """Keep the member, then add ``extra``."""
+    return lambda info, data: [(info, data), *extra]
+
+
+def _link_for(info: tarfile.TarInfo, data: bytes | None):
+    link = tarfile.TarInfo(info.name)
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    return [(link, None)]
+
+
+# hostile copies of a release archive (:func:`hostile_copies`) -> whether its structure
+# alone gives it away (False: only hashing its members does)
+HOSTILE_TRICKS = {
+    "four weight bytes changed": False, "dot-dot member": True, "absolute member": True,
+    "symlink member": True, "hard link member": True, "device member": True,
+    "duplicate member with other bytes": True, "a link in place of the model": True,
+    "trailing data": True, "a further frame of data": True, "last byte cut": True,
+    "frame checksum cut": True, "no end-of-archive blocks": True,
+    "one end-of-archive block": True,
+}
+
+
+def hostile_copies(archive: Path) -> dict[str, bytes]:
+    """Copies of the release archive ``archive`` (whose package has ``encoder.onnx`` and
+    the weight file ``encoder_weight_combined``) that every reader must refuse, by name;
+    each is the archive's bytes, to be written under the archive's own file name."""
+    import zstandard
+
+    root = archive.name.removesuffix(".tar.zst")
+    weights, model = "encoder_weight_combined", "encoder.onnx"
+
+    def z(tar: bytes) -> bytes:
+        return zstandard.ZstdCompressor(write_checksum=True).compress(tar)
+
+    def edit(name, how, **kw) -> bytes:
+        return z(tar_bytes(_edited(archive, name, how), **kw))
+
+    data = archive.read_bytes()
+    out = {
+        "four weight bytes changed": edit(weights, _flip_four),
+        "dot-dot member": edit(model, _with(entry(f"{root}/../evil.sh", b"#!/bin/sh"))),
+        "absolute member": edit(model, _with(entry("/tmp/evil.sh", b"#!/bin/sh"))),
+        "symlink member": edit(model, _with(entry(f"{root}/link", kind=tarfile.SYMTYPE,
+                                                  linkname="/etc"))),
+        "hard link member": edit(model, _with(entry(f"{root}/hard", kind=tarfile.LNKTYPE,
+                                                    linkname=f"{root}/{model}"))),
+        "device member": edit(model, _with(entry(f"{root}/null", kind=tarfile.CHRTYPE,
+                                                 devmajor=1, devminor=3))),
+        "duplicate member with other bytes": edit(
+            weights, lambda i, d: [(i, d), *_flip_four(i, d)]),
+        "a link in place of the model": edit(model, _link_for),
+        "trailing data": data + b"appended",
+        "a further frame of data": data + z(b"x" * 1000),
+        "last byte cut": data[:-1],
+        "frame checksum cut": data[:-4],
+        "no end-of-archive blocks": z(tar_bytes(archive_members(archive), end=False)),
+        "one end-of-archive block": z(tar_bytes(archive_members(archive), end=False)
+                                      + bytes(512)),
+    }
+    assert out.keys() == HOSTILE_TRICKS.keys()
+    return out

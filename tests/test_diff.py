@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 
-from tests.release_helpers import CHANGED, build_two_versions
+from tests.release_helpers import CHANGED, HOSTILE_TRICKS, build_two_versions, hostile_copies
 from weightstore.cli import main
 from weightstore.packaging.diff import diff_packages, open_view
 
@@ -76,3 +78,84 @@ def test_a_missing_operand_is_named_as_either_form(two_versions, tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("weightstore: error: no such package folder or archive")
     assert str(missing) in err and len(err.splitlines()) == 1
+
+
+def _one_line(argv, capsys, code=2) -> str:
+    assert main(argv) == code, argv
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("weightstore: error: ") and "\n" not in err, err
+    return err
+
+
+def test_a_changed_copy_of_a_folder_is_not_identical(two_versions, tmp_path, capsys):
+    """Four weight bytes changed in a copy: the copy is not what its summary lists, so diff
+    refuses it (as verify does), in either order; --no-verify says it hashed nothing."""
+    folder, archive = two_versions["a"]
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    weights = copy / "encoder_weight_combined"
+    data = bytearray(weights.read_bytes())
+    data[64:68] = bytes(b ^ 0x5A for b in data[64:68])
+    weights.write_bytes(bytes(data))
+    for argv in (["diff", str(folder), str(copy)], ["diff", str(copy), str(archive)]):
+        err = _one_line(argv, capsys)
+        assert "package differs from its summary: digest: encoder_weight_combined" in err
+        assert f"folder={copy}" in err
+    assert main(["diff", str(folder), str(copy), "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert "not verified (--no-verify)" in out and out.strip().endswith("identical")
+    assert main(["diff", str(folder), str(archive), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verified"] is True
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "unlisted"])
+def test_a_folder_verify_refuses_is_refused_even_without_hashing(two_versions, tmp_path,
+                                                                 capsys, kind):
+    folder, archive = two_versions["a"]
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    if kind == "symlink":
+        (copy / "encoder.onnx").rename(tmp_path / "elsewhere.onnx")
+        (copy / "encoder.onnx").symlink_to(tmp_path / "elsewhere.onnx")
+    elif kind == "fifo":
+        (copy / "encoder_weight_combined").unlink()
+        os.mkfifo(copy / "encoder_weight_combined")
+    else:
+        (copy / "notes.txt").write_text("not in the summary")
+    for flags in ([], ["--no-verify"]):
+        err = _one_line(["diff", str(archive), str(copy), *flags], capsys)
+        assert "package differs from its summary" in err, err
+
+
+@pytest.fixture(scope="module")
+def hostile(two_versions, tmp_path_factory):
+    """name -> a hostile copy of A's archive, under the archive's own file name."""
+    _, archive = two_versions["a"]
+    root = tmp_path_factory.mktemp("hostile")
+    out = {}
+    for i, (name, data) in enumerate(sorted(hostile_copies(archive).items())):
+        (root / str(i)).mkdir()
+        out[name] = root / str(i) / archive.name
+        out[name].write_bytes(data)
+    return out
+
+
+@pytest.mark.parametrize("trick", sorted(HOSTILE_TRICKS))
+def test_every_reader_refuses_what_unpack_refuses(two_versions, hostile, trick, tmp_path,
+                                                  capsys):
+    """A copy of a release archive that unpack refuses is refused, in one line and exit 2,
+    by unpack, report ARCHIVE, diff (either side, with or without --no-verify) and report
+    --against: none calls it identical, none writes a page from it."""
+    folder, archive = two_versions["a"]
+    bad = hostile[trick]
+    commands = [["unpack", str(bad), str(tmp_path / "out")],
+                ["report", str(bad), "--output", str(tmp_path / "page.html")],
+                ["diff", str(folder), str(bad)], ["diff", str(bad), str(archive)],
+                ["report", str(folder), "--against", str(bad), "--output",
+                 str(tmp_path / "page.html")]]
+    if HOSTILE_TRICKS[trick]:  # what the structure shows, without hashing a byte
+        commands.append(["diff", str(bad), str(folder), "--no-verify"])
+    for argv in commands:
+        _one_line(argv, capsys)
+    assert sorted(os.listdir(tmp_path)) == []

@@ -30,6 +30,38 @@ class BoundedTarInfo(tarfile.TarInfo):
         return super()._proc_member(tf)  # type: ignore[misc]
 
 
+class CompleteTarInfo(BoundedTarInfo):
+    """A tar read to its end-of-archive blocks: where tarfile takes a header cut short, a
+    missing one or a damaged one (after the first) for the end of the archive, this is an
+    error. A zero block still ends it; :func:`read_trailer` checks the second one."""
+
+    @classmethod
+    def fromtarfile(cls, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tf)
+        except tarfile.EOFHeaderError:
+            raise  # a zero block: the end-of-archive marker
+        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):
+            raise tarfile.ReadError("the tar ends without its end-of-archive blocks") from None
+        except tarfile.InvalidHeaderError as exc:
+            raise tarfile.ReadError(f"damaged tar header: {exc}") from None
+
+
+def read_trailer(tf: tarfile.TarFile) -> None:
+    """After the last member of a stream read with :class:`CompleteTarInfo` (whose first
+    end-of-archive block tarfile has read): the second block, then only the zero padding
+    tar writes up to the end. Raises ``tarfile.ReadError`` on a missing block or on data
+    after them."""
+    stream = tf.fileobj
+    zeros = 0
+    while data := stream.read(1 << 20):  # type: ignore[union-attr]
+        if data.count(0) != len(data):
+            raise tarfile.ReadError("data after the end of the tar")
+        zeros += len(data)
+    if zeros < tarfile.BLOCKSIZE:
+        raise tarfile.ReadError("the tar ends without its second end-of-archive block")
+
+
 def member_kind(member: tarfile.TarInfo) -> str:
     """What a member that is neither a regular file nor a folder is, in words."""
     if member.issym():

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..errors import PackageError
 from ..io.files import NotRegularFileError, open_regular
-from ..io.tar import BoundedTarInfo
+from ..io.tar import CompleteTarInfo
+from ..io.zstd import CorruptStream, FrameReader
 
 JSON_LIMIT = 64 << 20  # summary.json and bundle.json members are read whole, up to this
 
@@ -19,11 +20,12 @@ JSON_LIMIT = 64 << 20  # summary.json and bundle.json members are read whole, up
 def open_archive(path: str | Path) -> Iterator[tarfile.TarFile]:
     """A streaming tar reader (``r|``) over the archive's zstd frame(s).
 
-    zstd verifies each frame's checksum as it reaches the frame's end; corrupt or truncated
-    input becomes a :class:`PackageError` naming the archive.
+    zstd verifies each frame's checksum as it reaches the frame's end, and input that ends
+    inside a frame, a tar header cut short or damaged, or a tar without its end-of-archive
+    blocks is refused (:func:`~weightstore.io.tar.read_trailer`, called after the last
+    member, checks what follows it): corrupt or truncated input becomes a
+    :class:`PackageError` naming the archive.
     """
-    import zstandard
-
     try:
         fd = open_regular(path)  # a FIFO would block the open, and the reads, forever
     except FileNotFoundError:
@@ -34,33 +36,12 @@ def open_archive(path: str | Path) -> Iterator[tarfile.TarFile]:
         raise PackageError(f"cannot open the archive: {exc.strerror or exc}",
                            archive=str(path)) from None
     try:
-        with os.fdopen(fd, "rb") as f:
-            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-            with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
-                              tarinfo=BoundedTarInfo) as tf:
-                yield tf
-    except (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError) as exc:
+        with (os.fdopen(fd, "rb") as f,
+              tarfile.open(fileobj=FrameReader(f), mode="r|", encoding="utf-8",
+                           errors="strict", tarinfo=CompleteTarInfo) as tf):
+            yield tf
+    except (tarfile.TarError, CorruptStream, EOFError, UnicodeError) as exc:
         raise PackageError(f"corrupt archive: {exc}", archive=str(path)) from None
-
-
-def read_to_end(tf: tarfile.TarFile, archive: str | Path) -> None:
-    """After the last member: what follows the tar's end-of-archive blocks must be the
-    zero padding tar writes and then the end of the file. Bytes appended after it (or
-    another frame of data) are refused, so that an archive unpacks only when it is exactly
-    what its writer made; a reader that stops early (``diff``) does not call this."""
-    import zstandard
-
-    stream = tf.fileobj
-    try:
-        while True:
-            data = stream.read(1 << 20)  # type: ignore[union-attr]
-            if not data:
-                return
-            if data.count(0) != len(data):
-                raise PackageError("refusing archive: data after the end of the tar",
-                                   archive=str(archive))
-    except zstandard.ZstdError as exc:
-        raise PackageError(f"corrupt archive: {exc}", archive=str(archive)) from None
 
 
 def read_small(tf: tarfile.TarFile, member: tarfile.TarInfo, archive: str | Path) -> bytes:

@@ -1,11 +1,13 @@
 """``weightstore diff A B``: what changed between two packages (folders or archives).
 
-Both sides are read as metadata only (``summary.json`` and the device ``bundle.json``
-files); the comparison is pure and returns frozen :class:`Change` records keyed by kind and
-name, which the command only renders. ``fetch`` answers the deployment question: the bytes
-a device already holding A must download to hold B, counted by whole files (what a
-file-by-digest sync moves) and by payloads (what a weight-level fetch moves: every new
-payload once, plus every changed file that is not a weight file).
+Each side is first checked as what it compares (:func:`open_view`): a folder as ``verify``
+checks it, an archive as ``unpack`` reads it; then only its metadata is compared
+(``summary.json`` and the device ``bundle.json`` files). The comparison is pure and
+returns frozen :class:`Change` records keyed by kind and name, which the command only
+renders. ``fetch`` answers the deployment question: the bytes a device already holding A
+must download to hold B, counted by whole files (what a file-by-digest sync moves) and by
+payloads (what a weight-level fetch moves: every new payload once, plus every changed file
+that is not a weight file).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from typing import Any
 from ..errors import PackageError
 from ..io.files import parse_json, read_regular
 from ..package.bundle_record import BUNDLE_NAME
-from ..package.summary import SUMMARY_NAME
-from ..packaging.inventory import check_summary, read_summary
-from .archive_reader import open_archive, read_small
+from .archive_reader import open_archive
+from .inventory import read_summary, verified_package
+from .unpack import read_archive
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class PackageView:
     source: str
     summary: dict[str, Any]
     bundles: dict[str, dict[str, Any]]  # device name -> bundle.json
+    verified: bool = True  # its files were hashed against the summary (not --no-verify)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class PackageDiff:
     fetch_file_bytes: int
     fetch_payload_bytes: int
     device_fetch_bytes: dict[str, int] = field(default_factory=dict)
+    verified: bool = True  # both sides' files were hashed against their summaries
 
     @property
     def identical(self) -> bool:
@@ -66,17 +70,24 @@ class PackageDiff:
 
     def to_dict(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "identical": self.identical,
+                "verified": self.verified,
                 "changes": [c.to_dict() for c in self.changes],
                 "fetch": {"file_bytes": self.fetch_file_bytes,
                           "payload_bytes": self.fetch_payload_bytes,
                           "devices": dict(sorted(self.device_fetch_bytes.items()))}}
 
 
-def open_view(path: str | Path) -> PackageView:
+def open_view(path: str | Path, *, verify: bool = True, jobs: int = 1) -> PackageView:
+    """The package at ``path`` (a folder or a release archive), read only once its files
+    are what its summary lists: a folder as ``verify`` checks it, an archive as ``unpack``
+    reads it (every member checked and hashed, nothing after the tar's end); anything
+    either refuses is refused here. ``verify=False`` hashes nothing: every other check
+    (kinds, paths, sizes, unlisted and missing files, the archive's structure) holds."""
     path = Path(path)
     if not path.exists():
         raise PackageError("no such package folder or archive", path=str(path))
     if path.is_dir():
+        verified_package(path, hashed=verify, jobs=jobs)
         summary = read_summary(path)
         bundles = {}
         for d in summary.get("devices", []):
@@ -86,34 +97,25 @@ def open_view(path: str | Path) -> PackageView:
             except (OSError, ValueError) as exc:
                 raise PackageError(f"cannot read a device record: {exc}",
                                    file=str(record)) from None
-        return PackageView(str(path), summary, bundles)
-    return _archive_view(path)
+        return PackageView(str(path), summary, bundles, verify)
+    return _archive_view(path, verify)
 
 
-def _archive_view(path: Path) -> PackageView:
-    summary: dict[str, Any] | None = None
+def _is_bundle(rel: str) -> bool:
+    parts = rel.split("/")
+    return len(parts) == 3 and parts[0] == "devices" and parts[2] == BUNDLE_NAME
+
+
+def _archive_view(path: Path, verify: bool) -> PackageView:
+    read = read_archive(path, keep=_is_bundle, hashed=verify)
     bundles: dict[str, dict[str, Any]] = {}
-    with open_archive(path) as tf:
-        for member in tf:
-            parts = member.name.split("/")
-            if not member.isfile() or len(parts) < 2:
-                continue
-            rel = parts[1:]
-            if rel == [SUMMARY_NAME] or (len(rel) == 3 and rel[0] == "devices"
-                                         and rel[2] == BUNDLE_NAME):
-                try:
-                    doc = parse_json(read_small(tf, member, path))
-                except ValueError as exc:
-                    raise PackageError(f"archive member is not JSON: {exc}",
-                                       archive=str(path), member=member.name) from None
-                if rel == [SUMMARY_NAME]:
-                    check_summary(doc, f"{path}:{member.name}")
-                    summary = doc
-                else:
-                    bundles[rel[1]] = doc
-    if summary is None:
-        raise PackageError("no package summary in the archive", archive=str(path))
-    return PackageView(str(path), summary, bundles)
+    for rel, data in read.kept.items():
+        try:
+            bundles[rel.split("/")[1]] = parse_json(data)
+        except ValueError as exc:
+            raise PackageError(f"archive member is not JSON: {exc}", archive=str(path),
+                               member=rel) from None
+    return PackageView(str(path), read.summary, bundles, verify)
 
 
 def weights_by_name(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -174,7 +176,8 @@ def diff_packages(a: PackageView, b: PackageView) -> PackageDiff:
         devices[name] = sum(c["size"] for c in needed if c["digest"] not in held)
     order = {"model": 0, "weight": 1, "scenario": 2, "device": 3, "file": 4}
     changes.sort(key=lambda c: (order[c.what], c.name, c.kind))
-    return PackageDiff(a.source, b.source, tuple(changes), file_bytes, payload_bytes, devices)
+    return PackageDiff(a.source, b.source, tuple(changes), file_bytes, payload_bytes, devices,
+                       a.verified and b.verified)
 
 
 def _weight_file_paths(summary: Mapping[str, Any]) -> set[str]:

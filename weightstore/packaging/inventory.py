@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import PackageError
+from ..errors import IntegrityError, PackageError
 from ..io.digests import digest_file, make_key
 from ..io.files import is_relative_inside
 from ..package.summary import (
@@ -152,11 +152,14 @@ class VerifyReport:
 def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
                    digest: Callable[[str, Path], str] | None = None, *,
                    progress: bool | None = False, store: Path | None = None,
-                   ) -> VerifyReport:
+                   hashed: bool = True) -> VerifyReport:
     """Re-hash every file of a package against its summary; unlisted files are problems too.
 
     ``digest(algo, path)`` defaults to a full re-hash; the up-to-date check passes a stat
-    cache instead. ``progress``: a bar over the bytes (None: only on a terminal).
+    cache instead. ``hashed=False`` reads no file's bytes: every listed file is still
+    checked for its kind (a regular file, never followed through a link) and size, and
+    every unlisted or non-regular file is still a problem; only the digests are not.
+    ``progress``: a bar over the bytes (None: only on a terminal).
     ``store``: a store whose action record of the build, when it has one, must name this
     very summary (a ``build`` problem otherwise; see :mod:`weightstore.packaging.proof`).
     """
@@ -185,6 +188,8 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
             if st.st_size != entry["size"]:
                 return Problem("size", entry["path"],
                                f"{st.st_size} bytes, the summary says {entry['size']}")
+            if not hashed:
+                return None
             algo = entry["digest"].partition(":")[0]
             actual = digest(algo, path)
         except FileNotFoundError:
@@ -213,7 +218,7 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
                 found = list(pool.map(counted, contents))
     report.files = len(contents)
     report.bytes_hashed = sum(e["size"] for e, p in zip(contents, found, strict=True)
-                              if p is None or p.kind == "digest")
+                              if hashed and (p is None or p.kind == "digest"))
     report.problems += [p for p in found if p is not None]
     listed = {e["path"] for e in contents}
     try:
@@ -236,4 +241,16 @@ def verify_package(folder: str | os.PathLike[str], jobs: int = 1,
     report.problems += [Problem("unexpected", name, "not listed in the summary")
                         for name in unlisted]
     report.problems.sort(key=lambda p: p.path)
+    return report
+
+
+def verified_package(folder: str | os.PathLike[str], *, hashed: bool = True,
+                     jobs: int = 1) -> VerifyReport:
+    """:func:`verify_package`, with any problem raised: what ``verify`` refuses, a reader
+    that takes the folder's word for its files (``diff``, ``release``) refuses too, with
+    the first problem in one line (an :class:`IntegrityError`)."""
+    report = verify_package(folder, jobs=jobs, hashed=hashed)
+    if report.problems:
+        raise IntegrityError(f"package differs from its summary: {report.problems[0]}",
+                             folder=str(folder), problems=len(report.problems))
     return report

@@ -4,16 +4,22 @@ A short orchestrator over the archive stream and a temp folder beside ``DIR``: e
 is checked before a byte of it is written (regular files and folders only; a path that is
 relative, free of ``..``, under the archive's single top folder and seen once; a file listed
 in the summary, which comes first, with exactly the size listed), written with an ordinary
-mode, hashed on the way and compared with the summary's digest. Only a complete, verified
-folder is renamed to ``DIR``; on any failure the temp folder is removed and nothing is left.
+mode, hashed on the way and compared with the summary's digest; the archive must end as
+its writer ended it (the zstd frame whole, the tar's end-of-archive blocks, nothing after
+them). Only a complete, verified folder is renamed to ``DIR``; on any failure the temp
+folder is removed and nothing is left.
+
+:func:`read_archive` is that reading, with or without a folder to write into: ``diff`` and
+``report --against`` read an archive through it too, so that what ``unpack`` refuses no
+reader of archives takes.
 """
 
 from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +33,9 @@ from ..io.files import (
     parse_json,
     publish_dir,
 )
-from ..io.tar import REGULAR, member_kind, write_new
+from ..io.tar import REGULAR, member_kind, read_trailer, write_new
 from ..package.summary import SUMMARY_NAME
-from .archive_reader import open_archive, read_small, read_to_end
+from .archive_reader import open_archive, read_small
 from .inventory import check_member_path, check_summary
 
 SUFFIX = ".tar.zst"  # a release archive: <package>-<version>-<layout>.tar.zst
@@ -56,6 +62,17 @@ def archive_root(summary: Mapping[str, Any]) -> str:
     return name
 
 
+@dataclass
+class ArchiveRead:
+    """What :func:`read_archive` found: the summary, the files it lists (all present,
+    each checked) and their bytes, and the data of the members it was asked to keep."""
+
+    summary: dict[str, Any]
+    files: int = 0
+    bytes: int = 0
+    kept: dict[str, bytes] = field(default_factory=dict)  # path in the package -> data
+
+
 def unpack(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> UnpackResult:
     dest = Path(dest)
     if dest.exists() or dest.is_symlink():
@@ -66,10 +83,10 @@ def unpack(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Unp
         raise PackageError("destination's parent folder does not exist", folder=str(parent))
     tmp = make_temp_dir(parent, f".{dest.name}.")
     try:
-        files, size = _extract(Path(archive), tmp)
+        read = read_archive(Path(archive), into=tmp)
         publish_dir(tmp, dest)
         tmp = None
-        return UnpackResult(dest, files, size)
+        return UnpackResult(dest, read.files, read.bytes)
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
@@ -85,12 +102,20 @@ def _refuse(archive: Path, why: str, member: str, **context: Any) -> PackageErro
                         **context)
 
 
-def _extract(archive: Path, into: Path) -> tuple[int, int]:
+def read_archive(archive: Path, *, into: Path | None = None,
+                 keep: Callable[[str], bool] = lambda path: False,
+                 hashed: bool = True) -> ArchiveRead:
+    """Read a release archive whole, refusing it as the module's text says: every member
+    checked before a byte of it is used, every file's bytes hashed on the way and
+    compared with the summary's digest, and nothing after the tar's end. ``into``: write
+    the package there (an empty folder); ``keep(path)``: hold that file's data in memory
+    too (metadata: up to :data:`~.archive_reader.JSON_LIMIT`). ``hashed=False`` (``diff
+    --no-verify``) compares no digest: every other check still holds."""
     expected: dict[str, dict[str, Any]] | None = None
+    read: ArchiveRead | None = None
     folders: set[str] = set()
     seen: set[str] = set()
     root: str | None = None
-    total = 0
     with open_archive(archive) as tf:
         for member in tf:
             name = member.name.rstrip("/") if member.isdir() else member.name
@@ -129,12 +154,16 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
                                   expected=_root_of(summary))
                 expected = {c["path"]: c for c in summary["contents"]}
                 folders = {str(p) for c in expected for p in Path(c).parents} - {"."}
-                write_new(into / SUMMARY_NAME, [data])
+                read = ArchiveRead(summary)
+                if into is not None:
+                    write_new(into / SUMMARY_NAME, [data])
                 continue
+            assert read is not None
             if member.isdir():
                 if rel not in folders:
                     raise _refuse(archive, "folder not in the summary", member.name)
-                (into / rel).mkdir(mode=dir_mode(), parents=True, exist_ok=True)
+                if into is not None:
+                    (into / rel).mkdir(mode=dir_mode(), parents=True, exist_ok=True)
                 continue
             entry = expected.get(rel)
             if entry is None:
@@ -142,17 +171,29 @@ def _extract(archive: Path, into: Path) -> tuple[int, int]:
             if member.size != entry["size"]:
                 raise _refuse(archive, "size differs from the summary", member.name,
                               size=member.size, expected=entry["size"])
-            (into / rel).parent.mkdir(mode=dir_mode(), parents=True, exist_ok=True)
-            _write_verified(tf, member, into / rel, entry, archive)
-            total += member.size
-        read_to_end(tf, archive)
-    if expected is None:
+            if keep(rel):
+                read.kept[rel] = read_small(tf, member, archive)
+                chunks: Iterable[bytes] = _checked(iter([read.kept[rel]]), member, entry,
+                                                   archive, hashed)
+            else:
+                chunks = _checked(_member_data(tf, member, archive), member, entry, archive,
+                                  hashed)
+            if into is not None:
+                (into / rel).parent.mkdir(mode=dir_mode(), parents=True, exist_ok=True)
+                write_new(into / rel, chunks)
+            else:
+                for _ in chunks:
+                    pass
+            read.bytes += member.size
+        read_trailer(tf)
+    if read is None or expected is None:
         raise PackageError("refusing archive: no package summary in it", archive=str(archive))
     missing = sorted(set(expected) - seen)
     if missing:
         raise PackageError("refusing archive: files listed in the summary are missing",
                            archive=str(archive), missing=", ".join(missing[:5]))
-    return len(expected), total
+    read.files = len(expected)
+    return read
 
 
 def _check_file_name(archive: Path, root: str) -> None:
@@ -170,24 +211,31 @@ def _root_of(summary: dict[str, Any]) -> str | None:
         return None
 
 
-def _write_verified(tf: tarfile.TarFile, member: tarfile.TarInfo, path: Path,
-                    entry: dict[str, Any], archive: Path) -> None:
-    algo = entry["digest"].partition(":")[0]
-    hasher = new_hasher(algo, threads=False)
+def _member_data(tf: tarfile.TarFile, member: tarfile.TarInfo,
+                 archive: Path) -> Iterator[bytes]:
     source = tf.extractfile(member)
     assert source is not None  # a regular file
+    remaining = member.size
+    while remaining:
+        data = source.read(min(CHUNK, remaining))
+        if not data:
+            raise _refuse(archive, "member ends early", member.name)
+        remaining -= len(data)
+        yield data
 
-    def chunks():
-        remaining = member.size
-        while remaining:
-            data = source.read(min(CHUNK, remaining))
-            if not data:
-                raise _refuse(archive, "member ends early", member.name)
-            hasher.update(data)
-            remaining -= len(data)
-            yield data
 
-    write_new(path, chunks())
+def _checked(chunks: Iterator[bytes], member: tarfile.TarInfo, entry: dict[str, Any],
+             archive: Path, hashed: bool) -> Iterator[bytes]:
+    """``chunks``, hashed on their way; once they are through, their digest must be the
+    summary's (an :class:`IntegrityError` otherwise, before the caller goes on)."""
+    if not hashed:
+        yield from chunks
+        return
+    algo = entry["digest"].partition(":")[0]
+    hasher = new_hasher(algo, threads=False)
+    for data in chunks:
+        hasher.update(data)
+        yield data
     actual = make_key(algo, hasher.hexdigest())
     if actual != entry["digest"]:
         raise IntegrityError("archive member differs from its summary", archive=str(archive),

@@ -64,9 +64,15 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
     u.add_argument("folder", metavar="DIR", help="created; must not exist")
     u.add_argument("--json", action="store_true", help="print JSON")
 
-    d = sub.add_parser("diff", help="compare two packages (folders or archives)")
+    d = sub.add_parser("diff", help="compare two packages (folders or archives), each "
+                                    "verified against its summary first")
     d.add_argument("a")
     d.add_argument("b")
+    d.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="hash no file: compare what the summaries claim (kinds, paths, "
+                        "sizes and the archives' structure are still checked)")
+    d.add_argument("--jobs", type=jobs, default=default_jobs,
+                   help="worker threads for hashing a folder")
     d.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -198,10 +204,14 @@ def run_unpack(args: argparse.Namespace) -> int:
 def run_diff(args: argparse.Namespace) -> int:
     from ..packaging.diff import diff_packages, open_view
 
-    result = diff_packages(open_view(args.a), open_view(args.b))
+    result = diff_packages(*(open_view(p, verify=args.verify, jobs=args.jobs)
+                             for p in (args.a, args.b)))
     if args.json:
         _print_json(result.to_dict())
     else:
+        if not result.verified:
+            print("not verified (--no-verify): no file was hashed; the summaries' digests "
+                  "were taken at their word")
         for change in result.changes:
             print(change)
         print(f"fetch to go from A to B: {result.fetch_file_bytes} bytes by file, "

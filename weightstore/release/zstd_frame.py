@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..errors import PackageError
+from ..io.zstd import zstd_lib
 
 
 class Sink(Protocol):
@@ -37,13 +38,7 @@ class Frame:
     """One frame of exactly ``size`` bytes of content (it is announced in the header)."""
 
     def __init__(self, parameters: Sequence[tuple[str, int]], size: int, sink: Sink) -> None:
-        try:
-            from zstandard.backend_cffi import ffi, lib
-        except ImportError as exc:  # a zstandard built without its cffi module
-            raise PackageError("zstd: this zstandard installation lacks its cffi backend "
-                               "(install zstandard's wheel, with cffi)",
-                               detail=str(exc)) from None
-
+        ffi, lib = zstd_lib()
         self._ffi, self._lib, self._sink = ffi, lib, sink
         cctx = lib.ZSTD_createCCtx()
         if cctx == ffi.NULL:
