@@ -227,6 +227,44 @@ def _one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> Non
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_no_output_option_replaces_a_fifo_or_a_device(encoder_model, save_model, tmp_path,
+                                                      capsys):
+    """Every ``--output`` (and convert's output) is a new path or a regular file: a FIFO,
+    or a link to a device node, is refused before the work, left as it was."""
+    import stat
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    np.savez(tmp_path / "in.npz", x=np.zeros(2, np.float32))
+    store = tmp_path / "s"
+    recipe = write_recipe(tmp_path, {"e": save_model(encoder_model, "e.onnx")}, LAYOUT)
+    assert main(["-q", "build", str(recipe), "--store", str(store)]) == 0
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    device = tmp_path / "null"  # a link to a device node: the node itself is never touched
+    device.symlink_to(os.devnull)
+    for target, kind in ((fifo, "a FIFO"), (device, "a device")):
+        for argv in (["run", str(model), "--inputs", str(tmp_path / "in.npz"), "--output"],
+                     ["report", "--store", str(store), "--output"],
+                     ["store", "export-meta", "--store", str(store), "--output"],
+                     ["schema", "--output"],
+                     ["convert", "to-external", str(model)],
+                     ["scenario", "add", str(model), "s", "--passes", "cleanup", "--output"]):
+            assert main([*argv, str(target)]) == 2, argv
+            assert capsys.readouterr().err == (
+                f"weightstore: error: output path is not a regular file but {kind}; only a "
+                f"regular file or a new path is written (output={target})\n"), argv
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and device.is_symlink()
+    regular = tmp_path / "schema.json"
+    regular.write_text("old")
+    assert main(["schema", "--output", str(regular)]) == 0
+    assert regular.read_text().startswith("{")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 def test_a_fifo_is_refused_not_waited_on(tmp_path):
     fifo = tmp_path / "m.onnx"
     os.mkfifo(fifo)

@@ -57,6 +57,11 @@ class PackageError(WeightstoreError, RuntimeError):
     """A package cannot be written, or its output folder holds something else."""
 
 
+class OutputError(WeightstoreError, ValueError):
+    """An output path names what a write must not replace: a folder, a FIFO, a device or a
+    socket (a new path or a regular file is written by a rename)."""
+
+
 class ConversionError(WeightstoreError, ValueError):
     """A model cannot be converted between inline, external-data and FileConstant forms."""
 

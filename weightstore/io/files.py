@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import ConversionError, PackageError
+from ..errors import ConversionError, OutputError, PackageError, WeightstoreError
 
 COPY_CHUNK = 8 << 20
 # errors that concern the file being written, whatever else the operation touched
@@ -229,6 +229,27 @@ def remove_dead_temp_dirs(parent: Path, prefix: str) -> list[Path]:
     return removed
 
 
+def check_output_file(path: str | os.PathLike[str],
+                      error: type[WeightstoreError] = OutputError) -> None:
+    """Refuse an output path that is neither new nor a regular file (nor a link to one):
+    a rename would put a file in place of a FIFO, a device node or a socket (``/dev/full``
+    replaced by a report), and a folder is never an output file. Every file published
+    under a name given by a user goes through here, by :func:`atomic_writer`; commands
+    also call it before their work, so a bad ``--output`` costs nothing. ``error``: the
+    command's own class (a conversion refuses with :class:`ConversionError`)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # new, or a path the write itself will report
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode)
+            or stat.S_ISBLK(mode) else "something else")
+    raise error(f"output path is not a regular file but {kind}; only a regular file or a "
+                "new path is written", output=os.fspath(path))
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
                   sync_dir: bool = True, durable: bool = True,
@@ -249,6 +270,7 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
     workers fsync the files they read back side by side).
     """
     path = Path(path)
+    check_output_file(path)
     if sweep:
         remove_dead_temps(path)
     try:
@@ -266,6 +288,7 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+        check_output_file(path)  # again: the write may have taken a while
         try:
             os.replace(tmp, path)
         except OSError as exc:  # name the path asked for, not the temp file beside it
@@ -605,9 +628,7 @@ def check_outputs(src: Path, inputs: set[Path], outputs: Iterable[Path], *,
             raise ConversionError("output path contains a NUL byte", output=repr(str(out)))
         if not out.parent.is_dir():
             raise ConversionError("output folder does not exist", folder=str(out.parent))
-        if os.path.lexists(out) and not out.is_file():
-            raise ConversionError("output path exists and is not a regular file",
-                                  output=str(out))
+        check_output_file(out, ConversionError)
         if out.resolve() in inputs:
             raise ConversionError("output would overwrite a file the input model reads",
                                   input=str(src), output=str(out))

@@ -34,10 +34,12 @@ def register(sub: Any) -> None:
 def run_command(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..io.files import atomic_writer
+    from ..io.files import atomic_writer, check_output_file
     from ..resolve.api import resolve
     from . import LoadReport, load
 
+    if args.output:  # before the run: a FIFO or a device is never replaced
+        check_output_file(args.output)
     feed = _read_inputs(np, args.inputs)
     report = LoadReport()
     with resolve(args.source, model=args.model, device=args.device, scenario=args.scenario,
