@@ -188,3 +188,48 @@ def test_release_sign_and_verify_on_the_command_line(encoder_model, tmp_path, ke
     pub.write_text(f"# the release key\n{public.text}\n")
     assert parse_public(str(pub)) == public
     assert main(["release", "--verify", str(out), "--key", str(pub)]) == 0
+
+
+def test_a_trusted_keys_file_others_can_change_is_refused(key, tmp_path, monkeypatch,
+                                                          capsys):
+    """As OpenSSH refuses such an ``authorized_keys``: writable by others, owned by
+    another user, or in a folder others can write; one line naming the file."""
+    _, public = key
+    config = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    monkeypatch.delenv(TRUSTED_KEYS_ENV, raising=False)
+    folder = config / "weightstore"
+    folder.mkdir(parents=True)
+    path = folder / "trusted-keys"
+    path.write_text(f"{public.text}\n")
+    os.chmod(path, 0o644)
+    assert trusted_keys() == [public]
+    os.chmod(path, 0o666)
+    with pytest.raises(SignatureError) as err:
+        trusted_keys()
+    assert str(err.value) == ("the trusted-keys file is open to other users: chmod go-w it "
+                              f"(file={path}, mode=0o666)")
+    os.chmod(path, 0o644)
+    os.chown(path, os.geteuid() + 4242, -1)
+    with pytest.raises(SignatureError) as err:
+        trusted_keys()
+    assert str(err.value) == ("the trusted-keys file belongs to another user "
+                              f"(file={path}, owner={os.geteuid() + 4242})")
+    os.chown(path, os.geteuid(), -1)
+    os.chmod(folder, 0o777)
+    with pytest.raises(SignatureError) as err:
+        trusted_keys()
+    assert str(err.value) == ("the trusted-keys file is in a folder other users can write: "
+                              f"chmod go-w it (file={path}, folder={folder}, mode=0o777)")
+    os.chmod(folder, 0o1777)  # sticky, as /tmp: no one else can replace the file
+    assert trusted_keys() == [public]
+    os.chmod(folder, 0o755)
+    os.chown(config, os.geteuid() + 4242, -1)
+    with pytest.raises(SignatureError, match="is in a folder of another user"):
+        trusted_keys()
+    os.chown(config, os.geteuid(), -1)
+    os.chmod(path, 0o666)
+    assert main(["release", "--verify", str(tmp_path)]) == 2  # the command's one line
+    assert capsys.readouterr().err == ("weightstore: error: the trusted-keys file is open to "
+                                       f"other users: chmod go-w it (file={path}, "
+                                       "mode=0o666)\n")

@@ -11,7 +11,9 @@ their verifiers match our signatures to the key by id.
 
 Trusted public keys come from ``<user config folder>/trusted-keys`` (one per line; ``#``
 starts a comment) and ``$WEIGHTSTORE_TRUSTED_KEYS`` (separated by spaces, commas or new
-lines): either, or both, may list several (key rotation).
+lines): either, or both, may list several (key rotation). A ``trusted-keys`` file that
+others may write, that another user owns, or that lies in a folder others may change is
+refused, as OpenSSH refuses such an ``authorized_keys``.
 
 Signing needs ``cryptography`` (``pip install 'weightstore[sign]'``).
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SignatureError
-from ..io.files import fsync_dir, read_regular, write_all
+from ..io.files import fsync_dir, open_regular, read_regular, write_all
 from ..store.location import user_config_dir
 
 PUBLIC_PREFIX = "ed25519:"
@@ -105,8 +107,10 @@ def trusted_keys(env: dict[str, str] | None = None) -> list[PublicKey]:
     env = dict(os.environ) if env is None else env
     found: list[PublicKey] = []
     path = user_config_dir(env) / TRUSTED_KEYS_FILE
-    if path.is_file():
-        for n, line in enumerate(read_regular(path).decode(errors="replace").splitlines(), 1):
+    if os.path.exists(path):
+        _refuse_open_folders(path, "the trusted-keys file")
+        data = _owned_bytes(path, "the trusted-keys file", others=0o022, chmod="chmod go-w")
+        for n, line in enumerate(data.decode(errors="replace").splitlines(), 1):
             value = line.split("#", 1)[0].strip()
             if value:
                 try:
@@ -133,17 +137,54 @@ def load_private(path: str | os.PathLike[str] | None = None,
                                  f"${SIGNING_KEY_ENV}")
         return _private(text.encode(), variable=SIGNING_KEY_ENV)
     path = Path(path)
+    data = _owned_bytes(path, "the signing key file", others=0o077, chmod="chmod 600")
+    return _private(data, file=str(path))
+
+
+def _owned_bytes(path: Path, what: str, *, others: int, chmod: str) -> bytes:
+    """The bytes of ``path``, a file only its owner may change (as OpenSSH asks of a
+    private key and of ``authorized_keys``): one line naming the file and what is wrong
+    when any of the permission bits ``others`` is set or another user owns it. The
+    descriptor read is the one judged."""
     try:
-        st = os.stat(path)
+        f = os.fdopen(open_regular(path), "rb")
     except OSError as exc:
-        raise SignatureError(f"cannot read the signing key: {exc.strerror}",
+        raise SignatureError(f"cannot read {what}: {exc.strerror or exc}",
                              file=str(path)) from None
-    if st.st_mode & 0o077:
-        raise SignatureError("the signing key file is open to other users: chmod 600 it",
-                             file=str(path), mode=oct(stat.S_IMODE(st.st_mode)))
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        raise SignatureError("the signing key file belongs to another user", file=str(path))
-    return _private(read_regular(path), file=str(path))
+    with f:
+        st = os.fstat(f.fileno())
+        if not hasattr(os, "geteuid"):  # no POSIX owners or modes to judge
+            return f.read()
+        if st.st_mode & others:
+            raise SignatureError(f"{what} is open to other users: {chmod} it",
+                                 file=str(path), mode=oct(stat.S_IMODE(st.st_mode)))
+        if st.st_uid != os.geteuid():
+            raise SignatureError(f"{what} belongs to another user", file=str(path),
+                                 owner=st.st_uid)
+        return f.read()
+
+
+def _refuse_open_folders(path: Path, what: str) -> None:
+    """Refuse ``path`` when a folder above it (as named, and as links resolve it) lets
+    another user replace it: one of another user than this one or root, or writable by
+    group or others without the sticky bit (``/tmp``'s, which keeps each name its
+    owner's). OpenSSH's ``StrictModes`` walk for ``authorized_keys``."""
+    if not hasattr(os, "geteuid"):
+        return
+    folders = dict.fromkeys([*Path(os.path.abspath(path)).parents,
+                             *Path(os.path.realpath(path)).parents])
+    for folder in folders:
+        try:
+            st = os.stat(folder)
+        except OSError:
+            continue
+        if st.st_uid not in (os.geteuid(), 0):
+            raise SignatureError(f"{what} is in a folder of another user", file=str(path),
+                                 folder=str(folder), owner=st.st_uid)
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise SignatureError(f"{what} is in a folder other users can write: chmod go-w "
+                                 "it", file=str(path), folder=str(folder),
+                                 mode=oct(stat.S_IMODE(st.st_mode)))
 
 
 def _private(data: bytes, **where: str) -> PrivateKey:
