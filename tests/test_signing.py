@@ -233,3 +233,19 @@ def test_a_trusted_keys_file_others_can_change_is_refused(key, tmp_path, monkeyp
     assert capsys.readouterr().err == ("weightstore: error: the trusted-keys file is open to "
                                        f"other users: chmod go-w it (file={path}, "
                                        "mode=0o666)\n")
+
+
+def test_key_generate_makes_missing_folders_private_and_refuses_a_folder(tmp_path, capsys):
+    """The README's ``key generate ~/.config/weightstore/release.pem`` on a fresh home;
+    ``DIR/`` names a folder, never a key file named DIR."""
+    path = tmp_path / "home" / ".config" / "weightstore" / "release.pem"
+    assert main(["key", "generate", str(path)]) == 0
+    assert load_private(path).public.text == capsys.readouterr().out.strip()
+    for folder in (path.parent, path.parent.parent, path.parent.parent.parent):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700, folder
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    for given in (f"{tmp_path / 'keys'}/", str(path.parent)):
+        assert main(["key", "generate", given]) == 2
+        assert capsys.readouterr().err == ("weightstore: error: a key file path is needed, "
+                                           f"not a folder (file={given})\n")
+    assert not (tmp_path / "keys").exists()

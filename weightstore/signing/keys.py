@@ -200,15 +200,37 @@ def _private(data: bytes, **where: str) -> PrivateKey:
     return PrivateKey(key)
 
 
+def _make_private_folders(folder: Path) -> None:
+    """Create ``folder`` and the folders above it that do not exist yet, each 0700 (as
+    ssh-keygen creates ``~/.ssh``): a fresh home has no ``~/.config/weightstore``."""
+    missing = []
+    while not os.path.lexists(folder) and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        try:
+            os.mkdir(created, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile: its maker chose its mode
+        except OSError as exc:
+            raise SignatureError(f"cannot create the key's folder: {exc.strerror or exc}",
+                                 folder=str(created)) from None
+        os.chmod(created, 0o700)  # whatever the umask
+
+
 def generate(path: str | os.PathLike[str]) -> PublicKey:
     """A new key pair: the private key written to ``path`` (0600; an existing file is
-    refused), the public key returned."""
+    refused; missing folders above it are created 0700), the public key returned."""
     ed25519 = _crypto()
     from cryptography.hazmat.primitives import serialization
 
+    text = os.fspath(path)
+    if text.endswith(("/", os.sep)) or os.path.isdir(text):
+        raise SignatureError("a key file path is needed, not a folder", file=text)
     path = Path(path)
     if os.path.lexists(path):
         raise SignatureError("refusing to overwrite an existing file", file=str(path))
+    _make_private_folders(path.parent)
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
