@@ -156,6 +156,17 @@ def test_a_doubtful_record_falls_back_to_a_real_build(project: Path, conversions
     assert tree(project.parent / "out") == tree(project.parent / "expected")
 
 
+def test_a_record_over_the_bound_falls_back_to_a_real_build(
+        project: Path, conversions: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sound record larger than ``RECORD_LIMIT`` is a miss, refused before it is read."""
+    first, second = _records(_store(project))
+    monkeypatch.setattr("weightstore.io.files.RECORD_LIMIT",
+                        (first.stat().st_size + second.stat().st_size) // 2)
+    build(project)
+    assert len(conversions) == 1  # the larger record's layout, converted again
+    assert tree(project.parent / "out") == tree(project.parent / "expected")
+
+
 def test_a_missing_store_object_falls_back_to_a_real_build(project: Path,
                                                            conversions: list[str]) -> None:
     store = WeightStore(_store(project))

@@ -147,6 +147,33 @@ def test_a_tampered_or_foreign_record_is_not_trusted(package, settled, monkeypat
     assert resolution_cache.cached(r.key, None) is None  # type: ignore[arg-type]
 
 
+def test_a_record_over_the_bound_is_a_miss_read_no_further(package, settled, monkeypatch):
+    """A user-cache record larger than ``RECORD_LIMIT`` is a miss before any of it is
+    read: a sparse record just over the bound costs neither its size in memory nor a
+    hash of it (a 4 GiB one once took 37 s and 8.4 GB)."""
+    import tracemalloc
+
+    from weightstore.io import files
+
+    with weightstore.resolve(package) as r:
+        weightstore.load(r)
+        key = plans.plan_key(r, ("CPUExecutionProvider",))
+    path = user_cache_dir() / "sessions" / key
+    assert plans.recorded(key) is not None
+    with monkeypatch.context() as m:  # a sound record, over a lowered bound
+        m.setattr(files, "RECORD_LIMIT", path.stat().st_size - 1)
+        assert plans.recorded(key) is None
+    assert plans.recorded(key) is not None
+    os.truncate(path, files.RECORD_LIMIT + 1)  # sparse: what it held, then zeros
+    tracemalloc.start()
+    try:
+        assert plans.recorded(key) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < files.RECORD_LIMIT // 8, peak
+
+
 def test_a_changed_package_is_resolved_again(package, settled):
     with weightstore.resolve(package) as r:
         key = r.key

@@ -41,7 +41,13 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..errors import IntegrityError, PackageError, StoreError
 from ..io.digests import digest_bytes, make_key, split_key
-from ..io.files import atomic_write_bytes, is_relative_inside, parse_json, read_regular
+from ..io.files import (
+    atomic_write_bytes,
+    is_relative_inside,
+    parse_json,
+    read_record_bytes,
+    read_regular,
+)
 from ..package.assembly import WeightFile, summary_weight_files, weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..package.summary import SUMMARY_NAME
@@ -82,7 +88,7 @@ def load(store_root: Path, fingerprint: str) -> ActionRecord | None:
     """The record of ``fingerprint`` in this store when it is sound (well formed, its MAC
     holds, it describes this fingerprint under this weightstore); None otherwise."""
     try:
-        doc = parse_json(read_regular(record_path(store_root, fingerprint)))
+        doc = parse_json(read_record_bytes(record_path(store_root, fingerprint)))
         mac = doc.pop("mac")
         if (doc.get("format_version") != FORMAT_VERSION or doc.get("generator") != __version__
                 or doc.get("key") != action_key(fingerprint)

@@ -34,7 +34,7 @@ from .. import __version__
 from ..catalogue.locations import resolve_location
 from ..errors import ExternalDataError, IntegrityError
 from ..io.digests import digest_bytes, make_key
-from ..io.files import atomic_write_bytes, parse_json, read_regular
+from ..io.files import atomic_write_bytes, parse_json, read_record_bytes
 from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
 from ..store.location import user_cache_dir
 from ..store.mac import entry_mac, verify_mac
@@ -73,7 +73,7 @@ def load(invocation: Invocation, data: bytes) -> dict[str, Any] | None:
     describes this very invocation, these recipe bytes and this weightstore version; None
     otherwise."""
     try:
-        doc = parse_json(read_regular(invocation.path()))
+        doc = parse_json(read_record_bytes(invocation.path()))
         mac = doc.pop("mac")
         if doc.get("format_version") != FORMAT_VERSION or not verify_mac(doc, mac):
             return None

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import IntegrityError
 from ..io.digests import digest_bytes, split_key
-from ..io.files import atomic_write_bytes, parse_json, read_regular
+from ..io.files import atomic_write_bytes, parse_json, read_record_bytes
 from ..store.mac import entry_mac, verify_mac
 
 FOLDER = "derived-keys"
@@ -41,7 +41,7 @@ class DerivedKeyCache:
     def load(self, identity: Mapping[str, Any], algo: str) -> dict[str, str]:
         """``weight id -> key`` for this source, empty unless the entry is authentic."""
         try:
-            doc = parse_json(read_regular(self._path(identity, algo)))
+            doc = parse_json(read_record_bytes(self._path(identity, algo)))
             keys = doc["keys"]
             if (doc.get("format_version") != FORMAT_VERSION or not isinstance(keys, dict)
                     or not verify_mac(_signed(identity, algo, keys), doc.get("mac"))):

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import IntegrityError
 from ..io.digests import digest_bytes, split_key
-from ..io.files import atomic_write_bytes, open_regular, parse_json, read_regular
+from ..io.files import atomic_write_bytes, open_regular, parse_json, read_record_bytes
 
 FOLDER = "payload-keys"
 FORMAT_VERSION = 1
@@ -54,7 +54,7 @@ class PayloadKeyCache:
     def load(self, identity: Mapping[str, Any], algo: str) -> dict[str, str]:
         """``tensor path -> key`` for this source, empty when unknown or unreadable."""
         try:
-            doc = parse_json(read_regular(self._path(identity, algo)))
+            doc = parse_json(read_record_bytes(self._path(identity, algo)))
             keys = doc["keys"] if doc.get("format_version") == FORMAT_VERSION else {}
             return {p: k for p, k in keys.items() if split_key(k)[0] == algo}
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):

@@ -12,7 +12,9 @@ Each file is one line of JSON (``format_version``, ``kind``, ``key``, the body's
 A record that fails any check (another user's, edited, truncated, swapped for another
 key's) is ignored as absent; so is everything when the key cannot be had. Writes are
 atomic (temp file and rename) and never fail their caller: a record is only a cache.
-Each kind keeps at most ``limit`` records, the least recently written dropped first.
+Each kind keeps at most ``limit`` records, the least recently written dropped first. A
+file larger than :data:`~weightstore.io.files.RECORD_LIMIT` is a miss before any byte of it
+is read; so is anything but a regular file.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import blake3
 
-from ..io.files import atomic_writer, parse_json
+from ..io.files import atomic_writer, parse_json, read_record_bytes
 from ..store.location import user_cache_dir
 from ..store.mac import entry_mac, verify_mac
 
@@ -55,9 +57,8 @@ class SignedRecords:
         if not _KEY.fullmatch(key):
             return None
         try:
-            with open(self.folder / key, "rb") as f:
-                header, body = f.readline(HEADER_LIMIT), f.read()
-            doc = parse_json(header)
+            header, _, body = read_record_bytes(self.folder / key).partition(b"\n")
+            doc = parse_json(header) if len(header) < HEADER_LIMIT else None
         except (OSError, ValueError):
             return None
         if not isinstance(doc, dict) or doc.get("length") != len(body):

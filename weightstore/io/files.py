@@ -55,11 +55,34 @@ def open_regular(path: str | os.PathLike[str], *, nofollow: bool = False) -> int
     return fd
 
 
-def read_regular(path: str | os.PathLike[str]) -> bytes:
+class FileTooLargeError(ValueError):
+    """The file is larger than what its reader takes: refused before it is read."""
+
+
+# bytes: a record (a cache entry, a signed record, a prepared record) larger than this is
+# refused before it is read, so a sparse file of gigabytes costs one fstat, not its size in
+# memory and seconds of hashing. The largest of a model of 100,000 weights is some tens of
+# megabytes.
+RECORD_LIMIT = 64 << 20
+
+
+def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
     """The whole of a regular file; a FIFO, device, socket or folder is refused before any
-    read (:class:`NotRegularFileError`, an ``OSError``), so a reader never waits on one."""
+    read (:class:`NotRegularFileError`, an ``OSError``), so a reader never waits on one.
+    ``limit``: a file of more bytes is refused (:class:`FileTooLargeError`, a
+    ``ValueError``) before anything is read, and never more than that is read (a file
+    growing meanwhile is refused too)."""
     with os.fdopen(open_regular(path), "rb") as f:
-        return f.read()
+        if limit is None:
+            return f.read()
+        if os.fstat(f.fileno()).st_size > limit or len(data := f.read(limit + 1)) > limit:
+            raise FileTooLargeError(f"larger than {limit} bytes")
+        return data
+
+
+def read_record_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A record file, at most :data:`RECORD_LIMIT` bytes (see :func:`read_regular`)."""
+    return read_regular(path, limit=RECORD_LIMIT)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

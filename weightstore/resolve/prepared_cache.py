@@ -25,7 +25,7 @@ import onnx
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import IntegrityError, PackageError
 from ..io.digests import ALGORITHMS, digest_bytes
-from ..io.files import parse_json, read_regular
+from ..io.files import parse_json, read_record_bytes, read_regular
 from .closure import WeightSource
 from .locator import StoreLocator
 from .manifest import PayloadSource
@@ -80,7 +80,7 @@ def read_record(package: Path, target: str | None, model: str) -> PreparedRecord
     if not path.is_file():
         return None
     try:
-        doc = parse_json(read_regular(path))
+        doc = parse_json(read_record_bytes(path))
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
         if doc.get("format_version") not in READABLE_VERSIONS:

@@ -21,7 +21,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from ..io.files import parse_json, read_regular
+from ..io.files import parse_json, read_record_bytes
 from ..store.mac import entry_mac, verify_mac
 
 FORMAT_VERSION = 2  # 2: the record carries a MAC; 1 (unsigned) is read as unproven
@@ -68,7 +68,7 @@ def record_proof(folder: Path, name: str) -> str | None:
     in the package ``folder``."""
     _, target, file = name.split("/")
     try:
-        doc = parse_json(read_regular(folder / name))
+        doc = parse_json(read_record_bytes(folder / name))
     except (OSError, ValueError) as exc:
         return f"unreadable: {exc}"
     if not isinstance(doc, dict):
@@ -101,7 +101,7 @@ def companion_contents(names: Collection[str], folder: Path,
         if len(parts) != 3 or parts[0] != PREPARED or not parts[2].endswith(".json"):
             continue
         try:
-            doc = parse_json(read_regular(folder / name))
+            doc = parse_json(read_record_bytes(folder / name))
             graph = doc["companion"]
             entry = {"path": f"{PREPARED}/{parts[1]}/{graph['file']}",
                      "size": int(graph["size"]), "digest": str(graph["digest"])}
