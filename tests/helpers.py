@@ -185,8 +185,6 @@ def tamper_consistently(folder: Path, model: str = "encoder.onnx") -> None:
     import onnx
     from onnx import numpy_helper
 
-    from weightstore.io.digests import digest_file, make_key
-
     path = folder / model
     proto = onnx.load(str(path), load_external_data=False)
     node = next(n for n in proto.graph.node
@@ -195,9 +193,18 @@ def tamper_consistently(folder: Path, model: str = "encoder.onnx") -> None:
     values = numpy_helper.to_array(tensor)  # + 5 in its own type (numpy 1 widens a 0-d one)
     tensor.CopyFrom(numpy_helper.from_array(values + values.dtype.type(5.0), tensor.name))
     onnx.save(proto, str(path))
+    relist(folder, model)
+
+
+def relist(folder: Path, file: str) -> None:
+    """Write the new size and digest of the package file ``file`` into ``summary.json``'s
+    ``contents``: an edit the package's own records agree with."""
+    from weightstore.io.digests import digest_file, make_key
+
+    path = folder / file
     summary_path = folder / "summary.json"
     summary = json.loads(summary_path.read_bytes())
-    (entry,) = [c for c in summary["contents"] if c["path"] == model]
+    (entry,) = [c for c in summary["contents"] if c["path"] == file]
     algo = entry["digest"].partition(":")[0]
     entry.update(size=path.stat().st_size, digest=make_key(algo, digest_file(algo, path)))
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import _get_all_tensors
 
 from tests import passes_models as pm
 from weightstore.convert.api import convert_to_external
@@ -112,12 +113,23 @@ def _with_function(graph: onnx.GraphProto, function: onnx.FunctionProto) -> onnx
     return model
 
 
-def save_package_model(model: onnx.ModelProto, folder: Path, name: str = "model") -> Path:
-    """``model`` as ``folder/<name>.onnx`` plus one combined weight file (checksummed)."""
+def save_package_model(model: onnx.ModelProto, folder: Path, name: str = "model", *,
+                       checksum: bool = True) -> Path:
+    """``model`` as ``folder/<name>.onnx`` plus one combined weight file, whose SHA-1 its
+    external data declares (onnx.proto's ``checksum``: a load then reads the whole file
+    to verify it) unless ``checksum`` is False."""
     folder.mkdir(parents=True, exist_ok=True)
     inline = folder / f".{name}.inline.onnx"
     onnx.save(model, str(inline))
     out = folder / f"{name}.onnx"
     convert_to_external(inline, out, threshold=1024)
     inline.unlink()
+    if not checksum:
+        proto = onnx.load(str(out), load_external_data=False)
+        for t in _get_all_tensors(proto):
+            kept = [(e.key, e.value) for e in t.external_data if e.key != "checksum"]
+            del t.external_data[:]
+            for key, value in kept:
+                t.external_data.add(key=key, value=value)
+        out.write_bytes(proto.SerializeToString())
     return out

@@ -24,6 +24,7 @@ from weightstore.load.mapped import MappedData, layout
 from weightstore.load.session import packed_only
 from weightstore.resolve.runnable import runnable_variant
 
+from .helpers import relist
 from .samples import run_onnxruntime, sample_inputs
 
 
@@ -82,12 +83,12 @@ def test_every_read_belongs_to_the_frozen_manifest(split, scenario):
 
 def test_removed_or_dead_initializer_is_never_read(tmp_path):
     model = rm.closure_model()
-    path = rm.save_package_model(model, tmp_path)
+    path = rm.save_package_model(model, tmp_path, checksum=False)
     dead = {t.name: t for t in onnx.load(str(path), load_external_data=False).graph.initializer
             if t.name in ("w_dead", "w_dead_reader")}
     with weightstore.resolve(path) as r:
         reader = RecordingReader()
-        session = weightstore.load(r, reader=reader, manager=WeightManager())
+        session = weightstore.load(r, reader=reader, manager=WeightManager(), in_place=False)
         for t in dead.values():
             info = {e.key: e.value for e in t.external_data}
             start, end = int(info["offset"]), int(info["offset"]) + int(info["length"])
@@ -99,7 +100,7 @@ def test_removed_or_dead_initializer_is_never_read(tmp_path):
 
 def test_replacement_initializer_and_derived_sources_are_read_exactly_once(tmp_path):
     model, inputs = pm.attention_block()
-    path = rm.save_package_model(model, tmp_path)
+    path = rm.save_package_model(model, tmp_path, checksum=False)
     with weightstore.resolve(path, transformations=["fuse-qkv"]) as r:
         m = r.payload_manifest
         assert {d.operation for d in m.derivations} == {"concat"}
@@ -108,7 +109,7 @@ def test_replacement_initializer_and_derived_sources_are_read_exactly_once(tmp_p
         assert sources <= set(by_value)
         assert all(e.origin == "derived-source" or e.reasons for e in m.active)
         reader = RecordingReader()
-        session = weightstore.load(r, reader=reader, manager=WeightManager())
+        session = weightstore.load(r, reader=reader, manager=WeightManager(), in_place=False)
         ranges = [(s, e) for _, s, e in _intervals(reader.reads)]
         for name in sources:
             src = by_value[name].source
@@ -381,6 +382,7 @@ def test_a_file_constant_whose_range_does_not_fit_its_type_is_refused(file_const
     node = next(n for n in model.graph.node if n.op_type == "FileConstant")
     change(next(a for a in node.attribute if a.name == attribute))
     path.write_bytes(model.SerializeToString())
+    relist(path.parent, path.name)  # an edit the package's summary agrees with
     with pytest.raises(weightstore.WeightstoreError, match="no eligible payload") as info:
         weightstore.resolve(path)
     assert info.value.context["initializer"] == node.output[0]

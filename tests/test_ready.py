@@ -1,6 +1,7 @@
 """A ready session: the direct load of a package's own files, verified while onnxruntime
 creates the session, and the records that let a later process resolve and load the same
-package without parsing it, importing onnx or reading a payload byte."""
+package without parsing it or importing onnx, every range still verified on each load
+through the files the load pinned: no file identity stands for content."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def test_a_direct_load_hands_over_the_package_files_verified(package, monkeypatc
         live = r.payload_manifest.active_bytes
     assert made == []  # no data file of the load's own
     assert report.verified_bytes == report.read_bytes == reader.bytes_read == live
+    assert sorted(reader.reads) == sorted(set(reader.reads))  # each range once
     assert not report.from_record
     _run(session, package)
 
@@ -84,7 +86,7 @@ def test_files_written_just_now_are_not_recorded(package):
     assert _records("resolved") == _records("sessions") == []
 
 
-def test_a_later_load_of_unchanged_files_reads_no_payload(package, settled):
+def test_a_later_load_takes_its_plan_from_records_and_verifies_every_range(package, settled):
     with weightstore.resolve(package) as first:
         assert first.key is not None
         _run(weightstore.load(first), package)
@@ -97,8 +99,10 @@ def test_a_later_load_of_unchanged_files_reads_no_payload(package, settled):
         assert again.key == first.key == record["key"] and 0 < record["seconds"] < 5
         report, reader = LoadReport(), RecordingReader()
         session = weightstore.load(again, report=report, reader=reader)
-    assert report.from_record and reader.bytes_read == report.read_bytes == 0
-    assert report.files_unchanged == 2 and report.live_bytes == first.payload_manifest.active_bytes
+    live = first.payload_manifest.active_bytes
+    assert report.from_record and reader.bytes_read == report.read_bytes == live
+    assert report.verified_bytes == live and report.files_pinned == 2
+    assert report.live_bytes == live
     _run(session, package)
 
 
@@ -106,7 +110,7 @@ def test_a_changed_file_is_verified_again_and_a_damaged_one_refused(package, set
     with weightstore.resolve(package) as r:
         weightstore.load(r)
     data = package / "pk.common.data"
-    _rewrite_in_place(data)  # same bytes, new identity: hashed again, recorded anew
+    _rewrite_in_place(data)  # same bytes, new identity: resolved and recorded anew
     with weightstore.resolve(package) as r:
         report = LoadReport()
         _run(weightstore.load(r, report=report), package)
@@ -231,7 +235,8 @@ def test_a_fresh_process_loads_from_records_without_onnx(package, tmp_path):
         np.testing.assert_array_equal(np.load(out), expected)
     assert runs[0]["onnx"] and not runs[0]["record"]
     # nor the manifest's types until something asks for the manifest
-    assert runs[1] == {"onnx": False, "record": True, "read": 0, "analyses": False}
+    live = full.payload_manifest.active_bytes
+    assert runs[1] == {"onnx": False, "record": True, "read": live, "analyses": False}
     assert model.graph.node  # the resolution the records stand for
 
 
@@ -257,15 +262,15 @@ def test_a_file_changed_during_a_direct_load_sends_it_to_private_files(package, 
     """onnxruntime may have read the bytes before or after the change: the direct load
     gives up, and the load through private data files reads and verifies what it hands
     over."""
-    from weightstore.load import direct
+    from weightstore.load import pinned
 
-    real = direct._Verifier.run
+    real = pinned.Verifier.run
 
     def meanwhile(self):
         _rewrite_in_place(package / "pk.common.data")
         real(self)
 
-    monkeypatch.setattr(direct._Verifier, "run", meanwhile)
+    monkeypatch.setattr(pinned.Verifier, "run", meanwhile)
     made = []
     real_temp = mapped_module._temp_dir
     monkeypatch.setattr(mapped_module, "_temp_dir",
@@ -274,5 +279,7 @@ def test_a_file_changed_during_a_direct_load_sends_it_to_private_files(package, 
         report = LoadReport()
         _run(weightstore.load(r, report=report), package)
         key = plans.plan_key(r, ("CPUExecutionProvider",))
-    assert made and report.verified_bytes == 0 and not report.from_record
+    # read and verified into the load's own files (their bytes counted as verified)
+    assert made and not report.from_record and report.not_in_place
+    assert report.verified_bytes == report.live_bytes > 0
     assert plans.recorded(key) is None  # nothing recorded for the load given up

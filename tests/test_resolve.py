@@ -119,13 +119,14 @@ def test_op_over_constants_is_constant_but_not_materialized():
                          ids=["equal-gather-shape", "not-constant"])
 def test_if_with_known_condition_drops_dead_branch_weights(tmp_path, build_model):
     model = build_model()
-    path = rm.save_package_model(model, tmp_path)
+    path = rm.save_package_model(model, tmp_path, checksum=False)
     with weightstore.resolve(path) as r:
         values = {v for e in r.payload_manifest.entries for v in e.values}
         assert "w_then" in values and "w_else" not in values
         assert not any(n.op_type == "If" for n in r.metadata_model.graph.node)
         reader = RecordingReader()
-        session = weightstore.load(r, reader=reader, manager=weightstore.load.WeightManager())
+        session = weightstore.load(r, reader=reader, manager=weightstore.load.WeightManager(),
+                                   in_place=False)
         feed = {"x": pm._rand([1, rm.H])}
         expected = run_onnxruntime(model, feed)
         np.testing.assert_array_equal(session.run(None, feed)[0], expected[0])
@@ -263,10 +264,18 @@ def test_resolution_reads_no_payload_byte(split, monkeypatch):
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", spy)
-    with weightstore.resolve(split, scenario="fused", transformations=["cast-fp16"]):
+    with weightstore.resolve(split, scenario="fused", transformations=["cast-fp16"],
+                             cache=False):
         pass
     inside = [p for p in opened if os.path.realpath(p).startswith(str(split.resolve()))]
     assert sorted({os.path.basename(p) for p in inside}) == ["encoder.onnx", "summary.json"]
+    # the key of a kept resolution digests the model files and records, no weight file
+    monkeypatch.setattr("weightstore.io.identity.RACY_SECONDS", -1)
+    opened.clear()
+    with weightstore.resolve(split, scenario="fused", transformations=["cast-fp16"]) as r:
+        assert r.key is not None
+    inside = [p for p in opened if os.path.realpath(p).startswith(str(split.resolve()))]
+    assert inside and all(p.endswith((".onnx", ".json")) for p in inside)
 
 
 def test_source_opens_package_models_by_name(split, tmp_path):

@@ -22,6 +22,7 @@ from weightstore.resolve.variant import variant_graph
 from weightstore.scenarios.resolve import live_payloads
 
 from . import resolve_models as rm
+from .helpers import relist
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import tree
 
@@ -467,6 +468,7 @@ def test_a_live_weight_without_an_eligible_payload_is_a_problem(package, tmp_pat
         if e.key == "length":
             e.value = str(int(e.value) + 4)
     onnx.save(model, str(path / "encoder.onnx"))
+    relist(path, "encoder.onnx")  # an edit the package's summary agrees with
     report = check_package(path)
     assert not report.ok
     assert report.problems == [

@@ -1,17 +1,19 @@
 """Session plans: what a load hands onnxruntime, recorded for later processes.
 
-A plan is the model handed over (its tensors pointing at ranges of files in one folder)
-and each of those files' identity (:mod:`weightstore.io.identity`) as it was when its
-ranges were verified. Plans are signed with the user's key
-(:mod:`weightstore.caches.signed_records`), under a key made of the resolution's own key
-(:mod:`weightstore.resolve.cache`) and the providers. Nothing here imports onnx or numpy.
+A plan is the model handed over (its tensors pointing at ranges of files in one folder),
+the files it points at, and every range of theirs that the load uses, with its digest.
+Plans are signed with the user's key (:mod:`weightstore.caches.signed_records`), under a
+key made of the resolution's own key (:mod:`weightstore.resolve.cache`) and the
+providers. A plan spares a later load the resolution and the model's building, never the
+verification: each load that uses one opens the files once and verifies every range
+through those descriptors while onnxruntime creates the session (:mod:`.pinned`).
+Nothing here imports onnx or numpy.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,40 +21,33 @@ import blake3
 
 from ..caches.signed_records import SignedRecords
 from ..io.files import parse_json
-from ..io.identity import Identity, identity_of
+from .pinned import PinnedFiles, Range, Verifier
+from .reader import Reader
 from .runtime import LoadReport, create_session
 
 if TYPE_CHECKING:
     from ..resolve.model import ResolvedModel
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 RECORDS = SignedRecords("sessions")
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 
 @dataclass(frozen=True)
 class SessionPlan:
-    """What a load hands onnxruntime: the model (its tensors pointing at ranges of files
-    in ``folder``) and, for each of those files, its identity when they were verified."""
+    """What a load hands onnxruntime: the model (its tensors pointing at ranges of
+    ``files`` in ``folder``) and the ranges of those files it uses, with their digests."""
 
     model: bytes
     folder: str
-    files: tuple[tuple[str, Identity], ...]
+    files: tuple[str, ...]
+    ranges: tuple[Range, ...]
     live_bytes: int = 0  # the resolution's live payload bytes (for the load's report)
-
-    def unchanged(self) -> bool:
-        """Does every file still have the identity it had when verified?"""
-        for name, identity in self.files:
-            try:
-                if identity_of(os.stat(os.path.join(self.folder, name))) != identity:
-                    return False
-            except OSError:
-                return False
-        return True
 
     def to_bytes(self) -> bytes:
         header = json.dumps({"folder": self.folder, "live_bytes": self.live_bytes,
-                             "files": [[n, list(i)] for n, i in self.files]})
+                             "files": list(self.files),
+                             "ranges": [r.to_list() for r in self.ranges]})
         return header.encode() + b"\n" + self.model
 
     @classmethod
@@ -60,9 +55,11 @@ class SessionPlan:
         header, _, model = data.partition(b"\n")
         try:
             doc = parse_json(header)
-            files = tuple((str(n), tuple(int(x) for x in i)) for n, i in doc["files"])
-            return cls(model, str(doc["folder"]), files,  # type: ignore[arg-type]
-                       int(doc["live_bytes"]))
+            files = tuple(str(n) for n in doc["files"])
+            ranges = tuple(Range.from_list(r) for r in doc["ranges"])
+            if any(r.file not in files for r in ranges):
+                return None
+            return cls(model, str(doc["folder"]), files, ranges, int(doc["live_bytes"]))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -76,11 +73,38 @@ def plan_key(resolved: ResolvedModel, providers: Sequence[str]) -> str | None:
 
 
 def plan_session(ort: Any, plan: SessionPlan, options: Any, providers: Sequence[str],
-                 report: LoadReport, *, model: str) -> Any:
-    """onnxruntime's session of ``plan``: its model, external data from its folder."""
-    options = options or ort.SessionOptions()
-    options.add_session_config_entry(FOLDER_KEY, plan.folder)
-    return create_session(ort, plan.model, options, providers, report, model=model)
+                 report: LoadReport, *, model: str, reader: Reader | None = None,
+                 verified: Collection[Range] = ()) -> Any | None:
+    """onnxruntime's session of ``plan`` (its model, external data from its folder),
+    every range verified on this load through the files it pins (:mod:`.pinned`); None
+    when a range fails, a file cannot be opened or read, or a file changed or was
+    replaced meanwhile (the reason in ``report.not_in_place``). A model onnxruntime refuses
+    is a :class:`LoadError`. ``verified``: ranges this load read and verified already
+    (carried inline in the model), not read again."""
+    try:
+        pinned = PinnedFiles(plan.folder, plan.files)
+    except OSError as exc:
+        report.not_in_place = f"cannot open a weight file: {exc}"
+        return None
+    with pinned:
+        verifier = Verifier(pinned, [r for r in plan.ranges if r not in verified], reader)
+        verifier.start()
+        try:
+            options = options or ort.SessionOptions()
+            options.add_session_config_entry(FOLDER_KEY, plan.folder)
+            session = create_session(ort, plan.model, options, providers, report,
+                                     model=model)
+        finally:
+            verifier.join()
+        report.read_bytes += verifier.read
+        if verifier.failed is not None:
+            report.not_in_place = verifier.failed
+            return None
+        if not pinned.unchanged():
+            report.not_in_place = "a weight file changed or was replaced while it was loaded"
+            return None
+        report.verified_bytes += verifier.read
+        return session
 
 
 def keep_plan(key: str | None, plan: SessionPlan) -> None:
@@ -89,7 +113,7 @@ def keep_plan(key: str | None, plan: SessionPlan) -> None:
 
 
 def recorded(key: str) -> SessionPlan | None:
-    """The plan recorded under ``key`` whose files are all unchanged, or None."""
+    """The plan recorded under ``key``, or None."""
     body = RECORDS.get(key)
-    plan = None if body is None else SessionPlan.from_bytes(body)
-    return plan if plan is not None and plan.unchanged() else None
+    return None if body is None else SessionPlan.from_bytes(body)
+

@@ -28,6 +28,16 @@ class Reader(Protocol):
         ...
 
 
+def read_pinned(reader: Reader | None, fd: int, path: Path, offset: int,
+                out: memoryview) -> int:
+    """Up to ``len(out)`` bytes of the file open at ``fd`` (``path``, which names it in
+    records) at ``offset``, through the reader's ``read_pinned`` when it has one: a load
+    verifies the very files it hands onnxruntime through descriptors it opened
+    (:mod:`.pinned`), never by opening a path again. The count read (0: end of file)."""
+    read = getattr(reader, "read_pinned", None)
+    return read(fd, path, offset, out) if read is not None else os.preadv(fd, [out], offset)
+
+
 def read_range(reader: Reader, path: Path, offset: int, out: memoryview, *,
                stored: bool = False) -> None:
     """``reader.read_into``, or, for a range of a store object (``stored``), the reader's
@@ -121,6 +131,11 @@ class RecordingReader:
         with self._lock:
             self.reads.append((Path(path), offset, len(out)))
         read_range(self.inner, path, offset, out, stored=True)
+
+    def read_pinned(self, fd: int, path: Path, offset: int, out: memoryview) -> int:
+        with self._lock:
+            self.reads.append((Path(path), offset, len(out)))
+        return read_pinned(self.inner, fd, path, offset, out)
 
     @property
     def bytes_read(self) -> int:

@@ -4,19 +4,23 @@ A load whose live weights are plain byte ranges of the package's own files hands
 onnxruntime a model pointing at those ranges (:mod:`.session`, the direct load): the
 weights are verified on a second thread while onnxruntime creates the session, and the
 session is handed over only when both are done. Such a load then records its *session
-plan* for later processes: the model it handed over and each package file's identity
-(:mod:`weightstore.io.identity`) as it was when its ranges were verified, signed with the
+plan* for later processes: the model it handed over, the files it points at and each range
+it uses with its digest, signed with the
 user's key (:mod:`weightstore.caches.signed_records`) under a key made of the
 resolution's own key (:mod:`weightstore.resolve.cache`) and the providers.
 
-A later load of the same resolution finds the plan and, when every file still has the
-identity it had when verified, creates the session from the recorded model without
-reading a payload byte: the bytes are proven unchanged since their verification, as the
-build's caches prove theirs. A file whose identity changed is verified again (the direct
-load, which records a new plan). This path imports neither onnx nor numpy.
+A later load of the same resolution finds the plan and creates the session from the
+recorded model, with neither the resolution's phases nor onnx nor numpy. It still opens
+every file the model points at and verifies every range it uses, through those very
+descriptors, while onnxruntime creates the session, and hands the session over only when
+each range matched and each path still names the file it opened (:mod:`.pinned`): file
+identity proves nothing about content, so no load trusts it. A range that fails, or a
+file changed meanwhile, drops the plan; the load then resolves, reads and verifies
+everything again, naming what failed or falling back to dormant payloads.
 
 As with onnxruntime's own loading of external data, the session maps the package files:
-a package is replaced by renaming (as weightstore writes one), not rewritten in place.
+a package is replaced by renaming (as weightstore writes one), not rewritten in place
+while sessions use it.
 """
 
 from __future__ import annotations
@@ -60,11 +64,11 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
 
     Otherwise a load of a package's plain weights hands onnxruntime the package's own
     files, verified while it creates the session (:mod:`.direct`), and records its plan;
-    a later load of the same resolution whose files are unchanged reads none of them
-    (see the module's text). The rest goes through the load's private data files
-    (:mod:`.session`), as everything does with ``in_place=False``: weights another
-    session of the process holds (``manager``, by default the process's own) are then
-    shared, not read again.
+    a later load of the same resolution takes the model from that plan and verifies every
+    range again, through the files it pins (see the module's text). The rest goes through
+    the load's private data files (:mod:`.session`), as everything does with
+    ``in_place=False``: weights another session of the process holds (``manager``, by
+    default the process's own) are then shared, not read again.
     """
     ort = runtime()
     report = report if report is not None else LoadReport()
@@ -72,16 +76,22 @@ def load(resolved: ResolvedModel, *, buffers: Mapping[str, Any] | None = None,
         plan_key(resolved, providers))
     plan = None if key is None else recorded(key)
     if plan is not None:
+        mine = LoadReport()  # the caller's report learns of this load only if it succeeds
         try:
-            session = plan_session(ort, plan, session_options, providers, report,
-                                   model=str(resolved.source.path))
+            session = plan_session(ort, plan, session_options, providers, mine,
+                                   model=str(resolved.source.path), reader=reader)
         except LoadError:  # refused (another onnxruntime?): loaded and recorded anew
-            RECORDS.drop(key)  # type: ignore[arg-type]
-        else:
-            report.files_unchanged = len(plan.files)
+            session = None
+        if session is not None:
+            report.read_bytes += mine.read_bytes
+            report.verified_bytes += mine.verified_bytes
+            report.runtime_seconds += mine.runtime_seconds
+            report.files_pinned = len(plan.files)
             report.live_bytes = plan.live_bytes
             report.from_record = True
             return session
+        RECORDS.drop(key)  # type: ignore[arg-type]
+        report.not_in_place = mine.not_in_place
     from .manager import WEIGHTS
     from .session import copied_session, runnable_model
 

@@ -29,12 +29,16 @@ class LoadReport:
     entries_shared: int = 0
     fell_back: dict[str, str] = field(default_factory=dict)
     runtime_seconds: float = 0.0
-    # a direct load (the package's own files handed over): bytes verified in place
+    # bytes verified against their digests on this load (every byte handed over is)
     verified_bytes: int = 0
-    # a session plan recorded earlier (:mod:`.ready`) was used: these files were proven
-    # unchanged since their verification, and no payload was read
+    # a session plan recorded earlier (:mod:`.ready`) was used: the resolution and the
+    # model handed over came from records; these files were opened and their ranges
+    # verified on this load (:mod:`.pinned`)
     from_record: bool = False
-    files_unchanged: int = 0
+    files_pinned: int = 0
+    # why the package's files could not be handed over in place (a range failed its
+    # digest, a file changed meanwhile): the load read them into files of its own
+    not_in_place: str | None = None
 
 
 def create_session(ort: Any, path: Path | bytes, options: Any, providers: Sequence[str],

@@ -14,9 +14,11 @@ bound to prepared weights loads through :mod:`.prepared` instead."""
 
 from __future__ import annotations
 
+import posixpath
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ import onnx
 from onnx import helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..catalogue.payload import external_entries
 from ..catalogue.shape_inputs import shape_input_names
 from ..catalogue.sites import ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload
@@ -32,7 +35,8 @@ from ..convert.file_constant import (
     is_any_file_constant,
     is_file_constant,
 )
-from ..errors import LoadError
+from ..errors import IntegrityError, LoadError
+from ..io.digests import FILE_CHECKSUM, digest_file
 from ..passes.analysis import is_constant, iter_scopes
 from ..resolve.manifest import ACTIVE, STORE_ONLY, ManifestEntry
 from ..resolve.model import ResolvedModel
@@ -188,6 +192,8 @@ def _read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
                 if e.id not in result.data:
                     continue  # a tolerated failure: the caller falls back
                 view = result.data[e.id]
+                if e.source.checksum and e.id not in result.fell_back:
+                    report.verified_bytes += len(view)  # the executor verified it
                 if e.source.checksum and n == 0:
                     out.data[e.id] = manager.publish(e.source.checksum, view)
                     out.held.append(e.source.checksum)
@@ -224,6 +230,44 @@ def runnable_model(resolved: ResolvedModel) -> onnx.ModelProto:
     return model
 
 
+def declared_file_sha1(model: onnx.ModelProto, folder: Path | None) -> dict[str, str]:
+    """onnx.proto's external-data ``checksum`` each file of ``model`` is declared to have
+    (the SHA-1 of the whole file), by its location relative to the model's folder; two
+    tensors declaring different ones for one file are refused. A model of a package
+    declares none (its digests are in ``summary.json``)."""
+    out: dict[str, str] = {}
+    for site in iter_tensor_sites(model):
+        t = site.tensor
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = external_entries(t, site.where)
+        if info.file_sha1 is None:
+            continue
+        name = posixpath.normpath(info.location)
+        if out.setdefault(name, info.file_sha1) != info.file_sha1:
+            raise IntegrityError("two tensors declare different SHA-1 checksums for one "
+                                 "external data file (onnx.proto's checksum)",
+                                 location=name, tensor=site.where)
+    if out and folder is None:
+        raise LoadError("external data with a declared checksum has no folder")
+    return out
+
+
+def check_file_sha1(model: onnx.ModelProto, folder: Path | None, where: str) -> int:
+    """Refuse a file whose SHA-1 is not the one ``model`` declares for it
+    (:func:`declared_file_sha1`); the bytes read."""
+    read = 0
+    for name, expected in declared_file_sha1(model, folder).items():
+        path = folder / name  # type: ignore[operator]
+        actual = digest_file(FILE_CHECKSUM, path)
+        read += path.stat().st_size
+        if actual != expected:
+            raise IntegrityError("external data file does not match the SHA-1 checksum its "
+                                 "model declares (onnx.proto's checksum)", model=where,
+                                 location=name, expected=expected, actual=actual)
+    return read
+
+
 def copied_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
                    buffers: Mapping[str, Any] | None, reader: Reader | None, jobs: int,
                    manager: WeightManager, providers: Sequence[str], session_options: Any,
@@ -232,6 +276,9 @@ def copied_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
     through the load's private data files (see the module's text)."""
     views = {k: memoryview(v).cast("B") for k, v in (buffers or {}).items()}
     packed = packed_only(resolved, model)
+    checked = check_file_sha1(model, resolved.source.folder, str(resolved.source.path))
+    report.read_bytes += checked
+    report.verified_bytes += checked
     active = read_active(resolved, buffers=views, reader=reader, jobs=jobs,
                          manager=manager, report=report, mapped=True, unshared=packed)
     handed: dict[str, np.ndarray] = {}

@@ -6,6 +6,12 @@ package's files and the options it was resolved with.
 * every entry below the package folder, by path and identity (device, inode, size, mtime,
   ctime: see :mod:`weightstore.io.identity`), so that any file added, removed, rewritten
   or replaced changes the key;
+* the bytes (blake3) of every file resolution reads whole: the model files (``.onnx``)
+  and the records (``.json``: the summary, device records). Identity
+  cannot prove content (a write through a page already dirty in a shared mapping keeps
+  every timestamp), and these files are small enough to hash on every resolution. The
+  weight files are not hashed here: each load verifies every range it uses
+  (:mod:`weightstore.load.pinned`), and a range that fails sends it back to the phases;
 * the options (model, scenario, device, capabilities, named transformations, prepared
   options, store path);
 * weightstore's version and this record's format, and the installed onnx and
@@ -31,6 +37,7 @@ import importlib.util
 import json
 import os
 import pickle
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -39,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from ..caches.signed_records import SignedRecords
+from ..errors import WeightstoreError
 from ..io.identity import identity_of, tree_identities
 from .model import ResolvedModel
 
@@ -46,7 +54,8 @@ if TYPE_CHECKING:
     from .model_source import ModelSource
     from .prepared import PreparedOptions
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+HASHED_SUFFIXES = (".onnx", ".json")  # the files whose bytes the key digests
 RECORDS = SignedRecords("resolved")
 ANALYSES = ("prepared_requirements", "bindings", "payload_manifest", "transformations")
 ENVIRONMENT_MODULES = ("onnx", "onnxruntime")
@@ -87,13 +96,14 @@ def resolution_key(source: object, *, model: str | None, scenario: str | None,
         if not folder.is_dir():
             return None
         tree, settled = tree_identities(folder)
-    except OSError:
-        return None
-    if not settled:
+        if not settled:
+            return None
+        contents = _contents(folder, tree)
+    except (OSError, WeightstoreError):  # unreadable, or changed while it was hashed
         return None
     doc = {"format_version": FORMAT_VERSION, "environment": _environment(),
-           "folder": str(folder), "tree": tree, "model": model, "scenario": scenario,
-           "device": device, "capabilities": capabilities, "transformations":
+           "folder": str(folder), "tree": tree, "contents": contents, "model": model,
+           "scenario": scenario, "device": device, "capabilities": capabilities, "transformations":
            list(transformations), "store": None if store is None else os.fspath(store),
            "prepared": None if prepared is None else [  # None: the defaults
                prepared.runtime, prepared.cpu_features, prepared.optimization_level,
@@ -103,6 +113,24 @@ def resolution_key(source: object, *, model: str | None, scenario: str | None,
     except (TypeError, ValueError):  # capabilities JSON cannot carry
         return None
     return blake3.blake3(text.encode()).hexdigest()
+
+
+def _contents(folder: Path, tree: Sequence[tuple[str, int, Sequence[int]]]) -> list[Any]:
+    """``[path, blake3 hex]`` of each regular file of ``tree`` that the key hashes (see
+    the module's text), read through a descriptor that refuses links and FIFOs."""
+    from ..io.digests import digest_fd
+    from ..io.files import open_regular
+
+    out: list[Any] = []
+    for rel, kind, _ in tree:
+        if not stat.S_ISREG(kind) or not rel.endswith(HASHED_SUFFIXES):
+            continue
+        fd = open_regular(folder / rel, nofollow=True)
+        try:
+            out.append([rel, digest_fd("blake3", fd, 0, os.fstat(fd).st_size)])
+        finally:
+            os.close(fd)
+    return out
 
 
 def keep(key: str, resolved: ResolvedModel) -> None:

@@ -28,6 +28,18 @@ if TYPE_CHECKING:
     from ..catalogue.reader import Catalogue
 
 
+def _check_digest(fd: int, digest: str, path: Path) -> None:
+    from ..errors import IntegrityError
+    from ..io.digests import digest_fd, split_key
+
+    algo, expected = split_key(digest)
+    actual = digest_fd(algo, fd, 0, os.fstat(fd).st_size, name=str(path))
+    if actual != expected:
+        raise IntegrityError("the model file does not match its digest in the package "
+                             "summary", file=str(path), expected=digest,
+                             actual=f"{algo}:{actual}")
+
+
 @dataclass
 class ModelSource:
     """One model file opened for resolution; owned by the ResolvedModel made from it.
@@ -54,14 +66,18 @@ class ModelSource:
 
     @classmethod
     def open(cls, path: Path, name: str, *, fd: int | None = None,
-             **kwargs: Any) -> ModelSource:
+             digest: str | None = None, **kwargs: Any) -> ModelSource:
         """Open and parse the model file (a malformed one fails here, naming the file);
-        ``fd``: the file already open (the source owns it from here on)."""
+        ``fd``: the file already open (the source owns it from here on); ``digest``
+        (``"algo:hex"``): what its package records of its bytes, checked here through the
+        same descriptor (an :class:`~weightstore.errors.IntegrityError` if they differ)."""
         from ..catalogue.reader import open_model
         from ..catalogue.sites import name_attribute_tensors
 
         source = cls(path, name, _fd=open_model(path) if fd is None else fd, **kwargs)
         try:
+            if digest is not None:
+                _check_digest(source._fd, digest, path)  # type: ignore[arg-type]
             source._metadata = name_attribute_tensors(source._parse())
         except BaseException:
             source.close()

@@ -62,8 +62,12 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
     if not path.is_file():
         raise ResolutionError("no such model file or package folder", source=str(path))
     entry = record_beside(path)
+    digest = None
+    if entry is not None and (path.parent / "summary.json").exists():
+        digest = listed_digest(_summary(path.parent), path.name)
     return ModelSource.open(path, model or (entry or {}).get("name") or path.stem,
-                            store_keys=None if entry is None else store_keys_of(entry))
+                            store_keys=None if entry is None else store_keys_of(entry),
+                            digest=digest)
 
 
 def is_device_folder(folder: Path) -> bool:
@@ -108,7 +112,9 @@ def _open_folder(folder: Path, model: str | None, device: str | None) -> ModelSo
                            file=str(entry["file"]), **where)
     out = ModelSource.open(model_path, entry["name"],
                            package=folder if summary is not None else None,
-                           store_keys=store_keys_of(entry))
+                           store_keys=store_keys_of(entry),
+                           digest=None if summary is None else listed_digest(
+                               summary, entry["file"]))
     if device is not None and summary is not None:
         _apply_device(out, folder, device, summary)
     return out
@@ -171,6 +177,17 @@ def record_beside(model_path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return next((m for m in record["models"] if m["file"] == name), None)
+
+
+def listed_digest(summary: dict[str, Any], file: str) -> str | None:
+    """The digest (``"algo:hex"``) a package summary's ``contents`` gives ``file``, which
+    the model file's bytes must have: a package's inline tensors are handed to the runtime
+    as they are, so they are verified like its weight files. None for a summary of a
+    format without ``contents``."""
+    for c in summary.get("contents") or ():
+        if isinstance(c, dict) and c.get("path") == file and isinstance(c.get("digest"), str):
+            return c["digest"]
+    return None
 
 
 def store_keys_of(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
