@@ -103,6 +103,9 @@ def test_a_link_to_a_tensor_shows_its_details(chromium, reports):
 
 
 HOSTILE = "w</script><img src=x onerror=\"console.error(1)\">&amp;'\u00e9"
+# "<!--<script>" in a script element's data makes Chromium's parser swallow the rest of
+# the page; U+2028 ends a line in older JavaScript
+COMMENT = "<!--<script>\u2028\u2029x"
 
 
 def test_names_are_shown_as_text_never_run(chromium, tmp_path):
@@ -113,10 +116,14 @@ def test_names_are_shown_as_text_never_run(chromium, tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.arange(512, dtype=np.float32), HOSTILE)
+    other = numpy_helper.from_array(np.arange(256, dtype=np.float32), COMMENT)
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", HOSTILE], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])], [weight])
+        [helper.make_node("Add", ["x", HOSTILE], ["y"]),
+         helper.make_node("Add", ["u", COMMENT], ["v"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512]),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, [256])], [weight, other])
     onnx.save_model(helper.make_model(graph), tmp_path / "model.onnx")
     (tmp_path / "r.yaml").write_text(
         'package: odd\nversion: "1.0.0"\nmodels:\n  - {name: m, source: model.onnx}\n'
@@ -137,3 +144,10 @@ def test_names_are_shown_as_text_never_run(chromium, tmp_path):
     details = re.search(r'<div id="details" class="details">(.*?)</div></div>', loaded.dom,
                         re.S).group(1)
     assert html.escape(HOSTILE, quote=False) in details
+    assert outside_scripts.count("<table") == 3  # the page after the data is markup still
+    loaded = chromium.load(page, "package&tensor=1")  # the script still runs: details shown
+    assert loaded.console == []
+    details = re.search(r'<div id="details" class="details">(.*?)</div></div>', loaded.dom,
+                        re.S).group(1)
+    assert html.escape(COMMENT, quote=False) in details
+    assert 'class="view on" id="view-package"' in loaded.dom

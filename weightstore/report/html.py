@@ -54,9 +54,18 @@ def table(head: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "") 
     return f'<table class="{esc(cls)}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
 
 
+# what HTML's script data states could take for markup (``</script``, ``<!--`` which makes
+# the parser swallow the rest of the page), and the separators older JavaScript parsers
+# end a line at, each written as the JSON escape it stands for
+_INERT = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                        "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def json_script(element_id: str, value: Any) -> str:
-    """Data for the page's script, inline and inert (``</`` cannot close the element)."""
+    """Data for the page's script, inline and inert: no ``<``, ``>`` or ``&`` appears in
+    it (each is a ``\\u`` escape, which JSON reads back as the character), so neither
+    ``</script>`` nor ``<!--`` in a name can end or change the element."""
     import json
 
-    text = json.dumps(value, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
+    text = json.dumps(value, sort_keys=True, separators=(",", ":")).translate(_INERT)
     return f'<script type="application/json" id="{esc(element_id)}">{text}</script>'
