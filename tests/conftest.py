@@ -117,3 +117,25 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every host a request connects to, in order; a connection to a host that is not
+    loopback is refused here, before any packet leaves, so a test never sends traffic
+    elsewhere whatever the code under test does (and says that it tried)."""
+    from urllib3.util import connection
+
+    from weightstore.io.net import loopback_name
+
+    real = connection.create_connection
+    hosts: list[str] = []
+
+    def create_connection(address: tuple[str, int], *args: Any, **kwargs: Any) -> Any:
+        hosts.append(address[0])
+        if not loopback_name(address[0]):
+            raise ConnectionRefusedError(f"test: no connection to {address[0]}")
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(connection, "create_connection", create_connection)
+    return hosts

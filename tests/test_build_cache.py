@@ -269,6 +269,8 @@ def test_an_entry_missing_blobs_or_with_its_tag_moved(runner_a, encoder_model, t
     assert capsys.readouterr().err.count("entry unusable") == 2
     assert _tree(result.packages[0].path) == _tree(combined.path)
     assert _tree(result.packages[1].path) == _tree(separate.path)
+    # the blob answered 404 left no partial file (there was nothing to resume)
+    assert list((tmp_path / "c" / "store").glob(".pull-*")) == []
 
 
 def test_records_of_any_shape_someone_with_push_rights_writes_are_misses(
@@ -403,3 +405,83 @@ def test_a_recipe_that_writes_a_cache_asks_it_at_every_build(encoder_model, tmp_
     assert main(["build", str(recipe)]) == 0
     err = capsys.readouterr().err
     assert err.count(": stored ") == 1 and "stored combined," in err
+
+
+# -- a cache that answers, slowly ----------------------------------------------------------
+
+def _slow(upstream, what, rate, size=None):
+    """A proxy intercept: GETs whose path holds ``what`` are answered with the registry's
+    headers (or, with ``size``, a body of that many bytes announced), the body sent at
+    ``rate`` bytes a second, in tenths."""
+    from tests.registry_proxy import forward, send_head
+
+    def intercept(h, body):
+        if h.command != "GET" or what not in h.path:
+            return False
+        status, headers, data = forward(h, upstream, body)
+        if size is not None:
+            data = data + b" " * (size - len(data))
+        send_head(h, status, headers, len(data))
+        step = max(1, rate // 10)
+        for i in range(0, len(data), step):
+            h.wfile.write(data[i:i + step])
+            h.wfile.flush()
+            time.sleep(0.1)
+        return True
+    return intercept
+
+
+@pytest.mark.parametrize("what, rate, size", [
+    (f"{RECORD_SUFFIX}", 2048, 64 << 20),  # the record's manifest, 64 MiB at 2 KiB/s
+    ("/blobs/", 1500, None)])  # every blob at 1.5 KB/s: above the minimum rate
+def test_a_cache_that_answers_slowly_is_a_miss_within_its_deadline(
+        runner_a, encoder_model, tmp_path, keys, monkeypatch, capsys, what, rate, size):
+    """Slow enough to pass the minimum rate, far too slow to wait for: past
+    $WEIGHTSTORE_CACHE_TIMEOUT the entry is a miss, the layouts convert locally, the
+    repository is not asked again, and nothing of the pull is left."""
+    from tests.registry_proxy import misbehaving
+
+    repo, _, built = runner_a
+    host, _, path = repo.partition("/")
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    monkeypatch.setenv("WEIGHTSTORE_CACHE_TIMEOUT", "2")
+    recipe = _runner_b(encoder_model, tmp_path)
+    with misbehaving(host, _slow(host, what, rate, size)) as proxy:
+        start = time.monotonic()
+        result = build(recipe, BuildOptions(jobs=2, cache_from=(f"{proxy}/{path}",)))
+        took = time.monotonic() - start
+    assert took < 20, took
+    assert [(p.status, p.cache) for p in result.packages] == [("built", None)] * 2
+    err = capsys.readouterr().err
+    assert "deadline" in err and "not asking it again" in err, err
+    for a, b in zip(built.packages, result.packages, strict=True):
+        assert _tree(a.path) == _tree(b.path)
+    store = recipe.parent / "store"
+    assert not [p.name for p in store.glob(".pull-*") if p.stat().st_size == 0]
+
+
+def test_a_record_larger_than_a_record_is_a_miss(runner_a, encoder_model, tmp_path, keys,
+                                                 monkeypatch, capsys):
+    """A record's manifest past 64 KiB, however fast: read no further, a miss."""
+    from tests.registry_proxy import misbehaving
+
+    repo, _, _ = runner_a
+    host, _, path = repo.partition("/")
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    recipe = _runner_b(encoder_model, tmp_path)
+    with misbehaving(host, _slow(host, RECORD_SUFFIX, 64 << 20, 64 << 20)) as proxy:
+        result = build(recipe, BuildOptions(jobs=2, cache_from=(f"{proxy}/{path}",)))
+    assert [p.cache for p in result.packages] == [None, None]
+    err = capsys.readouterr().err
+    assert "answer too large" in err and f"limit={64 << 10}" in err, err
+
+
+def test_a_cache_timeout_that_is_not_seconds_is_refused_before_building(monkeypatch):
+    from weightstore.errors import RegistryError
+
+    with pytest.raises(RegistryError, match="WEIGHTSTORE_CACHE_TIMEOUT"):
+        settings(None, ("127.0.0.1:5000/cache/x",), None,
+                 env={"WEIGHTSTORE_CACHE_TIMEOUT": "-1"})
+    read = settings(None, ("127.0.0.1:5000/cache/x",), None,
+                    env={"WEIGHTSTORE_CACHE_TIMEOUT": "7.5"})
+    assert read is not None and read.timeout == 7.5

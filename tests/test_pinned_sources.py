@@ -174,3 +174,194 @@ def keys_env(tmp_path, monkeypatch):
     path = tmp_path / "ci.pem"
     monkeypatch.setenv(TRUSTED_KEYS_ENV, generate(path).text)
     return path
+
+
+# -- a url source's server that misbehaves ---------------------------------------------------
+
+def _hostile(served, respond):
+    """A loopback server answering every request with ``respond(handler)``; the pin of
+    ``served``'s file at its URL."""
+    from tests.registry_proxy import misbehaving
+
+    def intercept(handler, body):
+        respond(handler)
+        return True
+
+    return misbehaving(None, intercept)
+
+
+def _pin(host, served, **extra):
+    fields = "".join(f", {k}: {v}" for k, v in extra.items())
+    return f"{{url: 'http://{host}/encoder.onnx', sha256: '{served['sha256']}'{fields}}}"
+
+
+def _head(h, length=None, status=200, **headers):
+    h.send_response(status)
+    for k, v in headers.items():
+        h.send_header(k, v)
+    h.send_header("Content-Length", str(length if length is not None else 0))
+    h.end_headers()
+
+
+def _fails_with_nothing_left(tmp_path, recipe, capsys, *words):
+    """The build is one line naming each of ``words``, exit 2, and leaves no source
+    folder and no temp file."""
+    assert main(["build", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("weightstore: error: ") and "\n" not in err, err
+    assert all(w in err for w in words), err
+    sources = recipe.parent / "store" / "sources"
+    assert not sources.exists() or list(sources.iterdir()) == []
+    assert not (recipe.parent / "out").exists()
+    return err
+
+
+@pytest.mark.parametrize("where", ["http://10.0.0.1/encoder.onnx", "file:///etc/passwd",
+                                   "/encoder.onnx"])
+def test_a_redirect_is_checked_hop_by_hop_and_leaves_nothing(served, tmp_path, capsys,
+                                                             connections, where):
+    """Plain http elsewhere, or another scheme, is refused before any connection to it;
+    a loop is a loop; none leaves an empty source folder behind."""
+    def respond(h):
+        _head(h, status=302, Location=where)
+
+    with _hostile(served, respond) as host:
+        recipe = _recipe(tmp_path / "p", _pin(host, served))
+        err = _fails_with_nothing_left(tmp_path, recipe, capsys, "model=encoder")
+    if where == "/encoder.onnx":
+        assert "TooManyRedirects" in err
+    else:
+        assert "redirects to plain http outside loopback (or to another scheme)" in err
+        assert f"location={where}" in err
+    assert set(connections) == {"127.0.0.1"}
+
+
+def test_a_redirect_that_keeps_to_the_rule_is_followed(served, tmp_path, connections):
+    def respond(h):
+        if h.path == "/moved":
+            data = served["file"].read_bytes()
+            _head(h, len(data))
+            h.wfile.write(data)
+        else:
+            _head(h, status=301, Location="/moved")
+
+    with _hostile(served, respond) as host:
+        result = build(_recipe(tmp_path / "p", _pin(host, served)), BuildOptions(jobs=2))
+    assert result.packages[0].status == "built" and set(connections) == {"127.0.0.1"}
+
+
+def _trickle(every, piece, total=1 << 30):
+    import time
+
+    def respond(h):
+        _head(h, total)
+        for _ in range(total // piece):
+            h.wfile.write(b"\0" * piece)
+            h.wfile.flush()
+            time.sleep(every)
+    return respond
+
+
+@pytest.mark.parametrize("how, words", [
+    ("trickles", ("too slow",)),  # a byte now and then: below the minimum rate
+    ("endless", ("deadline",))])  # fast enough, and never done
+def test_a_slow_source_is_given_up_on_within_its_deadline(served, tmp_path, capsys,
+                                                          monkeypatch, how, words):
+    import time
+
+    monkeypatch.setenv("WEIGHTSTORE_SOURCE_TIMEOUT", "2")
+    respond = _trickle(0.3, 1) if how == "trickles" else _trickle(0.05, 2048)
+    with _hostile(served, respond) as host:
+        start = time.monotonic()
+        _fails_with_nothing_left(tmp_path, _recipe(tmp_path / "p", _pin(host, served)),
+                                 capsys, "cannot fetch the source", *words)
+        assert time.monotonic() - start < 8
+
+
+def test_a_source_timeout_that_is_not_seconds_is_one_line(served, tmp_path, capsys,
+                                                          monkeypatch):
+    monkeypatch.setenv("WEIGHTSTORE_SOURCE_TIMEOUT", "soon")
+    _fails_with_nothing_left(tmp_path, _recipe(tmp_path / "p", _pin("127.0.0.1:9", served)),
+                             capsys, "WEIGHTSTORE_SOURCE_TIMEOUT must be a positive number")
+
+
+def test_a_source_larger_than_its_pinned_size_is_stopped_at_it(served, tmp_path, capsys):
+    """A pinned size: the fetch stops at its first byte past it, long before the body
+    ends; the right file with its size builds."""
+    sent = []
+
+    def respond(h):
+        _head(h, 1 << 30)
+        for _ in range(1 << 10):
+            h.wfile.write(b"\0" * (1 << 20))
+            sent.append(1)
+
+    with _hostile(served, respond) as host:
+        _fails_with_nothing_left(tmp_path, _recipe(tmp_path / "p", _pin(host, served,
+                                                                        size=1000)),
+                                 capsys, "larger than its pinned size", "size=1000")
+    assert len(sent) < 64  # MiB: the client hung up
+    size = served["file"].stat().st_size
+    ok = build(_recipe(tmp_path / "q", f"{{url: {served['url']}, sha256: "
+                                       f"'{served['sha256']}', size: {size}}}"),
+               BuildOptions(jobs=2))
+    assert ok.packages[0].status == "built"
+
+
+def test_a_source_without_a_size_stops_before_the_disk_fills(served, tmp_path, capsys,
+                                                             small_disk):
+    import os
+
+    def respond(h):
+        _head(h, 1 << 30)
+        while True:
+            h.wfile.write(b"\0" * (1 << 16))
+
+    with _hostile(served, respond) as host:
+        recipe = _recipe(tmp_path / "p", _pin(host, served))
+        recipe.write_text(recipe.read_text().replace(
+            "store: {path: store}", f"store: {{path: {small_disk / 'store'}}}"))
+        assert main(["build", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "would fill the store's disk" in err and "\n" not in err, err
+    st = os.statvfs(small_disk)
+    assert st.f_bavail * st.f_frsize > 0  # stopped with room left
+    sources = small_disk / "store" / "sources"
+    assert not sources.exists() or list(sources.iterdir()) == []
+
+
+def test_a_killed_fetch_leaves_a_temp_file_the_next_fetch_sweeps(served, tmp_path):
+    """A build killed mid-fetch leaves its temp file; the next build's fetch removes it
+    (once it is old enough to be no live writer's)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    slow = [True]
+
+    def respond(h):
+        data = served["file"].read_bytes()
+        _head(h, len(data))
+        if slow[0]:
+            h.wfile.write(data[:100])
+            h.wfile.flush()
+            time.sleep(30)
+        h.wfile.write(data)
+
+    with _hostile(served, respond) as host:
+        recipe = _recipe(tmp_path / "p", _pin(host, served))
+        proc = subprocess.Popen([sys.executable, "-m", "weightstore", "build", str(recipe)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        folder = tmp_path / "p" / "store" / "sources" / f"sha256-{served['sha256']}"
+        deadline = time.monotonic() + 20
+        while not list(folder.glob(".encoder.onnx.*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        [temp] = folder.glob(".encoder.onnx.*.tmp")
+        os.utime(temp, (time.time() - 120, time.time() - 120))
+        slow[0] = False
+        assert build(recipe, BuildOptions(jobs=2)).packages[0].status == "built"
+    assert sorted(p.name for p in folder.iterdir()) == ["encoder.onnx"]

@@ -244,3 +244,29 @@ def test_a_store_that_is_not_one_is_refused(package: Path, registry, tmp_path: P
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--store is not a weightstore store" in err[0]
     assert str(store) in err[0] and not _published(registry, f"proof/nostore-{where}")
+
+
+def test_a_damaged_payload_the_registry_already_holds_is_refused(
+        built: Path, package: Path, registry, capsys) -> None:
+    """The registry holds every blob (the package was pushed before) and the store knows
+    every payload's sha256: a flipped weight byte is still read and refused, as verify
+    refuses the folder, and the tag is not moved."""
+    from weightstore.errors import RegistryNotFoundError
+    from weightstore.registry.client import RegistryClient
+    from weightstore.registry.reference import parse_reference
+
+    store = built / "store"
+    ref = f"{registry.host}/proof/damaged:1"
+    push(package, ref, store=WeightStore(store))
+    weights = max((p for p in package.iterdir() if p.name != "encoder.onnx"),
+                  key=lambda p: p.stat().st_size)
+    _flip(weights, weights.stat().st_size // 2)
+    assert main(["verify", str(package), "--store", str(store)]) == 1
+    capsys.readouterr()
+    assert main(["push", str(package), ref.replace(":1", ":2"), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "do not match" in err[0], err
+    parsed = parse_reference(ref)
+    assert RegistryClient(parsed.host).get_manifest(parsed)[0]  # the first push stands
+    with pytest.raises(RegistryNotFoundError):
+        RegistryClient(parsed.host).get_manifest(parse_reference(ref.replace(":1", ":2")))

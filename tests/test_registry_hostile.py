@@ -789,3 +789,42 @@ def test_a_variant_pull_from_a_lying_registry_fails_closed(pushed, tmp_path, cap
         assert not store.index.exists() or store.verify().ok, case
     assert main(["pull", f"{host}/pk/a:1", str(tmp_path / "out"), "--store",
                  str(store.root), *option]) == 0
+
+
+# -- redirects: every hop under the rule the first one is under ----------------------------
+
+ELSEWHERE = "http://10.0.0.1/v2/a/b/manifests/1"
+
+
+def test_a_redirect_to_plain_http_elsewhere_is_refused_before_connecting(connections) -> None:
+    """A loopback registry (plain http allowed) redirecting to plain http on another host:
+    refused as a reference to that host would be, before any connection to it."""
+    with (answering(_body(302, b"", Location=ELSEWHERE)) as host,
+          pytest.raises(RegistryError, match="redirects to plain http") as info):
+        RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+    assert info.value.context["location"] == ELSEWHERE
+    assert connections == ["127.0.0.1"]
+
+
+def test_a_token_service_on_plain_http_elsewhere_is_refused(connections) -> None:
+    """The credentials would go there: the realm is checked as a redirect hop is."""
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        realm = "http://10.0.0.1/token"
+        return _body(401, b"{}", WWW_Authenticate=f'Bearer realm="{realm}",service="x"')(h)
+
+    with (answering(respond) as host,
+          pytest.raises(RegistryAuthError, match="plain http outside loopback")):
+        RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+    assert connections == ["127.0.0.1"]
+
+
+def test_a_redirect_to_loopback_is_followed(connections) -> None:
+    """The rule, not a ban on redirects: a hop that keeps to it is followed."""
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        if h.path.startswith("/elsewhere"):
+            return _body(200, b"{}", Content_Type=client_module.MANIFEST_TYPE)(h)
+        return _body(307, b"", Location=f"http://{h.headers['Host']}/elsewhere")(h)
+
+    with answering(respond) as host:
+        data, _ = RegistryClient(host, FAST).get_manifest(parse_reference(f"{host}/a/b:1"))
+    assert data == b"{}" and set(connections) == {"127.0.0.1"}

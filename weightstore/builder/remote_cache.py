@@ -20,8 +20,12 @@ push to the repository but holds no trusted key can make a runner build locally,
 ship other bytes. Anything else (no entry, no signature, an unknown key, a record of
 another key, a manifest that is not the one signed, a registry that does not answer) is
 a miss, said in one line, and the layout is converted locally. The registry is given a
-few seconds (:func:`_transport`), never the transfer timeouts: a build never fails or
-stalls because its cache is down.
+few seconds to answer (:func:`_transport`), never the transfer timeouts, a record may be
+at most :data:`MAX_RECORD` bytes (its manifest, and its layer), and reading one entry,
+record and package together, has a deadline (``$WEIGHTSTORE_CACHE_TIMEOUT``, default
+:data:`READ_DEADLINE` seconds): past it the entry is a miss and the repository is not
+asked again in this build. A build never fails or stalls because its cache is down or
+slow.
 
 After converting, a build with ``--cache-to`` and a signing key pushes the entry: the
 package (blobs the registry holds are skipped), then the record. Both are deterministic
@@ -58,18 +62,23 @@ RECORD_LAYER = "application/vnd.weightstore.cache-record.v1.dsse+json"
 RECORD_ARTIFACT = "application/vnd.weightstore.cache-record.v1"
 EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
 CACHE_ENV, FROM_ENV, TO_ENV = "WEIGHTSTORE_CACHE", "WEIGHTSTORE_CACHE_FROM", "WEIGHTSTORE_CACHE_TO"
+TIMEOUT_ENV = "WEIGHTSTORE_CACHE_TIMEOUT"
+READ_DEADLINE = 120.0  # seconds for reading one entry: its record, then its package
+MAX_RECORD = 64 << 10  # bytes of a record's manifest, and of its one layer
 
 
-def _transport(lookup: bool = False) -> Any:
+def _transport(lookup: bool = False, deadline: float | None = None) -> Any:
     """A cache's registry gets seconds to answer, not the transfer timeouts: a lookup
     (the record) 2 s to connect and 5 s to answer, once; a transfer (the package) 3 s to
-    connect and 10 s for each answer or window of progress, twice."""
+    connect and 10 s for each answer or window of progress, twice. ``deadline``: seconds
+    for all of it."""
     from ..registry.client import Transport
 
     if lookup:
-        return Transport(connect_timeout=2.0, read_timeout=5.0, attempts=1)
+        return Transport(connect_timeout=2.0, read_timeout=5.0, attempts=1,
+                         deadline=deadline)
     return Transport(connect_timeout=3.0, read_timeout=10.0, attempts=2, backoff=0.2,
-                     max_backoff=0.5)
+                     max_backoff=0.5, deadline=deadline)
 
 
 @dataclass
@@ -82,6 +91,7 @@ class CacheSettings:
     trusted: list[PublicKey] = field(default_factory=list)
     down: set[str] = field(default_factory=set)  # repositories that did not answer: not
     # asked again during this build
+    timeout: float = READ_DEADLINE  # seconds for reading one entry (record and package)
 
     def say(self, line: str) -> None:
         print(f"weightstore: cache: {line}", file=sys.stderr, flush=True)
@@ -124,11 +134,13 @@ def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | Non
     ``{read, write}``), else the environment (``$WEIGHTSTORE_CACHE``: read and write;
     ``$WEIGHTSTORE_CACHE_FROM``, space-separated; ``$WEIGHTSTORE_CACHE_TO``); None
     without any. Writing needs a signing key (``key``, a file, or
-    ``$WEIGHTSTORE_SIGNING_KEY``), read before anything is built."""
+    ``$WEIGHTSTORE_SIGNING_KEY``), read before anything is built. Reading an entry has
+    ``$WEIGHTSTORE_CACHE_TIMEOUT`` seconds (default :data:`READ_DEADLINE`)."""
     env = dict(os.environ) if env is None else env
     read, write = _repositories(cache, cache_from, cache_to, env, recipe)
     if not read and write is None:
         return None
+    from ..io.net import seconds_setting
     from ..registry.reference import parse_reference
     from ..signing.keys import load_private, trusted_keys
 
@@ -138,7 +150,9 @@ def settings(cache: str | None, cache_from: tuple[str, ...], cache_to: str | Non
             raise RegistryError("a cache is a repository: give it without a tag or digest",
                                 reference=ref)
     # a writer trusts them too: a sound entry another trusted key signed is left alone
-    out = CacheSettings(read, write, trusted=trusted_keys(env))
+    out = CacheSettings(read, write, trusted=trusted_keys(env),
+                        timeout=seconds_setting(env, TIMEOUT_ENV, READ_DEADLINE,
+                                                RegistryError))
     if write is not None:
         out.signer = load_private(key, env)
     return out
@@ -155,21 +169,26 @@ def fetch(cache: CacheSettings, fingerprint: str, target: Path, store: WeightSto
           jobs: int) -> tuple[str, int] | None:
     """Publish the package of ``fingerprint`` at ``target`` from the first cache that
     holds a trusted entry; the repository it came from and the bytes read from it (record
-    and package), or None (a miss, said)."""
+    and package), or None (a miss, said). Each entry is read within ``cache.timeout``
+    seconds, record and package together."""
+    import time
+
     from ..caches.build_actions import action_key
 
     key = action_key(fingerprint)
     for repository in cache.read:
         if repository in cache.down:
             continue
+        ends = time.monotonic() + cache.timeout
         try:
             found = _trusted_manifest(cache, repository, fingerprint, key)
             if found is None:
                 cache.say(f"{repository}: miss, no entry for this build")
                 continue
             manifest, record_bytes = found
+            left = ends - time.monotonic()
             received = record_bytes + _pull(repository, manifest, fingerprint, target, store,
-                                            jobs)
+                                            jobs, left)
         except (RegistryUnreachableError, OSError) as exc:
             cache.say(f"{repository}: unavailable ({exc}); building locally, and not "
                       "asking it again in this build")
@@ -197,9 +216,9 @@ def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
     from ..signing.dsse import open_envelope
 
     ref = parse_reference(_entry(repository, fingerprint, RECORD_SUFFIX))
-    client = RegistryClient(ref.host, _transport(lookup=True))
+    client = RegistryClient(ref.host, _transport(lookup=True, deadline=cache.timeout))
     try:
-        data, _ = client.get_manifest(ref)
+        data, _ = client.get_manifest(ref, limit=MAX_RECORD)
     except RegistryNotFoundError:
         return None
     import tempfile
@@ -210,7 +229,8 @@ def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
     try:  # whoever can push to the repository wrote it: nothing is assumed of its shape
         layers = parse_json(data)["layers"]
         if (not isinstance(layers, list) or len(layers) != 1
-                or not descriptor_ok(layers[0]) or layers[0]["mediaType"] != RECORD_LAYER):
+                or not descriptor_ok(layers[0]) or layers[0]["mediaType"] != RECORD_LAYER
+                or layers[0]["size"] > MAX_RECORD):
             raise not_ours
         with tempfile.TemporaryDirectory(prefix=".cache-record.") as tmp:
             envelope = parse_json(blob_bytes(client, ref, layers[0], Path(tmp) / "record"))
@@ -231,18 +251,18 @@ def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
 
 
 def _pull(repository: str, manifest: str, fingerprint: str, target: Path,
-          store: WeightStore, jobs: int) -> int:
+          store: WeightStore, jobs: int, deadline: float) -> int:
     """Pull the manifest the record signs into ``target`` (published whole, its blobs
-    verified, its payloads in the store and the folder a root of it, as any pull); the
-    bytes read."""
+    verified, its payloads in the store and the folder a root of it, as any pull), within
+    ``deadline`` seconds; the bytes read."""
     import shutil
 
     from ..errors import IntegrityError
     from ..registry.pull import pull
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    report = pull(f"{repository}@{manifest}", target, store=store, transport=_transport(),
-                  jobs=jobs)
+    report = pull(f"{repository}@{manifest}", target, store=store,
+                  transport=_transport(deadline=deadline), jobs=jobs)
     summary = parse_json((target / "summary.json").read_bytes())
     if summary.get("fingerprint") != fingerprint:  # a trusted key signed a wrong record
         shutil.rmtree(target, ignore_errors=True)
@@ -263,7 +283,7 @@ def store_entries(cache: CacheSettings, packages: list[tuple[Path, dict[str, Any
     from ..caches.build_actions import action_key
 
     assert cache.write is not None and cache.signer is not None
-    mine = CacheSettings(trusted=[*cache.trusted, cache.signer.public])
+    mine = CacheSettings(trusted=[*cache.trusted, cache.signer.public], timeout=cache.timeout)
     for target, summary, converted in packages:
         if cache.write in cache.down:
             cache.say(f"{cache.write}: could not store {target.name} (it did not answer "
@@ -291,7 +311,8 @@ def _holds(trusting: CacheSettings, repository: str, fingerprint: str, key: str)
         if found is None:
             return False
         ref = parse_reference(f"{repository}@{found[0]}")
-        RegistryClient(ref.host, _transport(lookup=True)).get_manifest(ref)
+        RegistryClient(ref.host, _transport(lookup=True, deadline=trusting.timeout),
+                       ).get_manifest(ref)
     except RegistryUnreachableError:
         raise
     except WeightstoreError:  # a signature no key of ``trusting`` made, a manifest gone,

@@ -28,14 +28,21 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from ..errors import IntegrityError, RecipeError, WeightstoreError
+from ..errors import IntegrityError, RecipeError, RegistryError, WeightstoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..package.fingerprint import FileDigests
     from ..recipe.schema import ModelEntry, PinnedSource
+    from ..registry.client import Transport
 
 FOLDER = "sources"
-CHUNK = 1 << 20
+TIMEOUT_ENV = "WEIGHTSTORE_SOURCE_TIMEOUT"
+DEADLINE = 3600.0  # seconds for fetching one pinned source, whatever its size
+ANSWER_TIMEOUT = 30.0  # seconds for each answer, and each window of the minimum rate
+ATTEMPTS = 3  # tries of a request that breaks off or is not answered
+RESERVE = 1 << 30  # bytes a url fetch leaves free on the store's disk (see _reserve)
 
 
 def pinned_path(entry: ModelEntry, store_root: Path, digests: FileDigests) -> Path:
@@ -48,12 +55,6 @@ def pinned_path(entry: ModelEntry, store_root: Path, digests: FileDigests) -> Pa
 
 
 def _url_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDigests) -> Path:
-    import hashlib
-
-    import requests
-
-    from ..io.files import atomic_writer
-
     assert pin.url is not None and pin.sha256 is not None
     base = PurePosixPath(unquote(urlsplit(pin.url).path)).name
     file_name = base if base and base not in (".", "..") else "model.onnx"
@@ -65,27 +66,111 @@ def _url_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
                 return path
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        with requests.get(pin.url, stream=True, timeout=(10, 60)) as resp, \
-                atomic_writer(path) as out:
-            if resp.status_code != 200:
-                raise RecipeError(f"cannot fetch the source: HTTP {resp.status_code}",
-                                  model=name, url=pin.url)
-            hasher = hashlib.sha256()
-            for chunk in resp.iter_content(CHUNK):
-                hasher.update(chunk)
-                out.write(chunk)
-            if hasher.hexdigest() != pin.sha256:  # raised inside: the temp file goes
-                raise IntegrityError("the source does not have its pinned digest",
-                                     model=name, url=pin.url, expected=pin.digest,
-                                     got=f"sha256:{hasher.hexdigest()}")
-    except requests.RequestException as exc:
-        raise RecipeError(f"cannot fetch the source: {type(exc).__name__}", model=name,
-                          url=pin.url) from None
+        _download(name, pin, path)
     except BaseException:
         with contextlib.suppress(OSError):
             folder.rmdir()  # empty unless an earlier fetch kept a good file
         raise
     return path
+
+
+def source_transport(env: Mapping[str, str] | None = None) -> Transport:
+    """How a pinned source is fetched (a url's file, a ref's artifact): 10 s to connect,
+    :data:`ANSWER_TIMEOUT` for each answer and each window of the registry's minimum rate
+    (:func:`weightstore.registry.client.body_pieces`), :data:`ATTEMPTS` tries (a ref's
+    requests), and ``$WEIGHTSTORE_SOURCE_TIMEOUT`` seconds (default :data:`DEADLINE`, and
+    no answer timeout or rate window longer) for the whole fetch of one source."""
+    import os
+
+    from ..io.net import seconds_setting
+    from ..registry.client import Transport
+
+    env = os.environ if env is None else env
+    deadline = seconds_setting(env, TIMEOUT_ENV, DEADLINE, RecipeError)
+    return Transport(read_timeout=min(ANSWER_TIMEOUT, deadline), attempts=ATTEMPTS,
+                     deadline=deadline)
+
+
+def _download(name: str, pin: PinnedSource, path: Path) -> None:
+    """Stream the url to ``path`` (a temp file beside it, published only when the bytes
+    have the pinned digest), every hop of a redirect checked (:func:`~weightstore.io.net.
+    allowed_url`), the body read at the registry's minimum rate, within the deadline, and
+    never past the pinned ``size`` nor the store's free space but :func:`_reserve`."""
+    import hashlib
+    import time
+
+    import requests
+
+    from ..io.files import atomic_writer
+    from ..io.net import guard_redirects
+    from ..registry.client import body_pieces, timeouts
+
+    t = source_transport()
+    ends = time.monotonic() + (t.deadline or 0)
+    where = {"model": name, "url": pin.url}
+
+    def refused(target: str) -> RecipeError:
+        return RecipeError("the source redirects to plain http outside loopback (or to "
+                           "another scheme); refused", **where, location=target)
+
+    session = requests.Session()
+    session.trust_env = not _loopback_url(pin.url)
+    try:
+        with session, session.get(pin.url, stream=True, timeout=timeouts(t, ends),
+                                  hooks={"response": guard_redirects(refused)}) as resp, \
+                atomic_writer(path, sweep=True) as out:
+            if resp.status_code != 200:
+                raise RecipeError(f"cannot fetch the source: HTTP {resp.status_code}",
+                                  **where)
+            hasher, got = hashlib.sha256(), 0
+            room = _room(path.parent)
+            for chunk in body_pieces(resp, t, ends, model=name):
+                got += len(chunk)
+                if pin.size is not None and got > pin.size:
+                    raise IntegrityError("the source is larger than its pinned size",
+                                         **where, size=pin.size)
+                if got > room:
+                    room = _room(path.parent) + got - len(chunk)  # asked again, then sure
+                    if got > room:
+                        raise RecipeError("the source would fill the store's disk; "
+                                          "stopped", **where, received=got,
+                                          reserve=_reserve(path.parent))
+                hasher.update(chunk)
+                out.write(chunk)
+            if hasher.hexdigest() != pin.sha256:  # raised inside: the temp file goes
+                raise IntegrityError("the source does not have its pinned digest",
+                                     **where, expected=pin.digest,
+                                     got=f"sha256:{hasher.hexdigest()}")
+    except requests.RequestException as exc:
+        raise RecipeError(f"cannot fetch the source: {type(exc).__name__}",
+                          **where) from None
+    except RegistryError as exc:  # too slow, past the deadline
+        raise RecipeError(f"cannot fetch the source: {exc.message}", **where,
+                          timeout=t.deadline) from None
+
+
+def _loopback_url(url: str) -> bool:
+    from ..io.net import loopback_name
+
+    return loopback_name(urlsplit(url).hostname or "")
+
+
+def _reserve(folder: Path) -> int:
+    """Bytes a source fetch leaves free on the store's file system: :data:`RESERVE`, or
+    a twentieth of a smaller file system."""
+    import os
+
+    st = os.statvfs(folder)
+    return min(RESERVE, st.f_blocks * st.f_frsize // 20)
+
+
+def _room(folder: Path) -> int:
+    """Bytes a source fetch may still write into ``folder`` before the disk holds only
+    :func:`_reserve` free."""
+    import os
+
+    st = os.statvfs(folder)
+    return max(0, st.f_bavail * st.f_frsize - _reserve(folder))
 
 
 def _listing(folder: Path) -> Path:
@@ -134,7 +219,8 @@ def _ref_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
         folder.parent.mkdir(parents=True, exist_ok=True)
         stage = make_temp_dir(folder.parent, ".source.")
         try:  # the pull checks the manifest against the pinned digest, every blob its own
-            pull(pin.ref, stage / "artifact", store=WeightStore(store_root))
+            pull(pin.ref, stage / "artifact", store=WeightStore(store_root),
+                 transport=source_transport())
             publish_dir(stage / "artifact", folder, replace=folder.exists())
         finally:
             discard_temp_dir(stage)

@@ -1,8 +1,15 @@
-"""Host names: which ones stay on this machine."""
+"""Host names and URLs: which ones stay on this machine, which ones a request may follow,
+and the settings in seconds that bound a transfer."""
 
 from __future__ import annotations
 
 import ipaddress
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from ..errors import WeightstoreError
 
 
 def loopback_name(name: str) -> bool:
@@ -14,3 +21,53 @@ def loopback_name(name: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def allowed_url(url: str, insecure: bool = False) -> bool:
+    """May a request go to ``url``: HTTPS to any host, plain HTTP to a loopback host only
+    (to any host with ``insecure``, which the user asked for)? Any other scheme is not."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return False
+    if parts.scheme == "https":
+        return True
+    return parts.scheme == "http" and (insecure or loopback_name(parts.hostname))
+
+
+def redirect_target(resp: Any) -> str:
+    """Where a redirect answer (a ``requests`` response) sends the client, as ``requests``
+    reads it: its ``Location`` (latin-1 on the wire, UTF-8 meant), against the answer's
+    URL."""
+    location = resp.headers["location"].encode("latin1").decode("utf8", "replace")
+    return urljoin(resp.url, location)
+
+
+def guard_redirects(refuse: Callable[[str], Exception],
+                    insecure: bool = False) -> Callable[..., None]:
+    """A ``requests`` response hook that checks every hop of a redirect before it is
+    followed: a hop :func:`allowed_url` refuses raises ``refuse(target)`` before any
+    connection to it is made. Every redirect's answer is closed unread: ``requests``
+    would read its body whole before following it."""
+    def hook(resp: Any, *args: Any, **kwargs: Any) -> None:
+        if resp.is_redirect:
+            resp.close()
+            target = redirect_target(resp)
+            if not allowed_url(target, insecure):
+                raise refuse(target[:200])
+    return hook
+
+
+def seconds_setting(env: Mapping[str, str], name: str, default: float,
+                    error: type[WeightstoreError]) -> float:
+    """The positive number of seconds the environment variable ``name`` holds, else
+    ``default``; anything else is ``error`` naming it."""
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise error(f"{name} must be a positive number of seconds", value=text[:40])
+    return value

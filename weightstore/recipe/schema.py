@@ -157,6 +157,8 @@ class PinnedSource(_Model):
                             "http only on a loopback host).")
     sha256: str | None = Field(None, pattern=_SHA256,
                                description="SHA-256 of the file at url, 64 hex digits.")
+    size: int | None = Field(None, ge=0, description="Bytes of the file at url, when known: "
+                             "a fetch stops at it instead of reading on.")
     ref: str | None = Field(None, pattern=_PINNED_REF,
                             description="host/repository@sha256:<64 hex> of an OCI artifact.")
     path: PathText | None = Field(None, description="The model file within the artifact "
@@ -176,8 +178,8 @@ class PinnedSource(_Model):
                 raise ValueError("plain http is refused outside loopback: use https")
             if parts.scheme not in ("https", "http") or not parts.hostname:
                 raise ValueError("a url source is an https:// URL")
-        elif self.sha256 is not None:
-            raise ValueError("a ref is pinned by its own digest: no sha256")
+        elif self.sha256 is not None or self.size is not None:
+            raise ValueError("a ref is pinned by its own digest: no sha256, no size")
         return self
 
     @property

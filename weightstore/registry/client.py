@@ -15,7 +15,9 @@ not a blob is bounded: a manifest or token answer past :data:`MAX_DOCUMENT` is a
 an error answer is read up to :data:`MAX_ERROR_BODY` (what it says past that is not
 needed), so a server that never stops sending cannot fill the memory. One
 ``requests.Session`` per thread keeps connections alive; loopback registries ignore proxy
-settings.
+settings. Every hop of a redirect is checked before it is followed (TLS, plain HTTP only
+to a loopback host or with ``--insecure``), and a client may be given a deadline for all
+its requests together (:attr:`Transport.deadline`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..errors import (
     RegistryUnreachableError,
 )
 from ..io.files import parse_json
+from ..io.net import allowed_url, guard_redirects
 from .auth import Challenge, Credentials, find_credentials, parse_challenge
 from .reference import (
     Reference,
@@ -73,6 +76,25 @@ class Transport:
     max_backoff: float = 8.0
     chunk_size: int = CHUNKED_ABOVE
     min_rate: int = MIN_RATE  # bytes/s over each read_timeout window (see body_pieces)
+    deadline: float | None = None  # seconds for every request of one client together
+
+
+def past_deadline(ends: float | None, **context: Any) -> RegistryUnreachableError | None:
+    """The error of a transfer whose deadline (``ends``, a :func:`time.monotonic` time)
+    has passed, or None."""
+    if ends is None or time.monotonic() < ends:
+        return None
+    return RegistryUnreachableError("registry transfer did not finish within its deadline",
+                                    **context)
+
+
+def timeouts(transport: Transport, ends: float | None) -> tuple[float, float]:
+    """(connect, read) timeouts of a request: the transport's, never past ``ends``."""
+    t = transport
+    if ends is None:
+        return t.connect_timeout, t.read_timeout
+    left = max(0.01, ends - time.monotonic())
+    return min(t.connect_timeout, left), min(t.read_timeout, left)
 
 
 @dataclass(frozen=True)
@@ -86,14 +108,15 @@ class Reply:
     content: bytes
 
 
-def body_pieces(resp: requests.Response, transport: Transport,
+def body_pieces(resp: requests.Response, transport: Transport, ends: float | None = None,
                 **context: Any) -> Iterator[bytes]:
     """An answer's body in pieces as they arrive (one receive each, at most
     :data:`CHUNK`), decoded as ``iter_content`` decodes it. A server that trickles (a byte
     now and then, never long enough apart for the read timeout) is given up on: over each
     window of ``read_timeout`` seconds the body must average ``min_rate`` bytes a second,
-    else a :class:`RegistryError` (not retried) names the URL and ``context``. Broken
-    transfers raise what ``iter_content`` raises (see :data:`BROKEN`)."""
+    else a :class:`RegistryError` (not retried) names the URL and ``context``. Past
+    ``ends`` (a deadline, see :func:`past_deadline`) it stops too. Broken transfers raise
+    what ``iter_content`` raises (see :data:`BROKEN`)."""
     from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError
 
     raw = resp.raw
@@ -118,17 +141,20 @@ def body_pieces(resp: requests.Response, transport: Transport,
                     f"registry transfer too slow: {got} bytes in {elapsed:.1f} s, fewer "
                     f"than {transport.min_rate} a second", url=resp.url, **context)
             start, got = time.monotonic(), 0
+        late = past_deadline(ends, url=resp.url, **context)
+        if late is not None:
+            raise late
 
 
 def read_body(resp: requests.Response, limit: int, transport: Transport, *,
-              strict: bool = True, **context: Any) -> bytes:
+              strict: bool = True, ends: float | None = None, **context: Any) -> bytes:
     """At most ``limit`` bytes of the body (read by :func:`body_pieces`), the response
     closed after. A longer body is a :class:`RegistryError` naming ``context``
     (``strict``) or cut at ``limit``."""
     parts: list[bytes] = []
     size = 0
     with resp:
-        for data in body_pieces(resp, transport, **context):
+        for data in body_pieces(resp, transport, ends, **context):
             size += len(data)
             if size > limit:
                 if strict:
@@ -138,13 +164,6 @@ def read_body(resp: requests.Response, limit: int, transport: Transport, *,
                 break
             parts.append(data)
     return b"".join(parts)
-
-
-def _close_redirect(resp: requests.Response, *args: Any, **kwargs: Any) -> None:
-    """A response hook: a redirect's body is never read. requests reads it whole before it
-    follows the redirect; closed first, it reads nothing (the connection is not reused)."""
-    if resp.is_redirect:
-        resp.close()
 
 
 class Body:
@@ -181,6 +200,19 @@ class RegistryClient:
         self.sent_bytes = 0
         self.received_bytes = 0
         self.on_blob_bytes: Callable[[int], None] | None = None  # a progress bar's advance
+        deadline = self.transport.deadline
+        self.ends = None if deadline is None else time.monotonic() + deadline
+        # every hop of a redirect checked before it is followed, its body never read
+        self._hooks = {"response": guard_redirects(self._refused_hop,
+                                                   self.transport.insecure)}
+
+    def _refused_hop(self, target: str) -> RegistryError:
+        return RegistryError("registry redirects to plain http outside loopback (or to "
+                             "another scheme); refused", host=self.host, location=target)
+
+    def pieces(self, resp: requests.Response, **context: Any) -> Iterator[bytes]:
+        """A blob answer's body in pieces (:func:`body_pieces`), within the deadline."""
+        return body_pieces(resp, self.transport, self.ends, **context)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -232,6 +264,9 @@ class RegistryClient:
         where = {"reference": str(reference) if reference else None, "digest": digest,
                  "action": action}
         while True:
+            late = past_deadline(self.ends, host=self.host, **where)
+            if late is not None:
+                raise late
             send = dict(headers or {})
             auth = self._auth_header(scope)
             if auth:
@@ -239,13 +274,13 @@ class RegistryClient:
             try:
                 resp = self._session().request(
                     method, url, headers=send, data=body() if body else None,
-                    stream=True, allow_redirects=True, hooks={"response": _close_redirect},
-                    timeout=(t.connect_timeout, t.read_timeout))
+                    stream=True, allow_redirects=True, hooks=self._hooks,
+                    timeout=timeouts(self.transport, self.ends))
                 if resp.status_code in ok and limit is None:
                     return resp
                 good = resp.status_code in ok
                 content = read_body(resp, limit if good and limit else MAX_ERROR_BODY, t,
-                                    strict=good, host=self.host, **where)
+                                    strict=good, ends=self.ends, host=self.host, **where)
             except requests.TooManyRedirects:
                 raise RegistryError("registry redirects without end", host=self.host,
                                     **where) from None
@@ -276,6 +311,8 @@ class RegistryClient:
         delay = min(t.max_backoff, t.backoff * 2 ** (attempt - 1))
         if retry_after and retry_after.isdigit():
             delay = min(t.max_backoff, max(delay, float(retry_after)))
+        if self.ends is not None:  # the next attempt finds the deadline passed
+            delay = max(0.0, min(delay, self.ends - time.monotonic()))
         time.sleep(delay)
 
     def _answer(self, challenge: Challenge | None, scope: str, reference: Any,
@@ -303,15 +340,17 @@ class RegistryClient:
         params["scope"] = challenge.params.get("scope", scope)
         headers = {"Authorization": creds.basic()} if creds else {}
         realm = challenge.params["realm"]
+        if not allowed_url(realm, self.transport.insecure):  # credentials go there
+            raise RegistryAuthError("token service on plain http outside loopback (or "
+                                    "another scheme); refused", realm=realm[:200])
         try:
             resp = self._session().get(realm, params=params, headers=headers, stream=True,
-                                       hooks={"response": _close_redirect},
-                                       timeout=(self.transport.connect_timeout,
-                                                self.transport.read_timeout))
+                                       hooks=self._hooks,
+                                       timeout=timeouts(self.transport, self.ends))
             status = resp.status_code
             content = read_body(resp, MAX_DOCUMENT if status == 200 else MAX_ERROR_BODY,
-                                self.transport,
-                                strict=status == 200, realm=realm)
+                                self.transport, strict=status == 200, ends=self.ends,
+                                realm=realm)
         except requests.TooManyRedirects:
             raise RegistryAuthError("token service redirects without end",
                                     realm=realm) from None
@@ -449,12 +488,13 @@ class RegistryClient:
             self.sent_bytes += len(data)
         return resp.headers.get("Docker-Content-Digest", "")
 
-    def get_manifest(self, ref: Reference) -> tuple[bytes, str]:
-        """The manifest's bytes and media type."""
+    def get_manifest(self, ref: Reference, limit: int | None = None) -> tuple[bytes, str]:
+        """The manifest's bytes and media type; one longer than ``limit`` (default
+        :data:`MAX_DOCUMENT`) is a :class:`RegistryError`."""
         resp = self.request("GET", manifest_url(ref, ref.target, self.transport.insecure),
                             scope=self._scope(ref), ok={200},
                             headers={"Accept": MANIFEST_TYPE}, reference=ref,
-                            action="GET manifest", limit=MAX_DOCUMENT)
+                            action="GET manifest", limit=limit or MAX_DOCUMENT)
         with self._lock:
             self.received_bytes += len(resp.content)
         return resp.content, resp.headers.get("Content-Type", "")

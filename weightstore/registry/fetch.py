@@ -38,7 +38,7 @@ from ..io.files import (
 from ..package.assembly import assemble
 from ..store import FilePayload, StoredObject, WeightStore
 from .artifact import WeightFile
-from .client import BROKEN, CHUNK, MAX_DOCUMENT, RegistryClient, body_pieces
+from .client import BROKEN, CHUNK, MAX_DOCUMENT, RegistryClient
 from .reference import Reference
 
 STREAM_ATTEMPTS = 4
@@ -172,8 +172,7 @@ def _stream(client: RegistryClient, ref: Reference, desc: dict[str, Any], f: Any
     pos = have
     try:
         with resp:
-            for data in body_pieces(resp, client.transport, digest=desc["digest"],
-                                    reference=str(ref)):
+            for data in client.pieces(resp, digest=desc["digest"], reference=str(ref)):
                 pos += len(data)
                 client.count_received(len(data))
                 if pos > desc["size"]:
@@ -218,6 +217,16 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
         except IntegrityError:
             tmp.unlink(missing_ok=True)
             raise
+        except BaseException:
+            _drop_if_empty(tmp)  # nothing to resume (a blob refused, not found): not kept
+            raise
+
+
+def _drop_if_empty(tmp: Path) -> None:
+    """Remove a blob's partial file that holds no byte (its lock created it)."""
+    with contextlib.suppress(OSError):
+        if tmp.stat().st_size == 0:
+            tmp.unlink()
 
 
 def _blob_temp(store: WeightStore, desc: dict[str, Any]) -> Path:
