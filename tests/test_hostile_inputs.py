@@ -226,6 +226,41 @@ def _one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> Non
         assert n in lines[0], res.stderr
 
 
+@pytest.mark.parametrize(("data_type", "values", "bad", "name"), [
+    (TensorProto.UINT8, 2, 300, "UINT8"),  # small: a metadata value, kept whole
+    (TensorProto.UINT8, 6000, 300, "UINT8"),  # above the metadata limit, below the threshold
+    (TensorProto.FLOAT16, 2, -1, "FLOAT16"),
+    (TensorProto.BOOL, 2, 2, "BOOL"),
+])
+def test_a_typed_value_its_type_cannot_hold_fails_though_it_stays_inline(
+        tmp_path, capsys, data_type, values, bad, name):
+    """onnxruntime would keep the low bits: refused by build and run alike, whether the
+    tensor moves out (``size_threshold``) or not."""
+    weight = helper.make_tensor("W", data_type, [values], [0] * values)
+    weight.int32_data[0] = bad
+    elem = TensorProto.UINT8 if data_type == TensorProto.UINT8 else data_type
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["W"], ["y"])], "g", [],
+        [helper.make_tensor_value_info("y", elem, [values])], [weight])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    np.savez(tmp_path / "in.npz")
+    recipe = write_recipe(tmp_path, {"m": model},
+                          "\n  - {name: c, external_weight: combined, "
+                          "size_threshold: 1048576}\n")
+    for argv in (["build", str(recipe), "--store", str(tmp_path / "s")],
+                 ["run", str(model), "--inputs", str(tmp_path / "in.npz")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"weightstore: error: int32_data holds a value outside {name}'s "
+                              "range (") and err.count("\n") == 1, err
+        assert f"where=graph 'g' initializer 'W', value={bad})" in err
+    graph.initializer[0].int32_data[0] = 1  # the same model, every value in range
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    assert main(["-q", "build", str(recipe), "--store", str(tmp_path / "s")]) == 0
+    assert main(["-q", "run", str(model), "--inputs", str(tmp_path / "in.npz")]) == 0
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 def test_no_output_option_replaces_a_fifo_or_a_device(encoder_model, save_model, tmp_path,
                                                       capsys):

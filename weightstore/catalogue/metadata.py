@@ -19,6 +19,7 @@ from .payload import expected_nbytes
 from .reader import Catalogue, refuse_duplicate_initializers
 from .schema import SMALL_VALUE_LIMIT, TYPED_FIELDS
 from .sites import iter_tensor_sites, iter_tensors
+from .typed_fields import check_values, narrows
 from .utf8 import check_message
 
 # files up to this size may be parsed whole: a larger one holds large payloads (or is a
@@ -38,6 +39,7 @@ def metadata_model(catalogue: Catalogue, small_limit: int = SMALL_VALUE_LIMIT,
         size = nbytes if nbytes is not None else payload.stored_bytes
         if size <= small_limit:
             catalogue.restore(site.tensor, site.path, site.where)
+            check_values(site.tensor, site.where)
     return model
 
 
@@ -58,13 +60,18 @@ def parse_metadata(data: bytes, source: Path, small_limit: int = SMALL_VALUE_LIM
         check_message(memoryview(data), 0, len(data), ModelProto.DESCRIPTOR)
     except ModelError:
         return None
+    narrowed = False
     for t in iter_tensors(model):
         if _inline(t):
             nbytes = expected_nbytes(t.data_type, list(t.dims))
             if (nbytes is None or nbytes > small_limit
                     or t.data_location == TensorProto.EXTERNAL):
                 return None
+            narrowed = narrowed or narrows(t)
     refuse_duplicate_initializers(model, source)
+    if narrowed:  # walked again only to name the tensor that holds what its type cannot
+        for site in iter_tensor_sites(model):
+            check_values(site.tensor, site.where)
     return model
 
 

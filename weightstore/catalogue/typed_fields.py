@@ -113,6 +113,57 @@ def _unpack_six(data: bytes, count: int) -> np.ndarray:
     return codes.reshape(-1)[:count].astype(np.uint8)
 
 
+_VALUE_WIDTH = {"int32_data": 4, "int64_data": 8, "uint64_data": 8}
+
+
+def narrows(tensor: TensorProto) -> bool:
+    """Does a parsed tensor hold values in a field that :func:`field_narrows`?"""
+    return any(getattr(tensor, encoding) and field_narrows(encoding, tensor.data_type)
+               for encoding in _VALUE_WIDTH)
+
+
+def field_narrows(encoding: str, data_type: int) -> bool:
+    """Can the field hold a value the element type cannot: a varint field whose values are
+    wider than the type's storage (``int32_data`` of a UINT8, ``uint64_data`` of a UINT32),
+    or a type of fewer values than its storage (BOOL, the 6-bit floats)? Such a tensor is
+    decoded (:func:`decode`, which refuses the value) even where its bytes stay inline."""
+    storage = _LAYOUT.get((encoding, data_type))
+    if storage is None or encoding not in _VALUE_WIDTH:
+        return False
+    return (_WIDTHS[storage] < _VALUE_WIDTH[encoding] or data_type == T.BOOL
+            or data_type in SIX_BIT)
+
+
+def _narrow(values: Sequence[int], encoding: str, data_type: int, where: str) -> array:
+    """The values in the element type's storage, little-endian; a value the type cannot
+    hold is refused (:class:`ModelError` naming it)."""
+    storage = _layout(encoding, data_type, where)
+    limit = 1 if data_type == T.BOOL else 0x3F if data_type in SIX_BIT else None
+    try:
+        if limit is not None and not all(0 <= v <= limit for v in values):
+            raise OverflowError
+        return _little_endian(array(storage, values))
+    except OverflowError:
+        # onnx and onnxruntime would keep the low bits; writing them back could not give
+        # the tensor as it was, so the value is refused rather than guessed at
+        top = limit if limit is not None else (1 << (8 * _WIDTHS[storage] - (
+            0 if storage.isupper() else 1))) - 1
+        bottom = 0 if limit is not None or storage.isupper() else -top - 1
+        name = T.DataType.Name(data_type)
+        raise ModelError(f"{encoding} holds a value outside {name}'s range", where=where,
+                         value=next(v for v in values if not bottom <= v <= top)) from None
+
+
+def check_values(tensor: TensorProto, where: str) -> None:
+    """Refuse a parsed tensor whose typed field holds a value its element type cannot
+    (:func:`field_narrows`): the small tensors a metadata model keeps inline, which no
+    conversion decodes, are checked as the ones that move out are."""
+    for encoding in _VALUE_WIDTH:
+        values = getattr(tensor, encoding)
+        if values and field_narrows(encoding, tensor.data_type):
+            _narrow(values, encoding, tensor.data_type, where)
+
+
 def decode(fragment: bytes, encoding: str, data_type: int, dims: Sequence[int],
            where: str) -> bytes:
     """The little-endian bytes held by ``fragment``: serialized occurrences of the field."""
@@ -144,20 +195,7 @@ def decode(fragment: bytes, encoding: str, data_type: int, dims: Sequence[int],
     if len(values) != count:
         raise ModelError(f"{encoding} holds {len(values)} values, the shape needs {count}",
                          where=where)
-    limit = 1 if data_type == T.BOOL else 0x3F if data_type in SIX_BIT else None
-    try:
-        if limit is not None and not all(0 <= v <= limit for v in values):
-            raise OverflowError
-        narrow = _little_endian(array(storage, values))
-    except OverflowError:
-        # onnx and onnxruntime would keep the low bits; writing them back could not give
-        # the tensor as it was, so the value is refused rather than guessed at
-        top = limit if limit is not None else (1 << (8 * _WIDTHS[storage] - (
-            0 if storage.isupper() else 1))) - 1
-        bottom = 0 if limit is not None or storage.isupper() else -top - 1
-        name = T.DataType.Name(data_type)
-        raise ModelError(f"{encoding} holds a value outside {name}'s range", where=where,
-                         value=next(v for v in values if not bottom <= v <= top)) from None
+    narrow = _narrow(values, encoding, data_type, where)
     if data_type in SIX_BIT:
         return _pack_six(narrow.tobytes())
     return narrow.tobytes()
