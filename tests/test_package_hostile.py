@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from weightstore.cli import main
 from weightstore.errors import LoadError, PackageError, ResolutionError
 from weightstore.passes.analysis import name_problem
 
-from .helpers import scenario_package
+from .helpers import every_layout, scenario_package
 from .samples import sample_inputs
 
 
@@ -191,3 +192,79 @@ def test_one_agreement_rule_for_folders_and_store_references(built) -> None:
     with pytest.raises(PackageError, match="lists no such device"):
         check_agreement(summary, "gpu", [("encoder.onnx", "half")], "r")
     check_agreement({"models": []}, "gpu", [("encoder.onnx", "x")], "r")  # lists none
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Layout name -> package folder, for every layout a recipe makes."""
+    from .samples import make_encoder
+
+    return every_layout(tmp_path_factory.mktemp("release-hostile"),
+                        make_encoder(vocab=100, hidden=16, layers=1, ffn=32), "1")
+
+
+def _largest_file(folder: Path) -> str:
+    """The package's largest file: a weight file, or the model of an embedded layout."""
+    summary = json.loads((folder / "summary.json").read_text())
+    return max(summary["contents"], key=lambda c: c["size"])["path"]
+
+
+CLI = "import sys\nfrom weightstore.cli import main\nsys.exit(main(sys.argv[1:]))"
+
+
+def _spoil(folder: Path, kind: str, tmp_path: Path) -> str:
+    """Make ``folder`` one that ``verify`` refuses; the path it names."""
+    name = _largest_file(folder)
+    path = folder / name
+    if kind == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    elif kind == "symlink":  # to the very bytes the summary lists: only its kind is wrong
+        path.rename(tmp_path / "elsewhere")
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        name = "notes.txt"
+        (folder / name).write_text("not in the summary")
+    return name
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "unlisted"])
+@pytest.mark.parametrize("layout", ["embedded", "separate", "combined", "shared", "split",
+                                    "split-sep"])
+def test_release_refuses_what_verify_refuses(layouts, tmp_path, kind, layout) -> None:
+    """A weight file that is a FIFO (never opened: release would wait for a writer
+    forever), a symlink, or a file the summary does not list: release refuses up front
+    in one line, exit 2, writing nothing, as verify refuses it (exit 1)."""
+    folder = tmp_path / "pkg"
+    shutil.copytree(layouts[layout], folder)
+    name = _spoil(folder, kind, tmp_path)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", CLI, "release", str(folder), "--output",
+                           str(out)], capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "package differs from its summary" in lines[0] and name in lines[0], lines
+    assert not out.exists()
+    assert main(["verify", str(folder)]) == 1
+
+
+def test_a_killed_release_s_temp_folder_goes_with_the_next_release(layouts, tmp_path):
+    """A release killed mid-way leaves its temp folder; the next release into the folder
+    removes it, even one that is refused."""
+    folder = tmp_path / "pkg"
+    shutil.copytree(layouts["combined"], folder)
+    out = tmp_path / "out"
+    out.mkdir()
+    killed = ("import os, signal, sys\nfrom pathlib import Path\n"
+              "from weightstore.io.files import make_temp_dir\n"
+              "tmp = make_temp_dir(Path(sys.argv[1]), '.release.')\n"
+              "(tmp / 'pkg-1-combined.tar.zst').write_bytes(b'half')\n"
+              "os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", killed, str(out)], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    assert [p.name.startswith(".release.") for p in out.iterdir()] == [True]
+    _spoil(folder, "fifo", tmp_path)
+    done = subprocess.run([sys.executable, "-c", CLI, "release", str(folder), "--output",
+                           str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert list(out.iterdir()) == []

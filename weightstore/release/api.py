@@ -36,9 +36,10 @@ from ..io.files import (
     make_temp_dir,
     parse_json,
     read_regular,
+    remove_dead_temp_dirs,
 )
 from ..package.summary import SUMMARY_NAME
-from ..packaging.inventory import read_summary_bytes
+from ..packaging.inventory import read_summary_bytes, verified_package
 from ..packaging.unpack import SUFFIX, archive_root
 from .archive import plan_archive, source_date_epoch, write_archive
 from .attestation import ATTESTATION_NAME
@@ -160,8 +161,9 @@ def _package_folders(path: Path) -> list[Path]:
 
 def _read_package(folder: Path, store: Path) -> _Package:
     """The package at ``folder``, refused when ``store`` recorded its build with another
-    summary (:mod:`weightstore.packaging.proof`); its files are checked against the summary as they
-    are archived."""
+    summary (:mod:`weightstore.packaging.proof`); its files are checked against the summary
+    before anything is written (their kinds, sizes and list, as ``verify`` checks them) and
+    their digests as they are archived."""
     from ..packaging.proof import PROVEN_INTERNAL, check_recorded_build
 
     data, summary = read_summary_bytes(folder)
@@ -176,6 +178,10 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
         raise PackageError("a release holds one package version; these folders hold "
                            f"{len(identity)}", folders=", ".join(str(p.folder) for p in packages))
     epoch = source_date_epoch() if options.epoch is None else options.epoch
+    if output.is_dir():  # a killed release's temp folder goes, whatever happens next
+        remove_dead_temp_dirs(output, TEMP_PREFIX)
+    for p in packages:  # what verify refuses, before a byte is read (a FIFO never opened)
+        verified_package(p.folder, hashed=False)  # the digests: while archiving
     made = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
     # every file is made in a temp folder first: a failed release leaves the previous one
@@ -404,7 +410,7 @@ def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
     beside them (an archive of no layout, a note, a file or a link or a folder only named
     like a temp folder) is named, since a release that passes its check must be exactly
     what the recipe gives."""
-    from ..io.files import is_temp_dir, remove_dead_temp_dirs
+    from ..io.files import is_temp_dir
 
     remove_dead_temp_dirs(folder, TEMP_PREFIX)
     written = {*archives, SUMS_NAME, PROVENANCE_NAME, ATTESTATION_NAME}

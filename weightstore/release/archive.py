@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import IntegrityError, PackageError
 from ..io.digests import make_key, new_hasher
+from ..io.files import open_regular
 from ..package.summary import SUMMARY_NAME
 from ..packaging.unpack import SUFFIX, archive_root
 from .compression import Compression
@@ -161,7 +162,9 @@ def _copy_file(path: Path, entry: ArchiveEntry, frame: Frame, buffer: memoryview
     algo = str(entry.digest).partition(":")[0]
     hasher = new_hasher(algo, threads=False)
     remaining = entry.size
-    with open(path, "rb", buffering=0) as f:
+    # a regular file, never a link followed nor a FIFO waited on (if one took its place
+    # since the package was checked)
+    with os.fdopen(open_regular(path, nofollow=True), "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size != entry.size:
             raise IntegrityError("package file differs from its summary (size)",
