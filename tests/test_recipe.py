@@ -515,3 +515,19 @@ def test_module_entry_point_writes_schema(tmp_path: Path,
     assert target.read_text(encoding="utf-8") == render_schema()
     assert main(["a", "b"]) == 2
     capsys.readouterr()
+
+
+def test_many_unknown_keys_are_refused_in_linear_time():
+    """Each error is located through an index of its mapping's keys: 20,000 unknown keys
+    (once 13.8 s of CPU, 50,000 took 136 s) cost about what reading them does."""
+    import time
+
+    text = ('package: p\nversion: "1"\nmodels:\n  - {name: m, source: m.onnx}\n'
+            "layouts:\n  - {name: c, external_weight: combined}\n"
+            + "".join(f"k{i}: {i}\n" for i in range(20000)))
+    start = time.process_time()
+    with pytest.raises(RecipeError) as err:
+        parse_recipe_text(text, "r.yaml")
+    assert time.process_time() - start < 6  # about 1 s here, most of it reading the YAML
+    assert err.value.message == "invalid recipe: unknown key 'k0' (and 19999 more errors)"
+    assert err.value.context == {"file": "r.yaml", "line": 7, "key": "k0"}

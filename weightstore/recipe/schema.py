@@ -613,21 +613,30 @@ def _reject_duplicate_keys(root: yaml.Node, filename: str) -> None:
         stack.extend(reversed(children))  # report the first duplicate in file order
 
 
-def _locate(root: yaml.Node, loc: Sequence[str | int]) -> int:
+def _locate(root: yaml.Node, loc: Sequence[str | int],
+            keys: dict[int, dict[str, tuple[yaml.Node, yaml.Node]]] | None = None) -> int:
     """1-based line for a validation ``loc``: the key's line, or the nearest enclosing node's.
 
     A missing key stops the walk at its parent mapping, which is the line to fix.
+    ``keys``: each mapping's keys by name, filled as mappings are met, so that locating
+    every error of a recipe costs its length once, not once per error (50,000 unknown
+    keys once took 136 s).
     """
+    keys = {} if keys is None else keys
     node = root
     line = _line(root)
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if isinstance(key_node, yaml.ScalarNode) and key_node.value == str(part):
-                    line, node = _line(key_node), value_node
-                    break
-            else:
+            named = keys.get(id(node))
+            if named is None:
+                named = keys[id(node)] = {}
+                for key_node, value_node in node.value:
+                    if isinstance(key_node, yaml.ScalarNode):
+                        named.setdefault(key_node.value, (key_node, value_node))
+            found = named.get(str(part))
+            if found is None:
                 return _line(node)
+            line, node = _line(found[0]), found[1]
         elif (isinstance(node, yaml.SequenceNode) and isinstance(part, int)
               and 0 <= part < len(node.value)):
             node = node.value[part]
@@ -679,7 +688,8 @@ def _validation_error(exc: ValidationError, root: yaml.Node, filename: str) -> R
     A misspelt key gives two errors in one mapping: the key it should have been is
     missing, the one written is unknown. The unknown key is the cause, so it is reported,
     with the missing key it probably stands for."""
-    located = [(_locate(root, _error_loc(e)), _error_loc(e), e)
+    keys: dict[int, dict[str, tuple[yaml.Node, yaml.Node]]] = {}
+    located = [(_locate(root, _error_loc(e), keys), _error_loc(e), e)
                for e in exc.errors(include_url=False)]
     missing: dict[Loc, list[str]] = {}
     for _, loc, e in located:
