@@ -249,3 +249,79 @@ def test_key_generate_makes_missing_folders_private_and_refuses_a_folder(tmp_pat
         assert capsys.readouterr().err == ("weightstore: error: a key file path is needed, "
                                            f"not a folder (file={given})\n")
     assert not (tmp_path / "keys").exists()
+
+
+def _sums_variants(sums: bytes, other: bytes) -> dict[str, bytes]:
+    """SHA256SUMS as release wrote it, edited; ``other`` is another file's digest."""
+    lines = sums.splitlines(keepends=True)
+    first_hex, _, first_name = lines[0].partition(b"  ")
+    zero = b"0" * 64 + b"  " + first_name
+    return {
+        "as written": sums,
+        "a zero line before the right one": zero + sums,
+        "a zero line after the right one": sums + zero,
+        "the right line twice": lines[0] + sums,
+        "another file's digest": other + b"  " + first_name + b"".join(lines[1:]),
+        "a line for a file not there": sums + b"0" * 64 + b"  absent.tar.zst\n",
+        "a line dropped": b"".join(lines[1:]),
+        "a malformed line": sums + b"garbage\n",
+        "binary mode marker": first_hex + b" *" + first_name + b"".join(lines[1:]),
+        "a path outside": sums + first_hex + b"  ../" + first_name,
+    }
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="GNU coreutils' sha256sum")
+def test_what_sha256sum_fails_release_verify_fails(signed, tmp_path, capsys):
+    """Edited SHA256SUMS files, each checked by GNU sha256sum -c and by release --verify:
+    whatever sha256sum fails, --verify fails too (and it fails any list other than the one
+    release writes of the signed subjects)."""
+    import subprocess
+
+    result, public = signed
+    sums = (result.output / "SHA256SUMS").read_bytes()
+    other = result.archives[1].sha256.encode()
+    sha256sum_failed = set()
+    for name, text in _sums_variants(sums, other).items():
+        copy = tmp_path / name.replace(" ", "-")
+        shutil.copytree(result.output, copy)
+        (copy / "SHA256SUMS").write_bytes(text)
+        gnu = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=copy,
+                             capture_output=True)
+        code = main(["release", "--verify", str(copy), "--key", public.text])
+        capsys.readouterr()
+        if gnu.returncode != 0:
+            sha256sum_failed.add(name)
+            assert code == 1, name
+        assert (code == 0) == (name == "as written"), name
+    assert {"a zero line before the right one", "another file's digest",
+            "a line for a file not there"} <= sha256sum_failed
+
+
+@pytest.mark.parametrize("kind", ["folder", "link to /etc", "link to a file",
+                                  "archive as a link", "fifo"])
+def test_release_verify_names_what_is_no_release_file(signed, tmp_path, capsys, kind):
+    """A release folder holds the signed files and nothing else: an extra folder, a link
+    (to /etc, or to a file), an archive replaced by a link to its very bytes, or a FIFO
+    (never opened) fails --verify, naming it."""
+    result, public = signed
+    copy = tmp_path / "copy"
+    shutil.copytree(result.output, copy)
+    archive = result.archives[0].file_name
+    name = {"folder": "extra", "link to /etc": "etc", "link to a file": "notes.txt",
+            "archive as a link": archive, "fifo": "pipe"}[kind]
+    if kind == "folder":
+        (copy / name).mkdir()
+        (copy / name / "x.tar.zst").write_bytes(b"x")
+    elif kind == "link to /etc":
+        (copy / name).symlink_to("/etc")
+    elif kind == "link to a file":
+        (copy / name).symlink_to(copy / "SHA256SUMS")
+    elif kind == "archive as a link":
+        (copy / name).rename(tmp_path / name)
+        (copy / name).symlink_to(tmp_path / name)
+    else:
+        os.mkfifo(copy / name)
+    check = verify_release(copy, [public])
+    assert not check.ok and any(p.startswith(f"{name}: ") for p in check.problems), \
+        check.problems
+    assert main(["release", "--verify", str(copy), "--key", public.text]) == 1

@@ -5,13 +5,17 @@ an in-toto attestation bundle of one line, the DSSE envelope (:mod:`weightstore.
 whose payload is ``release.json``'s bytes exactly (payload type
 ``application/vnd.in-toto+json``). ``weightstore release --verify DIR --key PUB`` checks, in
 order: the envelope's signature by one of the keys; that its payload is ``release.json``;
-every subject of the Statement against the SHA-256 of the file of that name in ``DIR``;
-that ``DIR`` holds no release file the Statement does not name; and that ``SHA256SUMS``
-lists exactly the subjects with the same digests.
+every subject of the Statement against the SHA-256 of the regular file of that name in
+``DIR`` (a link, even to the right bytes, is not one); that ``DIR`` holds nothing else
+(no file, folder, link or FIFO) but ``SHA256SUMS``, ``release.json`` and the attestation;
+and that ``SHA256SUMS`` is exactly what release writes of the subjects, so that no line
+``sha256sum -c`` would fail (a wrong digest, a file not there, a name twice) can pass.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SignatureError
 from ..io.digests import digest_file
 from ..io.files import parse_json, read_regular
-from .provenance import PROVENANCE_NAME, SUMS_NAME
+from .provenance import PROVENANCE_NAME, SUMS_NAME, FileRecord, render_sums
 
 if TYPE_CHECKING:
     from ..signing.keys import PrivateKey, PublicKey
@@ -48,6 +52,14 @@ class ReleaseVerification:
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "ok": self.ok, "key": self.key,
                 "subjects": self.subjects, "problems": self.problems}
+
+
+def _is_regular(path: Path) -> bool:
+    """A regular file itself, not a link to one (nor a FIFO: never opened)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def verify_release(folder: str | Path, keys: list[PublicKey]) -> ReleaseVerification:
@@ -90,21 +102,20 @@ def verify_release(folder: str | Path, keys: list[PublicKey]) -> ReleaseVerifica
     except (ValueError, KeyError, TypeError):
         raise SignatureError("release.json is not an in-toto Statement with subjects",
                              file=str(folder / PROVENANCE_NAME)) from None
+    own = {SUMS_NAME, PROVENANCE_NAME, ATTESTATION_NAME}
+    for name in sorted(os.listdir(folder)):  # anything else, of any kind, is no release's
+        if name not in own and name not in out.subjects:
+            out.problems.append(f"{name}: in the folder, not in the signed provenance")
     for name, expected in sorted(out.subjects.items()):
         path = folder / name
-        if Path(name).name != name or not path.is_file():
-            out.problems.append(f"{name}: named by the provenance, missing from the folder")
+        if Path(name).name != name or not _is_regular(path):
+            out.problems.append(f"{name}: named by the provenance, not a file of the folder "
+                                "(missing, a link, a folder, a FIFO or a device)")
         elif digest_file("sha256", path) != expected:
             out.problems.append(f"{name}: its SHA-256 is not the one the provenance signs")
-    own = {SUMS_NAME, PROVENANCE_NAME, ATTESTATION_NAME}
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and path.name not in own and path.name not in out.subjects:
-            out.problems.append(f"{path.name}: in the folder, not in the signed provenance")
-    sums = {}
-    for line in read_regular(folder / SUMS_NAME).decode(errors="replace").splitlines():
-        digest, _, name = line.partition("  ")
-        sums[name] = digest
-    if sums != out.subjects:
-        out.problems.append(f"{SUMS_NAME}: does not list exactly the signed subjects and "
-                            "their digests")
+    sums = render_sums([FileRecord(name, digest) for name, digest in out.subjects.items()])
+    if read_regular(folder / SUMS_NAME) != sums:
+        out.problems.append(f"{SUMS_NAME}: is not the list release writes of the signed "
+                            "subjects and their digests (one line each, in order, nothing "
+                            "else)")
     return out
