@@ -485,3 +485,38 @@ def test_a_cache_timeout_that_is_not_seconds_is_refused_before_building(monkeypa
     read = settings(None, ("127.0.0.1:5000/cache/x",), None,
                     env={"WEIGHTSTORE_CACHE_TIMEOUT": "7.5"})
     assert read is not None and read.timeout == 7.5
+
+
+def test_seven_writers_of_one_record_at_once_all_store_it(registry, keys):
+    """Seven runners pushing one record at once: each uploads the blobs (none had them
+    when it asked) and puts the manifest while the others' uploads rewrite the blobs'
+    link files in the repository, which the CNCF registry writes in place (truncated,
+    then written): a manifest checked meanwhile is refused DIGEST_INVALID. Tried again,
+    every writer stores it. Rounds on fresh repositories, as the race is one of
+    milliseconds."""
+    import threading
+
+    from weightstore.builder.remote_cache import CacheSettings
+
+    signer = load_private(keys["ci"][0])
+    failures: list[str] = []
+    for round_ in range(30):
+        reference = f"{registry.host}/cache/seven{round_}:ak-{round_}{RECORD_SUFFIX}"
+        record = json.dumps({"round": round_}).encode()
+        barrier = threading.Barrier(7)
+
+        def writer(reference: str, record: bytes, barrier: threading.Barrier) -> None:
+            cache = CacheSettings(write=reference.rpartition(":")[0], signer=signer)
+            barrier.wait()
+            try:
+                _push_record(cache, reference, record)
+            except Exception as exc:  # every failure is the finding
+                failures.append(str(exc))
+
+        threads = [threading.Thread(target=writer, args=(reference, record, barrier))
+                   for _ in range(7)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert failures == []

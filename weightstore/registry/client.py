@@ -479,11 +479,27 @@ class RegistryClient:
 
     def put_manifest(self, ref: Reference, target: str, data: bytes,
                      media_type: str = MANIFEST_TYPE) -> str:
-        resp = self.request("PUT", manifest_url(ref, target, self.transport.insecure),
-                            scope=self._scope(ref), ok={201},
-                            body=lambda: data, headers={"Content-Type": media_type},
-                            reference=ref, action="PUT manifest")
-        self._check_stored(resp, ref, "sha256:" + hashlib.sha256(data).hexdigest())
+        """PUT the manifest. ``DIGEST_INVALID`` is tried again (up to the transport's
+        attempts): the digest we send is the one of our bytes, and the CNCF registry
+        answers it while another push of a blob the manifest names rewrites that blob's
+        link file in the repository (truncated, then written: the manifest's check reads
+        it empty and finds no digest in it)."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        attempt = 0
+        while True:
+            try:
+                resp = self.request("PUT", manifest_url(ref, target, self.transport.insecure),
+                                    scope=self._scope(ref), ok={201},
+                                    body=lambda: data, headers={"Content-Type": media_type},
+                                    reference=ref, action="PUT manifest")
+                break
+            except RegistryDigestError as exc:
+                attempt += 1
+                if (exc.context.get("code") != "DIGEST_INVALID"
+                        or attempt >= self.transport.attempts):
+                    raise
+                self._sleep(attempt, None)
+        self._check_stored(resp, ref, digest)
         with self._lock:
             self.sent_bytes += len(data)
         return resp.headers.get("Docker-Content-Digest", "")
