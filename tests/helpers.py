@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -271,6 +272,19 @@ def empty_store(root: Path) -> Path:
     with WeightStore(root).index.writing():
         pass
     return root
+
+
+@contextlib.contextmanager
+def held(path: Path) -> Iterator[None]:
+    """Hold ``path`` as a live writer holds its temp file (an exclusive flock on it)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def fill(disk: Path, leave: int) -> None:

@@ -22,7 +22,7 @@ from weightstore.io.files import align_up
 from weightstore.store import FORMAT_VERSION, BytesPayload, StoredObject, WeightStore
 from weightstore.store.meta import encode_legacy, read_legacy
 
-from .helpers import assert_ge_reads_keys, store_index
+from .helpers import assert_ge_reads_keys, held, store_index
 
 
 def blob(label: str, size: int) -> bytes:
@@ -289,17 +289,18 @@ def test_a_symlinked_object_is_damage_and_is_rewritten(tmp_path: Path) -> None:
     assert not obj.is_symlink() and store.verify().ok
 
 
-def test_stale_temp_files_are_removed_by_repair(tmp_path: Path) -> None:
+def test_temp_files_no_writer_holds_are_removed_by_repair(tmp_path: Path) -> None:
     store = WeightStore(tmp_path / "s")
     store.put(payloads(("a", 10)), kind="separate")
-    old = store.root / ".weight_dead.abc.tmp"
-    fresh = store.root / ".weight_live.abc.tmp"
-    old.write_bytes(b"partial")
-    fresh.write_bytes(b"partial")
-    os.utime(old, (1, 1))
-    report = store.repair()
-    assert report.removed_temps == (old.name,)
-    assert not old.exists() and fresh.exists()
+    dead = store.root / ".weight_dead.abc.tmp"
+    live = store.root / ".weight_live.abc.tmp"
+    dead.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    os.utime(live, (1, 1))  # however old: its writer still holds it
+    with held(live):
+        report = store.repair()
+    assert report.removed_temps == (dead.name,)
+    assert not dead.exists() and live.exists()
 
 
 def test_repairs_text_output_names_the_temp_files_it_removed(tmp_path: Path, capsys) -> None:
@@ -309,7 +310,6 @@ def test_repairs_text_output_names_the_temp_files_it_removed(tmp_path: Path, cap
     store.put(payloads(("a", 10)), kind="separate")
     old = store.root / ".weight_dead.abc.tmp"
     old.write_bytes(b"partial")
-    os.utime(old, (1, 1))
     capsys.readouterr()
     assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 0
     out = capsys.readouterr().out
@@ -558,36 +558,41 @@ def test_repair_by_a_user_who_may_not_read_the_index_touches_nothing() -> None:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def test_stale_temp_files_of_the_cache_folders_are_removed_by_gc_and_repair(
+def test_temp_files_of_the_cache_folders_are_removed_by_gc_and_repair(
         tmp_path: Path) -> None:
     from weightstore.store.gc import execute
 
     store = WeightStore(tmp_path / "s")
     store.put(payloads(("a", 10)), kind="separate")
+    folders = ("payload-keys", "build-actions", "derived-keys", "locks", "sources/sha256-ab")
 
     def leave(folder: str) -> tuple[Path, Path]:
-        (store.root / folder).mkdir(exist_ok=True)
-        old = store.root / folder / ".abc.json.x1.tmp"
-        fresh = store.root / folder / ".abc.json.x2.tmp"
-        for p in (old, fresh):
+        (store.root / folder).mkdir(parents=True, exist_ok=True)
+        dead = store.root / folder / ".abc.json.x1.tmp"
+        live = store.root / folder / ".abc.json.x2.tmp"
+        for p in (dead, live):
             p.write_bytes(b"partial")
-        os.utime(old, (1, 1))
-        return old, fresh
+        os.utime(live, (1, 1))
+        return dead, live
 
-    folders = ("payload-keys", "build-actions", "derived-keys")
+    def swept(left: dict[str, tuple[Path, Path]]) -> bool:
+        return all(not dead.exists() and live.exists() for dead, live in left.values())
+
     left = {folder: leave(folder) for folder in folders}
     kept = store.root / "payload-keys" / "old.json"  # a cache entry, however old
     kept.write_bytes(b"{}")
     os.utime(kept, (1, 1))
-    report = store.repair()
-    assert set(report.removed_temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
-    assert all(not old.exists() and fresh.exists() for old, fresh in left.values())
-    assert kept.exists()
-    left = {folder: leave(folder) for folder in folders}
-    plan = store.plan_gc()
-    assert set(plan.temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
-    execute(plan, store)
-    assert all(not old.exists() and fresh.exists() for old, fresh in left.values())
+    with contextlib.ExitStack() as writers:
+        for _, live in left.values():
+            writers.enter_context(held(live))
+        report = store.repair()
+        assert set(report.removed_temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
+        assert swept(left) and kept.exists()
+        left = {folder: leave(folder) for folder in folders}
+        plan = store.plan_gc()
+        assert set(plan.temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
+        execute(plan, store)
+        assert swept(left)
 
 
 def test_a_store_on_a_read_only_mount_serves_a_build_without_the_folder_lock(
@@ -628,7 +633,7 @@ def test_a_cache_folder_replaced_by_a_symbolic_link_never_leads_a_cleanup_outsid
     """In a group-shared store a member may plant ``payload-keys -> /elsewhere``: gc and
     repair neither list nor delete the temp files found there."""
     from weightstore.store.gc import execute
-    from weightstore.store.sweep import remove_temps
+    from weightstore.store.temps import sweep
 
     store = WeightStore(tmp_path / "s")
     store.put(payloads(("a", 10)), kind="separate")
@@ -640,7 +645,7 @@ def test_a_cache_folder_replaced_by_a_symbolic_link_never_leads_a_cleanup_outsid
     (store.root / "payload-keys").symlink_to(outside)
     assert not store.repair().removed_temps
     execute(store.plan_gc(), store)
-    assert remove_temps(store, ["payload-keys/.important.data.tmp"]) == []
+    assert sweep(store.root, names=["payload-keys/.important.data.tmp"]) == []
     assert victim.read_bytes() == b"keep me"
 
 
@@ -1170,3 +1175,84 @@ def test_an_exported_meta_json_is_current_and_kept(tmp_path: Path) -> None:
     report = WeightStore(store.root).repair()
     assert not report.restored_marker and store.meta_path.read_bytes() == exported
     assert not WeightStore(store.root).verify().warnings
+
+
+# -- upgrades: a format 1 store, an index of an old version --------------------------------
+
+
+def as_format1(root: Path) -> dict[str, StoredObject]:
+    """Turn a store into the one format 1 code would have left: its index in meta.json,
+    no SQLite file, no roots."""
+    store = WeightStore(root)
+    index = store_index(store)
+    store.index.close()
+    for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            (root / name).unlink()
+    (root / "meta.json").write_bytes(encode_legacy(index))
+    return index
+
+
+def test_an_up_to_date_build_migrates_a_format_1_store_and_gc_then_runs(
+        encoder_model, save_model, tmp_path: Path, capsys) -> None:
+    from .test_build import write_recipe
+
+    recipe = write_recipe(tmp_path, {"m": save_model(encoder_model, "m.onnx")},
+                          "\n  - {name: c, external_weight: combined}\n")
+    root = tmp_path / "store"
+    assert main(["-q", "build", str(recipe), "--store", str(root)]) == 0
+    index = as_format1(root)
+    assert main(["build", str(recipe), "--store", str(root)]) == 0
+    assert "up-to-date" in capsys.readouterr().out
+    store = WeightStore(root)
+    assert store.index_path.is_file() and read_legacy(store.meta_path) is None  # migrated
+    assert store_index(store) == index  # every object kept, where it was
+    assert [r.live for r in store.roots()] == [True]  # the package is a root again
+    capsys.readouterr()
+    assert main(["store", "gc", "--store", str(root)]) == 0  # no refusal: a root keeps it
+    assert store_index(store) == index and store.verify().ok
+
+
+def test_gc_migrates_a_format_1_store_every_object_kept(v1_store, capsys) -> None:
+    store, index, _ = v1_store
+    assert main(["store", "gc", "--dry-run", "--store", str(store.root)]) == 0
+    assert not store.index_path.exists()  # a dry run changes nothing
+    assert main(["store", "gc", "--store", str(store.root)]) == 2  # no roots: refused
+    assert "has no roots" in capsys.readouterr().err
+    assert store.index_path.is_file() and read_legacy(store.meta_path) is None
+    assert store_index(WeightStore(store.root)) == index
+    assert WeightStore(store.root).verify().ok
+
+
+def test_repair_of_a_format_1_store_migrates_it_and_sets_nothing_aside(v1_store,
+                                                                      capsys) -> None:
+    store, index, _ = v1_store
+    assert main(["store", "verify", "--store", str(store.root)]) == 0
+    assert "stale_marker" not in capsys.readouterr().out  # meta.json is its index here
+    assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 0
+    assert not list(store.root.glob("*.broken"))
+    assert store_index(WeightStore(store.root)) == index  # combined objects too
+    assert main(["store", "verify", "--store", str(store.root)]) == 0
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_an_index_that_lost_its_version_is_named_so_and_repair_restores_it(
+        tmp_path: Path, version: int, capsys) -> None:
+    store = WeightStore(tmp_path / "s")
+    ps = payloads(("a", 100), ("b", 200))
+    store.put(ps, kind="separate")
+    store.index.close()
+    conn = sqlite3.connect(store.index_path)
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.commit()
+    conn.close()
+    for argv in (["store", "stats"], ["store", "verify"], ["store", "gc", "--no-roots-ok"]):
+        assert main([*argv, "--store", str(store.root)]) == 2
+        err = capsys.readouterr().err
+        assert f"says format version {version}, not 2" in err, err
+        assert "missing" not in err and "verify --repair" in err
+    with pytest.raises(StoreError, match=f"format version {version}, not 2"):
+        WeightStore(store.root).put(payloads(("c", 10)), kind="separate")
+    assert main(["store", "verify", "--repair", "--store", str(store.root)]) == 0
+    after = WeightStore(store.root)
+    assert set(store_index(after)) == {p.key for p in ps} and after.verify().ok

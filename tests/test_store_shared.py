@@ -267,6 +267,57 @@ def test_a_full_disk_during_gc_or_repair_is_one_line_and_the_store_stays_sound(
     store.index.close()
 
 
+@pytest.mark.parametrize(("kind", "leave"), [
+    ("format1", 0), ("format1", 24 * 1024), ("format1", 64 * 1024),  # each SQLite step
+    ("current", 0),
+])
+def test_a_full_disk_under_the_index_says_so_and_nothing_is_called_damaged(
+        small_disk: Path, kind: str, leave: int) -> None:
+    """The index's write fails for want of space (a format 1 store's migration, a current
+    store's roots): one line that says the disk is full and names the store; repair on the
+    full disk sets nothing aside; with space again every object is there and the same
+    command completes."""
+    from weightstore.store.meta import read_legacy
+
+    from .test_store_index import write_format1_store
+
+    root = small_disk / "store"
+    if kind == "format1":
+        sep = [BytesPayload.of(os.urandom(100_000)) for _ in range(3)]
+        comb = [BytesPayload.of(os.urandom(150_000)) for _ in range(3)]
+        index = write_format1_store(root, sep, {"m": comb})
+        live = [*sep, *comb]
+        argv = ["store", "gc", "--no-roots-ok"]  # the migration, gc's first write
+    else:
+        store, live = store_on(small_disk)
+        index = {p.key: store.lookup(p.key) for p in live}
+        argv = ["store", "pin", "1"]
+    fill(small_disk, leave)
+    done = cli(*argv, "--store", str(root))
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (done.stdout, done.stderr)
+    assert f"the disk holding the store {root} is full" in lines[0], lines[0]
+    assert "damaged" not in lines[0]
+    repaired = cli("store", "verify", "--repair", "--store", str(root))
+    assert "damaged" not in repaired.stdout + repaired.stderr
+    assert not list(root.glob("*.broken"))  # nothing set aside, nothing rebuilt
+    if kind == "format1":
+        assert read_legacy(root / "meta.json") == index  # still its index, unmigrated
+    os.unlink(small_disk / "filler")
+    store = WeightStore(root)
+    assert store.verify().ok
+    for p in live:
+        assert store.read(store.lookup(p.key)) == p.data
+    done = cli(*argv, "--store", str(root))
+    assert done.returncode == 0, done.stderr
+    if kind == "format1":  # migrated, then collected: no root keeps its objects
+        assert read_legacy(root / "meta.json") is None and store.index_path.is_file()
+    else:
+        assert {key: store.lookup(key) for key in index} == index
+    assert store.verify().ok
+    store.index.close()
+
+
 # -- kill -9 during compaction while other processes read -----------------------------------
 
 

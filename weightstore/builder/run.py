@@ -608,11 +608,11 @@ def _ensure_root(store_root: Path, target: Path, summary: dict[str, Any]) -> Non
     """An up-to-date package registers its root if the store lacks it (a store migrated
     from format 1, or a root dropped by ``store rm``), so that gc keeps what it uses; on
     every path that finds it up to date, the build stamp's as the full check's."""
-    from ..store.index import INDEX_NAME, Index
+    from ..store.index import Index
+    from ..store.layout import is_store
 
-    try:
-        if (summary["layout"]["external_weight"] == "embedded"
-                or not (store_root / INDEX_NAME).is_file()):
+    try:  # a format 1 store (no index yet) too: registering migrates it
+        if summary["layout"]["external_weight"] == "embedded" or not is_store(store_root):
             return
         from ..packaging.materialize import register_root
         from ..store.roots import is_registered

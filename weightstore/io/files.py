@@ -279,9 +279,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
                   sweep: bool = False) -> Iterator[BinaryIO]:
     """Yield a temp file beside ``path``; on success fsync it and rename it over ``path``.
 
-    The writer holds a lock on its temp file while it writes, so a temp file that can be
-    locked has lost its writer (a killed process). ``sweep`` first removes such temp files
-    of ``path``: where a large file is rewritten in place, beside a user's own files.
+    The writer holds a lock on its temp file until it is renamed or removed
+    (:func:`locked_temp`), so a temp file that can be locked has lost its writer (a killed
+    process). ``sweep`` first removes such temp files of ``path``: where a large file is
+    rewritten in place, beside a user's own files.
 
     The file gets the mode an ordinary ``open()`` would give it (0666 less the umask), so
     published packages and shared stores are readable by others as usual. ``sync_dir``
@@ -297,16 +298,13 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
     if sweep:
         remove_dead_temps(path)
     try:
-        import tempfile
-
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = locked_temp(path.parent, f".{path.name}.")
     except OSError as exc:  # the path asked for, not the temp name nobody asked for
         raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from None
-    _try_lock(fd)
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, closefd=False) as f:  # fd (and its lock) stays open
             yield f
             f.flush()
             if durable:
@@ -327,10 +325,32 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *,
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        os.close(fd)  # the lock goes last: once the temp name is renamed away or removed
 
 
-_FRESH_SECONDS = 60.0  # a temp file touched this recently may be one whose writer has
-# only just created it (and not yet locked it): never taken for dead
+def locked_temp(folder: str | os.PathLike[str], prefix: str) -> tuple[int, str]:
+    """A new temp file ``<prefix><random>.tmp`` in ``folder``, open and held: its writer
+    keeps an exclusive ``flock`` on it until the file is renamed away or removed (the
+    descriptor is closed only then), so a temp file that no process holds has lost its
+    writer (a killed process: the kernel drops its locks) and :func:`unlink_unheld` may
+    remove it. A sweep that took the file between its creation and the lock has removed
+    it: another is made. Where the file system has no locks, the file is not held, and
+    no sweep ever removes it."""
+    import tempfile
+
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits only for a sweep looking at it
+            if os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):
+                return fd, tmp
+        except FileNotFoundError:
+            pass  # swept before we held it
+        except (ImportError, OSError):
+            return fd, tmp  # no locks here: never swept
+        os.close(fd)
 
 
 def _try_lock(fd: int) -> bool:
@@ -347,29 +367,43 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
-def remove_dead_temps(path: Path) -> list[Path]:
-    """Remove the temp files that atomic writes of ``path`` left when their process died:
-    older than a minute, regular, and lockable (no writer holds them)."""
-    import glob
-    import time
+def unlink_unheld(folder_fd: int, name: str, *, remove: bool = True) -> bool:
+    """Remove the regular file ``name`` of the folder open as ``folder_fd`` when no
+    process holds it (see :func:`locked_temp`): it is locked first and removed while
+    locked, so a writer that made it only just now sees it gone and makes another.
+    ``remove=False`` only says whether it would be removed. False when it is held, gone,
+    not a regular file, or on a file system without locks."""
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_NONBLOCK", 0), dir_fd=folder_fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _try_lock(fd):
+            return False
+        if not os.path.samestat(os.stat(name, dir_fd=folder_fd, follow_symlinks=False),
+                                os.fstat(fd)):
+            return False  # replaced since it was opened: judged next time
+        if remove:
+            os.unlink(name, dir_fd=folder_fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
-    removed = []
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        try:
-            fd = os.open(stale, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if (stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime > _FRESH_SECONDS
-                    and _try_lock(fd)):
-                os.unlink(stale)
-                removed.append(stale)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return removed
+
+def remove_dead_temps(path: Path) -> list[Path]:
+    """Remove the temp files that atomic writes of ``path`` left when their process died
+    (no process holds them: :func:`unlink_unheld`)."""
+    import glob
+
+    folder = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        return [stale for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp")
+                if unlink_unheld(folder, stale.name)]
+    finally:
+        os.close(folder)
 
 
 def name_path(exc: OSError, written: str | os.PathLike[str],

@@ -104,6 +104,9 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
         older = parse_duration(args.older_than)
     except ValueError as exc:
         raise StoreError(str(exc), option="--older-than") from None
+    # a format 1 store is migrated, the temp files of killed writers removed, as by any
+    # first write
+    swept = [] if args.dry_run else store.open_for_writing()
     plan = store.plan_gc(older_than=older, compact_ratio=args.compact_ratio)
     refusal = None
     if plan.garbage and not plan.roots and not args.no_roots_ok:
@@ -136,6 +139,7 @@ def _gc(store: Any, args: argparse.Namespace) -> int:
         raise refusal
     start = time.perf_counter()
     result = plan.execute(store)
+    result.removed_temps[:0] = swept
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
         return 0

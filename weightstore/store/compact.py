@@ -4,9 +4,10 @@ Under the file's own lock (appends to it wait), the live ranges are copied in of
 order to a temp file, each re-hashed against its key, fsynced and renamed to a new name
 ``<stem>.c<random>_weight_combined``; then one transaction re-points every row of the old
 file to the new one, and only after it commits is the old file deleted. A kill at any
-point leaves a temp file, an orphan new file, or an orphan old file: garbage for the next
-gc, never a row without its bytes. A file some live build holds a key of (a lease) is
-skipped this time, since that build may be about to read it.
+point leaves a temp file no process holds (removed by the next writer or gc, see
+:mod:`.temps`), an orphan new file, or an orphan old file: garbage for the next gc,
+never a row without its bytes. A file some live build holds a key of (a lease) is skipped
+this time, since that build may be about to read it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, StoreError
@@ -25,6 +25,7 @@ from ..io.files import (
     copy_range,
     file_mode,
     fsync_dir,
+    locked_temp,
     open_regular,
 )
 from .layout import COMBINED_SUFFIX
@@ -103,7 +104,7 @@ def _copy_live(store: Store, file: str, objects: list[StoredObject], new_name: s
                ) -> list[tuple[StoredObject, StoredObject]] | str:
     """Write the live ranges to ``new_name``, verified and durable; a string says why not."""
     alignment = alignment_of(objects)
-    fd, tmp = tempfile.mkstemp(prefix=f".{new_name}.", suffix=".tmp", dir=store.root)
+    fd, tmp = locked_temp(store.root, f".{new_name}.")  # held until renamed or removed
     placed: list[tuple[StoredObject, StoredObject]] = []
     try:
         if hasattr(os, "fchmod"):
@@ -128,8 +129,6 @@ def _copy_live(store: Store, file: str, objects: list[StoredObject], new_name: s
         finally:
             os.close(src)
         os.fsync(fd)
-        os.close(fd)
-        fd = -1
         os.replace(tmp, store.root / new_name)
         tmp = ""
         fsync_dir(store.root)
@@ -144,8 +143,7 @@ def _copy_live(store: Store, file: str, objects: list[StoredObject], new_name: s
     except IntegrityError as exc:
         return f"cannot copy: {exc}"
     finally:
-        if fd >= 0:
-            os.close(fd)
         if tmp:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        os.close(fd)  # the lock last: once the temp name is gone

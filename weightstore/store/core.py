@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 LOCKS_DIR = "locks"
 PUT_ATTEMPTS = 3
 COMBINED_SIBLINGS = 8  # combined files one model name may append to at the same time
+STAGED_AT_ONCE = 128  # per-weight objects staged (held open) before their rows are recorded
 
 PutKind = Literal["separate", "combined"]
 
@@ -126,6 +127,18 @@ class Store:
             with contextlib.suppress(StoreError), self.index.writing() as conn:
                 leases.close_lease(conn, lease)
 
+    def open_for_writing(self) -> list[str]:
+        """Do now what the first write does: a store of an older format is migrated (once,
+        under format 1's lock), ``meta.json``'s marker put back, the temp files of killed
+        writers swept (:mod:`.temps`; returned). For gc and repair, which must plan on the
+        store they change. Nothing happens to a store that does not exist or that this
+        user may only read."""
+        if not self.root.is_dir() or not self.writable():
+            return []
+        with self.index.writing():
+            pass
+        return self.index.take_swept()
+
     def writable(self) -> bool:
         """False for a store this user may only read (permissions, a read-only mount):
         it still verifies and serves builds whose payloads are all present."""
@@ -172,8 +185,7 @@ class Store:
                 todo = {}
                 break
             if combined_file is None:
-                outcome = write_separate(self.root, missing, jobs)
-                found, new = self._record(todo, outcome, stale, publish=True)
+                outcome, found, new = self._put_separate(todo, missing, stale, jobs)
             else:
                 with self._free_combined(combined_file) as file:
                     # appends to this file are ours alone now; look again
@@ -202,6 +214,28 @@ class Store:
             reused_bytes=sum(wanted[k].size for k in wanted if k not in written),
             padding_bytes=padding,
         )
+
+    def _put_separate(self, todo: dict[str, PayloadSource], missing: list[PayloadSource],
+                      stale: dict[str, StoredObject], jobs: int,
+                      ) -> tuple[WriteOutcome, dict[str, StoredObject],
+                                 dict[str, StoredObject]]:
+        """Stage and record ``missing`` per-weight objects, at most :data:`STAGED_AT_ONCE`
+        at a time (each staged file stays open, held, until it is renamed into place); the
+        first transaction also looks at every key of ``todo``. Returns the last outcome
+        (its error stops the rest), and (already present, written)."""
+        found: dict[str, StoredObject] = {}
+        new: dict[str, StoredObject] = {}
+        at_once = _staged_at_once()
+        for start in range(0, max(len(missing), 1), at_once):
+            chunk = missing[start:start + at_once]
+            outcome = write_separate(self.root, chunk, jobs)
+            wanted = todo if start == 0 else {src.key: src for src in chunk}
+            present, written = self._record(wanted, outcome, stale, publish=True)
+            found.update(present)
+            new.update(written)
+            if outcome.error is not None:
+                break
+        return outcome, found, new
 
     def _record(self, wanted: dict[str, PayloadSource], outcome: WriteOutcome,
                 stale: dict[str, StoredObject], *, publish: bool,
@@ -605,6 +639,20 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create the store root: {exc.strerror}",
                              path=str(self.root)) from exc
+
+
+def _staged_at_once() -> int:
+    """:data:`STAGED_AT_ONCE`, or a quarter of this process's limit of open files when
+    that is lower."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return STAGED_AT_ONCE
+    if soft == resource.RLIM_INFINITY:
+        return STAGED_AT_ONCE
+    return max(1, min(STAGED_AT_ONCE, soft // 4))
 
 
 def _check_put_args(kind: str, combined_name: str | None, alignment: int,

@@ -11,8 +11,8 @@ files); :func:`plan_gc` turns them into a frozen :class:`GcPlan` without any I/O
    root or leased a key since the plan was made keeps it);
 3. per-weight files and orphans no row refers to are unlinked (:mod:`.sweep`);
 4. combined files whose garbage passes the threshold are compacted (:mod:`.compact`);
-5. temp files no live writer can own are removed, and so are the lock files of combined
-   files that no longer exist (:func:`.sweep.remove_stale_locks`).
+5. temp files no process holds are removed (:mod:`.temps`), and so are the lock files of
+   combined files that no longer exist (:func:`.sweep.remove_stale_locks`).
 
 Safety against concurrent builds comes from **leases**, not from a grace period: a build
 holds every key it has decided to reuse from the transaction that located it until its
@@ -33,16 +33,11 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StoreError
 from . import leases as leases_mod
 from . import roots as roots_mod
+from . import temps as temps_mod
 from .index import batched, marks, row_object
 from .layout import kind_of, scan
 from .objects import StoredObject
-from .sweep import (
-    oldest_live_lease,
-    remove_stale_locks,
-    remove_temps,
-    stale_temps,
-    unlink_unreferenced,
-)
+from .sweep import remove_stale_locks, unlink_unreferenced
 
 if TYPE_CHECKING:
     from .core import Store
@@ -185,7 +180,7 @@ def gather(store: Store, *, older_than: float = 0.0,
         files.append(FileFacts(file, listing.objects[file], count - n, payload - b))
     indexed = {f[0] for f in totals}
     orphans = [name for name in listing.objects if name not in indexed]
-    temps = stale_temps(store, oldest_live_lease(store))
+    temps = temps_mod.leftovers(store.root)
     return plan_gc(root=str(store.root), cutoff=cutoff, roots=roots, dead_leases=dead_leases,
                    garbage=garbage, files=files, file_sizes=listing.objects, orphans=orphans,
                    temps=temps, compact_ratio=compact_ratio, damaged_roots=damaged_roots,
@@ -218,7 +213,7 @@ def execute(plan: GcPlan, store: Store,
             outcome = compact_file(store, facts.file)
             (result.compacted if outcome.get("new_file") else result.skipped).append(outcome)
             result.freed_bytes += outcome.get("freed_bytes", 0)
-        result.removed_temps = remove_temps(store, plan.temps)
+        result.removed_temps = temps_mod.sweep(store.root, names=plan.temps)
         result.removed_locks = remove_stale_locks(store)
     return result
 

@@ -11,7 +11,8 @@ Rules (after diskcache's, the most used SQLite-backed file cache):
   lock for exactly as long as it records rows (never while payload bytes move);
 - one connection per thread, opened again after a fork;
 - ``PRAGMA user_version`` is the format version: 0 is a new or format 1 store, 2 this one;
-  a newer one is refused;
+  a newer one is refused, and a file holding the tables at 0 or 1 lost its version;
+- a full disk (or an I/O error) is never called damage (:func:`index_failure`);
 - files are unlinked only once no committed row refers to them.
 
 A process waiting for the write lock says so on stderr every 10 s. SQLite's locks are not
@@ -44,6 +45,7 @@ from ..io.digests import ALGORITHMS, HEX_LENGTH, split_key
 from ..io.files import WRITE_ERRNOS, file_mode
 from .layout import FORMAT_VERSION, INDEX_NAME, LOCK_NAME, META_NAME, is_safe_component
 from .objects import MAX_INT, StoredObject
+from .temps import sweep_quietly
 
 BATCH = 900  # values per IN (...) list: below SQLite's historical limit of 999
 WAIT_REPORT_SECONDS = 10.0
@@ -254,6 +256,8 @@ def malformed_key_rows(conn: sqlite3.Connection, table: str, owner: str,
 
 
 SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes: the OS failed, not the file
+# what tells nothing about the file: busy, locked, out of memory, cannot open, no locks
+OS_FAILURES = frozenset({5, 6, 7, 8, 14, 15, 22, 23})
 
 
 def not_damage(exc: BaseException) -> bool:
@@ -266,13 +270,38 @@ def not_damage(exc: BaseException) -> bool:
     return isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS
 
 
+FULL_MARGIN = 1 << 20  # below this many free bytes, an I/O error is taken for a full disk
+
+
 def disk_is_full(folder: os.PathLike[str] | str) -> bool:
-    """No block left for this user on ``folder``'s file system (a new index, its journal
-    or even a reader's shared-memory file could not be written)."""
+    """Less than :data:`FULL_MARGIN` left for this user on ``folder``'s file system (a new
+    index, its journal or even a reader's shared-memory file may not fit; SQLite reports
+    such a failure as an I/O error, not as a full disk)."""
     try:
-        return os.statvfs(folder).f_bavail == 0
+        st = os.statvfs(folder)
     except (OSError, AttributeError):
         return False
+    return st.f_bavail * st.f_frsize < FULL_MARGIN
+
+
+def index_failure(exc: BaseException, doing: str, index: Path, *,
+                  damage: bool = False) -> StoreError:
+    """The error of a failure ``doing`` something with the store index ``index``: a full
+    disk says so and names the store (SQLite's "database or disk is full", or an I/O
+    error on an all but full file system), an I/O error is never called damage; with
+    ``damage`` (opening or reading the file), what SQLite finds wrong in it is. Raise it
+    ``from exc``: :func:`not_damage` reads the cause."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if type(code) is int else None
+    io_error = primary == SQLITE_IOERR or (isinstance(exc, OSError)
+                                           and exc.errno in WRITE_ERRNOS)
+    if primary == SQLITE_FULL or (io_error and disk_is_full(index.parent)):
+        return StoreError(f"cannot {doing} the store index: the disk holding the store "
+                          f"{index.parent} is full; free space and run it again (a full "
+                          f"disk is no damage: the index is left as it was)", path=str(index))
+    if damage and not (io_error or isinstance(exc, OSError) or primary in OS_FAILURES):
+        return StoreError(f"the store index is damaged: {exc}", path=str(index))
+    return StoreError(f"cannot {doing} the store index: {exc}", path=str(index))
 
 
 EXACT_FLOAT = 2**53  # below it, SQLite's total() of integers is exact
@@ -289,6 +318,8 @@ class Index:
         self.rebuilding = False  # repair may create an index beside a format 2 marker
         self._local = threading.local()
         self._memory: tuple[tuple[int, int], sqlite3.Connection] | None = None
+        self._swept: int | None = None  # the pid that swept the store's leftover temp files
+        self._removed: list[str] = []  # what that sweep removed, until taken
 
     # -- connections -------------------------------------------------------------------
 
@@ -307,9 +338,7 @@ class Index:
             # checkpoints run after the write transaction, not inside its COMMIT
             conn.execute("PRAGMA wal_autocheckpoint=0")
         except (sqlite3.Error, OSError) as exc:
-            full = " (the disk is full)" if disk_is_full(self.root) else ""
-            raise StoreError(f"cannot open the store index: {exc}{full}",
-                             path=str(self.path)) from exc
+            raise index_failure(exc, "open", self.path) from exc
         self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
@@ -390,9 +419,10 @@ class Index:
         try:
             conn.execute("BEGIN")
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read the store index: {exc}", path=str(self.path)) from exc
+            raise index_failure(exc, "read", self.path) from exc
         try:
             if self._version(conn) < FORMAT_VERSION:
+                self._refuse_lost_version(conn)
                 # being created or migrated right now: what meta.json says until then
                 conn.execute("COMMIT")
                 try:
@@ -411,7 +441,7 @@ class Index:
         except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
             raise
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"the store index is damaged: {exc}", path=str(self.path)) from exc
+            raise index_failure(exc, "read", self.path, damage=True) from exc
         finally:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("COMMIT")
@@ -451,7 +481,7 @@ class Index:
                 return conn
             except sqlite3.Error as exc:
                 error = exc
-        raise StoreError(f"cannot open the store index: {error}", path=str(self.path))
+        raise index_failure(error, "open", self.path) from error
 
     @staticmethod
     def _version(conn: sqlite3.Connection) -> int:
@@ -467,6 +497,29 @@ class Index:
             raise StoreError("store index is not initialised (an interrupted creation, which "
                              "the next write completes, or a lost index, which 'weightstore "
                              "store verify --repair' rebuilds)", path=str(self.path))
+
+    def _lost(self) -> StoreError:
+        """The error of a format 2 store whose index is gone, or holds nothing."""
+        what = "holds no table" if self.exists() else "is missing"
+        return StoreError(f"the store's SQLite index {what}; run 'weightstore store verify "
+                          f"--repair' to rebuild it from the objects on disk",
+                          path=str(self.path))
+
+    def _refuse_lost_version(self, conn: sqlite3.Connection) -> None:
+        """An index below this format that holds the ``objects`` table lost its version:
+        creation commits the tables and the version together, and format 1 kept its
+        index in ``meta.json``, never in SQLite. Repair sets it again, every row kept."""
+        version = self._version(conn)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
+                        "'objects'").fetchone() is None:
+            return
+        origin = ("which no weightstore writes: format 1 kept its index in meta.json"
+                  if version == 1 else "its version was reset")
+        raise StoreError(f"the store index holds its tables but says format version "
+                         f"{version}, not {FORMAT_VERSION} ({origin}); run 'weightstore "
+                         f"store verify --repair', which sets it again, every row kept",
+                         path=str(self.path), format_version=version,
+                         supported=FORMAT_VERSION)
 
     def _legacy_snapshot(self, initialising: bool = False) -> sqlite3.Connection:
         """An in-memory index of a format 1 store (or an empty one), kept while
@@ -485,9 +538,7 @@ class Index:
         conn.executescript(_SCHEMA)
         legacy = read_legacy(meta) if stamp != (0, 0) else None
         if legacy is None and stamp != (0, 0) and (initialising or not self.exists()):
-            raise StoreError("the store's SQLite index is missing; run 'weightstore store "
-                             "verify --repair' to rebuild it from the objects on disk",
-                             path=str(self.path))
+            raise self._lost()
         _insert(conn, (legacy or {}).values(), 0)
         self._memory = (stamp, conn)
         return conn
@@ -506,7 +557,7 @@ class Index:
         except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
             raise
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"the store index is damaged: {exc}", path=str(self.path)) from exc
+            raise index_failure(exc, "write", self.path, damage=True) from exc
         start: float | None = time.perf_counter()
         try:
             yield conn
@@ -518,13 +569,18 @@ class Index:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
                     exc, (sqlite3.ProgrammingError, sqlite3.InterfaceError)):
-                raise StoreError(f"cannot write the store index: {exc}",
-                                 path=str(self.path)) from exc
+                raise index_failure(exc, "write", self.path) from exc
             raise
         finally:
             if start is not None:
                 self.write_holds.append(time.perf_counter() - start)
         self._checkpoint(conn)
+
+    def take_swept(self) -> list[str]:
+        """The temp files the first write's sweep removed, not yet taken (for gc and
+        repair to report)."""
+        removed, self._removed = self._removed, []
+        return removed
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         """Fold the journal into the index once it passes :data:`CHECKPOINT_BYTES`
@@ -544,8 +600,7 @@ class Index:
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise StoreError(f"cannot write the store index: {exc}",
-                                     path=str(self.path)) from exc
+                    raise index_failure(exc, "write", self.path) from exc
                 waited = time.monotonic() - start
                 if waited >= self._timeout():
                     raise StoreError("timed out waiting for the store index write lock",
@@ -580,7 +635,9 @@ class Index:
             for pid, host, created in rows[:5])
 
     def _ensure_current(self, conn: sqlite3.Connection) -> None:
-        """Initialise the schema, migrating a format 1 store, exactly once."""
+        """What the first write of a process does, exactly once: initialise the schema
+        (migrating a format 1 store, under its lock), put back the marker, and sweep the
+        temp files killed writers left (:func:`.temps.sweep_quietly`, once per object)."""
         if getattr(self._local, "current", None) == (os.getpid(), id(conn)):
             return
         self._ensure_wal(conn)
@@ -592,6 +649,9 @@ class Index:
         else:
             self.refresh_marker()
         self._local.current = (os.getpid(), id(conn))
+        if self._swept != os.getpid():
+            self._swept = os.getpid()
+            self._removed = sweep_quietly(self.root)
 
     def _ensure_wal(self, conn: sqlite3.Connection) -> None:
         """Switch the file to WAL (persistent). The switch needs a moment without other
@@ -612,11 +672,9 @@ class Index:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise StoreError(f"cannot initialise the store index: {exc}",
-                                     path=str(self.path)) from exc
+                    raise index_failure(exc, "initialise", self.path) from exc
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot initialise the store index: {exc}",
-                                 path=str(self.path)) from exc
+                raise index_failure(exc, "initialise", self.path) from exc
             if time.monotonic() - start >= min(self._timeout(), WAL_SWITCH_SECONDS):
                 raise StoreError("cannot switch the store index to WAL: another program "
                                  "keeps it open, or its file system does not support it",
@@ -658,15 +716,15 @@ class Index:
             self._begin(conn)
             try:
                 if conn.execute("PRAGMA user_version").fetchone()[0] < FORMAT_VERSION:
+                    if not self.rebuilding:
+                        self._refuse_lost_version(conn)
                     for statement in _SCHEMA.split(";"):  # executescript would COMMIT
                         if statement.strip():
                             conn.execute(statement)
                     legacy = None if self.rebuilding else read_legacy(self.root / META_NAME)
                     if legacy is None and (self.root / META_NAME).exists() \
                             and not self.rebuilding:
-                        raise StoreError("the store's SQLite index is missing; run "
-                                         "'weightstore store verify --repair' to rebuild "
-                                         "it from the objects on disk", path=str(self.path))
+                        raise self._lost()
                     legacy = legacy or {}
                     _insert(conn, legacy.values(), int(time.time()))
                     conn.execute(f"PRAGMA user_version={FORMAT_VERSION}")
@@ -681,16 +739,27 @@ class Index:
     def refresh_marker(self) -> bool:
         """Put the format 2 marker in place of a ``meta.json`` an older weightstore could
         take for its index (none, format 1, garbage: :func:`.meta.restore_marker`); True
-        when it was written. A store this user may not write keeps what it has."""
+        when it was written. A store this user may not write keeps what it has, and so
+        does one whose index is not initialised: its ``meta.json`` may be the format 1
+        index, which only the migration replaces, once it has imported it."""
         from ..io.locks import file_lock
         from .meta import is_current, restore_marker
 
-        if is_current(self.root / META_NAME) is not False:
+        if is_current(self.root / META_NAME) is not False or not self.initialised():
             return False
         try:  # under format 1's lock, so that an older weightstore is not writing it
             with file_lock(self.root / LOCK_NAME, self.busy_timeout, StoreError, "store"):
                 return restore_marker(self.root / META_NAME, INDEX_NAME)
         except OSError:
+            return False
+
+    def initialised(self) -> bool:
+        """Does the index exist at this format's version?"""
+        if not self.exists():
+            return False
+        try:
+            return self._version(self._reader()) == FORMAT_VERSION
+        except (sqlite3.Error, StoreError):
             return False
 
     # -- objects -----------------------------------------------------------------------

@@ -60,7 +60,7 @@ def is_safe_component(name: str) -> bool:
 
 
 def is_temp_name(name: str) -> bool:
-    """Temp files from :func:`weightstore.io.files.atomic_writer`: ``.<final>.<random>.tmp``."""
+    """Temp files (``.<final>.<random>.tmp``, ``.pull-<sha256>.tmp``): see :mod:`.temps`."""
     return name.startswith(".") and name.endswith(".tmp")
 
 
@@ -74,48 +74,17 @@ class Listing:
     """Regular files found in a store root, split by role; sizes in bytes."""
 
     objects: dict[str, int]
-    temps: tuple[str, ...]
-
-
-def open_cache_folder(root: Path, folder: str) -> int:
-    """A descriptor of cache folder ``folder`` of the store, never through a symbolic link
-    (which could lead a cleanup anywhere): list and unlink relative to it. OSError when it
-    is missing, not a folder, or a link."""
-    return os.open(root / folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                   | getattr(os, "O_NOFOLLOW", 0))
-
-
-def cache_temps(root: Path) -> list[str]:
-    """Temp files in the cache folders, as ``<folder>/<name>`` (left by killed builds)."""
-    found: list[str] = []
-    for folder in CACHE_FOLDERS:
-        try:
-            fd = open_cache_folder(root, folder)
-        except OSError:  # none yet, not a folder, or a symbolic link (never followed)
-            continue
-        try:
-            with os.scandir(fd) as it:
-                found += [f"{folder}/{e.name}" for e in it
-                          if is_temp_name(e.name) and e.is_file(follow_symlinks=False)]
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return sorted(found)
 
 
 def scan(root: Path) -> Listing:
     objects: dict[str, int] = {}
-    temps: list[str] = []
     with os.scandir(root) as it:
         for entry in it:
             if not entry.is_file(follow_symlinks=False):
                 continue
-            if is_temp_name(entry.name):
-                temps.append(entry.name)
-            elif is_object_name(entry.name):
+            if is_object_name(entry.name):
                 try:
                     objects[entry.name] = entry.stat(follow_symlinks=False).st_size
                 except FileNotFoundError:
                     continue  # removed since it was listed (gc, a writer's empty sibling)
-    return Listing(objects=dict(sorted(objects.items())), temps=tuple(sorted(temps)))
+    return Listing(objects=dict(sorted(objects.items())))

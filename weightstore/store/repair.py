@@ -6,7 +6,7 @@ verified, so that the next build sees their keys as missing and writes them agai
 sources. Nothing is rewritten here: the store holds no other copy of a payload. A
 per-weight file is deleted once no row refers to it (:mod:`.sweep`); a damaged range of a
 combined file is only unindexed, and compaction reclaims it. A range this user may not
-read is never treated as damage. Temp files no live writer can own are removed, and so are
+read is never treated as damage. Temp files no process holds are removed, and so are
 the lock files of combined files that no longer exist.
 
 A damaged row of the other tables goes the same way (see :func:`repair_tables`): a root
@@ -23,6 +23,7 @@ created again, and a verification that still fails is an error with nothing chan
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -36,13 +37,8 @@ from .index import MalformedRow, disk_is_full, not_damage, shown
 from .layout import SEPARATE_PREFIX, kind_of, scan
 from .meta import is_marker
 from .objects import StoredObject
-from .sweep import (
-    oldest_live_lease,
-    remove_stale_locks,
-    remove_temps,
-    stale_temps,
-    unlink_unreferenced,
-)
+from .sweep import remove_stale_locks, unlink_unreferenced
+from .temps import sweep
 from .verify import VerifyReport, verify_store
 
 if TYPE_CHECKING:
@@ -109,6 +105,11 @@ def repair_store(store: Store, jobs: int, *, progress: bool | None = False,
                  ) -> RepairReport:
     rebuilt = None
     restored: list[str] = []
+    swept: list[str] = []
+    store.index.take_swept()  # what this repair's own writes sweep is reported
+    if not store.index.initialised():
+        with contextlib.suppress(StoreError):  # what it cannot read is repaired below
+            swept = store.open_for_writing()  # a format 1 store is migrated, all kept
     if store.index.exists() and store.index.writable() and store.index.missing_schema() \
             and store.index.readable():
         restored = restore_schema(store)
@@ -152,7 +153,7 @@ def repair_store(store: Store, jobs: int, *, progress: bool | None = False,
     files = [o.file for o in dropped if isinstance(o, StoredObject)
              and o.file.startswith(SEPARATE_PREFIX) and kind_of(o.file) == "separate"]
     deleted = unlink_unreferenced(store, files)
-    temps = remove_temps(store, stale_temps(store, oldest_live_lease(store)))
+    temps = [*swept, *store.index.take_swept(), *sweep(store.root)]
     locks = remove_stale_locks(store)
     marker = store.index.refresh_marker()
     remaining = verify_store(store, jobs, rehash=False)  # kept bytes were just hashed

@@ -11,29 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..io.files import fsync_dir
 from .index import batched, marks
-from .layout import (
-    CACHE_FOLDERS,
-    cache_temps,
-    is_safe_component,
-    is_temp_name,
-    kind_of,
-    open_cache_folder,
-    scan,
-)
+from .layout import is_safe_component, kind_of
 from .writer import clear_folder_object
 
 if TYPE_CHECKING:
     from .core import Store
 
-STALE_TEMP_SECONDS = 15 * 60
 SWEEP_BATCH = 500
 
 
@@ -92,61 +81,3 @@ def remove_stale_locks(store: Store) -> list[str]:
         if not os.path.lexists(folder / name):
             removed.append(name)
     return removed
-
-
-def stale_temps(store: Store, oldest_writer: float | None) -> list[str]:
-    """Temp files no live writer can still be writing: untouched for
-    :data:`STALE_TEMP_SECONDS` and older than the oldest live lease; in the store root and
-    in the cache folders builds write to (named ``<folder>/<name>``)."""
-    cutoff = time.time() - STALE_TEMP_SECONDS
-    if oldest_writer is not None:
-        cutoff = min(cutoff, oldest_writer)
-    stale = []
-    for name in [*scan(store.root).temps, *cache_temps(store.root)]:
-        try:
-            with _folder_of(store.root, name) as (fd, base):
-                if os.stat(base, dir_fd=fd, follow_symlinks=False).st_mtime < cutoff:
-                    stale.append(name)
-        except OSError:
-            continue
-    return stale
-
-
-def remove_temps(store: Store, names: Iterable[str]) -> list[str]:
-    removed = []
-    for name in names:
-        folder, _, base = name.rpartition("/")
-        if not is_temp_name(base) or (folder and folder not in CACHE_FOLDERS):
-            continue  # only what stale_temps lists: never anything else a caller names
-        with contextlib.suppress(OSError), _folder_of(store.root, name) as (fd, base):
-            os.unlink(base, dir_fd=fd)
-            removed.append(name)
-    return removed
-
-
-@contextlib.contextmanager
-def _folder_of(root: Path, name: str) -> Iterator[tuple[int, str]]:
-    """``(descriptor of its folder, base name)`` for ``name`` (a root file, or ``<cache
-    folder>/<file>``), the folder opened without following a symbolic link: a link planted
-    in place of a cache folder never leads a cleanup outside the store."""
-    folder, _, base = name.rpartition("/")
-    fd = open_cache_folder(root, folder) if folder else os.open(
-        root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        yield fd, base
-    finally:
-        os.close(fd)
-
-
-def oldest_live_lease(store: Store) -> float | None:
-    """Creation time of the oldest live lease (None when no build runs)."""
-    from .leases import live_leases
-
-    if not store.index.exists():
-        return None
-    with store.index.reading() as conn:
-        live, _ = live_leases(conn)
-        if not live:
-            return None
-        return conn.execute(f"SELECT min(created) FROM leases WHERE id IN ({marks(live)})",
-                            live).fetchone()[0]

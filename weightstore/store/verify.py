@@ -4,9 +4,10 @@ A content-addressed store is only as good as the claim that the bytes behind a k
 that key. Verification re-hashes everything (on a thread pool: both digests release the GIL)
 and also checks the structure the writers promise: per-weight files named by their digest
 and sized exactly, combined ranges inside their file and disjoint. Leftovers that harm
-nothing (unindexed object files, temp files of an interrupted write, combined-file bytes
-no row references) are warnings. A range this user may not read is reported as
-``no_permission``: it is not damage, and repair leaves it alone.
+nothing (unindexed object files, temp files no process holds (:mod:`.temps`), in the root
+and the cache folders, combined-file bytes no row references) are warnings. A range this
+user may not read is reported as ``no_permission``: it is not damage, and repair leaves it
+alone.
 
 :func:`verify_store` checks one snapshot of the index without any lock, so builds go on
 meanwhile; a finding is kept only if a fresh look shows the same row (gc or compaction may
@@ -30,6 +31,8 @@ from ..io.digests import digest_file, split_key
 from .index import INDEX_NAME, MalformedRow, shown, well_formed
 from .layout import kind_of, scan, separate_file_name
 from .objects import StoredObject
+from .temps import is_resumable
+from .temps import leftovers as leftovers_of
 
 ProblemKind = Literal["missing_file", "short_file", "size_mismatch", "digest_mismatch",
                       "name_mismatch", "overlap", "unreadable", "no_permission",
@@ -137,8 +140,12 @@ def leftovers(root: Path, ends: dict[str, int]) -> tuple[Problem, ...]:
     listing = scan(root)
     warnings = [Problem("orphan_file", name, None, f"{size} bytes no index entry refers to")
                 for name, size in listing.objects.items() if name not in ends]
-    warnings += [Problem("temp_file", name, None, "temp file left by an interrupted write")
-                 for name in listing.temps]
+    warnings += [Problem("temp_file", name, None,
+                         "a pull's partial download no pull holds, kept to be resumed; gc "
+                         "removes it" if is_resumable(name.rpartition("/")[2]) else
+                         "temp file of a killed write (no process holds it); the next "
+                         "write to the store or gc removes it")
+                 for name in leftovers_of(root)]
     warnings += [Problem("unreferenced_bytes", name, None,
                          f"{size - ends[name]} bytes past the last indexed range (an "
                          f"interrupted append); gc's compaction reclaims them")
@@ -285,8 +292,8 @@ def marker_warnings(store: Store) -> list[Problem]:
     weightstore could take it for its index and write objects no index row records."""
     from .meta import is_current
 
-    if is_current(store.meta_path) is not False:
-        return []
+    if not store.index.initialised() or is_current(store.meta_path) is not False:
+        return []  # no index yet: a format 1 meta.json is the index, migrated on write
     return [Problem("stale_marker", store.meta_path.name, None,
                     "not the format 2 marker an older weightstore refuses; "
                     "'store verify --repair' writes it again")]

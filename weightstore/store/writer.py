@@ -10,7 +10,8 @@ Layout of a store root::
       weight_<hex>              per-weight object ("separate" kind): exactly the payload bytes
       <name>_weight_combined    combined file: payloads appended, each starting at a multiple
                                 of the alignment, zero-padded between
-      .<final name>.<random>.tmp    temp file of a write in progress (stray only after a crash)
+      .<final name>.<random>.tmp    temp file of a write in progress, held by its writer
+                                (a leftover of a killed one otherwise: :mod:`.temps`)
 
 Neither writer holds the store-wide lock (the index's write transaction) while bytes move:
 per-weight objects are written to verified, fsynced temp files that the caller renames
@@ -28,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -43,6 +43,7 @@ from ..io.files import (
     copy_range,
     file_mode,
     fsync_dir,
+    locked_temp,
     name_path,
     start_writeback,
     write_all,
@@ -103,9 +104,15 @@ def write_separate(root: Path, sources: Sequence[PayloadSource], jobs: int) -> W
                         error=error, staged=tuple(t for _, t in staged))
 
 
+_STAGED: dict[Path, int] = {}  # a staged temp file -> the descriptor that holds it
+
+
 def _stage_one(root: Path, src: PayloadSource) -> tuple[StoredObject, Path]:
+    """Write ``src`` to a held temp file (:func:`locked_temp`), kept open, and so held,
+    until :func:`publish_staged` renames it or :func:`discard` removes it: a sweep never
+    takes a staged object waiting for its row."""
     name = separate_file_name(src.key)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=root)
+    fd, tmp = locked_temp(root, f".{name}.")
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, file_mode())
@@ -114,14 +121,20 @@ def _stage_one(root: Path, src: PayloadSource) -> tuple[StoredObject, Path]:
         check_written(src, fd, 0)
         os.fsync(fd)
     except BaseException as exc:
-        os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        os.close(fd)
         if isinstance(exc, OSError):  # a full disk names the store file it was writing
             raise name_path(exc, root / name) from None
         raise
-    os.close(fd)
+    _STAGED[Path(tmp)] = fd
     return StoredObject(key=src.key, file=name, offset=0, size=src.size), Path(tmp)
+
+
+def _let_go(path: Path) -> None:
+    fd = _STAGED.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def publish_staged(root: Path, objects: Sequence[StoredObject], staged: Sequence[Path],
@@ -137,6 +150,7 @@ def publish_staged(root: Path, objects: Sequence[StoredObject], staged: Sequence
         except IsADirectoryError:
             clear_folder_object(root / obj.file)
             os.replace(tmp, root / obj.file)
+        _let_go(tmp)
         if renamed is not None:
             renamed.append(tmp)
     if objects:
@@ -164,6 +178,7 @@ def discard(paths: Sequence[Path]) -> None:
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        _let_go(path)
 
 
 def append_combined(root: Path, file: str, sources: Sequence[PayloadSource], alignment: int,
