@@ -135,7 +135,9 @@ def test_schema_output_errors_name_the_path_given(capsys, tmp_path):
     assert "not a folder" in err and f"blocked_by={tmp_path / 'afile'}" in err
     assert main(["schema", "--output", str(tmp_path / "folder")]) == 2
     err = capsys.readouterr().err
-    assert err == f"weightstore: error: Is a directory: {tmp_path / 'folder'}\n"
+    assert err == ("weightstore: error: output path is not a regular file but a folder; "
+                   "only a regular file or a new path is written "
+                   f"(output={tmp_path / 'folder'})\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "folder"]
 
 
