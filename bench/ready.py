@@ -1,7 +1,7 @@
 """A ready session from a package against onnxruntime's own, in fresh processes.
 
-Usage: ``python bench/ready.py [--small-mb 20] [--runs 5] [--only NAME ...] [--workdir DIR]
-[--keep] [--json]``
+Usage: ``python bench/ready.py [--small-mb 20] [--runs 5] [--only NAME ...]
+[--export DIR ...] [--workdir DIR] [--keep] [--json]``
 
 What a user's process does to serve a model: ``weightstore.load(weightstore.resolve(
 package, device="cpu"))`` (the portable path: packages built with a combined, 4096-aligned
@@ -19,14 +19,20 @@ anything. Models:
   with the same exporter shapes (no transformer exported by a real exporter is at hand:
   the corpus holds only Silero VAD, and the suite may not depend on it);
 * ``silero``: each model of ``../shared/corpus/`` (real exports: Silero VAD, weights in
-  Constant nodes inside ``If`` bodies), when that folder is there.
+  Constant nodes inside ``If`` bodies), when that folder is there;
+* each ``--export DIR``: a real exporter's model, ``DIR/source.onnx`` with its sample
+  inputs in ``DIR/feed.npz`` (targeted like the bench's own), for example a torch.onnx
+  export of a MiniLM-sized sentence encoder (the exporter needs torch and transformers,
+  which the bench does not install).
 
 Each round runs, per model, interleaved, one fresh process of each mode:
 
 * ``ort``: ``import onnxruntime``, then the session creation timed;
 * ``ready``: ``import onnxruntime, weightstore``, then resolve + load timed, with the
   records of an earlier process (a package loaded before and unchanged since: what a
-  service restarting, or a second worker, does);
+  service restarting, or a second worker, does). The records spare the resolution and
+  the model's building, not the verification: every live range is read and verified on
+  this load too, through the files it pinned, while onnxruntime creates the session;
 * ``first``: the same with an empty user cache (no records: what the first load of a
   package after it changed costs: resolution with onnx imported, the direct load
   verifying every live byte while onnxruntime creates the session).
@@ -59,7 +65,7 @@ from harness import MB, Target
 
 DEFAULT_SMALL_MB, DEFAULT_RUNS = 20, 5
 MODES = ("ort", "ready", "first")
-TARGETED = ("chain", "encoder", "minilm")
+TARGETED = ["chain", "encoder", "minilm"]  # and each --export
 CORPUS = harness.REPO.parent / "shared" / "corpus"
 
 GENERATE_MINILM = r'''
@@ -166,7 +172,17 @@ def make_model(workdir: Path, name: str, generate: list[str]) -> Path:
     return folder
 
 
-def models(workdir: Path, small_mb: float) -> dict[str, Path]:
+COPY_EXPORT = r'''
+import shutil, sys
+from pathlib import Path
+folder, source = Path(sys.argv[1]), Path(sys.argv[2])
+folder.mkdir(parents=True, exist_ok=True)
+for name in ("source.onnx", "feed.npz"):
+    shutil.copyfile(source / name, folder / name)
+'''
+
+
+def models(workdir: Path, small_mb: float, exports: list[str] = ()) -> dict[str, Path]:
     repo = str(harness.REPO)
     out = {"chain": make_model(workdir, "chain", [
         resolve_bench.GENERATE, str(workdir / "chain"), str(resolve_bench.DEFAULT_LAYERS),
@@ -176,6 +192,11 @@ def models(workdir: Path, small_mb: float) -> dict[str, Path]:
             str(resolve_bench.hidden_for(small_mb * 10)), repo]),
         "minilm": make_model(workdir, "minilm", [GENERATE_MINILM, str(workdir / "minilm"),
                                                   repo])}
+    for export in exports:
+        name = Path(export).name
+        TARGETED.append(name)
+        out[name] = make_model(workdir, name, [COPY_EXPORT, str(workdir / name),
+                                               str(Path(export).resolve())])
     if CORPUS.is_dir():
         for path in sorted(CORPUS.glob("*.onnx")):
             name = path.stem.replace("_", "-")
@@ -198,8 +219,8 @@ def child(mode: str, folder: Path, workdir: Path, cache: Path) -> dict[str, Any]
 
 
 def run_all(small_mb: float, runs: int, workdir: Path,
-            only: list[str] | None = None) -> dict[str, Any]:
-    folders = {name: folder for name, folder in models(workdir, small_mb).items()
+            only: list[str] | None = None, exports: list[str] = ()) -> dict[str, Any]:
+    folders = {name: folder for name, folder in models(workdir, small_mb, exports).items()
                if not only or name in only}
     # files younger than the timestamps' granularity are not recorded: let them settle
     newest = max(p.stat().st_mtime for f in folders.values() for p in (f / "out").rglob("*"))
@@ -275,10 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=DEFAULT_RUNS)
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="these models alone (chain, encoder, minilm, silero-vad, ...)")
+    parser.add_argument("--export", action="append", default=[], metavar="DIR",
+                        help="a real exporter's model: DIR/source.onnx and DIR/feed.npz")
     harness.add_common_arguments(parser, "the generated packages, records and logs")
     args = parser.parse_args(argv)
 
-    return harness.measure(args, lambda w: run_all(args.small_mb, args.runs, w, args.only),
+    return harness.measure(args, lambda w: run_all(args.small_mb, args.runs, w, args.only,
+                                                    args.export),
                            figures, report)
 
 
