@@ -98,10 +98,13 @@ def test_a_changed_copy_of_a_folder_is_not_identical(two_versions, tmp_path, cap
     data = bytearray(weights.read_bytes())
     data[64:68] = bytes(b ^ 0x5A for b in data[64:68])
     weights.write_bytes(bytes(data))
-    for argv in (["diff", str(folder), str(copy)], ["diff", str(copy), str(archive)]):
+    for argv in (["diff", str(folder), str(copy)], ["diff", str(copy), str(archive)],
+                 ["report", str(folder), "--against", str(copy), "--output",
+                  str(tmp_path / "page.html")]):
         err = _one_line(argv, capsys)
         assert "package differs from its summary: digest: encoder_weight_combined" in err
         assert f"folder={copy}" in err
+    assert not (tmp_path / "page.html").exists()
     assert main(["diff", str(folder), str(copy), "--no-verify"]) == 0
     out = capsys.readouterr().out
     assert "not verified (--no-verify)" in out and out.strip().endswith("identical")

@@ -4,6 +4,7 @@ bounded buffers, and failures that neither hang nor leave files behind."""
 from __future__ import annotations
 
 import errno
+import io
 import os
 
 import pytest
@@ -146,3 +147,39 @@ def test_release_onto_a_full_disk_is_one_line_and_no_crash(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("weightstore: error: File too large: ")
         assert str(out) in lines[0]
         assert not out.exists() and (tmp_path / "releases").is_dir()
+
+
+def _read_all(data: bytes, size: int = 1 << 16) -> bytes:
+    from weightstore.io.zstd import FrameReader
+
+    reader, parts = FrameReader(io.BytesIO(data)), []
+    while part := reader.read(size):
+        assert len(part) <= size
+        parts.append(part)
+    return b"".join(parts)
+
+
+def test_the_reader_takes_whole_frames_and_refuses_any_cut():
+    """The archive reader gives back every frame's bytes, in reads no larger than asked;
+    input that stops anywhere inside a frame (its checksum, its last block, its header)
+    is refused, where python-zstandard's stream reader ends quietly."""
+    from weightstore.io.zstd import CorruptStream
+
+    data = _weights(1 << 20)
+    frame = compress(Compression().parameters(2), data)
+    small = zstandard.ZstdCompressor(write_checksum=True).compress(b"tail" * 100)
+    assert _read_all(frame + small) == data + b"tail" * 100
+    assert _read_all(frame, size=1000) == data
+    assert _read_all(b"") == b""
+    quiet = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(frame[:-1]),
+                                                       read_across_frames=True).read()
+    assert quiet == data  # what the library's reader makes of a frame cut short
+    for cut in (1, 2, 4, 5, 1000, len(frame) - 3):
+        with pytest.raises(CorruptStream, match="ends inside a frame"):
+            _read_all(frame[:-cut])
+        with pytest.raises(CorruptStream):
+            _read_all(frame + small[:-cut] if cut < len(small) else frame + small[:3])
+    flipped = bytearray(frame)
+    flipped[-2] ^= 1  # the checksum
+    with pytest.raises(CorruptStream, match="checksum"):
+        _read_all(bytes(flipped))

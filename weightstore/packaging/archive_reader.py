@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import tarfile
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from ..io.tar import CompleteTarInfo
 from ..io.zstd import CorruptStream, FrameReader
 
 JSON_LIMIT = 64 << 20  # summary.json and bundle.json members are read whole, up to this
+READ_BUFFER = 1 << 20  # decompressed bytes buffered between libzstd and tarfile
 
 
 @contextlib.contextmanager
@@ -37,8 +39,9 @@ def open_archive(path: str | Path) -> Iterator[tarfile.TarFile]:
                            archive=str(path)) from None
     try:
         with (os.fdopen(fd, "rb") as f,
-              tarfile.open(fileobj=FrameReader(f), mode="r|", encoding="utf-8",
-                           errors="strict", tarinfo=CompleteTarInfo) as tf):
+              # tarfile reads 10 KiB at a time: buffered, libzstd is called per MiB
+              tarfile.open(fileobj=io.BufferedReader(FrameReader(f), READ_BUFFER), mode="r|",
+                           encoding="utf-8", errors="strict", tarinfo=CompleteTarInfo) as tf):
             yield tf
     except (tarfile.TarError, CorruptStream, EOFError, UnicodeError) as exc:
         raise PackageError(f"corrupt archive: {exc}", archive=str(path)) from None
