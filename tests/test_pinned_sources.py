@@ -403,5 +403,6 @@ def test_a_ref_whose_registry_never_answers_fails_within_the_deadline(tmp_path, 
             conn.close()
         server.close()
     err = capsys.readouterr().err.strip()
-    assert err.startswith("weightstore: error: registry") and "\n" not in err, err
+    assert err.startswith("weightstore: error: cannot fetch the source: registry")
+    assert "model=encoder" in err and "timeout=2.0" in err and "\n" not in err, err
     assert list((tmp_path / "p" / "store" / "sources").iterdir()) == []

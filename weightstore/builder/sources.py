@@ -1,8 +1,9 @@
 """Recipe sources pinned by digest, fetched once into the store.
 
-A model's ``source`` may be ``{url, sha256}`` (an HTTPS file; plain HTTP on loopback
-only) or ``{ref: host/repository@sha256:…, path}`` (a file of an OCI artifact, pulled
-as ``weightstore pull`` pulls one, weightstore's or another client's). The build's
+A model's ``source`` may be ``{url, sha256[, size]}`` (an HTTPS file; plain HTTP on
+loopback only, at every hop of a redirect) or ``{ref: host/repository@sha256:…, path}``
+(a file of an OCI artifact, pulled as ``weightstore pull`` pulls one, weightstore's or
+another client's). The build's
 fingerprint takes the pinned digest in place of the file's content, so a build whose
 layouts are up to date, in the store or in a build cache fetches nothing; only a
 conversion fetches, into::
@@ -18,6 +19,11 @@ artifact is verified blob by blob as it is pulled; its files' SHA-256 are then r
 beside it under the user's MAC (:mod:`weightstore.store.mac`), and a later build uses the
 folder only while every file still has its recorded digest (the stat cache again), else
 pulls it anew.
+
+No fetch holds a build for long (:func:`source_transport`: the registry's minimum rate,
+tries of :data:`ANSWER_TIMEOUT` seconds, ``$WEIGHTSTORE_SOURCE_TIMEOUT`` for the whole of
+one source) or fills the disk: a url's body stops at the pinned ``size`` and, without
+one, while the store's file system still has :func:`_reserve` free.
 """
 
 from __future__ import annotations
@@ -28,7 +34,13 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from ..errors import IntegrityError, RecipeError, RegistryError, WeightstoreError
+from ..errors import (
+    IntegrityError,
+    RecipeError,
+    RegistryError,
+    RegistryUnreachableError,
+    WeightstoreError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -217,10 +229,15 @@ def _ref_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
     folder = store_root / FOLDER / f"oci-{pin.digest.partition(':')[2]}"
     if not _intact(folder, digests):
         folder.parent.mkdir(parents=True, exist_ok=True)
+        transport = source_transport()
         stage = make_temp_dir(folder.parent, ".source.")
         try:  # the pull checks the manifest against the pinned digest, every blob its own
-            pull(pin.ref, stage / "artifact", store=WeightStore(store_root),
-                 transport=source_transport())
+            try:
+                pull(pin.ref, stage / "artifact", store=WeightStore(store_root),
+                     transport=transport)
+            except RegistryUnreachableError as exc:  # not answering, or past the deadline
+                raise RecipeError(f"cannot fetch the source: {exc.message}", model=name,
+                                  ref=pin.ref, timeout=transport.deadline) from None
             publish_dir(stage / "artifact", folder, replace=folder.exists())
         finally:
             discard_temp_dir(stage)
