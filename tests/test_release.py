@@ -234,6 +234,7 @@ def test_check_passes_and_names_the_first_difference(released, capsys):
     capsys.readouterr()
     # a published archive that is not what the recipe builds
     bad = result.output / "pkg-1.0.0-separate.tar.zst"
+    original = bad.read_bytes()
     other_epoch = release(recipe.parent / "out/pkg/1.0.0/separate",
                           ReleaseOptions(output=str(recipe.parent / "tmp"), epoch=1))
     shutil.copyfile(other_epoch.output / other_epoch.archives[0].file_name, bad)
@@ -245,6 +246,10 @@ def test_check_passes_and_names_the_first_difference(released, capsys):
     assert main(["release", "--check", str(recipe), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["difference"].startswith("pkg-1.0.0-separate.tar.zst")
+    # a published archive cut short is a difference too, named as what it is
+    bad.write_bytes(original[:-1])
+    assert main(["release", "--check", str(recipe)]) == 1
+    assert "the data ends inside a frame" in capsys.readouterr().out
 
 
 def test_check_names_files_release_does_not_write(released, capsys):

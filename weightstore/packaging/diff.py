@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import PackageError
 from ..io.files import parse_json, read_regular
+from ..io.tar import read_trailer
 from ..package.bundle_record import BUNDLE_NAME
 from .archive_reader import open_archive
 from .inventory import read_summary, verified_package
@@ -209,7 +210,15 @@ def _device_changes(sa: Mapping[str, Any], sb: Mapping[str, Any], files_a: Mappi
 
 
 def first_member_difference(a: Path, b: Path) -> str:
-    """Where two archives first differ: the first member whose header or data differs."""
+    """Where two archives first differ: the first member whose header or data differs, or
+    what makes one unreadable (cut short, damaged, bytes after its end)."""
+    try:
+        return _first_member_difference(a, b)
+    except PackageError as exc:
+        return str(exc)
+
+
+def _first_member_difference(a: Path, b: Path) -> str:
     from ..io.digests import new_hasher
 
     def members(path: Path):
@@ -220,6 +229,7 @@ def first_member_difference(a: Path, b: Path) -> str:
                 while f is not None and (chunk := f.read(1 << 20)):
                     h.update(chunk)
                 yield m, h.hexdigest()
+            read_trailer(tf)
 
     fields = ("name", "type", "mode", "mtime", "uid", "gid", "uname", "gname", "size",
               "pax_headers")
