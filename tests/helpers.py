@@ -233,6 +233,7 @@ def as_an_earlier_version_wrote_it(package: Path) -> None:
         record["format_version"] = 1
         for m in record["models"]:
             m.pop("external_weights", None)
+            m.pop("digest", None)  # the model file's digest came later still
         record_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         changed.append((f"{device}/bundle.json", None))
     for file, by_range in changed:

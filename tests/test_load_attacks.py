@@ -11,6 +11,7 @@ is checked against the SHA-1 its external data declares (onnx.proto's ``checksum
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import os
 
@@ -22,6 +23,7 @@ import weightstore
 from weightstore.cli import main
 from weightstore.convert.api import convert_to_external
 from weightstore.errors import IntegrityError
+from weightstore.io.digests import digest_file
 from weightstore.io.identity import identity_of
 from weightstore.load import LoadReport, plans
 
@@ -142,7 +144,7 @@ def test_run_and_check_verify_the_model_files_own_bytes(tmp_path, capsys, layout
                  ["check", str(b.package), "--verify"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
-        assert "does not match its digest in the package summary" in err, (argv, err)
+        assert "does not match its digest in its package record" in err, (argv, err)
         assert err.count("\n") == 1
     with pytest.raises(IntegrityError):
         weightstore.resolve(b.package)
@@ -184,3 +186,27 @@ def test_a_copying_load_reports_the_bytes_it_verified(package):
         live = r.payload_manifest.active_bytes
     assert report.read_bytes == report.verified_bytes == live > 0
     _run(session, package)
+
+
+def test_a_device_folder_verifies_its_model_files_own_bytes(split_build, tmp_path, capsys):
+    """A device folder (``bundle``) lists each model file's digest in its record: one bit
+    of an inline tensor flipped there is refused by the load, ``run`` and ``check``."""
+    package = split_build / "out" / "pk" / "1" / "split"
+    out = tmp_path / "npu"
+    assert main(["bundle", str(package), "npu", "--output", str(out)]) == 0
+    record = json.loads((out / "bundle.json").read_text())
+    (entry,) = record["models"]
+    algo, _, hexdigest = entry["digest"].partition(":")
+    assert hexdigest == digest_file(algo, out / entry["file"])
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **sample_inputs(make_encoder(), seed=3))
+    assert main(["run", str(out), "--inputs", str(inputs)]) == 0
+    _flip_inline_tensor_bit(out / entry["file"])
+    capsys.readouterr()
+    for argv in (["run", str(out), "--inputs", str(inputs)],
+                 ["run", str(out / entry["file"]), "--inputs", str(inputs)],
+                 ["check", str(out), "--verify"]):
+        assert main(argv) == 2, argv
+        assert "does not match its digest" in capsys.readouterr().err
+    with pytest.raises(IntegrityError):
+        weightstore.resolve(out)

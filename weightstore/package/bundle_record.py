@@ -43,10 +43,13 @@ def render_record(record: Mapping[str, Any]) -> bytes:
 
 
 def model_entry(name: str, file: str, scenario: str | None, model_bytes: int,
-                live: list[Any], keys: Mapping[tuple[str, int], str]) -> dict[str, Any]:
+                live: list[Any], keys: Mapping[tuple[str, int], str],
+                digest: str | None = None) -> dict[str, Any]:
     """A model's entry in a bundle record: ``live`` its live external payloads
     (:class:`weightstore.scenarios.resolve.LivePayload`), each with its store key from
-    ``keys`` (by location and offset, as the package summary has them) or its own."""
+    ``keys`` (by location and offset, as the package summary has them) or its own;
+    ``digest`` (``"algo:hex"``), the model file's, which a load of the device folder
+    checks its bytes against (inline tensors included)."""
     weights = []
     for p in live:
         key = keys.get((p.location, p.offset)) or p.checksum
@@ -56,9 +59,12 @@ def model_entry(name: str, file: str, scenario: str | None, model_bytes: int,
                                offset=p.offset)
         weights.append({"id": key, "name": p.name, "location": p.location,
                         "offset": p.offset, "size": p.length})
-    return {"name": name, "file": file, "scenario": scenario, "model_bytes": model_bytes,
-            "live_weights": len(live), "live_bytes": sum(p.length for p in live),
-            "external_weights": sorted(weights, key=lambda w: (w["location"], w["offset"]))}
+    out = {"name": name, "file": file, "scenario": scenario, "model_bytes": model_bytes,
+           "live_weights": len(live), "live_bytes": sum(p.length for p in live),
+           "external_weights": sorted(weights, key=lambda w: (w["location"], w["offset"]))}
+    if digest is not None:
+        out["digest"] = digest
+    return out
 
 
 def read_bundle(package: Path, device: str,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from ..errors import PackageError
+from ..io.digests import digest_file, make_key
 from ..io.files import atomic_write_bytes, copy_range, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import save_model
 from ..package.bundle_record import (
@@ -66,14 +67,16 @@ def select_scenario(device: Device, scenarios: Sequence[tuple[str, Mapping[str, 
 
 def write_device(folder: Path, device: Device,
                  models: Sequence[tuple[str, onnx.ModelProto, str | None,
-                                        Mapping[tuple[str, int], str]]]) -> dict[str, Any]:
+                                        Mapping[tuple[str, int], str]]],
+                 algo: str) -> dict[str, Any]:
     """Write ``devices/<device>/`` in a package being built; returns its bundle record.
 
     ``models`` are ``(model name, packaged model, scenario, store keys)``, the keys of its
     external weights by location and offset (the summary's); a model without that
     scenario runs its default graph. Each is resolved as a load resolves it
     (:func:`weightstore.resolve.variant.variant_graph`): the device's model is the final
-    graph, and its files are those its live weights need, whose keys the record lists.
+    graph, and its files are those its live weights need, whose keys the record lists,
+    with each model file's digest (``algo``).
     """
     from ..resolve.variant import variant_graph
     from ..scenarios.resolve import live_payloads
@@ -87,7 +90,8 @@ def write_device(folder: Path, device: Device,
         live = live_payloads(resolved, scenario)
         size = save_model(resolved, out / f"{name}.onnx")
         files.update((p.location, (folder / p.location).stat().st_size) for p in live)
-        entries.append(model_entry(name, f"{name}.onnx", scenario, size, live, keys))
+        digest = make_key(algo, digest_file(algo, out / f"{name}.onnx"))
+        entries.append(model_entry(name, f"{name}.onnx", scenario, size, live, keys, digest))
     record = device_record(device.name, device.capabilities, device.scenario, entries, files)
     atomic_write_bytes(out / BUNDLE_NAME, render_record(record))
     return record

@@ -640,7 +640,7 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
         chosen = select_scenario(device, offered)
         record = write_device(folder, device, [
             (name, model, chosen if chosen in names else None, keys[name])
-            for name, model, names in models])
+            for name, model, names in models], recipe.store.hash)
         out.append({"name": device.name, "scenario": chosen,
                     "files": [f"devices/{device.name}/{m['file']}" for m in record["models"]]
                     + [f"devices/{device.name}/bundle.json"]})

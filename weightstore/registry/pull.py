@@ -248,6 +248,15 @@ def check_declared_sizes(parsed: ParsedArtifact, files: list[WeightFile],
                       size=found, listed_size=size)
 
 
+def _file_digest(summary: dict[str, Any], path: Path) -> str:
+    """The digest of a model file a variant folder's record lists, in the algorithm of
+    the package's own contents."""
+    from ..io.digests import digest_file, make_key
+
+    algo = contents_algo(summary)
+    return make_key(algo, digest_file(algo, path))
+
+
 def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
                   files: list[WeightFile], summary: dict[str, Any], stage: Path,
                   report: PullReport, *, device: str | None, scenario: str | None) -> _Plan:
@@ -318,7 +327,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
                 raise RegistryError("a live weight has no payload layer in the artifact",
                                     reference=str(ref), model=file, weight=p.name)
             live[key] = p.length
-        described.append(model_entry(name, file, chosen, size, payloads, keys))
+        described.append(model_entry(name, file, chosen, size, payloads, keys,
+                                     _file_digest(summary, result / file)))
     kept = []
     for f in files:
         pieces = tuple(p for p in f.pieces if p.key in live)

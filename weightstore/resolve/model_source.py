@@ -35,8 +35,8 @@ def _check_digest(fd: int, digest: str, path: Path) -> None:
     algo, expected = split_key(digest)
     actual = digest_fd(algo, fd, 0, os.fstat(fd).st_size, name=str(path))
     if actual != expected:
-        raise IntegrityError("the model file does not match its digest in the package "
-                             "summary", file=str(path), expected=digest,
+        raise IntegrityError("the model file does not match its digest in its package "
+                             "record", file=str(path), expected=digest,
                              actual=f"{algo}:{actual}")
 
 

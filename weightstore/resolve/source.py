@@ -65,6 +65,8 @@ def _open_path(path: Path, model: str | None, device: str | None) -> ModelSource
     digest = None
     if entry is not None and (path.parent / "summary.json").exists():
         digest = listed_digest(_summary(path.parent), path.name)
+    elif entry is not None:  # a device record's entry
+        digest = entry.get("digest")
     return ModelSource.open(path, model or (entry or {}).get("name") or path.stem,
                             store_keys=None if entry is None else store_keys_of(entry),
                             digest=digest)
@@ -113,7 +115,7 @@ def _open_folder(folder: Path, model: str | None, device: str | None) -> ModelSo
     out = ModelSource.open(model_path, entry["name"],
                            package=folder if summary is not None else None,
                            store_keys=store_keys_of(entry),
-                           digest=None if summary is None else listed_digest(
+                           digest=entry.get("digest") if summary is None else listed_digest(
                                summary, entry["file"]))
     if device is not None and summary is not None:
         _apply_device(out, folder, device, summary)
