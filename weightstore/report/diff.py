@@ -1,12 +1,14 @@
 """The diff view (``report TARGET --against OLD``): what changed, and what it costs to ship.
 
-Its figures are ``weightstore diff OLD TARGET``'s (:func:`weightstore.packaging.diff.diff_packages`,
-read from metadata alone): tensors (external weights, by model, logical name and scenario)
-added, removed and changed by digest; the weight bytes each model references before and
-after; and the bytes a device holding OLD downloads to hold TARGET, counted three ways: the
-whole new package, every file whose digest changed (a file-by-file sync), and what a
-registry pull moves (every new payload once, as its own blob, plus the changed files that
-are not weight files: weightstore's artifacts carry one blob per payload).
+Its figures are ``weightstore diff OLD TARGET``'s
+(:func:`weightstore.packaging.diff.diff_packages`, compared from metadata once both sides
+are checked as ``diff`` checks them: a folder as ``verify`` does, an archive as ``unpack``
+reads it): tensors (external weights, by model, logical name and scenario) added, removed
+and changed by digest; the weight bytes each model references before and after; and the
+bytes a device holding OLD downloads to hold TARGET, counted three ways: the whole new
+package, every file whose digest changed (a file-by-file sync), and what a registry pull
+moves (every new payload once, as its own blob, plus the changed files that are not
+weight files: weightstore's artifacts carry one blob per payload).
 """
 
 from __future__ import annotations
