@@ -357,8 +357,7 @@ def test_typed_value_out_of_range_is_refused(tmp_path, data_type, value):
     src.write_bytes(onnx.helper.make_model(graph).SerializeToString())
     with pytest.raises(ModelError, match="outside") as info:
         convert_to_external(src, tmp_path / "x.onnx", threshold=0, jobs=1)
-    # refused where the model is catalogued, before any conversion
-    assert info.value.context["where"] == "graph 'g' initializer 'odd'"
+    assert info.value.context["tensor"] == "graph 'g' initializer 'odd'"
     assert info.value.context["value"] == value
     assert not (tmp_path / "x.onnx").exists()
 

@@ -39,7 +39,6 @@ def metadata_model(catalogue: Catalogue, small_limit: int = SMALL_VALUE_LIMIT,
         size = nbytes if nbytes is not None else payload.stored_bytes
         if size <= small_limit:
             catalogue.restore(site.tensor, site.path, site.where)
-            check_values(site.tensor, site.where)
     return model
 
 

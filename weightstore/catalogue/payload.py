@@ -236,13 +236,8 @@ def describe(site: TensorSite, catalogue: Catalogue, base_dir: Path) -> PayloadD
         return PayloadDescriptor(catalogue.source, offset, length, "raw", t.data_type, dims)
     spans = tuple((f.start, f.end) for f in inline.fields)
     first, last = spans[0][0], spans[-1][1]
-    desc = PayloadDescriptor(catalogue.source, first, last - first, inline.encoding,
+    return PayloadDescriptor(catalogue.source, first, last - first, inline.encoding,
                              t.data_type, dims, spans=spans)
-    if typed_fields.field_narrows(inline.encoding, t.data_type):
-        # a value the type cannot hold is refused whether or not the tensor moves out:
-        # onnxruntime would keep its low bits, and the model run would not be the model
-        _typed_bytes(desc, catalogue, site.where)
-    return desc
 
 
 def read_payload(desc: PayloadDescriptor, catalogue: Catalogue | None = None) -> bytes:
@@ -253,13 +248,9 @@ def read_payload(desc: PayloadDescriptor, catalogue: Catalogue | None = None) ->
         return read_file_range(desc.file, desc.offset, desc.length)
     if catalogue is None or desc.file != catalogue.source:
         raise ModelError("typed payload needs its model's catalogue", file=str(desc.file))
-    return _typed_bytes(desc, catalogue, f"{desc.file.name}@{desc.offset}")
-
-
-def _typed_bytes(desc: PayloadDescriptor, catalogue: Catalogue, where: str) -> bytes:
     fragment = b"".join(catalogue.read(s, e - s) for s, e in desc.spans)
     return typed_fields.decode(fragment, desc.encoding, desc.data_type, desc.dims,
-                               where=where)
+                               where=f"{desc.file.name}@{desc.offset}")
 
 
 def read_file_range(path: Path, offset: int, length: int) -> bytes:

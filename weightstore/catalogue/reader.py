@@ -25,6 +25,7 @@ from ..io.onnx_proto import GraphProto, ModelProto, TensorProto
 from .filebytes import FileBytes
 from .graphs import iter_containers
 from .schema import CHILDREN, PAYLOAD_FIELDS, RAW_DATA, Kind, Path
+from .typed_fields import check_values
 from .utf8 import check_field
 from .wire import LEN, MAX_DEPTH, Field, FramingError, encode_varint, iter_fields
 
@@ -105,7 +106,10 @@ class Catalogue:
         return b"".join(self.read(f.start, f.end - f.start) for f in payload.fields)
 
     def restore(self, tensor: TensorProto, path: Path, where: str = "") -> None:
-        """Put the payload fields left out at ``path`` back into ``tensor``, as they were."""
+        """Put the payload fields left out at ``path`` back into ``tensor``, as they were:
+        every tensor that stays inline (a metadata value, one below ``size_threshold``)
+        comes back here, so a typed value its element type cannot hold is refused here
+        (:func:`~.typed_fields.check_values`) as a conversion refuses it."""
         payload = self.payloads.get(path)
         if payload is None:
             return
@@ -114,6 +118,7 @@ class Catalogue:
         except DecodeError:
             raise ModelError("malformed tensor payload", where=where, file=str(self.source),
                              offset=payload.fields[0].start) from None
+        check_values(tensor, where)
 
     def close(self) -> None:
         self._parked = False

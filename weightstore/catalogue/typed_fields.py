@@ -134,10 +134,11 @@ def field_narrows(encoding: str, data_type: int) -> bool:
             or data_type in SIX_BIT)
 
 
-def _narrow(values: Sequence[int], encoding: str, data_type: int, where: str) -> array:
+def _narrow(values: Sequence[int], encoding: str, data_type: int, **context: str) -> array:
     """The values in the element type's storage, little-endian; a value the type cannot
-    hold is refused (:class:`ModelError` naming it)."""
-    storage = _layout(encoding, data_type, where)
+    hold is refused (:class:`ModelError` naming it, with ``context``). The field can hold
+    the type (:func:`_layout` said so)."""
+    storage = _LAYOUT[(encoding, data_type)]
     limit = 1 if data_type == T.BOOL else 0x3F if data_type in SIX_BIT else None
     try:
         if limit is not None and not all(0 <= v <= limit for v in values):
@@ -150,18 +151,19 @@ def _narrow(values: Sequence[int], encoding: str, data_type: int, where: str) ->
             0 if storage.isupper() else 1))) - 1
         bottom = 0 if limit is not None or storage.isupper() else -top - 1
         name = T.DataType.Name(data_type)
-        raise ModelError(f"{encoding} holds a value outside {name}'s range", where=where,
+        raise ModelError(f"{encoding} holds a value outside {name}'s range", **context,
                          value=next(v for v in values if not bottom <= v <= top)) from None
 
 
 def check_values(tensor: TensorProto, where: str) -> None:
     """Refuse a parsed tensor whose typed field holds a value its element type cannot
-    (:func:`field_narrows`): the small tensors a metadata model keeps inline, which no
-    conversion decodes, are checked as the ones that move out are."""
+    (:func:`field_narrows`), naming it as ``tensor`` (as a conversion does): the tensors
+    that stay inline, which no conversion decodes, are checked as the ones that move out
+    are."""
     for encoding in _VALUE_WIDTH:
         values = getattr(tensor, encoding)
         if values and field_narrows(encoding, tensor.data_type):
-            _narrow(values, encoding, tensor.data_type, where)
+            _narrow(values, encoding, tensor.data_type, tensor=where)
 
 
 def decode(fragment: bytes, encoding: str, data_type: int, dims: Sequence[int],
@@ -195,7 +197,7 @@ def decode(fragment: bytes, encoding: str, data_type: int, dims: Sequence[int],
     if len(values) != count:
         raise ModelError(f"{encoding} holds {len(values)} values, the shape needs {count}",
                          where=where)
-    narrow = _narrow(values, encoding, data_type, where)
+    narrow = _narrow(values, encoding, data_type, where=where)
     if data_type in SIX_BIT:
         return _pack_six(narrow.tobytes())
     return narrow.tobytes()
