@@ -22,7 +22,7 @@ from weightstore.cli import main
 from weightstore.errors import LoadError, PackageError, ResolutionError
 from weightstore.passes.analysis import name_problem
 
-from .helpers import every_layout, scenario_package
+from .helpers import every_layout, relist, scenario_package
 from .samples import sample_inputs
 
 
@@ -82,10 +82,13 @@ def test_a_summary_of_an_unknown_format_is_refused_by_every_reader(built, tmp_pa
 
 
 def _edit_model(folder: Path, edit) -> None:
+    """Edit the package's model file, and its summary to agree (what the graph holds is
+    what is put to the test, not the digest that would refuse it first)."""
     path = folder / "encoder.onnx"
     model = onnx.load(str(path), load_external_data=False)
     edit(model)
     path.write_bytes(model.SerializeToString())
+    relist(folder, "encoder.onnx")
 
 
 def _dangle(model: onnx.ModelProto) -> None:

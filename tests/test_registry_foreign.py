@@ -339,6 +339,13 @@ def _cases(host: str) -> dict[str, str]:
     # a compressed tar whose diffId is its blob's digest, not that of the tar inside
     put("tar-gzip-diff", lambda r: [_layer(host, r, _tar([("d/x", None, b"1")], "gzip"),
                                            f"{WEIGHT}.tar+gzip", **{FILEPATH: "d"})])
+    # a tar+zstd layer whose frame lost the last byte of its checksum: the tar inside is
+    # whole (its diffId matches), the layer is not
+    whole = _tar([("d/x", None, b"1")])
+    cut = zstandard.ZstdCompressor(write_checksum=True).compress(whole)[:-1]
+    put("tar-zstd-cut", lambda r: [_layer(host, r, cut, f"{WEIGHT}.tar+zstd",
+                                          **{FILEPATH: "d"})],
+        diff_ids=[_digest(b"good bytes"), _digest(whole)])
     return out
 
 
@@ -362,6 +369,7 @@ HOSTILE = {
     "tar-traversal": "unsafe path", "tar-absolute": "unsafe path", "tar-duplicate": TWICE,
     "tar-over-raw": TWICE, "tar-file-then-folder": TWICE,
     "tar-gzip-diff": "another tar than its diffId names",
+    "tar-zstd-cut": "ends inside a frame",
     "tar-bomb": "would unpack more bytes than the disk has free",
 }
 

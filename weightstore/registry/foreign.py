@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -50,6 +51,7 @@ from ..io.files import (
 )
 from ..io.files import parse_json as _parse_json
 from ..io.tar import REGULAR, BoundedTarInfo, member_kind, write_new
+from ..io.zstd import CorruptStream, FrameReader
 from ..package.assembly import Piece, WeightFile
 from ..store import WeightStore
 from . import digests
@@ -347,8 +349,8 @@ def unpack_layer(blob: Path, layer: ForeignLayer, into: Path, reference: str) ->
                                       member=member.name, size=member.size)
                     _unpack_member(tf, member, into, bad)
                 found = reader.drain()
-    except (tarfile.TarError, zstandard.ZstdError, gzip.BadGzipFile, zlib.error, EOFError,
-            UnicodeError) as exc:
+    except (tarfile.TarError, zstandard.ZstdError, CorruptStream, gzip.BadGzipFile,
+            zlib.error, EOFError, UnicodeError) as exc:
         raise bad(f"does not unpack ({type(exc).__name__}: {exc})") from None
     except OSError as exc:
         if exc.errno in WRITE_ERRNOS:
@@ -367,10 +369,8 @@ def _decompressed(raw: BinaryIO, archive: str | None) -> Iterator[BinaryIO]:
     if archive == "gzip":
         with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
             yield stream  # type: ignore[misc]
-    elif archive == "zstd":
-        import zstandard
-
-        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as s:
+    elif archive == "zstd":  # whole frames only: a layer cut short is refused
+        with io.BufferedReader(FrameReader(raw), 1 << 20) as s:
             yield s  # type: ignore[misc]
     else:
         yield raw
