@@ -582,12 +582,20 @@ def test_temp_files_of_the_cache_folders_are_removed_by_gc_and_repair(
     kept = store.root / "payload-keys" / "old.json"  # a cache entry, however old
     kept.write_bytes(b"{}")
     os.utime(kept, (1, 1))
+    stages = store.root / "sources" / ".source.dead0000.tmp", \
+        store.root / "sources" / ".source.live0000.tmp"  # pinned sources' pulls
+    for stage in stages:
+        (stage / "artifact").mkdir(parents=True)
+        (stage / "artifact" / "model.onnx").write_bytes(b"partial")
     with contextlib.ExitStack() as writers:
         for _, live in left.values():
             writers.enter_context(held(live))
+        writers.enter_context(held(stages[1]))
         report = store.repair()
-        assert set(report.removed_temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}
+        assert set(report.removed_temps) == {*(f"{f}/.abc.json.x1.tmp" for f in folders),
+                                             "sources/.source.dead0000.tmp/"}
         assert swept(left) and kept.exists()
+        assert not stages[0].exists() and stages[1].exists()
         left = {folder: leave(folder) for folder in folders}
         plan = store.plan_gc()
         assert set(plan.temps) == {f"{f}/.abc.json.x1.tmp" for f in folders}

@@ -224,13 +224,14 @@ def _ref_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
     from ..io.files import discard_temp_dir, make_temp_dir, publish_dir
     from ..registry.pull import pull
     from ..store import WeightStore
+    from ..store.temps import SOURCE_STAGE_PREFIX
 
     assert pin.ref is not None
     folder = store_root / FOLDER / f"oci-{pin.digest.partition(':')[2]}"
     if not _intact(folder, digests):
         folder.parent.mkdir(parents=True, exist_ok=True)
         transport = source_transport()
-        stage = make_temp_dir(folder.parent, ".source.")
+        stage = make_temp_dir(folder.parent, SOURCE_STAGE_PREFIX)
         try:  # the pull checks the manifest against the pinned digest, every blob its own
             try:
                 pull(pin.ref, stage / "artifact", store=WeightStore(store_root),

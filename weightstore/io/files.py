@@ -229,27 +229,35 @@ def is_temp_dir(path: Path, prefix: str) -> bool:
 
 def remove_dead_temp_dirs(parent: Path, prefix: str) -> list[Path]:
     """Remove the temp folders ``<prefix>*.tmp`` in ``parent`` whose run died: those that
-    can be locked (a live run holds its own, see :func:`make_temp_dir`). Each is removed
-    while locked, so a run that only just created it sees it gone and makes another."""
+    can be locked (a live run holds its own, see :func:`make_temp_dir`)."""
     import glob
+
+    return [stale for stale in parent.glob(f"{glob.escape(prefix)}*.tmp")
+            if is_temp_dir_name(stale.name, prefix) and unheld_temp_dir(stale)]
+
+
+def unheld_temp_dir(folder: Path, *, remove: bool = True) -> bool:
+    """Is ``folder``, a temp folder of :func:`make_temp_dir`, one whose run died (no run
+    holds it)? Then it is removed while locked (unless ``remove`` is False), so a run
+    that only just created it sees it gone and makes another. False for a file or a link
+    named like one: not ours."""
     import shutil
 
-    removed = []
-    for stale in parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        if str(stale) in _HELD or not is_temp_dir_name(stale.name, prefix):
-            continue
-        try:
-            fd = os.open(stale, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                         | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue  # gone, a file (atomic writes sweep those) or a link: not ours
-        try:
-            if _try_lock(fd):
-                shutil.rmtree(stale, ignore_errors=True)
-                removed.append(stale)
-        finally:
-            os.close(fd)
-    return removed
+    if str(folder) in _HELD:
+        return False
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if not _try_lock(fd):
+            return False
+        if remove:
+            shutil.rmtree(folder, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
 
 
 def check_output_file(path: str | os.PathLike[str],

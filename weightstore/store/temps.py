@@ -11,9 +11,11 @@ whatever its age, and one that is held is never touched, whoever holds it.
 
 :func:`sweep` removes the leftovers (each locked first and removed while locked), in the
 store root, its cache folders (:data:`TEMP_FOLDERS`) and each pinned source's folder
-(:data:`NESTED_TEMP_FOLDERS`), never through a symbolic link. It runs at the first write
-through each store object (:meth:`.index.Index.writing`: every build, put, pull, prepare
-and gc), and in ``store verify --repair``; :func:`leftovers` lists them for ``store verify`` and
+(:data:`NESTED_TEMP_FOLDERS`), never through a symbolic link; and the staging folders of
+pinned sources' pulls (``sources/.source.<random>.tmp/``, held by their run the same way:
+:func:`weightstore.io.files.make_temp_dir`), whole. It runs at the first write through
+each store object (:meth:`.index.Index.writing`: every build, put, pull, prepare and gc),
+and in ``store verify --repair``; :func:`leftovers` lists them for ``store verify`` and
 ``gc --dry-run``. A pull's partial file kept for a later pull to resume is removed by gc
 and repair only (``resumable=True``): the next build leaves it to the next pull.
 """
@@ -25,13 +27,16 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..io.files import unlink_unheld
+from ..io.files import is_temp_dir_name, unheld_temp_dir, unlink_unheld
 from .layout import CACHE_FOLDERS, is_temp_name
 
 # folders beside the objects where weightstore writes temp files (holder notes in locks/)
 TEMP_FOLDERS = (*CACHE_FOLDERS, "locks")
-NESTED_TEMP_FOLDERS = ("sources",)  # one folder per pinned source: sources/<id>/
+NESTED_TEMP_FOLDERS = ("sources",)  # and one folder in it per pinned source: sources/<id>/
 RESUMABLE_PREFIX = ".pull-"  # a blob's download, kept for a later pull to resume
+SOURCE_STAGE_PREFIX = ".source."  # sources/.source.<random>.tmp/: a pinned source's pull
+STAGING_PARENTS = tuple(f"{folder}/" for folder in NESTED_TEMP_FOLDERS)
+
 
 def is_resumable(name: str) -> bool:
     return name.startswith(RESUMABLE_PREFIX)
@@ -65,13 +70,18 @@ def _walk(root: Path, resumable: bool, *, remove: bool,
     found: list[str] = []
     for prefix, fd in _folders(root):
         with os.scandir(fd) as it:
-            names = [e.name for e in it if is_temp_name(e.name)]
-        for name in sorted(names):
-            path = prefix + name
+            entries = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it
+                             if is_temp_name(e.name))
+        for name, folder in entries:
+            path = prefix + name + ("/" if folder else "")
             if (not resumable and is_resumable(name)) or (wanted is not None
                                                           and path not in wanted):
                 continue
-            if unlink_unheld(fd, name, remove=remove):
+            if folder:  # a pinned source's staging folder (its run holds the folder)
+                if prefix in STAGING_PARENTS and is_temp_dir_name(name, SOURCE_STAGE_PREFIX) \
+                        and unheld_temp_dir(root / prefix / name, remove=remove):
+                    found.append(path)
+            elif unlink_unheld(fd, name, remove=remove):
                 found.append(path)
     return found
 
@@ -92,8 +102,10 @@ def _folders(root: Path) -> Iterator[tuple[str, int]]:
             with _opened(top, folder) as outer:
                 if outer is None:
                     continue
-                with os.scandir(outer) as it:
-                    inner = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+                yield f"{folder}/", outer  # its listings, its staging folders
+                with os.scandir(outer) as it:  # a staging folder is swept whole
+                    inner = sorted(e.name for e in it if e.is_dir(follow_symlinks=False)
+                                   and not is_temp_name(e.name))
                 for name in inner:
                     with _opened(outer, name) as fd:
                         if fd is not None:

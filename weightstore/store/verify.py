@@ -143,8 +143,8 @@ def leftovers(root: Path, ends: dict[str, int]) -> tuple[Problem, ...]:
     warnings += [Problem("temp_file", name, None,
                          "a pull's partial download no pull holds, kept to be resumed; gc "
                          "removes it" if is_resumable(name.rpartition("/")[2]) else
-                         "temp file of a killed write (no process holds it); the next "
-                         "write to the store or gc removes it")
+                         "left by a killed write (no process holds it); the next write "
+                         "to the store or gc removes it")
                  for name in leftovers_of(root)]
     warnings += [Problem("unreferenced_bytes", name, None,
                          f"{size - ends[name]} bytes past the last indexed range (an "
