@@ -200,7 +200,7 @@ def killed(original):
     return run
 
 api._write_archive = killed(api._write_archive)
-unpack._write_verified = killed(unpack._write_verified)
+unpack.write_new = killed(unpack.write_new)
 sys.exit(main(sys.argv[1:]))
 """
 
