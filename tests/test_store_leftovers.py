@@ -149,15 +149,16 @@ def test_a_killed_prepare_leaves_temp_files_the_next_writer_removes(
     _, package, store = built
     proc = start_stalled(tmp_path, "weightstore.store.writer", "check_written", AFTER_REAL,
                          "prepare", str(package), "--store", str(store))
-    try:
+    try:  # its other threads may still be staging theirs: more may come, none may go
         left = temps(store)
         assert left and all(n.startswith(".weight_") for n in left), left
         next_writer(store)
         ws = WeightStore(store)
         ws.plan_gc().execute(ws)  # nor does gc touch it
-        assert temps(store) == left
+        assert set(left) <= set(temps(store))
     finally:
         kill(proc)
+    left = temps(store)
     warned = verify_warnings(store)
     assert all(("temp_file", n) in warned for n in left), warned
     next_writer(store)
