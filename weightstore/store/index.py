@@ -640,8 +640,10 @@ class Index:
         temp files killed writers left (:func:`.temps.sweep_quietly`, once per object)."""
         if getattr(self._local, "current", None) == (os.getpid(), id(conn)):
             return
+        if self._version(conn) > FORMAT_VERSION:
+            self._check_version(conn)  # refused before anything of it is changed
         self._ensure_wal(conn)
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version = self._version(conn)
         if version > FORMAT_VERSION:
             self._check_version(conn)
         if version < FORMAT_VERSION:
