@@ -25,7 +25,7 @@ from weightstore.convert.api import convert_to_external
 from weightstore.errors import IntegrityError
 from weightstore.io.digests import digest_file
 from weightstore.io.identity import identity_of
-from weightstore.load import LoadReport, plans
+from weightstore.load import LoadReport, RecordingReader, plans
 
 from . import test_ready
 from .samples import make_encoder, sample_inputs
@@ -210,3 +210,52 @@ def test_a_device_folder_verifies_its_model_files_own_bytes(split_build, tmp_pat
         assert "does not match its digest" in capsys.readouterr().err
     with pytest.raises(IntegrityError):
         weightstore.resolve(out)
+
+
+def test_a_model_file_changed_under_a_recorded_resolution_is_refused_when_reopened(
+        package, settled):
+    """A resolution taken from its record opens the model file only when asked for its
+    metadata: the bytes it then parses are checked against the package's digest, not
+    against the file's stamp, which a write through a dirty shared page keeps."""
+    model = package / "encoder.onnx"
+    at = model.stat().st_size // 2
+    fd = os.open(model, os.O_RDWR)
+    try:
+        view = mmap.mmap(fd, 0)
+        view[at] = view[at]  # dirty (same bytes)
+        weightstore.resolve(package).close()  # recorded
+        with weightstore.resolve(package) as r:
+            assert r.source._unopened  # from the record: the file not opened yet
+            view[at] ^= 0x01  # through the dirty page
+            with pytest.raises(IntegrityError, match="does not match its digest"):
+                r.source.metadata()
+        view.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_verifier_that_dies_of_anything_leaves_the_load_unverified(package):
+    """A reader failing in a way nobody foresaw ends the verifying thread: the session
+    onnxruntime made is not handed over as verified; the load reads its own copy."""
+
+    class Failing(RecordingReader):
+        def read_pinned(self, fd, path, offset, out):
+            raise RuntimeError("a reader's own failure")
+
+    with weightstore.resolve(package) as r:
+        report = LoadReport()
+        session = weightstore.load(r, report=report, reader=Failing())
+    assert "was not verified: RuntimeError" in report.not_in_place
+    assert report.verified_bytes == report.live_bytes > 0
+    _run(session, package)
+
+
+def test_a_record_that_cannot_be_written_is_skipped_not_an_error(package, settled):
+    """A folder (or FIFO) where a user-cache record goes is refused by the output check,
+    as an OSError: the record is only a cache, so the load goes on without it."""
+    with weightstore.resolve(package) as r:
+        key = plans.plan_key(r, ("CPUExecutionProvider",))
+        (plans.RECORDS.folder / key).mkdir(parents=True)
+        report = LoadReport()
+        _run(weightstore.load(r, report=report), package)
+    assert plans.recorded(key) is None and report.verified_bytes == report.live_bytes

@@ -296,7 +296,7 @@ def test_a_full_disk_under_the_index_says_so_and_nothing_is_called_damaged(
     done = cli(*argv, "--store", str(root))
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1, (done.stdout, done.stderr)
-    assert f"the disk holding the store {root} is full" in lines[0], lines[0]
+    assert f"disk is full (the disk holding the store {root})" in lines[0], lines[0]
     assert "damaged" not in lines[0]
     repaired = cli("store", "verify", "--repair", "--store", str(root))
     assert "damaged" not in repaired.stdout + repaired.stderr

@@ -57,9 +57,11 @@ class PackageError(WeightstoreError, RuntimeError):
     """A package cannot be written, or its output folder holds something else."""
 
 
-class OutputError(WeightstoreError, ValueError):
+class OutputError(WeightstoreError, OSError):
     """An output path names what a write must not replace: a folder, a FIFO, a device or a
-    socket (a new path or a regular file is written by a rename)."""
+    socket (a new path or a regular file is written by a rename). An ``OSError`` too, as
+    the write it refuses would have failed: a cache that only ever skips a write it cannot
+    make skips this one the same way."""
 
 
 class ConversionError(WeightstoreError, ValueError):

@@ -205,11 +205,11 @@ def _record(folder: Path, digests: FileDigests) -> None:
 def _intact(folder: Path, digests: FileDigests) -> bool:
     """Is ``folder`` the artifact as pulled: its signed listing sound, every file there
     with its recorded SHA-256?"""
-    from ..io.files import parse_json, read_regular
+    from ..io.files import parse_json, read_record_bytes
     from ..store.mac import verify_mac
 
     try:
-        doc = parse_json(read_regular(_listing(folder)))
+        doc = parse_json(read_record_bytes(_listing(folder)))
         mac = doc.pop("mac")
         if doc.get("folder") != str(folder) or not verify_mac(doc, mac):
             return False

@@ -1,15 +1,19 @@
 """File identities: what proves a file unchanged since its bytes were hashed.
 
-A file's identity is its device, inode, size, mtime and ctime (nanoseconds). Any write
-changes the ctime, which users cannot set back, and a replacement changes the inode, so
-an unchanged identity means unchanged bytes, with one exception: timestamps are coarse
-(the kernel's clock tick), so two writes of the same size within one tick can leave the
-same identity. As git does for its index, a file whose mtime or ctime is less than
+A file's identity is its device, inode, size, mtime and ctime (nanoseconds). A write
+through ``write(2)`` changes the ctime, which users cannot set back, and a replacement
+changes the inode. Two things keep an identity while the bytes change: timestamps are
+coarse (the kernel's clock tick), so two writes of the same size within one tick can leave
+the same identity; and a write through a page already dirty in a shared mapping updates
+no timestamp at all. As git does for its index, a file whose mtime or ctime is less than
 :data:`RACY_SECONDS` old is not *settled*: facts about its bytes are not recorded against
-its identity, and it is hashed again next time.
+its identity, and it is hashed again next time. Nothing guards against the second.
 
-The caches that trust an identity in place of the bytes (source digests, verified
-package files, resolved models) all take it from here.
+So identity says that a file changed, never that its bytes did not, where it matters:
+the build's source-digest cache trusts it (as git and make do, to spare hashing a source
+that did not change), and a resolution record's key includes it; no load trusts it for
+the bytes it hands a runtime (:mod:`weightstore.load.pinned`), and the resolution record's
+key digests the model files and records themselves.
 """
 
 from __future__ import annotations

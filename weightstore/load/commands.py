@@ -80,7 +80,10 @@ def _read_inputs(np: Any, path: str) -> dict[str, Any]:
 
     not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
                "one per model input")
-    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+    # zipfile says RuntimeError for an encrypted member, NotImplementedError for a
+    # compression method it lacks
+    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError,
+               NotImplementedError)
     try:
         f = os.fdopen(open_regular(path), "rb")
     except OSError as exc:

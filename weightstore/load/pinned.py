@@ -117,7 +117,9 @@ class Verifier(threading.Thread):
                  reader: Reader | None = None) -> None:
         super().__init__(name="weightstore-verify", daemon=True)
         self.files, self.ranges, self.reader = files, ranges, reader
-        self.failed: str | None = None
+        # failed until every range is proven: whatever ends the thread early leaves the
+        # load unverified, never passed
+        self.failed: str | None = "the verification did not finish"
         self.read = 0
 
     def run(self) -> None:
@@ -129,7 +131,10 @@ class Verifier(threading.Thread):
                 self.failed = f"{r.file} at offset {r.offset} does not match {r.checksum}"
             except (OSError, ValueError, WeightstoreError) as exc:
                 self.failed = f"{r.file} at offset {r.offset} cannot be read: {exc}"
+            except Exception as exc:  # a reader's own error, no memory: not verified
+                self.failed = f"{r.file} at offset {r.offset} was not verified: {exc!r}"
             return
+        self.failed = None
 
     def _check(self, r: Range, buffer: memoryview) -> bool:
         algo, _, expected = r.checksum.partition(":")

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..catalogue.locations import resolve_location
-from ..errors import PackageError
+from ..errors import IntegrityError, PackageError
+from ..io.digests import split_key
 from ..io.files import parse_json, read_regular
 
 BUNDLE_NAME = "bundle.json"
@@ -118,11 +119,23 @@ def read_record(path: Path, files_root: Path | None = None) -> dict[str, Any]:
     for i, j, w in weights:
         check_weight(w, str(path), f"models[{i}].external_weights[{j}]",
                      what="bundle record")
+    for i, m in enumerate(record["models"]):
+        if "digest" in m and not _is_key(m["digest"]):
+            raise PackageError("malformed bundle record: a model's digest is no "
+                               "'algo:hex' key", file=str(path), key=f"models[{i}].digest")
     for name, _ in models:  # names stay inside their folders, whoever wrote the record
         resolve_location(path.parent, name, where=str(path))
     for name, _ in files:
         resolve_location(files_root or path.parent, name, where=str(path))
     return record
+
+
+def _is_key(value: Any) -> bool:
+    try:
+        split_key(value)
+    except (IntegrityError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def check_agreement(summary: Mapping[str, Any], device: str,

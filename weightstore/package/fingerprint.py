@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..errors import WeightstoreError
 from ..io.digests import digest_bytes, digest_file, make_key
-from ..io.files import atomic_write_bytes, parse_json, read_regular
+from ..io.files import atomic_write_bytes, parse_json, read_record_bytes
 from ..io.identity import settled
 from ..store.mac import entry_mac, verify_mac
 
@@ -140,7 +140,7 @@ def _load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
     if path is None:
         return {}
     try:
-        doc = parse_json(read_regular(path))
+        doc = parse_json(read_record_bytes(path))
         if doc.get("format_version") == CACHE_FORMAT_VERSION and isinstance(
                 doc.get("entries"), dict):
             return doc["entries"]

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..io.files import atomic_write_bytes, parse_json, read_regular
+from ..io.files import atomic_write_bytes, parse_json, read_record_bytes
 from ..store.location import user_cache_dir
 
 FORMAT_VERSION = 1
@@ -75,7 +75,7 @@ def load(registry: str, repository: str, digest: str, size: int) -> UploadSessio
     other bytes, too old: such a record is removed)."""
     path = record_path(registry, repository, digest)
     try:
-        doc = parse_json(read_regular(path))
+        doc = parse_json(read_record_bytes(path))
         session = UploadSession(**doc)
     except FileNotFoundError:
         return None

@@ -151,7 +151,7 @@ def keep(key: str, resolved: ResolvedModel) -> None:
         "package": None if src.package is None else str(src.package),
         "store_keys": src.store_keys, "device_scenario": src.device_scenario,
         "device_capabilities": src.device_capabilities, "in_store": src.in_store,
-        "stamp": src._stamp}}
+        "stamp": src._stamp, "digest": src.digest}}
     try:
         body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
@@ -177,7 +177,7 @@ def cached(key: str, locator: object) -> ResolvedModel | None:
         package=None if src["package"] is None else Path(src["package"]),
         store_keys=src["store_keys"], device_scenario=src["device_scenario"],
         device_capabilities=src["device_capabilities"], store=locator,
-        in_store=src["in_store"])
+        in_store=src["in_store"], digest=src.get("digest"))
     for name in ("capabilities", "constant_counts", "placement"):
         fields[name] = MappingProxyType(fields[name])
     return RecordedResolution.rebuilt(fields, analyses, source, key)

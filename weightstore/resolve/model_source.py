@@ -28,12 +28,16 @@ if TYPE_CHECKING:
     from ..catalogue.reader import Catalogue
 
 
-def _check_digest(fd: int, digest: str, path: Path) -> None:
+def _check_digest(digest: str, path: Path, *, fd: int | None = None,
+                  data: bytes | None = None) -> None:
+    """Refuse the model file whose bytes (``data``, the very bytes parsed, else read
+    through ``fd``) do not have ``digest``."""
     from ..errors import IntegrityError
-    from ..io.digests import digest_fd, split_key
+    from ..io.digests import digest_bytes, digest_fd, split_key
 
     algo, expected = split_key(digest)
-    actual = digest_fd(algo, fd, 0, os.fstat(fd).st_size, name=str(path))
+    actual = (digest_bytes(algo, data) if data is not None else
+              digest_fd(algo, fd, 0, os.fstat(fd).st_size, name=str(path)))  # type: ignore[arg-type]
     if actual != expected:
         raise IntegrityError("the model file does not match its digest in its package "
                              "record", file=str(path), expected=digest,
@@ -58,6 +62,9 @@ class ModelSource:
     device_capabilities: dict[str, Any] = field(default_factory=dict)
     store: Any = None  # a locator.StoreLocator, when a store is known
     in_store: bool = False  # opened from a store reference: no folder holds its weights
+    # what the model's package record gives its bytes (``"algo:hex"``): checked on the
+    # very bytes parsed, each time the file is opened (see :meth:`_parse`)
+    digest: str | None = None
     _fd: int | None = field(default=None, repr=False)
     _catalogue: Catalogue | None = field(default=None, repr=False)
     _metadata: onnx.ModelProto | None = field(default=None, repr=False)
@@ -74,10 +81,9 @@ class ModelSource:
         from ..catalogue.reader import open_model
         from ..catalogue.sites import name_attribute_tensors
 
-        source = cls(path, name, _fd=open_model(path) if fd is None else fd, **kwargs)
+        source = cls(path, name, _fd=open_model(path) if fd is None else fd, digest=digest,
+                     **kwargs)
         try:
-            if digest is not None:
-                _check_digest(source._fd, digest, path)  # type: ignore[arg-type]
             source._metadata = name_attribute_tensors(source._parse())
         except BaseException:
             source.close()
@@ -129,14 +135,19 @@ class ModelSource:
         if self._catalogue is None and self._fd is not None:
             st = os.fstat(self._fd)
             self._stamp, size = file_stamp(st), st.st_size
+            data = None
             if 0 < size <= WHOLE_PARSE_LIMIT:
                 try:
                     data = read_exact(self._fd, 0, size)
                 except (EOFError, OSError):
                     data = None  # the catalogue names the problem
-                model = None if data is None else parse_metadata(data, self.path)
-                if model is not None:
-                    return model
+            if self.digest is not None and size:
+                # the very bytes parsed; a large file is parsed through the catalogue,
+                # whose payloads are each verified against their own digest when read
+                _check_digest(self.digest, self.path, data=data, fd=self._fd)
+            model = None if data is None else parse_metadata(data, self.path)
+            if model is not None:
+                return model
         return metadata_model(self.catalogue)
 
     @classmethod

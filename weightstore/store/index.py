@@ -296,8 +296,8 @@ def index_failure(exc: BaseException, doing: str, index: Path, *,
     io_error = primary == SQLITE_IOERR or (isinstance(exc, OSError)
                                            and exc.errno in WRITE_ERRNOS)
     if primary == SQLITE_FULL or (io_error and disk_is_full(index.parent)):
-        return StoreError(f"cannot {doing} the store index: the disk holding the store "
-                          f"{index.parent} is full; free space and run it again (a full "
+        return StoreError(f"cannot {doing} the store index: disk is full (the disk holding "
+                          f"the store {index.parent}); free space and run it again (a full "
                           f"disk is no damage: the index is left as it was)", path=str(index))
     if damage and not (io_error or isinstance(exc, OSError) or primary in OS_FAILURES):
         return StoreError(f"the store index is damaged: {exc}", path=str(index))

@@ -67,22 +67,22 @@ def _key(path: Path) -> bytes | None:
     key = _read_key(path)
     if key is not None:
         return key
-    import tempfile  # only the first use creates the key
+    from ..io.files import locked_temp  # only the first use creates the key
 
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{KEY_NAME}.", suffix=".tmp", dir=path.parent)
+        # held until it is linked and removed: a sweep of the folder's dead temp files
+        # (the user cache folder is the default store) never takes it meanwhile
+        fd, tmp = locked_temp(path.parent, f".{KEY_NAME}.")
         try:
             os.write(fd, os.urandom(KEY_BYTES))  # mkstemp files are 0600
             os.fsync(fd)
-            os.close(fd)
-            fd = -1
             with contextlib.suppress(FileExistsError):  # a concurrent first use won
                 os.link(tmp, path)
         finally:
-            if fd >= 0:
-                os.close(fd)
-            os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            os.close(fd)
     return _read_key(path)
 
 
