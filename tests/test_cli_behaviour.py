@@ -383,8 +383,16 @@ def test_run_refuses_inputs_that_are_not_an_npz(tmp_path, capsys):
     compressed.write_bytes(bytes(data))
     zip_head = tmp_path / "zip_head.npz"  # a zip's magic, then nothing a zip holds
     zip_head.write_bytes(b"PK\x03\x04garbage")
+    encrypted = tmp_path / "encrypted.npz"  # a member flagged encrypted (zipfile: RuntimeError)
+    np.savez(encrypted, x=np.arange(4, dtype=np.float32))
+    data = bytearray(encrypted.read_bytes())
+    for header, flags in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local, central
+        at = data.find(header)
+        data[at + flags] |= 0x01
+    encrypted.write_bytes(bytes(data))
     for path, extra in ((junk, ""), (tmp_path / "one.npy", ""), (objects, ", member=x"),
-                        (compressed, ", member=x"), (zip_head, "")):
+                        (compressed, ", member=x"), (zip_head, ""),
+                        (encrypted, ", member=x")):
         assert main(["run", str(tmp_path / "nope"), "--inputs", str(path)]) == 2
         err = capsys.readouterr().err
         assert err == ("weightstore: error: cannot read the inputs: they must be a .npz "

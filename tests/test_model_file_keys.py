@@ -287,3 +287,16 @@ def test_scenario_replay_of_a_package_model_is_verified(split, tmp_path, capsys)
     (copy / "summary.json").write_text(json.dumps(summary))
     _one_line(replay, capsys, "no digest in its package record", lost["location"],
               str(lost["offset"]))
+
+
+@pytest.mark.parametrize("digest", [5, ["blake3:00"], "blake3:xyz", "md5:" + "0" * 32])
+def test_a_device_record_digest_that_is_no_key_is_refused(split, tmp_path, capsys, digest):
+    out = tmp_path / "npu"
+    assert main(["bundle", str(split), "npu", "--output", str(out)]) == 0
+    record = json.loads((out / "bundle.json").read_text())
+    record["models"][0]["digest"] = digest
+    (out / "bundle.json").write_text(json.dumps(record))
+    _one_line(["run", str(out), "--inputs", str(_inputs(tmp_path)[1])], capsys,
+              "malformed bundle record", "models[0].digest")
+    with pytest.raises(PackageError, match="malformed bundle record"):
+        weightstore.resolve(out)
