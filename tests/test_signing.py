@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import stat
 
@@ -327,3 +328,26 @@ def test_release_verify_names_what_is_no_release_file(signed, tmp_path, capsys, 
     assert not check.ok and any(p.startswith(f"{name}: ") for p in check.problems), \
         check.problems
     assert main(["release", "--verify", str(copy), "--key", public.text]) == 1
+
+
+def test_a_base64_key_in_the_environment_a_ci_secret_store_can_mask(key, monkeypatch, capsys):
+    """GitLab masks only values of one line from the base64 alphabet: the PEM, base64
+    encoded on one line, in $WEIGHTSTORE_SIGNING_KEY_B64, signs as the PEM does."""
+    path, public = key
+    os.chmod(path, 0o600)
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    assert re.fullmatch(r"[A-Za-z0-9+/=]{8,}", encoded)  # maskable
+    monkeypatch.delenv("WEIGHTSTORE_SIGNING_KEY", raising=False)
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY_B64", encoded)
+    assert load_private().public == public
+    assert main(["key", "public"]) == 0
+    assert capsys.readouterr().out.strip() == public.text
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY_B64", encoded[:-5] + "!!!!=")
+    with pytest.raises(SignatureError, match="not base64") as info:
+        load_private()
+    assert info.value.context["variable"] == "WEIGHTSTORE_SIGNING_KEY_B64"
+    # both set: which one signs would be a guess
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY_B64", encoded)
+    monkeypatch.setenv("WEIGHTSTORE_SIGNING_KEY", path.read_text())
+    with pytest.raises(SignatureError, match="set only one"):
+        load_private()

@@ -116,7 +116,7 @@ def _add_build(sub: Any) -> None:
                         "and of any other it lacks (default: $WEIGHTSTORE_CACHE_TO)")
     b.add_argument("--cache-key", metavar="FILE",
                    help="the Ed25519 private key cache entries are signed with (default: "
-                        "$WEIGHTSTORE_SIGNING_KEY)")
+                        "$WEIGHTSTORE_SIGNING_KEY or $WEIGHTSTORE_SIGNING_KEY_B64)")
 
 
 def _add_store(sub: Any) -> None:

@@ -6,10 +6,14 @@
 #
 # The job's environment (CI variables and secrets):
 #   WEIGHTSTORE_CACHE         the cache repository, host/name (read and written)
-#   WEIGHTSTORE_SIGNING_KEY   the Ed25519 private key (PEM) that signs cache entries and
-#                             the release provenance (a secret)
+#   WEIGHTSTORE_SIGNING_KEY_B64  the Ed25519 private key that signs cache entries and the
+#                             release provenance: its PEM base64 on one line (base64 -w0
+#                             ci.pem), a secret the CI masks (or the PEM itself in
+#                             WEIGHTSTORE_SIGNING_KEY, where the secret store keeps new lines)
 #   WEIGHTSTORE_TRUSTED_KEYS  the public keys (ed25519:<hex>) whose cache entries are used
 #   PUSH_REPOSITORY           where packages go: host/name, one tag per layout and version
+#                             (both repositories are lower-cased here: OCI refuses capitals,
+#                             which a GitHub owner or repository may have)
 #   WEIGHTSTORE_REGISTRY_USERNAME, WEIGHTSTORE_REGISTRY_PASSWORD: the registry's login
 # Each runner may start with an empty store: what another runner built is fetched, not
 # converted again.
@@ -18,6 +22,9 @@ set -euo pipefail
 recipe=${1:?usage: ci.sh RECIPE}
 : "${WEIGHTSTORE_CACHE:?set WEIGHTSTORE_CACHE to the cache repository}"
 : "${PUSH_REPOSITORY:?set PUSH_REPOSITORY to the repository packages are pushed to}"
+WEIGHTSTORE_CACHE=$(printf %s "$WEIGHTSTORE_CACHE" | tr '[:upper:]' '[:lower:]')
+PUSH_REPOSITORY=$(printf %s "$PUSH_REPOSITORY" | tr '[:upper:]' '[:lower:]')
+export WEIGHTSTORE_CACHE
 ws=${WEIGHTSTORE:-weightstore}
 # the release's archives carry the commit's time, so a rebuild of the commit is identical
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}

@@ -49,7 +49,7 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
     r.add_argument("--sign", nargs="?", const="", metavar="KEY",
                    help="also write release.intoto.jsonl: release.json in a DSSE envelope "
                         "signed with this Ed25519 private key file (without KEY: "
-                        "$WEIGHTSTORE_SIGNING_KEY)")
+                        "$WEIGHTSTORE_SIGNING_KEY or $WEIGHTSTORE_SIGNING_KEY_B64)")
     r.add_argument("--verify", action="store_true",
                    help="check the signed provenance of the release folder DIR: the "
                         "signature, every archive's SHA-256 and SHA256SUMS; exit 1 when "

@@ -16,7 +16,8 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("path", help="the private key file to create (refused if it exists)")
     p = ksub.add_parser("public", help="print the public key of a private key")
     p.add_argument("path", nargs="?", help="the private key file (default: "
-                                           "$WEIGHTSTORE_SIGNING_KEY)")
+                                           "$WEIGHTSTORE_SIGNING_KEY or "
+                                           "$WEIGHTSTORE_SIGNING_KEY_B64)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
 """Ed25519 keys: generated, read, written and trusted.
 
 A private key is a PKCS#8 PEM file, written 0600 by ``weightstore key generate``, or the
-same PEM text in ``$WEIGHTSTORE_SIGNING_KEY`` (a CI secret). A key file that others may
+same PEM text in ``$WEIGHTSTORE_SIGNING_KEY`` (a CI secret), or that PEM base64-encoded on
+one line in ``$WEIGHTSTORE_SIGNING_KEY_B64`` (``base64 -w0 ci.pem``: a value a CI secret
+store can mask, which GitLab refuses for text with newlines). A key file that others may
 read or write (any group or other permission bit) or that another user owns is refused.
 
 A public key is written ``ed25519:<64 hex digits>`` (the raw 32-byte key). Its key id is
@@ -35,6 +37,7 @@ from ..store.location import user_config_dir
 
 PUBLIC_PREFIX = "ed25519:"
 SIGNING_KEY_ENV = "WEIGHTSTORE_SIGNING_KEY"
+SIGNING_KEY_B64_ENV = "WEIGHTSTORE_SIGNING_KEY_B64"
 TRUSTED_KEYS_ENV = "WEIGHTSTORE_TRUSTED_KEYS"
 TRUSTED_KEYS_FILE = "trusted-keys"
 _PUBLIC = re.compile(r"ed25519:([0-9a-f]{64})")
@@ -128,17 +131,35 @@ def trusted_keys(env: dict[str, str] | None = None) -> list[PublicKey]:
 
 def load_private(path: str | os.PathLike[str] | None = None,
                  env: dict[str, str] | None = None) -> PrivateKey:
-    """The private key in the file at ``path``, else in ``$WEIGHTSTORE_SIGNING_KEY``."""
+    """The private key in the file at ``path``, else in ``$WEIGHTSTORE_SIGNING_KEY``
+    (the PEM) or ``$WEIGHTSTORE_SIGNING_KEY_B64`` (the PEM in base64), not both."""
     env = dict(os.environ) if env is None else env
     if path is None:
-        text = env.get(SIGNING_KEY_ENV)
-        if not text:
-            raise SignatureError("no signing key: pass a key file or set "
-                                 f"${SIGNING_KEY_ENV}")
-        return _private(text.encode(), variable=SIGNING_KEY_ENV)
+        return _private(*_key_from_env(env))
     path = Path(path)
     data = _owned_bytes(path, "the signing key file", others=0o077, chmod="chmod 600")
     return _private(data, file=str(path))
+
+
+def _key_from_env(env: dict[str, str]) -> tuple[bytes, str]:
+    """The PEM bytes the environment holds and the variable that holds them."""
+    pem, encoded = env.get(SIGNING_KEY_ENV), env.get(SIGNING_KEY_B64_ENV)
+    if pem and encoded:
+        raise SignatureError(f"set only one of ${SIGNING_KEY_ENV} and "
+                             f"${SIGNING_KEY_B64_ENV}")
+    if pem:
+        return pem.encode(), SIGNING_KEY_ENV
+    if not encoded:
+        raise SignatureError(f"no signing key: pass a key file or set ${SIGNING_KEY_ENV} "
+                             f"(or ${SIGNING_KEY_B64_ENV})")
+    import base64
+    import binascii
+
+    try:  # a secret store may keep a trailing new line or wrap the lines
+        return base64.b64decode("".join(encoded.split()), validate=True), SIGNING_KEY_B64_ENV
+    except (binascii.Error, ValueError):
+        raise SignatureError("the signing key is not base64 (base64 -w0 the PEM file)",
+                             variable=SIGNING_KEY_B64_ENV) from None
 
 
 def _owned_bytes(path: Path, what: str, *, others: int, chmod: str) -> bytes:
@@ -187,16 +208,18 @@ def _refuse_open_folders(path: Path, what: str) -> None:
                                  mode=oct(stat.S_IMODE(st.st_mode)))
 
 
-def _private(data: bytes, **where: str) -> PrivateKey:
+def _private(data: bytes, variable: str | None = None, **where: str) -> PrivateKey:
     ed25519 = _crypto()
     from cryptography.hazmat.primitives import serialization
 
     try:
         key = serialization.load_pem_private_key(data.strip() + b"\n", password=None)
     except (ValueError, TypeError) as exc:
-        raise SignatureError(f"not a PEM private key: {exc}", **where) from None
+        raise SignatureError(f"not a PEM private key: {exc}", variable=variable,
+                             **where) from None
     if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise SignatureError("the signing key is not an Ed25519 key", **where)
+        raise SignatureError("the signing key is not an Ed25519 key", variable=variable,
+                             **where)
     return PrivateKey(key)
 
 
