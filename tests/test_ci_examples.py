@@ -183,7 +183,7 @@ def test_the_install_line_builds_and_installs(tmp_path):
     the sign extra; pip builds that requirement (this checkout's committed tree at its
     commit standing in for the tag) into a wheel, which installs into a fresh venv whose
     ``weightstore`` runs the README's key example on a fresh home. Costs a wheel build
-    (about 10 s)."""
+    (about 4 s)."""
     from packaging.requirements import Requirement
 
     tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml (Python 3.11 on)")
