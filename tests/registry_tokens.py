@@ -1,6 +1,8 @@
 """A Bearer token service for the test registry (``auth: token``), as Harbor, GHCR or
 Docker Hub run one: Basic credentials in, an ES256-signed JWT out, whose certificate the
-registry trusts (``rootcertbundle``) and finds in the token's ``x5c`` header."""
+registry trusts (``rootcertbundle``) and finds in the token's ``x5c`` header. An identity
+token (``refresh_token``) is traded too, by docker's OAuth2 POST
+(``grant_type=refresh_token``)."""
 
 from __future__ import annotations
 
@@ -28,9 +30,11 @@ def _b64(data: bytes) -> str:
 
 
 class TokenService:
-    """Grants every requested action to ``user``/``password``; counts tokens issued."""
+    """Grants every requested action to ``user``/``password`` (or to ``refresh_token``);
+    counts tokens issued, and those issued for the refresh token."""
 
-    def __init__(self, folder: Path, user: str, password: str) -> None:
+    def __init__(self, folder: Path, user: str, password: str,
+                 refresh_token: str | None = None) -> None:
         self.key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "token-signer")])
         now = datetime.datetime.now(datetime.timezone.utc)
@@ -43,7 +47,9 @@ class TokenService:
         self.bundle = folder / "token-ca.pem"
         self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
         self.user, self.password = user, password
+        self.refresh_token = refresh_token
         self.issued = 0
+        self.refreshed = 0
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,7 +65,26 @@ class TokenService:
                     self.end_headers()
                     return
                 query = parse_qs(urlparse(self.path).query)
-                body = json.dumps({"token": service.token(query.get("scope", []))}).encode()
+                self.answer({"token": service.token(query.get("scope", []))})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                form = parse_qs(self.rfile.read(length).decode())
+                if (service.refresh_token is None
+                        or form.get("grant_type") != ["refresh_token"]
+                        or form.get("refresh_token") != [service.refresh_token]
+                        or form.get("service") != [SERVICE]):
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                scopes = " ".join(form.get("scope", [])).split()
+                service.refreshed += 1
+                self.answer({"access_token": service.token(scopes), "expires_in": 300,
+                             "refresh_token": service.refresh_token})
+
+            def answer(self, doc: dict) -> None:
+                body = json.dumps(doc).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

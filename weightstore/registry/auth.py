@@ -14,11 +14,12 @@ from __future__ import annotations
 import base64
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import RegistryAuthError
 from ..io.files import parse_json, read_regular
+from .credential_helpers import IDENTITY_TOKEN_USER, helper_get
 
 ENV_USER = "WEIGHTSTORE_REGISTRY_USERNAME"
 ENV_PASSWORD = "WEIGHTSTORE_REGISTRY_PASSWORD"
@@ -28,8 +29,12 @@ _PARAM = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))')
 
 @dataclass(frozen=True)
 class Credentials:
+    """A user and password, or an identity token (a refresh token for the token service);
+    neither secret is in the repr."""
+
     username: str
-    password: str
+    password: str = field(repr=False)
+    identity_token: str | None = field(default=None, repr=False)
 
     def basic(self) -> str:
         raw = f"{self.username}:{self.password}".encode()
@@ -69,7 +74,16 @@ def find_credentials(host: str) -> Credentials | None:
         return None
     except (OSError, ValueError) as exc:
         raise RegistryAuthError(f"unreadable Docker config: {exc}", file=str(path)) from None
-    auths = doc.get("auths") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return None
+    helpers = doc.get("credHelpers")
+    for name in (helpers.get(host) if isinstance(helpers, dict) else None,
+                 doc.get("credsStore")):
+        if isinstance(name, str) and name:
+            found = helper_get(name, host)
+            if found is not None:
+                return _credentials(*found)
+    auths = doc.get("auths")
     if not isinstance(auths, dict):
         return None
     for name in (host, f"https://{host}", f"http://{host}", f"https://{host}/v2/"):
@@ -79,7 +93,17 @@ def find_credentials(host: str) -> Credentials | None:
     return None
 
 
+def _credentials(user: str, secret: str) -> Credentials:
+    """A helper's answer: the username ``<token>`` marks an identity token."""
+    if user == IDENTITY_TOKEN_USER:
+        return Credentials("", "", identity_token=secret)
+    return Credentials(user, secret)
+
+
 def _entry_credentials(entry: dict, path: Path, host: str) -> Credentials | None:
+    token = entry.get("identitytoken")
+    if isinstance(token, str) and token:
+        return Credentials("", "", identity_token=token)
     if isinstance(entry.get("username"), str) and isinstance(entry.get("password"), str):
         return Credentials(entry["username"], entry["password"])
     encoded = entry.get("auth")

@@ -324,6 +324,10 @@ class RegistryClient:
         if challenge.scheme == "basic":
             if creds is None or (self._basic and sent is not None):
                 return False  # no credentials, or the ones we sent were refused
+            if creds.identity_token is not None:
+                raise RegistryAuthError("an identity token is traded only at a token "
+                                        "service; this registry asks for Basic auth",
+                                        host=self.host)
             self._basic = True
             return True
         if challenge.scheme != "bearer" or "realm" not in challenge.params:
@@ -336,17 +340,26 @@ class RegistryClient:
 
     def _fetch_token(self, challenge: Challenge, scope: str, reference: Any,
                      creds: Credentials | None) -> bool:
+        """A token for ``scope`` from the challenge's realm: a GET with Basic credentials
+        (or none), or, for an identity token, the OAuth2 POST
+        (``grant_type=refresh_token``) as docker sends it."""
         params = {"service": challenge.params.get("service", "")}
         params["scope"] = challenge.params.get("scope", scope)
-        headers = {"Authorization": creds.basic()} if creds else {}
         realm = challenge.params["realm"]
         if not allowed_url(realm, self.transport.insecure):  # credentials go there
             raise RegistryAuthError("token service on plain http outside loopback (or "
                                     "another scheme); refused", realm=realm[:200])
+        if creds is not None and creds.identity_token is not None:
+            form = {**params, "grant_type": "refresh_token", "client_id": "weightstore",
+                    "refresh_token": creds.identity_token}
+            request: dict[str, Any] = {"method": "POST", "data": form}
+        else:
+            request = {"method": "GET", "params": params,
+                       "headers": {"Authorization": creds.basic()} if creds else {}}
         try:
-            resp = self._session().get(realm, params=params, headers=headers, stream=True,
-                                       hooks=self._hooks,
-                                       timeout=timeouts(self.transport, self.ends))
+            resp = self._session().request(url=realm, **request, stream=True,
+                                           hooks=self._hooks,
+                                           timeout=timeouts(self.transport, self.ends))
             status = resp.status_code
             content = read_body(resp, MAX_DOCUMENT if status == 200 else MAX_ERROR_BODY,
                                 self.transport, strict=status == 200, ends=self.ends,

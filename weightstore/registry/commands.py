@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,11 @@ def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
                    help="seconds to wait for a registry answer, and the window over which "
                         "an answer's body must average 1 KiB/s (default 120)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--username", help="registry user; the password is read from stdin "
+                                      "(--password-stdin). Beats every other source of "
+                                      "credentials (docs/registry.md)")
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the password (or token) for --username from stdin")
 
 
 def add_parsers(sub: Any, jobs: Any, chunk: Any) -> None:
@@ -88,6 +94,23 @@ def _transport(args: argparse.Namespace) -> Transport:
     return transport if chunk is None else replace(transport, chunk_size=chunk)
 
 
+def _credentials(args: argparse.Namespace) -> Any:
+    """The ``--username`` / ``--password-stdin`` credentials, or None."""
+    if args.username is None and not args.password_stdin:
+        return None
+    if args.username is None or not args.password_stdin:
+        raise ValueError("--username and --password-stdin go together (a password is "
+                         "never taken on the command line)")
+    if not args.username or ":" in args.username:
+        raise ValueError("--username must be a non-empty name without ':'")
+    from .auth import Credentials
+
+    password = sys.stdin.read().removesuffix("\n").removesuffix("\r")
+    if not password:
+        raise ValueError("--password-stdin read no password from stdin")
+    return Credentials(args.username, password)
+
+
 def run_push(args: argparse.Namespace) -> int:
     from ..packaging.proof import proving_store
     from ..progress import requested
@@ -96,7 +119,8 @@ def run_push(args: argparse.Namespace) -> int:
 
     report = push(args.package, args.reference, store=WeightStore(proving_store(args.store)),
                   transport=_transport(args),
-                  jobs=args.jobs, mount_from=args.mount_from, progress=requested(args))
+                  jobs=args.jobs, mount_from=args.mount_from, progress=requested(args),
+                  credentials=_credentials(args))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:
@@ -114,7 +138,8 @@ def run_pull(args: argparse.Namespace) -> int:
 
     report = pull(args.reference, args.output, store=_store(args), transport=_transport(args),
                   jobs=args.jobs, device=args.device, scenario=args.scenario,
-                  force=args.force, progress=requested(args))
+                  force=args.force, progress=requested(args),
+                  credentials=_credentials(args))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:

@@ -56,6 +56,7 @@ from .artifact import (
     summary_assembly,
 )
 from .assemble import contents_algo, contents_check
+from .auth import Credentials
 from .client import MAX_DOCUMENT, RegistryClient, Transport
 from .reference import Reference, parse_reference
 
@@ -77,13 +78,15 @@ DEVICES = "devices"
 def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
          store: WeightStore, transport: Transport | None = None, jobs: int = 4,
          device: str | None = None, scenario: str | None = None,
-         force: bool = False, progress: bool | None = False) -> PullReport:
+         force: bool = False, progress: bool | None = False,
+         credentials: Credentials | None = None) -> PullReport:
     """Pull ``reference`` into ``output``; see the module docstring. ``progress``: a bar
-    over the payload bytes to fetch, with rate and ETA (None: only on a terminal)."""
+    over the payload bytes to fetch, with rate and ETA (None: only on a terminal).
+    ``credentials``: used instead of those :func:`.auth.find_credentials` finds."""
     if device is not None and scenario is not None:
         raise ValueError("give a device or a scenario, not both")
     ref = parse_reference(reference)
-    client = RegistryClient(ref.host, transport)
+    client = RegistryClient(ref.host, transport, credentials)
     data, _ = client.get_manifest(ref)
     manifest_digest = sha256_digest(data)
     if ref.digest and manifest_digest != ref.digest:

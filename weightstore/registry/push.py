@@ -42,6 +42,7 @@ from .artifact import (
     list_files,
     plan_package,
 )
+from .auth import Credentials
 from .client import CHUNK, RegistryClient, Transport
 from .reference import Reference, parse_reference
 
@@ -251,9 +252,11 @@ def _check_padding(folder: Path, plan: PackagePlan) -> None:
 
 def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
          transport: Transport | None = None, jobs: int = 4,
-         mount_from: Iterable[str] = (), progress: bool | None = False) -> PushReport:
+         mount_from: Iterable[str] = (), progress: bool | None = False,
+         credentials: Credentials | None = None) -> PushReport:
     """Push the package folder to ``reference``; see the module docstring. ``progress``:
-    a bar over the blob bytes with rate and ETA (None: only on a terminal)."""
+    a bar over the blob bytes with rate and ETA (None: only on a terminal).
+    ``credentials``: used instead of those :func:`.auth.find_credentials` finds."""
     from ..progress import Progress
 
     folder = Path(package)
@@ -282,7 +285,7 @@ def push(package: str | os.PathLike[str], reference: str, *, store: WeightStore,
     sources.setdefault(_digest(artifact.config), (len(artifact.config),
                                                   bytes_pieces(artifact.config)))
 
-    client = RegistryClient(ref.host, transport, push=True)
+    client = RegistryClient(ref.host, transport, credentials, push=True)
     client.ping()
     report = PushReport(reference=str(ref), manifest_digest=artifact.manifest_digest,
                         blobs=len(sources), blob_bytes=sum(s for s, _ in sources.values()),
