@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import http.client
 import sys
@@ -41,8 +42,10 @@ def send_head(handler: BaseHTTPRequestHandler, status: int, headers: list[tuple[
 
 def answer(handler: BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]],
            data: bytes) -> None:
-    """Send an answer."""
-    send_head(handler, status, headers, len(data))
+    """Send an answer (to a HEAD, the Content-Length the upstream gave, no body)."""
+    given = next((v for k, v in headers if k.lower() == "content-length"), None)
+    send_head(handler, status, headers,
+              int(given) if handler.command == "HEAD" and given else len(data))
     if handler.command != "HEAD":
         handler.wfile.write(data)
 
@@ -98,3 +101,21 @@ def misbehaving(upstream: str | None, intercept: Intercept) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Counter:
+    """An intercept for :func:`misbehaving` that forwards every request and records its
+    method and path."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, handler, body: bytes) -> bool:
+        with self.lock:
+            self.seen.append((handler.command, handler.path))
+        return False  # forwarded
+
+    def blob_gets(self) -> collections.Counter:
+        return collections.Counter(p.rsplit("/", 1)[1] for m, p in self.seen
+                                   if m == "GET" and "/blobs/sha256:" in p)

@@ -2,7 +2,8 @@
 
 Started on 127.0.0.1 with a free port and a temp storage folder from a short YAML config,
 ready once ``/v2/`` answers, stopped (or killed, then restarted on the same storage) by
-the test. Tests skip only when the binary is absent.
+the test; with ``proxy``, a pull-through cache of another registry (distribution's proxy
+mode). Tests skip only when the binary is absent.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class RegistryServer:
     """One registry process; ``host`` is ``127.0.0.1:<port>``."""
 
     def __init__(self, folder: Path, htpasswd: Path | None = None,
-                 auth: str = "") -> None:
+                 auth: str = "", proxy: str | None = None) -> None:
         self.folder = folder
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
@@ -50,7 +51,8 @@ class RegistryServer:
             "log:\n  level: error\n  accesslog:\n    disabled: true\n"
             f"storage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n"
             "  delete:\n    enabled: true\n"
-            f"http:\n  addr: 127.0.0.1:{self.port}\n" + auth)
+            f"http:\n  addr: 127.0.0.1:{self.port}\n" + auth
+            + (f"proxy:\n  remoteurl: {proxy}\n" if proxy else ""))
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 20.0) -> RegistryServer:
@@ -90,10 +92,12 @@ class RegistryServer:
 
 
 @contextlib.contextmanager
-def running_registry(folder: Path, htpasswd: Path | None = None, auth: str = ""):
-    """``auth``: an ``auth:`` section of the registry's config (e.g. a token service)."""
+def running_registry(folder: Path, htpasswd: Path | None = None, auth: str = "",
+                     proxy: str | None = None):
+    """``auth``: an ``auth:`` section of the registry's config (e.g. a token service);
+    ``proxy``: the URL of the registry this one is a pull-through cache of."""
     folder.mkdir(parents=True, exist_ok=True)
-    server = RegistryServer(folder, htpasswd, auth).start()
+    server = RegistryServer(folder, htpasswd, auth, proxy).start()
     try:
         yield server
     finally:

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.registry_proxy import Counter, misbehaving
 from tests.registry_server import needs_registry, running_registry
 from tests.release_helpers import make_checkout
 from weightstore.builder.remote_cache import RECORD_SUFFIX, _entry, _push_record, settings
@@ -84,6 +85,30 @@ def test_a_trusted_entry_is_fetched_byte_identical(runner_a, encoder_model, tmp_
     third = build(recipe, BuildOptions(jobs=2))
     assert third.packages[1].status == "built" and third.packages[1].cache is None
     assert _tree(third.packages[1].path) == _tree(built.packages[1].path)
+
+
+def test_cache_reads_go_through_the_registrys_mirror(runner_a, encoder_model, tmp_path,
+                                                     keys, registry, monkeypatch):
+    """A pull-through cache of the registry, named its mirror in registries.conf: runner
+    B's cache reads take the record and the blobs from it, byte-identical."""
+    repo, _, built = runner_a
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    asked = Counter()
+    with running_registry(tmp_path / "mirror", proxy=f"http://{registry.host}") as cache, \
+            misbehaving(cache.host, asked) as mirror:
+        conf = tmp_path / "registries.conf"
+        conf.write_text(f'[[registry]]\nlocation = "{registry.host}"\n'
+                        f'[[registry.mirror]]\nlocation = "{mirror}"\n')
+        monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(conf))
+        fetched = build(_runner_b(encoder_model, tmp_path),
+                        BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in fetched.packages] == [repo, repo]
+    for a, b in zip(built.packages, fetched.packages, strict=True):
+        assert _tree(a.path) == _tree(b.path)
+    manifests = [p for m, p in asked.seen if m == "GET" and "/manifests/" in p]
+    assert any(RECORD_SUFFIX in p for p in manifests)  # the signed record, by its tag
+    assert any("/manifests/sha256" in p for p in manifests)  # the package, by digest
+    assert len(asked.blob_gets()) > 2  # the record's layer and the packages' blobs
 
 
 def test_untrusted_tampered_or_absent_entries_are_misses(runner_a, encoder_model, tmp_path,

@@ -210,13 +210,13 @@ def _trusted_manifest(cache: CacheSettings, repository: str, fingerprint: str,
     """The package manifest's digest a trusted record signs, and the bytes read; None
     when the repository has no record of ``key``."""
     from ..errors import RegistryNotFoundError
-    from ..registry.client import RegistryClient
     from ..registry.fetch import blob_bytes
+    from ..registry.mirrors import reading_client
     from ..registry.reference import parse_reference
     from ..signing.dsse import open_envelope
 
     ref = parse_reference(_entry(repository, fingerprint, RECORD_SUFFIX))
-    client = RegistryClient(ref.host, _transport(lookup=True, deadline=cache.timeout))
+    client = reading_client(ref, _transport(lookup=True, deadline=cache.timeout))
     try:
         data, _ = client.get_manifest(ref, limit=MAX_RECORD)
     except RegistryNotFoundError:

@@ -484,6 +484,12 @@ class RegistryClient:
                           scope=self._scope(ref), ok={200, 206}, body=None, limit=None,
                           headers=headers, reference=ref, digest=digest, action="GET blob")
 
+    def blob_refused(self, digest: str) -> bool:
+        """The bytes :meth:`open_blob` last gave this thread for ``digest`` did not
+        match it: True when another source of the blob is left to try (a mirror's
+        client, :mod:`.mirrors`); the registry itself has none."""
+        return False
+
     def count_received(self, n: int) -> None:
         with self._lock:
             self.received_bytes += n

@@ -127,7 +127,9 @@ def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targ
     digest, size = desc["digest"], desc["size"]
     received = 0
     from_zero = not resume
-    for _ in range(STREAM_ATTEMPTS):
+    attempts = 0
+    while attempts < STREAM_ATTEMPTS:
+        attempts += 1
         hashers = _hashers(also)
         have = target.stat().st_size if not from_zero and target.exists() else 0
         resumed = have > 0
@@ -153,6 +155,9 @@ def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targ
             return received, hashers[-1].hexdigest() if also else None
         if resumed:  # the kept prefix was bad: once more, from 0, in the same file
             from_zero = True  # (a blob's partial file is its lock: never replaced)
+            continue
+        if client.blob_refused(digest):  # a mirror's bytes: from 0, from the next source
+            from_zero, attempts = True, attempts - 1  # (each source is refused once)
             continue
         target.unlink(missing_ok=True)
         raise RegistryDigestError("blob does not match its digest", digest=digest,

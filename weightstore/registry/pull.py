@@ -58,6 +58,7 @@ from .artifact import (
 from .assemble import contents_algo, contents_check
 from .auth import Credentials
 from .client import MAX_DOCUMENT, RegistryClient, Transport
+from .mirrors import reading_client
 from .reference import Reference, parse_reference
 
 if TYPE_CHECKING:  # onnx loads only when --device or --scenario resolves a graph
@@ -86,7 +87,7 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
     if device is not None and scenario is not None:
         raise ValueError("give a device or a scenario, not both")
     ref = parse_reference(reference)
-    client = RegistryClient(ref.host, transport, credentials)
+    client = reading_client(ref, transport, credentials)
     data, _ = client.get_manifest(ref)
     manifest_digest = sha256_digest(data)
     if ref.digest and manifest_digest != ref.digest:
