@@ -470,3 +470,93 @@ def test_a_package_relayed_by_another_client_assembles_back(registry, model, tmp
     _same_tree(generic, pulled)
     assert main(["assemble", str(pulled), "--output", str(tmp_path / "assembled")]) == 0
     _same_tree(Path(package.path), tmp_path / "assembled")
+
+
+# -- what is not a model package ----------------------------------------------------------
+
+IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _put_manifest(host: str, repo: str, tag: str, doc: dict, media: str) -> dict:
+    data = json.dumps(doc).encode()
+    resp = requests.put(f"http://{host}/v2/{repo}/manifests/{tag}", data=data,
+                        headers={"Content-Type": media}, timeout=10)
+    assert resp.status_code == 201, resp.text
+    return {"mediaType": media, "digest": _digest(data), "size": len(data)}
+
+
+def _image(host: str, repo: str, tag: str, *, docker: bool = False) -> dict:
+    """A container image: an image config and a gzipped tar layer (a root file system)."""
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    layer = _tar([("etc/hostname", None, b"box\n")], "gzip")
+    if docker:
+        kinds = ("application/vnd.docker.container.image.v1+json",
+                 "application/vnd.docker.image.rootfs.diff.tar.gzip", DOCKER_MANIFEST)
+    else:
+        kinds = (IMAGE_CONFIG, "application/vnd.oci.image.layer.v1.tar+gzip", MANIFEST_TYPE)
+    doc = {"schemaVersion": 2, "mediaType": kinds[2],
+           "config": {"mediaType": kinds[0], "digest": _put_blob(host, repo, config),
+                      "size": len(config)},
+           "layers": [{"mediaType": kinds[1], "digest": _put_blob(host, repo, layer),
+                       "size": len(layer)}]}
+    return _put_manifest(host, repo, tag, doc, kinds[2])
+
+
+def _not_models(host: str) -> dict[str, tuple[str, str]]:
+    """Each reference that is no model package, and what pull must call it."""
+    out = {}
+    image = _image(host, "other/image", "1")
+    out["oci-image"] = (f"{host}/other/image:1", "is a container image")
+    _image(host, "other/docker", "1", docker=True)
+    out["docker-image"] = (f"{host}/other/docker:1", "is a Docker container image")
+    arm = _image(host, "other/index", "arm")
+    amd = _image(host, "other/index", "amd")
+    platforms = [{**amd, "platform": {"architecture": "amd64", "os": "linux"}},
+                 {**arm, "platform": {"architecture": "arm64", "os": "linux",
+                                      "variant": "v8"}}]
+    _put_manifest(host, "other/index", "1", {"schemaVersion": 2, "mediaType": OCI_INDEX,
+                                              "manifests": platforms}, OCI_INDEX)
+    out["oci-index"] = (f"{host}/other/index:1",
+                        "is an OCI image index of 2 manifests (linux/amd64, linux/arm64/v8)")
+    d1 = _image(host, "other/list", "amd", docker=True)
+    _put_manifest(host, "other/list", "1", {"schemaVersion": 2, "mediaType": DOCKER_LIST,
+                                             "manifests": [{**d1, "platform": {
+                                                 "architecture": "amd64", "os": "linux"}}]},
+                  DOCKER_LIST)
+    out["docker-list"] = (f"{host}/other/list:1",
+                          "is a Docker manifest list of 1 manifest (linux/amd64)")
+    chart = json.dumps({"name": "web", "version": "1.2.3", "apiVersion": "v2"}).encode()
+    content = _tar([("web/Chart.yaml", None, b"name: web\nversion: 1.2.3\n")], "gzip")
+    doc = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE,
+           "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
+                      "digest": _put_blob(host, "other/chart", chart), "size": len(chart)},
+           "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
+                       "digest": _put_blob(host, "other/chart", content),
+                       "size": len(content)}],
+           "annotations": {"org.opencontainers.image.title": "web",  # as helm push writes
+                           "org.opencontainers.image.version": "1.2.3"}}
+    _put_manifest(host, "other/chart", "1.2.3", doc, MANIFEST_TYPE)
+    out["helm"] = (f"{host}/other/chart:1.2.3", "is a Helm chart (web 1.2.3)")
+    assert image["digest"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def not_models(registry) -> dict[str, tuple[str, str]]:
+    return _not_models(registry.host)
+
+
+@pytest.mark.parametrize("case", ["oci-image", "docker-image", "oci-index", "docker-list",
+                                  "helm"])
+def test_pulling_what_is_not_a_model_package_says_what_it_is(not_models, case, tmp_path,
+                                                             capsys) -> None:
+    ref, what = not_models[case]
+    code, err = _pull_cli(ref, tmp_path / "out", tmp_path / "store", capsys)
+    assert code == 2, err
+    assert err.startswith("weightstore: error: ") and "\n" not in err, err
+    assert f"{ref} {what}, not a model package" in err, err
+    assert not (tmp_path / "out").exists()

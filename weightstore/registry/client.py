@@ -41,6 +41,7 @@ from ..errors import (
 from ..io.files import parse_json
 from ..io.net import allowed_url, guard_redirects
 from .auth import Challenge, Credentials, find_credentials, parse_challenge
+from .kinds import ACCEPT
 from .reference import (
     Reference,
     base_url,
@@ -528,7 +529,7 @@ class RegistryClient:
         :data:`MAX_DOCUMENT`) is a :class:`RegistryError`."""
         resp = self.request("GET", manifest_url(ref, ref.target, self.transport.insecure),
                             scope=self._scope(ref), ok={200},
-                            headers={"Accept": MANIFEST_TYPE}, reference=ref,
+                            headers={"Accept": ACCEPT}, reference=ref,
                             action="GET manifest", limit=limit or MAX_DOCUMENT)
         with self._lock:
             self.received_bytes += len(resp.content)

@@ -88,11 +88,14 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
         raise ValueError("give a device or a scenario, not both")
     ref = parse_reference(reference)
     client = reading_client(ref, transport, credentials)
-    data, _ = client.get_manifest(ref)
+    data, media_type = client.get_manifest(ref)
     manifest_digest = sha256_digest(data)
     if ref.digest and manifest_digest != ref.digest:
         raise RegistryDigestError("manifest does not match its digest", digest=ref.digest,
                                   reference=str(ref))
+    from .kinds import refuse_other_kinds
+
+    refuse_other_kinds(data, media_type, str(ref))  # an image, an index, a Helm chart
     from .foreign import is_foreign, pull_foreign
 
     if is_foreign(data):  # not pushed by weightstore: a generic ModelPack or ORAS artifact
