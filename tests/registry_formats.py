@@ -1,6 +1,5 @@
 """Artifacts in the shapes other code reads and writes: weightstore's format 1 (the assembly
-record layer pushes wrote before format 2), and folders laid out from an OCI layout the
-way a generic client lays them out."""
+record layer pushes wrote before format 2)."""
 
 from __future__ import annotations
 
@@ -77,27 +76,3 @@ def push_format1(host: str, repository: str, tag: str, package: Path,
                            "org.weightstore.fingerprint": plan.fingerprint}}
     RegistryClient(host, push=True).put_manifest(ref, tag, canonical(doc))
     return str(ref), doc
-
-
-def lay_out_oci(layout: Path, out: Path) -> list[str]:
-    """Write the blobs of the one image an OCI image layout (``skopeo copy … oci:DIR``)
-    holds into ``out``, each at its ``org.cncf.model.filepath`` (else its title), as a
-    generic client lays an artifact out; the paths written."""
-    index = json.loads((layout / "index.json").read_text())
-    (entry,) = index["manifests"]
-
-    def blob(digest: str) -> Path:
-        algo, hex_ = digest.split(":")
-        return layout / "blobs" / algo / hex_
-
-    manifest = json.loads(blob(entry["digest"]).read_bytes())
-    written = []
-    for layer in manifest["layers"]:
-        notes = layer.get("annotations") or {}
-        name = notes.get(FILEPATH) or notes["org.opencontainers.image.title"]
-        target = out / name
-        assert out.resolve() in target.resolve().parents, name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(blob(layer["digest"]).read_bytes())
-        written.append(name)
-    return written

@@ -108,12 +108,21 @@ def test_the_folder_scan_sees_imports():
 
 
 def test_offline_assembly_reaches_no_registry():
-    """``weightstore assemble`` works offline on what a generic client pulled: its module
-    takes the artifact's naming (``registry.artifact``) and the package's assembly, never
-    the registry client, push or pull, nor onnx."""
-    names = _imports(PACKAGE / "registry" / "assemble.py")
-    registry = {n.rsplit(".", 1)[-1] for n in names if n.startswith("weightstore.registry.")}
-    assert registry == {"artifact"}
+    """``weightstore assemble`` works offline on what a generic client pulled, or on an
+    OCI image layout: its modules (and the registry modules they import, followed) take
+    the artifact's naming (``registry.artifact``), the OCI layout's reader, the foreign
+    planner and the manifest kinds, and the package's assembly, never the registry client,
+    push or pull, nor onnx."""
+    seen, todo = set(), ["assemble"]
+    names: set[str] = set()
+    while todo:
+        module = todo.pop()
+        seen.add(module)
+        found = _imports(PACKAGE / "registry" / f"{module}.py")
+        names |= found
+        todo += [n.rsplit(".", 1)[-1] for n in found if n.startswith("weightstore.registry.")
+                 and n.rsplit(".", 1)[-1] not in seen]
+    assert seen == {"assemble", "artifact", "oci_layout", "foreign_plan", "kinds"}
     assert "weightstore.package.assembly" in names
     assert not any(n == "onnx" or n.startswith(("onnx.", "requests")) for n in names)
 

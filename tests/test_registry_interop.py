@@ -26,7 +26,7 @@ from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
 from .helpers import empty_store, every_layout
-from .registry_formats import lay_out_oci, push_format1
+from .registry_formats import push_format1
 from .registry_server import needs_registry, running_registry
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 
@@ -139,14 +139,109 @@ def test_oras_pulls_the_package(built, layout, tmp_path) -> None:
     _check_generic(built, layout, tmp_path / "oras", tmp_path)
 
 
+def _skopeo(ref: str, target: Path) -> Path:
+    """``skopeo copy`` of ``ref`` into the OCI image layout ``target``."""
+    subprocess.run([SKOPEO, "--insecure-policy", "copy", "--quiet", "--src-tls-verify=false",
+                    f"docker://{ref}", f"oci:{target}"], check=True, capture_output=True,
+                   timeout=60)
+    return target
+
+
 @needs_skopeo
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_skopeo_copies_the_package(built, layout, tmp_path) -> None:
-    subprocess.run([SKOPEO, "--insecure-policy", "copy", "--quiet", "--src-tls-verify=false",
-                    f"docker://{built['refs'][layout]}", f"oci:{tmp_path / 'oci'}"],
-                   check=True, capture_output=True, timeout=60)
-    lay_out_oci(tmp_path / "oci", tmp_path / "skopeo")
-    _check_generic(built, layout, tmp_path / "skopeo", tmp_path)
+def test_assemble_takes_the_oci_layout_skopeo_writes(built, layout, tmp_path) -> None:
+    """``skopeo copy … oci:DIR`` (index.json, blobs/sha256), then ``assemble DIR``: the
+    package, byte for byte, with nothing laid out by hand."""
+    oci = _skopeo(built["refs"][layout], tmp_path / "oci")
+    assert sorted(os.listdir(oci)) == ["blobs", "index.json", "oci-layout"]
+    before = _tree(oci)
+    package = built["packages"][layout]
+    assert main(["assemble", str(oci), "--output", str(tmp_path / "pkg")]) == 0
+    assert _tree(tmp_path / "pkg") == _tree(package)
+    _runs_as(tmp_path / "pkg", package, built["model"])
+    assert main(["verify", str(tmp_path / "pkg")]) == 0
+    assert _tree(oci) == before  # the layout is only read
+    assert sorted(os.listdir(tmp_path)) == ["oci", "pkg"]  # no temp folder left
+    # in place: the layout becomes the package
+    assert main(["assemble", str(oci)]) == 0
+    assert _tree(oci) == _tree(package)
+    assert sorted(os.listdir(tmp_path)) == ["oci", "pkg"]
+
+
+def _blobs(oci: Path) -> dict[str, Path]:
+    """The layout's manifest and layer blobs, by role."""
+    index = json.loads((oci / "index.json").read_text())
+    path = oci / "blobs" / "sha256" / index["manifests"][0]["digest"].split(":")[1]
+    manifest = json.loads(path.read_bytes())
+    biggest = max(manifest["layers"], key=lambda x: x["size"])
+    return {"manifest": path,
+            "layer": oci / "blobs" / "sha256" / biggest["digest"].split(":")[1]}
+
+
+@needs_skopeo
+@pytest.mark.parametrize("flaw", ["layer-byte", "layer-missing", "manifest-byte",
+                                  "two-images", "layer-link"])
+def test_a_damaged_oci_layout_is_one_line(built, flaw, tmp_path, capsys) -> None:
+    oci = _skopeo(built["refs"]["split"], tmp_path / "oci")
+    blobs = _blobs(oci)
+    if flaw.endswith("-byte"):
+        blob = blobs[flaw.split("-")[0]]
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 1
+        blob.chmod(0o644)
+        blob.write_bytes(bytes(data))
+    elif flaw == "layer-missing":
+        blobs["layer"].unlink()
+    elif flaw == "layer-link":
+        target = tmp_path / "elsewhere"
+        shutil.copyfile(blobs["layer"], target)
+        blobs["layer"].unlink()
+        blobs["layer"].symlink_to(target)
+    else:
+        subprocess.run([SKOPEO, "--insecure-policy", "copy", "--quiet",
+                        "--src-tls-verify=false", f"docker://{built['refs']['combined']}",
+                        f"oci:{oci}:other"], check=True, capture_output=True, timeout=60)
+    before = _tree(oci)
+    capsys.readouterr()
+    for argv in (["assemble", str(oci), "--output", str(tmp_path / "pkg")],
+                 ["assemble", str(oci)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("weightstore: error: ") and "\n" not in err, err
+        want = {"layer-byte": "does not match its digest", "manifest-byte": "does not match",
+                "layer-missing": "blob of the OCI layout is missing",
+                "layer-link": "not a regular file",
+                "two-images": "holds 2 manifests"}[flaw]
+        assert want in err, err
+        assert _tree(oci) == before and not (tmp_path / "pkg").exists()
+        assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_an_oci_layout_of_a_container_image_says_so(tmp_path, capsys) -> None:
+    """A layout holding a container image (as ``skopeo copy docker://alpine oci:DIR``
+    writes it) is one line saying so."""
+    import hashlib
+
+    oci = tmp_path / "oci"
+    (oci / "blobs" / "sha256").mkdir(parents=True)
+
+    def blob(data: bytes, media: str) -> dict:
+        hex_ = hashlib.sha256(data).hexdigest()
+        (oci / "blobs" / "sha256" / hex_).write_bytes(data)
+        return {"mediaType": media, "digest": f"sha256:{hex_}", "size": len(data)}
+
+    config = blob(b'{"architecture":"amd64","os":"linux"}',
+                  "application/vnd.oci.image.config.v1+json")
+    layer = blob(b"not really a tar", "application/vnd.oci.image.layer.v1.tar+gzip")
+    manifest = blob(json.dumps({"schemaVersion": 2, "config": config, "layers": [layer],
+                                "mediaType": "application/vnd.oci.image.manifest.v1+json"}
+                               ).encode(), "application/vnd.oci.image.manifest.v1+json")
+    (oci / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (oci / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [manifest]}))
+    assert main(["assemble", str(oci)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"the OCI layout {oci} is a container image, not a model package" in err, err
+    assert "\n" not in err
 
 
 def test_assemble_in_place(built, tmp_path, capsys) -> None:

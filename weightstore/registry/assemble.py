@@ -1,8 +1,8 @@
 """``weightstore assemble DIR [--output OUT]``: the package, offline, from a folder a
 generic client pulled.
 
-A ModelPack or ORAS client (modelpack-client, oras-py, skopeo and a layout step) that
-pulls a weightstore artifact writes every layer at its file path
+A ModelPack or ORAS client (modelpack-client, oras-py) that pulls a weightstore artifact
+writes every layer at its file path
 (:mod:`.artifact`): the models, ``summary.json``, device records, every per-weight file,
 and for combined and split layouts each payload's own file ``payloads/weight_<hex>``.
 ``summary.json`` says where each payload sits in each weight file, so the package is
@@ -14,6 +14,10 @@ re-hashed against its key as it is read back, the result is checked against the 
 place in one rename (in place of DIR, without ``--output``). A payload is taken from its
 own file, else from a weight file of DIR that holds it (so a folder that already is the
 package assembles to itself).
+
+DIR may also be the OCI image layout skopeo writes (``skopeo copy … oci:DIR``: index.json
+and blobs/sha256): its files are first laid out beside it, as those clients lay them out,
+every blob checked against its sha256 (:mod:`.oci_layout`).
 """
 
 from __future__ import annotations
@@ -107,6 +111,23 @@ def assemble_folder(folder: str | os.PathLike[str], output: str | os.PathLike[st
                                folder=str(src), output=str(out))
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise PackageError("output folder is not empty", folder=str(out))
+    from .oci_layout import is_oci_layout, lay_out
+
+    if not is_oci_layout(src):
+        return _assemble(src, out, output is None, jobs)
+    files = make_temp_dir(src.parent, f".{src.name}.layout.")
+    try:
+        lay_out(src, files)
+        report = _assemble(files, out, output is None, jobs)
+    finally:
+        discard_temp_dir(files)
+    report.source = str(src)
+    return report
+
+
+def _assemble(src: Path, out: Path, replace: bool, jobs: int) -> AssembleReport:
+    """Assemble the package from the files in ``src`` into ``out`` (in place of it with
+    ``replace``)."""
     _, summary = read_summary_file(src)  # well formed, every path it names inside
     present = set(list_files(src))  # regular files only: a link is refused
     try:
@@ -137,7 +158,7 @@ def assemble_folder(folder: str | os.PathLike[str], output: str | os.PathLike[st
         if problem is not None:
             raise IntegrityError("the assembled package does not match its summary; "
                                  "nothing was written", folder=str(src), problem=problem)
-        publish_dir(stage, out, replace=output is None, over_empty=True)
+        publish_dir(stage, out, replace=replace, over_empty=True)
     except BaseException:
         discard_temp_dir(stage)
         raise

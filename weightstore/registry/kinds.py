@@ -27,8 +27,10 @@ ACCEPT = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
 IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
+# the layer annotations that name a file (ModelPack's and ORAS's), as in .foreign_plan;
+# not imported from there, so that the client (which takes ACCEPT) stays light
 FILE_NOTES = ("org.cncf.model.filepath", "org.opencontainers.image.title")
-TITLE, VERSION = "org.opencontainers.image.title", "org.opencontainers.image.version"
+TITLE, VERSION = FILE_NOTES[1], "org.opencontainers.image.version"
 
 
 def other_kind(manifest: bytes, media_type: str = "") -> str | None:
