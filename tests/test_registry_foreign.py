@@ -560,3 +560,16 @@ def test_pulling_what_is_not_a_model_package_says_what_it_is(not_models, case, t
     assert err.startswith("weightstore: error: ") and "\n" not in err, err
     assert f"{ref} {what}, not a model package" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_through_a_mirror_an_index_is_still_named(not_models, tmp_path, monkeypatch,
+                                                  capsys) -> None:
+    """With a mirror configured, the tag is resolved at the origin with the same Accept
+    header: an index is named as such, not "not found"."""
+    ref, what = not_models["oci-index"]
+    conf = tmp_path / "registries.conf"
+    conf.write_text(f'[[registry]]\nlocation = "{ref.split("/")[0]}"\n'
+                    '[[registry.mirror]]\nlocation = "127.0.0.1:9"\n')  # nothing listens
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(conf))
+    code, err = _pull_cli(ref, tmp_path / "out", tmp_path / "store", capsys)
+    assert code == 2 and f"{ref} {what}, not a model package" in err, err

@@ -41,7 +41,8 @@ from ..errors import RegistryError, RegistryUnreachableError
 from ..io.files import FileTooLargeError, read_regular
 from .artifact import sha256_digest
 from .auth import Credentials
-from .client import MANIFEST_TYPE, MAX_DOCUMENT, RegistryClient, Transport
+from .client import MAX_DOCUMENT, RegistryClient, Transport
+from .kinds import ACCEPT
 from .reference import Reference, manifest_url, parse_reference
 
 MAX_CONFIG = 1 << 20  # the largest registries.conf read
@@ -258,7 +259,7 @@ class MirroredClient(RegistryClient):
         names none, the origin's manifest itself."""
         head = self.request("HEAD", manifest_url(ref, ref.target, self.transport.insecure),
                             scope=self._scope(ref), ok={200},
-                            headers={"Accept": MANIFEST_TYPE}, reference=ref,
+                            headers={"Accept": ACCEPT}, reference=ref,
                             action="HEAD manifest")
         named = head.headers.get("Docker-Content-Digest", "")
         if _DIGEST.fullmatch(named):
