@@ -195,6 +195,11 @@ def test_the_install_line_builds_and_installs(tmp_path):
     assert requirement.name == project["name"] and requirement.extras == {"sign"}
     source = project["urls"]["Source"]
     assert requirement.url == f"git+{source}@v{project['version']}", requirement.url
+    # the README's CI snippets install it the same way, at the same tag
+    readme = (ROOT / "README.md").read_text()
+    snippets = re.findall(r'pip install "weightstore\[\w+\] @ ([^"]+)"', readme)
+    assert len(snippets) >= 2 and set(snippets) == {requirement.url}, snippets
+    assert "pip install 'weightstore[report]'" not in readme.split("## Reports in CI")[1][:800]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
                             capture_output=True, text=True).stdout.strip()
     local = f"{requirement.name}[sign] @ git+file://localhost{ROOT}@{commit}"
