@@ -180,7 +180,7 @@ def _blobs(oci: Path) -> dict[str, Path]:
 
 @needs_skopeo
 @pytest.mark.parametrize("flaw", ["layer-byte", "layer-missing", "manifest-byte",
-                                  "two-images", "layer-link"])
+                                  "two-images", "layer-link", "payloads-swapped"])
 def test_a_damaged_oci_layout_is_one_line(built, flaw, tmp_path, capsys) -> None:
     oci = _skopeo(built["refs"]["split"], tmp_path / "oci")
     blobs = _blobs(oci)
@@ -192,6 +192,20 @@ def test_a_damaged_oci_layout_is_one_line(built, flaw, tmp_path, capsys) -> None
         blob.write_bytes(bytes(data))
     elif flaw == "layer-missing":
         blobs["layer"].unlink()
+    elif flaw == "payloads-swapped":  # a manifest naming one payload's blob for another
+        import hashlib
+
+        manifest = json.loads(blobs["manifest"].read_bytes())
+        payloads = [x for x in manifest["layers"] if PAYLOAD in x["annotations"]]
+        first, second = payloads[0], payloads[1]
+        first["digest"], second["digest"] = second["digest"], first["digest"]
+        first["size"], second["size"] = second["size"], first["size"]
+        data = json.dumps(manifest).encode()
+        hex_ = hashlib.sha256(data).hexdigest()
+        (oci / "blobs" / "sha256" / hex_).write_bytes(data)
+        index = json.loads((oci / "index.json").read_text())
+        index["manifests"][0].update(digest=f"sha256:{hex_}", size=len(data))
+        (oci / "index.json").write_text(json.dumps(index))
     elif flaw == "layer-link":
         target = tmp_path / "elsewhere"
         shutil.copyfile(blobs["layer"], target)
@@ -211,37 +225,58 @@ def test_a_damaged_oci_layout_is_one_line(built, flaw, tmp_path, capsys) -> None
         want = {"layer-byte": "does not match its digest", "manifest-byte": "does not match",
                 "layer-missing": "blob of the OCI layout is missing",
                 "layer-link": "not a regular file",
-                "two-images": "holds 2 manifests"}[flaw]
+                "two-images": "holds 2 manifests",
+                "payloads-swapped": "does not match its key"}[flaw]
         assert want in err, err
+        assert ".oci.layout." not in err, err  # the layout is named, not a temp folder
         assert _tree(oci) == before and not (tmp_path / "pkg").exists()
         assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
-def test_an_oci_layout_of_a_container_image_says_so(tmp_path, capsys) -> None:
-    """A layout holding a container image (as ``skopeo copy docker://alpine oci:DIR``
-    writes it) is one line saying so."""
+def _hand_layout(oci: Path, config_type: str, layer: dict) -> None:
+    """An OCI image layout of one manifest: a config of ``config_type`` and one layer
+    (``data``, ``mediaType``, ``annotations``), written as skopeo writes one."""
     import hashlib
 
-    oci = tmp_path / "oci"
     (oci / "blobs" / "sha256").mkdir(parents=True)
 
-    def blob(data: bytes, media: str) -> dict:
+    def blob(data: bytes, media: str, **extra) -> dict:
         hex_ = hashlib.sha256(data).hexdigest()
         (oci / "blobs" / "sha256" / hex_).write_bytes(data)
-        return {"mediaType": media, "digest": f"sha256:{hex_}", "size": len(data)}
+        return {"mediaType": media, "digest": f"sha256:{hex_}", "size": len(data), **extra}
 
-    config = blob(b'{"architecture":"amd64","os":"linux"}',
-                  "application/vnd.oci.image.config.v1+json")
-    layer = blob(b"not really a tar", "application/vnd.oci.image.layer.v1.tar+gzip")
-    manifest = blob(json.dumps({"schemaVersion": 2, "config": config, "layers": [layer],
+    config = blob(b'{"architecture":"amd64","os":"linux"}', config_type)
+    layers = [blob(layer["data"], layer["mediaType"], **({"annotations": layer["notes"]}
+                                                         if layer.get("notes") else {}))]
+    manifest = blob(json.dumps({"schemaVersion": 2, "config": config, "layers": layers,
                                 "mediaType": "application/vnd.oci.image.manifest.v1+json"}
                                ).encode(), "application/vnd.oci.image.manifest.v1+json")
     (oci / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     (oci / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [manifest]}))
+
+
+@pytest.mark.parametrize("kind", ["container-image", "other-artifact"])
+def test_an_oci_layout_of_no_weightstore_package_says_so(tmp_path, kind, capsys) -> None:
+    """A layout holding a container image (as ``skopeo copy docker://alpine oci:DIR``
+    writes it), or another client's artifact with no summary.json, is one line saying
+    so and naming the layout."""
+    oci = tmp_path / "oci"
+    if kind == "container-image":
+        _hand_layout(oci, "application/vnd.oci.image.config.v1+json",
+                     {"data": b"not really a tar",
+                      "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"})
+        want = f"the OCI layout {oci} is a container image, not a model package"
+    else:
+        _hand_layout(oci, "application/vnd.unknown.config.v1+json",
+                     {"data": b"onnx bytes", "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                      "notes": {TITLE: "model.onnx"}})
+        want = "not a weightstore package: no summary.json among its layers"
+    before = _tree(oci)
     assert main(["assemble", str(oci)]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"the OCI layout {oci} is a container image, not a model package" in err, err
-    assert "\n" not in err
+    assert want in err and "\n" not in err, err
+    assert f"folder={oci})" in err or kind == "container-image", err
+    assert _tree(oci) == before and sorted(os.listdir(tmp_path)) == ["oci"]
 
 
 def test_assemble_in_place(built, tmp_path, capsys) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import IntegrityError, PackageError
+from ..errors import IntegrityError, PackageError, WeightstoreError
 from ..io.digests import ALGORITHMS, digest_file, digest_file_many, make_key, split_key
 from ..io.files import discard_temp_dir, make_temp_dir, name_path, publish_dir
 from ..package.assembly import WeightFile, contents_problem, summary_weight_files, write_files
@@ -119,6 +119,10 @@ def assemble_folder(folder: str | os.PathLike[str], output: str | os.PathLike[st
     try:
         lay_out(src, files)
         report = _assemble(files, out, output is None, jobs)
+    except WeightstoreError as exc:  # name the layout, not the folder laid out from it
+        exc.context = {k: v.replace(str(files), f"{src}[laid out]") if isinstance(v, str)
+                       else v for k, v in exc.context.items()}
+        raise
     finally:
         discard_temp_dir(files)
     report.source = str(src)

@@ -115,6 +115,9 @@ def lay_out(folder: Path, into: Path) -> int:
         context = {k: v for k, v in exc.context.items() if k != "reference"}
         raise PackageError(f"cannot assemble from this OCI layout: {message}",
                            folder=str(folder), **context) from None
+    if not any(x.path == "summary.json" for x in plan.layers):
+        raise PackageError("cannot assemble from this OCI layout: not a weightstore package: "
+                           "no summary.json among its layers", folder=str(folder))
     if plan.archives():
         raise PackageError("cannot assemble from this OCI layout: it holds tar layers "
                            "(weightstore pull unpacks them)", folder=str(folder),
