@@ -20,11 +20,17 @@ Figures (medians of ``--runs`` interleaved runs; the machine is shared, so they 
   pull (into an empty store), ``skopeo copy oci:DIR docker://...`` for a push (into a
   fresh registry). Target: pull <= 1.3x skopeo, push <= 1.0x skopeo. Skipped, with a
   message, where skopeo is not installed.
+- pulls through a pull-through cache (distribution's ``proxy`` mode, a second registry in
+  front of the origin) named the origin's mirror in ``registries.conf``, the separate
+  layout of the same package: what the origin served (requests, bytes, blob GETs, behind
+  a counting proxy) while 4 nodes pulled at once through a cold cache and during the warm
+  pulls; then the warm pull through the cache against the same pull from the origin and
+  against ``skopeo copy`` through the same cache with the same ``registries.conf``.
 
 Every run starts a fresh registry (its own storage folder) and a fresh local store, so
 nothing is skipped or mounted. Run as ``python bench/registry.py``; needs the
 ``docker-registry`` binary (Debian's CNCF distribution registry). ``--part peer`` runs only
-the comparison with skopeo (``throughput`` and ``bytes`` the other parts).
+the comparison with skopeo (``throughput``, ``bytes`` and ``mirror`` the other parts).
 """
 
 from __future__ import annotations
@@ -366,6 +372,128 @@ def peer_text(p: dict[str, Any], runs: int) -> list[str]:
     return lines
 
 
+MIRROR_CLIENTS = 4
+
+
+def _counting_front(upstream: str, log: list[tuple[str, str, int]]) -> Any:
+    """A proxy in front of ``upstream`` recording (method, path, body bytes answered) of
+    every request: what the origin served."""
+    from tests.registry_proxy import answer, forward, misbehaving
+
+    def intercept(handler: Any, body: bytes) -> bool:
+        status, headers, data = forward(handler, upstream, body)
+        answer(handler, status, headers, data)
+        log.append((handler.command, handler.path,
+                     0 if handler.command == "HEAD" else len(data)))
+        return True
+
+    return misbehaving(upstream, intercept)
+
+
+def _served(log: list[tuple[str, str, int]]) -> dict[str, Any]:
+    blobs = [(m, p, n) for m, p, n in log if "/blobs/" in p]
+    return {"requests": len(log), "bytes": sum(n for _, _, n in log),
+            "blob_gets": sum(1 for m, _, _ in blobs if m == "GET"),
+            "blob_bytes": sum(n for _, _, n in blobs),
+            "manifest_requests": sum(1 for _, p, _ in log if "/manifests/" in p)}
+
+
+def mirror_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
+    """Pulls through distribution's pull-through cache (a second registry with ``proxy:
+    {remoteurl: ...}``) named the origin's mirror in registries.conf: what the origin
+    serves for ``MIRROR_CLIENTS`` nodes pulling at once through a cold cache, then the
+    warm pull against the same pull from the origin and against skopeo through the same
+    cache with the same registries.conf."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = transformer_packages(workdir, size_mb)["separate"]
+    store = workdir / "mini-store"
+    names = ("mirror", "origin", "skopeo-mirror")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    served: list[dict[str, Any]] = []
+    payload = 0
+    for i in range(runs):
+        harness.log(f"mirror round {i + 1}/{runs}")
+        run_dir = workdir / "mirror-runs"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir()
+        origin = fresh_registry(workdir, "reg-origin")
+        log: list[tuple[str, str, int]] = []
+        try:
+            harness.run_process(_weightstore("push", str(folder), f"{origin.host}/bench/mini:1",
+                                             "--store", str(store)), workdir, "setup-push")
+            with _counting_front(origin.host, log) as front:
+                cache = RegistryServer(_fresh(workdir / "reg-cache"),
+                                       proxy=f"http://{front}").start()
+                try:
+                    conf = run_dir / "registries.conf"
+                    conf.write_text(f'[[registry]]\nlocation = "{front}"\n'
+                                    f'[[registry.mirror]]\nlocation = "{cache.host}"\n'
+                                    'insecure = true\n')
+                    (run_dir / "empty.conf").write_text("")
+                    through = {"CONTAINERS_REGISTRIES_CONF": str(conf)}
+                    ref = f"{front}/bench/mini:1"
+
+                    nodes = [_weightstore("pull", ref, str(run_dir / f"node{n}"), "--store",
+                                          str(run_dir / f"node{n}-store"))
+                             for n in range(MIRROR_CLIENTS)]
+                    with ThreadPoolExecutor(MIRROR_CLIENTS) as pool:
+                        for f in [pool.submit(harness.run_process, a, workdir, f"node{n}",
+                                              env=through) for n, a in enumerate(nodes)]:
+                            f.result()
+                    time.sleep(2)  # the cache stores what it streamed in the background
+                    served.append(_served(log))
+                    payload = sum(p.stat().st_size for p in (run_dir / "node0").rglob("*")
+                                  if p.is_file())
+                    runs_of = [
+                        ("mirror", _weightstore("pull", ref, str(run_dir / "warm"), "--store",
+                                                str(run_dir / "warm-store")), through),
+                        ("origin", _weightstore("pull", f"{origin.host}/bench/mini:1",
+                                                str(run_dir / "direct"), "--store",
+                                                str(run_dir / "direct-store")),
+                         {"CONTAINERS_REGISTRIES_CONF": str(run_dir / "empty.conf")}),
+                        ("skopeo-mirror",  # skopeo 1.9 reads no CONTAINERS_REGISTRIES_CONF
+                         [SKOPEO, "--registries-conf", str(conf), "copy", "-q",
+                          "--src-tls-verify=false", f"docker://{ref}", f"oci:{run_dir / 'oci'}"],
+                         through)]
+                    warm = served[-1]["warm"] = {}
+                    for name, argv, env in runs_of if i % 2 == 0 else runs_of[::-1]:
+                        log.clear()
+                        proc = harness.run_process(argv, workdir, name, env=env)
+                        times[name].append(proc.seconds)
+                        warm[name] = _served(log)
+                finally:
+                    cache.stop()
+        finally:
+            origin.stop()
+    med = {n: statistics.median(v) for n, v in times.items() if v}
+    return {"package_bytes": payload, "clients": MIRROR_CLIENTS, "origin_served": served,
+            "seconds": times, "median": med,
+            "mirror_vs_origin": med["mirror"] / med["origin"],
+            "mirror_vs_skopeo": med["mirror"] / med["skopeo-mirror"]}
+
+
+def _fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def mirror_text(m: dict[str, Any], runs: int) -> list[str]:
+    lines = [f"pull-through cache, {m['package_bytes'] / harness.MB:.0f} MB package, "
+             f"{runs} rounds, warm medians (s): " + ", ".join(
+                 f"{name} {value:.3f}" for name, value in m["median"].items())]
+    for i, s in enumerate(m["origin_served"]):
+        lines.append(f"  round {i + 1}: the origin served {m['clients']} nodes pulling at "
+                     f"once through a cold cache {s['requests']} requests, {s['bytes']} B "
+                     f"({s['blob_gets']} blob GETs, {s['blob_bytes']} B of blobs, "
+                     f"{s['manifest_requests']} manifest requests); warm, through the "
+                     "counting proxy: " + ", ".join(
+                         f"{name} {w['requests']} requests, {w['bytes']} B"
+                         for name, w in s["warm"].items()))
+    return lines
+
+
 def run(workdir: Path, size_mb: int, runs: int, as_json: bool, part: str = "all",
         peer_mb: int = 90) -> int:
     found: dict[str, Any] = {}
@@ -402,6 +530,17 @@ def run(workdir: Path, size_mb: int, runs: int, as_json: bool, part: str = "all"
             p = found["peer"] = peer_runs(workdir, peer_mb, runs)
             targets += peer_targets(p)
             text += peer_text(p, runs)
+    if part in ("all", "mirror"):
+        if SKOPEO is None:
+            harness.log("bench: skopeo is not installed: the pull-through cache part is "
+                        "skipped (Debian package 'skopeo')")
+        else:
+            m = found["mirror"] = mirror_runs(workdir, peer_mb, runs)
+            targets += [harness.Target("warm pull via cache / from origin",
+                                       m["mirror_vs_origin"], None),
+                        harness.Target("warm pull via cache / skopeo via cache",
+                                       m["mirror_vs_skopeo"], None)]
+            text += mirror_text(m, runs)
     if as_json:
         found["targets"] = [x.as_json() for x in targets]
         print(json.dumps(found, indent=2, sort_keys=True))
@@ -416,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-mb", type=int, default=90,
                         help="size of the transformer package compared with skopeo")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--part", choices=("all", "throughput", "bytes", "peer"),
+    parser.add_argument("--part", choices=("all", "throughput", "bytes", "peer", "mirror"),
                         default="all", help="which figures to measure (default all)")
     harness.add_common_arguments(parser, "the packages, stores and registries")
     args = parser.parse_args(argv)
