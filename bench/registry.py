@@ -479,6 +479,12 @@ def _fresh(folder: Path) -> Path:
     return folder
 
 
+def mirror_targets(m: dict[str, Any]) -> list[harness.Target]:
+    return [harness.Target("warm pull via cache / from origin", m["mirror_vs_origin"], None),
+            harness.Target("warm pull via cache / skopeo via cache", m["mirror_vs_skopeo"],
+                           None)]
+
+
 def mirror_text(m: dict[str, Any], runs: int) -> list[str]:
     lines = [f"pull-through cache, {m['package_bytes'] / harness.MB:.0f} MB package, "
              f"{runs} rounds, warm medians (s): " + ", ".join(
@@ -522,25 +528,20 @@ def run(workdir: Path, size_mb: int, runs: int, as_json: bool, part: str = "all"
         text.append(f"device pull: live {b['device_live_bytes']} B, fetched "
                     f"{b['device_fetched_bytes']} B; 1.0.0 -> 1.0.1 on the device fetched "
                     f"{b['device_update_fetched_bytes']} B")
-    if part in ("all", "peer"):
+    skopeo_parts = (("peer", "the comparison with skopeo", peer_runs, peer_targets,
+                     peer_text),
+                    ("mirror", "the pull-through cache part", mirror_runs, mirror_targets,
+                     mirror_text))
+    for name, what, measure, name_targets, describe in skopeo_parts:
+        if part not in ("all", name):
+            continue
         if SKOPEO is None:
-            harness.log("bench: skopeo is not installed: the comparison with skopeo is "
-                        "skipped (Debian package 'skopeo')")
-        else:
-            p = found["peer"] = peer_runs(workdir, peer_mb, runs)
-            targets += peer_targets(p)
-            text += peer_text(p, runs)
-    if part in ("all", "mirror"):
-        if SKOPEO is None:
-            harness.log("bench: skopeo is not installed: the pull-through cache part is "
-                        "skipped (Debian package 'skopeo')")
-        else:
-            m = found["mirror"] = mirror_runs(workdir, peer_mb, runs)
-            targets += [harness.Target("warm pull via cache / from origin",
-                                       m["mirror_vs_origin"], None),
-                        harness.Target("warm pull via cache / skopeo via cache",
-                                       m["mirror_vs_skopeo"], None)]
-            text += mirror_text(m, runs)
+            harness.log(f"bench: skopeo is not installed: {what} is skipped (Debian "
+                        "package 'skopeo')")
+            continue
+        figures = found[name] = measure(workdir, peer_mb, runs)
+        targets += name_targets(figures)
+        text += describe(figures, runs)
     if as_json:
         found["targets"] = [x.as_json() for x in targets]
         print(json.dumps(found, indent=2, sort_keys=True))
