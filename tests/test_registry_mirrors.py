@@ -20,7 +20,7 @@ from weightstore.store import WeightStore
 
 from .helpers import every_layout
 from .registry_proxy import Counter, answer, misbehaving
-from .registry_server import RegistryServer, needs_registry, running_registry
+from .registry_server import RegistryServer, free_port, needs_registry, running_registry
 from .samples import make_encoder
 
 
@@ -108,9 +108,16 @@ def fleet(tmp_path, monkeypatch):
                          f'[[registry.mirror]]\nlocation = "{mirror_front}"\ninsecure = true\n')
             monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(conf))
             yield {"origin": origin, "host": origin_front, "at_origin": at_origin,
-                   "at_mirror": at_mirror}
+                   "at_mirror": at_mirror, "mirror": mirror_front}
     finally:
         origin.stop()
+
+
+def _blob_digests(ref: str) -> set[str]:
+    """The digests of the config and layers of the manifest ``ref`` names."""
+    manifest = json.loads(RegistryClient(parse_reference(ref).host).get_manifest(
+        parse_reference(ref))[0])
+    return {manifest["config"]["digest"]} | {layer["digest"] for layer in manifest["layers"]}
 
 
 def _same_tree(a: Path, b: Path) -> None:
@@ -124,8 +131,7 @@ def test_pulls_through_a_pull_through_cache_and_the_origin_serves_each_blob_once
     ref = f"{fleet['host']}/fleet/enc:1"
     pushed = push(package["folder"], ref, store=package["store"])
     assert fleet["at_mirror"].seen == []  # a push goes to the origin only
-    manifest = json.loads(RegistryClient(fleet["host"]).get_manifest(parse_reference(ref))[0])
-    blobs = {manifest["config"]["digest"]} | {layer["digest"] for layer in manifest["layers"]}
+    blobs = _blob_digests(ref)
     fleet["at_origin"].seen.clear()
     for client in range(4):  # four nodes, one after another, each with its own store
         out = tmp_path / f"node{client}"
@@ -148,6 +154,29 @@ def test_pulls_through_a_pull_through_cache_and_the_origin_serves_each_blob_once
         report = pull(name, out, store=WeightStore(tmp_path / f"down-store{i}"))
         assert report.manifest_digest == pushed.manifest_digest
         _same_tree(package["folder"], out)
+
+
+@needs_registry
+def test_mirrors_are_tried_in_order_and_one_that_does_not_answer_is_passed_over(
+        package, fleet, tmp_path, monkeypatch) -> None:
+    """A mirror nothing listens on comes first: the pull goes on to the cache, the next
+    mirror, and takes every blob from it; the origin serves none of them."""
+    ref = f"{fleet['host']}/order/enc:1"
+    push(package["folder"], ref, store=package["store"])
+    conf = _conf(tmp_path / "ordered.conf",
+                 f'[[registry]]\nlocation = "{fleet["host"]}"\n'
+                 f'[[registry.mirror]]\nlocation = "127.0.0.1:{free_port()}"\n'
+                 f'[[registry.mirror]]\nlocation = "{fleet["mirror"]}"\n')
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(conf))
+    warm = pull(ref, tmp_path / "warm", store=WeightStore(tmp_path / "warm-store"))
+    fleet["at_origin"].seen.clear()
+    fleet["at_mirror"].seen.clear()
+    again = pull(ref, tmp_path / "again", store=WeightStore(tmp_path / "again-store"))
+    assert again.manifest_digest == warm.manifest_digest
+    _same_tree(package["folder"], tmp_path / "again")
+    assert fleet["at_origin"].blob_gets() == {}
+    blobs = _blob_digests(ref)
+    assert fleet["at_mirror"].blob_gets() == dict.fromkeys(blobs, 1)
 
 
 @needs_registry
