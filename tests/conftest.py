@@ -19,10 +19,13 @@ SaveModel = Callable[..., Path]
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point ``WEIGHTSTORE_DIR`` (and the XDG cache) at a fresh temporary folder."""
+    """Point ``WEIGHTSTORE_DIR``, the XDG cache and ``WEIGHTSTORE_CERTS_D`` at a fresh
+    temporary folder."""
     root = tmp_path_factory.mktemp("env")
     monkeypatch.setenv("WEIGHTSTORE_DIR", str(root / "store"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+    # registries' TLS folders (CAs, client certificates): none but a test's own
+    monkeypatch.setenv("WEIGHTSTORE_CERTS_D", str(root / "certs.d"))
     return root
 
 

@@ -55,7 +55,8 @@ def served(encoder_model, tmp_path):
     try:
         digest = hashlib.sha256((root / "encoder.onnx").read_bytes()).hexdigest()
         yield {"url": f"http://127.0.0.1:{server.server_address[1]}/encoder.onnx",
-               "sha256": digest, "requests": requests, "file": root / "encoder.onnx"}
+               "sha256": digest, "requests": requests, "file": root / "encoder.onnx",
+               "server": server}
     finally:
         server.shutdown()
         thread.join()
@@ -408,3 +409,34 @@ def test_a_ref_whose_registry_never_answers_fails_within_the_deadline(tmp_path, 
     assert err.startswith("weightstore: error: cannot fetch the source: registry")
     assert "model=encoder" in err and "timeout=2.0" in err and "\n" not in err, err
     assert list((tmp_path / "p" / "store" / "sources").iterdir()) == []
+
+
+def test_a_https_source_is_verified_with_the_tls_a_registry_gets(served, tmp_path, capsys,
+                                                                 monkeypatch):
+    """A url source over HTTPS from a private CA: refused by the system's trust (one
+    line), fetched once its host's certs.d folder holds the CA (docs/registry.md, TLS)."""
+    import os
+    import ssl
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    from .tls_certs import make_certs
+
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    certs = make_certs(tmp_path / "certs")
+    host = urlsplit(served["url"]).netloc
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certs.server)
+    server = served["server"]
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    url = served["url"].replace("http://", "https://")
+    recipe = _recipe(tmp_path / "p", f"{{url: {url}, sha256: '{served['sha256']}'}}")
+    assert main(["build", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot fetch the source: SSLError" in err
+    folder = Path(os.environ["WEIGHTSTORE_CERTS_D"]) / host
+    folder.mkdir(parents=True)
+    shutil.copy(certs.ca, folder / "ca.crt")
+    assert main(["build", str(recipe)]) == 0
+    assert served["requests"] == ["/encoder.onnx"]

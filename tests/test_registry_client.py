@@ -37,11 +37,13 @@ def test_references_parse_and_refuse() -> None:
             parse_reference(bad)
 
 
-def test_tls_unless_loopback_or_insecure() -> None:
+def test_tls_unless_insecure() -> None:
+    """TLS first for every registry, loopback ones too (the client falls back to plain
+    HTTP for a loopback one that speaks it: tests/test_registry_tls.py)."""
     assert scheme_for("registry.example.com", False) == "https"
     assert scheme_for("registry.example.com", True) == "http"
     for host in ("127.0.0.1:5000", "localhost:5000", "[::1]:5000"):
-        assert scheme_for(host, False) == "http"
+        assert scheme_for(host, False) == "https"
 
 
 def test_error_codes_map_to_typed_errors() -> None:

@@ -101,6 +101,11 @@ class RegistryUnreachableError(RegistryError, ConnectionError):
     """The registry could not be reached, or kept failing (429/5xx) after every retry."""
 
 
+class RegistryTLSError(RegistryUnreachableError):
+    """TLS with the registry failed: a certificate not trusted or not for its name, a
+    client certificate refused or unusable. Never retried."""
+
+
 class RegistryDigestError(RegistryError, ValueError):
     """Bytes from (or for) the registry do not hash to the digest that names them."""
 

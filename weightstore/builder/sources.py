@@ -113,6 +113,7 @@ def _download(name: str, pin: PinnedSource, path: Path) -> None:
 
     import requests
 
+    from ..io import tls
     from ..io.files import atomic_writer
     from ..io.net import guard_redirects
     from ..registry.client import body_pieces, timeouts
@@ -125,8 +126,9 @@ def _download(name: str, pin: PinnedSource, path: Path) -> None:
         return RecipeError("the source redirects to plain http outside loopback (or to "
                            "another scheme); refused", **where, location=target)
 
-    session = requests.Session()
-    session.trust_env = not _loopback_url(pin.url)
+    # the TLS a registry gets (trust, the host's certs.d folder); no proxy for loopback
+    session = tls.session(urlsplit(pin.url).netloc.rpartition("@")[2], RecipeError,
+                          proxies=not _loopback_url(pin.url))
     try:
         with session, session.get(pin.url, stream=True, timeout=timeouts(t, ends),
                                   hooks={"response": guard_redirects(refused)}) as resp, \

@@ -18,6 +18,12 @@ needed), so a server that never stops sending cannot fill the memory. One
 settings. Every hop of a redirect is checked before it is followed (TLS, plain HTTP only
 to a loopback host or with ``--insecure``), and a client may be given a deadline for all
 its requests together (:attr:`Transport.deadline`).
+
+TLS (:mod:`weightstore.io.tls`: the trust, a registry's ``certs.d`` CAs and client
+certificate) is spoken to every registry, loopback ones included; a loopback registry
+that turns out to speak plain HTTP is spoken to in plain HTTP from then on, decided once
+per host and process (:func:`.scheme.plain_fallback`). A certificate that does not verify is a
+:class:`RegistryTLSError`, never retried and never a reason to fall back.
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ from ..errors import (
     RegistryAuthError,
     RegistryDigestError,
     RegistryError,
+    RegistryTLSError,
     RegistryUnreachableError,
 )
+from ..io import tls
 from ..io.files import parse_json
 from ..io.net import allowed_url, guard_redirects
 from .auth import Challenge, Credentials, find_credentials, parse_challenge
@@ -52,6 +60,7 @@ from .reference import (
     with_query,
 )
 from .responses import RETRYABLE, error_for
+from .scheme import decided_url, plain_fallback, tls_error, tls_failure
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CHUNK = 1 << 20  # bytes per write to the socket
@@ -220,8 +229,9 @@ class RegistryClient:
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = requests.Session()
-            session.trust_env = not is_loopback(self.host)  # no proxy for loopback
+            # no proxy for loopback
+            session = tls.session(self.host, RegistryTLSError,
+                                  proxies=not is_loopback(self.host))
             self._local.session = session
         return session
 
@@ -268,6 +278,7 @@ class RegistryClient:
             late = past_deadline(self.ends, host=self.host, **where)
             if late is not None:
                 raise late
+            url = decided_url(url)
             send = dict(headers or {})
             auth = self._auth_header(scope)
             if auth:
@@ -286,6 +297,14 @@ class RegistryClient:
                 raise RegistryError("registry redirects without end", host=self.host,
                                     **where) from None
             except BROKEN as exc:
+                failure = tls_failure(exc)
+                if failure is not None:
+                    plain = plain_fallback(url, failure, self._session(),
+                                           timeouts(t, self.ends))
+                    if plain is None:
+                        raise tls_error(failure, host=self.host, **where) from None
+                    url = plain
+                    continue
                 attempt += 1
                 if attempt >= t.attempts:
                     raise RegistryUnreachableError(
@@ -368,7 +387,10 @@ class RegistryClient:
         except requests.TooManyRedirects:
             raise RegistryAuthError("token service redirects without end",
                                     realm=realm) from None
-        except BROKEN:
+        except BROKEN as exc:
+            failure = tls_failure(exc)
+            if failure is not None:
+                raise tls_error(failure, realm=realm[:200]) from None
             raise RegistryUnreachableError("token service unreachable", realm=realm) from None
         if status != 200:
             raise RegistryAuthError("authentication refused by the token service",

@@ -33,7 +33,8 @@ def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
     p.add_argument("--store", help=STORE_HELP)
     p.add_argument("--jobs", type=jobs, default=4, help="blobs in flight (default 4)")
     p.add_argument("--insecure", action="store_true",
-                   help="plain HTTP to a registry that is not on loopback (TLS otherwise)")
+                   help="plain HTTP, to any registry (TLS otherwise; a loopback registry "
+                        "that speaks only plain HTTP is found without it)")
     p.add_argument("--timeout", type=_seconds, default=120.0,
                    help="seconds to wait for a registry answer, and the window over which "
                         "an answer's body must average 1 KiB/s (default 120)")

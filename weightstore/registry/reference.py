@@ -88,8 +88,9 @@ def is_loopback(host: str) -> bool:
 
 
 def scheme_for(host: str, insecure: bool) -> str:
-    """TLS always, except for loopback registries or when the user says ``--insecure``."""
-    return "http" if insecure or is_loopback(host) else "https"
+    """TLS always (loopback registries too: the client falls back to plain HTTP for one
+    that speaks it), except when the user says ``--insecure``: then plain HTTP."""
+    return "http" if insecure else "https"
 
 
 def base_url(host: str, insecure: bool = False) -> str:
