@@ -219,3 +219,27 @@ def test_a_malformed_registries_conf_stops_a_pull_in_one_line(tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "registries.conf does not parse" in err[0] and str(conf) in err[0]
     assert not (tmp_path / "out").exists()
+
+
+@needs_registry
+def test_an_origin_that_answers_no_head_resolves_the_tag_by_its_get(package, tmp_path,
+                                                                  monkeypatch) -> None:
+    """Some registries refuse a manifest's HEAD (405): the tag is then read from the
+    origin's GET, and the pull goes on (here to the origin: the only mirror is down)."""
+    with running_registry(tmp_path / "origin") as origin:
+        def no_head(handler, body: bytes) -> bool:
+            if handler.command == "HEAD" and "/manifests/" in handler.path:
+                answer(handler, 405, [("Content-Type", "application/json")],
+                       b'{"errors": [{"code": "UNSUPPORTED", "message": "no HEAD"}]}')
+                return True
+            return False
+
+        with misbehaving(origin.host, no_head) as front:
+            ref = f"{front}/nohead/enc:1"
+            pushed = push(package["folder"], ref, store=package["store"])
+            _conf(tmp_path / "registries.conf", f'[[registry]]\nlocation = "{front}"\n'
+                  f'[[registry.mirror]]\nlocation = "127.0.0.1:{free_port()}"\n')
+            monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(tmp_path / "registries.conf"))
+            report = pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "store"))
+    assert report.manifest_digest == pushed.manifest_digest
+    _same_tree(package["folder"], tmp_path / "out")

@@ -37,7 +37,12 @@ from typing import Any
 
 import requests
 
-from ..errors import RegistryError, RegistryUnreachableError
+from ..errors import (
+    RegistryAuthError,
+    RegistryError,
+    RegistryNotFoundError,
+    RegistryUnreachableError,
+)
 from ..io.files import FileTooLargeError, read_regular
 from .artifact import sha256_digest
 from .auth import Credentials
@@ -256,12 +261,17 @@ class MirroredClient(RegistryClient):
     def _resolve_at_origin(self, ref: Reference, limit: int | None,
                            ) -> tuple[str, tuple[bytes, str] | None]:
         """The digest the origin gives ``ref``'s tag (a ``HEAD``), and, when its answer
-        names none, the origin's manifest itself."""
-        head = self.request("HEAD", manifest_url(ref, ref.target, self.transport.insecure),
-                            scope=self._scope(ref), ok={200},
-                            headers={"Accept": ACCEPT}, reference=ref,
-                            action="HEAD manifest")
-        named = head.headers.get("Docker-Content-Digest", "")
+        names none (or it answers no ``HEAD``), the origin's manifest itself."""
+        try:
+            head = self.request("HEAD", manifest_url(ref, ref.target, self.transport.insecure),
+                                scope=self._scope(ref), ok={200},
+                                headers={"Accept": ACCEPT}, reference=ref,
+                                action="HEAD manifest")
+            named = head.headers.get("Docker-Content-Digest", "")
+        except (RegistryUnreachableError, RegistryNotFoundError, RegistryAuthError):
+            raise
+        except RegistryError:  # a registry that refuses a HEAD: its GET says
+            named = ""
         if _DIGEST.fullmatch(named):
             return named, None
         found = super().get_manifest(ref, limit or MAX_DOCUMENT)
