@@ -204,3 +204,26 @@ def test_loopback_is_https_first_then_plain_http_once(tmp_path, tls_registry, ce
         connections.clear()
         RegistryClient(plain.host, _fast()).ping()
         assert len(connections) == 1  # no TLS attempt, no probe
+
+
+@pytest.mark.parametrize("problem", ["not a certificate", "key without cert",
+                                     "missing bundle"])
+def test_unusable_tls_files_are_one_line_naming_the_file(tmp_path, certs, monkeypatch,
+                                                         capsys, problem) -> None:
+    """Refused before anything connects (nothing listens there)."""
+    from .registry_server import free_port
+
+    host = f"127.0.0.1:{free_port()}"
+    folder = _certs_d(host)
+    if problem == "not a certificate":
+        (folder / "ca.crt").write_text("not a certificate\n")
+        named, says = folder / "ca.crt", "unusable CA certificate"
+    elif problem == "key without cert":
+        shutil.copy(certs.client[1], folder / "client.key")
+        named, says = folder / "client.key", "a client key without its certificate"
+    else:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "absent.pem"))
+        named, says = tmp_path / "absent.pem", "unusable CA bundle"
+    assert main(["pull", f"{host}/team/pk:1", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and f"file={named}" in err
