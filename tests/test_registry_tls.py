@@ -227,3 +227,19 @@ def test_unusable_tls_files_are_one_line_naming_the_file(tmp_path, certs, monkey
     assert main(["pull", f"{host}/team/pk:1", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err and f"file={named}" in err
+
+
+def test_only_a_failure_to_connect_is_a_tls_failure() -> None:
+    """A TLS record broken mid-body is a transfer broken off (retried, resumed), not a
+    TLS error; a connection's TLS error is, unless the connection just dropped."""
+    import ssl
+
+    import requests
+    from urllib3.exceptions import ProtocolError
+
+    bad_record = ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]")
+    mid_body = requests.exceptions.ChunkedEncodingError(ProtocolError("broken", bad_record))
+    assert scheme.tls_failure(mid_body) is None
+    assert scheme.tls_failure(requests.exceptions.SSLError(bad_record)) is bad_record
+    dropped = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+    assert scheme.tls_failure(requests.exceptions.SSLError(dropped)) is None

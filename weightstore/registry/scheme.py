@@ -26,9 +26,12 @@ _PLAIN_LOCK = threading.Lock()
 
 
 def tls_failure(exc: BaseException) -> ssl.SSLError | None:
-    """The TLS error behind a ``requests`` failure when it is one that trying again cannot
-    mend (a certificate refused, an alert from the server, bytes that are no TLS); None
-    for anything else, a connection dropped mid-handshake included."""
+    """The TLS error behind a ``requests`` failure to connect when it is one that trying
+    again cannot mend (a certificate refused, an alert from the server, bytes that are no
+    TLS); None for anything else, a connection dropped mid-handshake and a body broken
+    off mid-transfer included (both retried)."""
+    if not isinstance(exc, requests.exceptions.SSLError):
+        return None
     seen: set[int] = set()
     todo: list[Any] = [exc]
     while todo:
