@@ -14,13 +14,13 @@ exit status and, on failure, the first line of its stderr.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 
 from ..errors import RegistryAuthError
+from ..io.files import parse_json
 
 HELPER_TIMEOUT = 30.0  # seconds a credential helper may take to answer before it is killed
 PREFIX = "docker-credential-"
@@ -76,7 +76,7 @@ def _first_line(err: bytes) -> str | None:
 
 def _parse_answer(out: bytes, program: str, server: str) -> tuple[str, str] | None:
     try:
-        doc = json.loads(out)
+        doc = parse_json(out)
         user, secret = doc["Username"], doc["Secret"]
         if not isinstance(user, str) or not isinstance(secret, str):
             raise TypeError
