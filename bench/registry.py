@@ -15,7 +15,8 @@ Figures (medians of ``--runs`` interleaved runs; the machine is shared, so they 
   Target = 1.00.
 - whole-process ``weightstore pull`` and ``weightstore push`` of a MiniLM-sized package
   (a generated transformer export: 6 layers of hidden 384, the embedding table filling it
-  to ``--peer-mb``, about 100 weights), separate and combined layouts, against skopeo
+  to ``--peer-mb``, about 100 weights; under 40 MB, one layer of hidden 128, about 20
+  weights, where start-up dominates), separate and combined layouts, against skopeo
   copying the same artifact in the same round: ``skopeo copy docker://... oci:DIR`` for a
   pull (into an empty store), ``skopeo copy oci:DIR docker://...`` for a push (into a
   fresh registry). Target: pull <= 1.3x skopeo, push <= 1.0x skopeo. Skipped, with a
@@ -244,19 +245,24 @@ output: {out}
 """
 
 
+SMALL_MB = 40  # a package under this many MB is a small one (see transformer_packages)
+
+
 def transformer_packages(workdir: Path, size_mb: int) -> dict[str, Path]:
     """A MiniLM-shaped export (6 layers of hidden 384, ffn 1536: embeddings, attention and
     MLP matrices, layer norms; the word embeddings fill it to ``size_mb``), built into a
-    separate and a combined layout; layout name -> package folder."""
+    separate and a combined layout; layout name -> package folder. Under
+    :data:`SMALL_MB`, where start-up dominates, one layer of hidden 128 (ffn 512) instead:
+    about 20 weights, the embeddings filling it to ``size_mb``."""
     import onnx
 
     from tests.samples import make_encoder
     from weightstore.builder.run import BuildOptions, build
 
-    layers, hidden, ffn = 6, 384, 1536
+    layers, hidden, ffn, heads = (6, 384, 1536, 6) if size_mb >= SMALL_MB else (1, 128, 512, 4)
     per_layer = 4 * (4 * hidden * hidden + 2 * hidden * ffn)
     vocab = max(1000, (size_mb * harness.MB - layers * per_layer) // (4 * hidden))
-    model = make_encoder(vocab=vocab, hidden=hidden, heads=6, layers=layers, ffn=ffn,
+    model = make_encoder(vocab=vocab, hidden=hidden, heads=heads, layers=layers, ffn=ffn,
                          max_seq=512, name="mini")
     source = workdir / "mini.onnx"
     onnx.save(model, str(source))
