@@ -363,3 +363,35 @@ def build_example(folder: Path, recipe: str) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     weightstore.build(path, weightstore.BuildOptions(jobs=2))
     return folder / "dist"
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """A server on loopback that accepts every connection and never answers: yields its
+    ``127.0.0.1:<port>``; closes every connection it held on exit."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    held, stop = [], threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()

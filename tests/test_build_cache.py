@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.helpers import silent_server
 from tests.registry_proxy import Counter, misbehaving
 from tests.registry_server import needs_registry, running_registry
 from tests.release_helpers import make_checkout
@@ -223,39 +224,15 @@ def test_two_runners_pushing_one_entry_at_once_leave_one_entry(encoder_model, tm
 def test_a_registry_that_hangs_is_given_up_on_in_seconds(encoder_model, tmp_path, keys,
                                                          monkeypatch, capsys):
     """It accepts connections and never answers: the lookup waits 5 s, once."""
-    import socket
-    import threading
-
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    held, stop = [], threading.Event()
-
-    def accept():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
-        repo = f"127.0.0.1:{server.getsockname()[1]}/cache/hangs"
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    with silent_server() as host:
+        repo = f"{host}/cache/hangs"
         start = time.monotonic()
         result = build(_runner_b(encoder_model, tmp_path), BuildOptions(
             jobs=2, cache_from=(repo,)))
         assert time.monotonic() - start < 15  # asked once, not once per layout
         assert [p.cache for p in result.packages] == [None, None]
         assert "unavailable" in capsys.readouterr().err
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 def test_an_entry_missing_blobs_or_with_its_tag_moved(runner_a, encoder_model, tmp_path,

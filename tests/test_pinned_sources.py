@@ -12,6 +12,7 @@ import threading
 import onnx
 import pytest
 
+from tests.helpers import silent_server
 from tests.registry_server import needs_registry, running_registry
 from weightstore.builder.run import BuildOptions, build
 from weightstore.cli import main
@@ -374,37 +375,15 @@ def test_a_ref_whose_registry_never_answers_fails_within_the_deadline(tmp_path, 
                                                                      monkeypatch):
     """It accepts connections and never answers: every try waits, but all of them
     together no longer than $WEIGHTSTORE_SOURCE_TIMEOUT."""
-    import socket
     import time
 
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held, stop = [], threading.Event()
-
-    def accept():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
     monkeypatch.setenv("WEIGHTSTORE_SOURCE_TIMEOUT", "2")
-    ref = f"127.0.0.1:{server.getsockname()[1]}/models/encoder@sha256:{'a' * 64}"
-    try:
+    with silent_server() as host:
+        ref = f"{host}/models/encoder@sha256:{'a' * 64}"
         start = time.monotonic()
         recipe = _recipe(tmp_path / "p", f"{{ref: '{ref}', path: encoder.onnx}}")
         assert main(["build", str(recipe)]) == 2
         assert time.monotonic() - start < 8
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
     err = capsys.readouterr().err.strip()
     assert err.startswith("weightstore: error: cannot fetch the source: registry")
     assert "model=encoder" in err and "timeout=2.0" in err and "\n" not in err, err

@@ -80,10 +80,9 @@ def _read_inputs(np: Any, path: str) -> dict[str, Any]:
 
     not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
                "one per model input")
-    # zipfile says RuntimeError for an encrypted member, NotImplementedError for a
-    # compression method it lacks
-    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError,
-               NotImplementedError)
+    # RuntimeError: zipfile's answer to an encrypted member, and (a subclass) to a
+    # compression method it cannot read
+    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError)
     try:
         f = os.fdopen(open_regular(path), "rb")
     except OSError as exc:
