@@ -111,7 +111,8 @@ def test_offline_assembly_reaches_no_registry():
     """``weightstore assemble`` works offline on what a generic client pulled, or on an
     OCI image layout: its modules (and the registry modules they import, followed) take
     the artifact's naming (``registry.artifact``), the OCI layout's reader, the foreign
-    planner and the manifest kinds, and the package's assembly, never the registry client,
+    planner, the manifest kinds and the pure parsing of references and digests
+    (``registry.reference``), and the package's assembly, never the registry client,
     push or pull, nor onnx."""
     seen, todo = set(), ["assemble"]
     names: set[str] = set()
@@ -122,7 +123,8 @@ def test_offline_assembly_reaches_no_registry():
         names |= found
         todo += [n.rsplit(".", 1)[-1] for n in found if n.startswith("weightstore.registry.")
                  and n.rsplit(".", 1)[-1] not in seen]
-    assert seen == {"assemble", "artifact", "oci_layout", "foreign_plan", "kinds"}
+    assert seen == {"assemble", "artifact", "oci_layout", "foreign_plan", "kinds",
+                    "reference"}
     assert "weightstore.package.assembly" in names
     assert not any(n == "onnx" or n.startswith(("onnx.", "requests")) for n in names)
 

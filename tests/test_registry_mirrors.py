@@ -127,7 +127,7 @@ def _same_tree(a: Path, b: Path) -> None:
 
 @needs_registry
 def test_pulls_through_a_pull_through_cache_and_the_origin_serves_each_blob_once(
-        package, fleet, tmp_path) -> None:
+        package, fleet, tmp_path, capsys) -> None:
     ref = f"{fleet['host']}/fleet/enc:1"
     pushed = push(package["folder"], ref, store=package["store"])
     assert fleet["at_mirror"].seen == []  # a push goes to the origin only
@@ -147,13 +147,18 @@ def test_pulls_through_a_pull_through_cache_and_the_origin_serves_each_blob_once
     heads = [p for m, p in fleet["at_origin"].seen if m == "HEAD" and "/manifests/1" in p]
     assert len(heads) >= 4
 
-    # the origin stops: what the cache holds still pulls, by tag and by digest
+    # the origin stops: what the cache holds still pulls, by tag and by digest; a tag
+    # the mirror alone resolved is said, never taken silently
     fleet["origin"].stop()
+    capsys.readouterr()
     for i, name in enumerate([ref, f"{fleet['host']}/fleet/enc@{pushed.manifest_digest}"]):
         out = tmp_path / f"down{i}"
         report = pull(name, out, store=WeightStore(tmp_path / f"down-store{i}"))
         assert report.manifest_digest == pushed.manifest_digest
         _same_tree(package["folder"], out)
+        said = capsys.readouterr().err
+        assert ("did not answer" in said and "tag 1 is taken as the mirror" in said) == (
+            i == 0), said
 
 
 @needs_registry
@@ -243,3 +248,18 @@ def test_an_origin_that_answers_no_head_resolves_the_tag_by_its_get(package, tmp
             report = pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "store"))
     assert report.manifest_digest == pushed.manifest_digest
     _same_tree(package["folder"], tmp_path / "out")
+
+
+def test_a_mirror_never_gets_the_credentials_of_the_environment(monkeypatch) -> None:
+    """$WEIGHTSTORE_REGISTRY_USERNAME/_PASSWORD name no host: they are the origin's,
+    never sent to a mirror of it (whose own come from the Docker config by its host)."""
+    from weightstore.registry.mirrors import MirroredClient
+
+    monkeypatch.setenv("WEIGHTSTORE_REGISTRY_USERNAME", "ci")
+    monkeypatch.setenv("WEIGHTSTORE_REGISTRY_PASSWORD", "origin-secret")
+    client = MirroredClient("origin.test:5000", None,
+                            [Mirror("origin.test:5000", "mirror.test:5000")])
+    assert client.credentials() is not None
+    assert client.credentials().password == "origin-secret"
+    (_, mirror_client), = client._mirrors
+    assert mirror_client.credentials() is None

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -39,6 +38,7 @@ from ..io.digests import split_key
 from ..io.files import MAX_ALIGNMENT, is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
+from .reference import DIGEST
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -58,7 +58,6 @@ GRAPH_SUFFIX = ".onnx"  # files pushed as weight layers; other files are weight.
 SUMMARY_NAME = "summary.json"
 FIXED_EPOCH = 0  # createdAt when SOURCE_DATE_EPOCH is not set: builds carry no time
 
-_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -320,7 +319,7 @@ def parse_manifest(data: bytes, reference: str) -> ParsedArtifact:
 
 def descriptor_ok(d: Any) -> bool:
     return (isinstance(d, dict) and isinstance(d.get("mediaType"), str)
-            and isinstance(d.get("digest"), str) and bool(_SHA256.fullmatch(d["digest"]))
+            and isinstance(d.get("digest"), str) and bool(DIGEST.fullmatch(d["digest"]))
             and type(d.get("size")) is int and d["size"] >= 0)
 
 

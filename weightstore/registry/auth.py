@@ -62,10 +62,12 @@ def docker_config_path() -> Path:
     return Path(folder) / "config.json" if folder else Path.home() / ".docker" / "config.json"
 
 
-def find_credentials(host: str) -> Credentials | None:
-    """Credentials for ``host`` (with its port), or None for anonymous access."""
+def find_credentials(host: str, *, environment: bool = True) -> Credentials | None:
+    """Credentials for ``host`` (with its port), or None for anonymous access.
+    ``environment`` False: not those of the environment, which name no host (a mirror's
+    client: they are the origin's)."""
     user, password = os.environ.get(ENV_USER), os.environ.get(ENV_PASSWORD)
-    if user and password is not None:
+    if environment and user and password is not None:
         return Credentials(user, password)
     path = docker_config_path()
     try:

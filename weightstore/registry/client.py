@@ -195,8 +195,13 @@ class RegistryClient:
     """Talks to one registry host; safe to share between threads."""
 
     def __init__(self, host: str, transport: Transport | None = None,
-                 credentials: Credentials | None = None, *, push: bool = False) -> None:
+                 credentials: Credentials | None = None, *, push: bool = False,
+                 environment: bool = True) -> None:
+        """``environment``: the credentials of ``$WEIGHTSTORE_REGISTRY_USERNAME``/
+        ``_PASSWORD`` may be sent to this host (the registry a command names; never a
+        mirror of it, whose credentials come from the Docker config by its own host)."""
         self.host = host
+        self._environment = environment
         # one scope for every request of a command: one token serves them all
         self.actions = "pull,push" if push else "pull"
         self.transport = transport or Transport()
@@ -238,7 +243,8 @@ class RegistryClient:
     def credentials(self) -> Credentials | None:
         with self._lock:
             if not self._credentials_looked:
-                self._credentials = find_credentials(self.host)
+                self._credentials = find_credentials(self.host,
+                                                     environment=self._environment)
                 self._credentials_looked = True
             return self._credentials
 
@@ -372,7 +378,10 @@ class RegistryClient:
         if creds is not None and creds.identity_token is not None:
             form = {**params, "grant_type": "refresh_token", "client_id": "weightstore",
                     "refresh_token": creds.identity_token}
-            request: dict[str, Any] = {"method": "POST", "data": form}
+            # no redirect followed: requests would send the form (the token) on to a
+            # 307/308's target, wherever it is
+            request: dict[str, Any] = {"method": "POST", "data": form,
+                                       "allow_redirects": False}
         else:
             request = {"method": "GET", "params": params,
                        "headers": {"Authorization": creds.basic()} if creds else {}}

@@ -22,6 +22,7 @@ import subprocess
 from ..errors import RegistryAuthError
 from ..io.files import parse_json
 
+REAP_TIMEOUT = 2.0  # seconds to collect a killed helper's output before giving it up
 HELPER_TIMEOUT = 30.0  # seconds a credential helper may take to answer before it is killed
 PREFIX = "docker-credential-"
 NOT_FOUND = "credentials not found"  # what every helper of docker's project says
@@ -66,7 +67,13 @@ def _kill(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:  # gone already
         proc.kill()
-    proc.communicate()
+    try:
+        proc.communicate(timeout=REAP_TIMEOUT)
+    except subprocess.TimeoutExpired:  # a grandchild of another session holds the pipes
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        proc.wait()
 
 
 def _first_line(err: bytes) -> str | None:

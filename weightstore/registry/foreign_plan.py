@@ -17,6 +17,7 @@ from ..errors import RegistryError
 from ..io.files import is_relative_inside
 from ..io.files import parse_json as _parse_json
 from ..package.assembly import Piece, WeightFile
+from .reference import DIGEST
 
 FINGERPRINT = "org.weightstore.fingerprint"  # the mark of weightstore's own artifacts
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -31,7 +32,6 @@ MODELPACK_LAYER = re.compile(
     r"(raw|tar|tar\+gzip|tar\+zstd)")
 OCI_ARCHIVES = {"application/vnd.oci.image.layer.v1.tar+gzip",
                 "application/vnd.oci.image.layer.v1.tar+zstd"}
-_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
 EMPTY = "sha256:" + hashlib.sha256(b"").hexdigest()
 
 
@@ -91,7 +91,7 @@ def refused(why: str, reference: str, **ctx: Any) -> RegistryError:
 
 def _descriptor(d: Any) -> bool:
     return (isinstance(d, dict) and isinstance(d.get("mediaType"), str)
-            and isinstance(d.get("digest"), str) and bool(_SHA256.fullmatch(d["digest"]))
+            and isinstance(d.get("digest"), str) and bool(DIGEST.fullmatch(d["digest"]))
             and type(d.get("size")) is int and d["size"] >= 0)
 
 
@@ -198,7 +198,7 @@ def check_diff_ids(plan: ForeignPlan, config: bytes, reference: str) -> ForeignP
                    layers=len(plan.layers))
     out = []
     for x, diff_id in zip(plan.layers, diff_ids, strict=True):
-        if not isinstance(diff_id, str) or not _SHA256.fullmatch(diff_id):
+        if not isinstance(diff_id, str) or not DIGEST.fullmatch(diff_id):
             raise refused("a diffId is not a sha256 digest", reference, layer=x.index,
                        diffId=repr(diff_id)[:80])
         if x.archive in (None, "tar"):

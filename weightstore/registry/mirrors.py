@@ -28,7 +28,6 @@ first mirror that knows it says (``docs/registry.md``, "Mirrors").
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from ..errors import (
     RegistryAuthError,
     RegistryError,
     RegistryNotFoundError,
+    RegistryTLSError,
     RegistryUnreachableError,
 )
 from ..io.files import FileTooLargeError, read_regular
@@ -48,11 +48,10 @@ from .artifact import sha256_digest
 from .auth import Credentials
 from .client import MAX_DOCUMENT, RegistryClient, Transport
 from .kinds import ACCEPT
-from .reference import Reference, manifest_url, parse_reference
+from .reference import DIGEST, Reference, manifest_url, parse_reference
 
 MAX_CONFIG = 1 << 20  # the largest registries.conf read
 MIRROR_ATTEMPTS = 2  # tries of one request to a mirror before the next source is asked
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PULL_FROM = ("all", "digest-only", "tag-only")
 
 
@@ -187,7 +186,8 @@ class MirroredClient(RegistryClient):
         self._mirrors = [
             (m, RegistryClient(m.host,
                                replace(t, insecure=t.insecure or m.insecure,
-                                       attempts=min(t.attempts, MIRROR_ATTEMPTS))))
+                                       attempts=min(t.attempts, MIRROR_ATTEMPTS)),
+                               environment=False))
             for m in mirrors]
         self._skip: set[tuple[str, str | None]] = set()  # (mirror, digest or None: all)
         self._source: dict[tuple[int, str], str] = {}  # (thread, digest) -> mirror
@@ -235,6 +235,8 @@ class MirroredClient(RegistryClient):
         if digest is None:  # resolved at the origin if it answers
             try:
                 digest, found = self._resolve_at_origin(ref, limit)
+            except RegistryTLSError:
+                raise  # an origin whose certificate is refused is no origin that is down
             except RegistryUnreachableError as exc:
                 down = exc
             else:
@@ -250,6 +252,12 @@ class MirroredClient(RegistryClient):
             if digest is None or sha256_digest(data) == digest:
                 with self._lock:
                     self.received_bytes += len(data)
+                if digest is None:  # said, never silent: the tag is the mirror's word
+                    print(f"weightstore: warning: the origin {self.host} did not answer "
+                          f"({' '.join(str(down).split())}); tag {ref.target} is taken as "
+                          f"the mirror {mirror.location} names it (its bytes checked "
+                          f"against that manifest, the tag not against the origin)",
+                          file=sys.stderr, flush=True)
                 return data, media_type
             self._failed(mirror, what, RegistryError("manifest does not match its digest"))
         if down is not None:
@@ -272,7 +280,7 @@ class MirroredClient(RegistryClient):
             raise
         except RegistryError:  # a registry that refuses a HEAD: its GET says
             named = ""
-        if _DIGEST.fullmatch(named):
+        if DIGEST.fullmatch(named):
             return named, None
         found = super().get_manifest(ref, limit or MAX_DOCUMENT)
         return sha256_digest(found[0]), found

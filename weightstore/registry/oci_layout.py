@@ -16,7 +16,6 @@ an image index or a Helm chart is one line saying so (:mod:`.kinds`).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
 from pathlib import Path
@@ -25,12 +24,12 @@ from typing import Any
 from ..errors import IntegrityError, PackageError, RegistryError
 from ..io.digests import digest_file
 from ..io.files import parse_json, read_regular
+from .reference import DIGEST
 
 LAYOUT_FILE = "oci-layout"
 INDEX_FILE = "index.json"
 REF_NAME = "org.opencontainers.image.ref.name"
 MAX_DOCUMENT = 64 << 20  # the largest index or manifest read, as from a registry
-_SHA256 = re.compile(r"sha256:([0-9a-f]{64})")
 
 
 def is_oci_layout(folder: Path) -> bool:
@@ -52,11 +51,11 @@ def _blob(folder: Path, descriptor: Any) -> Path:
     descriptor's."""
     digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
     size = descriptor.get("size") if isinstance(descriptor, dict) else None
-    match = _SHA256.fullmatch(digest) if isinstance(digest, str) else None
-    if match is None or type(size) is not int or size < 0:
+    if not (isinstance(digest, str) and DIGEST.fullmatch(digest)) or type(size) is not int \
+            or size < 0:
         raise PackageError("not an OCI image layout: a descriptor without a sha256 digest "
                            "and a size", folder=str(folder), digest=str(digest)[:80])
-    path = folder / "blobs" / "sha256" / match.group(1)
+    path = folder / "blobs" / "sha256" / digest.removeprefix("sha256:")
     try:
         st = os.lstat(path)
     except OSError:
@@ -65,7 +64,7 @@ def _blob(folder: Path, descriptor: Any) -> Path:
     if not stat.S_ISREG(st.st_mode):
         raise PackageError("a blob of the OCI layout is not a regular file; nothing was "
                            "written", file=str(path))
-    if st.st_size != size or digest_file("sha256", path) != match.group(1):
+    if st.st_size != size or digest_file("sha256", path) != path.name:
         raise IntegrityError("a blob of the OCI layout does not match its digest; nothing "
                              "was written", file=str(path), size=st.st_size,
                              expected_size=size)

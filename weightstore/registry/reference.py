@@ -17,7 +17,7 @@ from ..io.net import loopback_name
 _REPO = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)"
                    r"[a-z0-9]+)*)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # an OCI sha256 digest, lowercase hex
 _HOST = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])(?::[0-9]{1,5})?")
 
 
@@ -57,7 +57,7 @@ def parse_reference(text: str) -> Reference:
     digest = None
     if "@" in rest:
         rest, digest = rest.split("@", 1)
-        if not _DIGEST.fullmatch(digest):
+        if not DIGEST.fullmatch(digest):
             raise RegistryError("a reference digest must be sha256:<64 hex>", reference=text)
     tag = None
     last = rest.rsplit("/", 1)[-1]
