@@ -8,8 +8,9 @@ tries its next source). A helper that is missing, fails, hangs past
 :data:`HELPER_TIMEOUT` (it is killed, with every process it started) or prints something
 else is one :class:`RegistryAuthError` naming it; an empty Secret is no credentials. The
 username ``<token>`` marks the Secret as an identity token (an OAuth2 refresh token for
-the token service). What the helper prints never goes into an error: only its name, its
-exit status and, on failure, the first line of its stderr.
+the token service). What the helper prints on stdout (where the Secret is) never goes
+into an error: only its name, its exit status and, on failure, the first line of its
+stderr (at most 200 characters).
 """
 
 from __future__ import annotations
