@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..io.files import check_output_folder
 from ..package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
-from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME
+from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME, written_format_version
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..recipe.file import read_recipe_file
 from ..store.location import resolve_store_path
@@ -48,6 +48,7 @@ from ..store.location import resolve_store_path
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
     from ..packaging.materialize import Materialized
     from ..recipe.schema import Layout, LoadedRecipe, ModelEntry, Recipe
+    from .companions import Companion
 
 
 @dataclass(frozen=True)
@@ -235,13 +236,15 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
                    None) or FileDigests(store_root / CACHE_NAME)
     digests.prefetch(loaded.model_source(m) for m in loaded.models()  # while onnx loads
                      if isinstance(m.source, str))
+    companions = _companions(loaded, digests)
     pending: list[tuple[Layout, Path, dict[str, Any] | None]] = []
     for layout in recipe.layouts:
         target = _target(loaded, layout)
         check_output_folder(target)
         existing = _existing_summary(target, options.force)
         if (existing is not None and not options.force
-                and _up_to_date(loaded, layout, target, existing, digests, store_root)):
+                and _up_to_date(loaded, layout, target, existing, digests, store_root,
+                                companions)):
             result.packages.append(PackageResult(layout.name, target, "up-to-date", existing))
             _ensure_root(store_root, target, existing)
         else:
@@ -251,7 +254,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     converted: set[Path] = set()
     if pending:
         converted = _build_pending(loaded, pending, store_root, digests, options, result,
-                                   cache)
+                                   cache, companions)
     if not options.dry_run:
         digests.save()
     if cache is not None and cache.write is not None:
@@ -268,12 +271,24 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     return result
 
 
+def _companions(loaded: LoadedRecipe, digests: FileDigests) -> list[Companion]:
+    """The recipe's companion files, listed and hashed (none without ``files``)."""
+    if not loaded.recipe.files:
+        return []
+    from .companions import companion_files, hashed
+
+    return hashed(companion_files(loaded), digests, loaded.recipe.store.hash)
+
+
 def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, bytes],
                   store_root: Path, result: BuildResult) -> None:
     """Stamp this build with the source identities its packages' summaries record (not a
     recipe with pinned sources: no local file stands for them; its full check needs
-    none either; nor one that writes a build cache, asked at every build)."""
+    none either; nor one with companion files, whose folders the stamp could not watch
+    for a file added; nor one that writes a build cache, asked at every build)."""
     if any(not isinstance(entry.source, str) for entry in loaded.models()):
+        return
+    if loaded.recipe.files:
         return
     if _writes_cache(None, loaded.recipe.cache):
         return
@@ -292,11 +307,14 @@ def _target(loaded: LoadedRecipe, layout: Layout) -> Path:
 
 
 def _fingerprint(loaded: LoadedRecipe, layout: Layout, identities: list[dict[str, Any]],
-                 ) -> str:
+                 companions: list[Companion]) -> str:
+    from .companions import identities as companion_identities
+
     r = loaded.recipe
     return layout_fingerprint(package=r.package, version=r.version, hash_algo=r.store.hash,
                               layout=layout, models=identities,
-                              devices=[d.model_dump(mode="json") for d in r.devices])
+                              devices=[d.model_dump(mode="json") for d in r.devices],
+                              companions=companion_identities(companions))
 
 
 def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
@@ -328,7 +346,7 @@ def _existing_summary(target: Path, force: bool) -> dict[str, Any] | None:
 
 
 def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dict[str, Any],
-                digests: FileDigests, store_root: Path) -> bool:
+                digests: FileDigests, store_root: Path, companions: list[Companion]) -> bool:
     """Would building ``layout`` give exactly the package at ``target``?
 
     The sources' identities are recomputed from the files the summary lists. If a model
@@ -353,7 +371,7 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
             identities.append(_identity(entry, digests.of(source), external))
     except (KeyError, TypeError, AttributeError, OSError, ExternalDataError, IntegrityError):
         return False  # a source that cannot be hashed: the build reports it, as on a first build
-    if _fingerprint(loaded, layout, identities) != summary.get("fingerprint"):
+    if _fingerprint(loaded, layout, identities, companions) != summary.get("fingerprint"):
         return False
     return _intact(target, summary, digests, store_root)
 
@@ -394,7 +412,11 @@ def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
     # files the summary does not list are not part of the package (verify reports them)
     if any(p.kind not in ("unexpected", "build") for p in report.problems):
         return DAMAGED
-    if version < SUMMARY_FORMAT_VERSION:
+    try:
+        written = written_format_version(summary)
+    except (KeyError, TypeError, AttributeError):
+        return DAMAGED
+    if version < written:
         return OLDER_FORMAT
     if any(p.kind == "build" for p in report.problems):
         return OTHER_SUMMARY
@@ -403,7 +425,7 @@ def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
 
 def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict | None]],
                    store_root: Path, digests: FileDigests, options: BuildOptions,
-                   result: BuildResult, cache: Any) -> set[Path]:
+                   result: BuildResult, cache: Any, companions: list[Companion]) -> set[Path]:
     """Materialize, fetch (``cache``) or convert the pending layouts; the folders of
     those converted."""
     # onnx and the catalogue: only when something must be built
@@ -435,9 +457,9 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             _check_devices(loaded, list(opened.values()))
         todo = []
         for layout, target, existing in pending:
-            fp = _fingerprint(loaded, layout, identities)
+            fp = _fingerprint(loaded, layout, identities, companions)
             if existing is not None and not options.force:
-                _refuse(target, existing, fp, layout, identities, loaded.recipe,
+                _refuse(target, existing, fp, layout, identities, loaded.recipe, companions,
                         proof=_same_build_proof(target, existing, fp, digests, store_root))
             todo.append((layout, target, fp))
         if not options.force and not options.dry_run:
@@ -486,12 +508,13 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         converting = {target for _, target, _ in todo}
         with store.leased():  # gc spares every key this build relies on until it ends
             try:
-                _fill_and_write(loaded, todo, sources, store, digests, options, result)
+                _fill_and_write(loaded, todo, sources, store, digests, options, result,
+                                companions)
             except StaleKeyError:
                 # a damaged payload-key cache: forget it and hash every key (once)
                 packaging.distrust_cached_keys(sources, store, recipe.store.hash)
                 _fill_and_write(loaded, todo, sources, store, digests, options, result,
-                                trust_cache=False)
+                                companions, trust_cache=False)
         return {p.path for p in result.packages if p.path in converting
                 and p.status == "built"}
     finally:
@@ -559,7 +582,7 @@ def _fetched(cache: Any, store_root: Path, layout: Layout, target: Path, fingerp
 
 def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     sources: list, store: Any, digests: FileDigests, options: BuildOptions,
-                    result: BuildResult,
+                    result: BuildResult, companions: list[Companion],
                     *, trust_cache: bool = True) -> None:
     """Fill the store for ``todo``'s layouts and write them; each layout written is
     removed from ``todo``."""
@@ -572,6 +595,9 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
     report = packaging.fill_store(
         store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
         options.jobs, options.progress, trust_cache=trust_cache)
+    if companions:
+        report = packaging.store_companions(store, [(c.entry(), c.file) for c in companions],
+                                            report)
     for k, v in report.items():
         result.store_report[k] = result.store_report.get(k, 0) + v
     while todo:
@@ -588,10 +614,11 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     todo.pop(0)
                     continue
                 _refuse(target, existing, fp, layout, [s.identity for s in sources],
-                        recipe, proof=proof)
+                        recipe, companions, proof=proof)
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress,
-                                              replace=options.force or existing is not None)
+                                              replace=options.force or existing is not None,
+                                              companions=[c.entry() for c in companions])
             # its other files go into the store too: a later build materializes it
             stored = build_actions.record(store, target, summary, jobs=options.jobs)
             register_root(store, target, summary)
@@ -673,7 +700,8 @@ def _same_build_proof(target: Path, existing: dict[str, Any], fingerprint: str,
 
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
             layout: Layout | None = None, identities: list[dict[str, Any]] | None = None,
-            recipe: Recipe | None = None, *, proof: str | None) -> None:
+            recipe: Recipe | None = None, companions: list[Companion] | None = None, *,
+            proof: str | None) -> None:
     """Refuse to replace a folder of another build, or a damaged one (``--force``
     replaces it); a folder of this build's fingerprint that the store does not prove to
     be the build (``proof``: :func:`_proof`) is rebuilt: the rebuild is what the recipe
@@ -685,14 +713,15 @@ def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
     if not different and proof in (UNRECORDED, OTHER_SUMMARY, OLDER_FORMAT):
         return
     what = "a different build" if different else "a damaged package"
-    changed = (_what_changed(existing, layout, identities, recipe)
+    changed = (_what_changed(existing, layout, identities, recipe, companions or [])
                if different and layout is not None and identities is not None else None)
     raise PackageError(f"output folder already holds {what}; pass --force to replace it",
                        folder=str(target), changed=changed)
 
 
 def _what_changed(existing: dict[str, Any], layout: Layout,
-                  identities: list[dict[str, Any]], recipe: Recipe | None = None) -> str:
+                  identities: list[dict[str, Any]], recipe: Recipe | None = None,
+                  companions: list[Companion] | None = None) -> str:
     """Which inputs of the fingerprint (:func:`_fingerprint`) differ from the build in the
     folder, in words: generator, package and version, the hash algorithm, the layout's
     settings, each model's source, external data and scenarios, the models' order, the
@@ -736,11 +765,23 @@ def _what_changed(existing: dict[str, Any], layout: Layout,
             out.append(f"generator ({existing.get('generator')})")
         if recipe is not None:
             out += _devices_changed(existing, layout, recipe, unsure)
+        out += _companions_changed(existing, companions or [])
         if not out and unsure:
             return " or ".join(unsure)
     except (AttributeError, TypeError, KeyError):
         pass
     return ", ".join(out) or "scenarios, devices or package settings"
+
+
+def _companions_changed(existing: dict[str, Any], companions: list[Companion]) -> list[str]:
+    """Companion files added, removed or changed (bytes or kind) since the summary."""
+    before = {c["path"]: c for c in existing.get("companions", [])}
+    now = {c.path: c for c in companions}
+    out = [f"companion '{p}' added" for p in now if p not in before]
+    out += [f"companion '{p}' removed" for p in before if p not in now]
+    out += [f"companion '{p}'" for p, c in now.items() if p in before
+            and (before[p].get("digest"), before[p].get("kind")) != (c.digest, c.kind)]
+    return out
 
 
 def _devices_changed(existing: dict[str, Any], layout: Layout, recipe: Recipe,

@@ -1,8 +1,8 @@
 """Build fingerprints: a digest of everything that determines a package's bytes.
 
 Covers the tool version, the package identity, the layout, the hash algorithm and the
-content of every source file (models and their external data). Paths, the store and time
-are deliberately left out: they never change what a package holds.
+content of every source file (models and their external data, companion files). Paths, the
+store and time are deliberately left out: they never change what a package holds.
 """
 
 from __future__ import annotations
@@ -151,8 +151,11 @@ def _load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
 
 def layout_fingerprint(*, package: str, version: str, hash_algo: str, layout: Layout,
                        models: Sequence[Mapping[str, Any]],
-                       devices: Sequence[Mapping[str, Any]] = ()) -> str:
-    """``models``: ``{"name", "source_digest", "external": {location: digest}}`` each."""
+                       devices: Sequence[Mapping[str, Any]] = (),
+                       companions: Sequence[Mapping[str, Any]] = ()) -> str:
+    """``models``: ``{"name", "source_digest", "external": {location: digest}}`` each;
+    ``companions``: ``{"path", "kind", "digest"}`` each, a key of the digest only when
+    there are some (a package without keeps its fingerprint)."""
     doc = {
         "generator": __version__,
         "package": package,
@@ -162,5 +165,7 @@ def layout_fingerprint(*, package: str, version: str, hash_algo: str, layout: La
         "models": list(models),
         "devices": list(devices),
     }
+    if companions:
+        doc["companions"] = list(companions)
     text = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     return make_key(FINGERPRINT_ALGO, digest_bytes(FINGERPRINT_ALGO, text))

@@ -16,17 +16,21 @@ from .. import __version__
 from ..errors import IntegrityError, PackageError
 from ..io.digests import split_key
 from ..io.files import is_relative_inside, parse_json, read_regular
+from ..recipe.companions import KINDS, path_problem
+from ..recipe.formats import LAYOUT_KEYS_SINCE
 
 if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..layout.plan import LayoutPlan
     from ..recipe.schema import Layout
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 4  # the newest this code writes and reads
+FORMAT_VERSION = 5  # the newest this code writes and reads
 CONTENTS_SINCE = 3  # ``contents``: every file of the package with its size and digest
 # external data as onnx.proto defines it: no payload digest in ``checksum`` (the digests
 # are the summary's ``external_weights[].id``); earlier packages wrote one there
 STANDARD_EXTERNAL_DATA_SINCE = 4
+# ``companions``: the package's companion files (weightstore.recipe.companions)
+COMPANIONS_SINCE = 5
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,20 @@ class ExternalWeightDesc:
         if self.scenario is not None:
             out["scenario"] = self.scenario
         return out
+
+
+@dataclass(frozen=True)
+class CompanionEntry:
+    """One companion file of a package as ``summary.json`` lists it."""
+
+    path: str
+    size: int
+    digest: str  # "<algo>:<hex>" of its bytes: the store key of its object
+    kind: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "digest": self.digest,
+                "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -81,15 +99,17 @@ class ModelSummary:
 def package_summary(*, package: str, version: str, layout: Layout, hash_algo: str,
                     fingerprint: str, models: Sequence[ModelSummary],
                     plan: LayoutPlan, devices: Sequence[dict[str, Any]] = (),
-                    contents: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                    contents: Sequence[dict[str, Any]] = (),
+                    companions: Sequence[CompanionEntry] = ()) -> dict[str, Any]:
     """``contents``: every file of the package but the summary itself, from
-    :func:`weightstore.packaging.inventory.package_contents`."""
+    :func:`weightstore.packaging.inventory.package_contents`; ``companions``: its
+    companion files (listed only when there are some, in format 5)."""
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
     settings = layout.record()
-    return {
-        "format_version": package_format_version(settings),
+    out = {
+        "format_version": package_format_version(settings, bool(companions)),
         "generator": f"weightstore {__version__}",
         "package": package,
         "version": version,
@@ -116,16 +136,25 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
             "inline_tensors": sum(m.inline_tensors for m in models),
         },
     }
+    if companions:
+        out["companions"] = [c.to_dict() for c in sorted(companions, key=lambda c: c.path)]
+    return out
 
 
-def package_format_version(settings: dict[str, Any]) -> int:
+def package_format_version(settings: dict[str, Any], companions: bool = False) -> int:
     """The oldest package format that holds these layout settings, ``contents`` (which
-    every summary now lists: a reader of an older format could not check it) and models
-    whose external data carries no payload digest in ``checksum``."""
-    from ..recipe.schema import LAYOUT_KEYS_SINCE
-
+    every summary now lists: a reader of an older format could not check it), models
+    whose external data carries no payload digest in ``checksum`` and, when the package
+    has some, companion files."""
     return max([CONTENTS_SINCE, STANDARD_EXTERNAL_DATA_SINCE,
+                *([COMPANIONS_SINCE] if companions else []),
                 *(LAYOUT_KEYS_SINCE[k] for k in settings if k in LAYOUT_KEYS_SINCE)])
+
+
+def written_format_version(summary: dict[str, Any]) -> int:
+    """The format this weightstore writes the package of ``summary`` in (a malformed
+    summary raises KeyError, TypeError or AttributeError)."""
+    return package_format_version(summary["layout"], bool(summary.get("companions")))
 
 
 def render(summary: dict[str, Any]) -> bytes:
@@ -181,6 +210,8 @@ WEIGHT_KEYS = {"id": (True, _is_str), "name": (True, _is_str),
                 "scenario": (False, lambda v: v is None or isinstance(v, str))}
 _FILE_KEYS = {"name": (True, _is_str), "size": (True, _is_int),
               "payloads": (False, _is_int), "padding": (False, _is_int)}
+_COMPANION_KEYS = {"path": (True, _is_str), "size": (True, _is_int),
+                   "digest": (True, _is_str), "kind": (True, lambda v: v in KINDS)}
 _DEVICE_KEYS = {"name": (True, _is_str), "scenario": (False, lambda v: v is None or
                                                       isinstance(v, str)),
                 "files": (False, _is_str_list)}
@@ -242,7 +273,35 @@ def check_structure(summary: Any, where: str) -> None:
                                file=where, key=key)
         for i, entry in enumerate(summary[key]):
             check_entry(entry, keys, where, f"{key}[{i}]")
+    _check_companions(summary, where)
     _check_paths(summary, where)
+
+
+def _check_companions(summary: dict[str, Any], where: str) -> None:
+    """``companions``: a list (format 5 and later) of entries each with its path, size,
+    store key and kind, paths unique and each one a companion may take."""
+    if "companions" not in summary:
+        return
+    companions = summary["companions"]
+    if not isinstance(companions, list) or summary["format_version"] < COMPANIONS_SINCE:
+        raise PackageError("malformed package summary: a key has the wrong type",
+                           file=where, key="companions")
+    seen: set[str] = set()
+    for i, entry in enumerate(companions):
+        at = f"companions[{i}]"
+        check_entry(entry, _COMPANION_KEYS, where, at)
+        try:
+            split_key(entry["digest"])
+        except IntegrityError:
+            raise PackageError("malformed package summary: a digest is not a store key",
+                               file=where, key=f"{at}.digest", value=entry["digest"]) from None
+        if path_problem(entry["path"]) is not None:
+            raise PackageError("package summary names a companion path a package cannot "
+                               "hold", file=where, key=f"{at}.path", path=entry["path"])
+        if entry["path"] in seen:
+            raise PackageError("package summary lists a companion twice", file=where,
+                               key=f"{at}.path", path=entry["path"])
+        seen.add(entry["path"])
 
 
 def _check_paths(summary: dict[str, Any], where: str) -> None:

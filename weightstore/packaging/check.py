@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     folder = Path(package)
     chosen: dict[str, str | None] = {}
     finals: dict[str, str | None] = {}  # a device folder's models: the scenario each ran
+    companions: list[dict[str, Any]] = []  # what the runtime opens beside the models
     if folder.is_file():
         if device is not None:
             raise ResolutionError("a device is chosen in a package folder, not a model "
@@ -100,6 +102,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
     else:
         summary = read_summary_file(folder)[1]
         models = [(m["name"], m["file"]) for m in summary["models"]]
+        companions = summary.get("companions", [])
         if device is not None:
             bundle = read_bundle(folder, device, summary)
             chosen = {str(m["file"]): m["scenario"] for m in bundle["models"]}
@@ -126,6 +129,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
             resolved.append((file, selected, *_live_entries(
                 source, metadata[file], file, selected, final=file in finals)))
     total = sum(e.source.length for _, _, entries, _ in resolved for e in entries)
+    total += sum(int(c["size"]) for c in companions)
     with Progress("verifying", total, enabled=progress if verify else False) as bar:
         for file, selected, entries, problems in resolved:
             problems += file_problems(folder, entries, selected, verify=verify,
@@ -137,7 +141,38 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
                                   "live_bytes": sum(e.source.length for e in entries),
                                   "files": sorted({e.source.file for e in entries}),
                                   "problems": len(problems)})
+        report.problems += companion_problems(folder, companions, verify=verify,
+                                              progress=bar.advance)
     return report
+
+
+def companion_problems(folder: Path, companions: Sequence[dict[str, Any]], *, verify: bool,
+                       progress: Callable[[int], None] | None = None) -> list[str]:
+    """What is wrong with the companion files a runtime opens beside the models: each must
+    be a regular file of its size and (``verify``) of its digest."""
+    from ..io.digests import digest_file, make_key
+
+    problems = []
+    for c in companions:
+        path, name = folder / c["path"], c["path"]
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(f"companion file {name} is not a regular file")
+            elif st.st_size != c["size"]:
+                problems.append(f"companion file {name} has {st.st_size} bytes, the "
+                                f"summary says {c['size']}")
+            elif verify:
+                algo = c["digest"].partition(":")[0]
+                if make_key(algo, digest_file(algo, path)) != c["digest"]:
+                    problems.append(f"companion file {name} differs from its digest")
+                if progress is not None:
+                    progress(c["size"])
+        except FileNotFoundError:
+            problems.append(f"companion file {name} is missing")
+        except OSError as exc:
+            problems.append(f"companion file {name} cannot be read: {exc.strerror or exc}")
+    return problems
 
 
 def _live_entries(source: ModelSource, meta: onnx.ModelProto, file: str,

@@ -95,6 +95,12 @@ def check_summary(summary: Any, where: str) -> None:
             raise PackageError("malformed contents entry in the package summary", file=where,
                                entry=i)
         check_member_path(c["path"], where)
+    listed = {c["path"]: (c["size"], c["digest"]) for c in summary["contents"]}
+    for i, c in enumerate(summary.get("companions", [])):
+        if listed.get(c["path"]) != (c["size"], c["digest"]):
+            raise PackageError("package summary lists a companion file its contents do not "
+                               "hold with that size and digest", file=where,
+                               key=f"companions[{i}]", path=c["path"])
 
 
 def check_member_path(name: str, where: str) -> PurePosixPath:

@@ -126,12 +126,15 @@ def register_root(store: WeightStore, target: Path, summary: Mapping[str, Any],
                   extra: Iterable[str] = ()) -> None:
     """Record in the store that ``target`` holds this package and which keys it uses: its
     weights, and the objects of its other files (model files, ``summary.json``), which
-    its action record names; ``extra``: more keys it keeps alive (prepared weights)."""
-    if summary["layout"]["external_weight"] == "embedded" and not extra:
+    its action record names, and its companion files; ``extra``: more keys it keeps
+    alive (prepared weights)."""
+    companions = {str(c["digest"]) for c in summary.get("companions", [])}
+    if summary["layout"]["external_weight"] == "embedded" and not extra and not companions:
         return  # nothing of the store is in it
     from ..store import RootRecord
 
-    keys = {w["id"] for m in summary["models"] for w in m["external_weights"]} | set(extra)
+    keys = {w["id"] for m in summary["models"] for w in m["external_weights"]}
+    keys |= set(extra) | companions
     try:
         data = read_regular(target / SUMMARY_NAME)
         keys |= {f.pieces[0].key for f in build_actions.whole_files(summary, data)}

@@ -6,7 +6,7 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,7 +18,7 @@ from ..catalogue.schema import Path as TensorPath
 from ..catalogue.schema import path_str
 from ..convert.placement import Placement
 from ..convert.weights import ModelWeights, Weight, declared_checksum
-from ..errors import IntegrityError, StoreError
+from ..errors import IntegrityError, RecipeError, StoreError
 from ..io.digests import digest_bytes, make_key, split_key
 from ..io.files import atomic_write_bytes, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import serialize_model
@@ -27,6 +27,7 @@ from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, 
 from ..layout.writer import FileRange, write_plan
 from ..package.summary import (
     SUMMARY_NAME,
+    CompanionEntry,
     ExternalWeightDesc,
     ModelSummary,
     package_summary,
@@ -34,7 +35,7 @@ from ..package.summary import (
 )
 from ..progress import Progress
 from ..recipe.schema import Layout, Recipe
-from ..store import BytesPayload, PayloadSource, StoredObject, WeightStore
+from ..store import BytesPayload, FilePayload, PayloadSource, StoredObject, WeightStore
 
 if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that use them
     from ..scenarios.package import AddedWeight, PackagedScenario
@@ -153,6 +154,41 @@ def fill_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
                 DerivedKeyCache(store.root).save(
                     s.identity, algo, {i: w.key for i, w in _added_ids(s) if w.key})
     return report
+
+
+def store_companions(store: WeightStore, companions: Sequence[tuple[CompanionEntry, Path]],
+                     report: dict[str, int]) -> dict[str, int]:
+    """Put each companion file's bytes (``(entry, source file)``) into the store as one
+    object under its digest, as a payload is: once however many packages and versions
+    ship it, every object re-hashed against its key before it is indexed (a file changed
+    since it was hashed is an :class:`IntegrityError`). Returns ``report`` with what the
+    put wrote and reused added."""
+    unique = {e.digest: FilePayload(e.digest, e.size, str(file)) for e, file in companions}
+    put = store.put(list(unique.values()), kind="separate", jobs=1)
+    out = dict(report)
+    for k, v in put.to_dict().items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+def _write_companions(store: WeightStore, folder: Path, companions: Sequence[CompanionEntry],
+                      plan: LayoutPlan, algo: str, jobs: int) -> dict[str, str]:
+    """Copy the companion files from the store into the package's temp ``folder`` (each
+    re-hashed against its key); a path a weight file of ``plan`` takes is refused.
+    Returns each file's ``algo`` digest, taken from the bytes written."""
+    from ..package.assembly import assemble, weight_file
+    from ..recipe.companions import collision
+
+    # a weight file, and a folder of them (a split separate layout's groups)
+    taken = sorted({f.name for f in plan.files} | {f.name.rpartition("/")[0]
+                                                    for f in plan.files if "/" in f.name})
+    for c in companions:
+        other = collision(c.path, taken)
+        if other is not None:
+            raise RecipeError(f"companion path '{c.path}' collides with the weight file "
+                              f"'{other}' of this layout", key="files", path=c.path)
+    return assemble(store, folder, [weight_file(c.path, c.size, [(0, c.size, c.digest)])
+                                    for c in companions], jobs=jobs, file_digest=algo)
 
 
 def _selected(sources: list[Source], layouts: list[Layout],
@@ -379,9 +415,11 @@ def estimated_model_bytes(source: Source, layout: Layout) -> int:
 
 def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str,
                   sources: list[Source], store: WeightStore, jobs: int,
-                  progress: bool | None, *, replace: bool = False) -> dict[str, Any]:
+                  progress: bool | None, *, replace: bool = False,
+                  companions: Sequence[CompanionEntry] = ()) -> dict[str, Any]:
     """Build one layout's folder under a temp name and rename it into place (``replace``:
-    over the folder there; else none may be, see :func:`~weightstore.io.files.publish_dir`)."""
+    over the folder there; else none may be, see :func:`~weightstore.io.files.publish_dir`).
+    ``companions``: files copied in from the store (:func:`store_companions` put them)."""
     per_model = []
     for s in sources:
         ws: list[Weight] = []
@@ -455,12 +493,15 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                            read_added, written, recipe.store.hash))
         devices = (_write_devices(tmp, recipe, sources, models)
                    if layout.external_weight != "embedded" else [])
+        if companions:
+            written.update(_write_companions(store, tmp, companions, plan, recipe.store.hash,
+                                             jobs))
         from .inventory import package_contents
 
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan,
-                                  devices=devices,
+                                  devices=devices, companions=companions,
                                   contents=package_contents(tmp, recipe.store.hash, jobs,
                                                            known=written))
         # every file is fsynced; the folder once, when it is published

@@ -3,7 +3,9 @@
 :mod:`.schema` holds the pydantic models (and so the JSON Schema) and the loader that names
 the file, line and key of every error; :mod:`.file` reads a recipe file's bytes without
 yaml or pydantic (what an up-to-date check needs); :mod:`.selection` picks the models and
-layouts a build or a command works on.
+layouts a build or a command works on; :mod:`.companions` is the vocabulary of companion
+files (kinds, the rule of their paths) and :mod:`.formats` the package format each recorded
+setting needs, which readers of summaries share without pydantic.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from ..errors import RecipeError
 from ..io.files import MAX_ALIGNMENT, alignment_problem, atomic_write_bytes
 from ..io.net import loopback_name
 from .file import RECIPE_SIZE_LIMIT, read_recipe_file
+from .formats import LAYOUT_KEYS_SINCE
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
 # and anything with a separator) can never match. Pydantic checks it with an end-anchored
@@ -219,8 +220,28 @@ class ModelEntry(_Model):
         return value
 
 
-# Layout keys added after package format 1, with the package format that introduced them.
-LAYOUT_KEYS_SINCE = {"combined": 2}
+CompanionKind = Literal["config", "doc", "code", "dataset", "weights"]
+
+
+class CompanionFile(_Model):
+    """A file (or a folder's whole tree) shipped in every package beside the models:
+    a configuration, a tokenizer, a licence, a model card."""
+
+    source: PathText = Field(
+        description="Path of the file or folder, relative to the recipe's folder. A folder "
+        "gives every regular file below it (hidden names left out); a link or other special "
+        "file inside it is refused.")
+    path: PathText | None = Field(
+        None, description="Where it goes in the package, relative to the package folder "
+        "('/' between parts). Default: the source's own name; for a folder, '.' puts its "
+        "files at the package root.")
+    kind: CompanionKind | None = Field(
+        None, description="What the file is, as ModelPack names its layers: config, doc, "
+        "code, dataset or weights. Default by name: licences, read-mes and *.md, *.rst, "
+        "*.txt are doc; *.py, *.sh code; *.safetensors, *.bin, *.pt, *.data weights; "
+        "anything else config.")
+
+
 
 
 class Layout(_Model):
@@ -317,6 +338,11 @@ class Recipe(_Model):
         description="Deployment targets: each gets a devices/<name>/ folder in every package "
                     "with the models it runs and the weight files they need."
     )
+    files: list[CompanionFile] = Field(
+        default_factory=list,
+        description="Companion files of every package (configs, tokenizers, licences): "
+                    "stored, listed in summary.json with their digests and verified as "
+                    "the models are.")
     output: PathText = Field(
         "dist", description="Output folder for built packages, relative to the recipe's folder."
     )
@@ -477,6 +503,7 @@ def _check_references(recipe: Recipe, filename: str,
                 fail(f"scenario name '{sc.name}' is reserved",
                      ("models", i, "scenarios", j, "name"))
             known.add(sc.name)
+    _check_companion_paths(recipe, fail)
     for i, layout in enumerate(recipe.layouts):
         if layout.split == "scenario" and layout.external_weight == "embedded":
             fail(f"layout '{layout.name}' splits weights by scenario but keeps them embedded",
@@ -489,6 +516,40 @@ def _check_references(recipe: Recipe, filename: str,
             fail(f"layout '{layout.name}' uses constants: file-constant, which changes the "
                  "graph that scenario records refer to; use external-data for models with "
                  "scenarios", ("layouts", i, "constants"))
+
+
+def _check_companion_paths(recipe: Recipe, fail: Callable[[str, Loc], None]) -> None:
+    """Each companion's path (written or by default) is a package path of its own: no
+    escape, none of the package's own names, no model file, no other companion's path.
+    The paths of a folder's files are checked again when the build lists them."""
+    from .companions import collision, path_problem
+
+    taken = [model_file_name(m) for m in recipe.models]
+    for i, entry in enumerate(recipe.files):
+        path = companion_path(entry)
+        at: Loc = ("files", i, "path" if entry.path is not None else "source")
+        if path == "." and entry.path is not None:
+            continue  # a folder at the package root: its files are checked one by one
+        problem = path_problem(path)
+        if problem is not None:
+            fail(f"{problem}, got {path!r}", at)
+        other = collision(path, taken)
+        if other is not None:
+            fail(f"companion path '{path}' collides with '{other}' in the package", at)
+        taken.append(path)
+
+
+def model_file_name(model: ModelEntry) -> str:
+    """The model's file name in the package."""
+    return f"{model.name}.onnx"
+
+
+def companion_path(entry: CompanionFile) -> str:
+    """Where a companion entry goes in the package: its ``path``, normalised, or its
+    source's own name."""
+    if entry.path is None:
+        return Path(os.path.normpath(entry.source)).name
+    return entry.path
 
 
 def _check_combined(layout: Layout, loc: Loc, fail: Callable[[str, Loc], None]) -> None:

@@ -1,0 +1,370 @@
+"""Companion files (recipe ``files:``): configs, tokenizers, licences shipped in every
+package, stored, listed in summary.json (format 5), fingerprinted and verified."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from weightstore.builder.run import BuildOptions, build
+from weightstore.cli import main
+from weightstore.errors import PackageError, RecipeError
+from weightstore.io.digests import digest_file, make_key
+from weightstore.package.summary import read_summary_file
+from weightstore.packaging.inventory import verify_package
+from weightstore.recipe.companions import default_kind
+from weightstore.recipe.schema import parse_recipe_text
+from weightstore.store import WeightStore
+
+from .helpers import record_calls
+
+LAYOUTS = """
+  - {name: embedded, external_weight: embedded}
+  - {name: separate, external_weight: separate, size_threshold: 64}
+  - {name: combined, external_weight: combined, size_threshold: 64}
+"""
+
+OPTIMUM = {
+    "config.json": json.dumps({"architectures": ["BertModel"], "hidden_size": 32}, indent=2),
+    "tokenizer.json": json.dumps({"version": "1.0", "model": {"type": "WordPiece",
+                                                               "vocab": {"[UNK]": 0, "a": 1}}}),
+    "tokenizer_config.json": json.dumps({"model_max_length": 128, "do_lower_case": True}),
+    "generation_config.json": json.dumps({"max_length": 20}),
+}
+CLASSIC = {"labels.txt": "cat\ndog\nbird\n", "LICENSE": "Apache License 2.0\n",
+           "README.md": "# tiny encoder\n\nA model card.\n"}
+
+
+def write_recipe(folder: Path, files: str, *, layouts: str = LAYOUTS,
+                 models: str = "  - {name: encoder, source: models/encoder.onnx}\n",
+                 extra: str = "") -> Path:
+    text = ('package: pkg\nversion: "1.0.0"\nmodels:\n' + models + "layouts:" + layouts
+            + "output: out\n" + (f"files:\n{files}" if files else "") + extra)
+    path = folder / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def write_tree(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.fixture
+def project(encoder_model, save_model, tmp_path):
+    """An encoder, an Optimum-style export folder and a classic model's files."""
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "hf", OPTIMUM)
+    write_tree(tmp_path / "classic", CLASSIC)
+    files = ("  - {source: hf, path: .}\n"
+             "  - {source: classic/labels.txt}\n"
+             "  - {source: classic/LICENSE}\n"
+             "  - {source: classic/README.md, path: docs/README.md}\n")
+    return write_recipe(tmp_path, files)
+
+
+def opts(tmp_path: Path, store: str = "store", jobs: int = 2, **kwargs) -> BuildOptions:
+    return BuildOptions(store=str(tmp_path / store), jobs=jobs, **kwargs)
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+EXPECTED = {**OPTIMUM, "labels.txt": CLASSIC["labels.txt"], "LICENSE": CLASSIC["LICENSE"],
+            "docs/README.md": CLASSIC["README.md"]}
+
+
+def test_every_layout_ships_the_files_byte_identical(project, tmp_path):
+    result = build(project, opts(tmp_path))
+    assert [p.status for p in result.packages] == ["built"] * 3
+    for package in result.packages:
+        for path, text in EXPECTED.items():
+            assert (package.path / path).read_bytes() == text.encode(), (package.layout, path)
+        summary = json.loads((package.path / "summary.json").read_text())
+        assert summary["format_version"] == 5
+        listed = {c["path"]: c for c in summary["contents"]}
+        assert [c["path"] for c in summary["companions"]] == sorted(EXPECTED)
+        for c in summary["companions"]:
+            file = package.path / c["path"]
+            assert c["size"] == file.stat().st_size
+            assert c["digest"] == make_key("blake3", digest_file("blake3", file))
+            assert listed[c["path"]]["digest"] == c["digest"]
+        kinds = {c["path"]: c["kind"] for c in summary["companions"]}
+        assert kinds == {"config.json": "config", "tokenizer.json": "config",
+                         "tokenizer_config.json": "config",
+                         "generation_config.json": "config", "labels.txt": "doc",
+                         "LICENSE": "doc", "docs/README.md": "doc"}
+        report = verify_package(package.path, store=tmp_path / "store")
+        assert report.ok and report.recorded, report.problems
+
+
+def test_each_file_is_one_store_object(project, tmp_path):
+    result = build(project, opts(tmp_path))
+    summary = result.packages[0].summary
+    store = WeightStore(tmp_path / "store")
+    found = store.locate(c["digest"] for c in summary["companions"])
+    assert len(found) == len(EXPECTED)
+    for c in summary["companions"]:
+        assert store.read(found[c["digest"]]) == EXPECTED[c["path"]].encode()
+
+
+def test_a_package_without_companions_keeps_format_4(encoder_model, save_model, tmp_path):
+    save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, "")
+    summary = build(recipe, opts(tmp_path)).packages[1].summary
+    assert summary["format_version"] == 4 and "companions" not in summary
+
+
+def test_unchanged_is_up_to_date_an_edit_rebuilds(project, tmp_path):
+    first = build(project, opts(tmp_path))
+    before = {p.layout: tree(p.path) for p in first.packages}
+    again = build(project, opts(tmp_path))
+    assert [p.status for p in again.packages] == ["up-to-date"] * 3
+    (tmp_path / "hf" / "tokenizer_config.json").write_text('{"model_max_length": 64}')
+    with pytest.raises(PackageError) as caught:
+        build(project, opts(tmp_path))
+    assert "companion 'tokenizer_config.json'" in caught.value.context["changed"]
+    rebuilt = build(project, opts(tmp_path, force=True))
+    assert [p.status for p in rebuilt.packages] == ["built"] * 3
+    for p in rebuilt.packages:
+        assert p.summary["fingerprint"] != first.packages[0].summary["fingerprint"]
+        assert (p.path / "tokenizer_config.json").read_bytes() == b'{"model_max_length": 64}'
+        assert tree(p.path)["encoder.onnx"] == before[p.layout]["encoder.onnx"]
+
+
+def test_a_file_added_to_a_folder_rebuilds(project, tmp_path):
+    build(project, opts(tmp_path))
+    (tmp_path / "hf" / "preprocessor_config.json").write_text("{}")
+    with pytest.raises(PackageError) as caught:
+        build(project, opts(tmp_path))
+    assert "companion 'preprocessor_config.json' added" in caught.value.context["changed"]
+
+
+def test_an_action_cache_hit_materializes_them(project, tmp_path, monkeypatch):
+    first = build(project, opts(tmp_path))
+    before = {p.layout: tree(p.path) for p in first.packages}
+    for p in first.packages:
+        if p.layout != "embedded":
+            shutil.rmtree(p.path)
+    from weightstore.packaging import write
+
+    calls = record_calls(monkeypatch, write, "write_package")
+    again = build(project, opts(tmp_path))
+    assert calls == []  # nothing converted: the store served every file
+    assert [p.status for p in again.packages] == ["up-to-date", "built", "built"]
+    for p in again.packages:
+        assert tree(p.path) == before[p.layout]
+
+
+def test_two_builds_are_byte_identical_fresh_or_warm_store(project, tmp_path):
+    first = build(project, opts(tmp_path))
+    trees = {p.layout: tree(p.path) for p in first.packages}
+    shutil.rmtree(tmp_path / "out")
+    warm = build(project, opts(tmp_path, force=True))  # converted again, store warm
+    assert {p.layout: tree(p.path) for p in warm.packages} == trees
+    shutil.rmtree(tmp_path / "out")
+    fresh = build(project, opts(tmp_path, store="other-store", jobs=1))
+    assert {p.layout: tree(p.path) for p in fresh.packages} == trees
+
+
+def test_an_edited_companion_is_refused_as_an_edited_model(project, tmp_path, capsys):
+    result = build(project, opts(tmp_path))
+    folder = result.packages[2].path
+    config = folder / "config.json"
+    data = bytearray(config.read_bytes())
+    data[5] ^= 0x01  # same size, other bytes
+    config.write_bytes(bytes(data))
+    report = verify_package(folder)
+    assert [(p.kind, p.path) for p in report.problems] == [("digest", "config.json")]
+    assert main(["verify", str(folder)]) == 1
+    assert "digest: config.json" in capsys.readouterr().out
+    (folder / "extra.json").write_text("{}")
+    assert ("unexpected", "extra.json") in [(p.kind, p.path)
+                                            for p in verify_package(folder).problems]
+    with pytest.raises(PackageError):  # and a build does not take it as the package
+        build(project, opts(tmp_path))
+
+
+# --- recipe validation ------------------------------------------------------------------
+
+RECIPE_HEAD = ('package: pkg\nversion: "1"\nmodels: [{name: encoder, source: m.onnx}]\n'
+               "layouts: [{name: c, external_weight: combined}]\n")
+
+
+@pytest.mark.parametrize("entry, key, words", [
+    ("{source: a.json, path: ../a.json}", "files[0].path", "normalised"),
+    ("{source: a.json, path: /etc/a.json}", "files[0].path", "not absolute"),
+    ("{source: a.json, path: a//b.json}", "files[0].path", "normalised"),
+    ("{source: a.json, path: ./a.json}", "files[0].path", "normalised"),
+    ("{source: a.json, path: .hidden}", "files[0].path", "hidden"),
+    ("{source: a.json, path: summary.json}", "files[0].path", "keeps for itself"),
+    ("{source: a.json, path: devices/cpu/a.json}", "files[0].path", "keeps for itself"),
+    ("{source: a.json, path: payloads/a.json}", "files[0].path", "keeps for itself"),
+    ("{source: a.json, path: encoder.onnx}", "files[0].path", "collides with 'encoder.onnx'"),
+    ("{source: a.json, path: encoder.onnx/x}", "files[0].path", "collides"),
+    ("{source: x/encoder_weight_combined}", "files[0].source", "weight file"),
+    ("{source: a.json, path: 'weight_" + "0" * 64 + "'}", "files[0].path", "weight file"),
+    ("{source: a.json, kind: licence}", "files[0].kind", "config"),
+    ("{source: a.json, size: 3}", "files[0].size", "unknown key"),
+])
+def test_recipe_paths_are_checked(entry, key, words):
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe_text(RECIPE_HEAD + f"files:\n  - {entry}\n", "r.yaml")
+    assert caught.value.context["key"] == key
+    assert words in str(caught.value)
+
+
+def test_two_entries_at_one_path_are_refused():
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe_text(RECIPE_HEAD + "files:\n  - {source: a/config.json}\n"
+                          "  - {source: b/x.json, path: config.json}\n", "r.yaml")
+    assert caught.value.context["key"] == "files[1].path"
+    assert "collides with 'config.json'" in str(caught.value)
+
+
+def test_folder_files_are_checked_at_build(encoder_model, save_model, tmp_path, capsys):
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "hf", {"config.json": "{}", "summary.json": "{}"})
+    recipe = write_recipe(tmp_path, "  - {source: hf, path: .}\n")
+    with pytest.raises(RecipeError) as caught:
+        build(recipe, opts(tmp_path))
+    assert caught.value.context["key"] == "files[0]" and "summary.json" in str(caught.value)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "store").exists()
+    (tmp_path / "hf" / "summary.json").unlink()
+    write_tree(tmp_path / "more", {"config.json": "{}"})
+    write_recipe(tmp_path, "  - {source: hf, path: .}\n  - {source: more/config.json}\n")
+    assert main(["build", str(recipe), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "collides with 'config.json'" in err[0]
+
+
+@pytest.mark.parametrize("special", ["link", "folder-link", "fifo"])
+def test_links_and_special_files_in_a_folder_are_refused(special, encoder_model, save_model,
+                                                         tmp_path, capsys):
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "hf", {"config.json": "{}"})
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "key").write_text("private")
+    if special == "link":
+        os.symlink(tmp_path / "secret" / "key", tmp_path / "hf" / "tokenizer.json")
+    elif special == "folder-link":
+        os.symlink(tmp_path / "secret", tmp_path / "hf" / "sub")
+    else:
+        os.mkfifo(tmp_path / "hf" / "pipe")
+    recipe = write_recipe(tmp_path, "  - {source: hf}\n")
+    with pytest.raises(RecipeError) as caught:
+        build(recipe, opts(tmp_path))
+    assert caught.value.context["key"] == "files[0].source"
+    assert "link or a special file" in str(caught.value)
+    assert main(["build", str(recipe), "--store", str(tmp_path / "store")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_hidden_files_of_a_folder_are_left_out(encoder_model, save_model, tmp_path):
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "hf", {"config.json": "{}", ".gitattributes": "*.bin lfs",
+                                 ".cache/huggingface/x": "y", "sub/vocab.txt": "a\nb\n"})
+    recipe = write_recipe(tmp_path, "  - {source: hf}\n")
+    summary = build(recipe, opts(tmp_path)).packages[0].summary
+    assert [(c["path"], c["kind"]) for c in summary["companions"]] == [
+        ("hf/config.json", "config"), ("hf/sub/vocab.txt", "config")]
+
+
+@pytest.mark.parametrize("entry, key", [
+    ("{source: nowhere.json}", "files[0].source"),  # a missing source
+    ("{source: a.json, path: .}", "files[0].path"),  # the root is for a folder
+])
+def test_a_source_the_build_cannot_take_is_a_recipe_error(entry, key, encoder_model,
+                                                          save_model, tmp_path):
+    save_model(encoder_model, "models/encoder.onnx")
+    (tmp_path / "a.json").write_text("{}")
+    recipe = write_recipe(tmp_path, f"  - {entry}\n")
+    with pytest.raises(RecipeError) as caught:
+        build(recipe, opts(tmp_path))
+    assert caught.value.context["key"] == key
+
+
+def test_a_separate_layouts_weight_folder_is_not_taken(encoder_model, save_model, tmp_path):
+    """A split separate layout's group folder (<package>.<group>/) collides too."""
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "x", {"pkg.default/a.json": "{}"})
+    recipe = write_recipe(tmp_path, "  - {source: x, path: .}\n", layouts="""
+  - {name: split, external_weight: separate, split: scenario, size_threshold: 64}
+""")
+    with pytest.raises(RecipeError) as caught:
+        build(recipe, opts(tmp_path))
+    assert "collides" in str(caught.value) and "pkg.default" in str(caught.value)
+
+
+@pytest.mark.parametrize("path, kind", [
+    ("LICENSE", "doc"), ("LICENSE.txt", "doc"), ("COPYING", "doc"), ("NOTICE", "doc"),
+    ("README.md", "doc"), ("docs/usage.rst", "doc"), ("labels.txt", "doc"),
+    ("vocab.txt", "config"), ("merges.txt", "config"), ("config.json", "config"),
+    ("tokenizer.json", "config"), ("genai_config.json", "config"),
+    ("chat_template.jinja", "config"), ("spiece.model", "config"), ("run.py", "code"),
+    ("setup.sh", "code"), ("model.safetensors", "weights"), ("pytorch_model.bin", "weights"),
+    ("model.onnx.data", "weights"), ("w.pt", "weights")])
+def test_default_kinds(path, kind):
+    assert default_kind(path) == kind
+
+
+# --- summary structure ------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, key", [
+    (lambda s: s.update(companions={}), "companions"),
+    (lambda s: s["companions"][0].pop("digest"), "companions[0].digest"),
+    (lambda s: s["companions"][0].update(kind="model"), "companions[0].kind"),
+    (lambda s: s["companions"][0].update(size=-1), "companions[0].size"),
+    (lambda s: s["companions"][0].update(digest="md5:00"), "companions[0].digest"),
+    (lambda s: s["companions"][0].update(path="../../etc/passwd"), "companions[0].path"),
+    (lambda s: s["companions"][0].update(path="/etc/passwd"), "companions[0].path"),
+    (lambda s: s["companions"][0].update(path="summary.json"), "companions[0].path"),
+    (lambda s: s["companions"].append(dict(s["companions"][0])), "companions[7].path"),
+    (lambda s: s.update(format_version=4), "companions"),
+    (lambda s: s["companions"][0].update(size=1), "companions[0]"),
+])
+def test_malformed_companions_are_refused(project, tmp_path, change, key, capsys):
+    folder = build(project, opts(tmp_path)).packages[2].path
+    summary = json.loads((folder / "summary.json").read_text())
+    change(summary)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(PackageError) as caught:
+        verify_package(folder)
+    assert caught.value.context["key"] == key
+    assert main(["verify", str(folder)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_read_summary_file_checks_companions(project, tmp_path):
+    folder = build(project, opts(tmp_path)).packages[1].path
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["companions"][0]["path"] = "a/../../b"
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(PackageError):
+        read_summary_file(folder)
+
+
+def test_check_names_a_missing_or_edited_companion(project, tmp_path, capsys):
+    from weightstore.packaging.check import check_package
+
+    folder = build(project, opts(tmp_path)).packages[1].path
+    assert check_package(folder, verify=True).ok
+    tokenizer = folder / "tokenizer.json"
+    data = bytearray(tokenizer.read_bytes())
+    data[0] ^= 0x01
+    tokenizer.write_bytes(bytes(data))
+    assert check_package(folder).ok  # sizes only
+    assert check_package(folder, verify=True).problems == [
+        "companion file tokenizer.json differs from its digest"]
+    tokenizer.unlink()
+    assert check_package(folder).problems == ["companion file tokenizer.json is missing"]
+    assert main(["check", str(folder)]) == 1
+    assert "tokenizer.json is missing" in capsys.readouterr().out

@@ -1,0 +1,83 @@
+"""Companion files: what a package ships beside its models (configs, tokenizers, licences,
+model cards), so that its folder is the runtime folder a runtime opens as it is.
+
+The vocabulary every layer shares, without yaml or pydantic: the kinds (as the CNCF
+ModelPack spec names its layers), the kind a file name gets by default, and the one rule
+of a companion's path in a package, which the recipe, the build and every reader of a
+summary apply. It reads no file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import PurePosixPath
+
+KINDS = ("config", "doc", "code", "dataset", "weights")
+COMPANIONS_SINCE = 5  # the package format whose summary lists ``companions``
+
+# names a package keeps for itself: its summary, its device folders, the files a registry
+# gives each payload, the prepared graphs ``weightstore prepare`` writes beside a package
+RESERVED_NAMES = ("summary.json",)
+RESERVED_FOLDERS = ("devices", "payloads", "prepared")
+_SEPARATE = re.compile(r"weight_[0-9a-f]{64}")  # a separate layout's weight file
+_COMBINED_SUFFIX = "_weight_combined"
+
+_DOC_PREFIXES = ("license", "licence", "copying", "notice", "readme")
+_DOC_SUFFIXES = (".md", ".rst", ".txt")
+_CODE_SUFFIXES = (".py", ".sh")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".data")
+# text files that hold what a model reads (vocabularies, merges, labels): configuration
+_CONFIG_TEXT = ("vocab.txt", "merges.txt", "added_tokens.txt")
+
+
+def default_kind(path: str) -> str:
+    """The kind of a companion at ``path`` when its recipe entry names none: licences,
+    notices, read-mes and documents (``*.md``, ``*.rst``, ``*.txt``) are ``doc``, scripts
+    ``code``, weight files ``weights``, everything else (``config.json``,
+    ``tokenizer.json``, ``genai_config.json``, chat templates, vocabularies) ``config``."""
+    name = PurePosixPath(path).name.lower()
+    if name.startswith(_DOC_PREFIXES):
+        return "doc"
+    if name in _CONFIG_TEXT:
+        return "config"
+    if name.endswith(_DOC_SUFFIXES):
+        return "doc"
+    if name.endswith(_CODE_SUFFIXES):
+        return "code"
+    if name.endswith(_WEIGHT_SUFFIXES):
+        return "weights"
+    return "config"
+
+
+def path_problem(path: object) -> str | None:
+    """Why ``path`` cannot be a companion's path in a package, None when it can: a
+    relative '/'-separated path, normalised (no ``.``, ``..`` or empty component), no
+    backslash or NUL, no hidden component (temp files and locks are hidden), and none of
+    the names a package keeps for itself (``summary.json``, ``devices/``, ``payloads/``,
+    ``prepared/``) or gives its weight files (``weight_<hex>``, ``*_weight_combined``)."""
+    if not isinstance(path, str) or not path:
+        return "a companion path is a non-empty relative path"
+    if path.startswith("/"):
+        return "a companion path is relative to the package folder, not absolute"
+    if "\\" in path or "\x00" in path:
+        return "a companion path uses '/' between its parts and holds no NUL"
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "a companion path is normalised: no empty, '.' or '..' part"
+    if any(p.startswith(".") for p in parts):
+        return "a companion path has no hidden part (a name starting with '.')"
+    if path in RESERVED_NAMES or parts[0] in RESERVED_FOLDERS:
+        return f"'{parts[0]}' is a name the package keeps for itself"
+    if _SEPARATE.fullmatch(parts[-1]) or parts[0].endswith(_COMBINED_SUFFIX):
+        return "a companion path may not take a weight file's name"
+    return None
+
+
+def collision(path: str, taken: Iterable[str]) -> str | None:
+    """The first of ``taken`` (package paths) that ``path`` collides with: the same path,
+    or one of them a folder of the other."""
+    for other in taken:
+        if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
+            return other
+    return None
