@@ -13,7 +13,10 @@ belongs. The unit of transfer is the weight payload, not the file:
   of a combined or split file) has a path of its own, ``payloads/weight_<hex>``
   (:func:`payload_paths`);
 - every other file (models, ``summary.json``, device folders) as one layer at its path;
-  ONNX graphs are ``weight`` layers, records ``weight.config`` layers.
+  ONNX graphs are ``weight`` layers, records ``weight.config`` layers, and each companion
+  file the summary lists (configs, tokenizers, docs, code: :func:`companion_files`) the
+  layer type ModelPack gives its kind (:data:`KIND_TYPES`). Identical bytes are one blob,
+  named by as many layers as files hold them.
 
 There is no separate assembly record: ``summary.json`` lists every weight file and where
 each payload sits in it (key, offset, size), which is all ``weightstore pull`` and
@@ -45,6 +48,11 @@ ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.cncf.model.config.v1+json"
 WEIGHT_TYPE = "application/vnd.cncf.model.weight.v1.raw"
 FILE_TYPE = "application/vnd.cncf.model.weight.config.v1.raw"
+# the layer type of each kind of companion file, as the ModelPack specification names them
+KIND_TYPES = {"config": FILE_TYPE, "doc": "application/vnd.cncf.model.doc.v1.raw",
+              "code": "application/vnd.cncf.model.code.v1.raw",
+              "dataset": "application/vnd.cncf.model.dataset.v1.raw",
+              "weights": WEIGHT_TYPE}
 ASSEMBLY_TYPE = "application/vnd.weightstore.assembly.v1+json"  # format 1 artifacts only
 FILEPATH = "org.cncf.model.filepath"
 TITLE = "org.opencontainers.image.title"
@@ -54,6 +62,7 @@ FINGERPRINT = "org.weightstore.fingerprint"
 FORMAT_VERSION = 2  # of the artifact: 1 had an assembly record layer
 ASSEMBLY_VERSION = 1
 PAYLOADS_DIR = "payloads"  # where payloads that are no whole file of the package go
+DEVICES_DIR = "devices"  # a device's folder in the package: devices/<device>/
 GRAPH_SUFFIX = ".onnx"  # files pushed as weight layers; other files are weight.config
 SUMMARY_NAME = "summary.json"
 FIXED_EPOCH = 0  # createdAt when SOURCE_DATE_EPOCH is not set: builds carry no time
@@ -71,6 +80,12 @@ class PackagePlan:
     fingerprint: str
     weight_files: tuple[WeightFile, ...]
     other_files: tuple[str, ...]  # every other regular file, '/'-separated, sorted
+    kinds: Mapping[str, str] = field(default_factory=dict)  # companion file path -> kind
+
+    def layer_type(self, name: str) -> str:
+        """The media type of the layer of ``name``, a file other than a weight file."""
+        kind = self.kinds.get(name)
+        return layer_type(name) if kind is None else KIND_TYPES[kind]
 
     def payload_sizes(self) -> dict[str, int]:
         """Every distinct payload key with its size, in file then offset order."""
@@ -96,15 +111,37 @@ def plan_package(folder: Path, summary: Mapping[str, Any], files: list[str]) -> 
         head = (str(summary["package"]), str(summary["version"]),
                 str(summary["layout"]["name"]), str(summary["hash"]),
                 str(summary["fingerprint"]))
+        kinds = {name: str(c["kind"]) for name, c in companion_files(summary).items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise PackageError(f"malformed summary.json: {exc!r}", folder=str(folder)) from None
+    for name, kind in sorted(kinds.items()):
+        if kind not in KIND_TYPES:
+            raise PackageError("malformed summary.json: a companion file of an unknown kind",
+                               folder=str(folder), file=name, kind=kind)
     present = set(files)
     for f in found:
         if f.name not in present:
             raise PackageError("a weight file the summary lists is missing", folder=str(folder),
                                file=f.name)
     others = tuple(sorted(present - {f.name for f in found}))
-    return PackagePlan(*head, weight_files=tuple(found), other_files=others)
+    return PackagePlan(*head, weight_files=tuple(found), other_files=others, kinds=kinds)
+
+
+def companion_files(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Every companion file the package holds, by its path in the package, with its
+    summary entry (``path``, ``size``, ``digest``, ``kind``): the package's own at their
+    paths, and each device's that has bytes of its own (an override, listed in
+    ``contents``) at ``devices/<device>/<path>``. Empty for a summary before companions.
+    A malformed summary raises KeyError, TypeError or ValueError."""
+    out: dict[str, Mapping[str, Any]] = {str(c["path"]): c
+                                         for c in summary.get("companions") or ()}
+    listed = {str(c["path"]) for c in summary.get("contents") or ()}
+    for device in summary.get("devices") or ():
+        for c in device.get("companions") or ():
+            name = f"{DEVICES_DIR}/{device['name']}/{c['path']}"
+            if name in listed:
+                out[name] = c
+    return out
 
 
 def list_files(folder: Path) -> list[str]:
@@ -221,7 +258,7 @@ def build_artifact(plan: PackagePlan, payload_sha256: Mapping[str, str],
                       for path in paths[key])
     for name in plan.other_files:
         digest, size = file_digests[name]
-        layers.append(_layer(layer_type(name), digest, size, name))
+        layers.append(_layer(plan.layer_type(name), digest, size, name))
     seen: set[str] = set()
     for layer in layers:
         path = layer["annotations"][FILEPATH]

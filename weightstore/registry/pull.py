@@ -9,7 +9,10 @@ written by the download itself, with the bytes as they are hashed. Meanwhile the
 files are assembled from the store (:mod:`weightstore.package.assembly`: every piece
 copied as soon as its payload is in, while other blobs still download, and re-hashed
 against its key), byte-identical to the pushed package (payloads at their offsets, zero
-bytes between them).
+bytes between them). Companion files (configs, tokenizers, docs the summary lists) travel
+as payloads do: each is fetched into the store under the digest the summary lists for it
+(checked with its sha256 as it arrives, so a registry or mirror serving other bytes is
+refused), only when the store lacks it, and written from there.
 
 With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
 first (the device folder's models and ``bundle.json``, or the package models with the
@@ -36,13 +39,13 @@ from ..errors import (
     RegistryError,
     ScenarioError,
 )
-from ..io.digests import make_key
+from ..io.digests import make_key, new_hasher, split_key
 from ..io.files import (
     make_temp_dir,
     parse_json,
     publish_dir,
 )
-from ..package.assembly import summary_weight_files
+from ..package.assembly import Piece, summary_weight_files
 from ..package.summary import read_summary_file
 from ..store import WeightStore
 from . import digests
@@ -50,6 +53,7 @@ from .artifact import (
     SUMMARY_NAME,
     ParsedArtifact,
     WeightFile,
+    companion_files,
     parse_assembly,
     parse_manifest,
     sha256_digest,
@@ -123,8 +127,10 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
         with store.leased():
             plan = _plan_variant(client, ref, parsed, files, summary, stage, report,
                                  device=device, scenario=scenario)
-            hashed = fetch_and_assemble(client, ref, store, parsed.payloads, plan.wanted,
-                                        report, jobs, progress, plan.folder, plan.files)
+            hashed = fetch_and_assemble(client, ref, store,
+                                        {**plan.companion_layers, **parsed.payloads},
+                                        plan.wanted, report, jobs, progress, plan.folder,
+                                        plan.files + plan.companions)
             # only the pairs this pull hashed: a payload taken from the store says
             # nothing about the blob the manifest names for it
             digests.remember(store, sha256=hashed, host=ref.host, repository=ref.repository,
@@ -195,14 +201,74 @@ def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
 @dataclass(frozen=True)
 class _Plan:
     """What a pull writes: the folder to publish, its weight files, the payloads it
-    needs (key -> size), and for a whole package its summary and the digests of the
-    files downloaded whole (in the algorithm of the summary's ``contents``)."""
+    needs (key -> size, companion files' included), its companion files (each one payload,
+    fetched by the layer ``companion_layers`` names for its key), and for a whole package
+    its summary and the digests of the files downloaded whole (in the algorithm of the
+    summary's ``contents``)."""
 
     folder: Path
     files: list[WeightFile]
     wanted: dict[str, int]
     summary: dict[str, Any] | None = None
     known: dict[str, str] = field(default_factory=dict)
+    companions: list[WeightFile] = field(default_factory=list)
+    companion_layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _companions(entries: dict[str, Any], layers: dict[str, dict[str, Any]],
+                ref: Reference) -> tuple[list[WeightFile], dict[str, dict[str, Any]],
+                                         dict[str, str]]:
+    """The companion files ``entries`` names (path in the output -> summary entry) as
+    files of one payload each, keyed by the digest the summary lists, each key's layer
+    (from ``layers``: a companion file's digest -> its layer), and the digest of what
+    each file will hold. A payload is fetched into the store as a weight payload is, its
+    sha256 and its key both checked on the bytes as they arrive, and written from there
+    re-hashed: a file holds its key's bytes or is not written (an empty file, the empty
+    digest)."""
+    files, found, written = [], {}, {}
+    for name, entry in sorted(entries.items()):
+        try:
+            key, size = str(entry["digest"]), entry["size"]
+            split_key(key)
+            if type(size) is not int or size < 0:
+                raise ValueError(size)
+        except (KeyError, TypeError, ValueError, IntegrityError):
+            raise RegistryError("malformed model artifact: a companion file's entry in the "
+                                "summary", reference=str(ref), file=name) from None
+        layer = layers.get(key)
+        if layer is None or layer["size"] != size:
+            raise RegistryError("malformed model artifact: a companion file the summary "
+                                "lists has no layer of its size", reference=str(ref),
+                                file=name, size=size,
+                                layer_size=None if layer is None else layer["size"])
+        files.append(WeightFile(name, size, (Piece(key, 0, size),) if size else ()))
+        if size:
+            found[key] = layer
+            written[name] = key
+        else:
+            algo = split_key(key)[0]
+            written[name] = make_key(algo, new_hasher(algo).hexdigest())
+    return files, found, written
+
+
+def _companion_layers(summary: dict[str, Any], parsed: ParsedArtifact, ref: Reference,
+                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Every companion file of the package: its path -> summary entry, and its digest
+    -> its layer."""
+    try:
+        every = companion_files(summary)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise RegistryError("malformed model artifact: the summary's companion files",
+                            reference=str(ref), file=SUMMARY_NAME) from None
+    layers = {}
+    for name, entry in sorted(every.items()):
+        desc = parsed.files.get(name)
+        if desc is None:
+            raise RegistryError("malformed model artifact: a file its metadata names has "
+                                "no layer", reference=str(ref), file=name)
+        layers.setdefault(str(entry.get("digest")), desc)
+    return every, layers
+
 
 
 def _read_summary(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
@@ -270,12 +336,16 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
                   report: PullReport, *, device: str | None, scenario: str | None) -> _Plan:
     """Fetch the metadata the output needs and decide which payloads it needs. A whole
     package is assembled in ``stage`` itself, a variant in a folder inside it."""
+    every, layers = _companion_layers(summary, parsed, ref)
     if device is None and scenario is None:
         algo = contents_algo(summary)
-        known = _download_files(client, ref, parsed, sorted(set(parsed.files) - {SUMMARY_NAME}),
+        companions, by_key, written = _companions(every, layers, ref)
+        known = _download_files(client, ref, parsed,
+                                sorted(set(parsed.files) - {SUMMARY_NAME} - set(every)),
                                 stage, report, also=algo)
-        wanted = {p.key: p.size for f in files for p in f.pieces}
-        return _Plan(stage, files, _count(wanted, report), summary, known)
+        wanted = {p.key: p.size for f in files + companions for p in f.pieces}
+        return _Plan(stage, files, _count(wanted, report), summary, {**known, **written},
+                     companions, by_key)
     from ..package.bundle_record import BUNDLE_NAME, device_record, model_entry, render_record
     from ..resolve.source import record_beside, store_keys_of
     from ..resolve.variant import variant_graph
@@ -288,7 +358,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     record = None
     if device is not None:
         prefix = f"{DEVICES}/{device}/"
-        names = sorted(n for n in parsed.files if n.startswith(prefix))
+        names = sorted(n for n in parsed.files if n.startswith(prefix) and n not in every)
         if not names:
             known = sorted({n.split("/")[1] for n in parsed.files
                             if n.startswith(f"{DEVICES}/") and n.count("/") == 2})
