@@ -265,3 +265,62 @@ def hostile_copies(archive: Path) -> dict[str, bytes]:
     }
     assert out.keys() == HOSTILE_TRICKS.keys()
     return out
+
+
+COMPANION_RECIPE = """\
+package: pkg
+version: "1.0.0"
+store: {path: store, hash: blake3}
+models:
+  - {name: encoder, source: models/encoder.onnx}
+layouts:
+  - {name: combined, external_weight: combined, alignment: 512, size_threshold: 1024}
+  - {name: separate, external_weight: separate, size_threshold: 1024}
+files:
+  - source: hf/genai_config.json
+  - source: hf/tokenizer.json
+  - source: hf/LICENSE
+  - {source: hf/extra, path: extra}
+devices:
+  - {name: cpu, scenario: null}
+output: out
+"""
+# a companion's text may hold anything: markup a page must show as text, never run
+HOSTILE_TEXT = "</script><img src=x onerror=\"console.error(1)\"><!--<script>&amp;\u00e9"
+
+
+def companion_sources(version: int = 1) -> dict[str, bytes]:
+    """The companion files of :func:`make_companion_checkout`, by path in the package."""
+    vocab = {f"tok{i}": i for i in range(600 + 40 * version)}
+    files = {
+        "genai_config.json": json.dumps({"model": {"type": "llama", "context_length": 128},
+                                         "search": {"max_length": 64 * version}},
+                                        indent=2).encode(),
+        "tokenizer.json": json.dumps({"version": "1.0", "model": {"type": "BPE",
+                                                                  "vocab": vocab}},
+                                     indent=1).encode(),
+        "LICENSE": f"Sample licence {HOSTILE_TEXT}\n".encode(),
+        "extra/merges.txt": b"#version: 0.2\nt o\nto k\n",
+        "extra/blob.bin": bytes(range(256)) * (4 + version),
+    }
+    if version == 2:
+        del files["LICENSE"]
+        files["README.md"] = b"# pkg\n\nA model card.\n"
+    return files
+
+
+def make_companion_checkout(root: Path, model: onnx.ModelProto, version: int = 1) -> Path:
+    """A recipe with companion files (top-level ``files``, a folder among them), its model
+    and the files' sources under ``root``; returns the recipe path.
+    ``version=2``: tokenizer.json, genai_config.json and extra/blob.bin changed, LICENSE
+    gone, README.md new."""
+    recipe = make_checkout(root, model)
+    text = COMPANION_RECIPE
+    if version == 2:
+        text = text.replace("  - source: hf/LICENSE\n", "  - source: hf/README.md\n")
+    recipe.write_text(text)
+    for path, data in companion_sources(version).items():
+        source = root / "hf" / path
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_bytes(data)
+    return recipe

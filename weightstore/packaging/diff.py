@@ -23,6 +23,7 @@ from ..io.files import parse_json, read_regular
 from ..io.tar import read_trailer
 from ..package.bundle_record import BUNDLE_NAME
 from .archive_reader import open_archive
+from .companion_files import PackagedCompanion, companion_files, read_companion
 from .inventory import read_summary, verified_package
 from .unpack import read_archive
 
@@ -35,22 +36,42 @@ class PackageView:
     summary: dict[str, Any]
     bundles: dict[str, dict[str, Any]]  # device name -> bundle.json
     verified: bool = True  # its files were hashed against the summary (not --no-verify)
+    # package file -> bytes of the companions asked for (open_view's companion_limit)
+    companion_bytes: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Change:
     kind: str  # added | removed | changed
-    what: str  # model | weight | scenario | device | file
+    what: str  # model | weight | scenario | device | companion | file
     name: str
     old: str | None = None
     new: str | None = None
+    # a companion's: the device whose own file it is (None: the package's), each side's
+    # size and kind (None on the side that lacks it)
+    device: str | None = None
+    old_size: int | None = None
+    new_size: int | None = None
+    old_kind: str | None = None
+    new_kind: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "what": self.what, "name": self.name, "old": self.old,
-                "new": self.new}
+        out = {"kind": self.kind, "what": self.what, "name": self.name, "old": self.old,
+               "new": self.new}
+        if self.what == "companion":
+            out |= {"device": self.device, "old_size": self.old_size,
+                    "new_size": self.new_size, "old_kind": self.old_kind,
+                    "new_kind": self.new_kind}
+        return out
 
     def __str__(self) -> str:
         sign = {"added": "+", "removed": "-", "changed": "~"}[self.kind]
+        if self.what == "companion":
+            device = f" on device {self.device}" if self.device is not None else ""
+            kinds = " -> ".join(dict.fromkeys(k for k in (self.old_kind, self.new_kind) if k))
+            sizes = " -> ".join(str(n) for n in (self.old_size, self.new_size)
+                                if n is not None)
+            return f"{sign} companion {self.name}{device} ({kinds}, {sizes} bytes)"
         values = " -> ".join(v for v in (self.old, self.new) if v is not None)
         return f"{sign} {self.what} {self.name}" + (f"  {values}" if values else "")
 
@@ -78,12 +99,15 @@ class PackageDiff:
                           "devices": dict(sorted(self.device_fetch_bytes.items()))}}
 
 
-def open_view(path: str | Path, *, verify: bool = True, jobs: int = 1) -> PackageView:
+def open_view(path: str | Path, *, verify: bool = True, jobs: int = 1,
+              companion_limit: int = 0) -> PackageView:
     """The package at ``path`` (a folder or a release archive), read only once its files
     are what its summary lists: a folder as ``verify`` checks it, an archive as ``unpack``
     reads it (every member checked and hashed, nothing after the tar's end); anything
     either refuses is refused here. ``verify=False`` hashes nothing: every other check
-    (kinds, paths, sizes, unlisted and missing files, the archive's structure) holds."""
+    (kinds, paths, sizes, unlisted and missing files, the archive's structure) holds.
+    ``companion_limit``: also hold the bytes of every companion file up to that size
+    (checked against the summary as they are read), for a reader that shows them."""
     path = Path(path)
     if not path.exists():
         raise PackageError("no such package folder or archive", path=str(path))
@@ -98,8 +122,15 @@ def open_view(path: str | Path, *, verify: bool = True, jobs: int = 1) -> Packag
             except (OSError, ValueError) as exc:
                 raise PackageError(f"cannot read a device record: {exc}",
                                    file=str(record)) from None
-        return PackageView(str(path), summary, bundles, verify)
-    return _archive_view(path, verify)
+        small = _small_companions(summary, companion_limit)
+        return PackageView(str(path), summary, bundles, verify,
+                           {c.file: read_companion(path, c, c.size).head for c in small})
+    return _archive_view(path, verify, companion_limit)
+
+
+def _small_companions(summary: Mapping[str, Any], limit: int) -> list[PackagedCompanion]:
+    """The companion files of at most ``limit`` bytes, each package file once."""
+    return list({c.file: c for c in companion_files(summary) if c.size <= limit}.values())
 
 
 def _is_bundle(rel: str) -> bool:
@@ -107,16 +138,19 @@ def _is_bundle(rel: str) -> bool:
     return len(parts) == 3 and parts[0] == "devices" and parts[2] == BUNDLE_NAME
 
 
-def _archive_view(path: Path, verify: bool) -> PackageView:
-    read = read_archive(path, keep=_is_bundle, hashed=verify)
+def _archive_view(path: Path, verify: bool, companion_limit: int) -> PackageView:
+    read = read_archive(path, keep=_is_bundle, hashed=verify,
+                        keep_companions=lambda summary: {
+                            c.file for c in _small_companions(summary, companion_limit)})
     bundles: dict[str, dict[str, Any]] = {}
+    companions = {rel: read.kept.pop(rel) for rel in read.companions}
     for rel, data in read.kept.items():
         try:
             bundles[rel.split("/")[1]] = parse_json(data)
         except ValueError as exc:
             raise PackageError(f"archive member is not JSON: {exc}", archive=str(path),
                                member=rel) from None
-    return PackageView(str(path), read.summary, bundles, verify)
+    return PackageView(str(path), read.summary, bundles, verify, companions)
 
 
 def weights_by_name(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -159,8 +193,12 @@ def diff_packages(a: PackageView, b: PackageView) -> PackageDiff:
     files_a = {c["path"]: c for c in sa["contents"]}
     files_b = {c["path"]: c for c in sb["contents"]}
     changes += _device_changes(sa, sb, files_a, files_b)
-    changes += _pairs("file", {k: c["digest"] for k, c in files_a.items()},
-                      {k: c["digest"] for k, c in files_b.items()})
+    changes += companion_changes(sa, sb)
+    companions_a = {c.file for c in companion_files(sa)}  # named as companions, not files
+    companions_b = {c.file for c in companion_files(sb)}
+    changes += _pairs("file", {k: c["digest"] for k, c in files_a.items()
+                               if k not in companions_a},
+                      {k: c["digest"] for k, c in files_b.items() if k not in companions_b})
     held = {c["digest"] for c in sa["contents"]}
     held_payloads = {w["id"] for w in wa.values()}
     weight_files = _weight_file_paths(sb)
@@ -174,11 +212,37 @@ def diff_packages(a: PackageView, b: PackageView) -> PackageDiff:
         needed = [c for c in sb["contents"] if c["path"].startswith(f"devices/{name}/")]
         names = {f["name"] for f in record.get("files", [])}
         needed += [c for c in sb["contents"] if c["path"] in names]
+        # its runtime folder holds its companions: those of the package root's files too
+        needed += [files_b[c.file] for c in companion_files(sb, device_sets=True)
+                   if c.device == name and not c.file.startswith("devices/")]
         devices[name] = sum(c["size"] for c in needed if c["digest"] not in held)
-    order = {"model": 0, "weight": 1, "scenario": 2, "device": 3, "file": 4}
-    changes.sort(key=lambda c: (order[c.what], c.name, c.kind))
+    order = {"model": 0, "weight": 1, "scenario": 2, "device": 3, "companion": 4, "file": 5}
+    changes.sort(key=lambda c: (order[c.what], c.name, c.device or "", c.kind))
     return PackageDiff(a.source, b.source, tuple(changes), file_bytes, payload_bytes, devices,
                        a.verified and b.verified)
+
+
+def companion_changes(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[Change]:
+    """Companions added, removed and changed (bytes or kind): the package's own set by
+    path, then each device's own files (``devices/<device>/<path>``) where either side
+    has one, compared with what the device holds on the other side."""
+    def keyed(summary: Mapping[str, Any]) -> dict[tuple[str | None, str], PackagedCompanion]:
+        return {(c.device, c.path): c for c in companion_files(summary, device_sets=True)}
+
+    old, new = keyed(sa), keyed(sb)
+    own = {key for side in (old, new) for key, c in side.items()
+           if c.device is None or c.file != c.path}
+    out = []
+    for key in sorted(own, key=lambda k: (k[1], k[0] or "")):
+        a, b = old.get(key), new.get(key)
+        if a is not None and b is not None and (a.digest, a.kind) == (b.digest, b.kind):
+            continue
+        kind = "added" if a is None else "removed" if b is None else "changed"
+        out.append(Change(kind, "companion", key[1], *(c.digest if c else None for c in (a, b)),
+                          device=key[0], old_size=a.size if a else None,
+                          new_size=b.size if b else None, old_kind=a.kind if a else None,
+                          new_kind=b.kind if b else None))
+    return out
 
 
 def _weight_file_paths(summary: Mapping[str, Any]) -> set[str]:
@@ -250,5 +314,5 @@ def _first_member_difference(a: Path, b: Path) -> str:
             return f"member {ma.name}: content differs"
 
 
-__all__ = ["Change", "PackageDiff", "PackageView", "diff_packages", "first_member_difference",
-           "open_view"]
+__all__ = ["Change", "PackageDiff", "PackageView", "companion_changes", "diff_packages",
+           "first_member_difference", "open_view"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,8 @@ class ArchiveRead:
     files: int = 0
     bytes: int = 0
     kept: dict[str, bytes] = field(default_factory=dict)  # path in the package -> data
+    sha256: dict[str, str] = field(default_factory=dict)  # path in the package -> hex
+    companions: set[str] = field(default_factory=set)  # kept for keep_companions
 
 
 def unpack(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> UnpackResult:
@@ -104,13 +106,18 @@ def _refuse(archive: Path, why: str, member: str, **context: Any) -> PackageErro
 
 def read_archive(archive: Path, *, into: Path | None = None,
                  keep: Callable[[str], bool] = lambda path: False,
-                 hashed: bool = True) -> ArchiveRead:
+                 hashed: bool = True, sha256_of: Collection[str] = (),
+                 keep_companions: Callable[[dict[str, Any]], Collection[str]] | None = None,
+                 ) -> ArchiveRead:
     """Read a release archive whole, refusing it as the module's text says: every member
     checked before a byte of it is used, every file's bytes hashed on the way and
     compared with the summary's digest, and nothing after the tar's end. ``into``: write
     the package there (an empty folder); ``keep(path)``: hold that file's data in memory
     too (metadata: up to :data:`~.archive_reader.JSON_LIMIT`). ``hashed=False`` (``diff
-    --no-verify``) compares no digest: every other check still holds."""
+    --no-verify``) compares no digest: every other check still holds. ``sha256_of``: the
+    files whose SHA-256 to take too (``release --verify`` checks companions by it).
+    ``keep_companions(summary)``: more files to keep, chosen once the summary is read
+    (the companion files a reader shows; listed in ``companions`` too)."""
     expected: dict[str, dict[str, Any]] | None = None
     read: ArchiveRead | None = None
     folders: set[str] = set()
@@ -155,6 +162,8 @@ def read_archive(archive: Path, *, into: Path | None = None,
                 expected = {c["path"]: c for c in summary["contents"]}
                 folders = {str(p) for c in expected for p in Path(c).parents} - {"."}
                 read = ArchiveRead(summary)
+                if keep_companions is not None:
+                    read.companions = set(keep_companions(summary))
                 if into is not None:
                     write_new(into / SUMMARY_NAME, [data])
                 continue
@@ -171,13 +180,15 @@ def read_archive(archive: Path, *, into: Path | None = None,
             if member.size != entry["size"]:
                 raise _refuse(archive, "size differs from the summary", member.name,
                               size=member.size, expected=entry["size"])
-            if keep(rel):
+            if keep(rel) or rel in read.companions:
                 read.kept[rel] = read_small(tf, member, archive)
                 chunks: Iterable[bytes] = _checked(iter([read.kept[rel]]), member, entry,
                                                    archive, hashed)
             else:
                 chunks = _checked(_member_data(tf, member, archive), member, entry, archive,
                                   hashed)
+            if rel in sha256_of:
+                chunks = _sha256(chunks, read.sha256, rel)
             if into is not None:
                 (into / rel).parent.mkdir(mode=dir_mode(), parents=True, exist_ok=True)
                 write_new(into / rel, chunks)
@@ -222,6 +233,15 @@ def _member_data(tf: tarfile.TarFile, member: tarfile.TarInfo,
             raise _refuse(archive, "member ends early", member.name)
         remaining -= len(data)
         yield data
+
+
+def _sha256(chunks: Iterable[bytes], into: dict[str, str], rel: str) -> Iterator[bytes]:
+    """``chunks`` passed on, their SHA-256 put in ``into[rel]`` once they are through."""
+    hasher = new_hasher("sha256", threads=False)
+    for data in chunks:
+        hasher.update(data)
+        yield data
+    into[rel] = hasher.hexdigest()
 
 
 def _checked(chunks: Iterator[bytes], member: tarfile.TarInfo, entry: dict[str, Any],

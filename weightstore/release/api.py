@@ -39,6 +39,7 @@ from ..io.files import (
     remove_dead_temp_dirs,
 )
 from ..package.summary import SUMMARY_NAME
+from ..packaging.companion_files import companion_files
 from ..packaging.inventory import read_summary_bytes, verified_package
 from ..packaging.unpack import SUFFIX, archive_root
 from .archive import plan_archive, source_date_epoch, write_archive
@@ -265,12 +266,13 @@ def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOption
                    enabled=options.progress) as bar):
         sink = _ArchiveFile(f)
         try:
-            write_archive(plan, p.folder, p.summary_bytes, sink, options.compression,
-                          options.jobs, bar.advance)
+            companions = write_archive(plan, p.folder, p.summary_bytes, sink,
+                                       options.compression, options.jobs, bar.advance,
+                                       sha256_of={c.file for c in companion_files(p.summary)})
         finally:
             sha256 = sink.close()
     return ArchiveRecord(plan.file_name, p.summary["layout"]["name"], sha256, sink.size,
-                         p.summary["fingerprint"])
+                         p.summary["fingerprint"], tuple(sorted(companions.items())))
 
 
 class _ArchiveFile:

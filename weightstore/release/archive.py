@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -129,13 +129,16 @@ def _padded_to(size: int, unit: int) -> int:
 
 def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Sink,
                   compression: Compression, workers: int,
-                  progress: Callable[[int], None] | None = None) -> None:
+                  progress: Callable[[int], None] | None = None,
+                  sha256_of: Collection[str] = ()) -> dict[str, str]:
     """Stream the package at ``folder`` into ``out`` as the plan says.
 
     Every file is read once, into one reused buffer, hashed on the way and checked against
     the summary's size and digest: a package changed since its summary was written fails
-    here, naming the file.
+    here, naming the file. The files of ``sha256_of`` (package paths) are hashed with
+    SHA-256 too, from the same bytes: returns their hex digests by path.
     """
+    sha256: dict[str, str] = {}
     frame = Frame(compression.parameters(workers), plan.tar_size, out)
     buffer = memoryview(bytearray(CHUNK))
     written = 0
@@ -147,18 +150,23 @@ def write_archive(plan: ArchivePlan, folder: Path, summary_bytes: bytes, out: Si
         if entry.source == SUMMARY_NAME:
             frame.write(summary_bytes)
         else:
-            _copy_file(folder / str(entry.source), entry, frame, buffer, progress)
+            extra = new_hasher("sha256", threads=False) if entry.source in sha256_of else None
+            _copy_file(folder / str(entry.source), entry, frame, buffer, progress, extra)
+            if extra is not None:
+                sha256[str(entry.source)] = extra.hexdigest()
         pad = _padded(entry.size) - entry.size
         frame.write(bytes(pad))
         written += entry.size + pad
     frame.write(bytes(plan.tar_size - written))
     frame.close()
+    return sha256
 
 
 def _copy_file(path: Path, entry: ArchiveEntry, frame: Frame, buffer: memoryview,
-               progress: Callable[[int], None] | None) -> None:
+               progress: Callable[[int], None] | None, extra: Any = None) -> None:
     """Feed one file to the compressor, hashing it on the way (the compressor's workers
-    run meanwhile: the feeding thread only copies into their job buffers)."""
+    run meanwhile: the feeding thread only copies into their job buffers); ``extra``: a
+    second hasher fed the same bytes."""
     algo = str(entry.digest).partition(":")[0]
     hasher = new_hasher(algo, threads=False)
     remaining = entry.size
@@ -176,6 +184,8 @@ def _copy_file(path: Path, entry: ArchiveEntry, frame: Frame, buffer: memoryview
                                      missing=remaining)
             chunk = buffer[:n]
             hasher.update(chunk)
+            if extra is not None:
+                extra.update(chunk)
             frame.write(chunk)
             remaining -= n
             if progress is not None:

@@ -6,7 +6,9 @@ whose payload is ``release.json``'s bytes exactly (payload type
 ``application/vnd.in-toto+json``). ``weightstore release --verify DIR --key PUB`` checks, in
 order: the envelope's signature by one of the keys; that its payload is ``release.json``;
 every subject of the Statement against the SHA-256 of the regular file of that name in
-``DIR`` (a link, even to the right bytes, is not one); that ``DIR`` holds nothing else
+``DIR`` (a link, even to the right bytes, is not one), and every companion file's subject
+(``<top folder>/<path>``) against that file in the archive of that top folder, read as
+``unpack`` reads it; that ``DIR`` holds nothing else
 (no file, folder, link or FIFO) but ``SHA256SUMS``, ``release.json`` and the attestation;
 and that ``SHA256SUMS`` is exactly what release writes of the subjects, so that no line
 ``sha256sum -c`` would fail (a wrong digest, a file not there, a name twice) can pass.
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SignatureError
 from ..io.digests import digest_file
 from ..io.files import parse_json, read_regular
+from ..packaging.unpack import SUFFIX
 from .provenance import PROVENANCE_NAME, SUMS_NAME, FileRecord, render_sums
 
 if TYPE_CHECKING:
@@ -106,16 +109,58 @@ def verify_release(folder: str | Path, keys: list[PublicKey]) -> ReleaseVerifica
     for name in sorted(os.listdir(folder)):  # anything else, of any kind, is no release's
         if name not in own and name not in out.subjects:
             out.problems.append(f"{name}: in the folder, not in the signed provenance")
-    for name, expected in sorted(out.subjects.items()):
+    files, members = _split_subjects(out.subjects)
+    intact = set()
+    for name, expected in sorted(files.items()):
         path = folder / name
         if Path(name).name != name or not _is_regular(path):
             out.problems.append(f"{name}: named by the provenance, not a file of the folder "
                                 "(missing, a link, a folder, a FIFO or a device)")
         elif digest_file("sha256", path) != expected:
             out.problems.append(f"{name}: its SHA-256 is not the one the provenance signs")
-    sums = render_sums([FileRecord(name, digest) for name, digest in out.subjects.items()])
+        else:
+            intact.add(name)
+    for archive, inside in sorted(members.items()):
+        if archive in intact:  # one that is not: named above, its members not read
+            out.problems += _member_problems(folder / archive, inside)
+        elif archive not in files:
+            out.problems += [f"{archive.removesuffix(SUFFIX)}/{path}: named by the "
+                             "provenance, not a file of an archive it signs"
+                             for path in sorted(inside)]
+    sums = render_sums([FileRecord(name, digest) for name, digest in files.items()])
     if read_regular(folder / SUMS_NAME) != sums:
         out.problems.append(f"{SUMS_NAME}: is not the list release writes of the signed "
                             "subjects and their digests (one line each, in order, nothing "
                             "else)")
     return out
+
+
+def _split_subjects(subjects: dict[str, str]) -> tuple[dict[str, str],
+                                                       dict[str, dict[str, str]]]:
+    """The folder's files, and the companion files inside archives by archive name
+    (``<top folder>.tar.zst``) and path in the package."""
+    files: dict[str, str] = {}
+    members: dict[str, dict[str, str]] = {}
+    for name, digest in subjects.items():
+        root, sep, path = name.partition("/")
+        if sep:
+            members.setdefault(f"{root}{SUFFIX}", {})[path] = digest
+        else:
+            files[name] = digest
+    return files, members
+
+
+def _member_problems(archive: Path, expected: dict[str, str]) -> list[str]:
+    """The companion subjects of ``archive`` its files do not match (the archive read as
+    ``unpack`` reads it: a member its summary does not hold is refused there)."""
+    from ..errors import IntegrityError, PackageError
+    from ..packaging.unpack import read_archive
+
+    root = archive.name.removesuffix(SUFFIX)
+    try:
+        found = read_archive(archive, sha256_of=set(expected)).sha256
+    except (PackageError, IntegrityError) as exc:
+        return [f"{archive.name}: {exc}"]
+    return [f"{root}/{path}: " + ("its SHA-256 is not the one the provenance signs"
+                                  if path in found else "not a file of its archive")
+            for path, digest in sorted(expected.items()) if found.get(path) != digest]

@@ -1,11 +1,14 @@
 """``SHA256SUMS`` and ``release.json``: what a release engineer signs and checks.
 
 ``release.json`` is an in-toto v1 Statement whose predicate is SLSA provenance v1: the
-subjects are the archives (sha256), the build definition names the recipe, every source
-model and external data file by content digest, and each layout's fingerprint; the run
-details name weightstore and the versions of the libraries that shape the bytes. Nothing in
-it depends on paths, host names, users, time or thread counts (``SOURCE_DATE_EPOCH`` is an
-input, not a clock reading), so two runs on the same inputs give identical bytes.
+subjects are the archives (sha256) and every companion file inside them (configs,
+tokenizers, licences: ``<archive's top folder>/<path in the package>``, the sha256 of its
+bytes, so a file taken out of an archive is checked on its own), the build definition
+names the recipe, every source model and external data file by content digest, and each
+layout's fingerprint; the run details name weightstore and the versions of the libraries
+that shape the bytes. Nothing in it depends on paths, host names, users, time or thread
+counts (``SOURCE_DATE_EPOCH`` is an input, not a clock reading), so two runs on the same
+inputs give identical bytes.
 
 The predicate is what ``cosign attest-blob --type slsaprovenance1 --predicate`` takes, and
 the whole Statement what ``cosign attest-blob --statement`` takes.
@@ -38,6 +41,16 @@ class ArchiveRecord:
     sha256: str  # hex
     size: int
     fingerprint: str  # the layout's build fingerprint, "blake3:<hex>"
+    # the companion files inside: (path in the package, sha256 hex), by path
+    companions: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def members(self) -> list[FileRecord]:
+        """The companion files as subjects: named ``<top folder>/<path>``."""
+        from ..packaging.unpack import SUFFIX
+
+        root = self.file_name.removesuffix(SUFFIX)
+        return [FileRecord(f"{root}/{path}", sha256) for path, sha256 in self.companions]
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,8 @@ def statement(*, package: str, version: str, archives: Sequence[ArchiveRecord],
                     seen.add(name)
                     dependencies.append({"name": name, "digest": _digest_set(key)})
     by_layout = sorted(archives, key=lambda a: a.file_name)
-    subjects = sorted([*archives, *(reports or ())], key=lambda a: a.file_name)
+    subjects = sorted([*archives, *(reports or ()), *(m for a in archives for m in a.members)],
+                      key=lambda a: a.file_name)
     doc: dict[str, Any] = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": a.file_name, "digest": {"sha256": a.sha256}} for a in subjects],

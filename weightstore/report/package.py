@@ -1,5 +1,5 @@
-"""The package view's data: where the weight bytes go, what deduplication saved, and what
-each device and scenario needs of the weight files.
+"""The package view's data: where the weight bytes go, what deduplication saved, what
+each device and scenario needs of the weight files, and the companion files beside them.
 
 Everything comes from the package's ``summary.json`` and from resolution as ``check``
 computes it (:func:`weightstore.packaging.check.check_package`: each scenario once, every
@@ -21,6 +21,7 @@ from ..errors import PackageError
 TOP_TENSORS = 300  # tensors named in the treemap; the others are summed per weight file
 TOP_SHARED = 50  # shared payloads listed by the bytes their sharing saves
 LIVE_MAP_CELLS = 48  # a weight file's live ranges, as the percent live of each 1/48th
+PREVIEW_BYTES = 4096  # a text companion's first bytes, shown on the page
 DEFAULT = "default"  # the group of a model's weights that no scenario added
 
 
@@ -46,7 +47,22 @@ def collect(request: Any) -> dict[str, Any] | None:
         "treemap": _treemap(summary, tensors, named),
         "shared_payloads": _shared(tensors),
         "variants": _variants(folder, summary),
+        "companions": _companions(folder, summary),
     }
+
+
+def _companions(folder: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The package's companion files, then each device's own ones: path, kind, size and
+    digest, and a text file's first :data:`PREVIEW_BYTES` (``preview``; None for bytes
+    that are not UTF-8 text), every file hashed against the summary as it is read."""
+    from ..packaging.companion_files import as_text, companion_files, read_companion
+
+    out = []
+    for c in companion_files(summary):
+        read = read_companion(folder, c, PREVIEW_BYTES)
+        out.append({**c.to_dict(), "preview": as_text(read.head, read.whole),
+                    "truncated": not read.whole})
+    return out
 
 
 def _label(model: str, scenario: str | None) -> str:
@@ -307,6 +323,9 @@ def summarize(view: Mapping[str, Any]) -> list[str]:
         where = _label(tensor["model"], tensor["scenario"])
         lines.append(f"  {human_bytes(tensor['bytes']):>10}  {where}: {tensor['name']} "
                      f"{tensor['dtype'] or ''} {tensor['shape'] or ''}".rstrip())
+    if view["companions"]:
+        lines.append(f"companion files: {len(view['companions'])}, "
+                     f"{human_bytes(sum(c['size'] for c in view['companions']))}")
     lines.append("bytes per device and scenario (download = live + dead):")
     for row in view["variants"]:
         lines.append(f"  {row['kind']:>8} {row['name']}: download "

@@ -11,10 +11,43 @@ from .treemap import render_treemap
 
 MATRIX_FILES = 40  # weight-file columns of the matrix; the others share one column
 TOP_LISTED = 25  # tensors in the "largest tensors" list beside the treemap
+# a file's text as it is (the page's style sheet is the same for every package, so a page
+# of a package without companion files is what it was before they existed)
+PRE_STYLE = ("margin:4px 0;max-width:760px;max-height:360px;overflow:auto;font-size:11px;"
+             "white-space:pre-wrap;word-break:break-all")
 
 
 def render(view: Mapping[str, Any], report: Mapping[str, Any]) -> str:
-    return "".join((_headline(view), _treemap(view), _dedup(view), _matrix(view)))
+    return "".join((_headline(view), _treemap(view), _dedup(view), _matrix(view),
+                    _companions(view)))
+
+
+def _companions(view: Mapping[str, Any]) -> str:
+    """The companion files: one row each, a text file's first bytes behind a
+    ``<details>`` (escaped: markup in a file is shown, never parsed)."""
+    files = view.get("companions") or []
+    if not files:
+        return ""
+    rows = []
+    for c in files:
+        where = esc(c["path"]) + (f'<div class="sub">device {esc(c["device"])}: '
+                                  f'{esc(c["file"])}</div>' if c["device"] else "")
+        rows.append((where, esc(c["kind"]),
+                     figure(f"companions.{c['device'] or ''}.{c['path']}.size", c["size"]),
+                     f'<code>{esc(c["digest"])}</code>', _preview(c)))
+    return ("<h3>Companion files</h3><p class=sub>What the package ships beside its models "
+            "(configurations, tokenizers, licences), each checked against the summary; "
+            "a device's own version of a file is listed under its device.</p>"
+            + table(("path", "kind", "#size", "digest", "content"), rows, cls="companions"))
+
+
+def _preview(c: Mapping[str, Any]) -> str:
+    if c["preview"] is None:
+        return '<span class="sub">bytes, not text</span>'
+    label = (f"first {human_bytes(len(c['preview'].encode()))}" if c["truncated"]
+             else "show")
+    return (f'<details class="preview"><summary>{esc(label)}</summary>'
+            f'<pre style="{PRE_STYLE}">{esc(c["preview"])}</pre></details>')
 
 
 def _headline(view: Mapping[str, Any]) -> str:
