@@ -22,6 +22,7 @@ FIGURE = re.compile(r'data-key="([^"]+)" data-value="(-?\d+)"')
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory: pytest.TempPathFactory, _encoder_master) -> dict[str, Path]:
     from weightstore.builder.run import BuildOptions, build
+    from weightstore.release.api import ReleaseOptions, release
 
     root = tmp_path_factory.mktemp("report-companions")
     out = {}
@@ -31,6 +32,8 @@ def versions(tmp_path_factory: pytest.TempPathFactory, _encoder_master) -> dict[
             recipe = make_companion_checkout(root / f"v{version}", _encoder_master, version)
             build(recipe, BuildOptions(jobs=2))
             out[f"v{version}"] = recipe.parent / "out" / "pkg" / "1.0.0" / "combined"
+        released = release(out["v1"], ReleaseOptions(output=str(root / "rel"), jobs=2))
+    out["v1-archive"] = released.output / released.archives[0].file_name
     return out
 
 
@@ -92,6 +95,18 @@ def test_the_diff_view_shows_a_changed_text_file_as_a_unified_diff(versions, cap
     assert readme["diff"] == "--- /dev/null\n+++ b/README.md\n@@ -0,0 +1,3 @@\n" \
         "+# pkg\n+\n+A model card.\n"
     assert by[("removed", "LICENSE", None)]["old_kind"] == "doc"
+
+
+def test_an_archive_s_companions_are_read_as_unpack_reads_them(versions, capsys):
+    """Against an archive, the diff view has the same companion changes, diffs and all,
+    as against the folder it was made of; the archive as the target too."""
+    folder = _json(capsys, str(versions["v2"]), "--against", str(versions["v1"]))["views"]
+    archive = _json(capsys, str(versions["v2"]), "--against", str(versions["v1-archive"]))[
+        "views"]
+    assert archive["diff"]["companions"] == folder["diff"]["companions"]
+    assert [c["diff"] for c in folder["diff"]["companions"]].count(None) == 1  # the blob
+    mine = _json(capsys, str(versions["v1-archive"]))["views"]["package"]["companions"]
+    assert mine == _json(capsys, str(versions["v1"]))["views"]["package"]["companions"]
 
 
 def test_a_long_text_diff_is_bounded(versions, capsys, monkeypatch):
