@@ -3,7 +3,8 @@
 Figures (medians of ``--runs`` interleaved runs; the machine is shared, so they are noisy):
 
 - push and pull of a ``--size-mb`` package (combined layout, 16 MB tensors) against the
-  transport's limit measured in the same run with the same HTTP library (``requests``):
+  transport's limit measured in the same run with the same HTTP client (the registry
+  client's, ``weightstore.io.http``):
   one streaming PUT of the package's weight file as a single blob, and one streaming GET of
   it into a file. Target: push and pull throughput >= 0.8x the limit (so the time ratio
   below is <= 1.25).
@@ -97,7 +98,7 @@ def fresh_registry(workdir: Path, name: str) -> RegistryServer:
 
 def transport_limit(host: str, path: Path) -> tuple[float, float]:
     """Seconds for one streaming PUT, then one streaming GET, of ``path`` as one blob,
-    with the client's own plumbing (requests, 1 MiB pieces), no hashing."""
+    with the client's own plumbing (weightstore.io.http, 1 MiB pieces), no hashing."""
     from weightstore.registry.client import CHUNK, RegistryClient, Transport
     from weightstore.registry.push import file_pieces
     from weightstore.registry.reference import parse_reference
@@ -119,7 +120,7 @@ def transport_limit(host: str, path: Path) -> tuple[float, float]:
     out = path.parent / "raw-get.bin"
     start = time.perf_counter()
     with client.open_blob(ref, digest) as resp, open(out, "wb") as f:
-        for data in resp.iter_content(CHUNK):
+        for data in iter(lambda: resp.read1(CHUNK), b""):
             f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -127,11 +127,11 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every host a request connects to, in order; a connection to a host that is not
     loopback is refused here, before any packet leaves, so a test never sends traffic
     elsewhere whatever the code under test does (and says that it tried)."""
-    from urllib3.util import connection
+    import socket
 
     from weightstore.io.net import loopback_name
 
-    real = connection.create_connection
+    real = socket.create_connection
     hosts: list[str] = []
 
     def create_connection(address: tuple[str, int], *args: Any, **kwargs: Any) -> Any:
@@ -140,5 +140,5 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             raise ConnectionRefusedError(f"test: no connection to {address[0]}")
         return real(address, *args, **kwargs)
 
-    monkeypatch.setattr(connection, "create_connection", create_connection)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
     return hosts

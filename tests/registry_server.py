@@ -89,8 +89,8 @@ class RegistryServer:
         plain HTTP is found out again (the client decides it once per host)."""
         scheme = sys.modules.get("weightstore.registry.scheme")
         if scheme is not None:
-            scheme._PLAIN.discard(self.host)
-            scheme._PLAIN.discard(f"localhost:{self.port}")
+            scheme.forget(self.host)
+            scheme.forget(f"localhost:{self.port}")
 
     def _answers(self) -> bool:
         """Does ``/v2/`` answer (any HTTP answer: 401 with auth on)? Over TLS, a

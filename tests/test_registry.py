@@ -472,7 +472,8 @@ def test_pull_resumes_a_partial_blob(packages, registry, tmp_path, layout) -> No
     layer = max((x for x in doc["layers"]
                  if x["mediaType"] == "application/vnd.cncf.model.weight.v1.raw"),
                 key=lambda x: x["size"])
-    data = RegistryClient(ref.host).open_blob(ref, layer["digest"]).content
+    with RegistryClient(ref.host).open_blob(ref, layer["digest"]) as resp:
+        data = resp.read(1 << 30)
     half = len(data) // 2
     store = WeightStore(tmp_path / "store")
     store.root.mkdir()

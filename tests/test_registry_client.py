@@ -118,7 +118,7 @@ def test_uploads_mounts_and_manifests(tmp_path: Path) -> None:
         got, _ = client.get_manifest(ref)
         assert got == manifest
         resp = client.open_blob(ref, digest, start=5000)
-        assert resp.status_code == 206 and resp.content == data[5000:]
+        assert resp.status_code == 206 and resp.read(1 << 20) == data[5000:]
         with pytest.raises(RegistryNotFoundError) as info:
             client.get_manifest(parse_reference(f"{server.host}/team/a:nope"))
         assert info.value.context["status"] == 404

@@ -371,8 +371,8 @@ def test_a_prepared_package_pulls_and_a_wrong_companion_is_refused(pushed, tmp_p
 
 
 def test_a_redirect_body_is_never_read() -> None:
-    """requests reads a redirect's body whole before following it: closed first, a huge
-    one costs nothing."""
+    """A redirect's body is never read (``requests`` read it whole before following it):
+    closed first, a huge one costs nothing."""
     sent = []
 
     def respond(h: BaseHTTPRequestHandler) -> None:
@@ -411,7 +411,7 @@ def _served_keys(host: str, reference: str) -> dict[str, str]:
     for key, layer in _payload_layers(json.loads(client.get_manifest(ref)[0])).items():
         h = new_hasher(split_key(key)[0])
         with client.open_blob(ref, layer["digest"]) as resp:
-            for data in resp.iter_content(1 << 16):
+            for data in client.pieces(resp):
                 h.update(data)
         out[key] = make_key(split_key(key)[0], h.hexdigest())
     return out
@@ -484,7 +484,7 @@ def _reassembled(host: str, manifest: dict, tag: str, change: Callable[[dict], N
         if edit is None:
             continue
         with client.open_blob(ref, layer["digest"]) as resp:
-            record = json.loads(resp.content)
+            record = json.loads(resp.read(1 << 20))
         edit(record)
         layer.update(upload(host, ref, json.dumps(record).encode()))
     RegistryClient(host, push=True).put_manifest(ref, tag, json.dumps(doc).encode())

@@ -106,7 +106,7 @@ def test_every_layer_is_a_modelpack_file_and_the_config_validates(built, layout)
     client = RegistryClient(ref.host)
     manifest = _manifest(built["refs"][layout])
     with client.open_blob(ref, manifest["config"]["digest"]) as resp:
-        config = json.loads(resp.content)
+        config = json.loads(resp.read(1 << 20))
     jsonschema.validate(config, CONFIG_SCHEMA, format_checker=jsonschema.FormatChecker())
     assert config["modelfs"]["diffIds"] == [x["digest"] for x in manifest["layers"]]
     paths = []

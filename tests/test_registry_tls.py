@@ -74,7 +74,7 @@ def _round_trip(client: RegistryClient, host: str) -> str:
     assert location is not None
     client.put_monolithic(ref, location, digest, len(data), lambda s, e: [data[s:e]])
     with client.open_blob(ref, digest) as resp:
-        assert resp.content == data
+        assert resp.read(1 << 20) == data
         return resp.url.split(":", 1)[0]
 
 
@@ -119,16 +119,16 @@ def test_a_certificate_for_another_name_is_refused(tmp_path, certs) -> None:
 def named_host(monkeypatch: pytest.MonkeyPatch) -> str:
     """``registry.test`` resolves to 127.0.0.1 (a registry under a name that is not
     loopback, as a company's is); every other name is refused before a packet leaves."""
-    from urllib3.util import connection
+    import socket
 
-    real = connection.create_connection
+    real = socket.create_connection
 
     def create_connection(address: tuple[str, int], *args: Any, **kwargs: Any) -> Any:
         if address[0] not in ("registry.test", "127.0.0.1", "localhost"):
             raise ConnectionRefusedError(f"test: no connection to {address[0]}")
         return real(("127.0.0.1", address[1]), *args, **kwargs)
 
-    monkeypatch.setattr(connection, "create_connection", create_connection)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
     return "registry.test"
 
 
@@ -234,15 +234,14 @@ def test_only_a_failure_to_connect_is_a_tls_failure() -> None:
     TLS error; a connection's TLS error is, unless the connection just dropped."""
     import ssl
 
-    import requests
-    from urllib3.exceptions import ProtocolError
+    from weightstore.io.http import Broken, ConnectError
 
     bad_record = ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]")
-    mid_body = requests.exceptions.ChunkedEncodingError(ProtocolError("broken", bad_record))
+    mid_body = Broken("the answer broke off: SSLError", bad_record)
     assert scheme.tls_failure(mid_body) is None
-    assert scheme.tls_failure(requests.exceptions.SSLError(bad_record)) is bad_record
+    assert scheme.tls_failure(ConnectError("no connection", bad_record)) is bad_record
     dropped = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
-    assert scheme.tls_failure(requests.exceptions.SSLError(dropped)) is None
+    assert scheme.tls_failure(ConnectError("no connection", dropped)) is None
 
 
 @needs_registry
@@ -275,3 +274,61 @@ def test_an_origin_whose_certificate_is_refused_is_not_down_for_its_mirrors(
                                 [Mirror(tls_registry.host, mirror.host, insecure=True)])
         with pytest.raises(RegistryTLSError):
             client.get_manifest(parse_reference(f"{tls_registry.host}/tls/m:1"))
+
+
+def test_proxies_from_the_environment(tmp_path, tls_registry, certs, monkeypatch,
+                                      capsys) -> None:
+    """A registry whose name is not loopback is reached through the environment's proxy,
+    as behind a corporate one: HTTPS through ``HTTPS_PROXY``'s ``CONNECT`` tunnel (the
+    proxy's ``user:password@`` as ``Proxy-Authorization``, the registry's certificate
+    verified end to end), plain HTTP (``--insecure``) through ``HTTP_PROXY`` as
+    absolute URLs; ``NO_PROXY`` names a host spoken to directly; an ``https://`` proxy
+    is one line naming it. The name itself never resolves here: only the proxy can
+    reach it."""
+    import base64
+    import socket
+
+    from weightstore.errors import RegistryUnreachableError
+
+    from .forward_proxy import forward_proxy
+
+    real = socket.create_connection
+    direct: list[str] = []
+
+    def create_connection(address: tuple[str, int], *args: Any, **kwargs: Any) -> Any:
+        direct.append(address[0])
+        if address[0] != "127.0.0.1":
+            raise ConnectionRefusedError(f"test: no connection to {address[0]}")
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "https_proxy",
+                 "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with forward_proxy() as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", f"http://user:p%40ss@{proxy.host}")
+        name = f"registry.test:{tls_registry.port}"
+        _certs_d(name, certs.ca)
+        assert _round_trip(RegistryClient(name, _fast()), name) == "https"
+        auth = "Basic " + base64.b64encode(b"user:p@ss").decode()
+        assert set(proxy.asked) == {("CONNECT", name, auth)}
+        with running_registry(tmp_path / "plain") as plain:
+            plain_name = f"registry.test:{plain.port}"
+            monkeypatch.setenv("HTTP_PROXY", f"http://{proxy.host}")
+            insecure = Transport(insecure=True, attempts=2, backoff=0.01)
+            assert _round_trip(RegistryClient(plain_name, insecure), plain_name) == "http"
+        through = {(m, t.split("/v2/")[0]) for m, t, _ in proxy.asked if m != "CONNECT"}
+        assert through == {("POST", f"http://{plain_name}"), ("PUT", f"http://{plain_name}"),
+                           ("GET", f"http://{plain_name}")}
+        asked = len(proxy.asked)
+        monkeypatch.setenv("NO_PROXY", "registry.test")
+        with pytest.raises(RegistryUnreachableError):
+            RegistryClient(name, _fast()).ping()
+        assert len(proxy.asked) == asked and direct[-1] == "registry.test"
+        monkeypatch.delenv("NO_PROXY")
+        monkeypatch.setenv("HTTPS_PROXY", f"https://user:secret@{proxy.host}")
+        assert main(["pull", f"{name}/team/pk:1", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "only an http:// proxy" in err, err
+    assert f"proxy=https://{proxy.host}" in err and "secret" not in err
+    assert set(direct) == {"127.0.0.1", "registry.test"}

@@ -15,7 +15,8 @@ import pytest
 from .helpers import TWO_LAYOUTS
 from .registry_server import needs_registry, running_registry
 
-HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests")
+HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests",
+         "urllib3")
 
 
 def _imported(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY) -> set[str]:
@@ -80,7 +81,7 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
         onnx.checker.check_model(str(package / layout / "encoder.onnx"))
 
 
-REGISTRY_ALLOWED = {"requests"}  # the HTTP client; neither onnx, numpy nor protobuf
+REGISTRY_ALLOWED: set[str] = set()  # neither onnx, numpy, protobuf nor requests/urllib3
 
 
 @needs_registry
@@ -105,6 +106,35 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
                                  folder) <= REGISTRY_ALLOWED
                 assert (out / "summary.json").read_bytes() == \
                     (package / "summary.json").read_bytes()
+
+
+@needs_registry
+def test_a_pull_from_a_plain_loopback_registry_loads_no_trust_store(folder: Path) -> None:
+    """A registry command speaks HTTP through the standard library (``requests`` and
+    ``urllib3`` took about 60 ms of a pull's start-up), and finding that a loopback
+    registry speaks plain HTTP loads no trust store (tens of milliseconds): only a TLS
+    connection that verifies a certificate needs one."""
+    from weightstore.builder.run import build
+
+    (folder / "recipe.yaml").write_text(TWO_LAYOUTS)
+    package = build(folder / "recipe.yaml").packages[0].path
+    store = os.environ["WEIGHTSTORE_DIR"]
+    code = ("import json, ssl, sys\n"
+            "from weightstore.cli import main\n"
+            "made = []\n"
+            "real = ssl.create_default_context\n"
+            "ssl.create_default_context = lambda *a, **k: made.append(1) or real(*a, **k)\n"
+            "argv = json.loads(sys.argv[1])\n"
+            "assert main(argv) == 0\n"
+            f"print(json.dumps([len(made), sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n")
+    with running_registry(folder / "registry") as server:
+        ref = f"{server.host}/startup/pkg:1"
+        for argv in (["push", str(package), ref, "--store", store],
+                     ["pull", ref, str(folder / "pulled"), "--store", str(folder / "new")]):
+            done = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], cwd=folder,
+                                  capture_output=True, text=True, env=os.environ.copy())
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, []], argv
 
 
 @needs_registry

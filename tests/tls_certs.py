@@ -1,7 +1,8 @@
 """A throwaway certificate authority for TLS tests, made with ``cryptography``.
 
 :func:`make_certs` writes, in a folder: the CA (``ca.crt``), a server certificate for
-``localhost`` and ``127.0.0.1`` (``server.crt``/``server.key``), one for another name
+``localhost``, ``registry.test`` (a name tests resolve to loopback) and ``127.0.0.1``
+(``server.crt``/``server.key``), one for another name
 only (``wrong.crt``/``wrong.key``), and a client certificate (``client.cert``/
 ``client.key``, the names Docker's ``certs.d`` uses), all signed by the CA. Keys are
 P-256: quick to make.
@@ -79,7 +80,7 @@ def make_certs(folder: Path) -> Certs:
     aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
     server_use = (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
     server = _leaf(folder, "server", "localhost", ca_key, [
-        (x509.SubjectAlternativeName([x509.DNSName("localhost"),
+        (x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.DNSName("registry.test"),
                                       x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
          False), server_use, (aki, False)])
     wrong = _leaf(folder, "wrong", "wrong.invalid", ca_key, [

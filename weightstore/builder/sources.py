@@ -111,11 +111,9 @@ def _download(name: str, pin: PinnedSource, path: Path) -> None:
     import hashlib
     import time
 
-    import requests
-
-    from ..io import tls
+    from ..io import http, tls
     from ..io.files import atomic_writer
-    from ..io.net import guard_redirects
+    from ..io.net import hop_guard
     from ..registry.client import body_pieces, timeouts
 
     t = source_transport()
@@ -127,11 +125,11 @@ def _download(name: str, pin: PinnedSource, path: Path) -> None:
                            "another scheme); refused", **where, location=target)
 
     # the TLS a registry gets (trust, the host's certs.d folder); no proxy for loopback
-    session = tls.session(urlsplit(pin.url).netloc.rpartition("@")[2], RecipeError,
-                          proxies=not _loopback_url(pin.url))
+    host = urlsplit(pin.url).netloc.rpartition("@")[2]
+    session = http.Session(lambda: tls.context(host, RecipeError), RecipeError,
+                           proxies=not _loopback_url(pin.url), guard=hop_guard(refused))
     try:
-        with session, session.get(pin.url, stream=True, timeout=timeouts(t, ends),
-                                  hooks={"response": guard_redirects(refused)}) as resp, \
+        with session, session.request("GET", pin.url, timeout=timeouts(t, ends)) as resp, \
                 atomic_writer(path, sweep=True) as out:
             if resp.status_code != 200:
                 raise RecipeError(f"cannot fetch the source: HTTP {resp.status_code}",
@@ -155,9 +153,9 @@ def _download(name: str, pin: PinnedSource, path: Path) -> None:
                 raise IntegrityError("the source does not have its pinned digest",
                                      **where, expected=pin.digest,
                                      got=f"sha256:{hasher.hexdigest()}")
-    except requests.RequestException as exc:
-        raise RecipeError(f"cannot fetch the source: {type(exc).__name__}",
-                          **where) from None
+    except (http.Broken, http.TooManyRedirects) as exc:
+        kind = exc.kind if isinstance(exc, http.Broken) else type(exc).__name__
+        raise RecipeError(f"cannot fetch the source: {kind}", **where) from None
     except RegistryError as exc:  # too slow, past the deadline
         raise RecipeError(f"cannot fetch the source: {exc.message}", **where,
                           timeout=t.deadline) from None

@@ -6,8 +6,7 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from ..errors import WeightstoreError
 
@@ -34,27 +33,15 @@ def allowed_url(url: str, insecure: bool = False) -> bool:
     return parts.scheme == "http" and (insecure or loopback_name(parts.hostname))
 
 
-def redirect_target(resp: Any) -> str:
-    """Where a redirect answer (a ``requests`` response) sends the client, as ``requests``
-    reads it: its ``Location`` (latin-1 on the wire, UTF-8 meant), against the answer's
-    URL."""
-    location = resp.headers["location"].encode("latin1").decode("utf8", "replace")
-    return urljoin(resp.url, location)
-
-
-def guard_redirects(refuse: Callable[[str], Exception],
-                    insecure: bool = False) -> Callable[..., None]:
-    """A ``requests`` response hook that checks every hop of a redirect before it is
-    followed: a hop :func:`allowed_url` refuses raises ``refuse(target)`` before any
-    connection to it is made. Every redirect's answer is closed unread: ``requests``
-    would read its body whole before following it."""
-    def hook(resp: Any, *args: Any, **kwargs: Any) -> None:
-        if resp.is_redirect:
-            resp.close()
-            target = redirect_target(resp)
-            if not allowed_url(target, insecure):
-                raise refuse(target[:200])
-    return hook
+def hop_guard(refuse: Callable[[str], Exception],
+              insecure: bool = False) -> Callable[[str], None]:
+    """The check of every hop of a redirect before it is followed
+    (:class:`weightstore.io.http.Session`'s ``guard``): a hop :func:`allowed_url` refuses
+    raises ``refuse(target)`` before any connection to it is made."""
+    def guard(target: str) -> None:
+        if not allowed_url(target, insecure):
+            raise refuse(target[:200])
+    return guard
 
 
 def seconds_setting(env: Mapping[str, str], name: str, default: float,

@@ -4,7 +4,7 @@ it shows, read where the container ecosystem keeps them (``docs/registry.md``, "
 Trust, the first of these that is set:
 
 - ``REQUESTS_CA_BUNDLE`` (or ``CURL_CA_BUNDLE``): a PEM bundle, or a folder of hashed
-  certificates, as ``requests`` reads it; nothing else is trusted;
+  certificates (the variable ``requests`` and pip read); nothing else is trusted;
 - ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``: OpenSSL's own settings (curl, git, and Go
   programs such as skopeo read them too); nothing else is trusted;
 - else the system's store (OpenSSL's default paths, where ``update-ca-certificates``
@@ -129,37 +129,3 @@ def _load_folder(ctx: ssl.SSLContext, folder: Path, error: type[WeightstoreError
         except (OSError, ssl.SSLError) as exc:
             raise error(f"unusable client certificate or key: {exc}",
                         file=str(cert)) from None
-
-
-def session(host: str, error: type[WeightstoreError], *, proxies: bool = True) -> Any:
-    """A ``requests`` session whose HTTPS connections use :func:`context` of ``host``,
-    whatever ``verify=`` or ``cert=`` a request names (the context holds them); the
-    context is made on the first HTTPS request (or proxy), so a session that speaks only
-    plain HTTP never loads a trust store. ``proxies`` False: no proxy (nor anything else)
-    from the environment."""
-    import requests
-
-    class Adapter(requests.adapters.HTTPAdapter):
-        tls: ssl.SSLContext | None = None
-
-        def _tls(self) -> ssl.SSLContext:
-            if self.tls is None:
-                self.tls = context(host, error)
-                self.poolmanager.connection_pool_kw["ssl_context"] = self.tls
-            return self.tls
-
-        def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
-            return super().proxy_manager_for(proxy, ssl_context=self._tls(), **kwargs)
-
-        def send(self, request: Any, **kwargs: Any) -> Any:
-            self._tls()
-            kwargs.update(verify=True, cert=None)
-            return super().send(request, **kwargs)
-
-        def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
-            conn.cert_reqs, conn.ca_certs, conn.ca_cert_dir = "CERT_REQUIRED", None, None
-
-    s = requests.Session()
-    s.trust_env = proxies
-    s.mount("https://", Adapter())
-    return s

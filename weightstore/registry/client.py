@@ -1,4 +1,4 @@
-"""A small client over the OCI distribution spec, on ``requests``.
+"""A small client over the OCI distribution spec, on :mod:`weightstore.io.http`.
 
 Why not oras-py: it uploads a blob by reading it whole into memory for a monolithic PUT
 (or by fixed chunks without resuming from the registry's offset), downloads one blob at a
@@ -14,15 +14,16 @@ error by :func:`.responses.error_for`. Answers are read as streams and every bod
 not a blob is bounded: a manifest or token answer past :data:`MAX_DOCUMENT` is an error,
 an error answer is read up to :data:`MAX_ERROR_BODY` (what it says past that is not
 needed), so a server that never stops sending cannot fill the memory. One
-``requests.Session`` per thread keeps connections alive; loopback registries ignore proxy
-settings. Every hop of a redirect is checked before it is followed (TLS, plain HTTP only
-to a loopback host or with ``--insecure``), and a client may be given a deadline for all
-its requests together (:attr:`Transport.deadline`).
+:class:`~weightstore.io.http.Session` per thread keeps connections alive; loopback
+registries ignore proxy settings. Every hop of a redirect is checked before it is
+followed (TLS, plain HTTP only to a loopback host or with ``--insecure``), and a client
+may be given a deadline for all its requests together (:attr:`Transport.deadline`).
 
 TLS (:mod:`weightstore.io.tls`: the trust, a registry's ``certs.d`` CAs and client
 certificate) is spoken to every registry, loopback ones included; a loopback registry
 that turns out to speak plain HTTP is spoken to in plain HTTP from then on, decided once
-per host and process (:func:`.scheme.plain_fallback`). A certificate that does not verify is a
+per host and process (:func:`.scheme.decided_url`, which finds it before any trust store
+is loaded). A certificate that does not verify is a
 :class:`RegistryTLSError`, never retried and never a reason to fall back.
 """
 
@@ -34,9 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin, urlsplit
-
-import requests
+from urllib.parse import urlencode, urljoin, urlsplit
 
 from ..errors import (
     RegistryAuthError,
@@ -45,9 +44,9 @@ from ..errors import (
     RegistryTLSError,
     RegistryUnreachableError,
 )
-from ..io import tls
+from ..io import http, tls
 from ..io.files import parse_json
-from ..io.net import allowed_url, guard_redirects
+from ..io.net import allowed_url, hop_guard
 from .auth import Challenge, Credentials, find_credentials, parse_challenge
 from .kinds import ACCEPT
 from .reference import (
@@ -68,10 +67,8 @@ CHUNKED_ABOVE = 64 << 20  # blobs larger than this are sent as PATCH chunks of t
 MAX_DOCUMENT = 64 << 20  # the largest manifest, metadata blob or token answer accepted
 MAX_ERROR_BODY = 64 << 10  # how much of an error answer is read
 MIN_RATE = 1024  # bytes per second an answer's body must average over each --timeout window
-# what breaks a transfer off mid-way (retried): the connection, a timeout, a torn chunked
-# or compressed body
-BROKEN = (requests.ConnectionError, requests.Timeout,
-          requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)
+# what breaks a transfer off mid-way (retried): the connection, a timeout, a torn body
+BROKEN = http.Broken
 
 
 @dataclass(frozen=True)
@@ -118,28 +115,18 @@ class Reply:
     content: bytes
 
 
-def body_pieces(resp: requests.Response, transport: Transport, ends: float | None = None,
+def body_pieces(resp: http.Response, transport: Transport, ends: float | None = None,
                 **context: Any) -> Iterator[bytes]:
     """An answer's body in pieces as they arrive (one receive each, at most
-    :data:`CHUNK`), decoded as ``iter_content`` decodes it. A server that trickles (a byte
+    :data:`CHUNK`). A server that trickles (a byte
     now and then, never long enough apart for the read timeout) is given up on: over each
     window of ``read_timeout`` seconds the body must average ``min_rate`` bytes a second,
     else a :class:`RegistryError` (not retried) names the URL and ``context``. Past
     ``ends`` (a deadline, see :func:`past_deadline`) it stops too. Broken transfers raise
-    what ``iter_content`` raises (see :data:`BROKEN`)."""
-    from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError
-
-    raw = resp.raw
+    :data:`BROKEN`."""
     window, start, got = transport.read_timeout, time.monotonic(), 0
     while True:
-        try:
-            data = raw.read1(CHUNK, decode_content=True)
-        except ProtocolError as exc:
-            raise requests.exceptions.ChunkedEncodingError(exc) from None
-        except DecodeError as exc:
-            raise requests.exceptions.ContentDecodingError(exc) from None
-        except ReadTimeoutError as exc:
-            raise requests.ConnectionError(exc) from None
+        data = resp.read1(CHUNK)
         if not data:
             return
         yield data
@@ -156,7 +143,7 @@ def body_pieces(resp: requests.Response, transport: Transport, ends: float | Non
             raise late
 
 
-def read_body(resp: requests.Response, limit: int, transport: Transport, *,
+def read_body(resp: http.Response, limit: int, transport: Transport, *,
               strict: bool = True, ends: float | None = None, **context: Any) -> bytes:
     """At most ``limit`` bytes of the body (read by :func:`body_pieces`), the response
     closed after. A longer body is a :class:`RegistryError` naming ``context``
@@ -177,8 +164,8 @@ def read_body(resp: requests.Response, limit: int, transport: Transport, *,
 
 
 class Body:
-    """A request body streamed from ``opener(start)``; its length is known, so requests
-    sends ``Content-Length`` and writes each piece as it comes (no whole-blob buffer)."""
+    """A request body streamed from ``opener(start)``; its length is known, so it is sent
+    with ``Content-Length``, each piece as it comes (no whole-blob buffer)."""
 
     def __init__(self, length: int, pieces: Callable[[], Iterable[bytes]]) -> None:
         self.length = length
@@ -218,25 +205,24 @@ class RegistryClient:
         deadline = self.transport.deadline
         self.ends = None if deadline is None else time.monotonic() + deadline
         # every hop of a redirect checked before it is followed, its body never read
-        self._hooks = {"response": guard_redirects(self._refused_hop,
-                                                   self.transport.insecure)}
+        self._guard = hop_guard(self._refused_hop, self.transport.insecure)
 
     def _refused_hop(self, target: str) -> RegistryError:
         return RegistryError("registry redirects to plain http outside loopback (or to "
                              "another scheme); refused", host=self.host, location=target)
 
-    def pieces(self, resp: requests.Response, **context: Any) -> Iterator[bytes]:
+    def pieces(self, resp: http.Response, **context: Any) -> Iterator[bytes]:
         """A blob answer's body in pieces (:func:`body_pieces`), within the deadline."""
         return body_pieces(resp, self.transport, self.ends, **context)
 
     # -- plumbing ----------------------------------------------------------------------
 
-    def _session(self) -> requests.Session:
+    def _session(self) -> http.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            # no proxy for loopback
-            session = tls.session(self.host, RegistryTLSError,
-                                  proxies=not is_loopback(self.host))
+            session = http.Session(lambda: tls.context(self.host, RegistryTLSError),
+                                   RegistryError, guard=self._guard,
+                                   proxies=not is_loopback(self.host))  # none for loopback
             self._local.session = session
         return session
 
@@ -284,22 +270,21 @@ class RegistryClient:
             late = past_deadline(self.ends, host=self.host, **where)
             if late is not None:
                 raise late
-            url = decided_url(url)
+            url = decided_url(url, self._session(), timeouts(t, self.ends))
             send = dict(headers or {})
             auth = self._auth_header(scope)
             if auth:
                 send["Authorization"] = auth
             try:
                 resp = self._session().request(
-                    method, url, headers=send, data=body() if body else None,
-                    stream=True, allow_redirects=True, hooks=self._hooks,
+                    method, url, headers=send, body=body,
                     timeout=timeouts(self.transport, self.ends))
                 if resp.status_code in ok and limit is None:
                     return resp
                 good = resp.status_code in ok
                 content = read_body(resp, limit if good and limit else MAX_ERROR_BODY, t,
                                     strict=good, ends=self.ends, host=self.host, **where)
-            except requests.TooManyRedirects:
+            except http.TooManyRedirects:
                 raise RegistryError("registry redirects without end", host=self.host,
                                     **where) from None
             except BROKEN as exc:
@@ -315,7 +300,7 @@ class RegistryClient:
                 if attempt >= t.attempts:
                     raise RegistryUnreachableError(
                         "registry unreachable", host=self.host, **where,
-                        detail=type(exc).__name__) from None
+                        detail=exc.kind) from None
                 self._sleep(attempt, None)
                 continue
             if good:
@@ -376,24 +361,25 @@ class RegistryClient:
             raise RegistryAuthError("token service on plain http outside loopback (or "
                                     "another scheme); refused", realm=realm[:200])
         if creds is not None and creds.identity_token is not None:
-            form = {**params, "grant_type": "refresh_token", "client_id": "weightstore",
-                    "refresh_token": creds.identity_token}
-            # no redirect followed: requests would send the form (the token) on to a
-            # 307/308's target, wherever it is
-            request: dict[str, Any] = {"method": "POST", "data": form,
-                                       "allow_redirects": False}
+            form = urlencode({**params, "grant_type": "refresh_token",
+                              "client_id": "weightstore",
+                              "refresh_token": creds.identity_token}).encode()
+            # no redirect followed: a 307/308 would send the form (the token) on to its
+            # target, wherever it is
+            request: dict[str, Any] = {
+                "method": "POST", "url": realm, "body": lambda: form, "redirects": False,
+                "headers": {"Content-Type": "application/x-www-form-urlencoded"}}
         else:
-            request = {"method": "GET", "params": params,
+            request = {"method": "GET", "url": with_query(realm, **params),
                        "headers": {"Authorization": creds.basic()} if creds else {}}
         try:
-            resp = self._session().request(url=realm, **request, stream=True,
-                                           hooks=self._hooks,
+            resp = self._session().request(**request,
                                            timeout=timeouts(self.transport, self.ends))
             status = resp.status_code
             content = read_body(resp, MAX_DOCUMENT if status == 200 else MAX_ERROR_BODY,
                                 self.transport, strict=status == 200, ends=self.ends,
                                 realm=realm)
-        except requests.TooManyRedirects:
+        except http.TooManyRedirects:
             raise RegistryAuthError("token service redirects without end",
                                     realm=realm) from None
         except BROKEN as exc:
@@ -509,7 +495,7 @@ class RegistryClient:
                 self.on_blob_bytes(len(piece))
             yield piece
 
-    def open_blob(self, ref: Reference, digest: str, start: int = 0) -> requests.Response:
+    def open_blob(self, ref: Reference, digest: str, start: int = 0) -> http.Response:
         """A streaming GET of a blob from byte ``start`` (206) or from 0 (200)."""
         headers = {"Range": f"bytes={start}-"} if start else {}
         return self._send("GET", blob_url(ref, digest, self.transport.insecure),

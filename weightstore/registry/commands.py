@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # requests loads only when push or pull runs: every command parses here
+if TYPE_CHECKING:  # the HTTP client loads only when push or pull runs: every command parses here
     from .client import Transport
 
 STORE_HELP = "store folder (beats $WEIGHTSTORE_DIR and the user cache folder)"

@@ -34,8 +34,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from ..errors import (
     RegistryAuthError,
     RegistryError,
@@ -43,6 +41,7 @@ from ..errors import (
     RegistryTLSError,
     RegistryUnreachableError,
 )
+from ..io import http
 from ..io.files import FileTooLargeError, read_regular
 from .artifact import sha256_digest
 from .auth import Credentials
@@ -205,7 +204,7 @@ class MirroredClient(RegistryClient):
         with self._mirror_lock:
             self._skip.add((mirror.location, None if whole else digest))
 
-    def open_blob(self, ref: Reference, digest: str, start: int = 0) -> requests.Response:
+    def open_blob(self, ref: Reference, digest: str, start: int = 0) -> http.Response:
         where = (threading.get_ident(), digest)
         for mirror, client in self._usable(digest):
             try:
