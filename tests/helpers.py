@@ -354,8 +354,11 @@ def build_example(folder: Path, recipe: str) -> Path:
     import weightstore
 
     doc = yaml.safe_load((EXAMPLE_RECIPES / f"{recipe}.yaml").read_text())
-    for model in doc["models"]:
-        model["source"] = str((EXAMPLE_RECIPES / model["source"]).resolve())
+    entries = [*doc.get("files", []), *(f for d in doc.get("devices", [])
+                                        for f in d.get("files", []))]
+    for entry in [*doc["models"], *entries]:  # local sources, from the recipes' folder
+        if isinstance(entry["source"], str):
+            entry["source"] = str((EXAMPLE_RECIPES / entry["source"]).resolve())
     doc["store"] = {**doc.get("store", {}), "path": str(folder / "store")}
     doc["output"] = str(folder / "dist")
     path = folder / f"{recipe}.yaml"

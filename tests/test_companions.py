@@ -21,6 +21,8 @@ from weightstore.recipe.schema import parse_recipe_text
 from weightstore.store import WeightStore
 
 from .helpers import record_calls
+from .registry_server import needs_registry, running_registry
+from .test_pinned_sources import served  # noqa: F401 (a fixture)
 
 LAYOUTS = """
   - {name: embedded, external_weight: embedded}
@@ -368,3 +370,291 @@ def test_check_names_a_missing_or_edited_companion(project, tmp_path, capsys):
     assert check_package(folder).problems == ["companion file tokenizer.json is missing"]
     assert main(["check", str(folder)]) == 1
     assert "tokenizer.json is missing" in capsys.readouterr().out
+
+
+# --- model file names, device companions, bundles ---------------------------------------
+
+RUNTIME = """
+  - {name: combined, external_weight: combined, size_threshold: 64}
+  - {name: embedded, external_weight: embedded}
+"""
+
+
+@pytest.fixture
+def runtime(encoder_model, save_model, tmp_path):
+    """A runtime folder's recipe: the model as model.onnx, a config every device gets, a
+    device that replaces it and adds one."""
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "hf", {"genai_config.json": '{"filename": "model.onnx"}',
+                                 "tokenizer.json": '{"v": 1}'})
+    write_tree(tmp_path / "npu", {"genai_config.json": '{"filename": "model.onnx", "npu": 1}',
+                                  "npu_options.json": "{}"})
+    return write_recipe(
+        tmp_path, "  - {source: hf, path: .}\n", layouts=RUNTIME,
+        models="  - {name: decoder, source: models/encoder.onnx, file: model.onnx}\n",
+        extra="devices:\n  - {name: cpu}\n"
+              "  - {name: npu, files: [{source: npu/genai_config.json},"
+              " {source: npu/npu_options.json}]}\n")
+
+
+def test_a_model_takes_the_file_name_its_runtime_opens(runtime, tmp_path, capsys):
+    from weightstore.packaging.check import check_package
+
+    result = build(runtime, opts(tmp_path))
+    folder = result.packages[0].path
+    summary = result.packages[0].summary
+    assert [m["file"] for m in summary["models"]] == ["model.onnx"]
+    assert (folder / "model.onnx").is_file() and not (folder / "decoder.onnx").exists()
+    assert (folder / "devices" / "cpu" / "model.onnx").is_file()
+    assert (result.packages[1].path / "model.onnx").is_file()
+    assert check_package(folder, verify=True).ok
+    assert check_package(folder, device="npu", verify=True).ok
+    assert main(["resolve", str(folder), "--json"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("models, words", [
+    ("  - {name: a, source: m.onnx, file: model}\n", "ends in .onnx"),
+    ("  - {name: a, source: m.onnx, file: sub/model.onnx}\n", "letters, digits"),
+    ("  - {name: a, source: m.onnx, file: model.onnx}\n"
+     "  - {name: b, source: m.onnx, file: model.onnx}\n", "another model's file"),
+    ("  - {name: a, source: m.onnx}\n  - {name: b, source: m.onnx, file: a.onnx}\n",
+     "another model's file"),
+])
+def test_model_file_names_are_checked(models, words):
+    text = ('package: pkg\nversion: "1"\nmodels:\n' + models
+            + "layouts: [{name: c, external_weight: combined}]\n")
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe_text(text, "r.yaml")
+    assert words in str(caught.value)
+
+
+def test_a_companion_cannot_take_the_models_file_name():
+    text = ('package: pkg\nversion: "1"\nmodels: [{name: a, source: m.onnx, file: model.onnx}]\n'
+            "layouts: [{name: c, external_weight: combined}]\n"
+            "files: [{source: x/model.onnx}]\n")
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe_text(text, "r.yaml")
+    assert "collides with 'model.onnx'" in str(caught.value)
+
+
+def test_a_device_replaces_and_adds_companions(runtime, tmp_path):
+    result = build(runtime, opts(tmp_path))
+    folder, summary = result.packages[0].path, result.packages[0].summary
+    devices = {d["name"]: d for d in summary["devices"]}
+    assert [c["path"] for c in devices["cpu"]["companions"]] == ["genai_config.json",
+                                                                  "tokenizer.json"]
+    npu = {c["path"]: c for c in devices["npu"]["companions"]}
+    assert sorted(npu) == ["genai_config.json", "npu_options.json", "tokenizer.json"]
+    own = folder / "devices" / "npu" / "genai_config.json"
+    assert own.read_text() == '{"filename": "model.onnx", "npu": 1}'
+    assert npu["genai_config.json"]["digest"] == make_key("blake3", digest_file("blake3", own))
+    assert "devices/npu/genai_config.json" in devices["npu"]["files"]
+    assert [c["path"] for c in summary["companions"]] == ["genai_config.json",
+                                                          "tokenizer.json"]
+    record = json.loads((folder / "devices" / "npu" / "bundle.json").read_text())
+    assert record["format_version"] == 3 and record["companions"] == devices["npu"]["companions"]
+    assert verify_package(folder, store=tmp_path / "store").ok
+    # an embedded layout has no device folders: the package's own files only
+    assert not (result.packages[1].path / "devices").exists()
+    # an edited device file rebuilds
+    (tmp_path / "npu" / "npu_options.json").write_text('{"x": 1}')
+    with pytest.raises(PackageError) as caught:
+        build(runtime, opts(tmp_path))
+    assert "companion 'npu_options.json' of device 'npu'" in caught.value.context["changed"]
+
+
+def test_bundle_writes_a_complete_runtime_folder(runtime, tmp_path, capsys):
+    folder = build(runtime, opts(tmp_path)).packages[0].path
+    out = tmp_path / "npu-folder"
+    assert main(["bundle", str(folder), "npu", "--output", str(out)]) == 0
+    assert "3 companion files" in capsys.readouterr().out
+    files = tree(out)
+    assert files["genai_config.json"] == b'{"filename": "model.onnx", "npu": 1}'
+    assert files["tokenizer.json"] == b'{"v": 1}' and files["npu_options.json"] == b"{}"
+    assert {"model.onnx", "bundle.json", "decoder_weight_combined"} <= set(files)
+    cpu = tmp_path / "cpu-folder"
+    assert main(["bundle", str(folder), "cpu", "--output", str(cpu)]) == 0
+    assert (cpu / "genai_config.json").read_bytes() == b'{"filename": "model.onnx"}'
+    assert not (cpu / "npu_options.json").exists()
+    import onnx
+
+    from .samples import run_onnxruntime, sample_inputs  # the folder runs as it is
+
+    inputs = sample_inputs(onnx.load(str(cpu / "model.onnx"), load_external_data=False))
+    assert run_onnxruntime(cpu / "model.onnx", inputs)
+
+
+def test_bundle_refuses_an_edited_companion(runtime, tmp_path, capsys):
+    folder = build(runtime, opts(tmp_path)).packages[0].path
+    own = folder / "devices" / "npu" / "genai_config.json"
+    data = bytearray(own.read_bytes())
+    data[2] ^= 0x01
+    own.write_bytes(bytes(data))
+    out = tmp_path / "npu-folder"
+    assert main(["bundle", str(folder), "npu", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "genai_config.json" in err[0] and "digest" in err[0]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_device_companion_paths_are_checked(encoder_model, save_model, tmp_path):
+    text = (RECIPE_HEAD + "files: [{source: hf/cfg, path: cfg}]\n"
+            "devices: [{name: d, files: [{source: a.json, path: cfg}]}]\n")
+    save_model(encoder_model, "m.onnx")
+    write_tree(tmp_path, {"hf/cfg/x.json": "{}", "a.json": "{}"})
+    (tmp_path / "recipe.yaml").write_text(text.replace("output", "out") + "output: out\n")
+    with pytest.raises(RecipeError) as caught:
+        build(tmp_path / "recipe.yaml", opts(tmp_path))
+    assert caught.value.context["key"] == "devices[0].files[0]"
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe_text(RECIPE_HEAD + "devices: [{name: d, files: [{source: a.json, "
+                          "path: ../a.json}]}]\n", "r.yaml")
+    assert caught.value.context["key"] == "devices[0].files[0].path"
+
+
+# --- pinned sources ---------------------------------------------------------------------
+
+def test_a_pinned_url_companion_is_fetched_once(served, encoder_model, save_model,  # noqa: F811
+                                                tmp_path, capsys):
+    import hashlib
+
+    licence = served["file"].parent / "LICENSE"
+    licence.write_text("MIT License\n")
+    digest = hashlib.sha256(licence.read_bytes()).hexdigest()
+    url = served["url"].rpartition("/")[0] + "/LICENSE"
+    save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, f"  - {{source: {{url: '{url}', sha256: '{digest}'}}}}\n"
+                                    f"  - {{source: {{url: '{url}', sha256: '{digest}', "
+                                    "size: 12}, path: legal/COPYING}\n")
+    first = build(recipe, opts(tmp_path))
+    for p in first.packages:
+        assert (p.path / "LICENSE").read_bytes() == b"MIT License\n"
+        assert (p.path / "legal" / "COPYING").read_bytes() == b"MIT License\n"
+        assert {c["path"]: c["kind"] for c in p.summary["companions"]} == {
+            "LICENSE": "doc", "legal/COPYING": "doc"}
+    assert served["requests"] == ["/LICENSE"]  # once, for both entries and every layout
+    before = {p.layout: tree(p.path) for p in first.packages}
+    licence.write_text("changed on the server\n")  # never fetched again: pinned
+    assert [p.status for p in build(recipe, opts(tmp_path)).packages] == ["up-to-date"] * 3
+    shutil.rmtree(first.packages[2].path)
+    again = build(recipe, opts(tmp_path))  # from the store's action record
+    assert {p.layout: tree(p.path) for p in again.packages} == before
+    assert served["requests"] == ["/LICENSE"]
+    # a fresh store fetches, and the changed bytes are refused in one line
+    assert main(["build", str(recipe), "--store", str(tmp_path / "fresh"), "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pinned digest" in err[0] and "files[0]" in err[0]
+
+
+@needs_registry
+def test_a_pinned_ref_companion_is_a_file_of_the_artifact(encoder_model, save_model,
+                                                          tmp_path):
+    from weightstore.registry.push import push
+
+    save_model(encoder_model, "plain/models/encoder.onnx")
+    plain = build(write_recipe(tmp_path / "plain", ""), opts(tmp_path))
+    source = plain.packages[1].path
+    with running_registry(tmp_path / "registry") as registry:
+        report = push(source, f"{registry.host}/models/encoder:1",
+                      store=WeightStore(tmp_path / "store"))
+        ref = f"{registry.host}/models/encoder@{report.manifest_digest}"
+        save_model(encoder_model, "models/encoder.onnx")
+        recipe = write_recipe(tmp_path, f"  - {{source: {{ref: '{ref}', path: encoder.onnx}},"
+                                        " path: reference/encoder.onnx}\n")
+        built = build(recipe, opts(tmp_path, store="other"))
+    for p in built.packages:
+        assert (p.path / "reference" / "encoder.onnx").read_bytes() == \
+            (source / "encoder.onnx").read_bytes()
+        assert p.summary["companions"][0]["kind"] == "config"
+    with pytest.raises(RecipeError) as caught:  # a ref names its file
+        parse_recipe_text(RECIPE_HEAD + f"files: [{{source: {{ref: '{ref}'}}}}]\n", "r.yaml")
+    assert caught.value.context["key"] == "files[0].source"
+
+
+# --- the remote build cache -------------------------------------------------------------
+
+@needs_registry
+def test_a_build_cache_entry_covers_the_companions(project, tmp_path, monkeypatch):
+    from weightstore.signing.keys import TRUSTED_KEYS_ENV, generate
+
+    key = tmp_path / "ci.pem"
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, generate(key).text)
+    with running_registry(tmp_path / "registry") as registry:
+        repo = f"{registry.host}/cache/companions"
+        first = build(project, opts(tmp_path, cache_to=repo, cache_key=str(key)))
+        trees = {p.layout: tree(p.path) for p in first.packages}
+        shutil.rmtree(tmp_path / "out")
+        hit = build(project, opts(tmp_path, store="runner-b", cache_from=(repo,)))
+    fetched = [p for p in hit.packages if p.cache == repo]
+    assert {p.layout for p in fetched} == {"separate", "combined"}  # embedded: converted
+    for p in hit.packages:
+        assert tree(p.path) == trees[p.layout]
+        assert verify_package(p.path, store=tmp_path / "runner-b").ok
+    store = WeightStore(tmp_path / "runner-b")  # the pull put each file into the store
+    assert len(store.locate(c["digest"] for c in first.packages[1].summary["companions"])) \
+        == len(EXPECTED)
+
+
+# --- the example recipe -----------------------------------------------------------------
+
+def test_the_runtime_folder_recipe_packages_the_builder_folder(tmp_path, capsys):
+    """recipes/runtime-folder.yaml: onnxruntime-genai's builder output as a package whose
+    folder, and the cpu device's bundle, hold every file the runtime opens."""
+    from .helpers import build_example
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny_llm"
+    folder = build_example(tmp_path, "runtime-folder") / "tiny-llm" / "1.0.0" / "runtime"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert [m["file"] for m in summary["models"]] == ["model.onnx"]
+    for name in ("genai_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (folder / name).read_bytes() == (tiny / "fp32" / name).read_bytes()
+    assert (folder / "README.md").read_bytes() == (tiny / "README.md").read_bytes()
+    assert verify_package(folder).ok
+    out = tmp_path / "cpu"
+    assert main(["bundle", str(folder), "cpu", "--output", str(out)]) == 0
+    capsys.readouterr()
+    assert {"model.onnx", "genai_config.json", "tokenizer.json",
+            "tokenizer_config.json", "README.md"} <= {p.name for p in out.iterdir()}
+    pytest.importorskip("onnxruntime_genai")
+    from .tiny_llm import assert_generates_as_builder
+
+    for runtime in (folder, out):  # the package folder and the device's, as they are
+        assert_generates_as_builder(runtime, "fp32")
+
+
+def test_a_device_alone_may_have_companions(encoder_model, save_model, tmp_path, capsys):
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "npu", {"options.json": "{}"})
+    recipe = write_recipe(tmp_path, "", layouts=RUNTIME,
+                          extra="devices:\n  - {name: npu, files: [{source: npu/options.json}]}\n")
+    first = build(recipe, opts(tmp_path))
+    summary = first.packages[0].summary
+    assert summary["format_version"] == 5 and "companions" not in summary
+    assert summary["devices"][0]["companions"][0]["path"] == "options.json"
+    assert first.packages[1].summary["format_version"] == 4  # embedded: no device folders
+    assert verify_package(first.packages[0].path, store=tmp_path / "store").ok
+    assert [p.status for p in build(recipe, opts(tmp_path)).packages] == ["up-to-date"] * 2
+    (tmp_path / "npu" / "options.json").write_text('{"a": 1}')
+    with pytest.raises(PackageError):  # no build stamp may take it for up to date
+        build(recipe, opts(tmp_path))
+    out = tmp_path / "b"
+    assert main(["bundle", str(first.packages[0].path), "npu", "--output", str(out)]) == 0
+    assert (out / "options.json").read_bytes() == b"{}"
+
+
+def test_a_renamed_model_file_is_a_change(encoder_model, save_model, tmp_path):
+    save_model(encoder_model, "models/encoder.onnx")
+    recipe = write_recipe(tmp_path, "", layouts=RUNTIME)
+    plain = build(recipe, opts(tmp_path))
+    before = (plain.packages[0].path / "encoder.onnx").read_bytes()
+    write_recipe(tmp_path, "", layouts=RUNTIME,
+                 models="  - {name: encoder, source: models/encoder.onnx, file: model.onnx}\n")
+    with pytest.raises(PackageError) as caught:
+        build(recipe, opts(tmp_path))
+    assert "file name of model 'encoder'" in caught.value.context["changed"]
+    renamed = build(recipe, opts(tmp_path, force=True))
+    assert renamed.packages[0].summary["fingerprint"] != plain.packages[0].summary["fingerprint"]
+    folder = renamed.packages[0].path
+    assert (folder / "model.onnx").read_bytes() == before  # the same graph, another name
+    assert not (folder / "encoder.onnx").exists()

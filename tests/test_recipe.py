@@ -98,10 +98,14 @@ def test_example_recipes_are_found() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLE_RECIPES, ids=lambda p: p.name)
 def test_example_recipe_is_valid(path: Path) -> None:
-    """Every recipe under recipes/ validates and names model files that exist."""
+    """Every recipe under recipes/ validates and names model and companion files that
+    exist."""
     loaded = load_recipe(path)
     for model in loaded.recipe.models:
         assert loaded.model_source(model).is_file(), model.source
+    for entry in [*loaded.recipe.files, *(f for d in loaded.recipe.devices for f in d.files)]:
+        if isinstance(entry.source, str):
+            assert loaded.resolve(entry.source).exists(), entry.source
 
 
 @pytest.mark.parametrize("version", ["1.0.0", "2024.1-rc1", "v2_beta", "0"])

@@ -223,7 +223,8 @@ def _add_check(sub: Any) -> None:
 
 def _add_bundle(sub: Any) -> None:
     bd = sub.add_parser("bundle", help="assemble a device's self-contained folder from a "
-                                       "package: its models and only the files they need")
+                                       "package: its models, only the weight files they "
+                                       "need and its companion files (a runtime folder)")
     bd.add_argument("package")
     bd.add_argument("device")
     bd.add_argument("--output", required=True, help="the folder to create")
@@ -560,8 +561,11 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
     record = assemble(args.package, args.device, args.output, verify=not args.no_verify,
                       progress=requested(args))
     files = ", ".join(f["name"] for f in record["files"]) or "no weight files"
+    companions = record.get("companions", [])
+    also = f" + {len(companions)} companion file{'s' * (len(companions) != 1)}" \
+        if companions else ""
     print(f"assembled {args.device} in {args.output}: "
-          f"{', '.join(m['file'] for m in record['models'])} + {files}")
+          f"{', '.join(m['file'] for m in record['models'])} + {files}{also}")
     return EXIT_OK
 
 

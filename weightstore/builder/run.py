@@ -273,7 +273,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
 
 def _companions(loaded: LoadedRecipe, digests: FileDigests) -> list[Companion]:
     """The recipe's companion files, listed and hashed (none without ``files``)."""
-    if not loaded.recipe.files:
+    if not loaded.recipe.has_companions:
         return []
     from .companions import companion_files, hashed
 
@@ -288,7 +288,7 @@ def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, byt
     for a file added; nor one that writes a build cache, asked at every build)."""
     if any(not isinstance(entry.source, str) for entry in loaded.models()):
         return
-    if loaded.recipe.files:
+    if loaded.recipe.has_companions:
         return
     if _writes_cache(None, loaded.recipe.cache):
         return
@@ -475,6 +475,10 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 opened[entry.name] = packaging.open_sources([(entry.name, path)])[0]
                 opened[entry.name].identity = identity
         sources = [opened[m.name] for m in models]
+        if any(c.pin is not None for c in companions):
+            from .companions import fetched
+
+            companions = fetched(companions, store_root, digests, recipe.store.hash)
         if len(local) != len(models):
             _check_devices(loaded, sources)
         for layout, _, _ in todo:
@@ -596,8 +600,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
         store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
         options.jobs, options.progress, trust_cache=trust_cache)
     if companions:
-        report = packaging.store_companions(store, [(c.entry(), c.file) for c in companions],
-                                            report)
+        report = packaging.store_companions(
+            store, [(c.entry(), c.file) for c in companions if c.file is not None], report)
     for k, v in report.items():
         result.store_report[k] = result.store_report.get(k, 0) + v
     while todo:
@@ -618,7 +622,7 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress,
                                               replace=options.force or existing is not None,
-                                              companions=[c.entry() for c in companions])
+                                              companions=_package_companions(companions))
             # its other files go into the store too: a later build materializes it
             stored = build_actions.record(store, target, summary, jobs=options.jobs)
             register_root(store, target, summary)
@@ -629,6 +633,18 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
             result.store_report[k] = result.store_report.get(k, 0) + v
         result.packages.append(PackageResult(layout.name, target, "built", summary))
         todo.pop(0)
+
+
+def _package_companions(companions: list[Companion]) -> Any:
+    """What the package writer takes of the companions: the top-level ones, and each
+    device's own (by device name)."""
+    from ..packaging.write import PackageCompanions
+
+    devices: dict[str, list] = {}
+    for c in companions:
+        if c.device is not None:
+            devices.setdefault(c.device, []).append(c.entry())
+    return PackageCompanions([c.entry() for c in companions if c.device is None], devices)
 
 
 def _ensure_root(store_root: Path, target: Path, summary: dict[str, Any]) -> None:
@@ -673,9 +689,13 @@ def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
 
 def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
               ) -> dict[str, Any]:
-    """What a model contributes to a package's fingerprint."""
-    return {"name": entry.name, "source_digest": source_digest, "external": external,
-            "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
+    """What a model contributes to a package's fingerprint (its ``file`` only when the
+    recipe names one: other fingerprints are unchanged)."""
+    out = {"name": entry.name, "source_digest": source_digest, "external": external,
+           "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
+    if entry.file is not None:
+        out["file"] = entry.file
+    return out
 
 
 def _pinned_identity(entry: ModelEntry) -> dict[str, Any]:
@@ -743,6 +763,8 @@ def _what_changed(existing: dict[str, Any], layout: Layout,
                 out.append(f"source of model '{name}'")
             if old.get("external_sources", {}) != ident["external"]:
                 out.append(f"external data of model '{name}'")
+            if old.get("file") != ident.get("file", f"{name}.onnx"):
+                out.append(f"file name of model '{name}'")
             # the summary names the scenarios the recipe defines and those the source
             # holds, without their passes: one named anew is a change, others may be
             defined = {sc["name"] for sc in ident["scenarios"]}
@@ -774,13 +796,29 @@ def _what_changed(existing: dict[str, Any], layout: Layout,
 
 
 def _companions_changed(existing: dict[str, Any], companions: list[Companion]) -> list[str]:
-    """Companion files added, removed or changed (bytes or kind) since the summary."""
-    before = {c["path"]: c for c in existing.get("companions", [])}
-    now = {c.path: c for c in companions}
-    out = [f"companion '{p}' added" for p in now if p not in before]
-    out += [f"companion '{p}' removed" for p in before if p not in now]
-    out += [f"companion '{p}'" for p, c in now.items() if p in before
-            and (before[p].get("digest"), before[p].get("kind")) != (c.digest, c.kind)]
+    """Companion files added, removed or changed (bytes or kind) since the summary: the
+    package's, then each device's set where it differs otherwise (a pinned file's bytes
+    are not known before it is fetched: only its path and kind are compared)."""
+    from .companions import device_sets
+
+    out = _set_changed(existing.get("companions", []),
+                       [c for c in companions if c.device is None], "")
+    recorded = {d.get("name"): d.get("companions", []) for d in existing.get("devices", [])}
+    merged = device_sets(companions, recorded)
+    for name, before in recorded.items():
+        said = {line.split("'")[1] for line in out}
+        out += [line for line in _set_changed(before, merged[name], f" of device '{name}'")
+                if line.split("'")[1] not in said]
+    return out
+
+
+def _set_changed(before: list[dict[str, Any]], now: list[Companion], of: str) -> list[str]:
+    old = {c["path"]: c for c in before}
+    new = {c.path: c for c in now}
+    out = [f"companion '{p}'{of} added" for p in new if p not in old]
+    out += [f"companion '{p}'{of} removed" for p in old if p not in new]
+    out += [f"companion '{p}'{of}" for p, c in new.items() if p in old and (
+        old[p].get("kind") != c.kind or (c.pin is None and old[p].get("digest") != c.digest))]
     return out
 
 

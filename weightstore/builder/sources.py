@@ -61,12 +61,20 @@ def pinned_path(entry: ModelEntry, store_root: Path, digests: FileDigests) -> Pa
     """The local model file of ``entry``'s pinned source, fetched when missing."""
     pin = entry.source
     assert not isinstance(pin, str)
+    return pinned_file(entry.name, pin, store_root, digests)
+
+
+def pinned_file(name: str, pin: PinnedSource, store_root: Path, digests: FileDigests, *,
+                what: str = "model") -> Path:
+    """The local file of the pinned source ``pin`` of the recipe's ``what`` (a model, or
+    a companion ``file``) ``name``, fetched when missing."""
     if pin.url is not None:
-        return _url_source(entry.name, pin, store_root, digests)
-    return _ref_source(entry.name, pin, store_root, digests)
+        return _url_source(name, pin, store_root, digests, what)
+    return _ref_source(name, pin, store_root, digests, what)
 
 
-def _url_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDigests) -> Path:
+def _url_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDigests,
+                what: str) -> Path:
     assert pin.url is not None and pin.sha256 is not None
     base = PurePosixPath(unquote(urlsplit(pin.url).path)).name
     file_name = base if base and base not in (".", "..") else "model.onnx"
@@ -78,7 +86,7 @@ def _url_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
                 return path
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        _download(name, pin, path)
+        _download(name, pin, path, what)
     except BaseException:
         with contextlib.suppress(OSError):
             folder.rmdir()  # empty unless an earlier fetch kept a good file
@@ -103,7 +111,7 @@ def source_transport(env: Mapping[str, str] | None = None) -> Transport:
                      deadline=deadline)
 
 
-def _download(name: str, pin: PinnedSource, path: Path) -> None:
+def _download(name: str, pin: PinnedSource, path: Path, what: str) -> None:
     """Stream the url to ``path`` (a temp file beside it, published only when the bytes
     have the pinned digest), every hop of a redirect checked (:func:`~weightstore.io.net.
     allowed_url`), the body read at the registry's minimum rate, within the deadline, and
@@ -118,7 +126,7 @@ def _download(name: str, pin: PinnedSource, path: Path) -> None:
 
     t = source_transport()
     ends = time.monotonic() + (t.deadline or 0)
-    where = {"model": name, "url": pin.url}
+    where = {what: name, "url": pin.url}
 
     def refused(target: str) -> RecipeError:
         return RecipeError("the source redirects to plain http outside loopback (or to "
@@ -136,7 +144,7 @@ def _download(name: str, pin: PinnedSource, path: Path) -> None:
                                   **where)
             hasher, got = hashlib.sha256(), 0
             room = _room(path.parent)
-            for chunk in body_pieces(resp, t, ends, model=name):
+            for chunk in body_pieces(resp, t, ends, **{what: name}):
                 got += len(chunk)
                 if pin.size is not None and got > pin.size:
                     raise IntegrityError("the source is larger than its pinned size",
@@ -220,7 +228,7 @@ def _intact(folder: Path, digests: FileDigests) -> bool:
 
 
 def _ref_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDigests,
-                ) -> Path:
+                what: str) -> Path:
     from ..io.files import discard_temp_dir, make_temp_dir, publish_dir
     from ..registry.pull import pull
     from ..store import WeightStore
@@ -237,7 +245,7 @@ def _ref_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
                 pull(pin.ref, stage / "artifact", store=WeightStore(store_root),
                      transport=transport)
             except RegistryUnreachableError as exc:  # not answering, or past the deadline
-                raise RecipeError(f"cannot fetch the source: {exc.message}", model=name,
+                raise RecipeError(f"cannot fetch the source: {exc.message}", **{what: name},
                                   ref=pin.ref, timeout=transport.deadline) from None
             publish_dir(stage / "artifact", folder, replace=folder.exists())
         finally:
@@ -246,8 +254,8 @@ def _ref_source(name: str, pin: PinnedSource, store_root: Path, digests: FileDig
     if pin.path is not None:
         path = folder / pin.path
         if not path.resolve().is_relative_to(folder.resolve()) or not path.is_file():
-            raise RecipeError("the pinned artifact has no such model file", model=name,
-                              ref=pin.ref, path=pin.path)
+            raise RecipeError(f"the pinned artifact has no such {what} file",
+                              **{what: name}, ref=pin.ref, path=pin.path)
         return path
     models = sorted(p for p in folder.rglob("*.onnx") if p.is_file())
     if len(models) != 1:

@@ -14,7 +14,7 @@ depend on it rather than on each other.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +24,30 @@ from ..io.digests import split_key
 from ..io.files import parse_json, read_regular
 
 BUNDLE_NAME = "bundle.json"
-FORMAT_VERSION = 2  # the newest this code writes
-READABLE = (1, 2)  # 1: no external_weights (its models' external data carried the keys)
+FORMAT_VERSION = 2  # what this code writes for a device without companion files
+COMPANIONS_SINCE = 3  # ``companions``: the device's companion files
+READABLE = (1, 2, 3)  # 1: no external_weights (its models' external data carried the keys)
 DEVICES = "devices"
 
 
+def device_path(device: str, path: str) -> str:
+    """Where a device's own file (a model, its record, a companion file of its own) is in
+    the package."""
+    return f"{DEVICES}/{device}/{path}"
+
+
 def device_record(device: str | None, capabilities: Mapping[str, Any], rule: str | None,
-                  models: list[dict[str, Any]], files: Mapping[str, int]) -> dict[str, Any]:
+                  models: list[dict[str, Any]], files: Mapping[str, int],
+                  companions: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """A bundle record: ``models`` as :func:`model_entry` makes them, ``files`` the weight
-    files they need (name -> size)."""
-    return {"format_version": FORMAT_VERSION, "device": device,
-            "capabilities": dict(capabilities), "scenario_rule": rule, "models": models,
-            "files": [{"name": n, "size": files[n]} for n in sorted(files)]}
+    files they need (name -> size), ``companions`` the device's companion files (summary
+    entries; format 3, only when there are some)."""
+    out = {"format_version": COMPANIONS_SINCE if companions else FORMAT_VERSION,
+           "device": device, "capabilities": dict(capabilities), "scenario_rule": rule,
+           "models": models, "files": [{"name": n, "size": files[n]} for n in sorted(files)]}
+    if companions:
+        out["companions"] = [dict(c) for c in companions]
+    return out
 
 
 def render_record(record: Mapping[str, Any]) -> bytes:
@@ -97,7 +109,7 @@ def read_record(path: Path, files_root: Path | None = None) -> dict[str, Any]:
     ``files_root``: the package, or the record's own folder when None). A missing file
     raises :class:`FileNotFoundError`; anything else wrong, a :class:`PackageError`
     naming the file."""
-    from .summary import check_weight
+    from .summary import check_companion_list, check_weight
 
     try:
         record = parse_json(read_regular(path))
@@ -123,6 +135,9 @@ def read_record(path: Path, files_root: Path | None = None) -> dict[str, Any]:
         if "digest" in m and not _is_key(m["digest"]):
             raise PackageError("malformed bundle record: a model's digest is no "
                                "'algo:hex' key", file=str(path), key=f"models[{i}].digest")
+    if "companions" in record:
+        check_companion_list(record["companions"], version >= COMPANIONS_SINCE, str(path),
+                             "companions", what="bundle record")
     for name, _ in models:  # names stay inside their folders, whoever wrote the record
         resolve_location(path.parent, name, where=str(path))
     for name, _ in files:

@@ -108,8 +108,9 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
     settings = layout.record()
+    with_companions = bool(companions) or any("companions" in d for d in devices)
     out = {
-        "format_version": package_format_version(settings, bool(companions)),
+        "format_version": package_format_version(settings, with_companions),
         "generator": f"weightstore {__version__}",
         "package": package,
         "version": version,
@@ -154,7 +155,9 @@ def package_format_version(settings: dict[str, Any], companions: bool = False) -
 def written_format_version(summary: dict[str, Any]) -> int:
     """The format this weightstore writes the package of ``summary`` in (a malformed
     summary raises KeyError, TypeError or AttributeError)."""
-    return package_format_version(summary["layout"], bool(summary.get("companions")))
+    devices = summary.get("devices", [])
+    return package_format_version(summary["layout"], bool(summary.get("companions")) or any(
+        isinstance(d, dict) and d.get("companions") for d in devices))
 
 
 def render(summary: dict[str, Any]) -> bytes:
@@ -278,29 +281,39 @@ def check_structure(summary: Any, where: str) -> None:
 
 
 def _check_companions(summary: dict[str, Any], where: str) -> None:
-    """``companions``: a list (format 5 and later) of entries each with its path, size,
-    store key and kind, paths unique and each one a companion may take."""
-    if "companions" not in summary:
-        return
-    companions = summary["companions"]
-    if not isinstance(companions, list) or summary["format_version"] < COMPANIONS_SINCE:
-        raise PackageError("malformed package summary: a key has the wrong type",
-                           file=where, key="companions")
+    """``companions`` (format 5 and later), the package's and each device's."""
+    known = summary["format_version"] >= COMPANIONS_SINCE
+    if "companions" in summary:
+        check_companion_list(summary["companions"], known, where, "companions")
+    for i, device in enumerate(summary.get("devices", [])):
+        if "companions" in device:
+            check_companion_list(device["companions"], known, where,
+                                 f"devices[{i}].companions")
+
+
+def check_companion_list(companions: Any, known: bool, where: str, at: str, *,
+                         what: str = "package summary") -> None:
+    """A list of companion entries (``at`` in the file ``where``, a ``what`` whose format
+    has them: ``known``), each with its path, size, store key and kind, paths unique and
+    each one a companion may take."""
+    if not isinstance(companions, list) or not known:
+        raise PackageError(f"malformed {what}: a key has the wrong type", file=where,
+                           key=at)
     seen: set[str] = set()
     for i, entry in enumerate(companions):
-        at = f"companions[{i}]"
-        check_entry(entry, _COMPANION_KEYS, where, at)
+        key = f"{at}[{i}]"
+        check_entry(entry, _COMPANION_KEYS, where, key, what=what)
         try:
             split_key(entry["digest"])
         except IntegrityError:
-            raise PackageError("malformed package summary: a digest is not a store key",
-                               file=where, key=f"{at}.digest", value=entry["digest"]) from None
+            raise PackageError(f"malformed {what}: a digest is not a store key",
+                               file=where, key=f"{key}.digest", value=entry["digest"]) from None
         if path_problem(entry["path"]) is not None:
-            raise PackageError("package summary names a companion path a package cannot "
-                               "hold", file=where, key=f"{at}.path", path=entry["path"])
+            raise PackageError(f"{what} names a companion path a package cannot hold",
+                               file=where, key=f"{key}.path", path=entry["path"])
         if entry["path"] in seen:
-            raise PackageError("package summary lists a companion twice", file=where,
-                               key=f"{at}.path", path=entry["path"])
+            raise PackageError(f"{what} lists a companion twice", file=where,
+                               key=f"{key}.path", path=entry["path"])
         seen.add(entry["path"])
 
 

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from ..errors import PackageError
+from ..errors import IntegrityError, PackageError
 from ..io.digests import digest_file, make_key
 from ..io.files import atomic_write_bytes, copy_range, discard_temp_dir, make_temp_dir, publish_dir
 from ..io.models import save_model
 from ..package.bundle_record import (
     BUNDLE_NAME,
     DEVICES,
+    device_path,
     device_record,
     model_entry,
     read_bundle,
@@ -66,12 +67,15 @@ def select_scenario(device: Device, scenarios: Sequence[tuple[str, Mapping[str, 
 
 
 def write_device(folder: Path, device: Device,
-                 models: Sequence[tuple[str, onnx.ModelProto, str | None,
+                 models: Sequence[tuple[str, str, onnx.ModelProto, str | None,
                                         Mapping[tuple[str, int], str]]],
-                 algo: str) -> dict[str, Any]:
-    """Write ``devices/<device>/`` in a package being built; returns its bundle record.
+                 algo: str, companions: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Write ``devices/<device>/`` in a package being built; returns its bundle record,
+    which lists the device's ``companions`` (summary entries: the files its runtime
+    folder holds at its root; the package writer puts them in the package).
 
-    ``models`` are ``(model name, packaged model, scenario, store keys)``, the keys of its
+    ``models`` are ``(model name, file name, packaged model, scenario, store keys)``, the
+    keys of its
     external weights by location and offset (the summary's); a model without that
     scenario runs its default graph. Each is resolved as a load resolves it
     (:func:`weightstore.resolve.variant.variant_graph`): the device's model is the final
@@ -85,14 +89,15 @@ def write_device(folder: Path, device: Device,
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     files: dict[str, int] = {}
-    for name, model, scenario, keys in models:
+    for name, file, model, scenario, keys in models:
         resolved = variant_graph(model, scenario)
         live = live_payloads(resolved, scenario)
-        size = save_model(resolved, out / f"{name}.onnx")
+        size = save_model(resolved, out / file)
         files.update((p.location, (folder / p.location).stat().st_size) for p in live)
-        digest = make_key(algo, digest_file(algo, out / f"{name}.onnx"))
-        entries.append(model_entry(name, f"{name}.onnx", scenario, size, live, keys, digest))
-    record = device_record(device.name, device.capabilities, device.scenario, entries, files)
+        digest = make_key(algo, digest_file(algo, out / file))
+        entries.append(model_entry(name, file, scenario, size, live, keys, digest))
+    record = device_record(device.name, device.capabilities, device.scenario, entries, files,
+                           companions)
     atomic_write_bytes(out / BUNDLE_NAME, render_record(record))
     return record
 
@@ -121,11 +126,17 @@ def assemble(package: str | os.PathLike[str], device: str,
             shutil.copyfile(source / entry["file"], tmp / entry["file"])
         # the folder's own record (the one read): its models, their files and keys
         atomic_write_bytes(tmp / BUNDLE_NAME, render_record(record), sync_dir=False)
-        with Progress("copying", sum(f["size"] for f in record["files"]),
+        companions = record.get("companions", [])
+        with Progress("copying", sum(f["size"] for f in [*record["files"], *companions]),
                       enabled=progress) as bar:
             for f in record["files"]:
                 _copy_file(package / f["name"], tmp / f["name"], f["size"])
                 bar.advance(f["size"])
+            for c in companions:  # the device's own file, or else the package's
+                own = package / device_path(device, c["path"])
+                _copy_companion(own if own.is_file() else package / c["path"],
+                                tmp / c["path"], c)
+                bar.advance(c["size"])
         if verify:
             resolved = [(entry, variant_of(tmp / entry["file"], entry["scenario"], final=True))
                         for entry in record["models"]]
@@ -141,15 +152,29 @@ def assemble(package: str | os.PathLike[str], device: str,
     return record
 
 
-def _copy_file(src: Path, dst: Path, size: int) -> None:
+def _copy_companion(src: Path, dst: Path, entry: Mapping[str, Any]) -> None:
+    """Copy a companion file into the runtime folder being made, its bytes checked
+    against the record's digest (a runtime reads them whole: they are never trusted
+    unverified)."""
+    if src.is_symlink():
+        raise PackageError("a companion file the device needs is a link",
+                           file=entry["path"])
+    _copy_file(src, dst, entry["size"], what="companion")
+    algo = entry["digest"].partition(":")[0]
+    if make_key(algo, digest_file(algo, dst)) != entry["digest"]:
+        raise IntegrityError("a companion file the device needs differs from its digest",
+                             file=entry["path"], package=str(src.parent))
+
+
+def _copy_file(src: Path, dst: Path, size: int, what: str = "weight") -> None:
     try:
         actual = src.stat().st_size
     except FileNotFoundError:
-        raise PackageError("a weight file the device needs is missing",
+        raise PackageError(f"a {what} file the device needs is missing",
                            file=src.name, package=str(src.parent)) from None
     if actual != size:
-        raise PackageError("a weight file the device needs has another size than recorded",
-                           file=src.name, size=actual, expected=size)
+        raise PackageError(f"a {what} file the device needs has another size than "
+                           "recorded", file=src.name, size=actual, expected=size)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         copy_range(fin.fileno(), 0, fout.fileno(), 0, size)

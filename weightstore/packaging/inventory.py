@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import IntegrityError, PackageError
 from ..io.digests import digest_file, make_key
 from ..io.files import is_relative_inside
+from ..package.bundle_record import device_path
 from ..package.summary import (
     CONTENTS_SINCE,
     SUMMARY_NAME,
@@ -96,11 +97,18 @@ def check_summary(summary: Any, where: str) -> None:
                                entry=i)
         check_member_path(c["path"], where)
     listed = {c["path"]: (c["size"], c["digest"]) for c in summary["contents"]}
-    for i, c in enumerate(summary.get("companions", [])):
-        if listed.get(c["path"]) != (c["size"], c["digest"]):
+    held = [(f"companions[{i}]", c, [c["path"]])
+            for i, c in enumerate(summary.get("companions", []))]
+    held += [(f"devices[{i}].companions[{j}]", c, [device_path(d["name"], c["path"]),
+                                                  c["path"]])
+             for i, d in enumerate(summary.get("devices", []))
+             for j, c in enumerate(d.get("companions", []))]
+    for at, c, places in held:  # a device's own file, or else the package's
+        place = next((p for p in places if p in listed), None)
+        if place is None or listed[place] != (c["size"], c["digest"]):
             raise PackageError("package summary lists a companion file its contents do not "
-                               "hold with that size and digest", file=where,
-                               key=f"companions[{i}]", path=c["path"])
+                               "hold with that size and digest", file=where, key=at,
+                               path=c["path"])
 
 
 def check_member_path(name: str, where: str) -> PurePosixPath:

@@ -6,7 +6,7 @@ only when some package actually has to be written, so an up-to-date rebuild stay
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,6 +25,7 @@ from ..io.models import serialize_model
 from ..io.onnx_proto import ModelProto, TensorProto
 from ..layout.plan import LayoutPlan, PlannedFile, PlannedPayload, plan_groups, plan_layout
 from ..layout.writer import FileRange, write_plan
+from ..package.bundle_record import device_path
 from ..package.summary import (
     SUMMARY_NAME,
     CompanionEntry,
@@ -171,10 +172,40 @@ def store_companions(store: WeightStore, companions: Sequence[tuple[CompanionEnt
     return out
 
 
-def _write_companions(store: WeightStore, folder: Path, companions: Sequence[CompanionEntry],
-                      plan: LayoutPlan, algo: str, jobs: int) -> dict[str, str]:
-    """Copy the companion files from the store into the package's temp ``folder`` (each
-    re-hashed against its key); a path a weight file of ``plan`` takes is refused.
+@dataclass(frozen=True)
+class PackageCompanions:
+    """A package's companion files: ``top``, at the package root; ``devices``, each
+    device's own (by device name), which replace the top-level one at their path or are
+    added, in ``devices/<device>/<path>``."""
+
+    top: Sequence[CompanionEntry] = ()
+    devices: Mapping[str, Sequence[CompanionEntry]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.top) or any(self.devices.values())
+
+    def device_set(self, device: str) -> list[CompanionEntry]:
+        """The device's complete set, sorted by path, as its runtime folder holds it."""
+        merged = {**{c.path: c for c in self.top},
+                  **{c.path: c for c in self.devices.get(device, ())}}
+        return [merged[p] for p in sorted(merged)]
+
+    def placed(self, with_devices: bool) -> list[tuple[str, CompanionEntry]]:
+        """``(path in the package, entry)`` of every file (``with_devices``: the devices'
+        own too, which only layouts with device folders hold)."""
+        out = [(c.path, c) for c in self.top]
+        if with_devices:
+            out += [(device_path(d, c.path), c) for d, cs in self.devices.items()
+                    for c in cs]
+        return out
+
+
+def _write_companions(store: WeightStore, folder: Path,
+                      companions: Sequence[tuple[str, CompanionEntry]], plan: LayoutPlan,
+                      algo: str, jobs: int) -> dict[str, str]:
+    """Copy the companion files (``(path in the package, entry)``) from the store into the
+    package's temp ``folder`` (each re-hashed against its key); a path a weight file of
+    ``plan`` takes (in the package, or at a device's runtime folder's root) is refused.
     Returns each file's ``algo`` digest, taken from the bytes written."""
     from ..package.assembly import assemble, weight_file
     from ..recipe.companions import collision
@@ -182,13 +213,13 @@ def _write_companions(store: WeightStore, folder: Path, companions: Sequence[Com
     # a weight file, and a folder of them (a split separate layout's groups)
     taken = sorted({f.name for f in plan.files} | {f.name.rpartition("/")[0]
                                                     for f in plan.files if "/" in f.name})
-    for c in companions:
+    for _, c in companions:
         other = collision(c.path, taken)
         if other is not None:
             raise RecipeError(f"companion path '{c.path}' collides with the weight file "
                               f"'{other}' of this layout", key="files", path=c.path)
-    return assemble(store, folder, [weight_file(c.path, c.size, [(0, c.size, c.digest)])
-                                    for c in companions], jobs=jobs, file_digest=algo)
+    return assemble(store, folder, [weight_file(at, c.size, [(0, c.size, c.digest)])
+                                    for at, c in companions], jobs=jobs, file_digest=algo)
 
 
 def _selected(sources: list[Source], layouts: list[Layout],
@@ -416,10 +447,11 @@ def estimated_model_bytes(source: Source, layout: Layout) -> int:
 def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str,
                   sources: list[Source], store: WeightStore, jobs: int,
                   progress: bool | None, *, replace: bool = False,
-                  companions: Sequence[CompanionEntry] = ()) -> dict[str, Any]:
+                  companions: PackageCompanions | None = None) -> dict[str, Any]:
     """Build one layout's folder under a temp name and rename it into place (``replace``:
     over the folder there; else none may be, see :func:`~weightstore.io.files.publish_dir`).
     ``companions``: files copied in from the store (:func:`store_companions` put them)."""
+    companions = companions or PackageCompanions()
     per_model = []
     for s in sources:
         ws: list[Weight] = []
@@ -487,21 +519,23 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
         read_added = _added_reader(store, index)
 
         models = []
+        files = model_files(recipe)
         for s, ws in per_model:
             with s.weights.opened():
-                models.append(_write_model(tmp, s, ws, maps.get(s.name, {}), layout,
-                                           read_added, written, recipe.store.hash))
-        devices = (_write_devices(tmp, recipe, sources, models)
-                   if layout.external_weight != "embedded" else [])
+                models.append(_write_model(tmp, s, files[s.name], ws, maps.get(s.name, {}),
+                                           layout, read_added, written, recipe.store.hash))
+        with_devices = layout.external_weight != "embedded"
+        devices = _write_devices(tmp, recipe, sources, models, companions) if with_devices \
+            else []
         if companions:
-            written.update(_write_companions(store, tmp, companions, plan, recipe.store.hash,
-                                             jobs))
+            written.update(_write_companions(store, tmp, companions.placed(with_devices),
+                                             plan, recipe.store.hash, jobs))
         from .inventory import package_contents
 
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan,
-                                  devices=devices, companions=companions,
+                                  devices=devices, companions=companions.top,
                                   contents=package_contents(tmp, recipe.store.hash, jobs,
                                                            known=written))
         # every file is fsynced; the folder once, when it is published
@@ -659,11 +693,12 @@ def offered_scenarios(recipe: Recipe, sources: list[Source]) -> list[tuple[str, 
 
 
 def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
-                   summaries: list[ModelSummary]) -> list[dict]:
+                   summaries: list[ModelSummary],
+                   companions: PackageCompanions) -> list[dict]:
     """``devices/<name>/`` for every device of the recipe (see
     :mod:`weightstore.packaging.bundles`), its record listing the store keys
-    ``summaries`` give the live weights; returns what the summary records of the
-    devices."""
+    ``summaries`` give the live weights and the device's companion files; returns what
+    the summary records of the devices (their own companion files are written later)."""
     if not recipe.devices:
         return []
     import onnx
@@ -672,30 +707,44 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
 
     offered = offered_scenarios(recipe, sources)
     keys = {m.name: {(w.location, w.offset): w.id for w in m.external} for m in summaries}
+    files = {m.name: m.file for m in summaries}
     models = []
     for s in sources:
-        model = onnx.load(str(folder / f"{s.name}.onnx"), load_external_data=False)
+        model = onnx.load(str(folder / files[s.name]), load_external_data=False)
         models.append((s.name, model, {sc.name for sc in s.scenarios}))
     out = []
     for device in recipe.devices:
         chosen = select_scenario(device, offered)
+        own = [c.to_dict() for c in companions.device_set(device.name)]
         record = write_device(folder, device, [
-            (name, model, chosen if chosen in names else None, keys[name])
-            for name, model, names in models], recipe.store.hash)
-        out.append({"name": device.name, "scenario": chosen,
-                    "files": [f"devices/{device.name}/{m['file']}" for m in record["models"]]
-                    + [f"devices/{device.name}/bundle.json"]})
+            (name, files[name], model, chosen if chosen in names else None, keys[name])
+            for name, model, names in models], recipe.store.hash, own)
+        entry = {"name": device.name, "scenario": chosen,
+                 "files": [f"devices/{device.name}/{m['file']}" for m in record["models"]]
+                 + [f"devices/{device.name}/bundle.json"]
+                 + [device_path(device.name, c.path)
+                    for c in companions.devices.get(device.name, ())]}
+        if own:
+            entry["companions"] = own
+        out.append(entry)
     return out
 
 
-def _write_model(folder: Path, source: Source, weights: list[Weight],
+def model_files(recipe: Recipe) -> dict[str, str]:
+    """Each model's file name in the package, by model name."""
+    from ..recipe.schema import model_file_name
+
+    return {m.name: model_file_name(m) for m in recipe.models}
+
+
+def _write_model(folder: Path, source: Source, file_name: str, weights: list[Weight],
                  where: dict[str, PlannedPayload], layout: Layout,
                  read_added: Callable[[AddedWeight], bytes], written: dict[str, str],
                  algo: str) -> ModelSummary:
-    """Write one packaged model; its digest, from the bytes written, goes to ``written``."""
+    """Write one packaged model at ``file_name``; its digest, from the bytes written, goes
+    to ``written``."""
     model = _package_model(source, weights, where, layout, read_added)
     added = source.added_weights(layout)
-    file_name = f"{source.name}.onnx"
     data = serialize_model(model, file_name)
     atomic_write_bytes(folder / file_name, data, sync_dir=False)  # a temp folder
     written[file_name] = make_key(algo, digest_bytes(algo, data))

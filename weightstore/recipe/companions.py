@@ -16,9 +16,10 @@ from pathlib import PurePosixPath
 KINDS = ("config", "doc", "code", "dataset", "weights")
 COMPANIONS_SINCE = 5  # the package format whose summary lists ``companions``
 
-# names a package keeps for itself: its summary, its device folders, the files a registry
-# gives each payload, the prepared graphs ``weightstore prepare`` writes beside a package
-RESERVED_NAMES = ("summary.json",)
+# names a package keeps for itself: its summary, a device folder's record (at the root of
+# the runtime folder ``bundle`` makes), its device folders, the files a registry gives each
+# payload, the prepared graphs ``weightstore prepare`` writes beside a package
+RESERVED_NAMES = ("summary.json", "bundle.json")
 RESERVED_FOLDERS = ("devices", "payloads", "prepared")
 _SEPARATE = re.compile(r"weight_[0-9a-f]{64}")  # a separate layout's weight file
 _COMBINED_SUFFIX = "_weight_combined"
@@ -54,8 +55,9 @@ def path_problem(path: object) -> str | None:
     """Why ``path`` cannot be a companion's path in a package, None when it can: a
     relative '/'-separated path, normalised (no ``.``, ``..`` or empty component), no
     backslash or NUL, no hidden component (temp files and locks are hidden), and none of
-    the names a package keeps for itself (``summary.json``, ``devices/``, ``payloads/``,
-    ``prepared/``) or gives its weight files (``weight_<hex>``, ``*_weight_combined``)."""
+    the names a package keeps for itself (``summary.json``, ``bundle.json``,
+    ``devices/``, ``payloads/``, ``prepared/``) or gives its weight files
+    (``weight_<hex>``, ``*_weight_combined``)."""
     if not isinstance(path, str) or not path:
         return "a companion path is a non-empty relative path"
     if path.startswith("/"):

@@ -196,30 +196,11 @@ def _source_kind(value: object) -> str:
     return _PINNED if isinstance(value, (Mapping, PinnedSource)) else _FILE
 
 
-class ModelEntry(_Model):
-    """One ONNX model to package."""
-
-    name: Name = Field(description="Model name, unique within the recipe; used as a file name.")
-    source: Annotated[
-        Annotated[PathText, Tag(_FILE)] | Annotated[PinnedSource, Tag(_PINNED)],
-        Discriminator(_source_kind),
-    ] = Field(
-        description="Path of the ONNX model file, relative to the recipe's folder; or a "
-        "source pinned by digest ({url, sha256} or {ref, path}), fetched once into the store."
-    )
-    scenarios: list[ScenarioEntry] = Field(
-        default_factory=list,
-        description="Alternative graphs of this model, stored in the packaged model as "
-                    "rewrite records and replayed by name.",
-    )
-
-    @field_validator("scenarios")
-    @classmethod
-    def _unique_scenarios(cls, value: list[ScenarioEntry]) -> list[ScenarioEntry]:
-        _require_unique_names(value, "scenario")
-        return value
-
-
+# a local path, or a source pinned by digest
+Source = Annotated[
+    Annotated[PathText, Tag(_FILE)] | Annotated[PinnedSource, Tag(_PINNED)],
+    Discriminator(_source_kind),
+]
 CompanionKind = Literal["config", "doc", "code", "dataset", "weights"]
 
 
@@ -227,14 +208,15 @@ class CompanionFile(_Model):
     """A file (or a folder's whole tree) shipped in every package beside the models:
     a configuration, a tokenizer, a licence, a model card."""
 
-    source: PathText = Field(
-        description="Path of the file or folder, relative to the recipe's folder. A folder "
-        "gives every regular file below it (hidden names left out); a link or other special "
-        "file inside it is refused.")
+    source: Source = Field(
+        description="Path of the file or folder, relative to the recipe's folder: a folder "
+        "gives every regular file below it (hidden names left out; a link or other special "
+        "file inside it is refused). Or a file pinned by digest ({url, sha256} or {ref, "
+        "path}), fetched once into the store.")
     path: PathText | None = Field(
         None, description="Where it goes in the package, relative to the package folder "
-        "('/' between parts). Default: the source's own name; for a folder, '.' puts its "
-        "files at the package root.")
+        "('/' between parts). Default: the source's own name (a pinned one's: the last "
+        "part of its url or path); for a folder, '.' puts its files at the package root.")
     kind: CompanionKind | None = Field(
         None, description="What the file is, as ModelPack names its layers: config, doc, "
         "code, dataset or weights. Default by name: licences, read-mes and *.md, *.rst, "
@@ -242,6 +224,42 @@ class CompanionFile(_Model):
         "anything else config.")
 
 
+class ModelEntry(_Model):
+    """One ONNX model to package."""
+
+    name: Name = Field(description="Model name, unique within the recipe; used as a file name.")
+    source: Source = Field(
+        description="Path of the ONNX model file, relative to the recipe's folder; or a "
+        "source pinned by digest ({url, sha256} or {ref, path}), fetched once into the store."
+    )
+    file: Name | None = Field(
+        None, description="The model's file name in the package, ending in .onnx, for a "
+        "runtime that opens a fixed name (model.onnx beside genai_config.json). Default: "
+        "<name>.onnx.")
+    scenarios: list[ScenarioEntry] = Field(
+        default_factory=list,
+        description="Alternative graphs of this model, stored in the packaged model as "
+                    "rewrite records and replayed by name.",
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _onnx_file(cls, value: str | None) -> str | None:
+        from .companions import path_problem
+
+        if value is not None:
+            if not value.endswith(".onnx"):
+                raise ValueError("a model's file name ends in .onnx")
+            problem = path_problem(value)
+            if problem is not None:
+                raise ValueError(problem.replace("a companion path", "a model's file name"))
+        return value
+
+    @field_validator("scenarios")
+    @classmethod
+    def _unique_scenarios(cls, value: list[ScenarioEntry]) -> list[ScenarioEntry]:
+        _require_unique_names(value, "scenario")
+        return value
 
 
 class Layout(_Model):
@@ -317,6 +335,11 @@ class Device(_Model):
         description="The scenario the device runs: a scenario name, null for the default "
                     "graph, or 'auto' for the first scenario (in recipe order) whose "
                     "'requires' the capabilities satisfy (the default graph if none does).")
+    files: list[CompanionFile] = Field(
+        default_factory=list,
+        description="Companion files of this device only, as the top-level files: one at "
+                    "a path the top-level files use replaces it for the device, others "
+                    "are added. The device's runtime folder holds them at its root.")
 
 
 class Recipe(_Model):
@@ -352,6 +375,11 @@ class Recipe(_Model):
         "weightstore build's --cache, --cache-from and --cache-to beat it, and it beats "
         "$WEIGHTSTORE_CACHE, $WEIGHTSTORE_CACHE_FROM and $WEIGHTSTORE_CACHE_TO.",
     )
+
+    @property
+    def has_companions(self) -> bool:
+        """Does the recipe name companion files (its own or a device's)?"""
+        return bool(self.files) or any(d.files for d in self.devices)
 
     @field_validator("models")
     @classmethod
@@ -520,15 +548,37 @@ def _check_references(recipe: Recipe, filename: str,
 
 def _check_companion_paths(recipe: Recipe, fail: Callable[[str, Loc], None]) -> None:
     """Each companion's path (written or by default) is a package path of its own: no
-    escape, none of the package's own names, no model file, no other companion's path.
-    The paths of a folder's files are checked again when the build lists them."""
+    escape, none of the package's own names, no model file, no other companion's path
+    (a device's may replace a top-level one: that is what it is for). The paths of a
+    folder's files are checked again when the build lists them."""
+    models: list[str] = []
+    for i, model in enumerate(recipe.models):
+        name = model_file_name(model)
+        if name in models:
+            fail(f"model file '{name}' is another model's file too",
+                 ("models", i, "file" if model.file else "name"))
+        models.append(name)
+    _check_file_entries(recipe.files, ("files",), models, fail)
+    for i, device in enumerate(recipe.devices):
+        _check_file_entries(device.files, ("devices", i, "files"), models, fail)
+
+
+def _check_file_entries(entries: Sequence[CompanionFile], loc: Loc, models: list[str],
+                        fail: Callable[[str, Loc], None]) -> None:
     from .companions import collision, path_problem
 
-    taken = [model_file_name(m) for m in recipe.models]
-    for i, entry in enumerate(recipe.files):
+    taken = list(models)
+    for i, entry in enumerate(entries):
         path = companion_path(entry)
-        at: Loc = ("files", i, "path" if entry.path is not None else "source")
+        at: Loc = (*loc, i, "path" if entry.path is not None else "source")
+        pin = entry.source
+        if isinstance(pin, PinnedSource) and pin.ref is not None and pin.path is None:
+            fail("a companion pinned by ref names its file in the artifact (path)",
+                 (*loc, i, "source"))
         if path == "." and entry.path is not None:
+            if isinstance(pin, PinnedSource):
+                fail("path '.' (the package root) is for a folder source; give the file "
+                     "a name", at)
             continue  # a folder at the package root: its files are checked one by one
         problem = path_problem(path)
         if problem is not None:
@@ -540,16 +590,23 @@ def _check_companion_paths(recipe: Recipe, fail: Callable[[str, Loc], None]) -> 
 
 
 def model_file_name(model: ModelEntry) -> str:
-    """The model's file name in the package."""
-    return f"{model.name}.onnx"
+    """The model's file name in the package: its ``file``, else ``<name>.onnx``."""
+    return model.file or f"{model.name}.onnx"
 
 
 def companion_path(entry: CompanionFile) -> str:
-    """Where a companion entry goes in the package: its ``path``, normalised, or its
-    source's own name."""
-    if entry.path is None:
+    """Where a companion entry goes in the package: its ``path``, or its source's own
+    name (a pinned source's: the last part of its url's path, or of its path in the
+    artifact)."""
+    if entry.path is not None:
+        return entry.path
+    if isinstance(entry.source, str):
         return Path(os.path.normpath(entry.source)).name
-    return entry.path
+    if entry.source.url is not None:
+        from urllib.parse import unquote, urlsplit
+
+        return unquote(urlsplit(entry.source.url).path).rpartition("/")[2]
+    return str(entry.source.path).rpartition("/")[2]
 
 
 def _check_combined(layout: Layout, loc: Loc, fail: Callable[[str, Loc], None]) -> None:
