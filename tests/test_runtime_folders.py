@@ -27,7 +27,7 @@ store: {{path: {store}}}
 files:
 {files}
 models:
-  - {{name: model, source: {source}/model.onnx}}
+  - {{name: decoder, source: {source}/model.onnx, file: model.onnx}}
 layouts:
   - {{name: separate, external_weight: separate}}
   - {{name: combined, external_weight: combined}}
@@ -63,7 +63,7 @@ def test_package_folder_is_the_builders_runtime_folder(built, layout) -> None:
         assert tree[name] == (TINY_LLM / "fp32" / name).read_bytes(), name
     summary = json.loads(tree["summary.json"])
     assert [c["path"] for c in summary["companions"]] == sorted(COMPANIONS)
-    assert "model.onnx" in tree
+    assert "model.onnx" in tree and "decoder.onnx" not in tree
     assert main(["verify", str(package)]) == 0
     assert_generates_as_builder(package)
 
