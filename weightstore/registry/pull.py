@@ -100,10 +100,11 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
     from .kinds import refuse_other_kinds
 
     refuse_other_kinds(data, media_type, str(ref))  # an image, an index, a Helm chart
-    from .foreign import pull_foreign
     from .foreign_plan import is_foreign
 
     if is_foreign(data):  # not pushed by weightstore: a generic ModelPack or ORAS artifact
+        from .foreign import pull_foreign
+
         if device is not None or scenario is not None:
             raise RegistryError("--device and --scenario need a weightstore artifact; this "
                                 "one was pushed by another client", reference=str(ref))
