@@ -16,7 +16,7 @@ from .helpers import TWO_LAYOUTS
 from .registry_server import needs_registry, running_registry
 
 HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests",
-         "urllib3")
+         "urllib3", "filelock")
 
 
 def _imported(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY) -> set[str]:
@@ -81,7 +81,7 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
         onnx.checker.check_model(str(package / layout / "encoder.onnx"))
 
 
-REGISTRY_ALLOWED: set[str] = set()  # neither onnx, numpy, protobuf nor requests/urllib3
+REGISTRY_ALLOWED: set[str] = set()  # no onnx, numpy, protobuf, requests/urllib3, filelock
 
 
 @needs_registry
@@ -111,9 +111,10 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
 @needs_registry
 def test_a_pull_from_a_plain_loopback_registry_loads_no_trust_store(folder: Path) -> None:
     """A registry command speaks HTTP through the standard library (``requests`` and
-    ``urllib3`` took about 60 ms of a pull's start-up), and finding that a loopback
-    registry speaks plain HTTP loads no trust store (tens of milliseconds): only a TLS
-    connection that verifies a certificate needs one."""
+    ``urllib3`` took about 60 ms of a pull's start-up) and locks with ``flock`` itself
+    (``filelock`` took about 12 ms), and finding that a loopback registry speaks plain
+    HTTP loads no trust store (tens of milliseconds): only a TLS connection that
+    verifies a certificate needs one."""
     from weightstore.builder.run import build
 
     (folder / "recipe.yaml").write_text(TWO_LAYOUTS)

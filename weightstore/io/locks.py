@@ -1,4 +1,4 @@
-"""Exclusive file locks (filelock), with timeouts that become typed errors.
+"""Exclusive file locks (``flock``), with timeouts that become typed errors.
 
 The store's index and each package folder have one: a lock is taken before reading what
 it protects, and correctness still comes from temp + rename, so a lock that silently
@@ -8,8 +8,7 @@ fails on an exotic filesystem costs duplicate work, never a torn file.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
+import errno
 import json
 import os
 import socket
@@ -18,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from ..errors import PackageError, WeightstoreError
 from .files import atomic_write_bytes, file_mode, parse_json, read_regular
@@ -30,15 +28,13 @@ LOCKS_DIR = "locks"
 WAIT_REPORT_SECONDS = 10.0
 
 
-class _Replaced(Exception):
-    """The lock was taken on a file no longer at the lock's path (its holder removed it)."""
-
-
 @contextlib.contextmanager
 def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: str,
               *, removable: bool = False,
               remove_if: Callable[[], bool] | None = None) -> Iterator[Path]:
-    """Hold ``path`` exclusively (negative timeout: wait forever).
+    """Hold ``path`` exclusively (negative timeout: wait forever): ``flock`` on the lock
+    file, one open file per holder, so two holders in one process exclude each other as
+    two processes do (:func:`_flocked`).
 
     The lock file gets an ordinary file's mode (0666 less the umask), so every user who may
     write a shared store or output folder can also lock it. The holder writes its pid, host
@@ -50,34 +46,19 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
     every taker checks, once it holds the lock, that the file it locked is still the one at
     the path, and otherwise takes the lock again (a waiter that had opened the removed file
     would else hold a lock nobody else sees). flock locks the file, not its name, so this
-    check is what makes removal safe; filelock exposes the locked descriptor for it through
-    ``on_acquired`` (filelock 4). With an older filelock the file is kept.
+    check is what makes removal safe.
 
     ``remove_if``: for locks named after something that may go away (a combined store
     file): the lock file is removed on release, while still held, when ``remove_if()``
-    says so (the thing it protects is gone), and every taker makes the same check as for
-    ``removable``. Removal is safe whatever ``remove_if`` answers; it only decides when.
+    says so (the thing it protects is gone). Removal is safe whatever ``remove_if``
+    answers; it only decides when.
     """
-    from filelock import Timeout  # imported on first use: it costs ~35 ms
-
-    lock, checked = _new_lock(path, removable or remove_if is not None)
-    start = time.monotonic()
-    while True:
-        left = float("inf") if timeout < 0 else timeout - (time.monotonic() - start)
-        try:
-            lock.acquire(timeout=max(0.0, min(WAIT_REPORT_SECONDS, left)))
-            break
-        except _Replaced:
-            continue  # the holder before us removed the file: lock the one at the path now
-        except Timeout as exc:
-            if time.monotonic() - start >= timeout >= 0:
-                raise error(f"timed out waiting for the {what} lock; {holder_text(path)}",
-                            lock=str(path), timeout=timeout) from exc
-            print(f"weightstore: waiting {time.monotonic() - start:.0f} s for the {what} "
-                  f"lock {path}: {holder_text(path)}", file=sys.stderr, flush=True)
-        except OSError as exc:
-            raise error(f"cannot open the {what} lock: {exc.strerror}",
-                        lock=str(path)) from exc
+    try:
+        fd = _flocked(path, timeout, error, f"{what} lock", "lock",
+                      lambda: holder_text(path))
+    except OSError as exc:
+        raise error(f"cannot open the {what} lock: {exc.strerror}",
+                    lock=str(path)) from exc
     holder = _holder_path(path)
     try:
         with contextlib.suppress(OSError):
@@ -89,13 +70,61 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
     finally:
         with contextlib.suppress(OSError):
             os.unlink(holder)
-        if checked and (removable or _asks_removal(remove_if)):
+        if removable or _asks_removal(remove_if):
             with contextlib.suppress(OSError):
                 os.unlink(path)  # while still held: see the docstring
-        lock.release()
+        os.close(fd)  # lets go of the lock
 
 
 POLL_SECONDS = 0.05
+# a file system that has no flock: no lock, correctness from temp + rename (module doc)
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def _flocked(path: Path, timeout: float, error: type[WeightstoreError], what: str,
+             key: str, holder: Callable[[], str], *, follow: bool = True) -> int:
+    """An open descriptor of ``path`` (created when absent) holding its ``flock``, once
+    it is the file at the path (a holder may remove or rename it away before it lets
+    go: the one at the path is then locked instead). Polled every
+    :data:`POLL_SECONDS`; past ``timeout`` (negative: never) ``error`` names the file
+    (under ``key``) and ``holder()``, which a waiter also prints on stderr every
+    :data:`WAIT_REPORT_SECONDS`. ``follow`` False: a symbolic link at the path is
+    refused. Failing to open is an :class:`OSError`."""
+    import fcntl
+
+    start = last_report = time.monotonic()
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    while True:
+        fd = os.open(path, flags, file_mode())
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    now = time.monotonic()
+                    if 0 <= timeout <= now - start:
+                        raise error(f"timed out waiting for the {what}; {holder()}",
+                                    **{key: str(path)}, timeout=timeout) from None
+                    if now - last_report >= WAIT_REPORT_SECONDS:
+                        last_report = now
+                        print(f"weightstore: waiting {now - start:.0f} s for the {what} "
+                              f"{path}: {holder()}", file=sys.stderr, flush=True)
+                    time.sleep(POLL_SECONDS)
+                except OSError as exc:
+                    if exc.errno not in _NO_FLOCK:
+                        raise
+                    break
+            try:
+                here = os.stat(path, follow_symlinks=follow)
+            except FileNotFoundError:
+                here = None
+            if here is not None and os.path.samestat(here, os.fstat(fd)):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # replaced meanwhile: the file at the path now
 
 
 @contextlib.contextmanager
@@ -105,47 +134,22 @@ def partial_file_lock(path: Path, timeout: float, error: type[WeightstoreError],
     flocking the file itself: no lock file beside it, no holder note, one open.
 
     Made for many small transient locks (one per blob of a pull), where a lock file of
-    its own and filelock's bookkeeping cost more than the lock. The file is created empty
-    when absent. While holding it, the holder may write it, remove it or rename it away
-    (into the store); a taker that waited checks, once it holds the lock, that the file
-    it locked is still the one at the path, and otherwise takes the one there now (as
-    :func:`file_lock` does for ``removable`` locks). A symbolic link at the path is
-    refused. A waiter says on stderr every :data:`WAIT_REPORT_SECONDS` what it waits for.
+    its own costs more than the lock. The file is created empty when absent. While
+    holding it, the holder may write it, remove it or rename it away (into the store); a
+    taker that waited checks, once it holds the lock, that the file it locked is still
+    the one at the path, and otherwise takes the one there now (as :func:`file_lock`
+    does). A symbolic link at the path is refused. A waiter says on stderr every
+    :data:`WAIT_REPORT_SECONDS` what it waits for.
     """
-    import fcntl
-
-    start = last_report = time.monotonic()
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    while True:
-        try:
-            fd = os.open(path, flags, file_mode())
-        except OSError as exc:
-            raise error(f"cannot open the {what}: {exc.strerror}", file=str(path)) from exc
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    now = time.monotonic()
-                    if 0 <= timeout <= now - start:
-                        raise error(f"timed out waiting for the {what}; another process "
-                                    "holds it", file=str(path), timeout=timeout) from None
-                    if now - last_report >= WAIT_REPORT_SECONDS:
-                        last_report = now
-                        print(f"weightstore: waiting {now - start:.0f} s for the {what} "
-                              f"{path}: another process holds it", file=sys.stderr,
-                              flush=True)
-                    time.sleep(POLL_SECONDS)
-            try:
-                here = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                here = None
-            if here is not None and os.path.samestat(here, os.fstat(fd)):
-                yield
-                return
-        finally:
-            os.close(fd)  # lets go of the lock
+    try:
+        fd = _flocked(path, timeout, error, what, "file",
+                      lambda: "another process holds it", follow=False)
+    except OSError as exc:
+        raise error(f"cannot open the {what}: {exc.strerror}", file=str(path)) from exc
+    try:
+        yield
+    finally:
+        os.close(fd)  # lets go of the lock
 
 
 def _asks_removal(remove_if: Callable[[], bool] | None) -> bool:
@@ -155,44 +159,6 @@ def _asks_removal(remove_if: Callable[[], bool] | None) -> bool:
     try:
         return remove_if()
     except OSError:
-        return False
-
-
-def _new_lock(path: Path, removable: bool) -> tuple[Any, bool]:
-    """A FileLock, and whether its file may be removed on release (every acquisition then
-    checks that it locked the file at the path)."""
-    from filelock import FileLock
-
-    if not removable:
-        return FileLock(path, mode=file_mode()), False
-
-    def same_file(fd: int) -> None:
-        try:
-            here = os.stat(path)
-        except FileNotFoundError:
-            raise _Replaced from None
-        if not os.path.samestat(here, os.fstat(fd)):
-            raise _Replaced
-
-    if not lock_files_removable():  # no access to the locked descriptor: keep the file
-        return FileLock(path, mode=file_mode()), False
-    return FileLock(path, mode=file_mode(), on_acquired=same_file), True
-
-
-@functools.cache
-def lock_files_removable() -> bool:
-    """Whether removable lock files are removed: filelock hands the locked descriptor to
-    an ``on_acquired`` check (filelock 4), as its signature says.
-
-    The signature is read, not tried: on filelock 3, ``FileLock(..., on_acquired=...)``
-    builds the object in ``__new__`` before ``__init__`` refuses the keyword, and that
-    half-made lock's ``__del__`` prints an ignored-exception traceback, one per lock taken.
-    """
-    from filelock import FileLock
-
-    try:
-        return "on_acquired" in inspect.signature(FileLock).parameters
-    except (TypeError, ValueError):  # no signature to read: keep the files
         return False
 
 
