@@ -41,3 +41,22 @@ def test_int4_export_differs_from_fp32():
 def test_committed_data_is_small():
     total = sum(p.stat().st_size for p in TINY_LLM.rglob("*") if p.is_file())
     assert total < 512 * 1024, total
+
+
+def test_committed_data_is_what_the_script_states():
+    """The folder was made by tools/make_tiny_llm.py as it stands: its prompt, token count
+    and pinned versions, and the README it writes lists every committed file."""
+    import importlib.util
+
+    path = TINY_LLM.parents[1] / "tools" / "make_tiny_llm.py"
+    spec = importlib.util.spec_from_file_location("make_tiny_llm", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert (EXPECTED["prompt"], EXPECTED["new_tokens"]) == (script.PROMPT, script.NEW_TOKENS)
+    pins = dict(pin.split("==") for pin in script.PINS)
+    assert {k: v.split("+")[0] for k, v in EXPECTED["versions"].items()} == pins
+    assert all(EXPECTED[p]["min_margin"] >= script.MIN_MARGIN for p in PRECISIONS)
+    readme = (TINY_LLM / "README.md").read_text(encoding="utf-8")
+    for p in sorted(TINY_LLM.rglob("*")):
+        if p.is_file() and p.name != "README.md":
+            assert f"`{p.relative_to(TINY_LLM).as_posix()}`: {p.stat().st_size} bytes" in readme
