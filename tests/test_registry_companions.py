@@ -18,6 +18,7 @@ import pytest
 
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, RegistryDigestError
+from weightstore.packaging.bundles import assemble as assemble_bundle
 from weightstore.registry.artifact import FILEPATH, TITLE, sha256_digest
 from weightstore.registry.client import RegistryClient
 from weightstore.registry.pull import pull
@@ -63,6 +64,7 @@ devices:
   - name: npu
     capabilities: {{accelerator: npu}}
     scenario: auto
+    files: [{{source: {npu}/genai_config.json, path: genai_config.json}}]
   - {{name: cpu, scenario: null}}
 output: {out}
 """
@@ -176,7 +178,8 @@ def test_each_companion_is_one_layer_of_its_kind(built, layout) -> None:
     package = built["v1"][layout]
     companions = _companions(package)
     assert {"tokenizer.json", "extra/tokenizer.json", "LICENSE", "README.md", "helper.py",
-            "labels.csv", "adapter.safetensors", "EMPTY.md"} <= companions.keys()
+            "labels.csv", "adapter.safetensors", "EMPTY.md",
+            "devices/npu/genai_config.json"} <= companions.keys()
     kinds = {name: c["kind"] for name, c in companions.items()}
     assert (kinds["LICENSE"], kinds["README.md"], kinds["helper.py"], kinds["labels.csv"],
             kinds["adapter.safetensors"], kinds["tokenizer.json"]) == (
@@ -297,6 +300,50 @@ def test_pull_brings_the_companions_through_the_store(built, layout, tmp_path) -
     assert _tree(tmp_path / "out2") == _tree(built["v2"][layout])
 
 
+def test_device_pull_gets_the_devices_companions_at_its_root(built, tmp_path) -> None:
+    """``pull --device npu``: the device's set (its own genai_config.json) at the folder's
+    root, beside its models; ``--device cpu`` and ``--scenario half`` the package's."""
+    package = built["v1"]["split"]
+    ref = built["refs"]["split"]
+    store = WeightStore(tmp_path / "store")
+    for device in ("npu", "cpu"):
+        out = tmp_path / device
+        pull(ref, out, store=store, device=device)
+        entries = _device(package, device)["companions"]
+        assert entries
+        for c in entries:
+            data = (out / c["path"]).read_bytes()
+            assert len(data) == c["size"]
+            own = package / "devices" / device / c["path"]
+            assert data == (own if own.exists() else package / c["path"]).read_bytes()
+        bundle = json.loads((out / "bundle.json").read_text())
+        assert bundle["companions"] == entries and bundle["format_version"] == 3
+        # what `weightstore bundle` writes for the device: the same record and files
+        assemble_bundle(package, device, tmp_path / f"bundled-{device}")
+        bundled = _tree(tmp_path / f"bundled-{device}")
+        assert {n: _tree(out)[n] for n in bundled if n != "bundle.json"
+                and not n.startswith("pk.")} == {n: d for n, d in bundled.items()
+                                                 if n != "bundle.json"
+                                                 and not n.startswith("pk.")}
+        assert json.loads(bundled["bundle.json"]) == bundle
+    npu = (tmp_path / "npu" / "genai_config.json").read_bytes()
+    assert npu == (package / "devices" / "npu" / "genai_config.json").read_bytes()
+    assert npu != (tmp_path / "cpu" / "genai_config.json").read_bytes()
+    # 1.0.1 on the device: only the model card travels
+    ref2 = f"{built['host']}/comp/device:1.0.1"
+    push(built["v2"]["split"], ref2, store=built["store"])
+    update = pull(ref2, tmp_path / "npu2", store=store, device="npu")
+    assert update.fetched == 1
+    assert update.fetched_bytes == len((built["v2"]["split"] / "README.md").read_bytes())
+    assert (tmp_path / "npu2" / "README.md").read_bytes() == (
+        built["v2"]["split"] / "README.md").read_bytes()
+    pull(ref, tmp_path / "half", store=store, scenario="half")
+    for c in _summary(package)["companions"]:
+        assert (tmp_path / "half" / c["path"]).read_bytes() == (package / c["path"]).read_bytes()
+    record = json.loads((tmp_path / "half" / "bundle.json").read_text())
+    assert record["companions"] == _summary(package)["companions"]
+
+
 def test_a_registry_serving_other_bytes_for_a_companion_is_refused(built, tmp_path,
                                                                     monkeypatch) -> None:
     """A registry whose companion blob is altered in transit: the digest is named, nothing
@@ -409,7 +456,9 @@ models:
 layouts:
   - {name: combined, external_weight: combined}
 devices:
-  - {name: cpu, scenario: null}
+  - name: cpu
+    scenario: null
+    files: [{source: cpu/genai_config.json, path: genai_config.json}]
 output: out
 """
 
@@ -420,6 +469,8 @@ def _runner(root: Path, readme: str = "A tiny encoder.\n") -> Path:
     onnx.save(make_encoder(vocab=100, hidden=32, heads=2, layers=1, ffn=64, max_seq=16),
               str(root / "encoder.onnx"))
     tokenizer_files(root / "hf", readme)
+    (root / "cpu").mkdir()
+    (root / "cpu" / "genai_config.json").write_text('{"model": {"cpu": true}}\n')
     (root / "recipe.yaml").write_text(CACHED)
     return root / "recipe.yaml"
 
@@ -438,6 +489,7 @@ def test_a_cache_entry_carries_the_companions(registry, tmp_path, monkeypatch) -
                                                         cache_key=str(tmp_path / "ci.pem")))
     (package,) = built.packages
     assert _summary(package.path)["companions"]
+    assert (package.path / "devices" / "cpu" / "genai_config.json").is_file()
     monkeypatch.setenv(TRUSTED_KEYS_ENV, key.text)
     recipe = _runner(tmp_path / "b")
     fetched = build(recipe, BuildOptions(jobs=2, cache_from=(repo,)))

@@ -41,6 +41,7 @@ from ..io.digests import split_key
 from ..io.files import MAX_ALIGNMENT, is_relative_inside, parse_json
 from ..package.assembly import WeightFile, summary_weight_files
 from ..package.assembly import weight_file as _weight_file
+from ..package.bundle_record import device_path
 from .reference import DIGEST
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -62,7 +63,6 @@ FINGERPRINT = "org.weightstore.fingerprint"
 FORMAT_VERSION = 2  # of the artifact: 1 had an assembly record layer
 ASSEMBLY_VERSION = 1
 PAYLOADS_DIR = "payloads"  # where payloads that are no whole file of the package go
-DEVICES_DIR = "devices"  # a device's folder in the package: devices/<device>/
 GRAPH_SUFFIX = ".onnx"  # files pushed as weight layers; other files are weight.config
 SUMMARY_NAME = "summary.json"
 FIXED_EPOCH = 0  # createdAt when SOURCE_DATE_EPOCH is not set: builds carry no time
@@ -138,7 +138,7 @@ def companion_files(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     listed = {str(c["path"]) for c in summary.get("contents") or ()}
     for device in summary.get("devices") or ():
         for c in device.get("companions") or ():
-            name = f"{DEVICES_DIR}/{device['name']}/{c['path']}"
+            name = device_path(str(device["name"]), str(c["path"]))
             if name in listed:
                 out[name] = c
     return out

@@ -20,7 +20,10 @@ scenario replayed) and only the live payloads are fetched: the output is the var
 self-contained folder, its weight files holding the live payloads at their offsets and
 zeros (holes) elsewhere, and its ``bundle.json`` (the device's record, or one for the
 scenario) listing the store key of each live payload, which its models are verified
-against when they are loaded, resolved or checked.
+against when they are loaded, resolved or checked. The folder gets the companion files
+its runtime opens at its root, listed in its ``bundle.json``: a device's own set
+(``devices[i].companions`` of the summary, its overrides included), the package's for a
+scenario; it is then a complete runtime folder.
 """
 
 from __future__ import annotations
@@ -413,19 +416,48 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         pieces = tuple(p for p in f.pieces if p.key in live)
         if pieces:
             kept.append(WeightFile(f.name, f.size, pieces))
-    # the variant folder's own record, as a device's: its models, their files and keys
+    # the companion files its runtime opens, at the folder's root
+    entries = _variant_companions(summary, device, ref)
+    companions, by_key, _ = _companions(entries, layers, ref)
+    taken = {BUNDLE_NAME, *(m[2] for m in models), *(f.name for f in kept)}
+    for name in sorted(taken & entries.keys()):
+        raise RegistryError("malformed model artifact: a companion file has the path of "
+                            "another file of the variant's folder", reference=str(ref),
+                            file=name)
+    listed = [entries[name] for name in sorted(entries)]
+    # the variant folder's own record, as a device's: its models, their files and keys,
+    # its companion files
     if record is None:
         record = device_record(None, {}, scenario, described,
-                               {f.name: f.size for f in kept})
+                               {f.name: f.size for f in kept}, listed)
     else:  # the device's, each model with its keys (a format 1 record had none)
         record = device_record(record["device"], record.get("capabilities") or {},
                                record.get("scenario_rule"), [
                                    {**entry, "external_weights": d["external_weights"]}
                                    for entry, d in zip(record["models"], described,
                                                        strict=True)], {
-                                   f["name"]: f["size"] for f in record["files"]})
+                                   f["name"]: f["size"] for f in record["files"]}, listed)
     (result / BUNDLE_NAME).write_bytes(render_record(record))
-    return _Plan(result, kept, _count(live, report))
+    wanted = {**live, **{p.key: p.size for f in companions for p in f.pieces}}
+    return _Plan(result, kept, _count(wanted, report), companions=companions,
+                 companion_layers=by_key)
+
+
+def _variant_companions(summary: dict[str, Any], device: str | None,
+                        ref: Reference) -> dict[str, Any]:
+    """The companion files a variant folder holds at its root (path -> summary entry): a
+    device's own set (``devices[i].companions``: the package's with the device's
+    overrides in their place), the package's for a scenario."""
+    try:
+        if device is None:
+            chosen = summary.get("companions") or []
+        else:
+            chosen = next((d.get("companions") or [] for d in summary.get("devices") or []
+                           if d["name"] == device), [])
+        return {str(c["path"]): c for c in chosen}
+    except (KeyError, TypeError, AttributeError):
+        raise RegistryError("malformed model artifact: the summary's companion files",
+                            reference=str(ref), file=SUMMARY_NAME) from None
 
 
 def _check_contents(folder: Path, summary: dict[str, Any], files: list[WeightFile],
