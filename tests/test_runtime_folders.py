@@ -3,7 +3,8 @@ beside ``genai_config.json`` and the tokenizer) built into a package whose model
 file name the runtime opens and whose companion files are the builder's. The real
 runtime, ``onnxruntime_genai.Model(folder)``, then generates token for token what the
 builder's own folder generates, from the package folder, from a generic client's pull
-(oras-py), from ``weightstore pull`` and from an unpacked release."""
+(oras-py), from ``weightstore pull`` (the whole package, and a device's folder) and from
+an unpacked release."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ models:
 layouts:
   - {{name: separate, external_weight: separate}}
   - {{name: combined, external_weight: combined}}
+devices:
+  - {{name: cpu}}
 output: {out}
 """
 
@@ -72,7 +75,8 @@ def test_package_folder_is_the_builders_runtime_folder(built, layout) -> None:
 def test_pulls_generate_as_the_builders_folder(built, tmp_path) -> None:
     """A generic client (oras-py) pulls the separate layout, whose every file is a whole
     layer, into a fresh folder; ``weightstore pull`` into a fresh folder with a fresh
-    store. Both are the package, byte for byte, and run as the builder's folder."""
+    store. Both are the package, byte for byte, and run as the builder's folder; so does
+    the cpu device's folder that ``weightstore pull --device`` writes."""
     from oras.client import OrasClient
 
     package = built["separate"]
@@ -83,11 +87,17 @@ def test_pulls_generate_as_the_builders_folder(built, tmp_path) -> None:
             target=ref, outdir=str(tmp_path / "oras"))
         assert main(["pull", ref, str(tmp_path / "pulled"),
                      "--store", str(tmp_path / "fresh-store")]) == 0
+        assert main(["pull", ref, str(tmp_path / "device"), "--device", "cpu",
+                     "--store", str(tmp_path / "device-store")]) == 0
     assert _tree(tmp_path / "oras") == _tree(package)
     assert_generates_as_builder(tmp_path / "oras")
     assert _tree(tmp_path / "pulled") == _tree(package)
     assert main(["verify", str(tmp_path / "pulled")]) == 0
     assert_generates_as_builder(tmp_path / "pulled")
+    device = _tree(tmp_path / "device")
+    for name in COMPANIONS:
+        assert device[name] == (TINY_LLM / "fp32" / name).read_bytes(), name
+    assert_generates_as_builder(tmp_path / "device")
 
 
 def test_unpacked_release_generates_as_the_builders_folder(built, tmp_path) -> None:
