@@ -658,3 +658,18 @@ def test_a_renamed_model_file_is_a_change(encoder_model, save_model, tmp_path):
     folder = renamed.packages[0].path
     assert (folder / "model.onnx").read_bytes() == before  # the same graph, another name
     assert not (folder / "encoder.onnx").exists()
+
+
+def test_a_dry_run_counts_the_companion_objects(project, encoder_model, tmp_path):
+    dry = build(project, opts(tmp_path, dry_run=True))
+    shutil.copytree(tmp_path / "models", tmp_path / "plain" / "models")
+    plain = write_recipe(tmp_path / "plain", "")
+    without = build(plain, opts(tmp_path, dry_run=True))
+    extra = {k: dry.store_report[k] - without.store_report[k]
+             for k in ("written_objects", "written_bytes")}
+    assert extra == {"written_objects": len(EXPECTED),
+                     "written_bytes": sum(len(t.encode()) for t in EXPECTED.values())}
+    assert not (tmp_path / "store").exists() and not (tmp_path / "out").exists()
+    build(project, opts(tmp_path))
+    warm = build(project, opts(tmp_path, dry_run=True, force=True))
+    assert warm.store_report["written_objects"] == 0

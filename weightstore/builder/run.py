@@ -499,7 +499,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         if options.dry_run:
             result.store_report = packaging.plan_store(
                 store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
-                options.jobs, options.progress)
+                options.jobs, options.progress, [c.entry() for c in companions])
             from ..packaging.materialize import can_materialize
 
             result.packages += [

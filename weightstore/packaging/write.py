@@ -236,8 +236,10 @@ def _selected(sources: list[Source], layouts: list[Layout],
 
 
 def plan_store(store: WeightStore, sources: list[Source], layouts: list[Layout], algo: str,
-               jobs: int, progress: bool | None) -> dict[str, int]:
-    """What :func:`fill_store` would write and reuse, writing nothing (``build --dry-run``).
+               jobs: int, progress: bool | None,
+               companions: Sequence[CompanionEntry] = ()) -> dict[str, int]:
+    """What :func:`fill_store` and :func:`store_companions` would write and reuse,
+    writing nothing (``build --dry-run``).
 
     Keys come from the caches where they pass their checks, else from hashing. Weights
     that scenarios derive are not computed: they are counted apart, by size.
@@ -245,27 +247,34 @@ def plan_store(store: WeightStore, sources: list[Source], layouts: list[Layout],
     layouts = [layout for layout in layouts if layout.external_weight != "embedded"]
     report = dict.fromkeys(("written_objects", "written_bytes", "reused_objects",
                             "reused_bytes", "derived_objects", "derived_bytes"), 0)
+    unique: dict[str, int] = {c.digest: c.size for c in companions}
     if not layouts:
+        _count_planned(store, unique, report)
         return report
     per_model = _selected(sources, layouts)
     _use_cached_keys(store, per_model, algo, forget_bad=False)
     total = sum(w.size for s, ws in per_model for w in ws if w.site.path not in s.weights.keys)
-    unique: dict[str, int] = {}
     with Progress("hashing", total, enabled=progress) as bar:
         for s, ws in per_model:
             with s.weights.opened():
                 for w in s.weights.hash(ws, algo, jobs, bar.advance):
                     unique.setdefault(w.key, w.size)
-    index = store.locate(unique)  # what the store already holds, looked up by key
-    for key, size in unique.items():
-        kind = "reused" if key in index else "written"
-        report[f"{kind}_objects"] += 1
-        report[f"{kind}_bytes"] += size
+    _count_planned(store, unique, report)
     for s in sources:
         added = [w for _, w in _added_ids(s)]
         report["derived_objects"] += len(added)
         report["derived_bytes"] += sum(w.nbytes for w in added)
     return report
+
+
+def _count_planned(store: WeightStore, unique: Mapping[str, int],
+                   report: dict[str, int]) -> None:
+    """Count each object (key -> size) as written or, when the store holds it, reused."""
+    index = store.locate(unique)  # what the store already holds, looked up by key
+    for key, size in unique.items():
+        kind = "reused" if key in index else "written"
+        report[f"{kind}_objects"] += 1
+        report[f"{kind}_bytes"] += size
 
 
 def _added_ids(s: Source) -> list[tuple[str, AddedWeight]]:
