@@ -673,3 +673,22 @@ def test_a_dry_run_counts_the_companion_objects(project, encoder_model, tmp_path
     build(project, opts(tmp_path))
     warm = build(project, opts(tmp_path, dry_run=True, force=True))
     assert warm.store_report["written_objects"] == 0
+
+
+@pytest.mark.parametrize("layout", [
+    "{name: ge, external_weight: combined, constants: file-constant, size_threshold: 64}",
+    "{name: ge-separate, external_weight: separate, constants: file-constant}",
+    "{name: split, external_weight: combined, split: scenario, size_threshold: 64}",
+    "{name: split-separate, external_weight: separate, split: scenario, size_threshold: 64}",
+    "{name: shared, external_weight: combined, combined: shared, alignment: 4096}",
+])
+def test_every_other_layout_ships_them_too(layout, encoder_model, save_model, tmp_path):
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "hf", OPTIMUM)
+    recipe = write_recipe(tmp_path, "  - {source: hf, path: .}\n", layouts=f"\n  - {layout}\n",
+                          extra="devices:\n  - {name: cpu}\n")
+    package = build(recipe, opts(tmp_path)).packages[0]
+    for path, text in OPTIMUM.items():
+        assert (package.path / path).read_bytes() == text.encode()
+    assert package.summary["devices"][0]["companions"] == package.summary["companions"]
+    assert verify_package(package.path, store=tmp_path / "store").ok

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
-from ..package.bundle_record import device_path
 from ..package.summary import CompanionEntry
 from ..recipe.companions import collision, default_kind, path_problem
 
@@ -42,11 +41,6 @@ class Companion:
     key: str = ""  # its recipe entry, for messages: files[0], devices[1].files[0]
     size: int = 0
     digest: str = ""
-
-    @property
-    def location(self) -> str:
-        """Its path in the package: a device's own files are in the device's folder."""
-        return self.path if self.device is None else device_path(self.device, self.path)
 
     def entry(self) -> CompanionEntry:
         return CompanionEntry(self.path, self.size, self.digest, self.kind)
