@@ -282,7 +282,10 @@ files:
   - source: hf/LICENSE
   - {source: hf/extra, path: extra}
 devices:
-  - {name: cpu, scenario: null}
+  - name: cpu
+    scenario: null
+    files: [{source: cpu/genai_config.json, path: genai_config.json}]
+  - {name: edge, scenario: null}
 output: out
 """
 # a companion's text may hold anything: markup a page must show as text, never run
@@ -290,7 +293,8 @@ HOSTILE_TEXT = "</script><img src=x onerror=\"console.error(1)\"><!--<script>&am
 
 
 def companion_sources(version: int = 1) -> dict[str, bytes]:
-    """The companion files of :func:`make_companion_checkout`, by path in the package."""
+    """The companion files of :func:`make_companion_checkout`, by path in the package
+    (``devices/cpu/genai_config.json``: the cpu device's own ``genai_config.json``)."""
     vocab = {f"tok{i}": i for i in range(600 + 40 * version)}
     files = {
         "genai_config.json": json.dumps({"model": {"type": "llama", "context_length": 128},
@@ -302,6 +306,8 @@ def companion_sources(version: int = 1) -> dict[str, bytes]:
         "LICENSE": f"Sample licence {HOSTILE_TEXT}\n".encode(),
         "extra/merges.txt": b"#version: 0.2\nt o\nto k\n",
         "extra/blob.bin": bytes(range(256)) * (4 + version),
+        "devices/cpu/genai_config.json": json.dumps(
+            {"model": {"type": "llama"}, "provider": "cpu", "threads": version}).encode(),
     }
     if version == 2:
         del files["LICENSE"]
@@ -310,17 +316,18 @@ def companion_sources(version: int = 1) -> dict[str, bytes]:
 
 
 def make_companion_checkout(root: Path, model: onnx.ModelProto, version: int = 1) -> Path:
-    """A recipe with companion files (top-level ``files``, a folder among them), its model
-    and the files' sources under ``root``; returns the recipe path.
-    ``version=2``: tokenizer.json, genai_config.json and extra/blob.bin changed, LICENSE
-    gone, README.md new."""
+    """A recipe with companion files (top-level ``files``, a folder among them, the cpu
+    device's own genai_config.json), its model and the files' sources under ``root``;
+    returns the recipe path. ``version=2``: tokenizer.json, both genai_config.json and
+    extra/blob.bin changed, LICENSE gone, README.md new."""
     recipe = make_checkout(root, model)
     text = COMPANION_RECIPE
     if version == 2:
         text = text.replace("  - source: hf/LICENSE\n", "  - source: hf/README.md\n")
     recipe.write_text(text)
     for path, data in companion_sources(version).items():
-        source = root / "hf" / path
+        source = root / ("cpu/genai_config.json" if path.startswith("devices/")
+                         else f"hf/{path}")
         source.parent.mkdir(parents=True, exist_ok=True)
         source.write_bytes(data)
     return recipe

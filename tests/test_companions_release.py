@@ -196,7 +196,7 @@ def test_unpack_restores_every_companion_and_verify_passes(versions, tmp_path, c
 
 def test_unpack_refuses_a_tampered_companion_and_leaves_nothing(versions, tmp_path, capsys):
     _, result = versions[1]
-    for name in ("tokenizer.json", "extra/blob.bin"):
+    for name in ("tokenizer.json", "devices/cpu/genai_config.json"):
         bad = tmp_path / name.replace("/", "-") / result.archives[0].file_name
         bad.parent.mkdir()
         _edit_member(result.output / result.archives[0].file_name, name, bad)
@@ -222,7 +222,9 @@ def test_diff_names_companions_added_removed_and_changed(versions, form, capsys)
     assert set(changes) == {
         ("removed", "LICENSE", None), ("added", "README.md", None),
         ("changed", "tokenizer.json", None), ("changed", "genai_config.json", None),
-        ("changed", "extra/blob.bin", None)}
+        ("changed", "extra/blob.bin", None),
+        # a device's own file, where it has one (edge runs the package's)
+        ("changed", "genai_config.json", "cpu")}
     tokenizer = changes[("changed", "tokenizer.json", None)]
     assert (tokenizer["old_size"], tokenizer["new_size"]) == (
         len(old["tokenizer.json"]), len(new["tokenizer.json"]))
@@ -233,16 +235,21 @@ def test_diff_names_companions_added_removed_and_changed(versions, form, capsys)
     readme = changes[("added", "README.md", None)]
     assert (readme["new_size"], readme["new_kind"], readme["old_size"]) == (
         len(new["README.md"]), "doc", None)
+    cpu = changes[("changed", "genai_config.json", "cpu")]
+    assert cpu["new"] != changes[("changed", "genai_config.json", None)]["new"]
+    assert cpu["new_size"] == len(new["devices/cpu/genai_config.json"])
     # reported as companions, not once more as files
     assert not [c for c in doc["changes"] if c["what"] == "file"
                 and c["name"] in {"LICENSE", "README.md", "tokenizer.json"}]
     # what a device holding v1 downloads to hold v2 counts its changed companions
     changed = sum(len(new[p]) for p in ("README.md", "tokenizer.json", "extra/blob.bin"))
-    assert doc["fetch"]["devices"]["cpu"] >= changed + len(new["genai_config.json"])
+    assert doc["fetch"]["devices"]["edge"] >= changed + len(new["genai_config.json"])
+    assert doc["fetch"]["devices"]["cpu"] >= changed + len(new["devices/cpu/genai_config.json"])
     assert main(["diff", *sides]) == 1
     text = capsys.readouterr().out
     assert f"+ companion README.md (doc, {len(new['README.md'])} bytes)" in text
     assert (f"~ companion tokenizer.json (config, {len(old['tokenizer.json'])} -> "
             f"{len(new['tokenizer.json'])} bytes)") in text
+    assert "~ companion genai_config.json on device cpu (config, " in text
     assert main(["diff", sides[0], sides[0], "--json"]) == 0
     capsys.readouterr()

@@ -49,12 +49,16 @@ def test_the_package_view_lists_companions_with_a_preview_of_text(versions, caps
     summary = json.loads((versions["v1"] / "summary.json").read_text())
     sources = companion_sources(1)
     listed = {(c["path"], c["device"]): c for c in view["companions"]}
-    assert set(listed) == {(c["path"], None) for c in summary["companions"]}
+    assert set(listed) == {(c["path"], None) for c in summary["companions"]} | {
+        ("genai_config.json", "cpu")}
     for c in summary["companions"]:
         entry = listed[(c["path"], None)]
         assert {k: entry[k] for k in ("kind", "size", "digest")} == {
             k: c[k] for k in ("kind", "size", "digest")}
         assert entry["file"] == c["path"]
+    cpu = listed[("genai_config.json", "cpu")]
+    assert cpu["file"] == "devices/cpu/genai_config.json"
+    assert cpu["preview"] == sources["devices/cpu/genai_config.json"].decode()
     assert listed[("LICENSE", None)]["preview"] == sources["LICENSE"].decode()
     tokenizer = listed[("tokenizer.json", None)]
     assert len(sources["tokenizer.json"]) > PREVIEW_BYTES and tokenizer["truncated"]
@@ -83,7 +87,8 @@ def test_the_diff_view_shows_a_changed_text_file_as_a_unified_diff(versions, cap
     assert set(by) == {("removed", "LICENSE", None), ("added", "README.md", None),
                        ("changed", "tokenizer.json", None),
                        ("changed", "genai_config.json", None),
-                       ("changed", "extra/blob.bin", None)}
+                       ("changed", "extra/blob.bin", None),
+                       ("changed", "genai_config.json", "cpu")}
     config = by[("changed", "genai_config.json", None)]
     assert config["diff"].startswith("--- a/genai_config.json\n+++ b/genai_config.json\n@@")
     assert '-    "max_length": 64\n+    "max_length": 128\n' in config["diff"]
