@@ -8,10 +8,11 @@ order: the envelope's signature by one of the keys; that its payload is ``releas
 every subject of the Statement against the SHA-256 of the regular file of that name in
 ``DIR`` (a link, even to the right bytes, is not one), and every companion file's subject
 (``<top folder>/<path>``) against that file in the archive of that top folder, read as
-``unpack`` reads it; that ``DIR`` holds nothing else
-(no file, folder, link or FIFO) but ``SHA256SUMS``, ``release.json`` and the attestation;
-and that ``SHA256SUMS`` is exactly what release writes of the subjects, so that no line
-``sha256sum -c`` would fail (a wrong digest, a file not there, a name twice) can pass.
+``unpack`` reads it; that ``DIR`` holds nothing else (no file, folder, link or FIFO) but
+``SHA256SUMS``, ``release.json`` and the attestation; and that ``SHA256SUMS`` is exactly
+what release writes of the subjects that are files of ``DIR`` (not the companions inside
+archives, which their archive's line covers), so that no line ``sha256sum -c`` would
+fail (a wrong digest, a file not there, a name twice) can pass.
 """
 
 from __future__ import annotations
