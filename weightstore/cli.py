@@ -192,7 +192,8 @@ def _add_scenario(sub: Any) -> None:
     sa.add_argument("model")
     sa.add_argument("name")
     sa.add_argument("--passes", required=True,
-                    help="comma-separated passes, in order (e.g. fuse-qkv,cleanup)")
+                    help="comma-separated passes, in order (e.g. fuse-qkv,cleanup), or a "
+                         "JSON list of names and {\"name\": ..., <parameters>} objects")
     sa.add_argument("--output", help="write here instead of replacing MODEL in place")
     sa.add_argument("--replace", action="store_true", help="replace a scenario of that name")
     sa.add_argument("--digest", choices=("blake3", "sha256"), default="blake3")

@@ -6,10 +6,11 @@ a ``Cast(to=FLOAT)`` node outputs the original name, so every reader is unchange
 value is renamed. The float32 initializer goes in the same record.
 
 Which weights: float32 initializers and Constant-node tensors of at least 2 dims or at least
-:data:`MIN_ELEMENTS` elements (matrices, embeddings, conv kernels: the bytes that matter;
-biases and norm scales stay exact), that are not graph inputs or outputs, not captured by a
-subgraph, and read only where a value is numeric data (:data:`DATA_INPUTS`), never as a
-threshold, an index or a shape. Runs in every graph; functions hold no initializers.
+``min_elements`` elements (its parameter, 1024 by default: matrices, embeddings, conv
+kernels are the bytes that matter; biases and norm scales stay exact), that are not graph
+inputs or outputs, not captured by a subgraph, and read only where a value is numeric data
+(:data:`DATA_INPUTS`), never as a threshold, an index or a shape. Runs in every graph;
+functions hold no initializers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..recipe.pass_params import CastFP16Params
 from .analysis import (
     STANDARD_DOMAINS,
     NameAllocator,
@@ -38,8 +40,6 @@ from .analysis import (
 from .base import PassContext
 from .rewriting import LocalRewriting
 
-MIN_ELEMENTS = 1024
-
 # op -> input positions that read numeric data (None: every input)
 DATA_INPUTS: dict[str, tuple[int, ...] | None] = {
     "MatMul": None, "Gemm": None, "Conv": (1, 2), "ConvTranspose": (1, 2),
@@ -57,6 +57,10 @@ class CastFP16:
     """The ``cast-fp16`` pass."""
 
     name = "cast-fp16"
+    Params = CastFP16Params
+
+    def __init__(self, params: CastFP16Params | None = None) -> None:
+        self.params = params or CastFP16Params()
 
     def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         values = NameAllocator(model_names(model))
@@ -86,7 +90,7 @@ class CastFP16:
             users = data_readers.get(name, [])
             if (t.data_type != TensorProto.FLOAT or name in keep or not users
                     or counts.get(name, 0) != 1
-                    or (len(t.dims) < 2 and math.prod(t.dims) < MIN_ELEMENTS)):
+                    or (len(t.dims) < 2 and math.prod(t.dims) < self.params.min_elements)):
                 continue
             half = values.fresh(f"{name}.fp16")
             cast = helper.make_node("Cast", [half], [name], to=TensorProto.FLOAT,

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -26,6 +26,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -36,6 +37,14 @@ from ..io.files import MAX_ALIGNMENT, alignment_problem, atomic_write_bytes
 from ..io.net import loopback_name
 from .file import RECIPE_SIZE_LIMIT, read_recipe_file
 from .formats import LAYOUT_KEYS_SINCE
+from .pass_params import (
+    PASS_PARAMS,
+    PassParams,
+    PassStep,
+    canonical,
+    step,
+    takes_parameters,
+)
 
 # One path component: the first character is alphanumeric, so "." and ".." (and hidden names,
 # and anything with a separator) can never match. Pydantic checks it with an end-anchored
@@ -124,8 +133,37 @@ class CacheConfig(_Model):
 
 RESERVED_SCENARIO_NAMES = frozenset({"auto", "common", "default"})
 
-PassName = Literal["fuse-qkv", "cast-fp16", "gemm-transpose-b", "fold-batchnorm",
-                   "fold-constant-if", "cleanup"]
+PassName = Literal[tuple(PASS_PARAMS)]  # type: ignore[valid-type]
+_BARE_PASS = "<pass name>"  # the union's tags (never in an error's key)
+_PASS_TAG = "<pass {}>"
+
+
+def _pass_entry(name: str, params: type[PassParams]) -> type[PassParams]:
+    """The mapping form of pass ``name``: its name and its parameters."""
+    title = "".join(part.title() for part in name.split("-")) + "Pass"
+    model: type[PassParams] = create_model(  # type: ignore[call-overload]
+        title, __base__=params, __doc__=f"The '{name}' pass with its parameters.",
+        name=(Literal[name], Field(description="The pass.")))
+    return model
+
+
+_PASS_ENTRIES = {name: _pass_entry(name, params) for name, params in PASS_PARAMS.items()}
+
+
+def _pass_kind(value: object) -> str | None:
+    if isinstance(value, str):
+        return _BARE_PASS
+    name = value.get("name") if isinstance(value, Mapping) else getattr(value, "name", None)
+    return _PASS_TAG.format(name) if name in PASS_PARAMS else None
+
+
+PassItem = Annotated[
+    Union[(Annotated[PassName, Tag(_BARE_PASS)],
+           *(Annotated[m, Tag(_PASS_TAG.format(n))] for n, m in _PASS_ENTRIES.items()))],
+    Discriminator(_pass_kind, custom_error_type="unknown_pass",
+                  custom_error_message="unknown pass (known: " + ", ".join(PASS_PARAMS) + ")"),
+]
+_PASS_TAGS = frozenset({_BARE_PASS, *(_PASS_TAG.format(n) for n in PASS_PARAMS)})
 
 
 class ScenarioEntry(_Model):
@@ -139,10 +177,39 @@ class ScenarioEntry(_Model):
                     "'auto': each key must be among the device's capabilities with an equal "
                     "value; a list on one side means 'any of' (the device offers several, or "
                     "the scenario accepts several).")
-    passes: list[PassName] = Field(
+    passes: list[PassItem] = Field(
         min_length=1,
         description="Rewrite passes to run, in order, on the model's metadata; the records "
-                    "they produce are stored in the packaged model and replayed by name.")
+                    "they produce are stored in the packaged model and replayed by name. "
+                    "Each is a pass's name, or a mapping of its name and parameters "
+                    "({name: quantize-weights, bits: 4, block_size: 32}).")
+
+    @field_validator("passes")
+    @classmethod
+    def _canonical(cls, value: list[Any]) -> list[Any]:
+        """Each pass in its canonical form: a pass without parameters by its bare name,
+        one with parameters as its mapping, every default filled (a bare
+        ``quantize-weights`` is its mapping with the defaults)."""
+        out: list[Any] = []
+        for item in value:
+            name = item if isinstance(item, str) else item.name
+            if not takes_parameters(name):
+                out.append(name)
+            elif isinstance(item, str):
+                out.append(_PASS_ENTRIES[name](name=name))
+            else:
+                out.append(item)
+        return out
+
+    def steps(self) -> list[PassStep]:
+        """``(name, canonical parameters)`` of each pass, in order."""
+        return [step(p) if isinstance(p, str)
+                else step(p.name, p.model_dump(mode="json", exclude={"name"}))
+                for p in self.passes]
+
+    def canonical_passes(self) -> list[str | dict[str, Any]]:
+        """The passes as the scenario's record and digest hold them."""
+        return [canonical(name, params) for name, params in self.steps()]
 
 
 _SHA256 = r"^[0-9a-f]{64}$"
@@ -776,7 +843,9 @@ def _dotted(loc: Sequence[str | int]) -> str:
 
 
 def _error_loc(error: Any) -> Loc:
-    loc = tuple(p for p in error["loc"] if p not in (_FILE, _PINNED))
+    loc = tuple(p for p in error["loc"] if p not in (_FILE, _PINNED) and p not in _PASS_TAGS)
+    if error["type"] == "unknown_pass" and isinstance(error.get("input"), Mapping):
+        loc = (*loc, "name")
     if error["type"] == "duplicate_name":
         loc = (*loc, error["ctx"]["index"], "name")
     return loc
@@ -786,6 +855,8 @@ def _describe(error: Any) -> str:
     """One readable sentence for a pydantic error, naming the offending value where useful."""
     kind = error["type"]
     value = error.get("input")
+    if kind == "unknown_pass" and isinstance(value, Mapping):
+        value = value.get("name")
     if kind == "string_pattern_mismatch":
         message = ("must be letters, digits, '.', '_' or '-', starting with a letter or digit "
                    "(it is used as a file name)")

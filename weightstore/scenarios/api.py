@@ -8,8 +8,8 @@ every refusal happens before any payload would be selected.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -31,6 +31,7 @@ class AddModificationScenarioOptions:
     digest_algorithm: str = "blake3"
     replay_format_version: int = REPLAY_FORMAT_VERSION
     replace_existing: bool = False
+    metadata: Mapping[str, str] = field(default_factory=dict)  # the scenario's own entries
 
 
 def scenario_names(model: onnx.ModelProto) -> list[str]:
@@ -77,6 +78,8 @@ def add_modification_scenario(model: onnx.ModelProto, scenario: str,
         digest_algorithm=options.digest_algorithm,
         replay_format_version=options.replay_format_version)
     proto.rewrites.extend(records)
+    for key, value in sorted(options.metadata.items()):
+        proto.metadata_props.add(key=key, value=value)
     kept = [s for s in existing if s.scenario != scenario]
     if len(kept) == len(existing):
         write_scenarios(model, [*existing, proto])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..errors import ScenarioError
+from ..io.files import parse_json
 from . import operations
 
 
@@ -43,14 +45,29 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _passes(text: str) -> list:
+    """``--passes``: comma-separated names, or a JSON list of names and
+    ``{"name": ..., <parameters>}`` objects."""
+    if not text.lstrip().startswith("["):
+        return [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        passes = parse_json(text)
+    except ValueError as exc:
+        raise ScenarioError(f"--passes is not a JSON list: {exc}") from None
+    if not isinstance(passes, list):
+        raise ScenarioError("--passes is not a JSON list")
+    return passes
+
+
 def _add(args: argparse.Namespace) -> int:
-    passes = [p.strip() for p in args.passes.split(",") if p.strip()]
+    passes = _passes(args.passes)
     out = operations.add_scenario(args.model, args.name, passes, output=args.output,
                                   replace=args.replace, digest=args.digest)
     records = next(s["records"] for s in operations.list_scenarios(out)
                    if s["name"] == args.name)
+    names = [p if isinstance(p, str) else str(p.get("name")) for p in passes]
     print(f"added scenario {args.name} ({records} record(s) from "
-          f"{', '.join(passes)}) to {out}")
+          f"{', '.join(names)}) to {out}")
     return 0
 
 

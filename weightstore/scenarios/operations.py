@@ -9,7 +9,7 @@ is the deploy side's (:mod:`weightstore.resolve.runnable`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from .api import (
 from .files import rewrite_scenarios_file
 from .inputs import files_read, scenario_locations
 from .package import check_name
+from .recorded_passes import passes_entry, passes_of, steps_of, stored_digest
 from .storage import read_scenarios
 from .variants import scenario_rewrites
 
@@ -51,19 +52,23 @@ def show_scenario(model: PathLike, name: str) -> dict[str, Any]:
     return {**_summary(s), "rewrites": [_record(r) for r in s.rewrites]}
 
 
-def add_scenario(model: PathLike, name: str, passes: Sequence[str], *,
+def add_scenario(model: PathLike, name: str,
+                 passes: Sequence[str | Mapping[str, Any]], *,
                  output: PathLike | None = None, replace: bool = False,
                  digest: str = "blake3") -> Path:
-    """Run ``passes`` on the model's metadata and store their records as scenario
-    ``name``, in place unless ``output``; returns the file written."""
+    """Run ``passes`` (names, or ``{name, <parameters>}`` mappings) on the model's
+    metadata and store their records as scenario ``name``, with the passes they came
+    from, in place unless ``output``; returns the file written."""
     check_name(name, str(model))
+    steps = steps_of(passes)
     out = output_path(model, output, replaces_input=True)
     with ModelWeights.open(model) as mw:
-        rewrites, _ = scenario_rewrites(mw, list(passes))
+        rewrites, _ = scenario_rewrites(mw, steps)
         meta = mw.metadata_model(SMALL_VALUE_LIMIT)
         check_scenarios(meta)
         add_modification_scenario(meta, name, rewrites, AddModificationScenarioOptions(
-            digest_algorithm=digest, replace_existing=replace))
+            digest_algorithm=digest, replace_existing=replace,
+            metadata=dict([passes_entry(steps)])))
         scenarios = read_scenarios(meta)
     rewrite_scenarios_file(model, out, scenarios)
     return out
@@ -84,6 +89,7 @@ def _summary(s: pb.ModelModificationScenarioProto) -> dict[str, Any]:
     return {"name": s.scenario, "records": len(s.rewrites),
             "digest_algorithm": s.digest_algorithm,
             "base_graph_digest": s.base_graph_digest.hex(),
+            "scenario_digest": stored_digest(s), "passes": passes_of(s),
             "replay_format_version": s.replay_format_version,
             "operations": sorted({r.operation_name for r in s.rewrites})}
 

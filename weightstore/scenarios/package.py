@@ -33,7 +33,7 @@ from ..convert.encoding import clear_payload, has_payload, set_external, set_pay
 from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights
 from ..errors import ScenarioError, WeightstoreError
-from ..io.digests import digest_bytes, make_key
+from ..io.digests import digest_bytes, make_key, split_key
 from ..io.files import parse_json
 from ..passes.base import run_passes
 from ..passes.cleanup import Cleanup, prune
@@ -41,6 +41,7 @@ from ..passes.rewriting import derivations_of
 from .api import apply_scenario, check_scenarios, prepare_records, strip_scenarios, verify_base
 from .derive import resolver
 from .digest import base_graph_digest
+from .recorded_passes import PASSES_KEY, passes_entry, passes_text, scenario_digest
 from .resolve import live_value_names
 from .storage import write_scenarios
 from .variants import catalogue_values, scenario_rewrites
@@ -96,6 +97,12 @@ class PackagedScenario:
     records: list[pb.LocalRewritingProto]
     added: list[AddedWeight]  # live ones only: a weight a later record drops is not stored
     requires: dict = field(default_factory=dict)  # device capabilities, for 'auto' devices
+    passes: str | None = None  # its passes entry's text (recorded_passes), None if none
+
+    @property
+    def digest(self) -> str:
+        """What the scenario does: its records and passes (recorded_passes)."""
+        return scenario_digest(self.name, self.records, self.passes)
 
 
 REQUIRES_KEY = "weightstore.requires"
@@ -180,22 +187,24 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
     stay inline in every layout, so every variant loads in onnxruntime.
     """
     meta = mw.metadata_model(SMALL_VALUE_LIMIT)
-    plans: list[tuple[str, list[pb.LocalRewritingProto], dict]] = []
+    plans: list[tuple[str, list[pb.LocalRewritingProto], dict, str | None]] = []
     for record in check_scenarios(meta):
         check_name(record.scenario, str(mw.catalogue.source))
         verify_base(meta, record)
-        plans.append((record.scenario, list(record.rewrites), _requires_of(record)))
+        plans.append((record.scenario, list(record.rewrites), _requires_of(record),
+                      passes_text(record)))
     base = strip_scenarios(meta)
     for entry in entries:
-        if any(name == entry.name for name, _, _ in plans):
+        if any(plan[0] == entry.name for plan in plans):
             raise ScenarioError("the source model already holds a scenario of this name",
                                 scenario=entry.name, model=str(mw.catalogue.source))
-        rewrites, _ = scenario_rewrites(mw, entry.passes)
+        steps = entry.steps()
+        rewrites, _ = scenario_rewrites(mw, steps)
         records, _ = prepare_records(base, entry.name, rewrites)
-        plans.append((entry.name, records, dict(entry.requires)))
+        plans.append((entry.name, records, dict(entry.requires), passes_entry(steps)[1]))
     values = catalogue_values(mw.catalogue, mw.base_dir)
     out = []
-    for name, records, requires in plans:
+    for name, records, requires, passes in plans:
         final = _final_variant(base, name, records)
         shapes = shape_input_names(final)
         mw.shape_names = mw.shape_names | shapes
@@ -210,7 +219,7 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
             for r, kind, index, value_name, t in _added_tensors(records)
             if value_name in live and (kind == "initializer" or not has_payload(t))
             and t.data_type != onnx.TensorProto.STRING]
-        out.append(PackagedScenario(name, records, added, requires))
+        out.append(PackagedScenario(name, records, added, requires, passes))
     return out
 
 
@@ -274,9 +283,7 @@ def added_weight_ids(scenario: PackagedScenario) -> list[tuple[str, AddedWeight]
     what its bytes are computed from can change besides the source model itself: the
     records (passes, derivations, declarations), and the weight's place in them. With the
     source's identity it names the bytes, so a build can find their key again unhashed."""
-    whole = pb.ModelModificationScenarioProto(scenario=scenario.name)
-    whole.rewrites.extend(scenario.records)
-    tag = digest_bytes(DIGEST_ALGORITHM, whole.SerializeToString(deterministic=True))
+    tag = split_key(scenario.digest)[1]
     return [(f"scenario/{tag}/{w.record}/{w.kind}/{'.'.join(map(str, w.index))}", w)
             for w in scenario.added]
 
@@ -302,6 +309,8 @@ def attach(model: onnx.ModelProto, scenarios: Sequence[PackagedScenario],
             digest_algorithm=DIGEST_ALGORITHM, replay_format_version=1)
         for record in scenario.records:
             proto.rewrites.add().CopyFrom(record)
+        if scenario.passes is not None:
+            proto.metadata_props.add(key=PASSES_KEY, value=scenario.passes)
         if scenario.requires:
             proto.metadata_props.add(key=REQUIRES_KEY,
                                      value=json.dumps(scenario.requires, sort_keys=True))

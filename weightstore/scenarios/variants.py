@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -24,9 +25,11 @@ from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights
 from ..errors import ScenarioError
 from ..passes.base import run_passes
-from ..passes.registry import get_pass
 from ..passes.rewriting import LocalRewriting
 from .api import strip_scenarios
+
+if TYPE_CHECKING:
+    from ..recipe.pass_params import PassStep
 
 
 def metadata_of(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -39,13 +42,16 @@ def metadata_of(path: str | os.PathLike[str]) -> onnx.ModelProto:
         return metadata_model(catalogue)
 
 
-def scenario_rewrites(mw: ModelWeights, passes: Sequence[str],
+def scenario_rewrites(mw: ModelWeights, passes: Sequence[PassStep],
                       ) -> tuple[list[LocalRewriting], onnx.ModelProto]:
-    """Run the named passes on the model's metadata: their records, and that metadata."""
+    """Run the passes (``(name, parameters)`` each) on the model's metadata: their
+    records, and that metadata."""
+    from ..passes.registry import get_pass  # the passes and their parameters' models
+
     if not passes:
         raise ScenarioError("a scenario needs at least one pass")
     base = strip_scenarios(mw.metadata_model(SMALL_VALUE_LIMIT))
-    return run_passes(base, [get_pass(name) for name in passes]).rewrites, base
+    return run_passes(base, [get_pass(name, params) for name, params in passes]).rewrites, base
 
 
 def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np.ndarray]:

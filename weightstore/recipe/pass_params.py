@@ -1,0 +1,103 @@
+"""The parameters each rewrite pass takes in a recipe: one pydantic model per pass.
+
+A scenario names its passes in order, each by its bare name (``cleanup``) or as a mapping
+of its name and parameters (``{name: quantize-weights, bits: 4, block_size: 32}``). The
+models here validate those parameters (unknown keys refused, types strict, ranges
+checked) and double as the JSON Schema, so an editor lists them. They sit in the recipe
+layer, below the passes that take them (``weightstore.passes.registry`` pairs each pass
+class with its model here; a test checks that the two agree).
+
+A pass's *canonical* form is what a scenario's digest, the build's fingerprint and the
+scenario's stored record hold: the bare name for a pass without parameters, else the
+mapping of its name and every parameter, defaults filled (:func:`canonical`), so that
+``cast-fp16`` and ``{name: cast-fp16, min_elements: 1024}`` are one and the same pass.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ScenarioError
+
+
+class PassParams(BaseModel):
+    """A pass without parameters (and the base of every pass's parameters): unknown keys
+    are errors, values immutable, YAML types kept (``bits: "4"`` is refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class CastFP16Params(PassParams):
+    """``cast-fp16``: which float32 weights get a float16 copy."""
+
+    min_elements: int = Field(
+        1024, ge=0,
+        description="A weight of one dimension (a bias, a norm's scale) is cast only from "
+                    "this many elements on; weights of two or more dimensions always are.")
+
+
+# every pass a recipe may name -> the model of its parameters
+PASS_PARAMS: dict[str, type[PassParams]] = {
+    "fuse-qkv": PassParams,
+    "cast-fp16": CastFP16Params,
+    "gemm-transpose-b": PassParams,
+    "fold-batchnorm": PassParams,
+    "fold-constant-if": PassParams,
+    "cleanup": PassParams,
+}
+
+PassStep = tuple[str, dict[str, Any]]  # a pass's name and its canonical parameters
+
+
+def takes_parameters(name: str) -> bool:
+    return bool(PASS_PARAMS[name].model_fields)
+
+
+def validate_params(name: str, params: Mapping[str, Any] | None = None) -> PassParams:
+    """The validated parameters of pass ``name``; a bad name, key or value is one
+    :class:`ScenarioError` naming the pass and the parameter."""
+    if name not in PASS_PARAMS:
+        raise ScenarioError("unknown pass", name=name, known=", ".join(PASS_PARAMS))
+    try:
+        return PASS_PARAMS[name].model_validate(dict(params or {}))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown parameter"
+        raise ScenarioError(f"bad parameter of pass '{name}': {message}", parameter=where,
+                            known=", ".join(PASS_PARAMS[name].model_fields) or "none",
+                            ) from None
+
+
+def step(name: str, params: Mapping[str, Any] | None = None) -> PassStep:
+    """``(name, canonical parameters)``: every parameter, defaults filled, as JSON values."""
+    return name, validate_params(name, params).model_dump(mode="json")
+
+
+def canonical(name: str, params: Mapping[str, Any] | None = None) -> str | dict[str, Any]:
+    """The pass as a scenario's digest and records hold it: the bare name for a pass
+    without parameters, else ``{"name": ..., <every parameter>}``."""
+    name, values = step(name, params)
+    return {"name": name, **values} if takes_parameters(name) else name
+
+
+def canonical_text(steps: list[str | dict[str, Any]]) -> str:
+    """Canonical passes as sorted, compact JSON (what a scenario record stores)."""
+    return json.dumps(steps, sort_keys=True, separators=(",", ":"))
+
+
+def parse_step(item: str | Mapping[str, Any]) -> PassStep:
+    """A bare name or ``{name, <parameters>}`` (a recipe's form) as a step."""
+    if isinstance(item, str):
+        return step(item)
+    if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+        raise ScenarioError("a pass is a name or a mapping with its name and parameters",
+                            value=repr(item)[:60])
+    params = dict(item)
+    return step(params.pop("name"), params)
