@@ -509,3 +509,27 @@ def test_a_cache_entry_carries_the_companions(registry, tmp_path, monkeypatch) -
     missed = build(other, BuildOptions(jobs=2, cache_from=(repo,)))
     assert missed.packages[0].cache is None
     assert (missed.packages[0].path / "README.md").read_text() == "Another card.\n"
+
+
+def test_a_device_companion_at_a_models_path_is_refused(built, tmp_path, capsys) -> None:
+    """A summary whose device lists a companion file at its model's path (the model's own
+    bytes, so every digest agrees): a device pull would write one file over the other, and
+    is refused in one line, nothing written."""
+    package = tmp_path / "pkg"
+    shutil.copytree(built["v1"]["split"], package)
+    summary = _summary(package)
+    model = next(c for c in summary["contents"] if c["path"] == "devices/npu/encoder.onnx")
+    device = next(d for d in summary["devices"] if d["name"] == "npu")
+    device["companions"] = sorted([*device["companions"], {
+        "path": "encoder.onnx", "size": model["size"], "digest": model["digest"],
+        "kind": "config"}], key=lambda c: c["path"])
+    (package / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    ref = f"{built['host']}/comp/clash:1"
+    push(package, ref, store=WeightStore(tmp_path / "push-store"))
+    capsys.readouterr()  # the push's line: proven only internally consistent
+    code = main(["pull", ref, str(tmp_path / "npu"), "--device", "npu", "--store",
+                 str(tmp_path / "store")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "companion file has the path of another file" in err
+    assert "encoder.onnx" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "npu").exists()

@@ -356,6 +356,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     from ..scenarios.resolve import live_payloads
 
     by_name = {m.get("name"): store_keys_of(m) for m in summary["models"]}
+    entries = _variant_companions(summary, device, ref)
     result = make_temp_dir(stage, ".variant.")
     # (model, scenario, file, name, the payload keys of its ranges, its size)
     models: list[tuple[onnx.ModelProto, str | None, str, str, dict, int]] = []
@@ -372,6 +373,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         from ..package.bundle_record import read_bundle
 
         record = read_bundle(stage, device)
+        _no_clash(entries, [str(e["file"]) for e in record["models"]], files, ref)
         for entry in record["models"]:
             path = stage / prefix / entry["file"]
             # the keys of the record beside it (format 2); a format 1 record's are the
@@ -383,15 +385,16 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
             (result / entry["file"]).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, result / entry["file"])
     else:
-        entries = [(m, list(m.get("scenarios", []))) for m in summary["models"]]
-        if not any(scenario in names for _, names in entries):
+        models_of = [(m, list(m.get("scenarios", []))) for m in summary["models"]]
+        _no_clash(entries, [str(m["file"]) for m, _ in models_of], files, ref)
+        if not any(scenario in names for _, names in models_of):
             raise ScenarioError("no model of the artifact has this scenario",
                                 scenario=scenario, reference=str(ref))
-        _download_files(client, ref, parsed, [str(m["file"]) for m, _ in entries], stage,
+        _download_files(client, ref, parsed, [str(m["file"]) for m, _ in models_of], stage,
                         report)
         from ..io.models import save_model
 
-        for m, names in entries:
+        for m, names in models_of:
             file, chosen = str(m["file"]), scenario if scenario in names else None
             resolved = variant_graph(_load_model(stage / file, ref), chosen)
             (result / file).parent.mkdir(parents=True, exist_ok=True)
@@ -417,13 +420,7 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         if pieces:
             kept.append(WeightFile(f.name, f.size, pieces))
     # the companion files its runtime opens, at the folder's root
-    entries = _variant_companions(summary, device, ref)
     companions, by_key, _ = _companions(entries, layers, ref)
-    taken = {BUNDLE_NAME, *(m[2] for m in models), *(f.name for f in kept)}
-    for name in sorted(taken & entries.keys()):
-        raise RegistryError("malformed model artifact: a companion file has the path of "
-                            "another file of the variant's folder", reference=str(ref),
-                            file=name)
     listed = [entries[name] for name in sorted(entries)]
     # the variant folder's own record, as a device's: its models, their files and keys,
     # its companion files
@@ -441,6 +438,19 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
     wanted = {**live, **{p.key: p.size for f in companions for p in f.pieces}}
     return _Plan(result, kept, _count(wanted, report), companions=companions,
                  companion_layers=by_key)
+
+
+def _no_clash(entries: dict[str, Any], models: list[str], files: list[WeightFile],
+              ref: Reference) -> None:
+    """A variant folder holds its models, its record and weight files at their names, and
+    its companion files at their paths: none of those may be another's."""
+    from ..package.bundle_record import BUNDLE_NAME
+
+    taken = {BUNDLE_NAME, *models, *(f.name for f in files)}
+    for name in sorted(taken & entries.keys()):
+        raise RegistryError("malformed model artifact: a companion file has the path of "
+                            "another file of the variant's folder", reference=str(ref),
+                            file=name)
 
 
 def _variant_companions(summary: dict[str, Any], device: str | None,
