@@ -267,7 +267,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     order = {layout.name: i for i, layout in enumerate(recipe.layouts)}
     result.packages.sort(key=lambda p: order[p.layout])
     if stamp is not None and result.packages and not options.dry_run:
-        _record_stamp(loaded, stamp, store_root, result)
+        _record_stamp(loaded, stamp, store_root, result, companions)
     return result
 
 
@@ -281,14 +281,14 @@ def _companions(loaded: LoadedRecipe, digests: FileDigests) -> list[Companion]:
 
 
 def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, bytes],
-                  store_root: Path, result: BuildResult) -> None:
-    """Stamp this build with the source identities its packages' summaries record (not a
-    recipe with pinned sources: no local file stands for them; its full check needs
-    none either; nor one with companion files, whose folders the stamp could not watch
-    for a file added; nor one that writes a build cache, asked at every build)."""
-    if any(not isinstance(entry.source, str) for entry in loaded.models()):
-        return
-    if loaded.recipe.has_companions:
+                  store_root: Path, result: BuildResult, companions: list[Companion]) -> None:
+    """Stamp this build with the source identities its packages' summaries record and the
+    files each companion source gave it, with the digests it took (not a recipe with
+    pinned sources: no local file stands for them; its full check needs none either; nor
+    one that writes a build cache, asked at every build)."""
+    recipe = loaded.recipe
+    entries = [*recipe.files, *(f for d in recipe.devices for f in d.files)]
+    if any(not isinstance(entry.source, str) for entry in [*loaded.models(), *entries]):
         return
     if _writes_cache(None, loaded.recipe.cache):
         return
@@ -297,8 +297,19 @@ def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, byt
                {"digest": listed[entry.name]["source_digest"],
                 "external": listed[entry.name]["external_sources"]}
                for entry in loaded.models()}
+    from ..recipe.companions import source_files
+
+    built = {c.file: c.digest for c in companions}
+    given: dict[str, dict[str, str]] = {}
+    try:
+        for e in entries:
+            files = source_files(loaded.resolve(e.source))
+            given[str(loaded.resolve(e.source))] = {rel: built[path] for rel, path in files}
+    except (KeyError, RecipeError):
+        return  # a file added or gone since the build listed them: nothing to stamp
     build_stamp.record(stamp[0], stamp[1], store_root, sources,
-                       [(p.layout, p.path, p.summary["fingerprint"]) for p in result.packages])
+                       [(p.layout, p.path, p.summary["fingerprint"]) for p in result.packages],
+                       given)
 
 
 def _target(loaded: LoadedRecipe, layout: Layout) -> Path:
