@@ -13,6 +13,7 @@ from .fold_batchnorm import FoldBatchNorm
 from .fold_constant_if import FoldConstantIf
 from .fuse_qkv import FuseQKV
 from .gemm_transpose_b import GemmTransposeB
+from .quantize_dynamic import QuantizeDynamic
 
 # a class that takes parameters has ``Params``, its entry in
 # weightstore.recipe.pass_params.PASS_PARAMS, and takes them validated; the others take none
@@ -23,6 +24,7 @@ PASSES: dict[str, type] = {
     "fold-batchnorm": FoldBatchNorm,
     "fold-constant-if": FoldConstantIf,
     "cleanup": Cleanup,
+    "quantize-dynamic": QuantizeDynamic,
 }
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,6 +40,16 @@ class CastFP16Params(PassParams):
                     "this many elements on; weights of two or more dimensions always are.")
 
 
+class QuantizeDynamicParams(PassParams):
+    """``quantize-dynamic``: MatMul weights as onnxruntime's ``quantize_dynamic`` stores
+    them (per tensor; the activations in uint8, quantized while running)."""
+
+    weight_type: Literal["int8", "uint8"] = Field(
+        "int8",
+        description="The quantized weights' type, quantize_dynamic's weight_type: int8 "
+                    "(symmetric, zero point 0) or uint8 (with a zero point).")
+
+
 # every pass a recipe may name -> the model of its parameters
 PASS_PARAMS: dict[str, type[PassParams]] = {
     "fuse-qkv": PassParams,
@@ -48,6 +58,7 @@ PASS_PARAMS: dict[str, type[PassParams]] = {
     "fold-batchnorm": PassParams,
     "fold-constant-if": PassParams,
     "cleanup": PassParams,
+    "quantize-dynamic": QuantizeDynamicParams,
 }
 
 PassStep = tuple[str, dict[str, Any]]  # a pass's name and its canonical parameters

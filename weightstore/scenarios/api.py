@@ -18,6 +18,7 @@ from ..catalogue.payload import expected_nbytes
 from ..catalogue.sites import iter_tensor_sites
 from ..convert.encoding import clear_payload, has_payload
 from ..errors import ScenarioError
+from ..passes.analysis import STANDARD_DOMAINS, iter_scopes
 from ..passes.rewriting import LocalRewriting, apply_record, normalize
 from .digest import base_graph_digest
 from .storage import FIELD, read_scenarios, unknown_field_set, write_scenarios
@@ -224,10 +225,14 @@ def structural_check(model: onnx.ModelProto) -> None:
     for the check only, each omitted payload is stood in for by a one-element tensor of
     the same type. Without ``full_check`` the checker does not infer shapes, so this judges
     the graph's structure (topology, operators, attributes, scoping), not its weights.
+    A node of the standard domain whose operator onnx does not define (onnxruntime's
+    ``SimplifiedLayerNormalization``, which onnxruntime-genai's builder writes there) is
+    judged like a node of any other domain: by its place in the graph only.
     """
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     write_scenarios(probe, [])
+    _unknown_standard_ops_apart(probe)
     for site in iter_tensor_sites(probe):
         t = site.tensor
         if has_payload(t) or t.data_type in (onnx.TensorProto.STRING,
@@ -242,3 +247,21 @@ def structural_check(model: onnx.ModelProto) -> None:
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise ScenarioError(f"rewritten graph fails onnx's checker: {first}") from None
+
+
+UNCHECKED_DOMAIN = "weightstore.unchecked"
+
+
+def _unknown_standard_ops_apart(model: onnx.ModelProto) -> None:
+    """Move the standard-domain nodes whose operator onnx does not define to a domain of
+    their own, which the checker does not judge by schema."""
+    moved = False
+    for scope in iter_scopes(model):
+        for node in scope.container.node:
+            if node.domain in STANDARD_DOMAINS and not onnx.defs.has(node.op_type):
+                node.domain = UNCHECKED_DOMAIN
+                moved = True
+    if moved:
+        model.opset_import.add(domain=UNCHECKED_DOMAIN, version=1)
+        for function in model.functions:
+            function.opset_import.add(domain=UNCHECKED_DOMAIN, version=1)

@@ -18,6 +18,10 @@ operation                  sources                                    attributes
 ``fold-batchnorm-bias``    [B,] scale, bias, mean, var                ``epsilon``
 =========================  =========================================  ====================
 
+``dynamic-int8-weight``, ``dynamic-int8-scale`` and ``dynamic-int8-zero-point`` (1 float
+weight, attribute ``weight_type``) are a weight as onnxruntime's ``quantize_dynamic``
+stores it, computed by onnxruntime (:mod:`weightstore.scenarios.derive_dynamic`).
+
 Results are computed deterministically (fixed operation order, float64 for the batch-norm
 folds, numpy's round-to-nearest-even casts), so the same base gives the same bytes.
 """
@@ -35,6 +39,7 @@ from ..convert.encoding import clear_payload
 from ..errors import ScenarioError
 from ..io.files import parse_json
 from ..passes.base import has_payload
+from .derive_dynamic import dynamic_scale, dynamic_weight, dynamic_zero_point
 
 SourceValue = Callable[[str], np.ndarray]
 
@@ -169,6 +174,9 @@ OPERATIONS: dict[str, tuple[Operation, Callable[[int], bool]]] = {
     "copy": (_copy, lambda n: n == 1),
     "fold-batchnorm-weight": (_fold_weight, lambda n: n == 3),
     "fold-batchnorm-bias": (_fold_bias, lambda n: n in (4, 5)),
+    "dynamic-int8-weight": (dynamic_weight, lambda n: n == 1),
+    "dynamic-int8-scale": (dynamic_scale, lambda n: n == 1),
+    "dynamic-int8-zero-point": (dynamic_zero_point, lambda n: n == 1),
 }
 
 

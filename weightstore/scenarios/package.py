@@ -258,7 +258,7 @@ def _bytes_of(tensor: onnx.TensorProto, name: str, value: Callable[[str], np.nda
         return stored
 
     def compute() -> bytes:
-        array = np.ascontiguousarray(value(name))
+        array = np.asarray(value(name))  # a scalar stays 0-d
         expected = helper.tensor_dtype_to_np_dtype(tensor.data_type)
         if array.dtype != expected or tuple(array.shape) != tuple(tensor.dims):
             raise ScenarioError("computed weight differs from its declaration",

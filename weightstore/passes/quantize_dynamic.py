@@ -1,0 +1,200 @@
+"""quantize-dynamic: MatMul weights in int8, as onnxruntime's ``quantize_dynamic`` writes them.
+
+The graph is the one ``onnxruntime.quantization.quantize_dynamic`` gives a MatMul with
+its defaults (per tensor, ``weight_type`` int8 or uint8, the activation in uint8): a
+``DynamicQuantizeLinear`` per activation (``<x>_QuantizeLinear``, shared by every MatMul
+reading ``<x>``), then per MatMul ``MatMulInteger`` (``<node>_quant``), ``Cast`` to the
+weight's float type, ``Mul`` of the two scales (``<node>_quant_scales_mul``; two unnamed
+MatMuls of one activation and one weight share it) and ``Mul`` of the product into the
+MatMul's own output name, so no reader changes. The names are onnxruntime's (a name the
+model already uses gets a ``.<k>`` suffix). The quantized weight, its scale and zero point
+(``<w>_quantized``, ``<w>_scale``, ``<w>_zero_point``, once per weight) are declared with
+``dynamic-int8-*`` recipes that onnxruntime's own functions compute. The float weight goes
+with its last MatMul; a node reading it after its first MatMul (or a graph output) then
+reads it through a ``DequantizeLinear`` (``<w>_DequantizeLinear``), as onnxruntime
+rewires it. Read before its first MatMul or from a subgraph, it stays for every reader
+(where onnxruntime would define it twice).
+
+Which MatMuls: those ``quantize_dynamic`` picks in the main graph (it leaves subgraphs and
+functions alone by default): a standard MatMul whose second input is a float32 or
+float16 initializer (not a Constant node, not an overridable graph input) and whose first
+input is computed (not an initializer). A weight whose name another graph of the model
+also defines is left alone. The ops ``quantize_dynamic`` also quantizes by default stay in
+float: Gather (embeddings), Conv, Attention, LSTM, EmbedLayerNormalization, and Gemm,
+which it turns into MatMul (+ Add) first. So the graph is ``quantize_dynamic(...,
+op_types_to_quantize=["MatMul"])``'s, node for node (up to their order) and payload for
+payload, for a model without Gemm. Needs ai.onnx opset 11 or later
+(``DynamicQuantizeLinear``).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from ..catalogue.descriptors import DerivedWeightRecipe
+from ..errors import ScenarioError
+from ..recipe.pass_params import QuantizeDynamicParams
+from .analysis import (
+    NameAllocator,
+    input_names,
+    is_standard,
+    model_names,
+    node_names,
+    opset_version,
+    output_names,
+    readers,
+    tensor_name_counts,
+    without_payload,
+)
+from .base import PassContext
+from .rewriting import LocalRewriting
+
+WEIGHT_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
+MIN_OPSET = 11
+
+
+class QuantizeDynamic:
+    """The ``quantize-dynamic`` pass."""
+
+    name = "quantize-dynamic"
+    Params = QuantizeDynamicParams
+
+    def __init__(self, params: QuantizeDynamicParams | None = None) -> None:
+        self.params = params or QuantizeDynamicParams()
+
+    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+        g = model.graph
+        inits = {t.name: t for t in g.initializer}
+        inputs = set(input_names(g))
+        counts = tensor_name_counts(model)
+        chosen = [i for i, node in enumerate(g.node)
+                  if _quantizes(node, inits, inputs, counts)]
+        if not chosen:
+            return []
+        if opset_version(model) < MIN_OPSET:
+            raise ScenarioError("quantize-dynamic needs ai.onnx opset 11 or later "
+                                "(DynamicQuantizeLinear)", opset=opset_version(model))
+        return _Rewriter(model, self.params.weight_type, chosen).records()
+
+
+def _quantizes(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], inputs: set[str],
+               counts: dict[str, int]) -> bool:
+    if not is_standard(node, "MatMul") or len(node.input) != 2 or not node.output[0]:
+        return False
+    a, w = node.input
+    weight = inits.get(w)
+    return (bool(a) and a not in inits and weight is not None and w not in inputs
+            and weight.data_type in FLOAT_TYPES and counts.get(w, 0) == 1)
+
+
+class _Rewriter:
+    """One record per chosen MatMul, in graph order; what several MatMuls share (an
+    activation's DynamicQuantizeLinear, a weight's quantized tensors, an unnamed pair's
+    scale product) is added by the first and read by the others."""
+
+    def __init__(self, model: onnx.ModelProto, weight_type: str, chosen: list[int]) -> None:
+        self.g = model.graph
+        self.weight_type = weight_type
+        self.chosen = chosen
+        self.values = NameAllocator(model_names(model))
+        self.nodes = NameAllocator(node_names(model))
+        self.inits = {t.name: t for t in self.g.initializer}
+        self.activations: dict[str, tuple[str, str, str]] = {}  # x -> (q, scale, zero)
+        self.weights: dict[str, tuple[str, str, str]] = {}  # w -> (q, scale, zero)
+        self.products: dict[str, str] = {}  # unnamed scale product's node name -> output
+        reads = readers(self.g)
+        outputs = set(output_names(self.g))
+        taken = set(chosen)
+        first: dict[str, int] = {}
+        self.last_reader: dict[str, int] = {}  # w -> its last chosen MatMul
+        for i in chosen:
+            first.setdefault(self.g.node[i].input[1], i)
+            self.last_reader[self.g.node[i].input[1]] = i
+        # the float weight goes once its MatMuls are rewritten; a node reading it after
+        # the first of them (or a graph output) reads it dequantized, as onnxruntime
+        # rewires it; read before or by a subgraph, it stays (and so for every reader)
+        self.removable: set[str] = set()
+        self.dequantized: dict[str, int | None] = {}  # w -> the first later reader
+        for w, start in first.items():
+            others = [p for p in reads.get(w, ()) if p not in taken]
+            if any(p < start or w not in self.g.node[p].input for p in others):
+                continue
+            self.removable.add(w)
+            if others or w in outputs:
+                self.dequantized[w] = min(others, default=None)
+
+    def records(self) -> list[LocalRewriting]:
+        out = [self._record(i) for i in self.chosen]
+        for w, before in self.dequantized.items():
+            dequantize = helper.make_node("DequantizeLinear", list(self.weights[w]), [w],
+                                          self._name(f"{w}_DequantizeLinear"))
+            out.append(LocalRewriting(operation_name=QuantizeDynamic.name,
+                                      added_nodes=(dequantize,), insert_at=before,
+                                      removed_initializers=(w,)))
+        return out
+
+    def _name(self, wanted: str) -> str:
+        return self.nodes.fresh(wanted) if wanted else ""
+
+    def _record(self, position: int) -> LocalRewriting:
+        node = self.g.node[position]
+        a, w = node.input
+        y = node.output[0]
+        added: list[onnx.NodeProto] = []
+        tensors: list[onnx.TensorProto] = []
+        derivations: dict[str, DerivedWeightRecipe] = {}
+        if a not in self.activations:
+            self.activations[a] = (self.values.fresh(f"{a}_quantized"),
+                                   self.values.fresh(f"{a}_scale"),
+                                   self.values.fresh(f"{a}_zero_point"))
+            added.append(helper.make_node("DynamicQuantizeLinear", [a],
+                                          list(self.activations[a]),
+                                          self._name(f"{a}_QuantizeLinear")))
+        if w not in self.weights:
+            self.weights[w] = names = (self.values.fresh(f"{w}_quantized"),
+                                       self.values.fresh(f"{w}_scale"),
+                                       self.values.fresh(f"{w}_zero_point"))
+            tensors, derivations = self._declare(self.inits[w], names)
+        qa, sa, za = self.activations[a]
+        qw, sw, zw = self.weights[w]
+        base = f"{node.name}_quant" if node.name else ""
+        integer = self._name(base)
+        product_out = self.values.fresh(f"{y}_output_quantized")
+        added.append(helper.make_node("MatMulInteger", [qa, qw, za, zw], [product_out],
+                                      integer))
+        cast_out = self.values.fresh(f"{product_out}_cast_output")
+        added.append(helper.make_node("Cast", [product_out], [cast_out],
+                                      self._name(f"{product_out}_cast"),
+                                      to=self.inits[w].data_type))
+        scales = f"{base}_scales_mul" if base else f"{sa}_{sw}_mul"
+        if base or scales not in self.products:
+            scales_name = self._name(scales)
+            self.products[scales] = self.values.fresh(f"{scales_name}:0")
+            added.append(helper.make_node("Mul", [sa, sw], [self.products[scales]],
+                                          scales_name))
+        added.append(helper.make_node("Mul", [cast_out, self.products[scales]], [y],
+                                      self._name(f"{base}_output_scale_mul" if base else "")))
+        drop = (w in self.removable and w not in self.dequantized
+                and self.last_reader[w] == position)
+        return LocalRewriting(
+            operation_name=QuantizeDynamic.name,
+            removed_nodes=(position,),
+            added_nodes=tuple(added),
+            added_initializers=tuple(tensors),
+            removed_initializers=(w,) if drop else (),
+            derivations=derivations,
+        )
+
+    def _declare(self, weight: onnx.TensorProto, names: tuple[str, str, str],
+                 ) -> tuple[list[onnx.TensorProto], dict[str, DerivedWeightRecipe]]:
+        qtype = WEIGHT_TYPES[self.weight_type]
+        q, scale, zero = names
+        tensors = [without_payload(weight, q, qtype),
+                   without_payload(weight, scale, dims=()),
+                   without_payload(weight, zero, qtype, dims=())]
+        attributes = (("weight_type", self.weight_type),)
+        operations = ("dynamic-int8-weight", "dynamic-int8-scale", "dynamic-int8-zero-point")
+        return tensors, {name: DerivedWeightRecipe(op, (weight.name,), attributes)
+                         for name, op in zip(names, operations, strict=True)}

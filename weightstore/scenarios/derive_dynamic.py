@@ -1,0 +1,81 @@
+"""Dynamic int8 weights: a MatMul weight as onnxruntime's ``quantize_dynamic`` stores it.
+
+Three derived operations, each over one float32 or float16 weight and with one attribute,
+``weight_type`` (``int8`` or ``uint8``):
+
+==============================  =================================================
+operation                       result
+==============================  =================================================
+``dynamic-int8-weight``         the quantized weight, the source's shape
+``dynamic-int8-scale``          its scale, a scalar of the source's float type
+``dynamic-int8-zero-point``     its zero point, a scalar of ``weight_type``
+==============================  =================================================
+
+The numbers come from onnxruntime itself: ``onnxruntime.quantization.quant_utils.
+quantize_data`` over the flattened weight, per tensor, with the symmetry its quantizer
+gives a weight type (a signed type is symmetric, ``BaseQuantizer.is_weight_symmetric``)
+and no reduced range (``quantize_dynamic``'s defaults); the scale and the zero point are
+encoded with ``onnx.helper.make_tensor`` from the values' list, as
+``BaseQuantizer.quantize_initializer_impl`` writes them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from ..catalogue.descriptors import DerivedWeightRecipe
+from ..errors import ScenarioError
+
+WEIGHT_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
+FLOAT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+
+
+def weight_type_of(recipe: DerivedWeightRecipe) -> str:
+    attrs = dict(recipe.attributes)
+    if sorted(attrs) != ["weight_type"]:
+        raise ScenarioError("derived weight attributes do not fit its operation",
+                            operation=recipe.operation, attributes=sorted(attrs),
+                            expected=["weight_type"])
+    if attrs["weight_type"] not in WEIGHT_TYPES:
+        raise ScenarioError("dynamic quantization weight type is int8 or uint8",
+                            operation=recipe.operation, weight_type=attrs["weight_type"])
+    return attrs["weight_type"]
+
+
+def quantized(recipe: DerivedWeightRecipe, source: np.ndarray,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weight, scale, zero point) of ``source`` as ``quantize_dynamic`` stores them."""
+    weight_type = weight_type_of(recipe)
+    if source.dtype not in FLOAT_TYPES:
+        raise ScenarioError("dynamic quantization reads a float32 or float16 weight",
+                            operation=recipe.operation, dtype=str(source.dtype))
+    return _quantize(source, WEIGHT_TYPES[weight_type])
+
+
+def _quantize(source: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    try:
+        from onnxruntime.quantization.quant_utils import quantize_data
+    except ImportError:  # pragma: no cover - the runtime extra is missing
+        raise ScenarioError("dynamic int8 weights are computed by onnxruntime: install "
+                            "weightstore[runtime]") from None
+    symmetric = qtype == TensorProto.INT8  # BaseQuantizer.is_weight_symmetric
+    zero_point, scale, q = quantize_data(source.flatten(), qtype, symmetric,
+                                         reduce_range=False, min_real_range=None)
+    weight = np.asarray(q, dtype=helper.tensor_dtype_to_np_dtype(qtype)).reshape(source.shape)
+    scale_tensor = helper.make_tensor("scale", FLOAT_TYPES[source.dtype], [],
+                                      scale.reshape((-1,)).tolist())
+    zero_tensor = helper.make_tensor("zero_point", qtype, [], zero_point.reshape((-1,)).tolist())
+    return weight, numpy_helper.to_array(scale_tensor), numpy_helper.to_array(zero_tensor)
+
+
+def dynamic_weight(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    return quantized(recipe, src[0])[0]
+
+
+def dynamic_scale(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    return quantized(recipe, src[0])[1]
+
+
+def dynamic_zero_point(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
+    return quantized(recipe, src[0])[2]
