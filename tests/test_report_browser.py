@@ -151,3 +151,32 @@ def test_names_are_shown_as_text_never_run(chromium, tmp_path):
                         re.S).group(1)
     assert html.escape(COMMENT, quote=False) in details
     assert 'class="view on" id="view-package"' in loaded.dom
+
+
+def test_accuracy_figures_show_in_the_browser(chromium, tmp_path):
+    """A package whose build measured its scenarios: the page loads without a console
+    message, and the accuracy table and each device's row show the summary's figures."""
+    from weightstore.builder.run import BuildOptions, build
+
+    from .test_accuracy_gate import make_case
+
+    result = build(make_case(tmp_path), BuildOptions(jobs=2))
+    package = result.packages[0]
+    page = tmp_path / "report.html"
+    assert main(["report", str(package.path), "--output", str(page), "-q"]) == 0
+    loaded = chromium.load(page, "package")
+    assert loaded.console == []
+    table = loaded.dom[loaded.dom.index('class="accuracy"'):]
+    table = table[:table.index("</table>")]
+    rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
+    shown = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[:5] for row in rows]
+    expected = [[a["model"], a["scenario"], o["name"], f"{o['cosine']:.6g}",
+                 f"{o['max_abs']:.6g}"]
+                for a in package.summary["accuracy"] for o in a["outputs"]]
+    assert [row for row in shown if row] == expected
+    half = next(a for a in package.summary["accuracy"] if a["scenario"] == "half")
+    gpu = loaded.dom[loaded.dom.index("device <b>gpu</b>"):]
+    gpu = gpu[:gpu.index("</tr>")]
+    for o in half["outputs"]:
+        assert (f"encoder@half {o['name']}: cosine {o['cosine']:.6g}, max_abs "
+                f"{o['max_abs']:.6g}") in gpu
