@@ -692,3 +692,34 @@ def test_every_other_layout_ships_them_too(layout, encoder_model, save_model, tm
         assert (package.path / path).read_bytes() == text.encode()
     assert package.summary["devices"][0]["companions"] == package.summary["companions"]
     assert verify_package(package.path, store=tmp_path / "store").ok
+
+
+def test_an_unchanged_build_is_decided_by_its_stamp(project, tmp_path, monkeypatch):
+    """A no-op build with companion files parses no recipe (the build stamp records what
+    each companion source gave); any change to a source falls through to the full check."""
+    from weightstore.recipe import schema
+
+    build(project, opts(tmp_path))
+    calls = record_calls(monkeypatch, schema, "load_recipe_bytes")
+    assert [p.status for p in build(project, opts(tmp_path)).packages] == ["up-to-date"] * 3
+    assert calls == []
+    (tmp_path / "hf" / "extra.json").write_text("{}")  # a file added to a folder
+    with pytest.raises(PackageError):
+        build(project, opts(tmp_path))
+    assert len(calls) == 1
+    (tmp_path / "hf" / "extra.json").unlink()
+    config = tmp_path / "hf" / "config.json"
+    data = bytearray(config.read_bytes())
+    data[3] ^= 0x01  # same size, other bytes
+    config.write_bytes(bytes(data))
+    with pytest.raises(PackageError):
+        build(project, opts(tmp_path))
+    assert len(calls) == 2
+    data[3] ^= 0x01
+    config.write_bytes(bytes(data))
+    os.symlink(tmp_path / "classic" / "LICENSE", tmp_path / "hf" / "LICENSE")
+    with pytest.raises(RecipeError):
+        build(project, opts(tmp_path))
+    assert len(calls) == 3
+    (tmp_path / "hf" / "LICENSE").unlink()
+    assert [p.status for p in build(project, opts(tmp_path)).packages] == ["up-to-date"] * 3

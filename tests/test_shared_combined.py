@@ -13,6 +13,7 @@ import pytest
 from weightstore.builder.run import BuildOptions, build
 from weightstore.errors import PackageError, RecipeError
 from weightstore.package.fingerprint import layout_fingerprint
+from weightstore.package.summary import FORMAT_VERSION
 from weightstore.recipe.schema import Layout, parse_recipe_text
 
 from .samples import make_encoder, run_onnxruntime, sample_inputs
@@ -159,12 +160,12 @@ def test_package_of_a_newer_format_is_refused(pair_build):
     packages, _, recipe = pair_build
     summary_path = packages["shared"].path / "summary.json"
     summary = json.loads(summary_path.read_text())
-    summary["format_version"] = 5
+    summary["format_version"] = FORMAT_VERSION + 1
     summary_path.write_text(json.dumps(summary))
     store = str(Path(recipe).parent / "store")
     with pytest.raises(PackageError, match="format this weightstore does not know") as info:
         build(recipe, BuildOptions(store=store, jobs=2))
-    assert info.value.context["format_version"] == 5
+    assert info.value.context["format_version"] == FORMAT_VERSION + 1
     again = build(recipe, BuildOptions(store=store, jobs=2, force=True))
     assert {p.layout: p.status for p in again.packages}["shared"] == "built"
     assert json.loads(summary_path.read_text())["format_version"] == 4

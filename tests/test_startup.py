@@ -108,13 +108,17 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
                     (package / "summary.json").read_bytes()
 
 
+UNUSED = (*HEAVY, "subprocess")  # what neither a push nor a pull needs
+
+
 @needs_registry
 def test_a_pull_from_a_plain_loopback_registry_loads_no_trust_store(folder: Path) -> None:
     """A registry command speaks HTTP through the standard library (``requests`` and
     ``urllib3`` took about 60 ms of a pull's start-up) and locks with ``flock`` itself
     (``filelock`` took about 12 ms), and finding that a loopback registry speaks plain
     HTTP loads no trust store (tens of milliseconds): only a TLS connection that
-    verifies a certificate needs one."""
+    verifies a certificate needs one. ``subprocess`` loads only to run a credential
+    helper."""
     from weightstore.builder.run import build
 
     (folder / "recipe.yaml").write_text(TWO_LAYOUTS)
@@ -127,7 +131,7 @@ def test_a_pull_from_a_plain_loopback_registry_loads_no_trust_store(folder: Path
             "ssl.create_default_context = lambda *a, **k: made.append(1) or real(*a, **k)\n"
             "argv = json.loads(sys.argv[1])\n"
             "assert main(argv) == 0\n"
-            f"print(json.dumps([len(made), sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n")
+            f"print(json.dumps([len(made), sorted(m for m in {UNUSED!r} if m in sys.modules)]))\n")
     with running_registry(folder / "registry") as server:
         ref = f"{server.host}/startup/pkg:1"
         for argv in (["push", str(package), ref, "--store", store],

@@ -72,6 +72,11 @@ class ScenarioError(WeightstoreError, ValueError):
     """A modification scenario is unknown, malformed, or does not fit the model."""
 
 
+class AccuracyError(WeightstoreError, ValueError):
+    """A scenario's outputs on the recipe's samples miss a bound of its accuracy gate, or
+    cannot be compared with the default graph's."""
+
+
 class ResolutionError(WeightstoreError, ValueError):
     """A model cannot be resolved: a phase's precondition failed, or a live weight has no
     eligible payload. The context names the phase and the scenario."""

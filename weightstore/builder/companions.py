@@ -11,8 +11,6 @@ files and the other companions.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
 from ..package.summary import CompanionEntry
-from ..recipe.companions import collision, default_kind, path_problem
+from ..recipe.companions import collision, default_kind, path_problem, source_files
 
 if TYPE_CHECKING:
     from ..package.fingerprint import FileDigests
@@ -111,47 +109,17 @@ def device_sets(companions: Sequence[Companion],
 def _listed(source: Path, entry: CompanionFile, where: str,
             key: str) -> list[tuple[str, Path | None]]:
     """``(path below the source, file)`` of each file the entry gives: ``("", source)``
-    for a file."""
+    for a file (:func:`~weightstore.recipe.companions.source_files`), its errors naming
+    the recipe entry."""
     try:
-        st = os.stat(source)
-    except OSError as exc:
-        raise RecipeError(f"companion source cannot be read: {exc.strerror or exc}",
-                          file=where, key=f"{key}.source", path=str(source)) from None
-    if stat.S_ISREG(st.st_mode):
-        if entry.path == ".":
-            raise RecipeError("path '.' (the package root) is for a folder source; give "
-                              "the file a name", file=where, key=f"{key}.path")
-        return [("", source)]
-    if not stat.S_ISDIR(st.st_mode):
-        raise RecipeError("companion source is neither a file nor a folder", file=where,
-                          key=f"{key}.source", path=str(source))
-    found: list[tuple[str, Path | None]] = []
-    try:
-        for root, dirs, files in os.walk(source, onerror=_raise):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for name in [*dirs, *(f for f in files if not f.startswith("."))]:
-                path = Path(root) / name
-                mode = os.lstat(path).st_mode
-                if name in dirs and stat.S_ISDIR(mode):
-                    continue
-                rel = path.relative_to(source).as_posix()
-                if not stat.S_ISREG(mode):
-                    raise RecipeError("a companion folder holds only regular files and "
-                                      "folders; this is a link or a special file",
-                                      file=where, key=f"{key}.source", path=rel)
-                found.append((rel, path))
-    except OSError as exc:
-        raise RecipeError(f"companion folder cannot be read: {exc.strerror or exc}",
-                          file=where, key=f"{key}.source",
-                          path=str(exc.filename or source)) from None
-    if not found:
-        raise RecipeError("companion folder holds no file", file=where,
-                          key=f"{key}.source", path=str(source))
-    return sorted(found)
-
-
-def _raise(exc: OSError) -> None:
-    raise exc
+        found: list[tuple[str, Path | None]] = list(source_files(source))
+    except RecipeError as exc:
+        raise RecipeError(exc.message, file=where, key=f"{key}.source",
+                          **exc.context) from None
+    if found == [("", source)] and entry.path == ".":
+        raise RecipeError("path '.' (the package root) is for a folder source; give the "
+                          "file a name", file=where, key=f"{key}.path")
+    return found
 
 
 def hashed(companions: Iterable[Companion], digests: FileDigests, algo: str,

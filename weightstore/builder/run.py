@@ -44,10 +44,12 @@ from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME, written_format_versi
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..recipe.file import read_recipe_file
 from ..store.location import resolve_store_path
+from .accuracy import samples_digest
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses
     from ..packaging.materialize import Materialized
     from ..recipe.schema import Layout, LoadedRecipe, ModelEntry, Recipe
+    from .accuracy import Gate
     from .companions import Companion
 
 
@@ -267,7 +269,7 @@ def _build(loaded: LoadedRecipe, options: BuildOptions,
     order = {layout.name: i for i, layout in enumerate(recipe.layouts)}
     result.packages.sort(key=lambda p: order[p.layout])
     if stamp is not None and result.packages and not options.dry_run:
-        _record_stamp(loaded, stamp, store_root, result)
+        _record_stamp(loaded, stamp, store_root, result, companions, digests)
     return result
 
 
@@ -281,14 +283,15 @@ def _companions(loaded: LoadedRecipe, digests: FileDigests) -> list[Companion]:
 
 
 def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, bytes],
-                  store_root: Path, result: BuildResult) -> None:
-    """Stamp this build with the source identities its packages' summaries record (not a
-    recipe with pinned sources: no local file stands for them; its full check needs
-    none either; nor one with companion files, whose folders the stamp could not watch
-    for a file added; nor one that writes a build cache, asked at every build)."""
-    if any(not isinstance(entry.source, str) for entry in loaded.models()):
-        return
-    if loaded.recipe.has_companions:
+                  store_root: Path, result: BuildResult, companions: list[Companion],
+                  digests: FileDigests) -> None:
+    """Stamp this build with the source identities its packages' summaries record, its
+    samples files' digests and the files each companion source gave it, with the digests
+    it took (not a recipe with pinned sources: no local file stands for them; its full
+    check needs none either; nor one that writes a build cache, asked at every build)."""
+    recipe = loaded.recipe
+    entries = [*recipe.files, *(f for d in recipe.devices for f in d.files)]
+    if any(not isinstance(entry.source, str) for entry in [*loaded.models(), *entries]):
         return
     if _writes_cache(None, loaded.recipe.cache):
         return
@@ -297,8 +300,24 @@ def _record_stamp(loaded: LoadedRecipe, stamp: tuple[build_stamp.Invocation, byt
                {"digest": listed[entry.name]["source_digest"],
                 "external": listed[entry.name]["external_sources"]}
                for entry in loaded.models()}
+    for entry in loaded.models():  # a samples file is watched as a source is
+        samples = loaded.samples_of(entry)
+        if samples is not None:
+            sources[str(samples)] = {"digest": samples_digest(loaded, entry, digests),
+                                     "external": {}}
+    from ..recipe.companions import source_files
+
+    built = {c.file: c.digest for c in companions}
+    given: dict[str, dict[str, str]] = {}
+    try:
+        for e in entries:
+            files = source_files(loaded.resolve(e.source))
+            given[str(loaded.resolve(e.source))] = {rel: built[path] for rel, path in files}
+    except (KeyError, RecipeError):
+        return  # a file added or gone since the build listed them: nothing to stamp
     build_stamp.record(stamp[0], stamp[1], store_root, sources,
-                       [(p.layout, p.path, p.summary["fingerprint"]) for p in result.packages])
+                       [(p.layout, p.path, p.summary["fingerprint"]) for p in result.packages],
+                       given)
 
 
 def _target(loaded: LoadedRecipe, layout: Layout) -> Path:
@@ -360,15 +379,16 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
             previous = listed.get(entry.name)
             if previous is None:
                 return False
+            samples = samples_digest(loaded, entry, digests)
             if not isinstance(entry.source, str):  # pinned: by its digest, no file
-                identities.append(_pinned_identity(entry))
+                identities.append(_pinned_identity(entry, samples))
                 continue
             source = loaded.model_source(entry)
             external = {}
             for location in previous.get("external_sources", {}):
                 external[location] = digests.of(resolve_location(source.parent, location,
                                                                  where=entry.name))
-            identities.append(_identity(entry, digests.of(source), external))
+            identities.append(_identity(entry, digests.of(source), external, samples))
     except (KeyError, TypeError, AttributeError, OSError, ExternalDataError, IntegrityError):
         return False  # a source that cannot be hashed: the build reports it, as on a first build
     if _fingerprint(loaded, layout, identities, companions) != summary.get("fingerprint"):
@@ -434,6 +454,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
     from ..packaging import write as packaging
     from ..scenarios.storage import read_scenarios
     from ..store import WeightStore
+    from .accuracy import gate as accuracy_gate
     from .sources import pinned_path
 
     recipe = loaded.recipe
@@ -446,12 +467,13 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         identities = []
         for entry in models:
             s = opened.get(entry.name)
+            samples = samples_digest(loaded, entry, digests)
             if s is None:
-                identities.append(_pinned_identity(entry))
+                identities.append(_pinned_identity(entry, samples))
                 continue
             s.identity = _identity(
                 entry, digests.of(s.weights.catalogue.source),
-                {loc: digests.of(path) for loc, path in s.external_files})
+                {loc: digests.of(path) for loc, path in s.external_files}, samples)
             identities.append(s.identity)
         if len(opened) == len(models):
             _check_devices(loaded, list(opened.values()))
@@ -496,6 +518,8 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
                 with s.weights.opened():
                     s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
         store = WeightStore(store_root)
+        # the samples read and checked before anything is stored
+        measure = None if options.dry_run else accuracy_gate(loaded, sources, digests)
         if options.dry_run:
             result.store_report = packaging.plan_store(
                 store, sources, [layout for layout, _, _ in todo], recipe.store.hash,
@@ -513,12 +537,12 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
         with store.leased():  # gc spares every key this build relies on until it ends
             try:
                 _fill_and_write(loaded, todo, sources, store, digests, options, result,
-                                companions)
+                                companions, measure)
             except StaleKeyError:
                 # a damaged payload-key cache: forget it and hash every key (once)
                 packaging.distrust_cached_keys(sources, store, recipe.store.hash)
                 _fill_and_write(loaded, todo, sources, store, digests, options, result,
-                                companions, trust_cache=False)
+                                companions, measure, trust_cache=False)
         return {p.path for p in result.packages if p.path in converting
                 and p.status == "built"}
     finally:
@@ -586,10 +610,11 @@ def _fetched(cache: Any, store_root: Path, layout: Layout, target: Path, fingerp
 
 def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
                     sources: list, store: Any, digests: FileDigests, options: BuildOptions,
-                    result: BuildResult, companions: list[Companion],
+                    result: BuildResult, companions: list[Companion], measure: Gate | None,
                     *, trust_cache: bool = True) -> None:
-    """Fill the store for ``todo``'s layouts and write them; each layout written is
-    removed from ``todo``."""
+    """Fill the store for ``todo``'s layouts and write them (``measure``: the accuracy
+    gate each package's summary records); each layout written is removed from
+    ``todo``."""
     from ..caches import build_actions
     from ..io.locks import target_lock
     from ..packaging import write as packaging
@@ -622,7 +647,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
             summary = packaging.write_package(recipe, layout, target, fp, sources, store,
                                               options.jobs, options.progress,
                                               replace=options.force or existing is not None,
-                                              companions=_package_companions(companions))
+                                              companions=_package_companions(companions),
+                                              accuracy=measure)
             # its other files go into the store too: a later build materializes it
             stored = build_actions.record(store, target, summary, jobs=options.jobs)
             register_root(store, target, summary)
@@ -688,23 +714,26 @@ def _check_devices(loaded: LoadedRecipe, sources: list) -> None:
 
 
 def _identity(entry: ModelEntry, source_digest: str, external: dict[str, str],
-              ) -> dict[str, Any]:
+              samples: str | None = None) -> dict[str, Any]:
     """What a model contributes to a package's fingerprint (its ``file`` only when the
-    recipe names one: other fingerprints are unchanged)."""
+    recipe names one, the digest of its ``samples`` only when it has some: other
+    fingerprints are unchanged)."""
     out = {"name": entry.name, "source_digest": source_digest, "external": external,
-           "scenarios": [sc.model_dump(mode="json") for sc in entry.scenarios]}
+           "scenarios": [sc.record() for sc in entry.scenarios]}
     if entry.file is not None:
         out["file"] = entry.file
+    if samples is not None:
+        out["samples"] = samples
     return out
 
 
-def _pinned_identity(entry: ModelEntry) -> dict[str, Any]:
+def _pinned_identity(entry: ModelEntry, samples: str | None) -> dict[str, Any]:
     """A pinned source's part of the fingerprint: the digest it is pinned by (and, for a
     file of an artifact, its path there) in place of its content's, so that deciding a
     build needs no source byte."""
     pin = entry.source
     assert not isinstance(pin, str)
-    identity = _identity(entry, pin.digest, {})
+    identity = _identity(entry, pin.digest, {}, samples)
     if pin.ref is not None:
         identity["pinned"] = {"ref": pin.ref, "path": pin.path}
     return identity
@@ -765,6 +794,7 @@ def _what_changed(existing: dict[str, Any], layout: Layout,
                 out.append(f"external data of model '{name}'")
             if old.get("file") != ident.get("file", f"{name}.onnx"):
                 out.append(f"file name of model '{name}'")
+            out += _accuracy_changed(existing, name, ident)
             # the summary names the scenarios the recipe defines and those the source
             # holds, without their passes: one named anew is a change, others may be
             defined = {sc["name"] for sc in ident["scenarios"]}
@@ -793,6 +823,22 @@ def _what_changed(existing: dict[str, Any], layout: Layout,
     except (AttributeError, TypeError, KeyError):
         pass
     return ", ".join(out) or "scenarios, devices or package settings"
+
+
+def _accuracy_changed(existing: dict[str, Any], name: str,
+                      identity: dict[str, Any]) -> list[str]:
+    """The model's samples or its scenarios' bounds changed, as far as the summary's
+    ``accuracy`` shows them (it records both for a model with samples and scenarios)."""
+    recorded = [a for a in existing.get("accuracy", []) if a.get("model") == name]
+    if not recorded and not identity.get("samples"):
+        return []
+    out = []
+    if {a.get("samples") for a in recorded} != {identity.get("samples")}:
+        out.append(f"samples of model '{name}'")
+    bounds = {sc["name"]: sc.get("bounds") for sc in identity["scenarios"]}
+    out += [f"bounds of scenario '{a['scenario']}' of model '{name}'" for a in recorded
+            if a.get("scenario") in bounds and a.get("bounds") != bounds[a["scenario"]]]
+    return out
 
 
 def _companions_changed(existing: dict[str, Any], companions: list[Companion]) -> list[str]:

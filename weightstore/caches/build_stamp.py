@@ -8,6 +8,7 @@ layout selection, store choice), what the last successful build decided from::
     <user cache folder>/build-stamps/<digest of the invocation>.json
         {"format_version", "generator", "invocation", "recipe", "recipe_digest", "store",
          "sources": {model file: {"digest", "external": {location: digest}}},
+         "companions": {companion source: {path below it: digest}},
          "packages": [{"layout", "path", "fingerprint"}],
          "mac"}                                       keyed blake3 over all the rest
 
@@ -32,14 +33,14 @@ from typing import Any
 
 from .. import __version__
 from ..catalogue.locations import resolve_location
-from ..errors import ExternalDataError, IntegrityError
+from ..errors import ExternalDataError, IntegrityError, RecipeError
 from ..io.digests import digest_bytes, make_key
 from ..io.files import atomic_write_bytes, parse_json, read_record_bytes
 from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
 from ..store.location import user_cache_dir
 from ..store.mac import entry_mac, verify_mac
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the companion files' sources (``companions``)
 FOLDER = "build-stamps"
 
 
@@ -85,6 +86,9 @@ def load(invocation: Invocation, data: bytes) -> dict[str, Any] | None:
         for source in doc["sources"].values():
             if not (isinstance(source["digest"], str) and isinstance(source["external"], dict)):
                 return None
+        for files in doc["companions"].values():
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+                return None
         for p in doc["packages"]:
             if not all(isinstance(p[k], str) for k in ("layout", "path", "fingerprint")):
                 return None
@@ -106,16 +110,36 @@ def sources_unchanged(doc: Mapping[str, Any], digests: FileDigests) -> bool:
                     return False
     except (OSError, ExternalDataError, IntegrityError, TypeError):
         return False  # one that cannot be hashed now: the build reports why
+    return _companions_unchanged(doc, digests)
+
+
+def _companions_unchanged(doc: Mapping[str, Any], digests: FileDigests) -> bool:
+    """Does every companion source still give the very files the stamp records (a file
+    added to a folder, or removed, is a change), each with its content digest?"""
+    from ..recipe.companions import source_files
+
+    try:
+        for source, files in doc["companions"].items():
+            listed = source_files(Path(source))
+            if [rel for rel, _ in listed] != sorted(files):
+                return False
+            if any(digests.of(path, files[rel].partition(":")[0]) != files[rel]
+                   for rel, path in listed):
+                return False
+    except (OSError, RecipeError, TypeError):
+        return False
     return True
 
 
 def record(invocation: Invocation, data: bytes, store: Path,
            sources: Mapping[str, Mapping[str, Any]],
-           packages: Sequence[tuple[str, Path, str]]) -> None:
+           packages: Sequence[tuple[str, Path, str]],
+           companions: Mapping[str, Mapping[str, str]] | None = None) -> None:
     """Write the stamp of a successful build (best effort: it is only a shortcut).
 
     ``sources``: model file -> ``{"digest", "external": {location: digest}}``;
-    ``packages``: ``(layout, folder, fingerprint)`` each.
+    ``packages``: ``(layout, folder, fingerprint)`` each; ``companions``: each local
+    companion source -> ``{path below it ("" for a file): digest}``.
     """
     doc: dict[str, Any] = {
         "format_version": FORMAT_VERSION, "generator": __version__,
@@ -123,6 +147,7 @@ def record(invocation: Invocation, data: bytes, store: Path,
         "recipe_digest": recipe_digest(data), "store": str(store),
         "sources": {k: {"digest": v["digest"], "external": dict(v["external"])}
                     for k, v in sorted(sources.items())},
+        "companions": {k: dict(v) for k, v in sorted((companions or {}).items())},
         "packages": [{"layout": name, "path": str(folder), "fingerprint": fp}
                      for name, folder, fp in packages],
     }

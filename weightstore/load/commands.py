@@ -40,7 +40,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     if args.output:  # before the run: a FIFO or a device is never replaced
         check_output_file(args.output)
-    feed = _read_inputs(np, args.inputs)
+    feed = _read_inputs(args.inputs)
     report = LoadReport()
     with resolve(args.source, model=args.model, device=args.device, scenario=args.scenario,
                  store=store_of(args)) as resolved:
@@ -68,40 +68,11 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_inputs(np: Any, path: str) -> dict[str, Any]:
-    """``--inputs``: a .npz of arrays (``numpy.savez``); anything else is one error line,
-    never numpy's advice about pickles. A FIFO, device or folder is refused before any
-    read, so a run never waits on one."""
-    import os
-    import zipfile
-    import zlib
+def _read_inputs(path: str) -> dict[str, Any]:
+    """``--inputs``: a .npz of arrays (``numpy.savez``), read safely (:mod:`..io.npz`)."""
+    from ..io.npz import read_npz
 
-    from ..io.files import open_regular
-
-    not_npz = ("cannot read the inputs: they must be a .npz file of arrays (numpy.savez), "
-               "one per model input")
-    # RuntimeError: zipfile's answer to an encrypted member, and (a subclass) to a
-    # compression method it cannot read
-    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError)
-    try:
-        f = os.fdopen(open_regular(path), "rb")
-    except OSError as exc:
-        raise LoadError(f"cannot read the inputs: {exc.strerror or exc}", file=path) from None
-    feed = {}
-    with f:
-        try:
-            loaded = np.load(f, allow_pickle=False)
-        except damaged:
-            raise LoadError(not_npz, file=path) from None
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise LoadError(not_npz, file=path)
-        with loaded as npz:
-            for name in npz.files:
-                try:
-                    feed[name] = npz[name]
-                except damaged:
-                    raise LoadError(not_npz, file=path, member=name) from None
-    return feed
+    return read_npz(path, LoadError, what="the inputs")
 
 
 def prepare_command(args: argparse.Namespace) -> int:

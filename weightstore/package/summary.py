@@ -7,6 +7,7 @@ no store state), so it is byte-identical across rebuilds and is part of the pack
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +25,15 @@ if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..recipe.schema import Layout
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 5  # the newest this code writes and reads
+FORMAT_VERSION = 6  # the newest this code writes and reads
 CONTENTS_SINCE = 3  # ``contents``: every file of the package with its size and digest
 # external data as onnx.proto defines it: no payload digest in ``checksum`` (the digests
 # are the summary's ``external_weights[].id``); earlier packages wrote one there
 STANDARD_EXTERNAL_DATA_SINCE = 4
 # ``companions``: the package's companion files (weightstore.recipe.companions)
 COMPANIONS_SINCE = 5
+# ``accuracy``: each scenario's figures on the recipe's samples (the accuracy gate)
+ACCURACY_SINCE = 6
 
 
 @dataclass(frozen=True)
@@ -100,17 +103,20 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
                     fingerprint: str, models: Sequence[ModelSummary],
                     plan: LayoutPlan, devices: Sequence[dict[str, Any]] = (),
                     contents: Sequence[dict[str, Any]] = (),
-                    companions: Sequence[CompanionEntry] = ()) -> dict[str, Any]:
+                    companions: Sequence[CompanionEntry] = (),
+                    accuracy: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """``contents``: every file of the package but the summary itself, from
     :func:`weightstore.packaging.inventory.package_contents`; ``companions``: its
-    companion files (listed only when there are some, in format 5)."""
+    companion files (listed only when there are some, in format 5); ``accuracy``: each
+    scenario's figures on the recipe's samples (only when there are some, format 6)."""
     referenced = sum(w.size for m in models for w in m.external)
     unique = {p.key: p.size for f in plan.files for p in f.payloads}
     stored = sum(p.size for f in plan.files for p in f.payloads)
     settings = layout.record()
     with_companions = bool(companions) or any("companions" in d for d in devices)
     out = {
-        "format_version": package_format_version(settings, with_companions),
+        "format_version": package_format_version(settings, with_companions,
+                                                 bool(accuracy)),
         "generator": f"weightstore {__version__}",
         "package": package,
         "version": version,
@@ -139,16 +145,20 @@ def package_summary(*, package: str, version: str, layout: Layout, hash_algo: st
     }
     if companions:
         out["companions"] = [c.to_dict() for c in sorted(companions, key=lambda c: c.path)]
+    if accuracy:
+        out["accuracy"] = list(accuracy)
     return out
 
 
-def package_format_version(settings: dict[str, Any], companions: bool = False) -> int:
+def package_format_version(settings: dict[str, Any], companions: bool = False,
+                           accuracy: bool = False) -> int:
     """The oldest package format that holds these layout settings, ``contents`` (which
     every summary now lists: a reader of an older format could not check it), models
     whose external data carries no payload digest in ``checksum`` and, when the package
-    has some, companion files."""
+    has some, companion files and accuracy figures."""
     return max([CONTENTS_SINCE, STANDARD_EXTERNAL_DATA_SINCE,
                 *([COMPANIONS_SINCE] if companions else []),
+                *([ACCURACY_SINCE] if accuracy else []),
                 *(LAYOUT_KEYS_SINCE[k] for k in settings if k in LAYOUT_KEYS_SINCE)])
 
 
@@ -157,7 +167,8 @@ def written_format_version(summary: dict[str, Any]) -> int:
     summary raises KeyError, TypeError or AttributeError)."""
     devices = summary.get("devices", [])
     return package_format_version(summary["layout"], bool(summary.get("companions")) or any(
-        isinstance(d, dict) and d.get("companions") for d in devices))
+        isinstance(d, dict) and d.get("companions") for d in devices),
+        bool(summary.get("accuracy")))
 
 
 def render(summary: dict[str, Any]) -> bytes:
@@ -277,7 +288,36 @@ def check_structure(summary: Any, where: str) -> None:
         for i, entry in enumerate(summary[key]):
             check_entry(entry, keys, where, f"{key}[{i}]")
     _check_companions(summary, where)
+    _check_accuracy(summary, where)
     _check_paths(summary, where)
+
+
+def _is_figure(value: Any) -> bool:
+    """A recorded figure: a finite number, or None (an output that was not finite)."""
+    return value is None or (type(value) in (int, float) and math.isfinite(value))
+
+
+_ACCURACY_KEYS = {"model": (True, _is_str), "scenario": (True, _is_str),
+                  "samples": (True, _is_str), "outputs": (True, lambda v: isinstance(v, list)),
+                  "bounds": (False, lambda v: isinstance(v, dict) and bool(v) and all(
+                      k in ("min_cosine", "max_abs") and _is_figure(b) and b is not None
+                      for k, b in v.items()))}
+_OUTPUT_KEYS = {"name": (True, _is_str), "cosine": (True, _is_figure),
+                "max_abs": (True, _is_figure)}
+
+
+def _check_accuracy(summary: dict[str, Any], where: str) -> None:
+    """``accuracy`` (format 6 and later): each scenario's figures, every output's."""
+    if "accuracy" not in summary:
+        return
+    entries = summary["accuracy"]
+    if not isinstance(entries, list) or summary["format_version"] < ACCURACY_SINCE:
+        raise PackageError("malformed package summary: a key has the wrong type",
+                           file=where, key="accuracy")
+    for i, entry in enumerate(entries):
+        check_entry(entry, _ACCURACY_KEYS, where, f"accuracy[{i}]")
+        for j, output in enumerate(entry["outputs"]):
+            check_entry(output, _OUTPUT_KEYS, where, f"accuracy[{i}].outputs[{j}]")
 
 
 def _check_companions(summary: dict[str, Any], where: str) -> None:

@@ -190,6 +190,7 @@ def diff_packages(a: PackageView, b: PackageView) -> PackageDiff:
         changes += [Change("added", "scenario", f"{name}@{s}") for s in sorted(new - old)]
         changes += [Change("changed", "scenario", f"{name}@{s}") for s in sorted(old & new)
                     if s in touched]
+    changes += _pairs("accuracy", accuracy_figures(sa), accuracy_figures(sb))
     files_a = {c["path"]: c for c in sa["contents"]}
     files_b = {c["path"]: c for c in sb["contents"]}
     changes += _device_changes(sa, sb, files_a, files_b)
@@ -216,10 +217,29 @@ def diff_packages(a: PackageView, b: PackageView) -> PackageDiff:
         needed += [files_b[c.file] for c in companion_files(sb, device_sets=True)
                    if c.device == name and not c.file.startswith("devices/")]
         devices[name] = sum(c["size"] for c in needed if c["digest"] not in held)
-    order = {"model": 0, "weight": 1, "scenario": 2, "device": 3, "companion": 4, "file": 5}
+    order = {"model": 0, "weight": 1, "scenario": 2, "accuracy": 3, "device": 4,
+             "companion": 5, "file": 6}
     changes.sort(key=lambda c: (order[c.what], c.name, c.device or "", c.kind))
     return PackageDiff(a.source, b.source, tuple(changes), file_bytes, payload_bytes, devices,
                        a.verified and b.verified)
+
+
+def accuracy_figures(summary: Mapping[str, Any]) -> dict[str, str]:
+    """The summary's accuracy figures by the name a diff gives them: ``model@scenario
+    output figure`` (and ``model@scenario bounds``, ``model@scenario samples``)."""
+    out = {}
+    for a in summary.get("accuracy", []):
+        at = f"{a['model']}@{a['scenario']}"
+        out[f"{at} samples"] = a["samples"]
+        if a.get("bounds"):
+            out[f"{at} bounds"] = ", ".join(f"{k} {v:.6g}"
+                                            for k, v in sorted(a["bounds"].items()))
+        for o in a["outputs"]:
+            for figure in ("cosine", "max_abs"):
+                value = o[figure]
+                out[f"{at} {o['name']} {figure}"] = ("not finite" if value is None
+                                                     else f"{value:.6g}")
+    return out
 
 
 def companion_changes(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[Change]:

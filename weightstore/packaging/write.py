@@ -456,10 +456,14 @@ def estimated_model_bytes(source: Source, layout: Layout) -> int:
 def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str,
                   sources: list[Source], store: WeightStore, jobs: int,
                   progress: bool | None, *, replace: bool = False,
-                  companions: PackageCompanions | None = None) -> dict[str, Any]:
+                  companions: PackageCompanions | None = None,
+                  accuracy: Callable[[Path, dict[str, str]], list[dict[str, Any]]] | None
+                  = None) -> dict[str, Any]:
     """Build one layout's folder under a temp name and rename it into place (``replace``:
     over the folder there; else none may be, see :func:`~weightstore.io.files.publish_dir`).
-    ``companions``: files copied in from the store (:func:`store_companions` put them)."""
+    ``companions``: files copied in from the store (:func:`store_companions` put them);
+    ``accuracy``: the figures the summary records, given the folder written so far and
+    its model files by model name (it may refuse the package: nothing is published)."""
     companions = companions or PackageCompanions()
     per_model = []
     for s in sources:
@@ -541,10 +545,12 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
                                              plan, recipe.store.hash, jobs))
         from .inventory import package_contents
 
+        figures = [] if accuracy is None else accuracy(tmp, files)
         summary = package_summary(package=recipe.package, version=recipe.version,
                                   layout=layout, hash_algo=recipe.store.hash,
                                   fingerprint=fingerprint, models=models, plan=plan,
                                   devices=devices, companions=companions.top,
+                                  accuracy=figures,
                                   contents=package_contents(tmp, recipe.store.hash, jobs,
                                                            known=written))
         # every file is fsynced; the folder once, when it is published

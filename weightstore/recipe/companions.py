@@ -2,16 +2,21 @@
 model cards), so that its folder is the runtime folder a runtime opens as it is.
 
 The vocabulary every layer shares, without yaml or pydantic: the kinds (as the CNCF
-ModelPack spec names its layers), the kind a file name gets by default, and the one rule
-of a companion's path in a package, which the recipe, the build and every reader of a
-summary apply. It reads no file.
+ModelPack spec names its layers), the kind a file name gets by default, the one rule of a
+companion's path in a package, which the recipe, the build and every reader of a summary
+apply, and the files a local source gives (:func:`source_files`, which the build and its
+stamp both list them by).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+
+from ..errors import RecipeError
 
 KINDS = ("config", "doc", "code", "dataset", "weights")
 COMPANIONS_SINCE = 5  # the package format whose summary lists ``companions``
@@ -83,3 +88,46 @@ def collision(path: str, taken: Iterable[str]) -> str | None:
         if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
             return other
     return None
+
+
+def source_files(source: Path) -> list[tuple[str, Path]]:
+    """``(path below the source, file)`` of each file a local source gives, sorted:
+    ``[("", source)]`` for a file (followed if it is a link, as a model source is); for a
+    folder, every regular file below it, hidden names (``.git``, ``.cache``) left out. A
+    link or other special file inside a folder, an empty folder, or a source that cannot
+    be read is a :class:`RecipeError` (``path`` in its context; the caller adds the
+    recipe entry)."""
+    try:
+        st = os.stat(source)
+    except OSError as exc:
+        raise RecipeError(f"companion source cannot be read: {exc.strerror or exc}",
+                          path=str(source)) from None
+    if stat.S_ISREG(st.st_mode):
+        return [("", source)]
+    if not stat.S_ISDIR(st.st_mode):
+        raise RecipeError("companion source is neither a file nor a folder",
+                          path=str(source))
+    found: list[tuple[str, Path]] = []
+    try:
+        for root, dirs, files in os.walk(source, onerror=_raise):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in [*dirs, *(f for f in files if not f.startswith("."))]:
+                path = Path(root) / name
+                mode = os.lstat(path).st_mode
+                if name in dirs and stat.S_ISDIR(mode):
+                    continue
+                rel = path.relative_to(source).as_posix()
+                if not stat.S_ISREG(mode):
+                    raise RecipeError("a companion folder holds only regular files and "
+                                      "folders; this is a link or a special file", path=rel)
+                found.append((rel, path))
+    except OSError as exc:
+        raise RecipeError(f"companion folder cannot be read: {exc.strerror or exc}",
+                          path=str(exc.filename or source)) from None
+    if not found:
+        raise RecipeError("companion folder holds no file", path=str(source))
+    return sorted(found)
+
+
+def _raise(exc: OSError) -> None:
+    raise exc

@@ -166,6 +166,30 @@ PassItem = Annotated[
 _PASS_TAGS = frozenset({_BARE_PASS, *(_PASS_TAG.format(n) for n in PASS_PARAMS)})
 
 
+class Bounds(_Model):
+    """An accuracy gate: how far a scenario's outputs may drift from the default graph's
+    on the model's samples (each output is compared on its own, in float64)."""
+
+    min_cosine: float | None = Field(
+        None, ge=-1.0, le=1.0, allow_inf_nan=False,
+        description="Lowest cosine similarity allowed between an output of the scenario "
+                    "and the same output of the default graph (from -1 to 1).")
+    max_abs: float | None = Field(
+        None, ge=0.0, allow_inf_nan=False,
+        description="Largest absolute difference allowed between any element of an output "
+                    "of the scenario and of the default graph.")
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> Bounds:
+        if self.min_cosine is None and self.max_abs is None:
+            raise ValueError("bounds name min_cosine, max_abs or both")
+        return self
+
+    def record(self) -> dict[str, float]:
+        """The bounds a package records: those set."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
 class ScenarioEntry(_Model):
     """A named variant of a model: the records of a list of rewrite passes, stored in it."""
 
@@ -183,6 +207,10 @@ class ScenarioEntry(_Model):
                     "they produce are stored in the packaged model and replayed by name. "
                     "Each is a pass's name, or a mapping of its name and parameters "
                     "({name: quantize-weights, bits: 4, block_size: 32}).")
+    bounds: Bounds | None = Field(
+        None,
+        description="Accuracy gate: the build measures the scenario on the model's samples "
+                    "against the default graph and fails when an output misses a bound.")
 
     @field_validator("passes")
     @classmethod
@@ -210,6 +238,16 @@ class ScenarioEntry(_Model):
     def canonical_passes(self) -> list[str | dict[str, Any]]:
         """The passes as the scenario's record and digest hold them."""
         return [canonical(name, params) for name, params in self.steps()]
+
+    def record(self) -> dict[str, Any]:
+        """What the scenario contributes to a package's fingerprint (``bounds`` only when
+        set: a scenario without keeps its fingerprint)."""
+        out = self.model_dump(mode="json")
+        if self.bounds is None:
+            del out["bounds"]
+        else:
+            out["bounds"] = self.bounds.record()
+        return out
 
 
 _SHA256 = r"^[0-9a-f]{64}$"
@@ -308,6 +346,10 @@ class ModelEntry(_Model):
         description="Alternative graphs of this model, stored in the packaged model as "
                     "rewrite records and replayed by name.",
     )
+    samples: PathText | None = Field(
+        None, description="A .npz of named sample inputs of this model (numpy.savez), "
+        "relative to the recipe's folder: the build measures each scenario on them against "
+        "the default graph (summary.json's accuracy). Default: the recipe's samples.")
 
     @field_validator("file")
     @classmethod
@@ -436,6 +478,10 @@ class Recipe(_Model):
     output: PathText = Field(
         "dist", description="Output folder for built packages, relative to the recipe's folder."
     )
+    samples: PathText | None = Field(
+        None, description="A .npz of named sample inputs (numpy.savez), relative to the "
+        "recipe's folder, for every model without samples of its own: the build measures "
+        "each scenario on them against the default graph (summary.json's accuracy).")
     cache: str | CacheConfig | None = Field(
         None,
         description="Build cache: a registry repository read and written, or {read, write}. "
@@ -493,6 +539,11 @@ class LoadedRecipe:
 
     def model_source(self, model: ModelEntry) -> Path:
         return self.resolve(model.source)
+
+    def samples_of(self, model: ModelEntry) -> Path | None:
+        """The model's samples file (its own, else the recipe's), None without one."""
+        samples = model.samples or self.recipe.samples
+        return None if samples is None else self.resolve(samples)
 
     def output_dir(self) -> Path:
         return self.resolve(self.recipe.output)
@@ -597,6 +648,10 @@ def _check_references(recipe: Recipe, filename: str,
             if sc.name in RESERVED_SCENARIO_NAMES:
                 fail(f"scenario name '{sc.name}' is reserved",
                      ("models", i, "scenarios", j, "name"))
+            if sc.bounds is not None and not (model.samples or recipe.samples):
+                fail(f"scenario '{sc.name}' has bounds but model '{model.name}' has no "
+                     "samples to measure them on (samples, on the model or the recipe)",
+                     ("models", i, "scenarios", j, "bounds"))
             known.add(sc.name)
     _check_companion_paths(recipe, fail)
     for i, layout in enumerate(recipe.layouts):

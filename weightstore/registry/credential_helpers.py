@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
+from typing import TYPE_CHECKING
 
 from ..errors import RegistryAuthError
 from ..io.files import parse_json
+
+if TYPE_CHECKING:  # subprocess loads when a helper runs, not on every pull
+    import subprocess
 
 REAP_TIMEOUT = 2.0  # seconds to collect a killed helper's output before giving it up
 HELPER_TIMEOUT = 30.0  # seconds a credential helper may take to answer before it is killed
@@ -39,6 +41,8 @@ def helper_get(name: str, server: str) -> tuple[str, str] | None:
     if found is None:
         raise RegistryAuthError("credential helper not found on PATH", helper=program,
                                 host=server)
+    import subprocess
+
     try:
         proc = subprocess.Popen([found, "get"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -64,6 +68,9 @@ def helper_get(name: str, server: str) -> tuple[str, str] | None:
 
 def _kill(proc: subprocess.Popen) -> None:
     """Kill the helper and whatever it started (its own session), then reap it."""
+    import signal
+    import subprocess
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:  # gone already

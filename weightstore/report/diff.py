@@ -171,7 +171,8 @@ def render(view: Mapping[str, Any], report: Mapping[str, Any]) -> str:
         for i, t in enumerate(tensors[:LISTED])])
     rest = [x for x in view["changes"] if x["what"] != "companion"]  # theirs below
     others = table(["", "what", "name"], [
-        (SIGNS[x["kind"]], esc(x["what"]), esc(x["name"])) for x in rest[:LISTED]])
+        (SIGNS[x["kind"]], esc(x["what"]), esc(x["name"]) + _values(x))
+        for x in rest[:LISTED]])
     return (f'{head}<div class="cards">{cards}</div><h3>What an update downloads</h3>'
             f'{table(["to hold the new version", "#bytes"], fetch_rows)}'
             f"<h3>Weight bytes per model</h3>{models}<h3>Tensors</h3>{listed}"
@@ -221,6 +222,14 @@ def _more(listed: int) -> str:
     if listed <= LISTED:
         return ""
     return f'<p class="sub">and {listed - LISTED:,} more (all in <code>--json</code>)</p>'
+
+
+def _values(change: Mapping[str, Any]) -> str:
+    """An accuracy figure's change, old to new, beside its name."""
+    if change["what"] != "accuracy":
+        return ""
+    old, new = (esc(v) if v is not None else "∅" for v in (change["old"], change["new"]))
+    return f' <span class="sub">{old} → {new}</span>'
 
 
 def _short(digest: str | None) -> str:

@@ -37,6 +37,12 @@ def figure(key: str, value: int, text: str | None = None) -> str:
             f'title="{int(value):,} bytes">{esc(shown)}</span>')
 
 
+def accuracy_figure(value: float | None) -> str:
+    """An accuracy figure as the summary rounds it (6 significant digits); None is an
+    output that was not finite."""
+    return "not finite" if value is None else f"{value:.6g}"
+
+
 def count(key: str, value: int) -> str:
     """A count shown as it is, its value under ``data-key`` as :func:`figure` does."""
     return figure(key, value, f"{int(value):,}")

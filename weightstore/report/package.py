@@ -36,7 +36,7 @@ def collect(request: Any) -> dict[str, Any] | None:
     summary = read_summary_file(folder)[1]
     tensors = _tensors(summary)
     named = _named(tensors)
-    return {
+    view = {
         "package": {k: summary.get(k) for k in ("package", "version", "hash")},
         "layout": summary.get("layout", {}).get("name"),
         "totals": dict(summary.get("totals", {})),
@@ -49,6 +49,9 @@ def collect(request: Any) -> dict[str, Any] | None:
         "variants": _variants(folder, summary),
         "companions": _companions(folder, summary),
     }
+    if summary.get("accuracy"):  # a package without keeps its view's bytes
+        view["accuracy"] = [dict(a) for a in summary["accuracy"]]
+    return view
 
 
 def _companions(folder: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -223,7 +226,19 @@ def _variants(folder: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     for scenario in (None, *scenarios):
         rows.append(_row("scenario", scenario or DEFAULT, scenario, by_scenario[scenario],
                          live, sizes, problems.get(scenario, [])))
+    if summary.get("accuracy"):
+        for row in rows:
+            row["accuracy"] = _figures_of(summary, row["models"])
     return rows
+
+
+def _figures_of(summary: Mapping[str, Any],
+                chosen: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """The accuracy figures of the scenarios a variant runs (model file -> scenario), as
+    the summary records them (the default graph has none: it is what they compare to)."""
+    names = {m["file"]: m["name"] for m in summary["models"]}
+    runs = {(names.get(file), scenario) for file, scenario in chosen.items()}
+    return [dict(a) for a in summary["accuracy"] if (a["model"], a["scenario"]) in runs]
 
 
 def _choices(summary: Mapping[str, Any], scenario: str | None) -> list[tuple[str, str | None]]:
@@ -306,7 +321,7 @@ def _live_map(merged: Sequence[tuple[int, int]], size: int) -> list[int]:
 
 def summarize(view: Mapping[str, Any]) -> list[str]:
     """The terminal summary's lines: totals, dedup, top tensors, bytes per device."""
-    from .html import human_bytes
+    from .html import accuracy_figure, human_bytes
 
     t = view["totals"]
     p = view["package"]
@@ -326,6 +341,11 @@ def summarize(view: Mapping[str, Any]) -> list[str]:
     if view["companions"]:
         lines.append(f"companion files: {len(view['companions'])}, "
                      f"{human_bytes(sum(c['size'] for c in view['companions']))}")
+    for entry in view.get("accuracy", []):
+        lines.append(f"accuracy of {entry['model']}@{entry['scenario']}: " + ", ".join(
+            f"{o['name']} cosine {accuracy_figure(o['cosine'])} "
+            f"max_abs {accuracy_figure(o['max_abs'])}"
+            for o in entry["outputs"]))
     lines.append("bytes per device and scenario (download = live + dead):")
     for row in view["variants"]:
         lines.append(f"  {row['kind']:>8} {row['name']}: download "

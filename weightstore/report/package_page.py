@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .html import count, esc, figure, human_bytes, json_script, table
+from .html import accuracy_figure, count, esc, figure, human_bytes, json_script, table
 from .treemap import render_treemap
 
 MATRIX_FILES = 40  # weight-file columns of the matrix; the others share one column
@@ -19,7 +19,30 @@ PRE_STYLE = ("margin:4px 0;max-width:760px;max-height:360px;overflow:auto;font-s
 
 def render(view: Mapping[str, Any], report: Mapping[str, Any]) -> str:
     return "".join((_headline(view), _treemap(view), _dedup(view), _matrix(view),
-                    _companions(view)))
+                    _accuracy(view), _companions(view)))
+
+
+def _accuracy(view: Mapping[str, Any]) -> str:
+    """Each scenario's figures on the recipe's samples against the default graph, and
+    its bounds (the build refused any it missed)."""
+    entries = view.get("accuracy") or []
+    if not entries:
+        return ""
+    rows = []
+    for a in entries:
+        bounds = ", ".join(f"{k} {v:.6g}" for k, v in sorted(a.get("bounds", {}).items()))
+        for o in a["outputs"]:
+            rows.append((esc(a["model"]), esc(a["scenario"]), esc(o["name"]),
+                         esc(accuracy_figure(o["cosine"])),
+                         esc(accuracy_figure(o["max_abs"])),
+                         esc(bounds) or '<span class="sub">none</span>'))
+    samples = sorted({a["samples"] for a in entries})
+    return ("<h3>Accuracy</h3><p class=sub>Each scenario against the default graph on the "
+            "recipe's samples, with onnxruntime: every output's cosine similarity and "
+            "largest absolute difference (6 significant digits). Samples: "
+            + ", ".join(f"<code>{esc(s)}</code>" for s in samples) + "</p>"
+            + table(("model", "scenario", "output", "#cosine", "#max_abs", "bounds"), rows,
+                    cls="accuracy"))
 
 
 def _companions(view: Mapping[str, Any]) -> str:
@@ -147,7 +170,7 @@ def _matrix(view: Mapping[str, Any]) -> str:
     for r in rows:
         key = f"variants.{r['kind']}.{r['name']}"
         label = (f'{esc(r["kind"])} <b>{esc(r["name"])}</b><div class="sub">'
-                 f'{esc(_runs(r))}</div>')
+                 f'{esc(_runs(r))}</div>{_row_accuracy(r)}')
         cells = [label, figure(f"{key}.download_bytes", r["download_bytes"]),
                  figure(f"{key}.live_bytes", r["live_bytes"]),
                  figure(f"{key}.dead_bytes", r["dead_bytes"])]
@@ -164,6 +187,14 @@ def _matrix(view: Mapping[str, Any]) -> str:
             "lists them), the live bytes it reads and the dead bytes it carries. The bar "
             "shows where in each file the live ranges are.</p>"
             + f'<div class="scroll">{table(head, body, cls="matrix")}</div>')
+
+
+def _row_accuracy(row: Mapping[str, Any]) -> str:
+    """A variant's figures under its name: each output of each scenario it runs."""
+    lines = [f"{a['model']}@{a['scenario']} {o['name']}: cosine "
+             f"{accuracy_figure(o['cosine'])}, max_abs {accuracy_figure(o['max_abs'])}"
+             for a in row.get("accuracy", []) for o in a["outputs"]]
+    return "".join(f'<div class="sub accuracy">{esc(line)}</div>' for line in lines)
 
 
 def _runs(row: Mapping[str, Any]) -> str:
