@@ -328,3 +328,20 @@ def test_diff_shows_changed_figures(case, tmp_path):
     done = cli("diff", result.packages[0].path, other / "out/pkg/1.0.0/combined",
                cwd=folder)
     assert "accuracy" in done.stdout and "half" in done.stdout, done.stdout + done.stderr
+
+
+def test_verify_refuses_a_summary_with_malformed_figures(case, tmp_path):
+    """``weightstore verify`` reads the figures' structure like every reader: one line,
+    exit 2, naming the key."""
+    _, _, result = case
+    copy = tmp_path / "package"
+    shutil.copytree(result.packages[0].path, copy)
+    done = cli("verify", copy, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((copy / "summary.json").read_text())
+    summary["accuracy"][0]["outputs"][0]["max_abs"] = float("inf")
+    (copy / "summary.json").write_text(json.dumps(summary))
+    done = cli("verify", copy, cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "accuracy[0].outputs[0].max_abs" in lines[0], done.stderr
