@@ -345,3 +345,24 @@ def test_verify_refuses_a_summary_with_malformed_figures(case, tmp_path):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "accuracy[0].outputs[0].max_abs" in lines[0], done.stderr
+
+
+def test_a_quantized_scenario_is_measured_and_gated(tmp_path):
+    """Dynamic int8 (onnxruntime's quantize_dynamic form) loses more than fp16: its
+    figures are recorded, a loose bound passes and a tight one fails the build."""
+    recipe = make_case(tmp_path)
+    text = recipe.read_text().replace("passes: [fuse-qkv, cleanup]",
+                                      "passes: [quantize-dynamic, cleanup]\n"
+                                      "        bounds: {min_cosine: 0.9}")
+    recipe.write_text(text)
+    summary = build(recipe, BuildOptions(jobs=2)).packages[0].summary
+    int8 = next(a for a in summary["accuracy"] if a["scenario"] == "fused")
+    half = next(a for a in summary["accuracy"] if a["scenario"] == "half")
+    assert int8["bounds"] == {"min_cosine": 0.9}
+    worst = max(o["max_abs"] for o in int8["outputs"])
+    assert worst > max(o["max_abs"] for o in half["outputs"]) > 0
+    recipe.write_text(text.replace("{min_cosine: 0.9}", f"{{max_abs: {worst / 2}}}"))
+    done = cli("build", recipe, "--force", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "scenario 'fused'" in done.stderr and "max_abs" in done.stderr
+    assert summary_of(tmp_path)["accuracy"] == summary["accuracy"]  # the old one stays
