@@ -391,3 +391,13 @@ def silent_server() -> Iterator[str]:
         for conn in held:
             conn.close()
         server.close()
+
+
+def relocated_away(record):
+    """A bundle record without what a device folder relocates: its files' sizes, its
+    models' bytes and digests, its live weights' offsets."""
+    return {**record, "files": None, "models": [
+        {**m, "model_bytes": None, "digest": None, "external_weights": sorted(
+            ({**w, "offset": None} for w in m["external_weights"]),
+            key=lambda w: (w["location"], w["id"], w["name"]))}
+        for m in record["models"]]}

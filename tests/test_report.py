@@ -135,7 +135,7 @@ def test_without_output_a_text_summary(packages, capsys):
     out = capsys.readouterr().out
     summary = _summary(packages["scenarios"])
     assert "top tensors:" in out and "embeddings.word_embeddings.weight" in out
-    assert "device npu: download" in out and "dedup:" in out
+    assert "device npu: live" in out and "dedup:" in out
     assert f"{summary['totals']['external_weights']} external weights" in out
 
 

@@ -81,7 +81,7 @@ def test_the_numbers_shown_are_the_data_and_the_summary(chromium, reports):
             for key in ("referenced_bytes", "unique_bytes", "shared_bytes"):
                 assert figures[f"models.{m['name']}.{key}"] == m[key]
         for row in view["variants"]:
-            for key in ("download_bytes", "live_bytes", "dead_bytes"):
+            for key in ("download_bytes", "live_bytes", "dead_bytes", "bundle_bytes"):
                 assert figures[f"variants.{row['kind']}.{row['name']}.{key}"] == row[key]
     family = reports["family"][2]["totals"]
     assert family["dedup_saved_bytes"] > 0

@@ -22,7 +22,7 @@ from weightstore.resolve.variant import variant_graph
 from weightstore.scenarios.resolve import live_payloads
 
 from . import resolve_models as rm
-from .helpers import relist
+from .helpers import relist, relocated_away
 from .samples import make_encoder, run_onnxruntime, sample_inputs
 from .test_build import tree
 
@@ -166,8 +166,12 @@ def test_bundles_run_like_the_replayed_model(package, tmp_path, layout):
         assert sorted(p.name for p in out.iterdir()) == sorted(
             {"encoder.onnx", "bundle.json",
              *(f["name"].split("/")[0] for f in record["files"])})
-        # the device folder's own record: the package's, the keys of its live weights too
-        assert json.loads((out / "bundle.json").read_text()) == record
+        # the device folder's own record: the package's, its live weights (and their
+        # keys) at their places in the folder's own weight files
+        own = json.loads((out / "bundle.json").read_text())
+        assert relocated_away(own) == relocated_away(record)
+        assert {f["name"] for f in own["files"]} == {f["name"] for f in record["files"]}
+        assert all(f["size"] == (out / f["name"]).stat().st_size for f in own["files"])
         assert record["format_version"] == 2 and record["models"][0]["external_weights"]
         actual = run_onnxruntime(out / "encoder.onnx", inputs)
         for e, a in zip(expected[scenario], actual, strict=True):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PackageError
 from ..io.digests import split_key
+from ..io.files import align_up
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -79,6 +80,34 @@ def weight_file(name: str, size: int, found: Iterable[tuple[int, int, str]]) -> 
                                offset=offset, size=length, key=key)
         end = offset + length
     return WeightFile(name, size, tuple(Piece(k, o, n) for o, n, k in ordered))
+
+
+def plan_live(ranges: Iterable[tuple[str, int, int]], alignment: int,
+              ) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
+    """Lay the live ranges ``(file, offset, length)`` of weight files into files of their
+    own that hold only them (a device folder's): in each file, under the same name, the
+    ranges in offset order (overlapping or touching ones as one span), each span at the
+    next multiple of ``alignment`` after the previous one, the file ending where its last
+    span does. Returns each file's size and each range's new offset by ``(file, old
+    offset)``. The same ranges always give the same files, whatever their order."""
+    if alignment < 1:
+        raise ValueError(f"alignment {alignment} is not positive")
+    by_file: dict[str, set[tuple[int, int]]] = {}
+    for name, offset, length in ranges:
+        by_file.setdefault(name, set()).add((offset, length))
+    sizes: dict[str, int] = {}
+    moved: dict[tuple[str, int], int] = {}
+    for name in sorted(by_file):
+        end = 0  # of the new file
+        span_old = span_new = span_end = -1  # the span being laid: old start, new start, old end
+        for offset, length in sorted(by_file[name]):
+            if offset > span_end:  # a new span: at the next aligned offset
+                span_old, span_new = offset, align_up(end, alignment)
+            span_end = max(span_end, offset + length)
+            moved[(name, offset)] = span_new + offset - span_old
+            end = max(end, span_new + span_end - span_old)
+        sizes[name] = end
+    return sizes, moved
 
 
 def summary_weight_files(summary: Mapping[str, Any]) -> list[WeightFile]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -173,6 +173,15 @@ def written_format_version(summary: dict[str, Any]) -> int:
 
 def render(summary: dict[str, Any]) -> bytes:
     return (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
+
+
+def layout_alignment(summary: Mapping[str, Any]) -> int:
+    """The alignment a package's layout gives its weights, which the folders made from
+    it (``bundle``, ``pull --device`` / ``--scenario``) keep; a summary that records none
+    (not a layout's setting) gives 1."""
+    layout = summary.get("layout")
+    value = layout.get("alignment") if isinstance(layout, Mapping) else None
+    return value if type(value) is int and value > 0 else 1
 
 
 def read_summary_file(folder: Path) -> tuple[bytes, dict[str, Any]]:

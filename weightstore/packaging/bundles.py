@@ -6,7 +6,8 @@ lists the package weight files those models reference. Weight files are not copi
 there: onnx and onnxruntime refuse external data outside a model's folder, through ``..``,
 symlinks or hard links, so a folder that shared the package's files could not load, and
 copies would store every common file once per device. ``weightstore bundle`` assembles a
-device's self-contained folder on request instead, copying only the files it lists.
+device's self-contained folder on request instead, its weight files holding only the live
+payloads of the files it lists (:mod:`.variant_files`, as ``pull --device`` writes it).
 
 Scenario selection is metadata only: an explicit scenario, null (the default graph), or
 ``auto``: the first scenario, in recipe order, whose ``requires`` the capabilities satisfy.
@@ -15,7 +16,6 @@ Scenario selection is metadata only: an explicit scenario, null (the default gra
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,33 +105,56 @@ def write_device(folder: Path, device: Device,
 def assemble(package: str | os.PathLike[str], device: str,
              output: str | os.PathLike[str], *, verify: bool = True,
              progress: bool | None = False) -> dict[str, Any]:
-    """Copy ``device``'s models and only the weight files they need into ``output``.
+    """Write ``device``'s models and only their live payloads into ``output``; returns the
+    folder's bundle record.
 
-    The result loads directly in onnxruntime. With ``verify``, every live payload is
-    re-hashed against its checksum. ``output`` is written as a temp folder and renamed.
-    ``progress``: bars with rate and ETA for copying and verifying (None: only on a
-    terminal).
+    The weight files keep the package's names but hold only the live payloads, laid out
+    again at the layout's alignment (:mod:`.variant_files`), each piece re-hashed against
+    its key as it is written. The result loads directly in onnxruntime. With ``verify``,
+    the folder is then resolved from its own record and every live payload re-hashed
+    again. ``output`` is written as a temp folder and renamed. ``progress``: bars with
+    rate and ETA for copying and verifying (None: only on a terminal).
     """
+    from ..layout.writer import FileRange
+    from ..package.assembly import write_files
+    from ..package.summary import layout_alignment
     from ..progress import Progress
+    from ..resolve.source import store_keys_of
+    from .variant_files import VariantModel, write_models
 
     package, output = Path(package), Path(output)
-    record = read_bundle(package, device, read_summary_file(package)[1])
+    summary = read_summary_file(package)[1]
+    record = read_bundle(package, device, summary)
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.exists() and any(output.iterdir()):
         raise PackageError("output folder is not empty", folder=str(output))
+    for f in record["files"]:
+        _check_source(package / f["name"], f["size"])
     tmp: Path | None = make_temp_dir(output.parent, f".{output.name}.")
     try:
         source = package / DEVICES / device
-        for entry in record["models"]:
-            shutil.copyfile(source / entry["file"], tmp / entry["file"])
-        # the folder's own record (the one read): its models, their files and keys
-        atomic_write_bytes(tmp / BUNDLE_NAME, render_record(record), sync_dir=False)
+        models = [VariantModel(entry.get("name"), entry["file"],
+                               onnx.load(str(source / entry["file"]),
+                                         load_external_data=False),
+                               entry["scenario"], store_keys_of(entry))
+                  for entry in record["models"]]
+        written = write_models(tmp, models, layout_alignment(summary), _digest_algo(
+            record, summary))
         companions = record.get("companions", [])
-        with Progress("copying", sum(f["size"] for f in [*record["files"], *companions]),
-                      enabled=progress) as bar:
-            for f in record["files"]:
-                _copy_file(package / f["name"], tmp / f["name"], f["size"])
-                bar.advance(f["size"])
+        # the folder's own record: the device's, its models' payloads at their new places
+        record = device_record(record["device"], record.get("capabilities") or {},
+                               record.get("scenario_rule"), written.entries,
+                               {f.name: f.size for f in written.files}, companions)
+        atomic_write_bytes(tmp / BUNDLE_NAME, render_record(record), sync_dir=False)
+
+        def locate(key: str) -> FileRange:
+            name, offset = written.sources[key]
+            return FileRange(package / name, offset)
+
+        with Progress("copying", sum(f.size for f in written.files) + sum(
+                c["size"] for c in companions), enabled=progress) as bar:
+            write_files(tmp, written.files, locate)
+            bar.advance(sum(f.size for f in written.files))
             for c in companions:  # the device's own file, or else the package's
                 own = package / device_path(device, c["path"])
                 _copy_companion(own if own.is_file() else package / c["path"],
@@ -152,6 +175,15 @@ def assemble(package: str | os.PathLike[str], device: str,
     return record
 
 
+def _digest_algo(record: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """The algorithm of a device folder's model digests: the package record's, else the
+    package's hash."""
+    for entry in record["models"]:
+        if "digest" in entry:
+            return str(entry["digest"]).partition(":")[0]
+    return str(summary.get("hash") or "blake3")
+
+
 def _copy_companion(src: Path, dst: Path, entry: Mapping[str, Any]) -> None:
     """Copy a companion file into the runtime folder being made, its bytes checked
     against the record's digest (a runtime reads them whole: they are never trusted
@@ -166,7 +198,8 @@ def _copy_companion(src: Path, dst: Path, entry: Mapping[str, Any]) -> None:
                              file=entry["path"], package=str(src.parent))
 
 
-def _copy_file(src: Path, dst: Path, size: int, what: str = "weight") -> None:
+def _check_source(src: Path, size: int, what: str = "weight") -> None:
+    """A package file the device needs is there, with the size its record lists."""
     try:
         actual = src.stat().st_size
     except FileNotFoundError:
@@ -175,6 +208,10 @@ def _copy_file(src: Path, dst: Path, size: int, what: str = "weight") -> None:
     if actual != size:
         raise PackageError(f"a {what} file the device needs has another size than "
                            "recorded", file=src.name, size=actual, expected=size)
+
+
+def _copy_file(src: Path, dst: Path, size: int, what: str = "weight") -> None:
+    _check_source(src, size, what)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         copy_range(fin.fileno(), 0, fout.fileno(), 0, size)

@@ -17,10 +17,12 @@ refused), only when the store lacks it, and written from there.
 With ``--device`` or ``--scenario``, the variant is resolved from the model metadata
 first (the device folder's models and ``bundle.json``, or the package models with the
 scenario replayed) and only the live payloads are fetched: the output is the variant's
-self-contained folder, its weight files holding the live payloads at their offsets and
-zeros (holes) elsewhere, and its ``bundle.json`` (the device's record, or one for the
-scenario) listing the store key of each live payload, which its models are verified
-against when they are loaded, resolved or checked. The folder gets the companion files
+self-contained folder, as ``weightstore bundle`` writes one
+(:mod:`weightstore.packaging.variant_files`): its weight files holding only the live
+payloads, laid out again at the layout's alignment, its models pointing at them, and its
+``bundle.json`` (the device's record, or one for the scenario) listing the store key of
+each live payload at its new place, which its models are verified against when they are
+loaded, resolved or checked. The folder gets the companion files
 its runtime opens at its root, listed in its ``bundle.json``: a device's own set
 (``devices[i].companions`` of the summary, its overrides included), the package's for a
 scenario; it is then a complete runtime folder.
@@ -29,7 +31,6 @@ scenario; it is then a complete runtime folder.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -326,15 +327,6 @@ def check_declared_sizes(parsed: ParsedArtifact, files: list[WeightFile],
                       size=found, listed_size=size)
 
 
-def _file_digest(summary: dict[str, Any], path: Path) -> str:
-    """The digest of a model file a variant folder's record lists, in the algorithm of
-    the package's own contents."""
-    from ..io.digests import digest_file, make_key
-
-    algo = contents_algo(summary)
-    return make_key(algo, digest_file(algo, path))
-
-
 def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
                   files: list[WeightFile], summary: dict[str, Any], stage: Path,
                   report: PullReport, *, device: str | None, scenario: str | None) -> _Plan:
@@ -350,16 +342,16 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
         wanted = {p.key: p.size for f in files + companions for p in f.pieces}
         return _Plan(stage, files, _count(wanted, report), summary, {**known, **written},
                      companions, by_key)
-    from ..package.bundle_record import BUNDLE_NAME, device_record, model_entry, render_record
+    from ..package.bundle_record import BUNDLE_NAME, device_record, render_record
+    from ..package.summary import layout_alignment
+    from ..packaging.variant_files import VariantModel, write_models
     from ..resolve.source import record_beside, store_keys_of
     from ..resolve.variant import variant_graph
-    from ..scenarios.resolve import live_payloads
 
     by_name = {m.get("name"): store_keys_of(m) for m in summary["models"]}
     entries = _variant_companions(summary, device, ref)
     result = make_temp_dir(stage, ".variant.")
-    # (model, scenario, file, name, the payload keys of its ranges, its size)
-    models: list[tuple[onnx.ModelProto, str | None, str, str, dict, int]] = []
+    models: list[VariantModel] = []
     record = None
     if device is not None:
         prefix = f"{DEVICES}/{device}/"
@@ -380,10 +372,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
             # summary's
             keys = store_keys_of(record_beside(path) or {}) or by_name.get(entry.get("name"),
                                                                               {})
-            models.append((_load_model(path, ref), entry["scenario"], entry["file"],
-                           entry.get("name"), keys, 0))
-            (result / entry["file"]).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, result / entry["file"])
+            models.append(VariantModel(entry.get("name"), entry["file"],
+                                       _load_model(path, ref), entry["scenario"], keys))
     else:
         models_of = [(m, list(m.get("scenarios", []))) for m in summary["models"]]
         _no_clash(entries, [str(m["file"]) for m, _ in models_of], files, ref)
@@ -392,51 +382,34 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
                                 scenario=scenario, reference=str(ref))
         _download_files(client, ref, parsed, [str(m["file"]) for m, _ in models_of], stage,
                         report)
-        from ..io.models import save_model
-
         for m, names in models_of:
             file, chosen = str(m["file"]), scenario if scenario in names else None
             resolved = variant_graph(_load_model(stage / file, ref), chosen)
-            (result / file).parent.mkdir(parents=True, exist_ok=True)
-            size = save_model(resolved, result / file)
             keys = store_keys_of(record_beside(stage / file) or {})  # the summary's
-            models.append((resolved, chosen, file, str(m["name"]), keys, size))
-    live: dict[str, int] = {}
-    described = []
-    for model, chosen, file, name, keys, size in models:
-        payloads = live_payloads(model, chosen)
-        for p in payloads:
-            # the record's key of its range; an earlier version's model also declares it
-            key = p.checksum or keys.get((p.location, p.offset))
-            if key is None or key not in parsed.payloads:
-                raise RegistryError("a live weight has no payload layer in the artifact",
-                                    reference=str(ref), model=file, weight=p.name)
-            live[key] = p.length
-        described.append(model_entry(name, file, chosen, size, payloads, keys,
-                                     _file_digest(summary, result / file)))
-    kept = []
-    for f in files:
-        pieces = tuple(p for p in f.pieces if p.key in live)
-        if pieces:
-            kept.append(WeightFile(f.name, f.size, pieces))
+            models.append(VariantModel(str(m["name"]), file, resolved, chosen, keys))
+    # the models, their live payloads at their places in the folder's own weight files
+    written = write_models(result, models, layout_alignment(summary),
+                           contents_algo(summary) or str(summary.get("hash") or "blake3"))
+    live = written.live
+    for key in live:
+        if key not in parsed.payloads:
+            file, _ = written.sources[key]
+            raise RegistryError("a live weight has no payload layer in the artifact",
+                                reference=str(ref), file=file, key=key)
     # the companion files its runtime opens, at the folder's root
     companions, by_key, _ = _companions(entries, layers, ref)
     listed = [entries[name] for name in sorted(entries)]
+    sizes = {f.name: f.size for f in written.files}
     # the variant folder's own record, as a device's: its models, their files and keys,
     # its companion files
     if record is None:
-        record = device_record(None, {}, scenario, described,
-                               {f.name: f.size for f in kept}, listed)
-    else:  # the device's, each model with its keys (a format 1 record had none)
+        record = device_record(None, {}, scenario, written.entries, sizes, listed)
+    else:
         record = device_record(record["device"], record.get("capabilities") or {},
-                               record.get("scenario_rule"), [
-                                   {**entry, "external_weights": d["external_weights"]}
-                                   for entry, d in zip(record["models"], described,
-                                                       strict=True)], {
-                                   f["name"]: f["size"] for f in record["files"]}, listed)
+                               record.get("scenario_rule"), written.entries, sizes, listed)
     (result / BUNDLE_NAME).write_bytes(render_record(record))
     wanted = {**live, **{p.key: p.size for f in companions for p in f.pieces}}
-    return _Plan(result, kept, _count(wanted, report), companions=companions,
+    return _Plan(result, written.files, _count(wanted, report), companions=companions,
                  companion_layers=by_key)
 
 

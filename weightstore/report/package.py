@@ -217,15 +217,18 @@ def _variants(folder: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         if any(key not in live and key[1] == scenario for key in wanted):
             _resolve(folder, scenario, live, problems)
     sizes = {f["name"]: f["size"] for f in summary.get("files", [])}
+    from ..package.summary import layout_alignment
+
+    alignment = layout_alignment(summary)
     rows = []
     for d in summary.get("devices", []):
         chosen = by_device[d["name"]]
         rows.append(_row("device", d["name"], d.get("scenario"), chosen, live, sizes,
-                         [p for _, s in chosen for p in problems.get(s, [])],
+                         alignment, [p for _, s in chosen for p in problems.get(s, [])],
                          downloads=[str(f["name"]) for f in records[d["name"]]["files"]]))
     for scenario in (None, *scenarios):
         rows.append(_row("scenario", scenario or DEFAULT, scenario, by_scenario[scenario],
-                         live, sizes, problems.get(scenario, [])))
+                         live, sizes, alignment, problems.get(scenario, [])))
     if summary.get("accuracy"):
         for row in rows:
             row["accuracy"] = _figures_of(summary, row["models"])
@@ -266,12 +269,19 @@ def _resolve(folder: Path, scenario: str | None,
 def _row(kind: str, name: str, scenario: str | None,
          chosen: Sequence[tuple[str, str | None]],
          live: Mapping[tuple[str, str | None], Sequence[tuple[str, int, int]]],
-         sizes: Mapping[str, int], problems: Sequence[str],
+         sizes: Mapping[str, int], alignment: int, problems: Sequence[str],
          downloads: Sequence[str] | None = None) -> dict[str, Any]:
+    """A variant's row: per package weight file its live weights are in (or its bundle
+    record lists), the file's size, its live and dead bytes, and ``bundle_size``: the
+    bytes of the file of that name its folder (``bundle``, ``pull --device`` /
+    ``--scenario``) carries, its live ranges laid out again at the layout's alignment."""
+    from ..package.assembly import plan_live
+
     ranges: dict[str, set[tuple[int, int]]] = defaultdict(set)
     for key in chosen:
         for file, offset, length in live.get(key, ()):
             ranges[file].add((offset, length))
+    carried, _ = plan_live(((f, o, n) for f, r in ranges.items() for o, n in r), alignment)
     needed = sorted(set(ranges) | set(downloads or ()))
     files = []
     for name_ in needed:
@@ -282,6 +292,7 @@ def _row(kind: str, name: str, scenario: str | None,
         live_bytes = sum(length for _, length in merged)
         files.append({"name": name_, "size": sizes[name_], "live_bytes": live_bytes,
                       "dead_bytes": sizes[name_] - live_bytes,
+                      "bundle_size": carried.get(name_, 0),
                       "live_ranges": len(ranges.get(name_, ())),
                       "live_map": _live_map(merged, sizes[name_])})
     return {"kind": kind, "name": name, "scenario": scenario,
@@ -290,6 +301,7 @@ def _row(kind: str, name: str, scenario: str | None,
             "live_bytes": sum(f["live_bytes"] for f in files),
             "dead_bytes": sum(f["dead_bytes"] for f in files),
             "download_bytes": sum(f["size"] for f in files),
+            "bundle_bytes": sum(f["bundle_size"] for f in files),
             "problems": list(problems)}
 
 
@@ -346,10 +358,12 @@ def summarize(view: Mapping[str, Any]) -> list[str]:
             f"{o['name']} cosine {accuracy_figure(o['cosine'])} "
             f"max_abs {accuracy_figure(o['max_abs'])}"
             for o in entry["outputs"]))
-    lines.append("bytes per device and scenario (download = live + dead):")
+    lines.append("bytes per device and scenario (package files = live + dead; its "
+                 "bundle carries live + padding):")
     for row in view["variants"]:
-        lines.append(f"  {row['kind']:>8} {row['name']}: download "
-                     f"{human_bytes(row['download_bytes'])}, live "
-                     f"{human_bytes(row['live_bytes'])}, dead "
+        lines.append(f"  {row['kind']:>8} {row['name']}: live "
+                     f"{human_bytes(row['live_bytes'])}, bundle "
+                     f"{human_bytes(row['bundle_bytes'])}; package files "
+                     f"{human_bytes(row['download_bytes'])}, dead "
                      f"{human_bytes(row['dead_bytes'])} in {len(row['files'])} file(s)")
     return lines

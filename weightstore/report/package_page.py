@@ -164,15 +164,16 @@ def _matrix(view: Mapping[str, Any]) -> str:
     names = {f["name"] for f in shown}
     columns = [f for f in files if f["name"] in names]
     others = len(files) - len(columns)
-    head = ["device / scenario", "#download", "#live", "#dead"]
+    head = ["device / scenario", "#live", "#bundle", "#package files", "#dead"]
     head += [f"#{f['name']}" for f in columns] + ([f"#{others} other files"] if others else [])
     body = []
     for r in rows:
         key = f"variants.{r['kind']}.{r['name']}"
         label = (f'{esc(r["kind"])} <b>{esc(r["name"])}</b><div class="sub">'
                  f'{esc(_runs(r))}</div>{_row_accuracy(r)}')
-        cells = [label, figure(f"{key}.download_bytes", r["download_bytes"]),
-                 figure(f"{key}.live_bytes", r["live_bytes"]),
+        cells = [label, figure(f"{key}.live_bytes", r["live_bytes"]),
+                 figure(f"{key}.bundle_bytes", r["bundle_bytes"]),
+                 figure(f"{key}.download_bytes", r["download_bytes"]),
                  figure(f"{key}.dead_bytes", r["dead_bytes"])]
         by_name = {f["name"]: f for f in r["files"]}
         cells += [_cell(by_name.get(f["name"]), key) for f in columns]
@@ -182,10 +183,12 @@ def _matrix(view: Mapping[str, Any]) -> str:
             cells.append(f"{len(rest)} file(s), {live} live" if rest else "")
         body.append(cells)
     return ("<h3>What each device and scenario needs</h3><p class=sub>From resolution, as "
-            "<code>check</code> and <code>bundle</code> compute it: the weight files a "
-            "variant's live weights are in (a device downloads them whole, as its bundle "
-            "lists them), the live bytes it reads and the dead bytes it carries. The bar "
-            "shows where in each file the live ranges are.</p>"
+            "<code>check</code> and <code>bundle</code> compute it: the live bytes a "
+            "variant reads, the weight bytes its own folder carries (<code>bundle</code>, "
+            "<code>pull --device</code>: only its live payloads, at the layout's "
+            "alignment), and the package's weight files its live weights are in, with the "
+            "dead bytes a copy of those files would carry. The bar shows where in each "
+            "file the live ranges are.</p>"
             + f'<div class="scroll">{table(head, body, cls="matrix")}</div>')
 
 
