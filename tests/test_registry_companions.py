@@ -443,6 +443,24 @@ def test_a_modelpack_client_artifact_keeps_its_doc_config_and_code_files(registr
         assert hashlib.sha256((tmp_path / "out" / name).read_bytes()).hexdigest() == digest
 
 
+def test_an_oras_artifact_keeps_its_runtime_folder(registry, tmp_path, monkeypatch) -> None:
+    """oras-py pushes a runtime folder file by file (titles, its own media types) and a
+    subfolder as a tar+gzip layer; ``weightstore pull`` writes it byte-identical."""
+    from oras.client import OrasClient
+
+    src = tmp_path / "src"
+    tokenizer_files(src)
+    (src / "docs").mkdir()
+    (src / "docs" / "usage.md").write_text("Run it.\n")
+    onnx.save(make_encoder(vocab=50, hidden=16, heads=2, layers=1, ffn=32, max_seq=8),
+              str(src / "model.onnx"))
+    ref = f"{registry.host}/oras/runtime:1"
+    monkeypatch.chdir(src)  # oras-py takes paths relative to the working folder
+    OrasClient(insecure=True).push(target=ref, files=sorted(p.name for p in src.iterdir()))
+    assert main(["pull", ref, str(tmp_path / "out"), "--store", str(tmp_path / "store")]) == 0
+    assert _tree(tmp_path / "out") == _tree(src)
+
+
 # -- the build cache ----------------------------------------------------------------------------
 
 CACHED = """\
