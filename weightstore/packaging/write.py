@@ -316,12 +316,13 @@ def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[
         report[k] += v
     if not s.scenarios:
         return
-    from ..scenarios.package import externalized, hash_added
+    from ..scenarios.package import hash_added
 
+    # every one, the small ones a package keeps inline too: a rebuild then reads them
+    # from the store (by the derived-key cache) instead of computing them again (a
+    # quantized weight's small scales would otherwise quantize the whole weight again)
     todo = [w for sc in s.scenarios for w in sc.added if not w.key]  # the rest are stored
     for weight, data in hash_added(todo, algo):  # one at a time: bounded
-        if not any(externalized(weight, layout.size_threshold, False) for layout in layouts):
-            continue
         put = store.put([BytesPayload(weight.key, data)], kind=kind,
                         combined_name=s.name if combined else None, alignment=alignment,
                         jobs=1)

@@ -330,13 +330,15 @@ def int64_initializer(name: str, values: Iterable[int]) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array(list(values), dtype=np.int64), name)
 
 
-def per_graph(model: onnx.ModelProto,
-              visit: Callable[[Scope, dict[str, int], NameAllocator], list]) -> list:
+def per_graph(model: onnx.ModelProto, visit: Callable[..., list], *,
+              nodes: bool = False) -> list:
     """Records of ``visit(scope, name counts, value-name allocator)`` over every graph
-    (not functions), in model order: the loop every graph-local pass shares."""
+    (not functions), in model order: the loop every graph-local pass shares. With
+    ``nodes``, ``visit`` also gets a node-name allocator, for passes that name nodes."""
     values = NameAllocator(model_names(model))
     counts = tensor_name_counts(model)
+    extra = (NameAllocator(node_names(model)),) if nodes else ()
     records: list = []
     for scope in iter_scopes(model, functions=False):
-        records += visit(scope, counts, values)
+        records += visit(scope, counts, values, *extra)
     return records

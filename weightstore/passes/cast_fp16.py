@@ -29,12 +29,9 @@ from .analysis import (
     free_names,
     graph_weights,
     input_names,
-    iter_scopes,
-    model_names,
-    node_names,
     node_subgraphs,
     output_names,
-    tensor_name_counts,
+    per_graph,
     without_payload,
 )
 from .base import PassContext
@@ -63,13 +60,7 @@ class CastFP16:
         self.params = params or CastFP16Params()
 
     def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
-        values = NameAllocator(model_names(model))
-        nodes = NameAllocator(node_names(model))
-        counts = tensor_name_counts(model)
-        records = []
-        for scope in iter_scopes(model, functions=False):
-            records += self._graph(scope, counts, values, nodes)
-        return records
+        return per_graph(model, self._graph, nodes=True)
 
     def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
                nodes: NameAllocator) -> list[LocalRewriting]:

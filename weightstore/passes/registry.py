@@ -14,6 +14,7 @@ from .fold_constant_if import FoldConstantIf
 from .fuse_qkv import FuseQKV
 from .gemm_transpose_b import GemmTransposeB
 from .quantize_dynamic import QuantizeDynamic
+from .quantize_weights import QuantizeWeights
 
 # a class that takes parameters has ``Params``, its entry in
 # weightstore.recipe.pass_params.PASS_PARAMS, and takes them validated; the others take none
@@ -25,6 +26,7 @@ PASSES: dict[str, type] = {
     "fold-constant-if": FoldConstantIf,
     "cleanup": Cleanup,
     "quantize-dynamic": QuantizeDynamic,
+    "quantize-weights": QuantizeWeights,
 }
 
 

@@ -9,6 +9,12 @@ turning value renames (chains resolved) into explicit consumer replacements; a r
 would leave a value its removed nodes produced without producer is refused. A rewired
 consumer keeps its batch identity. :func:`apply_record` replays
 one sequential transition; it needs metadata only.
+
+A record whose added nodes need an operator domain the model may not import (onnxruntime's
+``com.microsoft``) says so in its ``opset_imports``; each becomes a record metadata entry
+``weightstore.opset_import:<domain>`` = ``<version>``, and applying the record adds that
+import to the model when the model has none for the domain (a domain it already imports
+keeps its version).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ..io.files import parse_json
 from .graphpath import FUNCTION_PREFIX, Container, parse_hop, resolve
 
 DERIVATION_PREFIX = "weightstore.derivation:"
+OPSET_PREFIX = "weightstore.opset_import:"
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class LocalRewriting:
     value_renames: Mapping[str, str] = field(default_factory=dict)  # consumer rewiring only
     derivations: Mapping[str, DerivedWeightRecipe] = field(default_factory=dict)
     metadata: Mapping[str, str] = field(default_factory=dict)
+    opset_imports: Mapping[str, int] = field(default_factory=dict)  # domain -> version
     batch: int = 0  # records sharing a batch number share coordinates
 
 
@@ -78,10 +86,28 @@ def _copy(message):
 def apply_record(model: onnx.ModelProto, record: pb.LocalRewritingProto) -> None:
     """Apply one sequential transition to ``model`` in place (metadata only)."""
     g = resolve(model, record.graph_path)
+    imports = opset_imports_of(record)
     _apply_nodes(g, list(record.removed_nodes), list(record.added_nodes),
                  list(record.added_nodes_positions))
     _apply_initializers(g, list(record.removed_initializers),
                         list(record.added_initializers))
+    known = {o.domain for o in model.opset_import}
+    for domain, version in sorted(imports.items()):
+        if domain not in known:
+            model.opset_import.add(domain=domain, version=version)
+
+
+def opset_imports_of(record: pb.LocalRewritingProto) -> dict[str, int]:
+    """The operator domains (and versions) a serialized record's nodes need imported."""
+    out = {}
+    for entry in record.metadata_props:
+        if entry.key.startswith(OPSET_PREFIX):
+            domain = entry.key[len(OPSET_PREFIX):]
+            if not domain or domain == "ai.onnx" or not entry.value.isdigit():
+                raise ScenarioError("malformed opset import metadata", key=entry.key,
+                                    value=entry.value)
+            out[domain] = int(entry.value)
+    return out
 
 
 def _apply_nodes(g: Container, removed: list[int], added: list[onnx.NodeProto],
@@ -230,6 +256,7 @@ def _normalize_one(work: onnx.ModelProto, rw: LocalRewriting,
     proto.added_initializers.extend(rw.added_initializers)
     proto.removed_initializers.extend(removed_inits)
     entries = [derivation_entry(n, r) for n, r in sorted(rw.derivations.items())]
+    entries += [(OPSET_PREFIX + d, str(v)) for d, v in sorted(rw.opset_imports.items())]
     entries += sorted(rw.metadata.items())
     keys = [k for k, _ in entries]
     if len(set(keys)) != len(keys):

@@ -16,10 +16,11 @@ mapping of its name and every parameter, defaults filled (:func:`canonical`), so
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import ScenarioError
 
@@ -48,6 +49,51 @@ class QuantizeDynamicParams(PassParams):
         "int8",
         description="The quantized weights' type, quantize_dynamic's weight_type: int8 "
                     "(symmetric, zero point 0) or uint8 (with a zero point).")
+def _regex(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc})") from None
+    return value
+
+
+class QuantizeWeightsParams(PassParams):
+    """``quantize-weights``: MatMul weights to com.microsoft MatMulNBits, quantized block by
+    block with onnxruntime's round-to-nearest kernels, as its ``MatMulNBitsQuantizer``
+    does with the same settings (the defaults are that quantizer's)."""
+
+    bits: Literal[4, 8] = Field(4, description="Bits per quantized weight: 4 or 8.")
+    block_size: int = Field(
+        128, ge=16,
+        description="Weights per quantization block along K (a power of two, at least 16).")
+    symmetric: bool = Field(
+        False, description="true: symmetric blocks without zero points; false: asymmetric "
+                           "blocks, each with its zero point.")
+    accuracy_level: int = Field(
+        0, ge=0, le=4,
+        description="MatMulNBits' accuracy_level (0: the attribute is omitted; 1 fp32, "
+                    "2 fp16, 3 bf16, 4 int8 compute).")
+    nodes: str | None = Field(
+        None, description="Regular expression (searched) a MatMul node's name must match to "
+                          "be quantized; default: every MatMul.")
+    exclude: str | None = Field(
+        None, description="Regular expression (searched): MatMul nodes whose names match "
+                          "stay as they are.")
+    min_elements: int = Field(
+        0, ge=0, description="Weights with fewer elements stay as they are.")
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError("block_size must be a power of two")
+        return value
+
+    @field_validator("nodes", "exclude")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return _regex(value)
 
 
 # every pass a recipe may name -> the model of its parameters
@@ -59,6 +105,7 @@ PASS_PARAMS: dict[str, type[PassParams]] = {
     "fold-constant-if": PassParams,
     "cleanup": PassParams,
     "quantize-dynamic": QuantizeDynamicParams,
+    "quantize-weights": QuantizeWeightsParams,
 }
 
 PassStep = tuple[str, dict[str, Any]]  # a pass's name and its canonical parameters

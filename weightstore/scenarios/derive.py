@@ -16,6 +16,9 @@ operation                  sources                                    attributes
 ``copy``                   1 array (a weight renamed while moving)    none
 ``fold-batchnorm-weight``  W, scale, var                              ``epsilon``
 ``fold-batchnorm-bias``    [B,] scale, bias, mean, var                ``epsilon``
+``matmul-nbits-weight``    a MatMul's weight [K, N] (float32/16)      ``bits``,
+``matmul-nbits-scales``    the same                                   ``block_size``,
+``matmul-nbits-zero-points``  the same                                ``symmetric``
 =========================  =========================================  ====================
 
 ``dynamic-int8-weight``, ``dynamic-int8-scale`` and ``dynamic-int8-zero-point`` (1 float
@@ -24,6 +27,14 @@ stores it, computed by onnxruntime (:mod:`weightstore.scenarios.derive_dynamic`)
 
 Results are computed deterministically (fixed operation order, float64 for the batch-norm
 folds, numpy's round-to-nearest-even casts), so the same base gives the same bytes.
+
+The three ``matmul-nbits-*`` operations are the parts of one computation, onnxruntime's
+own block quantization (``quantize_matmul_4bits`` / ``quantize_matmul_8bits``, called
+exactly as its ``MatMulNBitsQuantizer``'s default RTN algorithm calls them: K padded with
+zeros to whole blocks, the packed weight ``[N, blocks, block_size * bits / 8]`` uint8,
+the scales ``[N, blocks]`` in the weight's type, the zero points ``[N, ceil(blocks * bits
+/ 8)]`` uint8). A :func:`resolver` computes it once per source weight and settings, and
+hands out each part as it is asked for.
 """
 
 from __future__ import annotations
@@ -164,7 +175,60 @@ def _fold_bias(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray
     return folded.astype((conv_bias if conv_bias is not None else scale).dtype)
 
 
+def _flag(value: str, what: str, recipe: DerivedWeightRecipe) -> bool:
+    if value not in ("true", "false"):
+        raise ScenarioError("derived weight attribute is not true or false",
+                            operation=recipe.operation, attribute=what, value=value)
+    return value == "true"
+
+
+def _matmul_nbits(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """(packed weight, scales, zero points) of a MatMul weight, by onnxruntime's kernels
+    with the layout of ``DefaultWeightOnlyQuantizer.qbits_block_quant`` (QOperator)."""
+    try:
+        from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+    except ImportError:
+        raise ScenarioError("quantized weights are computed by onnxruntime's kernels: "
+                            "install it (pip install 'weightstore[quantize]')") from None
+    attrs = _attrs(recipe, ("bits", "block_size", "symmetric"))
+    bits = _int(attrs["bits"], "bits", recipe)
+    block_size = _int(attrs["block_size"], "block_size", recipe)
+    symmetric = _flag(attrs["symmetric"], "symmetric", recipe)
+    weight = src[0]
+    if bits not in (4, 8) or block_size < 16 or block_size & (block_size - 1):
+        raise ScenarioError("matmul-nbits takes 4 or 8 bits and a power-of-two block size "
+                            "of at least 16", bits=bits, block_size=block_size)
+    if weight.ndim != 2 or weight.dtype not in (np.float32, np.float16):
+        raise ScenarioError("matmul-nbits quantizes a float32 or float16 matrix",
+                            shape=list(weight.shape), dtype=str(weight.dtype))
+    rows, cols = weight.shape
+    kpack = 8 // bits
+    blocks = (rows + block_size - 1) // block_size
+    padded = np.zeros((blocks * block_size, cols), dtype=weight.dtype)
+    padded[:rows] = weight
+    packed = np.zeros((cols, blocks, (block_size + kpack - 1) // kpack), dtype=np.uint8)
+    zero_points = np.zeros((cols, (blocks + kpack - 1) // kpack), dtype=np.uint8)
+    scales = np.zeros((cols, blocks), dtype=weight.dtype)
+    kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
+    kernel(packed, padded, scales, zero_points, block_size, cols, rows, symmetric)
+    return packed, scales, zero_points
+
+
 Operation = Callable[[DerivedWeightRecipe, list[np.ndarray]], np.ndarray]
+Memo = dict[tuple, tuple[np.ndarray, ...]]
+Joint = Callable[[DerivedWeightRecipe, list[np.ndarray]], tuple[np.ndarray, ...]]
+
+# operations that are parts of one computation: operation -> (the computation, its part)
+JOINT: dict[str, tuple[Joint, int]] = {
+    "matmul-nbits-weight": (_matmul_nbits, 0),
+    "matmul-nbits-scales": (_matmul_nbits, 1),
+    "matmul-nbits-zero-points": (_matmul_nbits, 2),
+}
+
+def _part(operation: str) -> Operation:
+    function, part = JOINT[operation]
+    return lambda recipe, src: function(recipe, src)[part]
+
 
 # operation -> (function, allowed source counts)
 OPERATIONS: dict[str, tuple[Operation, Callable[[int], bool]]] = {
@@ -177,18 +241,32 @@ OPERATIONS: dict[str, tuple[Operation, Callable[[int], bool]]] = {
     "dynamic-int8-weight": (dynamic_weight, lambda n: n == 1),
     "dynamic-int8-scale": (dynamic_scale, lambda n: n == 1),
     "dynamic-int8-zero-point": (dynamic_zero_point, lambda n: n == 1),
+    **{name: (_part(name), lambda n: n == 1) for name in JOINT},
 }
 
 
-def compute(recipe: DerivedWeightRecipe, sources: list[np.ndarray]) -> np.ndarray:
-    """The array ``recipe`` produces from ``sources`` (in the recipe's source order)."""
+def compute(recipe: DerivedWeightRecipe, sources: list[np.ndarray],
+            memo: Memo | None = None) -> np.ndarray:
+    """The array ``recipe`` produces from ``sources`` (in the recipe's source order).
+
+    ``memo`` keeps the results of a computation with several parts (:data:`JOINT`) by
+    its sources' names and attributes: the other parts of one source's quantization are
+    then taken from it, not computed again.
+    """
     if recipe.operation not in OPERATIONS:
         raise ScenarioError("unknown derived weight operation", operation=recipe.operation)
     function, count_ok = OPERATIONS[recipe.operation]
     if len(sources) != len(recipe.sources) or not count_ok(len(sources)):
         raise ScenarioError("wrong number of sources for a derived weight",
                             operation=recipe.operation, sources=len(sources))
-    return function(recipe, [np.asarray(s) for s in sources])
+    arrays = [np.asarray(s) for s in sources]
+    if memo is None or recipe.operation not in JOINT:
+        return function(recipe, arrays)
+    joint, part = JOINT[recipe.operation]
+    key = (joint.__name__, recipe.sources, recipe.attributes)
+    if key not in memo:
+        memo[key] = joint(recipe, arrays)
+    return memo[key][part]
 
 
 # -- filling a model ------------------------------------------------------------------------
@@ -293,6 +371,7 @@ def resolver(derivations: Mapping[str, DerivedWeightRecipe], source_value: Sourc
     """The value of any weight by name: derived ones computed (sources first, each once),
     any other read from ``source_value`` (the base model's values)."""
     cache: dict[str, np.ndarray] = {}
+    memo: Memo = {}
     active: list[str] = []
 
     def value(name: str) -> np.ndarray:
@@ -307,7 +386,7 @@ def resolver(derivations: Mapping[str, DerivedWeightRecipe], source_value: Sourc
         active.append(name)
         try:
             sources = [source_value(s) if s == name else value(s) for s in recipe.sources]
-            result = compute(recipe, sources)
+            result = compute(recipe, sources, memo)
         except ScenarioError as exc:
             exc.context.setdefault("name", name)
             raise
