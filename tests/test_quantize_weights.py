@@ -186,6 +186,27 @@ def test_a_gemm_head_stays_float(sources, tmp_path):
     assert (0, "head.w") in payloads(mine) and (0, "fc.w") not in payloads(mine)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_float16_weight_keeps_float16_scales(tmp_path, bits):
+    rng = np.random.default_rng(11)
+    weight = numpy_helper.from_array(rng.standard_normal((96, 40)).astype(np.float16), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 40])], [weight])
+    src = tmp_path / "src" / "half.onnx"
+    src.parent.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    params = {"bits": bits, "block_size": 32, "symmetric": False}
+    mine, theirs = ours(src, tmp_path / "m", params), reference(src, params)
+    assert assert_same_quantization(mine, theirs) == 1
+    assert payloads(mine)[(0, "w_scales")][0] == TensorProto.FLOAT16
+    inputs = {"x": rng.standard_normal((3, 96)).astype(np.float16)}
+    for x, y in zip(run_onnxruntime(mine, inputs), run_onnxruntime(theirs, inputs),
+                    strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_selection_and_accuracy_level(sources, tmp_path):
     """``nodes``, ``exclude`` and ``min_elements`` pick MatMuls; the quantizer given the
     complement as ``nodes_to_exclude`` makes the same graph."""
@@ -325,12 +346,12 @@ def test_the_int4_device_runs_as_the_quantizers_model(package, tmp_path, capsys)
     expected = run_onnxruntime(theirs, inputs)
     with np.load(tmp_path / "out.npz") as out:
         for name, want in zip(out.files, expected, strict=True):
-            np.testing.assert_allclose(out[name], want, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(out[name], want)
     with weightstore.resolve(built.path, scenario="int4") as resolved:
         session = weightstore.load(resolved)
         ops = [n.op_type for n in nodes(resolved.metadata_model)]
         assert ops.count("MatMulNBits") == 25  # the attention's MatMuls read no weight
         for got, want in zip(session.run(None, inputs), expected, strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(got, want)
     replayed = runnable_variant(built.path / "encoder.onnx", "int4")
     assert_same_quantization(replayed, theirs)
