@@ -28,6 +28,8 @@ SCENARIOS = {"half": (["cast-fp16", "cleanup"], {"accelerator": "npu"}),
              "fused": (["fuse-qkv", "cleanup"], {"kernels": "fused-attention"})}
 LAYOUT = {"name": "split", "external_weight": "combined", "alignment": 512,
           "size_threshold": 1024, "constants": "external-data", "split": "scenario"}
+# an alignment past a file-system block: the padding must be written, not left a hole
+WIDE = {**LAYOUT, "name": "wide", "alignment": 65536}
 DEVICES = {"npu": "half", "server": "fused", "reference": None}
 LIMIT = 1.1  # a device folder's bytes against its live bytes
 
@@ -44,16 +46,17 @@ def package(tmp_path_factory):
         "models": [{"name": "encoder", "source": str(folder / "encoder.onnx"),
                     "scenarios": [{"name": name, "passes": passes, "requires": requires}
                                   for name, (passes, requires) in SCENARIOS.items()]}],
-        "layouts": [LAYOUT],
+        "layouts": [LAYOUT, WIDE],
         "devices": [{"name": device, "scenario": "auto" if scenario else None,
                      "capabilities": SCENARIOS[scenario][1] if scenario else {}}
                     for device, scenario in DEVICES.items()],
         "output": str(folder / "out")}))
-    (built,) = build(recipe, BuildOptions(jobs=2)).packages
+    built = {p.layout: p.path for p in build(recipe, BuildOptions(jobs=2)).packages}
     inputs = sample_inputs(model, seed=3)
-    expected = {s: run_onnxruntime(runnable_variant(built.path / "encoder.onnx", s), inputs)
+    expected = {s: run_onnxruntime(runnable_variant(built["split"] / "encoder.onnx", s),
+                                   inputs)
                 for s in set(DEVICES.values())}
-    return built.path, folder / "store", inputs, expected
+    return built["split"], folder / "store", inputs, expected, built["wide"]
 
 
 def _live(package: Path, device: str) -> int:
@@ -70,6 +73,7 @@ def _carries_live_bytes_and_runs(folder: Path, package: Path, device: str, input
                                  expected) -> None:
     """``folder`` holds ``device``'s models and at most 1.1x their live bytes, every file
     without holes; it checks (every payload re-hashed) and runs as the package does."""
+    _dense_and_runs(folder, device, inputs, expected)
     live = _live(package, device)
     total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     shared = sum((package / f["name"]).stat().st_size for f in json.loads(
@@ -77,6 +81,11 @@ def _carries_live_bytes_and_runs(folder: Path, package: Path, device: str, input
     if device == "npu":  # its fp16 weights: the package's files, whole, would not do
         assert shared > 2 * live
     assert total <= LIMIT * live, (device, total, live)
+
+
+def _dense_and_runs(folder: Path, device: str, inputs, expected) -> None:
+    """Every file of ``folder`` is real bytes (no hole); the folder checks (every payload
+    re-hashed) and runs as the package does."""
     for p in folder.rglob("*"):
         if p.is_file():
             st = p.stat()
@@ -89,7 +98,7 @@ def _carries_live_bytes_and_runs(folder: Path, package: Path, device: str, input
 
 @pytest.mark.parametrize("device", sorted(DEVICES))
 def test_a_bundle_carries_only_its_live_bytes(package, tmp_path, device):
-    path, _, inputs, expected = package
+    path, _, inputs, expected, _ = package
     record = assemble(path, device, tmp_path / "a")
     _carries_live_bytes_and_runs(tmp_path / "a", path, device, inputs, expected)
     assert record["models"][0]["scenario"] == DEVICES[device]
@@ -100,9 +109,20 @@ def test_a_bundle_carries_only_its_live_bytes(package, tmp_path, device):
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
 
 
+@pytest.mark.parametrize("device", sorted(DEVICES))
+def test_a_bundle_s_padding_is_written_whatever_the_alignment(package, tmp_path, device):
+    """At an alignment of 64 KiB the padding between live payloads spans whole blocks:
+    it is written as zeros, so the folder has no holes."""
+    _, _, inputs, expected, wide = package
+    assemble(wide, device, tmp_path / "a")
+    _dense_and_runs(tmp_path / "a", device, inputs, expected)
+    assemble(wide, device, tmp_path / "b")
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+
 def test_the_report_shows_each_device_s_bundle_bytes(package, tmp_path, capsys):
     """Each device's row: its live bytes and the weight bytes its folder carries."""
-    path, _, _, _ = package
+    path, _, _, _, _ = package
     assert main(["report", str(path), "--json"]) == 0
     view = json.loads(capsys.readouterr().out)["views"]["package"]
     rows = {r["name"]: r for r in view["variants"] if r["kind"] == "device"}
@@ -116,7 +136,7 @@ def test_the_report_shows_each_device_s_bundle_bytes(package, tmp_path, capsys):
 
 @needs_registry
 def test_pull_device_downloads_and_carries_only_live_bytes(package, tmp_path):
-    path, store, inputs, expected = package
+    path, store, inputs, expected, wide = package
     with running_registry(tmp_path / "registry") as registry:
         ref = f"{registry.host}/live/pk:1"
         push(path, ref, store=WeightStore(store))
@@ -130,6 +150,11 @@ def test_pull_device_downloads_and_carries_only_live_bytes(package, tmp_path):
             # the same folder as ``bundle`` writes
             assemble(path, device, tmp_path / "bundled" / device)
             assert _files(out) == _files(tmp_path / "bundled" / device)
+        push(wide, f"{registry.host}/live/wide:1", store=WeightStore(store))
+        out = tmp_path / "wide"
+        pull(f"{registry.host}/live/wide:1", out, store=WeightStore(tmp_path / "s-wide"),
+             device="npu")
+        _dense_and_runs(out, "npu", inputs, expected)
         # a scenario's folder: the device's, as a scenario names it
         scenario = pull(ref, tmp_path / "half", store=WeightStore(tmp_path / "s-half"),
                         scenario="half")

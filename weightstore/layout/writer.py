@@ -5,7 +5,9 @@ payload lives, then every file is read back once: each written range is re-hashe
 compared with its key, so a corrupt source never reaches a package, and the same read
 gives the whole file's digest for the package's inventory. Each file is published by
 temp + fsync + rename: the worker that read a file back fsyncs it, so the fsyncs of many
-small files run side by side, and the folder is fsynced once per batch.
+small files run side by side, and the folder is fsynced once per batch. The padding
+between payloads is written as zero bytes wherever it could span a whole file-system
+block: a written file has no sparse holes, which copies and archives would inflate.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLoca
         _results(copies.values())  # every copy is done before any file is read back
         sources = {where: future.result() for where, future in copies.items()}
         for f, h in zip(files, handles, strict=True):
+            _fill_gaps(h.fileno(), f, folder / f.name)
             os.ftruncate(h.fileno(), f.size)
             start_writeback(h.fileno())  # the disk works while the files are read back
         checks = [pool.submit(_check_and_sync, h.fileno(), f, sources, file_digest, progress,
@@ -113,6 +116,26 @@ def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLoca
             fsync_dir(parent)
     return {f.name: digest for f, future in zip(files, checks, strict=True)
             if (digest := future.result()) is not None}
+
+
+HOLE_MIN = 4096  # a gap this long may cover a whole block: a hole unless written
+_ZEROS = bytes(1 << 20)
+
+
+def _fill_gaps(fd: int, f: PlannedFile, path: Path) -> None:
+    """Write zeros into the gaps of ``f`` (between its payloads and after the last) that
+    could leave a hole; shorter ones share a block with a payload's bytes."""
+    pos = 0
+    for start, end in [*((p.offset, p.offset + p.size)
+                         for p in sorted(f.payloads, key=lambda p: p.offset)),
+                       (f.size, f.size)]:
+        if start - pos >= HOLE_MIN:
+            for at in range(pos, start, len(_ZEROS)):
+                try:
+                    write_all(fd, memoryview(_ZEROS)[:min(start - at, len(_ZEROS))], at)
+                except OSError as exc:
+                    raise name_path(exc, path) from None
+        pos = max(pos, end)
 
 
 def _check_and_sync(fd: int, f: PlannedFile, sources: Mapping[tuple[str, int], FileRange | None],
