@@ -230,7 +230,9 @@ def _add_bundle(sub: Any) -> None:
     bd.add_argument("device")
     bd.add_argument("--output", required=True, help="the folder to create")
     bd.add_argument("--no-verify", action="store_true",
-                    help="skip re-hashing the copied live payloads")
+                    help="skip resolving the written folder from its own record and "
+                    "re-hashing its live payloads once more (each is still re-hashed as it "
+                    "is written)")
 
 
 def _add_release(sub: Any) -> None:
