@@ -18,6 +18,7 @@ from weightstore.packaging.bundles import assemble
 from weightstore.resolve.runnable import runnable_variant
 from weightstore.scenarios.operations import add_scenario, show_scenario
 
+from .helpers import record_calls
 from .samples import run_onnxruntime, sample_inputs
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -251,7 +252,14 @@ def test_an_opset_without_dynamic_quantize_linear_is_refused(tmp_path):
         add_scenario(path, "int8", [{"name": "quantize-dynamic"}])
 
 
-def test_a_device_of_the_int8_dynamic_scenario_runs_in_onnxruntime(models, tmp_path):
+def test_a_device_of_the_int8_dynamic_scenario_runs_in_onnxruntime(models, tmp_path,
+                                                                   monkeypatch):
+    """Each weight is quantized once (its scale and zero point come from the same call),
+    a forced rebuild quantizes nothing, and the device's folder is quantize_dynamic's
+    graph with its payloads, running as it does."""
+    from onnxruntime.quantization import quant_utils
+
+    calls = record_calls(monkeypatch, quant_utils, "quantize_data")
     src, inputs = models["bert"]
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
@@ -262,6 +270,10 @@ def test_a_device_of_the_int8_dynamic_scenario_runs_in_onnxruntime(models, tmp_p
         "devices:\n  - {name: cpu-int8, scenario: int8-dynamic}\n"
         f"output: {tmp_path / 'out'}\n")
     package = build(recipe, BuildOptions(jobs=1)).packages[0]
+    assert len(calls) == 24  # the encoder's MatMul weights
+    calls.clear()
+    assert build(recipe, BuildOptions(jobs=1, force=True)).packages[0].status == "built"
+    assert calls == []
     assemble(package.path, "cpu-int8", tmp_path / "device")
     expected = reference(src, tmp_path / "ort.onnx", "int8")
     device = onnx.load(str(tmp_path / "device" / "encoder.onnx"))

@@ -23,7 +23,8 @@ operation                  sources                                    attributes
 
 ``dynamic-int8-weight``, ``dynamic-int8-scale`` and ``dynamic-int8-zero-point`` (1 float
 weight, attribute ``weight_type``) are a weight as onnxruntime's ``quantize_dynamic``
-stores it, computed by onnxruntime (:mod:`weightstore.scenarios.derive_dynamic`).
+stores it, computed by onnxruntime (:mod:`weightstore.scenarios.derive_dynamic`), once
+for all three like the ``matmul-nbits-*`` parts below.
 
 Results are computed deterministically (fixed operation order, float64 for the batch-norm
 folds, numpy's round-to-nearest-even casts), so the same base gives the same bytes.
@@ -50,7 +51,7 @@ from ..convert.encoding import clear_payload
 from ..errors import ScenarioError
 from ..io.files import parse_json
 from ..passes.base import has_payload
-from .derive_dynamic import dynamic_scale, dynamic_weight, dynamic_zero_point
+from .derive_dynamic import dynamic_int8
 
 SourceValue = Callable[[str], np.ndarray]
 
@@ -223,6 +224,9 @@ JOINT: dict[str, tuple[Joint, int]] = {
     "matmul-nbits-weight": (_matmul_nbits, 0),
     "matmul-nbits-scales": (_matmul_nbits, 1),
     "matmul-nbits-zero-points": (_matmul_nbits, 2),
+    "dynamic-int8-weight": (dynamic_int8, 0),
+    "dynamic-int8-scale": (dynamic_int8, 1),
+    "dynamic-int8-zero-point": (dynamic_int8, 2),
 }
 
 def _part(operation: str) -> Operation:
@@ -238,9 +242,6 @@ OPERATIONS: dict[str, tuple[Operation, Callable[[int], bool]]] = {
     "copy": (_copy, lambda n: n == 1),
     "fold-batchnorm-weight": (_fold_weight, lambda n: n == 3),
     "fold-batchnorm-bias": (_fold_bias, lambda n: n in (4, 5)),
-    "dynamic-int8-weight": (dynamic_weight, lambda n: n == 1),
-    "dynamic-int8-scale": (dynamic_scale, lambda n: n == 1),
-    "dynamic-int8-zero-point": (dynamic_zero_point, lambda n: n == 1),
     **{name: (_part(name), lambda n: n == 1) for name in JOINT},
 }
 

@@ -16,7 +16,8 @@ quantize_data`` over the flattened weight, per tensor, with the symmetry its qua
 gives a weight type (a signed type is symmetric, ``BaseQuantizer.is_weight_symmetric``)
 and no reduced range (``quantize_dynamic``'s defaults); the scale and the zero point are
 encoded with ``onnx.helper.make_tensor`` from the values' list, as
-``BaseQuantizer.quantize_initializer_impl`` writes them.
+``BaseQuantizer.quantize_initializer_impl`` writes them. The three are parts of one
+computation (``derive.JOINT``): a weight is quantized once for all three.
 """
 
 from __future__ import annotations
@@ -43,22 +44,20 @@ def weight_type_of(recipe: DerivedWeightRecipe) -> str:
     return attrs["weight_type"]
 
 
-def quantized(recipe: DerivedWeightRecipe, source: np.ndarray,
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(weight, scale, zero point) of ``source`` as ``quantize_dynamic`` stores them."""
+def dynamic_int8(recipe: DerivedWeightRecipe, src: list[np.ndarray],
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weight, scale, zero point) of ``src[0]`` as ``quantize_dynamic`` stores them."""
     weight_type = weight_type_of(recipe)
+    source = src[0]
     if source.dtype not in FLOAT_TYPES:
         raise ScenarioError("dynamic quantization reads a float32 or float16 weight",
                             operation=recipe.operation, dtype=str(source.dtype))
-    return _quantize(source, WEIGHT_TYPES[weight_type])
-
-
-def _quantize(source: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     try:
         from onnxruntime.quantization.quant_utils import quantize_data
-    except ImportError:  # pragma: no cover - the runtime extra is missing
-        raise ScenarioError("dynamic int8 weights are computed by onnxruntime: install "
-                            "weightstore[runtime]") from None
+    except ImportError:
+        raise ScenarioError("dynamic int8 weights are computed by onnxruntime: install it "
+                            "(pip install 'weightstore[quantize]')") from None
+    qtype = WEIGHT_TYPES[weight_type]
     symmetric = qtype == TensorProto.INT8  # BaseQuantizer.is_weight_symmetric
     zero_point, scale, q = quantize_data(source.flatten(), qtype, symmetric,
                                          reduce_range=False, min_real_range=None)
@@ -67,15 +66,3 @@ def _quantize(source: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, n
                                       scale.reshape((-1,)).tolist())
     zero_tensor = helper.make_tensor("zero_point", qtype, [], zero_point.reshape((-1,)).tolist())
     return weight, numpy_helper.to_array(scale_tensor), numpy_helper.to_array(zero_tensor)
-
-
-def dynamic_weight(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
-    return quantized(recipe, src[0])[0]
-
-
-def dynamic_scale(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
-    return quantized(recipe, src[0])[1]
-
-
-def dynamic_zero_point(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
-    return quantized(recipe, src[0])[2]
