@@ -16,7 +16,7 @@ from .helpers import TWO_LAYOUTS
 from .registry_server import needs_registry, running_registry
 
 HEAVY = ("numpy", "onnx", "pydantic", "yaml", "google.protobuf", "onnxruntime", "requests",
-         "urllib3", "filelock")
+         "urllib3")
 
 
 def _imported(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY) -> set[str]:
@@ -81,7 +81,7 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
         onnx.checker.check_model(str(package / layout / "encoder.onnx"))
 
 
-REGISTRY_ALLOWED: set[str] = set()  # no onnx, numpy, protobuf, requests/urllib3, filelock
+REGISTRY_ALLOWED: set[str] = set()  # neither onnx, numpy, protobuf nor requests/urllib3
 
 
 @needs_registry
@@ -108,16 +108,31 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
                     (package / "summary.json").read_bytes()
 
 
+@needs_registry
+def test_a_pull_locks_through_filelock(folder: Path) -> None:
+    """Locks are the locking library's (filelock), not flock written by hand: a pull
+    takes its package folder's lock and the store's through it."""
+    from weightstore.builder.run import build
+
+    (folder / "recipe.yaml").write_text(TWO_LAYOUTS)
+    package = build(folder / "recipe.yaml").packages[0].path
+    with running_registry(folder / "registry") as server:
+        ref = f"{server.host}/startup/pkg:1"
+        assert _imported(["push", str(package), ref], folder, ()) == set()
+        assert _imported(["pull", ref, str(folder / "pulled"), "--store",
+                          str(folder / "new")], folder, ("filelock",)) == {"filelock"}
+        assert (folder / "pulled" / "summary.json").is_file()
+
+
 UNUSED = (*HEAVY, "subprocess")  # what neither a push nor a pull needs
 
 
 @needs_registry
 def test_a_pull_from_a_plain_loopback_registry_loads_no_trust_store(folder: Path) -> None:
     """A registry command speaks HTTP through the standard library (``requests`` and
-    ``urllib3`` took about 60 ms of a pull's start-up) and locks with ``flock`` itself
-    (``filelock`` took about 12 ms), and finding that a loopback registry speaks plain
-    HTTP loads no trust store (tens of milliseconds): only a TLS connection that
-    verifies a certificate needs one. ``subprocess`` loads only to run a credential
+    ``urllib3`` took about 60 ms of a pull's start-up), and finding that a loopback
+    registry speaks plain HTTP loads no trust store (tens of milliseconds): only a TLS
+    connection that verifies a certificate needs one. ``subprocess`` loads only to run a credential
     helper."""
     from weightstore.builder.run import build
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from filelock import FileLock, Timeout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,7 @@ from weightstore.store.meta import read_legacy as read_index
 
 from .helpers import (
     assert_ge_reads_keys,
+    needs_removable_locks,
     set_row,
     store_files,
     store_index,
@@ -577,14 +579,12 @@ def test_well_formed_meta_json_parses(store: WeightStore) -> None:
 
 
 def lock_is_held(path: Path) -> bool:
-    """Does someone hold the flock of ``path`` (as another process would find it)?"""
-    import fcntl
-
-    with open(path, "a") as probe:
-        try:
-            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
+    probe = FileLock(path, timeout=0)
+    try:
+        probe.acquire()
+    except Timeout:
+        return True
+    probe.release()
     return False
 
 
@@ -679,6 +679,7 @@ for _ in range(int(sys.argv[3])):
 """
 
 
+@needs_removable_locks
 def test_a_removable_lock_goes_with_its_holder_and_stays_exclusive(tmp_path: Path) -> None:
     import subprocess
     import sys

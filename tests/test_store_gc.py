@@ -21,6 +21,7 @@ from weightstore.packaging.check import check_package
 from weightstore.store import BytesPayload, RootRecord, WeightStore
 
 from .helpers import (
+    needs_removable_locks,
     package_objects,
     record_calls,
     store_files,
@@ -490,6 +491,7 @@ def combined_files(store: WeightStore) -> set[str]:
     return {n for n in os.listdir(store.root) if n.endswith("_weight_combined")}
 
 
+@needs_removable_locks
 def test_a_combined_files_lock_file_goes_with_the_file(tmp_path: Path) -> None:
     """Each compaction left the lock file of the file it removed, and so did gc's removal
     of an emptied combined file: 50 lock files for 3 live files. Now a lock file is
@@ -555,6 +557,7 @@ for _ in range(int(sys.argv[3])):
 """
 
 
+@needs_removable_locks
 def test_a_combined_files_lock_stays_exclusive_while_its_file_is_removed(
         tmp_path: Path) -> None:
     """The unlink-while-locked race: the lock file of an absent combined file is removed on
@@ -572,6 +575,7 @@ def test_a_combined_files_lock_stays_exclusive_while_its_file_is_removed(
     assert combined_locks(store) == set()
 
 
+@needs_removable_locks
 @pytest.mark.parametrize("command", ["gc", "repair"])
 def test_gc_and_repair_sweep_lock_files_of_combined_files_that_are_gone(
         tmp_path: Path, command: str) -> None:
