@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # scenarios, devices and splits load only for recipes that us
 
 COMMON_GROUP = "common"
 DEFAULT_GROUP = "default"
+# the bytes of scenario-added weights computed before they are stored together
+ADDED_BATCH_BYTES = 64 << 20
 
 
 @dataclass
@@ -322,12 +324,24 @@ def _store_model(store: WeightStore, s: Source, ws: list[Weight], layouts: list[
     # from the store (by the derived-key cache) instead of computing them again (a
     # quantized weight's small scales would otherwise quantize the whole weight again)
     todo = [w for sc in s.scenarios for w in sc.added if not w.key]  # the rest are stored
-    for weight, data in hash_added(todo, algo):  # one at a time: bounded
-        put = store.put([BytesPayload(weight.key, data)], kind=kind,
-                        combined_name=s.name if combined else None, alignment=alignment,
-                        jobs=1)
+
+    def put_batch(batch: list[BytesPayload]) -> None:
+        put = store.put(batch, kind=kind, combined_name=s.name if combined else None,
+                        alignment=alignment, jobs=1)
         for k, v in put.to_dict().items():
             report[k] += v
+
+    # computed by ``jobs`` threads, in order; stored a batch at a time (bounded memory)
+    batch: list[BytesPayload] = []
+    held = 0
+    for weight, data in hash_added(todo, algo, jobs):
+        batch.append(BytesPayload(weight.key, data))
+        held += len(data)
+        if held >= ADDED_BATCH_BYTES:
+            put_batch(batch)
+            batch, held = [], 0
+    if batch:
+        put_batch(batch)
 
 
 def _use_cached_keys(store: WeightStore, per_model: list[tuple[Source, list[Weight]]],

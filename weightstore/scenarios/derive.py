@@ -40,6 +40,7 @@ hands out each part as it is asked for.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
@@ -216,7 +217,6 @@ def _matmul_nbits(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> tuple[n
 
 
 Operation = Callable[[DerivedWeightRecipe, list[np.ndarray]], np.ndarray]
-Memo = dict[tuple, tuple[np.ndarray, ...]]
 Joint = Callable[[DerivedWeightRecipe, list[np.ndarray]], tuple[np.ndarray, ...]]
 
 # operations that are parts of one computation: operation -> (the computation, its part)
@@ -246,28 +246,54 @@ OPERATIONS: dict[str, tuple[Operation, Callable[[int], bool]]] = {
 }
 
 
-def compute(recipe: DerivedWeightRecipe, sources: list[np.ndarray],
+class Memo:
+    """The results of computations with several parts (:data:`JOINT`) by key, each
+    computed once, also when threads ask for its parts at the same time."""
+
+    def __init__(self) -> None:
+        self._results: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self._locks: dict[tuple, threading.RLock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, key: tuple, make: Callable[[], tuple[np.ndarray, ...]],
+            ) -> tuple[np.ndarray, ...]:
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.RLock())
+        with lock:
+            if key not in self._results:
+                self._results[key] = make()
+            return self._results[key]
+
+
+def compute(recipe: DerivedWeightRecipe,
+            sources: list[np.ndarray] | Callable[[], list[np.ndarray]],
             memo: Memo | None = None) -> np.ndarray:
-    """The array ``recipe`` produces from ``sources`` (in the recipe's source order).
+    """The array ``recipe`` produces from ``sources`` (in the recipe's source order; or a
+    function giving them, called only when they are needed).
 
     ``memo`` keeps the results of a computation with several parts (:data:`JOINT`) by
     its sources' names and attributes: the other parts of one source's quantization are
-    then taken from it, not computed again.
+    then taken from it, not computed again (nor their sources read again).
     """
     if recipe.operation not in OPERATIONS:
         raise ScenarioError("unknown derived weight operation", operation=recipe.operation)
     function, count_ok = OPERATIONS[recipe.operation]
-    if len(sources) != len(recipe.sources) or not count_ok(len(sources)):
+    if not count_ok(len(recipe.sources)):
         raise ScenarioError("wrong number of sources for a derived weight",
-                            operation=recipe.operation, sources=len(sources))
-    arrays = [np.asarray(s) for s in sources]
+                            operation=recipe.operation, sources=len(recipe.sources))
+
+    def arrays() -> list[np.ndarray]:
+        given = sources() if callable(sources) else sources
+        if len(given) != len(recipe.sources):
+            raise ScenarioError("wrong number of sources for a derived weight",
+                                operation=recipe.operation, sources=len(given))
+        return [np.asarray(s) for s in given]
+
     if memo is None or recipe.operation not in JOINT:
-        return function(recipe, arrays)
+        return function(recipe, arrays())
     joint, part = JOINT[recipe.operation]
     key = (joint.__name__, recipe.sources, recipe.attributes)
-    if key not in memo:
-        memo[key] = joint(recipe, arrays)
-    return memo[key][part]
+    return memo.get(key, lambda: joint(recipe, arrays()))[part]
 
 
 # -- filling a model ------------------------------------------------------------------------
@@ -370,14 +396,16 @@ def materialize(model: onnx.ModelProto, derivations: Mapping[str, DerivedWeightR
 def resolver(derivations: Mapping[str, DerivedWeightRecipe], source_value: SourceValue,
              ) -> SourceValue:
     """The value of any weight by name: derived ones computed (sources first, each once),
-    any other read from ``source_value`` (the base model's values)."""
+    any other read from ``source_value`` (the base model's values). Threads may ask for
+    values at the same time (a joint computation still runs once)."""
     cache: dict[str, np.ndarray] = {}
-    memo: Memo = {}
-    active: list[str] = []
+    memo = Memo()
+    local = threading.local()  # the names this thread is computing: a cycle's trail
 
     def value(name: str) -> np.ndarray:
         if name in cache:
             return cache[name]
+        active: list[str] = local.__dict__.setdefault("active", [])
         if name in active:
             raise ScenarioError("derived weights depend on each other in a cycle",
                                 names=[*active, name])
@@ -386,8 +414,8 @@ def resolver(derivations: Mapping[str, DerivedWeightRecipe], source_value: Sourc
             return source_value(name)
         active.append(name)
         try:
-            sources = [source_value(s) if s == name else value(s) for s in recipe.sources]
-            result = compute(recipe, sources, memo)
+            result = compute(recipe, lambda: [source_value(s) if s == name else value(s)
+                                              for s in recipe.sources], memo)
         except ScenarioError as exc:
             exc.context.setdefault("name", name)
             raise

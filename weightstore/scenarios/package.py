@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,14 +269,34 @@ def _bytes_of(tensor: onnx.TensorProto, name: str, value: Callable[[str], np.nda
     return compute
 
 
-def hash_added(weights: Iterable[AddedWeight], algo: str) -> Iterator[
+def hash_added(weights: Iterable[AddedWeight], algo: str, jobs: int = 1) -> Iterator[
         tuple[AddedWeight, bytes]]:
-    """Compute each added weight once, set its key and size, and yield it with its bytes."""
-    for weight in weights:
+    """Compute each added weight once, set its key and size, and yield it with its bytes,
+    in order. ``jobs`` threads compute and hash (onnxruntime's kernels and the hashes run
+    without the interpreter lock), at most ``2 * jobs`` weights ahead of the caller."""
+    def one(weight: AddedWeight) -> tuple[AddedWeight, bytes]:
         data = weight.bytes()
         weight.key = make_key(algo, digest_bytes(algo, data))
         weight.size = len(data)
-        yield weight, data
+        return weight, data
+
+    if jobs <= 1:
+        yield from map(one, weights)
+        return
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    ahead: deque[Future[tuple[AddedWeight, bytes]]] = deque()
+    with ThreadPoolExecutor(jobs) as pool:
+        try:
+            for weight in weights:
+                ahead.append(pool.submit(one, weight))
+                if len(ahead) >= 2 * jobs:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+        finally:
+            for future in ahead:
+                future.cancel()
 
 
 def added_weight_ids(scenario: PackagedScenario) -> list[tuple[str, AddedWeight]]:
