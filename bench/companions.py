@@ -268,10 +268,7 @@ def report(data: dict[str, Any], summary: dict[str, Any],
              f"README.md ({g['changed_file_bytes']} B): registry grew "
              f"{g['registry_growth_bytes']} B, push sent {g['sent_bytes']} B "
              f"({g['uploaded_blobs']} blobs, {g['uploaded_bytes']} B of them)",
-             f"medians of {data['runs']} rounds (s): " + ", ".join(
-                 f"{k} {v:.2f}" for k, v in sorted(med.items())),
-             "CPU (user + system, s): " + ", ".join(
-                 f"{k} {v:.2f}" for k, v in sorted(data["times"]["median_cpu"].items())), ""]
+             *harness.median_lines(data["runs"], med, data["times"]["median_cpu"]), ""]
     lines += harness.target_table(targets, "figure", 46, 10)
     return "\n".join(lines)
 

@@ -168,6 +168,15 @@ def print_figures(as_json: bool, summary: dict[str, Any], targets: list[Target],
         print(text())
 
 
+def median_lines(runs: int, median: dict[str, float], median_cpu: dict[str, float],
+                 ) -> list[str]:
+    """A report's lines of the median wall and CPU seconds of each measured process."""
+    return [f"medians of {runs} rounds (s): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(median.items())),
+            "CPU (user + system, s): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(median_cpu.items()))]
+
+
 def log(message: str) -> None:
     """A progress line on stderr, so that stdout holds only the report."""
     print(message, file=sys.stderr, flush=True)
