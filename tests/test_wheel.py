@@ -89,7 +89,7 @@ def test_the_wheel_metadata_names_the_project(wheel: Path) -> None:
     assert meta["License"] is None
     assert not any(c.startswith("License :: ") for c in classifiers)
     assert any(c.startswith("Programming Language :: Python :: 3.10") for c in classifiers)
-    assert set(meta.get_all("Provides-Extra")) >= {"runtime", "test", "dev"}
+    assert set(meta.get_all("Provides-Extra")) >= {"runtime", "test", "dev", "docs"}
     requires = meta.get_all("Requires-Dist")
     dev_only = [r for r in requires if r.startswith(("ruff", "grpcio-tools"))]
     assert dev_only and all('extra == "dev"' in r for r in dev_only)
