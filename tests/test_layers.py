@@ -21,15 +21,16 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, text: str | None = None) -> set[str]:
     """The modules ``path`` imports, anywhere in it (inside functions and
     ``TYPE_CHECKING`` blocks too): weightstore's each resolved to the module it names
     (``from . import x`` imports the submodule ``x``, ``from .m import name`` the module
     ``m``), any other by its name. The one exception is the API table's
     ``TYPE_CHECKING`` block (``weightstore/__init__.py``), which types the names it
-    exports lazily from every folder: the package root sits above everything by design."""
+    exports lazily from every folder: the package root sits above everything by design.
+    ``text``: the source to read as if it were ``path``'s (the scan's own tests)."""
     modules = _modules()
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text() if text is None else text)
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     if parts == ("weightstore", "__init__"):
         for node in ast.walk(tree):
@@ -66,7 +67,7 @@ def test_the_import_scan_sees_function_level_imports():
     assert "weightstore.resolve.commands" in _imports(PACKAGE / "cli.py")  # in a function
 
 
-ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "lazy", "progress"}
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "lazy", "progress", "version"}
 
 
 def _folder_imports(folder: str) -> set[str]:
@@ -83,8 +84,8 @@ def _folder_imports(folder: str) -> set[str]:
 
 def test_the_package_root_holds_only_the_entry_points_and_shared_basics():
     """Every concept lives in a folder named after it (docs/architecture.md); the root keeps
-    the entry points (``cli``, ``__main__``), the public API table and the three basics
-    every folder may use (errors, lazy exports, progress)."""
+    the entry points (``cli``, ``__main__``), the public API table and the four basics
+    every folder may use (errors, lazy exports, progress, the version)."""
     assert {p.stem for p in PACKAGE.glob("*.py")} == ROOT_MODULES
 
 
@@ -101,6 +102,22 @@ def test_only_the_command_line_and_releases_start_builds():
     root = {p.stem for p in PACKAGE.glob("*.py")
             if any(i.startswith("weightstore.builder") for i in _imports(p))}
     assert importers <= {"release"} and root <= {"cli", "__init__"}
+
+
+def test_no_module_imports_the_package_root():
+    """The package's ``__init__`` is the API table, above everything: no module of the
+    package imports it (``from .. import __version__`` climbed back up to it); the
+    version lives on the ground floor, ``weightstore.version``."""
+    importers = sorted(name for name, path in _modules().items()
+                       if name != "weightstore" and "weightstore" in _imports(path))
+    assert importers == []
+
+
+def test_the_scan_sees_an_import_of_the_package_root():
+    run = PACKAGE / "builder" / "run.py"
+    assert "weightstore" in _imports(run, "from .. import __version__\n")
+    assert "weightstore" in _imports(run, "import weightstore\n")
+    assert "weightstore" not in _imports(run, "from .. import version\n")
 
 
 def test_the_folder_scan_sees_imports():
@@ -139,7 +156,7 @@ def test_only_the_command_line_the_api_and_releases_import_the_report():
     root = {p.stem for p in PACKAGE.glob("*.py")
             if any(i.startswith("weightstore.report") for i in _imports(p))}
     assert importers <= {"release"} and root <= {"cli", "__init__"}
-    assert _folder_imports("report") <= {"errors", "io", "lazy", "progress",
+    assert _folder_imports("report") <= {"errors", "io", "lazy", "progress", "version",
                                          "package", "packaging", "resolve", "store"}
 
 
@@ -206,7 +223,7 @@ def test_the_circle_scan_sees_circles_and_every_kind_of_import():
 
 
 # The layers, bottom first (docs/architecture.md, "Layers"): a module imports modules of
-# its own folder, of a lower layer, and the root's basics (errors, lazy, progress).
+# its own folder, of a lower layer, and the root's basics (errors, lazy, progress, version).
 LAYERS = ("io", "_proto", "store", "signing", "layout", "recipe", "catalogue", "package", "caches",
           "convert", "passes", "scenarios", "resolve", "packaging", "load", "registry",
           "builder", "report", "release")

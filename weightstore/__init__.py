@@ -28,8 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
-
-__version__ = "0.1.2"
+from .version import __version__
 
 # name -> (submodule, attribute); attribute None: the submodule itself, which is callable
 _EXPORTS: dict[str, tuple[str, str | None]] = {

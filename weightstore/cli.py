@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import __version__
 from .errors import WeightstoreError
 from .progress import requested
+from .version import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 

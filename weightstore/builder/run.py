@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from ..caches import build_stamp
 from ..catalogue.locations import resolve_location
 from ..errors import (
@@ -44,6 +43,7 @@ from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME, written_format_versi
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..recipe.file import read_recipe_file
 from ..store.location import resolve_store_path
+from ..version import __version__
 from .accuracy import samples_digest
 
 if TYPE_CHECKING:  # the recipe's models (pydantic, yaml) load only when the stamp misses

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from ..errors import IntegrityError, PackageError, StoreError
 from ..io.digests import digest_bytes, make_key, split_key
 from ..io.files import (
@@ -52,6 +51,7 @@ from ..package.assembly import WeightFile, summary_weight_files, weight_file
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
 from ..package.summary import SUMMARY_NAME
 from ..store.mac import entry_mac, verify_mac
+from ..version import __version__
 
 if TYPE_CHECKING:
     from ..store import WeightStore

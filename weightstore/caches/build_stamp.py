@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..catalogue.locations import resolve_location
 from ..errors import ExternalDataError, IntegrityError, RecipeError
 from ..io.digests import digest_bytes, make_key
@@ -39,6 +38,7 @@ from ..io.files import atomic_write_bytes, parse_json, read_record_bytes
 from ..package.fingerprint import FINGERPRINT_ALGO, FileDigests
 from ..store.location import user_cache_dir
 from ..store.mac import entry_mac, verify_mac
+from ..version import __version__
 
 FORMAT_VERSION = 3  # 3: the companion files' sources (``companions``)
 FOLDER = "build-stamps"

@@ -15,12 +15,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from ..errors import WeightstoreError
 from ..io.digests import digest_bytes, digest_file, make_key
 from ..io.files import atomic_write_bytes, parse_json, read_record_bytes
 from ..io.identity import settled
 from ..store.mac import entry_mac, verify_mac
+from ..version import __version__
 
 if TYPE_CHECKING:
     from ..recipe.schema import Layout

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from ..errors import IntegrityError, PackageError
 from ..io.digests import split_key
 from ..io.files import is_relative_inside, parse_json, read_regular
 from ..recipe.companions import KINDS, path_problem
 from ..recipe.formats import LAYOUT_KEYS_SINCE
+from ..version import __version__
 
 if TYPE_CHECKING:  # readers of summaries (verify, release, unpack) need neither
     from ..layout.plan import LayoutPlan

@@ -33,7 +33,7 @@ def collect_report(target: str | os.PathLike[str] | None, *,
     """Every view that applies to the request, collected. ``named``: the target's
     ``(kind, name)`` in the data, where the caller knows it better (``release`` reports
     the archive it just made from the folder it made it of)."""
-    from .. import __version__
+    from ..version import __version__
 
     given = {"against": against, "store": store}
     for option, value in given.items():

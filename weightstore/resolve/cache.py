@@ -64,7 +64,7 @@ ENVIRONMENT_MODULES = ("onnx", "onnxruntime")
 def _environment() -> list[Any]:
     """What resolution depends on besides its inputs: weightstore, onnx, onnxruntime
     (each by its files' identity) and the machine."""
-    from .. import __version__
+    from ..version import __version__
 
     out: list[Any] = [__version__, list(os.uname())]
     for name in ENVIRONMENT_MODULES:
