@@ -723,3 +723,40 @@ def test_an_unchanged_build_is_decided_by_its_stamp(project, tmp_path, monkeypat
     assert len(calls) == 3
     (tmp_path / "hf" / "LICENSE").unlink()
     assert [p.status for p in build(project, opts(tmp_path)).packages] == ["up-to-date"] * 3
+
+
+def test_bundle_refuses_a_record_whose_companions_are_not_the_summarys(runtime, tmp_path,
+                                                                       capsys):
+    # the summary is what every byte is checked against: a device record edited to
+    # name other bytes (and those bytes put in place) is not the package's
+    folder = build(runtime, opts(tmp_path)).packages[0].path
+    own = folder / "devices" / "npu" / "genai_config.json"
+    own.write_bytes(b'{"filename": "other.onnx"}')
+    path = folder / "devices" / "npu" / "bundle.json"
+    record = json.loads(path.read_text())
+    for c in record["companions"]:
+        if c["path"] == "genai_config.json":
+            c["size"] = own.stat().st_size
+            c["digest"] = make_key("blake3", digest_file("blake3", own))
+    path.write_text(json.dumps(record))
+    out = tmp_path / "npu-folder"
+    assert main(["bundle", str(folder), "npu", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "devices/npu/bundle.json" in err[0]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_bundle_refuses_an_edited_device_model(runtime, tmp_path, capsys):
+    # the folder's models are made from the device's: their bytes are the summary's
+    import onnx
+
+    folder = build(runtime, opts(tmp_path)).packages[0].path
+    path = folder / "devices" / "npu" / "model.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    model.doc_string = "edited"
+    onnx.save(model, str(path))
+    out = tmp_path / "npu-folder"
+    assert main(["bundle", str(folder), "npu", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.onnx" in err[0]
+    assert not out.exists() or not any(out.iterdir())

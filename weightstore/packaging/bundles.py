@@ -23,8 +23,15 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from ..errors import IntegrityError, PackageError
-from ..io.digests import digest_file, make_key
-from ..io.files import atomic_write_bytes, copy_range, discard_temp_dir, make_temp_dir, publish_dir
+from ..io.digests import digest_bytes, digest_file, make_key
+from ..io.files import (
+    atomic_write_bytes,
+    copy_range,
+    discard_temp_dir,
+    make_temp_dir,
+    publish_dir,
+    read_regular,
+)
 from ..io.models import save_model
 from ..package.bundle_record import (
     BUNDLE_NAME,
@@ -125,6 +132,10 @@ def assemble(package: str | os.PathLike[str], device: str,
     package, output = Path(package), Path(output)
     summary = read_summary_file(package)[1]
     record = read_bundle(package, device, summary)
+    # the record (its keys, its companions' digests) and the models the folder is made
+    # from are the package's: their bytes are those the summary lists
+    sources = _listed_bytes(package, summary, [device_path(device, BUNDLE_NAME), *(
+        device_path(device, entry["file"]) for entry in record["models"])])
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.exists() and any(output.iterdir()):
         raise PackageError("output folder is not empty", folder=str(output))
@@ -132,10 +143,8 @@ def assemble(package: str | os.PathLike[str], device: str,
         _check_source(package / f["name"], f["size"])
     tmp: Path | None = make_temp_dir(output.parent, f".{output.name}.")
     try:
-        source = package / DEVICES / device
-        models = [VariantModel(entry.get("name"), entry["file"],
-                               onnx.load(str(source / entry["file"]),
-                                         load_external_data=False),
+        models = [VariantModel(entry.get("name"), entry["file"], onnx.load_model_from_string(
+                               sources[device_path(device, entry["file"])]),
                                entry["scenario"], store_keys_of(entry))
                   for entry in record["models"]]
         written = write_models(tmp, models, layout_alignment(summary), _digest_algo(
@@ -173,6 +182,34 @@ def assemble(package: str | os.PathLike[str], device: str,
     finally:
         discard_temp_dir(tmp)
     return record
+
+
+def _listed_bytes(package: Path, summary: Mapping[str, Any],
+                  names: Sequence[str]) -> dict[str, bytes]:
+    """The bytes of package files ``names``, each the bytes the summary's ``contents``
+    lists for it (a summary of a format without ``contents`` lists none to check): an
+    edited file is an :class:`IntegrityError` naming it, as ``verify`` refuses it."""
+    listed = {c["path"]: c for c in summary.get("contents", [])}
+    out = {}
+    for name in names:
+        try:
+            data = read_regular(package / name)
+        except OSError as exc:
+            raise PackageError(f"cannot read a file the device needs: {exc.strerror or exc}",
+                               file=name, package=str(package)) from None
+        entry = listed.get(name)
+        if listed and entry is None:
+            raise IntegrityError("a file the device needs is not listed in the summary",
+                                 file=name, package=str(package))
+        if entry is not None:
+            algo = str(entry["digest"]).partition(":")[0]
+            actual = make_key(algo, digest_bytes(algo, data))
+            if len(data) != entry["size"] or actual != entry["digest"]:
+                raise IntegrityError("package file differs from its summary", file=name,
+                                     package=str(package), expected=entry["digest"],
+                                     actual=actual)
+        out[name] = data
+    return out
 
 
 def _digest_algo(record: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
