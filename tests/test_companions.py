@@ -760,3 +760,25 @@ def test_bundle_refuses_an_edited_device_model(runtime, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.onnx" in err[0]
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_check_of_a_device_verifies_the_companions_its_runtime_opens(runtime, tmp_path,
+                                                                      capsys):
+    # the device's own files (a package's devices/<d>/<path>, a device folder's root) are
+    # what its runtime opens: check --device / of a device folder verifies those
+    from weightstore.packaging.check import check_package
+
+    folder = build(runtime, opts(tmp_path)).packages[0].path
+    out = tmp_path / "npu-folder"
+    assert main(["bundle", str(folder), "npu", "--output", str(out)]) == 0
+    for where in (folder / "devices" / "npu", out):
+        own = where / "npu_options.json"
+        own.write_bytes(b"[]")
+    report = check_package(folder, device="npu", verify=True)
+    assert report.problems == ["companion file devices/npu/npu_options.json differs from "
+                               "its digest"]
+    assert check_package(out, verify=True).problems == [
+        "companion file npu_options.json differs from its digest"]
+    assert check_package(folder, device="cpu", verify=True).ok
+    (out / "tokenizer.json").unlink()
+    assert "companion file tokenizer.json is missing" in check_package(out).problems

@@ -34,6 +34,7 @@ from ..resolve.source import (
 )
 from ..resolve.variant import Variant, resolve_variant
 from ..scenarios.storage import read_scenarios
+from .companion_files import companion_files
 
 
 @dataclass
@@ -98,6 +99,7 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
                                 folder=str(folder))
         record = device_folder_record(folder, device)
         models = [(None, str(m["file"])) for m in record["models"]]
+        companions = record.get("companions", [])  # at the folder's root
         finals = {str(m["file"]): m.get("scenario") for m in record["models"]}
     else:
         summary = read_summary_file(folder)[1]
@@ -106,6 +108,11 @@ def check_package(package: str | os.PathLike[str], *, scenario: str | None = Non
         if device is not None:
             bundle = read_bundle(folder, device, summary)
             chosen = {str(m["file"]): m["scenario"] for m in bundle["models"]}
+            # the device's set, each where the package holds it (its own files under
+            # devices/<device>/)
+            companions = [{**c.to_dict(), "path": c.file}
+                          for c in companion_files(summary, device_sets=True)
+                          if c.device == device]
     report = CheckReport(str(package), scenario, device)
     with contextlib.ExitStack() as opened:  # each model file opened once
         sources = {file: opened.enter_context(contextlib.closing(
