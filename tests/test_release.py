@@ -99,6 +99,31 @@ def test_source_date_epoch(encoder_model, tmp_path, monkeypatch):
         1700000000
 
 
+def test_a_release_of_another_date_is_replaced_only_with_force(encoder_model, tmp_path,
+                                                               monkeypatch, capsys):
+    """A release made with the commit's SOURCE_DATE_EPOCH is not silently replaced by one
+    of another date (a later command that forgot the variable): exit 2, nothing touched."""
+    recipe = make_checkout(tmp_path, encoder_model)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert main(["release", str(recipe)]) == 0
+    published = released_files(recipe.parent)
+    assert main(["release", str(recipe)]) == 0  # the same date: released again, the same
+    assert released_files(recipe.parent) == published
+    capsys.readouterr()
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert main(["release", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "another date" in err and "--force" in err
+    assert "1700000000 (2023-11-14T22:13:20Z)" in err and "315532800" in err
+    assert released_files(recipe.parent) == published
+    with pytest.raises(PackageError, match="another date"):
+        release(recipe, ReleaseOptions(jobs=1))
+    assert main(["release", str(recipe), "--force"]) == 0
+    doc = json.loads(released_files(recipe.parent)["release.json"])
+    assert doc["predicate"]["buildDefinition"]["externalParameters"][
+        "source_date_epoch"] == DEFAULT_EPOCH
+
+
 def test_worker_count_does_not_change_the_bytes(released):
     recipe, result = released
     package = recipe.parent / "out" / "pkg" / "1.0.0" / "combined"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import os
 import queue
@@ -84,6 +85,7 @@ class ReleaseOptions:
     report: bool = False  # also each archive's HTML report (weightstore report)
     # sign release.json into release.intoto.jsonl (a weightstore.signing.keys.PrivateKey)
     signer: Any = None
+    force: bool = False  # replace a release of another date (SOURCE_DATE_EPOCH) in output
 
 
 @dataclass
@@ -181,6 +183,7 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
     epoch = source_date_epoch() if options.epoch is None else options.epoch
     if output.is_dir():  # a killed release's temp folder goes, whatever happens next
         remove_dead_temp_dirs(output, TEMP_PREFIX)
+        _refuse_another_date(output, epoch, options.force)
     for p in packages:  # what verify refuses, before a byte is read (a FIFO never opened)
         verified_package(p.folder, hashed=False)  # the digests: while archiving
     made = not output.exists()
@@ -214,6 +217,7 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
                 f.write(attestation(provenance, options.signer))
             names.append(ATTESTATION_NAME)
         with folder_lock(output):  # of two releases into one folder, one whole set wins
+            _refuse_another_date(output, epoch, options.force)  # one made meanwhile
             for name in names:
                 os.replace(tmp / name, output / name)
             if options.signer is None:  # an earlier release's signature signs no more
@@ -424,17 +428,44 @@ def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
                            files=", ".join(extra))
 
 
+def _published_parameters(folder: Path) -> Any:
+    """The external parameters of the release.json in ``folder`` (None when it has none)."""
+    try:
+        return parse_json(read_regular(folder / PROVENANCE_NAME))[
+            "predicate"]["buildDefinition"]["externalParameters"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _refuse_another_date(folder: Path, epoch: int, force: bool) -> None:
+    """A release in ``folder`` made with another ``SOURCE_DATE_EPOCH`` is replaced only
+    with ``force``: a release of a commit's date is not silently swapped for one of
+    another date (a later command without the variable would write 1980-dated archives)."""
+    params = _published_parameters(folder)
+    published = params.get("source_date_epoch") if isinstance(params, dict) else None
+    if force or not isinstance(published, int) or published == epoch:
+        return
+
+    def dated(value: int) -> str:
+        when = datetime.datetime.fromtimestamp(value, datetime.timezone.utc)
+        return f"{value} ({when.strftime('%Y-%m-%dT%H:%M:%SZ')})"
+
+    raise PackageError("the release folder holds a release of another date; set "
+                       "SOURCE_DATE_EPOCH to its date, or pass --force to replace it",
+                       folder=str(folder), published_epoch=dated(published),
+                       this_epoch=dated(epoch))
+
+
 def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions:
     """The epoch, compression and reports the published release was made with (from its
     release.json), so that the check asks whether the sources give these bytes."""
+    params = _published_parameters(folder)
     try:
-        params = parse_json(read_regular(folder / PROVENANCE_NAME))[
-            "predicate"]["buildDefinition"]["externalParameters"]
         compression = Compression(int(params["compression"]["level"]),
                                   bool(params["compression"]["long_distance"]))
         epoch = int(params["source_date_epoch"])
         report = params.get("report") is True
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return options  # unreadable: the comparison will name release.json
     return dataclasses.replace(options, compression=compression, report=report,
                                epoch=options.epoch if options.epoch is not None else epoch)

@@ -50,6 +50,9 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
                    help="also write release.intoto.jsonl: release.json in a DSSE envelope "
                         "signed with this Ed25519 private key file (without KEY: "
                         "$WEIGHTSTORE_SIGNING_KEY or $WEIGHTSTORE_SIGNING_KEY_B64)")
+    r.add_argument("--force", action="store_true",
+                   help="replace a release of another date (another SOURCE_DATE_EPOCH) in "
+                        "the output folder")
     r.add_argument("--verify", action="store_true",
                    help="check the signed provenance of the release folder DIR: the "
                         "signature, every archive's SHA-256 and SHA256SUMS; exit 1 when "
@@ -132,7 +135,8 @@ def run_release(args: argparse.Namespace) -> int:
     options = ReleaseOptions(
         output=args.output, store=args.store, jobs=args.jobs,
         compression=Compression(args.level or DEFAULT_LEVEL, long_distance=args.long),
-        progress=requested(args), report=args.report, signer=signer)
+        progress=requested(args), report=args.report, signer=signer,
+        force=args.force)
     if args.report and not args.check:  # before anything is built: the drawing library
         from ..report.treemap import squarify_module
 
