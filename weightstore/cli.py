@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .errors import WeightstoreError
+from .io.workers import add_jobs_option
 from .progress import requested
 from .version import __version__
 
@@ -93,8 +94,7 @@ def _add_build(sub: Any) -> None:
     b.add_argument("recipe", help="the recipe YAML file")
     b.add_argument("--store", help="store folder (beats the recipe, $WEIGHTSTORE_DIR and the "
                                    "user cache folder)")
-    b.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4),
-                   help="worker threads for hashing and copying")
+    add_jobs_option(b, _jobs, "worker threads for hashing and copying")
     b.add_argument("--force", action="store_true",
                    help="rebuild and replace package folders, even up-to-date or different ones")
     b.add_argument("--json", action="store_true", help="print the build summaries as JSON")
@@ -132,8 +132,7 @@ def _add_store(sub: Any) -> None:
                               "folder)")
         sp.add_argument("--json", action="store_true", help="print JSON")
         if name == "verify":
-            sp.add_argument("--jobs", type=_jobs, default=min(8, os.cpu_count() or 4),
-                            help="worker threads for hashing")
+            add_jobs_option(sp, _jobs, "worker threads for hashing")
             sp.add_argument("--repair", action="store_true",
                             help="drop damaged objects from the index (and delete their "
                                  "per-weight files) so the next build writes them again; "

@@ -38,6 +38,7 @@ from ..errors import (
     WeightstoreError,
 )
 from ..io.files import check_output_folder
+from ..io.workers import default_jobs
 from ..package.fingerprint import CACHE_NAME, FileDigests, layout_fingerprint
 from ..package.summary import CONTENTS_SINCE, SUMMARY_NAME, written_format_version
 from ..package.summary import FORMAT_VERSION as SUMMARY_FORMAT_VERSION
@@ -65,7 +66,7 @@ class BuildOptions:
     """
 
     store: str | None = None  # --store flag; highest priority
-    jobs: int = min(8, os.cpu_count() or 4)
+    jobs: int = default_jobs()
     force: bool = False  # rebuild and replace packages, even up-to-date or different ones
     progress: bool | None = None  # None: only on an interactive terminal
     models: tuple[str, ...] = ()  # --model: package only these (all when empty)

@@ -39,6 +39,7 @@ from ..io.files import (
     read_regular,
     remove_dead_temp_dirs,
 )
+from ..io.workers import default_jobs
 from ..package.summary import SUMMARY_NAME
 from ..packaging.companion_files import companion_files
 from ..packaging.inventory import read_summary_bytes, verified_package
@@ -78,7 +79,7 @@ class ReleaseOptions:
     # recipes: the build's store; package folders: the store whose record of the build
     # they must match (both default to $WEIGHTSTORE_DIR or the user cache folder)
     store: str | None = None
-    jobs: int = min(8, os.cpu_count() or 4)  # zstd workers (the bytes do not depend on it)
+    jobs: int = default_jobs()  # zstd workers (the bytes do not depend on it)
     compression: Compression = field(default_factory=Compression)
     epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else a fixed epoch
     progress: bool | None = False  # bars with rate and ETA (None: only on a terminal)

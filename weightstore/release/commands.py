@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from ..io.workers import add_jobs_option
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -15,13 +16,11 @@ EXIT_OK, EXIT_FAILED = 0, 1
 def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
     """Register the release commands on the CLI's subparsers (``jobs``: its --jobs type,
     ``integer``: its type for other integer options)."""
-    default_jobs = min(8, os.cpu_count() or 4)
     v = sub.add_parser("verify", help="re-hash every file of a package against its summary")
     v.add_argument("package", help="a package folder (holding summary.json)")
     v.add_argument("--store", help="store whose record of the build the folder must match "
                                    "(default: $WEIGHTSTORE_DIR or the user cache folder)")
-    v.add_argument("--jobs", type=jobs, default=default_jobs,
-                   help="worker threads for hashing")
+    add_jobs_option(v, jobs, "worker threads for hashing")
     v.add_argument("--json", action="store_true", help="print JSON")
 
     r = sub.add_parser("release", help="write reproducible .tar.zst archives, SHA256SUMS and "
@@ -33,8 +32,7 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
                                     "<package>-<version> for recipes)")
     r.add_argument("--store", help="store folder for the build; for a package folder, the "
                                    "store whose record of the build it must match")
-    r.add_argument("--jobs", type=jobs, default=default_jobs,
-                   help="zstd workers; the archive's bytes do not depend on it")
+    add_jobs_option(r, jobs, "zstd workers; the archive's bytes do not depend on it")
     r.add_argument("--level", type=integer, default=None,
                    help="zstd level, 1 to 19 (default 3)")
     r.add_argument("--long", action="store_true",
@@ -74,8 +72,7 @@ def add_parsers(sub: Any, jobs: Any, integer: Any) -> None:
     d.add_argument("--no-verify", dest="verify", action="store_false",
                    help="hash no file: compare what the summaries claim (kinds, paths, "
                         "sizes and the archives' structure are still checked)")
-    d.add_argument("--jobs", type=jobs, default=default_jobs,
-                   help="worker threads for hashing a folder")
+    add_jobs_option(d, jobs, "worker threads for hashing a folder")
     d.add_argument("--json", action="store_true", help="print JSON")
 
 
