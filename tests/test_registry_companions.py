@@ -19,14 +19,14 @@ import pytest
 from weightstore.cli import main
 from weightstore.errors import IntegrityError, RegistryDigestError
 from weightstore.packaging.bundles import assemble as assemble_bundle
-from weightstore.registry.artifact import FILEPATH, TITLE, sha256_digest
+from weightstore.registry.artifact import FILEPATH, SUMMARY_NAME, TITLE, sha256_digest
 from weightstore.registry.client import RegistryClient
 from weightstore.registry.pull import pull
 from weightstore.registry.push import bytes_pieces, push, upload_blob
 from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
-from .registry_proxy import misbehaving, relay
+from .registry_proxy import Counter, misbehaving, relay
 from .registry_server import needs_registry, running_registry
 from .samples import make_encoder
 
@@ -342,6 +342,52 @@ def test_device_pull_gets_the_devices_companions_at_its_root(built, tmp_path) ->
         assert (tmp_path / "half" / c["path"]).read_bytes() == (package / c["path"]).read_bytes()
     record = json.loads((tmp_path / "half" / "bundle.json").read_text())
     assert record["companions"] == _summary(package)["companions"]
+
+
+def test_small_blobs_download_alongside_the_big_ones(built, tmp_path) -> None:
+    """A pull starts its payload blobs the largest and the smallest in turn: the
+    companion files and small weights no longer all wait for the big ones to finish,
+    where nothing hides their request, sync and commit (largest first, the smallest
+    came last)."""
+    ref = built["refs"]["separate"]
+    counter = Counter()
+    with misbehaving(built["host"], counter) as proxy:
+        pull(ref.replace(built["host"], proxy), tmp_path / "out",
+             store=WeightStore(tmp_path / "store"), jobs=1)
+    manifest = _manifest(ref)
+    names = {x["digest"]: x.get("annotations", {}).get(FILEPATH, "") for x in
+             manifest["layers"]}
+    first = {n for n in names.values()  # the metadata, fetched before the payloads
+             if n == SUMMARY_NAME or n.endswith((".onnx", "bundle.json"))}
+    sizes = {x["digest"]: x["size"] for x in manifest["layers"]}
+    fetched = [sizes[d] for m, p in counter.seen if m == "GET" and "/blobs/sha256:" in p
+               and (d := p.rsplit("/", 1)[1]) in names and names[d] not in first]
+    # the order they start in (two threads take turns on one slot, so not to the blob):
+    # the largest first and the smallest right behind, not last
+    assert max(fetched) in fetched[:2]
+    assert fetched.index(min(fetched)) < len(fetched) // 4
+    assert len(fetched) > 8
+    assert _tree(tmp_path / "out") == _tree(built["v1"]["separate"])
+
+
+def test_a_pull_syncs_no_file_it_removes_at_once(built, tmp_path, monkeypatch) -> None:
+    """The artifact's config blob is read and removed as soon as it is checked: it is
+    not fsynced (a sync on the way to every pull's first byte), while every file the
+    pull publishes and every store object still is."""
+    import os
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    pull(built["refs"]["separate"], tmp_path / "out", store=WeightStore(tmp_path / "store"))
+    assert not [p for p in synced if p.endswith("/.config")]
+    assert [p for p in synced if p.endswith("/summary.json")]
+    assert _tree(tmp_path / "out") == _tree(built["v1"]["separate"])
 
 
 def test_a_registry_serving_other_bytes_for_a_companion_is_refused(built, tmp_path,

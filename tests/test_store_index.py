@@ -693,6 +693,58 @@ def test_a_new_store_switches_its_index_to_wal_without_waiting(tmp_path: Path,
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def _traced(tmp_path: Path, body: str, calls: str) -> list[str]:
+    """The system calls (``calls``, strace's ``-e trace=`` list) that a fresh process makes
+    while it runs ``body`` on ``store`` (``WeightStore(<tmp_path>/store)``): those between
+    two marks it writes to stderr, so neither start-up nor exit is counted."""
+    import subprocess
+    import sys
+
+    trace = tmp_path / "trace"
+    code = ("import os, sys\nfrom weightstore.store import WeightStore\n"
+            "store = WeightStore(sys.argv[1])\nos.write(2, b'<<mark>>')\n"
+            f"{body}\nos.write(2, b'<<mark>>')\n")
+    subprocess.run(["strace", "-f", "-o", str(trace), "-e", f"trace={calls},write",
+                    sys.executable, "-c", code, str(tmp_path / "store")],
+                   check=True, env=os.environ.copy(), capture_output=True)
+    lines = trace.read_text().splitlines()
+    marks = [i for i, line in enumerate(lines) if "<<mark>>" in line]
+    return [line for line in lines[marks[0] + 1:marks[1]] if "write(" not in line]
+
+
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+
+
+@needs_strace
+def test_a_new_stores_index_writes_one_rollback_journal(tmp_path: Path) -> None:
+    """The first write of a new store switches its empty index to WAL straight away: an
+    empty transaction before the switch (to wait for writers an empty file never had)
+    committed the first page through a rollback journal of its own, four syncs more on
+    every fresh store (a pull into a new store among them)."""
+    calls = _traced(tmp_path, "with store.leased():\n    pass", "openat")
+    journals = [c for c in calls if "index.sqlite-journal" in c and "O_CREAT" in c]
+    assert len(journals) == 1, journals
+    with sqlite3.connect(tmp_path / "store" / "index.sqlite") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION
+
+
+@needs_strace
+def test_a_lease_waits_for_no_disk_sync(tmp_path: Path) -> None:
+    """A lease's rows die with its process, so opening and closing one commits without
+    waiting for the disk (two syncs on every build and pull); a write that records
+    where bytes live still syncs, and the lease is gone once its block ends."""
+    WeightStore(tmp_path / "store").put(payloads(("a", 700)), kind="separate")
+    syncs = _traced(tmp_path, "with store.leased():\n    pass", "fsync,fdatasync")
+    assert syncs == []
+    put = _traced(tmp_path, "from weightstore.store import BytesPayload\n"
+                            "store.put([BytesPayload.of(b'x' * 700)], kind='separate')",
+                  "fsync,fdatasync")
+    assert put
+    with sqlite3.connect(tmp_path / "store" / "index.sqlite") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
+
+
 def test_an_index_that_will_not_switch_to_wal_is_an_error_not_a_hang(tmp_path: Path,
                                                                       monkeypatch) -> None:
     """A switch refused for good (another program keeps the file open in its journal mode,

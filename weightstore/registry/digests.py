@@ -104,7 +104,8 @@ def remember(store: WeightStore, *, sha256: dict[str, str] | None = None,
     store._make_root()
     if not store.writable():
         return
-    with contextlib.suppress(StoreError), store.index.writing() as conn:
+    # a cache: a pair a power cut loses is computed again by the next pull that needs it
+    with contextlib.suppress(StoreError), store.index.writing(durable=False) as conn:
         for statement in _TABLES:
             conn.execute(statement)
         conn.executemany("INSERT OR REPLACE INTO sha256_signed (key, sha256, mac) "

@@ -62,7 +62,7 @@ class PullReport:
 
 def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], target: Path,
              resume: bool = False, also: str | None = None,
-             copy_to: Path | None = None) -> tuple[int, str | None]:
+             copy_to: Path | None = None, durable: bool = True) -> tuple[int, str | None]:
     """Stream one blob to ``target``, checking its sha256 and size as it arrives. Returns
     the bytes received and, with ``also``, the hex digest of that algorithm over the same
     bytes. A mismatch removes ``target`` and names the digest. With ``resume``, bytes
@@ -72,9 +72,11 @@ def download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targe
     ``copy_to``: a second file (new, or truncated) that gets every byte the hashers get,
     as they get it, the kept prefix included, and is fsynced with ``target``: when the
     digests match, it holds exactly the verified bytes, with no copy or read-back after.
-    On a mismatch its content is undefined (its caller discards it)."""
+    On a mismatch its content is undefined (its caller discards it).
+
+    ``durable`` False: no fsync, for a file its caller reads and removes at once."""
     try:
-        return _download(client, ref, desc, target, resume, also, copy_to)
+        return _download(client, ref, desc, target, resume, also, copy_to, durable)
     except OSError as exc:  # a full disk: the file, and nothing of it left
         if exc.errno in WRITE_ERRNOS:
             target.unlink(missing_ok=True)
@@ -122,8 +124,8 @@ def _open_copy(path: Path | None) -> Iterator[Any]:
 
 
 def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], target: Path,
-              resume: bool, also: str | None,
-              copy_to: Path | None) -> tuple[int, str | None]:
+              resume: bool, also: str | None, copy_to: Path | None,
+              durable: bool) -> tuple[int, str | None]:
     digest, size = desc["digest"], desc["size"]
     received = 0
     from_zero = not resume
@@ -146,7 +148,7 @@ def _download(client: RegistryClient, ref: Reference, desc: dict[str, Any], targ
             if have < size:
                 broken, pos, count = _stream(client, ref, desc, out, have, hashers, also)
                 received += count
-            if not broken:
+            if not broken and durable:
                 out.sync()
         if broken:
             from_zero = False
@@ -322,7 +324,7 @@ def blob_bytes(client: RegistryClient, ref: Reference, desc: dict[str, Any],
     if desc["size"] > MAX_DOCUMENT:
         raise RegistryError("malformed model manifest: metadata blob too large",
                             digest=desc["digest"], reference=str(ref))
-    download(client, ref, desc, path)
+    download(client, ref, desc, path, durable=False)  # read here and removed by the caller
     return path.read_bytes()
 
 
@@ -420,7 +422,7 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
             assemble(store, folder, [own], jobs=1)
         return received, obj is not None
 
-    order = sorted(missing, key=lambda k: (-wanted[k], k))
+    order = download_order(missing, wanted)
     try:
         with (Progress("pulling", sum(wanted[k] for k in missing), enabled=progress) as bar,
               ThreadPoolExecutor(2 * jobs) as pool):
@@ -431,6 +433,20 @@ def _fetch_missing(client: RegistryClient, ref: Reference, store: WeightStore,
     finally:
         client.on_blob_bytes = None
     return hashed
+
+
+def download_order(keys: list[str], sizes: dict[str, int]) -> list[str]:
+    """The order blobs start in: the largest and the smallest in turn (largest first),
+    so that small blobs (companion files, biases, norms) download, sync and commit
+    alongside the big ones instead of after them, where nothing hides their latency;
+    a big blob still starts among the first."""
+    by_size = sorted(keys, key=lambda k: (-sizes[k], k))
+    order = []
+    while by_size:
+        order.append(by_size.pop(0))
+        if by_size:
+            order.append(by_size.pop())
+    return order
 
 
 class _GroupAdoption:

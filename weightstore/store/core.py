@@ -117,14 +117,15 @@ class Store:
         if not self.writable():  # no gc can run on it either: nothing to protect from
             yield self
             return
-        with self.index.writing() as conn:
+        # a lease dies with its process: a crash makes its rows moot, no sync for them
+        with self.index.writing(durable=False) as conn:
             lease = leases.open_lease(conn)
         self._lease = (os.getpid(), lease)
         try:
             yield self
         finally:
             self._lease = None
-            with contextlib.suppress(StoreError), self.index.writing() as conn:
+            with contextlib.suppress(StoreError), self.index.writing(durable=False) as conn:
                 leases.close_lease(conn, lease)
 
     def open_for_writing(self) -> list[str]:

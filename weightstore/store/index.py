@@ -544,15 +544,23 @@ class Index:
         return conn
 
     @contextlib.contextmanager
-    def writing(self) -> Iterator[sqlite3.Connection]:
+    def writing(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT``: the store-wide critical section.
 
         Creates the store's index on first use (migrating a format 1 ``meta.json``). Keep
         the body to recording rows and renames: its duration is every writer's wait.
+
+        ``durable`` False: the commit does not wait for the disk (``synchronous=NORMAL``
+        for this transaction: atomic and consistent still, only a power cut may undo
+        it, and the next durable commit or checkpoint makes it durable too). For rows
+        whose loss a crash makes moot (a lease, which dies with its process) or that are
+        a cache (digests remembered): one sync less each.
         """
         conn = self._connect()
         try:
             self._ensure_current(conn)
+            # set for each transaction, so none inherits another's
+            conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             self._begin(conn)
         except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
             raise
@@ -666,7 +674,8 @@ class Index:
             try:
                 if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
                     return
-                self._begin(conn)  # waits for writers, reporting who holds the index
+                if not self._empty():  # an empty file has had no writer to wait for
+                    self._begin(conn)  # waits for writers, reporting who holds the index
                 if self._switch_to_wal(conn) == "wal":
                     return
             except sqlite3.OperationalError as exc:
@@ -685,18 +694,27 @@ class Index:
             time.sleep(0.01)
 
     def _switch_to_wal(self, conn: sqlite3.Connection) -> str:
-        """One try at the switch, from inside the write transaction ``_begin`` opened,
-        waiting only briefly for other connections (the connection's own busy wait is
-        for writers, seconds long; ending the transaction waits on a reader too): the
-        answer is the mode now in force, the old one while another connection has the
-        file open."""
+        """One try at the switch, from inside the write transaction ``_begin`` opened
+        (none for an empty file: its commit alone would write the first page through a
+        rollback journal, four syncs, before the switch writes it again), waiting only
+        briefly for other connections (the connection's own busy wait is for writers,
+        seconds long; ending the transaction waits on a reader too): the answer is the
+        mode now in force, the old one while another connection has the file open."""
         waits = conn.execute("PRAGMA busy_timeout").fetchone()[0]
         conn.execute(f"PRAGMA busy_timeout={WAL_SWITCH_WAIT_MS}")
         try:
-            conn.execute("COMMIT")
+            if conn.in_transaction:
+                conn.execute("COMMIT")
             return conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         finally:
             conn.execute(f"PRAGMA busy_timeout={int(waits)}")
+
+    def _empty(self) -> bool:
+        """Is the index file still empty (a new store that no one has written)?"""
+        try:
+            return os.stat(self.path).st_size == 0
+        except OSError:
+            return False
 
     @staticmethod
     def _journal_mode(conn: sqlite3.Connection) -> str:
