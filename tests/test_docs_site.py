@@ -155,7 +155,8 @@ def pages(built: Built, served: str, chromium: Any) -> dict[str, Page]:
 
 
 def test_every_page_renders(pages: dict[str, Page]) -> None:
-    nav = ["", "reference/cli/", "reference/recipe/"]
+    nav = ["", "reference/cli/", "reference/recipe/", "reference/api/",
+           "explanation/architecture/", "how-to/reading-a-report/"]
     assert set(nav) <= set(pages), sorted(pages)
     for path, page in pages.items():
         assert page.title.endswith("weightstore") and page.h1, (path, page.title, page.h1)

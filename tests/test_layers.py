@@ -83,9 +83,9 @@ def _folder_imports(folder: str) -> set[str]:
 
 
 def test_the_package_root_holds_only_the_entry_points_and_shared_basics():
-    """Every concept lives in a folder named after it (docs/architecture.md); the root keeps
-    the entry points (``cli``, ``__main__``), the public API table and the four basics
-    every folder may use (errors, lazy exports, progress, the version)."""
+    """Every concept lives in a folder named after it (docs/explanation/architecture.md);
+    the root keeps the entry points (``cli``, ``__main__``), the public API table and the
+    four basics every folder may use (errors, lazy exports, progress, the version)."""
     assert {p.stem for p in PACKAGE.glob("*.py")} == ROOT_MODULES
 
 
@@ -206,7 +206,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circle_between_modules():
     """No module imports, however indirectly and wherever in the file (a function, a
     ``TYPE_CHECKING`` block), a module that imports it back: each concept sits on the
-    ones it needs (docs/architecture.md, "No circles")."""
+    ones it needs (docs/explanation/architecture.md, "No circles")."""
     modules = _modules()
     graph = {name: _imports(path) & modules.keys() for name, path in modules.items()}
     assert _circles(graph) == []
@@ -222,13 +222,13 @@ def test_the_circle_scan_sees_circles_and_every_kind_of_import():
         PACKAGE / "report" / "views.py")
 
 
-# The layers, bottom first (docs/architecture.md, "Layers"): a module imports modules of
+# The layers, bottom first (docs/explanation/architecture.md, "Layers"): a module imports modules of
 # its own folder, of a lower layer, and the root's basics (errors, lazy, progress, version).
 LAYERS = ("io", "_proto", "store", "signing", "layout", "recipe", "catalogue", "package", "caches",
           "convert", "passes", "scenarios", "resolve", "packaging", "load", "registry",
           "builder", "report", "release")
 # Imports that still climb a layer, each (file, the folder it reaches up to), explained in
-# docs/architecture.md (at most two). A climb added
+# docs/explanation/architecture.md (at most two). A climb added
 # fails the test below, and so does one removed but still listed here.
 CLIMBS = {
     ("convert/api.py", "scenarios"),

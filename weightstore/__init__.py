@@ -1,6 +1,6 @@
 """weightstore: a declarative build tool with a content-addressed weight store for ONNX models.
 
-The public Python API is what ``__all__`` lists; ``docs/api.md`` shows it at work. The
+The public Python API is what ``__all__`` lists; ``docs/reference/api.md`` shows it at work. The
 commands that build, inspect, convert, check and load have a function here:
 
 * ``build(recipe, BuildOptions(...))``: a recipe file, a :class:`Recipe` or a mapping;
