@@ -9,6 +9,7 @@ one page.
 from __future__ import annotations
 
 import contextlib
+import re
 import stat
 from pathlib import Path
 
@@ -129,3 +130,23 @@ def test_key_generate_makes_the_config_folder_private(tmp_path: Path) -> None:
     for folder in (home / ".config", home / ".config" / "weightstore"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE((home / ".config/weightstore/release.pem").stat().st_mode) == 0o600
+
+
+def test_the_site_shows_why_a_block_is_not_run() -> None:
+    """The marker is an HTML comment; the site's hook (mkdocs.yml) turns it into a note
+    above the block, rendered here with the site's Markdown extensions."""
+    markdown = pytest.importorskip("markdown", reason="the docs extra is not installed")
+    from tools.mkdocs_hooks import TITLE, show_not_run
+
+    page = ("Intro.\n\n<!-- not-run: needs cosign -->\n```sh\ncosign version\n```\n\n"
+            "- an item:\n\n    <!-- not-run: needs oras -->\n    ```sh\n    oras version\n"
+            "    ```\n")
+    html = markdown.markdown(show_not_run(page), extensions=[
+        "admonition", "pymdownx.superfences"])
+    assert html.count(f'<p class="admonition-title">{TITLE}</p>') == 2
+    assert "<p>needs cosign</p>" in html and "<p>needs oras</p>" in html
+    assert html.index("needs oras") > html.index("<li>")  # the note stays in its item
+    blocks = re.findall(r"<pre>(.*?)</pre>", html, flags=re.S)  # still code blocks
+    assert [re.sub(r"<[^>]+>", "", b).strip() for b in blocks] == ["cosign version",
+                                                                   "oras version"]
+    assert "not-run" not in html
