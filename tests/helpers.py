@@ -30,7 +30,7 @@ output: out
 """
 
 # Lock files go with their holder only where filelock hands the locked descriptor to an
-# on_acquired check (filelock 4); an older one keeps them, as docs/registry.md says.
+# on_acquired check (filelock 4); an older one keeps them, as docs/development.md says.
 needs_removable_locks = pytest.mark.skipif(
     not lock_files_removable(), reason="this filelock has no on_acquired: lock files are kept")
 

@@ -182,7 +182,8 @@ def test_the_install_line_builds_and_installs(tmp_path):
     """The files' install line is a pinned git URL of the project (it is not on PyPI) with
     the sign extra; pip builds that requirement (this checkout's committed tree at its
     commit standing in for the tag) into a wheel, which installs into a fresh venv whose
-    ``weightstore`` runs the README's key example on a fresh home. Costs a wheel build
+    ``weightstore`` runs the key example of the README and the release tutorial on a fresh
+    home. Costs a wheel build
     (about 4 s)."""
     from packaging.requirements import Requirement
 
@@ -195,11 +196,11 @@ def test_the_install_line_builds_and_installs(tmp_path):
     assert requirement.name == project["name"] and requirement.extras == {"sign"}
     source = project["urls"]["Source"]
     assert requirement.url == f"git+{source}@v{project['version']}", requirement.url
-    # the README's CI snippets install it the same way, at the same tag
-    readme = (ROOT / "README.md").read_text()
-    snippets = re.findall(r'pip install "weightstore\[\w+\] @ ([^"]+)"', readme)
+    # the CI tutorial's snippets install it the same way, at the same tag
+    tutorial = (ROOT / "docs" / "tutorials" / "ci-cache.md").read_text()
+    snippets = re.findall(r'pip install "weightstore\[\w+\] @ ([^"]+)"', tutorial)
     assert len(snippets) >= 2 and set(snippets) == {requirement.url}, snippets
-    assert "pip install 'weightstore[report]'" not in readme.split("## Reports in CI")[1][:800]
+    assert "pip install 'weightstore[report]'" not in tutorial.split("## Reports in CI")[1][:800]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
                             capture_output=True, text=True).stdout.strip()
     local = f"{requirement.name}[sign] @ git+file://localhost{ROOT}@{commit}"
@@ -227,7 +228,7 @@ def test_the_install_line_builds_and_installs(tmp_path):
     assert where.startswith(str(site)), where
     key = home / ".config" / "weightstore" / "release.pem"
     made = subprocess.run(["bash", "-c", "weightstore key generate "
-                           "~/.config/weightstore/release.pem"], env=env, cwd=home,  # README
+                           "~/.config/weightstore/release.pem"], env=env, cwd=home,  # the docs
                           capture_output=True, text=True, check=False)
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith("ed25519:")

@@ -393,7 +393,8 @@ def test_a_ref_whose_registry_never_answers_fails_within_the_deadline(tmp_path, 
 def test_a_https_source_is_verified_with_the_tls_a_registry_gets(served, tmp_path, capsys,
                                                                  monkeypatch):
     """A url source over HTTPS from a private CA: refused by the system's trust (one
-    line), fetched once its host's certs.d folder holds the CA (docs/registry.md, TLS)."""
+    line), fetched once its host's certs.d folder holds the CA
+    (docs/how-to/registry-auth-and-tls.md, TLS)."""
     import os
     import ssl
     from pathlib import Path
