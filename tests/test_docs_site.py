@@ -207,7 +207,7 @@ def test_search_finds_pages(served: str, chromium: Any) -> None:
         browser.evaluate('document.querySelector("[data-md-toggle=search]").click();'
                          'document.querySelector("input[data-md-component=search-query]")'
                          '.focus()')
-        browser.call("Input.insertText", {"text": "quantize-weights"})
+        browser.call("Input.insertText", {"text": "QuantizeWeightsPass"})
         found = browser.wait_for(
             '[...document.querySelectorAll(".md-search-result__item a")].map(a => a.href)')
         assert found, "the search listed nothing"
