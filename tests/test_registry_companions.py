@@ -597,3 +597,34 @@ def test_a_device_companion_at_a_models_path_is_refused(built, tmp_path, capsys)
     assert code == 2 and "companion file has the path of another file" in err
     assert "encoder.onnx" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "npu").exists()
+
+
+@pytest.mark.parametrize("variant, file", [({"device": "cpu"}, "devices/cpu/encoder.onnx"),
+                                           ({"scenario": "half"}, "encoder.onnx")])
+def test_a_variant_pull_refuses_a_model_the_summary_does_not_list(built, tmp_path, variant,
+                                                                  file) -> None:
+    """Someone with push rights points a model's layer at another model (a consistent
+    sha256): the summary's digest of that file refuses it in a device's or a scenario's
+    pull, as a whole pull does, before the folder exists."""
+    package = built["v1"]["separate"]
+    src = parse_reference(built["refs"]["separate"])
+    client = RegistryClient(src.host, push=True)
+    manifest = _manifest(built["refs"]["separate"])
+    layer = next(x for x in manifest["layers"]
+                 if x["annotations"][FILEPATH] == file)
+    model = onnx.load(str(package / file), load_external_data=False)
+    model.producer_name = model.producer_name.swapcase()  # other bytes, the same size
+    evil = model.SerializeToString()
+    assert evil != (package / file).read_bytes()
+    digest = sha256_digest(evil)
+    ref = parse_reference(f"{built['host']}/comp/evil-{file.replace('/', '-')}:1")
+    for x in [manifest["config"], *manifest["layers"]]:  # mounted from the original
+        upload_blob(client, ref, x["digest"], x["size"], bytes_pieces(b""), [src.repository])
+    upload_blob(client, ref, digest, len(evil), bytes_pieces(evil), [])
+    layer["digest"], layer["size"] = digest, len(evil)
+    client.put_manifest(ref, "1", json.dumps(manifest).encode())
+    store = WeightStore(tmp_path / "store")
+    with pytest.raises(IntegrityError) as info:
+        pull(str(ref), tmp_path / "out", store=store, **variant)
+    assert info.value.context["file"] == file
+    assert not (tmp_path / "out").exists()

@@ -181,6 +181,22 @@ def _download_files(client: RegistryClient, ref: Reference, parsed: ParsedArtifa
     return found
 
 
+def _check_listed(summary: dict[str, Any], names: list[str], taken: dict[str, str],
+                  ref: Reference) -> None:
+    """The package files ``names`` a variant folder is made from (its models, a device's
+    record; ``taken``: their digests, taken as they downloaded) are the bytes the summary's
+    ``contents`` lists, as a whole pull checks every file (a summary from before
+    ``contents`` lists none)."""
+    if contents_algo(summary) is None:
+        return
+    listed = {c.get("path"): c.get("digest") for c in summary["contents"]}
+    for name in names:
+        if listed.get(name) != taken.get(name):
+            raise IntegrityError("the pulled package does not match its summary",
+                                 reference=str(ref), file=name, expected=listed.get(name),
+                                 actual=taken.get(name))
+
+
 def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
     """A model file of the artifact, parsed; a malformed one is a typed error."""
     import onnx
@@ -361,7 +377,8 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
                             if n.startswith(f"{DEVICES}/") and n.count("/") == 2})
             raise PackageError("no such device in the artifact", device=device,
                                reference=str(ref), known=", ".join(known) or "none")
-        _download_files(client, ref, parsed, names, stage, report)
+        taken = _download_files(client, ref, parsed, names, stage, report,
+                                also=contents_algo(summary))
         from ..package.bundle_record import read_bundle
 
         record = read_bundle(stage, device)
@@ -374,19 +391,22 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
                                                                               {})
             models.append(VariantModel(entry.get("name"), entry["file"],
                                        _load_model(path, ref), entry["scenario"], keys))
+        _check_listed(summary, names, taken, ref)
     else:
         models_of = [(m, list(m.get("scenarios", []))) for m in summary["models"]]
         _no_clash(entries, [str(m["file"]) for m, _ in models_of], files, ref)
         if not any(scenario in names for _, names in models_of):
             raise ScenarioError("no model of the artifact has this scenario",
                                 scenario=scenario, reference=str(ref))
-        _download_files(client, ref, parsed, [str(m["file"]) for m, _ in models_of], stage,
-                        report)
+        model_files = [str(m["file"]) for m, _ in models_of]
+        taken = _download_files(client, ref, parsed, model_files, stage, report,
+                                also=contents_algo(summary))
         for m, names in models_of:
             file, chosen = str(m["file"]), scenario if scenario in names else None
             resolved = variant_graph(_load_model(stage / file, ref), chosen)
             keys = store_keys_of(record_beside(stage / file) or {})  # the summary's
             models.append(VariantModel(str(m["name"]), file, resolved, chosen, keys))
+        _check_listed(summary, model_files, taken, ref)
     # the models, their live payloads at their places in the folder's own weight files
     written = write_models(result, models, layout_alignment(summary),
                            contents_algo(summary) or str(summary.get("hash") or "blake3"))
