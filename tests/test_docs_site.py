@@ -70,6 +70,19 @@ def test_the_recipe_reference_has_every_key_of_every_model() -> None:
     assert '| `block_size` | integer | `128` |' in page  # a pass's parameter, its default
 
 
+def test_every_format_page_states_its_versions_and_is_listed() -> None:
+    """One page per on-disk format under docs/reference/formats/, each stating its
+    format_version(s) under its title, each listed on the formats' index page."""
+    folder = ROOT / "docs" / "reference" / "formats"
+    index = (folder / "index.md").read_text(encoding="utf-8")
+    pages = sorted(p for p in folder.glob("*.md") if p.name != "index.md")
+    assert len(pages) >= 8
+    for page in pages:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        assert lines[0].startswith("# ") and lines[2].startswith("**format_version:**"), page
+        assert f"]({page.name})" in index, page.name
+
+
 @dataclass(frozen=True)
 class Built:
     site: Path
@@ -156,7 +169,8 @@ def pages(built: Built, served: str, chromium: Any) -> dict[str, Page]:
 
 def test_every_page_renders(pages: dict[str, Page]) -> None:
     nav = ["", "reference/cli/", "reference/recipe/", "reference/api/",
-           "explanation/architecture/", "how-to/reading-a-report/"]
+           "reference/formats/", "reference/formats/store/", "explanation/architecture/",
+           "how-to/reading-a-report/"]
     assert set(nav) <= set(pages), sorted(pages)
     for path, page in pages.items():
         assert page.title.endswith("weightstore") and page.h1, (path, page.title, page.h1)

@@ -48,7 +48,8 @@ def test_frame_bytes_do_not_depend_on_workers_or_write_sizes():
 
 def test_presplitter_setting_is_applied():
     """Setting 2 against libzstd's default (0) at level 3: different bytes, so the
-    setting reaches libzstd (on real weights the two differ; see docs/formats.md)."""
+    setting reaches libzstd (on real weights the two differ; see
+    docs/reference/formats/release.md)."""
     rng = __import__("numpy").random.default_rng(3)
     # blocks whose statistics change every 48 KiB: where a pre-splitter cuts
     parts = [(rng.standard_normal(12_288) * scale).astype("float32").tobytes()

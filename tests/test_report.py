@@ -289,10 +289,11 @@ def test_an_option_no_view_answers_is_refused(packages, capsys, monkeypatch):
 
 
 def test_formats_md_shows_the_data_s_shape(packages, capsys):
-    """docs/formats.md's example of the report data has exactly the keys the data has, at
-    every level it shows (a key added or renamed must be documented)."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
-    section = text[text.index("## Report data"):]
+    """docs/reference/formats/report-data.md's example of the report data has exactly the
+    keys the data has, at every level it shows (a key added or renamed must be documented)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "formats"
+            / "report-data.md").read_text()
+    section = text[text.index("# Report data"):]
     start = section.index("```json") + len("```json")
     doc = json.loads(section[start:section.index("```", start)])
     data = _json(capsys, str(packages["scenarios"]))

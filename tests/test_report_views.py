@@ -199,12 +199,13 @@ def _flatten(view: dict) -> dict[str, int]:
 
 
 def test_formats_md_shows_each_view_s_shape(versions, capsys):
-    """docs/formats.md's examples of the diff and store views have exactly the keys the
-    data has, at every level they show."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    """docs/reference/formats/report-data.md's examples of the diff and store views have
+    exactly the keys the data has, at every level they show."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "formats"
+            / "report-data.md").read_text()
     data = _json(capsys, "report", str(versions["b"]), "--against", str(versions["a"]),
                  "--store", str(versions["store"]))["views"]
-    for name, heading in (("diff", "### The diff view"), ("store", "### The store view")):
+    for name, heading in (("diff", "## The diff view"), ("store", "## The store view")):
         section = text[text.index(heading):]
         start = section.index("```json") + len("```json")
         doc = json.loads(section[start:section.index("```", start)])

@@ -135,7 +135,7 @@ def test_an_in_place_add_removes_what_a_killed_one_left(model_path, capsys):
         assert _run(capsys, "scenario", "add", str(model_path), "s", "--passes",
                     "cleanup")[0] == 0
     # a writer holds its temp file from its creation: one no process holds is a
-    # leftover, however young (see docs/formats.md, "Temp files")
+    # leftover, however young (see docs/reference/formats/store.md, "Temp files")
     assert not dead.exists() and not fresh.exists() and live.exists() and other.exists()
     assert scenario_names(onnx.load(str(model_path), load_external_data=False)) == ["s"]
 

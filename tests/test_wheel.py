@@ -112,6 +112,6 @@ def test_the_sdist_holds_the_whole_source(tmp_path: Path) -> None:
     assert not missing, sorted(missing)
     assert not [n for n in names if "__pycache__" in n or n.startswith("bench/out/")]
     for needed in ("tests/conftest.py", "tests/helpers.py", "tests/data/format1-store/meta.json",
-                   "examples/tiny_bert/model.onnx", "recipes/tiny-bert.yaml", "docs/formats.md",
-                   "LICENSE", "PKG-INFO"):
+                   "examples/tiny_bert/model.onnx", "recipes/tiny-bert.yaml",
+                   "docs/reference/formats/index.md", "mkdocs.yml", "LICENSE", "PKG-INFO"):
         assert needed in names, needed

@@ -84,7 +84,7 @@ class BuildOptions:
 @dataclass
 class PackageResult:
     """One package folder of a build: its layout, where it is, what the build did to it
-    (``status``) and its ``summary.json`` as a mapping (docs/formats.md)."""
+    (``status``) and its ``summary.json`` as a mapping (docs/reference/formats/package.md)."""
 
     layout: str
     path: Path
@@ -109,7 +109,8 @@ class BuildResult:
     store_report: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REPORT_KEYS, 0))
 
     def to_dict(self) -> dict[str, Any]:
-        """What ``build --json`` prints (docs/formats.md, build summary)."""
+        """What ``build --json`` prints (docs/reference/formats/build-records.md, "Build
+        report")."""
         return {
             "store": str(self.store),
             "store_report": self.store_report,

@@ -64,7 +64,7 @@ def set_external(tensor: TensorProto, location: str, offset: int, length: int) -
     """Point ``tensor`` at external data with onnx.proto's ``location``, ``offset`` and
     ``length`` only. No ``checksum``: onnx.proto defines it as the SHA-1 of the whole file,
     which no payload's digest is; weightstore keeps those in ``summary.json`` and the store
-    (see docs/formats.md)."""
+    (see docs/reference/formats/package.md)."""
     clear_payload(tensor)
     tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)),

@@ -1,6 +1,7 @@
 """The bundle record (``devices/<device>/bundle.json``): which models a device runs, which
 package weight files they need, and (format 2) the store key of each live external weight
-of each model, which the models' external data does not carry (see docs/formats.md).
+of each model, which the models' external data does not carry (see
+docs/reference/formats/device-bundles.md).
 
 ``weightstore bundle`` and ``pull --device``/``--scenario`` write the record into the
 folder they make, beside its models: a model file opened on its own takes its payloads'

@@ -119,7 +119,8 @@ class StoreConfig(_Model):
 
 class CacheConfig(_Model):
     """A registry-backed build cache: repositories whose signed entries a build fetches
-    instead of converting, and the one it stores its entries in (docs/formats.md)."""
+    instead of converting, and the one it stores its entries in
+    (docs/reference/formats/build-records.md)."""
 
     read: list[str] = Field(
         default_factory=list,

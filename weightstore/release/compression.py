@@ -19,7 +19,7 @@ large float tensors, which have no such changes inside, that cost a quarter of t
 compression CPU and 0.12% of size. Setting 2 compares only the two ends of each block:
 the CPU of no pre-splitting, the size of no pre-splitting on large tensors, and most of
 the default's gain where small tensors of different scales follow each other
-(docs/formats.md, "Choosing the default compression", has the figures).
+(docs/reference/formats/release.md, "Choosing the default compression", has the figures).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_LEVEL = 3  # see docs/formats.md "Compression, measured": float weights barely compress
+DEFAULT_LEVEL = 3  # see docs/reference/formats/release.md: float weights barely compress
 JOB_SIZE = 8 << 20  # bytes per zstd job: parallelism and memory (workers x ~3 jobs)
 LDM_WINDOW_LOG = 27  # long-distance matching: 128 MiB window
 PRESPLIT = 2  # ZSTD_c_blockSplitterLevel: 0 libzstd's choice, 1 none, 2 block ends only

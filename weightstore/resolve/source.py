@@ -195,7 +195,7 @@ def listed_digest(summary: dict[str, Any], file: str) -> str | None:
 def store_keys_of(entry: dict[str, Any]) -> dict[tuple[str, int], str]:
     """Each external weight's store key by (location, offset), from a model's entry in its
     package summary or bundle record: what a packaged model's payloads are verified
-    against, their external data carrying no digest (see docs/formats.md)."""
+    against, their external data carrying no digest (see docs/reference/formats/package.md)."""
     return {(w["location"], int(w["offset"])): w["id"]
             for w in entry.get("external_weights", ())}
 
