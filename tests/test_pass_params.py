@@ -51,6 +51,11 @@ def test_bare_names_and_mappings_are_one_canonical_form():
     ("          - {name: cleanup, level: 2}\n", "unknown key 'level'", "passes[0].level"),
     ("          - cleanup\n          - {name: cast-fp17}\n", "unknown pass", "passes[1].name"),
     ("          - cast-fp17\n", "got 'cast-fp17'", "passes[0]"),
+    # onnxruntime's quantization kernels take blocks of 16 to 256 weights
+    ("          - {name: quantize-weights, block_size: 512}\n",
+     "less than or equal to 256, got 512", "passes[0].block_size"),
+    ("          - {name: quantize-weights, block_size: 48}\n", "power of two",
+     "passes[0].block_size"),
 ])
 def test_a_bad_parameter_is_one_clear_line(passes, message, key):
     with pytest.raises(RecipeError) as info:

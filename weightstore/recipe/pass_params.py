@@ -65,8 +65,9 @@ class QuantizeWeightsParams(PassParams):
 
     bits: Literal[4, 8] = Field(4, description="Bits per quantized weight: 4 or 8.")
     block_size: int = Field(
-        128, ge=16,
-        description="Weights per quantization block along K (a power of two, at least 16).")
+        128, ge=16, le=256,
+        description="Weights per quantization block along K: 16, 32, 64, 128 or 256 (a "
+                    "power of two; onnxruntime's quantization kernels take no other).")
     symmetric: bool = Field(
         False, description="true: symmetric blocks without zero points; false: asymmetric "
                            "blocks, each with its zero point.")
