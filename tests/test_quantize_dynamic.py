@@ -1,6 +1,7 @@
 """quantize-dynamic against onnxruntime's own ``quantize_dynamic``: the same nodes, the
-same quantized payloads byte for byte, the same outputs, on a real exporter's transformer
-(tiny_bert), onnxruntime-genai's builder LLM and a small conv net with a MatMul head."""
+same quantized payloads byte for byte, the same outputs, on a BERT-like encoder built with
+onnx's helpers (tiny_bert, not an exporter's), onnxruntime-genai's builder LLM (the
+exporter's transformer) and a small conv net with a MatMul head."""
 
 from __future__ import annotations
 
