@@ -107,6 +107,24 @@ def test_the_strict_build_has_no_warning(built: Built) -> None:
     assert "WARNING" not in built.log and "ERROR" not in built.log, built.log[-4000:]
 
 
+def test_the_api_page_renders_every_public_name_as_text(built: Built) -> None:
+    """Each public name has its section, rendered from its docstring, and the docstrings'
+    Sphinx roles read as code (tools/mkdocs_api_hooks.py), not ``:class:Recipe``."""
+    import re
+
+    import weightstore
+
+    if built.returncode:
+        pytest.fail("the site did not build (test_the_strict_build_has_no_warning)")
+    html = (built.site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    headings = re.findall(r'<h4 id="weightstore\.[^"]*" class="doc doc-heading">\s*(\S+)',
+                          html)
+    assert sorted(headings) == sorted(f"weightstore.{n}" for n in weightstore.__all__
+                                      if n != "__version__")
+    assert "doc-contents" in html
+    assert not re.findall(r":[a-z]+:<code", html)
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
