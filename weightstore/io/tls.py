@@ -1,5 +1,6 @@
 """The TLS a request to a host uses: the authorities it trusts and the client certificate
-it shows, read where the container ecosystem keeps them (``docs/registry.md``, "TLS").
+it shows, read where the container ecosystem keeps them
+(``docs/how-to/registry-auth-and-tls.md``, "TLS").
 
 Trust, the first of these that is set:
 

@@ -5,7 +5,7 @@ Why not oras-py: it uploads a blob by reading it whole into memory for a monolit
 time into a file it names itself, and hashes nothing while streaming; we need bodies
 streamed from byte ranges of existing files, sha256 (and the store's own hash) computed
 on the bytes as they arrive, uploads that resume from the offset the registry reports, and
-many blobs in flight. See ``docs/registry.md``.
+many blobs in flight. See ``docs/explanation/registry-client.md``.
 
 Every request goes through :meth:`RegistryClient.request`: auth challenges answered
 (Basic, or Bearer tokens cached per scope), 429/5xx and dropped connections retried with

@@ -41,7 +41,7 @@ def _transport_flags(p: argparse.ArgumentParser, jobs: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--username", help="registry user; the password is read from stdin "
                                       "(--password-stdin). Beats every other source of "
-                                      "credentials (docs/registry.md)")
+                                      "credentials (docs/how-to/registry-auth-and-tls.md)")
     p.add_argument("--password-stdin", action="store_true",
                    help="read the password (or token) for --username from stdin")
 

@@ -22,7 +22,7 @@ Trust stays with the origin: a manifest by digest is checked against that digest
 it came from; a tag is resolved at the origin (a ``HEAD``) and the manifest a mirror gives
 for it is taken only when its digest is the origin's; every blob is checked against the
 digest its manifest names. Only when the origin does not answer does a tag mean what the
-first mirror that knows it says (``docs/registry.md``, "Mirrors").
+first mirror that knows it says (``docs/how-to/registry-auth-and-tls.md``, "Mirrors").
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def tls_error(failure: ssl.SSLError, **context: Any) -> RegistryTLSError:
         return RegistryTLSError(
             f"registry certificate refused: {failure.verify_message}; trust its CA with "
             f"REQUESTS_CA_BUNDLE or SSL_CERT_FILE, or as ca.crt in its certs.d folder "
-            f"(docs/registry.md, TLS)", **context)
+            f"(docs/how-to/registry-auth-and-tls.md, TLS)", **context)
     reason = failure.reason or str(failure)
     hint = ("; the registry wants a client certificate it trusts (client.cert and "
             "client.key in its certs.d folder)") if "CERTIFICATE" in reason else ""
