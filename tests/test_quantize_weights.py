@@ -355,3 +355,16 @@ def test_the_int4_device_runs_as_the_quantizers_model(package, tmp_path, capsys)
             np.testing.assert_array_equal(got, want)
     replayed = runnable_variant(built.path / "encoder.onnx", "int4")
     assert_same_quantization(replayed, theirs)
+
+
+@pytest.mark.parametrize("block_size", ["512", "8", "48"])
+def test_a_record_naming_a_block_size_the_kernels_refuse_is_a_scenario_error(block_size):
+    # a model someone else made carries its derivations: only blocks of 16 to 256 (a
+    # power of two) reach onnxruntime's kernels, the rest is one typed error
+    from weightstore.catalogue.descriptors import DerivedWeightRecipe
+    from weightstore.scenarios.derive import compute
+
+    recipe = DerivedWeightRecipe("matmul-nbits-weight", ("w",), (
+        ("bits", "4"), ("block_size", block_size), ("symmetric", "true")))
+    with pytest.raises(ScenarioError, match="block size"):
+        compute(recipe, [np.ones((64, 8), np.float32)])

@@ -58,6 +58,10 @@ def _regex(value: str | None) -> str | None:
     return value
 
 
+# the block sizes onnxruntime's quantization kernels (MlasQuantizeBlockwise) take
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
 class QuantizeWeightsParams(PassParams):
     """``quantize-weights``: MatMul weights to com.microsoft MatMulNBits, quantized block by
     block with onnxruntime's round-to-nearest kernels, as its ``MatMulNBitsQuantizer``
@@ -65,7 +69,7 @@ class QuantizeWeightsParams(PassParams):
 
     bits: Literal[4, 8] = Field(4, description="Bits per quantized weight: 4 or 8.")
     block_size: int = Field(
-        128, ge=16, le=256,
+        128, ge=BLOCK_SIZES[0], le=BLOCK_SIZES[-1],
         description="Weights per quantization block along K: 16, 32, 64, 128 or 256 (a "
                     "power of two; onnxruntime's quantization kernels take no other).")
     symmetric: bool = Field(

@@ -197,9 +197,12 @@ def _matmul_nbits(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> tuple[n
     block_size = _int(attrs["block_size"], "block_size", recipe)
     symmetric = _flag(attrs["symmetric"], "symmetric", recipe)
     weight = src[0]
-    if bits not in (4, 8) or block_size < 16 or block_size & (block_size - 1):
-        raise ScenarioError("matmul-nbits takes 4 or 8 bits and a power-of-two block size "
-                            "of at least 16", bits=bits, block_size=block_size)
+    from ..recipe.pass_params import BLOCK_SIZES
+
+    if bits not in (4, 8) or block_size not in BLOCK_SIZES:
+        raise ScenarioError("matmul-nbits takes 4 or 8 bits and a block size of "
+                            f"{', '.join(map(str, BLOCK_SIZES))}", bits=bits,
+                            block_size=block_size)
     if weight.ndim != 2 or weight.dtype not in (np.float32, np.float16):
         raise ScenarioError("matmul-nbits quantizes a float32 or float16 matrix",
                             shape=list(weight.shape), dtype=str(weight.dtype))
