@@ -128,7 +128,6 @@ def whole_files(summary: Mapping[str, Any], summary_bytes: bytes,
     return out
 
 
-
 def _rewrite_damaged(store: WeightStore, payloads: Sequence[Any]) -> None:
     """A package file whose store object is damaged is rewritten from the folder's bytes
     (checked against the key first; see :meth:`WeightStore.heal`): ``put`` keeps an
