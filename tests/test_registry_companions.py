@@ -599,6 +599,42 @@ def test_a_device_companion_at_a_models_path_is_refused(built, tmp_path, capsys)
     assert not (tmp_path / "npu").exists()
 
 
+@pytest.mark.parametrize("path, other", [("pk.default.data/notes.txt", "pk.default.data")])
+def test_a_device_companion_at_a_folder_or_case_of_another_file_is_refused(
+        built, tmp_path, capsys, path, other) -> None:
+    """A device's own companion file whose path makes a weight file a folder, or differs
+    from one only in case (one file on macOS and Windows): a device pull is refused in one
+    line naming both, nothing written."""
+    from weightstore.io.digests import digest_bytes, make_key
+
+    package = tmp_path / "pkg"
+    shutil.copytree(built["v1"]["split"], package)
+    summary = _summary(package)
+    data = b"a note\n"
+    key = make_key(summary["hash"], digest_bytes(summary["hash"], data))
+    own = package / "devices" / "npu" / path
+    own.parent.mkdir(parents=True, exist_ok=True)
+    own.write_bytes(data)
+    device = next(d for d in summary["devices"] if d["name"] == "npu")
+    device["files"].append(f"devices/npu/{path}")
+    device["companions"] = sorted([*device["companions"], {
+        "path": path, "size": len(data), "digest": key, "kind": "doc"}],
+        key=lambda c: c["path"])
+    summary["contents"] = sorted([*summary["contents"], {
+        "path": f"devices/npu/{path}", "size": len(data), "digest": key}],
+        key=lambda c: c["path"])
+    (package / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    ref = f"{built['host']}/comp/folder-clash:{path.replace('/', '-').lower()}"
+    push(package, ref, store=WeightStore(tmp_path / "push-store"))
+    capsys.readouterr()
+    code = main(["pull", ref, str(tmp_path / "npu"), "--device", "npu", "--store",
+                 str(tmp_path / "store")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "companion file" in err and len(err.splitlines()) == 1
+    assert path in err and other in err
+    assert not (tmp_path / "npu").exists()
+
+
 @pytest.mark.parametrize("variant, file", [({"device": "cpu"}, "devices/cpu/encoder.onnx"),
                                            ({"scenario": "half"}, "encoder.onnx")])
 def test_a_variant_pull_refuses_a_model_the_summary_does_not_list(built, tmp_path, variant,

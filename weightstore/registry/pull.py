@@ -436,14 +436,19 @@ def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact
 def _no_clash(entries: dict[str, Any], models: list[str], files: list[WeightFile],
               ref: Reference) -> None:
     """A variant folder holds its models, its record and weight files at their names, and
-    its companion files at their paths: none of those may be another's."""
+    its companion files at their paths: none of those may be another's, nor a folder of
+    it (:func:`.recipe.companions.collision`)."""
     from ..package.bundle_record import BUNDLE_NAME
+    from ..recipe.companions import collision
 
-    taken = {BUNDLE_NAME, *models, *(f.name for f in files)}
-    for name in sorted(taken & entries.keys()):
-        raise RegistryError("malformed model artifact: a companion file has the path of "
-                            "another file of the variant's folder", reference=str(ref),
-                            file=name)
+    taken = sorted({BUNDLE_NAME, *models, *(f.name for f in files)})
+    for name in sorted(entries):
+        other = collision(name, taken)
+        if other is not None:
+            raise RegistryError("malformed model artifact: a companion file has the path of "
+                                "another file of the variant's folder", reference=str(ref),
+                                file=name, other=other)
+        taken.append(name)
 
 
 def _variant_companions(summary: dict[str, Any], device: str | None,
