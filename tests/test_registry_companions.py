@@ -370,6 +370,41 @@ def test_small_blobs_download_alongside_the_big_ones(built, tmp_path) -> None:
     assert _tree(tmp_path / "out") == _tree(built["v1"]["separate"])
 
 
+def test_a_pulls_metadata_files_download_side_by_side(built, tmp_path) -> None:
+    """The model files and device records a whole pull fetches before its payloads
+    download several at a time (each was a request and a sync queued behind the one
+    before): the registry, slowed down, sees them in flight together."""
+    import threading
+    import time
+
+    ref = built["refs"]["separate"]
+    names = {x["digest"]: x.get("annotations", {}).get(FILEPATH, "")
+             for x in _manifest(ref)["layers"]}
+    metadata = {d for d, n in names.items() if n.endswith((".onnx", "bundle.json"))}
+    assert len(metadata) >= 3
+    lock, flying, most = threading.Lock(), [0], [0]
+
+    def slow(handler, body: bytes) -> bool:
+        if handler.command != "GET" or handler.path.rsplit("/", 1)[-1] not in metadata:
+            return False
+        with lock:
+            flying[0] += 1
+            most[0] = max(most[0], flying[0])
+        time.sleep(0.3)
+        try:
+            relay(handler, built["host"], body)
+        finally:
+            with lock:
+                flying[0] -= 1
+        return True
+
+    with misbehaving(built["host"], slow) as proxy:
+        pull(ref.replace(built["host"], proxy), tmp_path / "out",
+             store=WeightStore(tmp_path / "store"))
+    assert most[0] >= 2
+    assert _tree(tmp_path / "out") == _tree(built["v1"]["separate"])
+
+
 def test_a_pull_syncs_no_file_it_removes_at_once(built, tmp_path, monkeypatch) -> None:
     """The artifact's config blob is read and removed as soon as it is checked: it is
     not fsynced (a sync on the way to every pull's first byte), while every file the

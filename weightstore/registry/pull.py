@@ -161,20 +161,36 @@ def _check_config(data: bytes, parsed: ParsedArtifact, reference: str) -> None:
                             format=fmt)
 
 
+METADATA_JOBS = 4  # metadata files (models, device records, ...) downloaded at once
+
+
 def _download_files(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
                     names: list[str], stage: Path, report: PullReport,
                     also: str | None = None) -> dict[str, str]:
-    """Download the layers of ``names`` into ``stage``; with ``also`` (an algorithm),
-    returns each file's ``"<algo>:<hex>"`` taken on the way."""
-    found = {}
+    """Download the layers of ``names`` into ``stage``, :data:`METADATA_JOBS` at a time
+    (their requests and syncs overlap instead of queueing one behind the other); with
+    ``also`` (an algorithm), returns each file's ``"<algo>:<hex>"`` taken on the way."""
+    descs = {}
     for name in names:
         desc = parsed.files.get(name)
         if desc is None:
             raise RegistryError("malformed model artifact: a file its metadata names has no "
                                 "layer", reference=str(ref), file=name)
-        target = stage / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        received, hex_ = download(client, ref, desc, target, also=also)
+        descs[name] = desc
+        (stage / name).parent.mkdir(parents=True, exist_ok=True)
+
+    def fetch(name: str) -> tuple[int, str | None]:
+        return download(client, ref, descs[name], stage / name, also=also)
+
+    if len(names) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(METADATA_JOBS, len(names))) as pool:
+            done = list(pool.map(fetch, names))
+    else:
+        done = [fetch(name) for name in names]
+    found = {}
+    for name, (received, hex_) in zip(names, done, strict=True):
         report.file_bytes += received
         if also is not None and hex_ is not None:
             found[name] = make_key(also, hex_)
