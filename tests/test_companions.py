@@ -232,6 +232,32 @@ def test_two_entries_at_one_path_are_refused():
     assert "collides with 'config.json'" in str(caught.value)
 
 
+@pytest.mark.parametrize("files, key, path, other", [
+    ("  - {source: a/LICENSE}\n  - {source: b/license}\n", "files[1].source", "license",
+     "LICENSE"),
+    ("  - {source: a/config.json, path: Docs/config.json}\n  - {source: b/docs}\n",
+     "files[1].source", "docs", "Docs/config.json"),
+    ("  - {source: a/Encoder.onnx}\n", "files[0].source", "Encoder.onnx", "encoder.onnx"),
+])
+def test_paths_that_differ_only_in_case_collide(files, key, path, other):
+    """One file on the case-insensitive file systems of macOS and Windows."""
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe_text(RECIPE_HEAD + "files:\n" + files, "r.yaml")
+    assert caught.value.context["key"] == key
+    assert f"companion path '{path}' collides with '{other}'" in str(caught.value)
+
+
+def test_folder_files_that_differ_only_in_case_collide_at_build(encoder_model, save_model,
+                                                                tmp_path, capsys):
+    save_model(encoder_model, "models/encoder.onnx")
+    write_tree(tmp_path / "hf", {"LICENSE": "MIT\n", "license": "Apache 2.0\n"})
+    recipe = write_recipe(tmp_path, "  - {source: hf, path: .}\n")
+    assert main(["build", str(recipe), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'license' collides with 'LICENSE'" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_folder_files_are_checked_at_build(encoder_model, save_model, tmp_path, capsys):
     save_model(encoder_model, "models/encoder.onnx")
     write_tree(tmp_path / "hf", {"config.json": "{}", "summary.json": "{}"})
@@ -330,6 +356,10 @@ def test_default_kinds(path, kind):
     (lambda s: s["companions"][0].update(path="/etc/passwd"), "companions[0].path"),
     (lambda s: s["companions"][0].update(path="summary.json"), "companions[0].path"),
     (lambda s: s["companions"].append(dict(s["companions"][0])), "companions[7].path"),
+    (lambda s: s["companions"].append({**s["companions"][0], "path": "license"}),
+     "companions[7].path"),  # LICENSE and license: one file on macOS and Windows
+    (lambda s: s["companions"].append({**s["companions"][0], "path": "LICENSE/x"}),
+     "companions[7].path"),
     (lambda s: s.update(format_version=4), "companions"),
     (lambda s: s["companions"][0].update(size=1), "companions[0]"),
 ])

@@ -634,7 +634,9 @@ def test_a_device_companion_at_a_models_path_is_refused(built, tmp_path, capsys)
     assert not (tmp_path / "npu").exists()
 
 
-@pytest.mark.parametrize("path, other", [("pk.default.data/notes.txt", "pk.default.data")])
+@pytest.mark.parametrize("path, other", [("pk.default.data/notes.txt", "pk.default.data"),
+                                         ("PK.HALF.DATA", "pk.half.data"),
+                                         ("Encoder.onnx", "encoder.onnx")])
 def test_a_device_companion_at_a_folder_or_case_of_another_file_is_refused(
         built, tmp_path, capsys, path, other) -> None:
     """A device's own companion file whose path makes a weight file a folder, or differs

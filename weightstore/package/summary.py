@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import IntegrityError, PackageError
 from ..io.digests import split_key
 from ..io.files import is_relative_inside, parse_json, read_regular
-from ..recipe.companions import KINDS, path_problem
+from ..recipe.companions import KINDS, colliding, path_problem
 from ..recipe.formats import LAYOUT_KEYS_SINCE
 from ..version import __version__
 
@@ -348,7 +348,6 @@ def check_companion_list(companions: Any, known: bool, where: str, at: str, *,
     if not isinstance(companions, list) or not known:
         raise PackageError(f"malformed {what}: a key has the wrong type", file=where,
                            key=at)
-    seen: set[str] = set()
     for i, entry in enumerate(companions):
         key = f"{at}[{i}]"
         check_entry(entry, _COMPANION_KEYS, where, key, what=what)
@@ -360,10 +359,12 @@ def check_companion_list(companions: Any, known: bool, where: str, at: str, *,
         if path_problem(entry["path"]) is not None:
             raise PackageError(f"{what} names a companion path a package cannot hold",
                                file=where, key=f"{key}.path", path=entry["path"])
-        if entry["path"] in seen:
-            raise PackageError(f"{what} lists a companion twice", file=where,
-                               key=f"{key}.path", path=entry["path"])
-        seen.add(entry["path"])
+    clash = colliding(entry["path"] for entry in companions)
+    if clash is not None:
+        i, other = clash
+        raise PackageError(f"{what} lists a companion at the path of another (the same "
+                           "but for case, or one a folder of the other)", file=where,
+                           key=f"{at}[{i}].path", path=companions[i]["path"], other=other)
 
 
 def _check_paths(summary: dict[str, Any], where: str) -> None:

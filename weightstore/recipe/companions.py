@@ -83,10 +83,34 @@ def path_problem(path: object) -> str | None:
 
 def collision(path: str, taken: Iterable[str]) -> str | None:
     """The first of ``taken`` (package paths) that ``path`` collides with: the same path,
-    or one of them a folder of the other."""
+    or one of them a folder of the other, compared case-folded (``LICENSE`` and
+    ``license`` are one file on the case-insensitive file systems of macOS and
+    Windows)."""
+    folded = path.casefold()
     for other in taken:
-        if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
+        mine = other.casefold()
+        if folded == mine or folded.startswith(mine + "/") or mine.startswith(folded + "/"):
             return other
+    return None
+
+
+def colliding(paths: Iterable[str]) -> tuple[int, str] | None:
+    """The index of the first of ``paths`` that collides (as :func:`collision` tells) with
+    an earlier one, and that one; None when none does. In time linear in the paths' parts
+    (a summary may list thousands)."""
+    files: dict[str, str] = {}  # case-folded path -> path
+    folders: dict[str, str] = {}  # case-folded folder -> a path below it
+    for i, path in enumerate(paths):
+        folded = path.casefold()
+        parts = folded.split("/")
+        above = ("/".join(parts[:i]) for i in range(1, len(parts)))
+        other = files.get(folded) or folders.get(folded) or next(
+            (files[f] for f in above if f in files), None)
+        if other is not None:
+            return i, other
+        files[folded] = path
+        for f in range(1, len(parts)):
+            folders.setdefault("/".join(parts[:f]), path)
     return None
 
 
