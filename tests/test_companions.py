@@ -224,6 +224,18 @@ def test_recipe_paths_are_checked(entry, key, words):
     assert words in str(caught.value)
 
 
+@pytest.mark.parametrize("path", [
+    "", "/a", "a\\b", "a\x00b", "a//b", "a/", "./a", "a/..", "..", ".git/x", "a/.cache",
+    "a", "a/b.json", "a..b/c", 7, None])
+def test_a_companion_path_stays_inside_as_every_package_path(path):
+    """The companion path rule is the package's one rule of a relative path inside its
+    folder, hidden parts refused, with a message saying which part of it fails."""
+    from weightstore.io.files import is_relative_inside
+    from weightstore.recipe.companions import path_problem
+
+    assert (path_problem(path) is None) == is_relative_inside(path, hidden=False)
+
+
 def test_two_entries_at_one_path_are_refused():
     with pytest.raises(RecipeError) as caught:
         parse_recipe_text(RECIPE_HEAD + "files:\n  - {source: a/config.json}\n"

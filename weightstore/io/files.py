@@ -16,7 +16,7 @@ import stat
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 from ..errors import ConversionError, OutputError, PackageError, WeightstoreError
 
@@ -654,7 +654,7 @@ def _rename_new(src: Path, dst: Path) -> None:
         raise type(exc)(exc.errno, exc.strerror, str(dst)) from None
 
 
-def is_relative_inside(name: object, *, hidden: bool = True) -> bool:
+def is_relative_inside(name: object, *, hidden: bool = True) -> TypeGuard[str]:
     """``name`` is a '/'-separated relative path that stays inside its folder: not empty
     or absolute, no ``..``, ``.`` or empty component, no backslash or NUL; with ``hidden``
     False, no component starting with a dot either (temp files and locks are hidden)."""

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from ..errors import RecipeError
+from ..io.files import is_relative_inside
 
 KINDS = ("config", "doc", "code", "dataset", "weights")
 COMPANIONS_SINCE = 5  # the package format whose summary lists ``companions``
@@ -63,22 +64,28 @@ def path_problem(path: object) -> str | None:
     the names a package keeps for itself (``summary.json``, ``bundle.json``,
     ``devices/``, ``payloads/``, ``prepared/``) or gives its weight files
     (``weight_<hex>``, ``*_weight_combined``)."""
+    if not is_relative_inside(path, hidden=False):
+        return _outside(path)
+    parts = path.split("/")
+    if path in RESERVED_NAMES or parts[0] in RESERVED_FOLDERS:
+        return f"'{parts[0]}' is a name the package keeps for itself"
+    if _SEPARATE.fullmatch(parts[-1]) or parts[0].endswith(_COMBINED_SUFFIX):
+        return "a companion path may not take a weight file's name"
+    return None
+
+
+def _outside(path: object) -> str:
+    """Which rule of :func:`.io.files.is_relative_inside` (hidden parts refused) ``path``
+    breaks, in words."""
     if not isinstance(path, str) or not path:
         return "a companion path is a non-empty relative path"
     if path.startswith("/"):
         return "a companion path is relative to the package folder, not absolute"
     if "\\" in path or "\x00" in path:
         return "a companion path uses '/' between its parts and holds no NUL"
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    if any(p in ("", ".", "..") for p in path.split("/")):
         return "a companion path is normalised: no empty, '.' or '..' part"
-    if any(p.startswith(".") for p in parts):
-        return "a companion path has no hidden part (a name starting with '.')"
-    if path in RESERVED_NAMES or parts[0] in RESERVED_FOLDERS:
-        return f"'{parts[0]}' is a name the package keeps for itself"
-    if _SEPARATE.fullmatch(parts[-1]) or parts[0].endswith(_COMBINED_SUFFIX):
-        return "a companion path may not take a weight file's name"
-    return None
+    return "a companion path has no hidden part (a name starting with '.')"
 
 
 def collision(path: str, taken: Iterable[str]) -> str | None:
