@@ -357,6 +357,43 @@ def test_the_int4_device_runs_as_the_quantizers_model(package, tmp_path, capsys)
     assert_same_quantization(replayed, theirs)
 
 
+def test_empty_weights_are_quantized_as_the_quantizer_does(tmp_path, capsys):
+    """With ``min_elements: 0`` a MatMul weight with no element ([0, N] or [K, 0]) is
+    selected, as MatMulNBitsQuantizer takes it: the same graph and payloads (empty ones),
+    and the built package runs as the quantizer's model."""
+    model = convnet()
+    g = model.graph
+    g.input.append(helper.make_tensor_value_info("none", TensorProto.FLOAT, ["batch", 0]))
+    for a, shape in (("none", (0, 10)), ("h", (96, 0))):
+        name = f"empty{shape[1]}"
+        g.initializer.append(numpy_helper.from_array(np.zeros(shape, np.float32),
+                                                     f"{name}.w"))
+        g.node.append(helper.make_node("MatMul", [a, f"{name}.w"], [name],
+                                       name=f"{name}/MatMul"))
+        g.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                      ["batch", shape[1]]))
+    src = tmp_path / "src" / "net.onnx"
+    src.parent.mkdir()
+    onnx.save(model, src)
+    params = {"bits": 4, "block_size": 16, "symmetric": False}
+    theirs = reference(src, params)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.replace("block_size: 32, symmetric: true,\n             "
+                                     "accuracy_level: 4", "block_size: 16, min_elements: 0")
+                      .format(source=src).replace("size_threshold: 1024", "size_threshold: 0"))
+    built = build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1)).packages[0]
+    replayed = runnable_variant(built.path / "encoder.onnx", "int4")
+    assert assert_same_quantization(replayed, theirs) == 3
+    inputs = {"image": np.random.default_rng(5).standard_normal((2, 3, 16, 16)).astype(
+        np.float32), "none": np.zeros((2, 0), np.float32)}
+    np.savez(tmp_path / "in.npz", **inputs)
+    assert main(["run", str(built.path), "--device", "cpu-int4", "--inputs",
+                 str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz")]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        for name, want in zip(out.files, run_onnxruntime(theirs, inputs), strict=True):
+            np.testing.assert_array_equal(out[name], want)
+
+
 @pytest.mark.parametrize("block_size", ["512", "8", "48"])
 def test_a_record_naming_a_block_size_the_kernels_refuse_is_a_scenario_error(block_size):
     # a model someone else made carries its derivations: only blocks of 16 to 256 (a
