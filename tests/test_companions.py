@@ -540,6 +540,26 @@ def test_bundle_refuses_an_edited_companion(runtime, tmp_path, capsys):
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_bundle_takes_each_companion_from_the_file_the_summary_names(runtime, tmp_path,
+                                                                      capsys):
+    """A device's own version of a file is the one the summary lists at
+    devices/<device>/<path>, not whatever lies there: a stray copy beside a device that
+    has none is not taken, and a listed one that is gone is missing, not the package's."""
+    folder = build(runtime, opts(tmp_path)).packages[0].path
+    stray = folder / "devices" / "cpu" / "genai_config.json"
+    stray.write_bytes((folder / "devices" / "npu" / "genai_config.json").read_bytes())
+    out = tmp_path / "cpu-folder"
+    assert main(["bundle", str(folder), "cpu", "--output", str(out)]) == 0
+    assert (out / "genai_config.json").read_bytes() == b'{"filename": "model.onnx"}'
+    stray.unlink()
+    (folder / "devices" / "npu" / "genai_config.json").unlink()
+    capsys.readouterr()
+    assert main(["bundle", str(folder), "npu", "--output", str(tmp_path / "npu-out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "companion file the device needs is missing" in err[0]
+    assert not (tmp_path / "npu-out").exists()
+
+
 def test_device_companion_paths_are_checked(encoder_model, save_model, tmp_path):
     text = (RECIPE_HEAD + "files: [{source: hf/cfg, path: cfg}]\n"
             "devices: [{name: d, files: [{source: a.json, path: cfg}]}]\n")

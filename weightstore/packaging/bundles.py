@@ -127,6 +127,7 @@ def assemble(package: str | os.PathLike[str], device: str,
     from ..package.summary import layout_alignment
     from ..progress import Progress
     from ..resolve.source import store_keys_of
+    from .companion_files import companion_files
     from .variant_files import VariantModel, write_models
 
     package, output = Path(package), Path(output)
@@ -150,6 +151,9 @@ def assemble(package: str | os.PathLike[str], device: str,
         written = write_models(tmp, models, layout_alignment(summary), _digest_algo(
             record, summary))
         companions = record.get("companions", [])
+        # which package file holds each: as the summary lists the device's own versions
+        files = {c.path: c.file for c in companion_files(summary, device_sets=True)
+                 if c.device == device}
         # the folder's own record: the device's, its models' payloads at their new places
         record = device_record(record["device"], record.get("capabilities") or {},
                                record.get("scenario_rule"), written.entries,
@@ -165,8 +169,7 @@ def assemble(package: str | os.PathLike[str], device: str,
             write_files(tmp, written.files, locate)
             bar.advance(sum(f.size for f in written.files))
             for c in companions:  # the device's own file, or else the package's
-                own = package / device_path(device, c["path"])
-                _copy_companion(own if own.is_file() else package / c["path"],
+                _copy_companion(package / files.get(c["path"], c["path"]),
                                 tmp / c["path"], c)
                 bar.advance(c["size"])
         if verify:
