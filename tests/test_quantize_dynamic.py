@@ -1,7 +1,8 @@
 """quantize-dynamic against onnxruntime's own ``quantize_dynamic``: the same nodes, the
 same quantized payloads byte for byte, the same outputs, on a BERT-like encoder built with
-onnx's helpers (tiny_bert, not an exporter's), onnxruntime-genai's builder LLM (the
-exporter's transformer) and a small conv net with a MatMul head."""
+onnx's helpers (tiny_bert, not an exporter's), a random BERT exported by
+``torch.onnx.export`` (tiny_bert_export, a real exporter's transformer), onnxruntime-genai's
+builder LLM and a small conv net with a MatMul head."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ quantization = pytest.importorskip("onnxruntime.quantization")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_BERT = ROOT / "examples" / "tiny_bert" / "model.onnx"
+TINY_EXPORT = ROOT / "examples" / "tiny_bert_export" / "model.onnx"
 TINY_LLM = ROOT / "examples" / "tiny_llm" / "fp32" / "model.onnx"
 DYNAMIC_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "Cast", "Mul"}
 
@@ -85,7 +87,7 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
     """Each model's file (with its external data beside it) and inputs."""
     folder = tmp_path_factory.mktemp("models")
     out = {}
-    for name, src in (("bert", TINY_BERT), ("llm", TINY_LLM)):
+    for name, src in (("bert", TINY_BERT), ("export", TINY_EXPORT), ("llm", TINY_LLM)):
         (folder / name).mkdir()
         for f in src.parent.glob(src.name + "*"):
             shutil.copy(f, folder / name / f.name)
@@ -94,7 +96,9 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
     onnx.save(conv_net(), str(folder / "conv" / "model.onnx"))
     out["conv"] = folder / "conv" / "model.onnx"
     bert = onnx.load(str(TINY_BERT))
+    ids = np.random.default_rng(3).integers(0, 512, size=(2, 8), dtype=np.int64)
     inputs = {"bert": sample_inputs(bert, seed=3),
+              "export": {"input_ids": ids, "attention_mask": np.ones_like(ids)},
               "llm": llm_inputs(onnx.load(str(TINY_LLM), load_external_data=False)),
               "conv": {"image": np.random.default_rng(1).standard_normal(
                   (2, 3, 8, 8)).astype(np.float32)}}
@@ -115,13 +119,16 @@ def reference(src: Path, out: Path, weight_type: str, op_types=("MatMul",)) -> o
 
 def ours(src: Path, folder: Path, weight_type: str) -> onnx.ModelProto:
     """The scenario stored in a copy of ``src``, replayed from its metadata and filled
-    from the base weights and the recorded recipes."""
+    from the base weights and the recorded recipes, without the shapes the source
+    declares (``value_info``: an exporter's, which ``reference`` drops as well)."""
     folder.mkdir()
     for f in src.parent.glob(src.name + "*"):
         shutil.copy(f, folder / f.name)
     path = folder / src.name
     add_scenario(path, "int8", [{"name": "quantize-dynamic", "weight_type": weight_type}])
-    return runnable_variant(path, "int8")
+    model = runnable_variant(path, "int8")
+    del model.graph.value_info[:]
+    return model
 
 
 def canonical(node: onnx.NodeProto) -> bytes:
@@ -157,7 +164,7 @@ def payloads(model: onnx.ModelProto) -> dict[str, tuple[str, tuple, bytes]]:
 
 
 @pytest.mark.parametrize("weight_type", ["int8", "uint8"])
-@pytest.mark.parametrize("name", ["bert", "llm", "conv"])
+@pytest.mark.parametrize("name", ["bert", "export", "llm", "conv"])
 def test_the_scenario_is_quantize_dynamic_node_for_node_and_byte_for_byte(
         models, tmp_path, name, weight_type):
     src, inputs = models[name]
@@ -176,7 +183,7 @@ def test_the_scenario_is_quantize_dynamic_node_for_node_and_byte_for_byte(
     assert any(g.tobytes() != b.tobytes() for g, b in zip(got, base, strict=True))
 
 
-@pytest.mark.parametrize("name", ["bert", "llm", "conv"])
+@pytest.mark.parametrize("name", ["bert", "export", "llm", "conv"])
 def test_the_matmuls_it_quantizes_are_those_quantize_dynamic_picks_by_default(
         models, tmp_path, name):
     """With every op type (its defaults), quantize_dynamic also quantizes Gather tables
@@ -283,3 +290,71 @@ def test_a_device_of_the_int8_dynamic_scenario_runs_in_onnxruntime(models, tmp_p
     got = run_onnxruntime(tmp_path / "device" / "encoder.onnx", inputs)
     want = run_onnxruntime(expected, inputs)
     assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
+
+
+def gemm_net() -> onnx.ModelProto:
+    """Gemms as exporters write ``nn.Linear``: with a bias and ``transB`` 1 (its weight
+    also read by a ReduceSum, so it stays), without ``transB``, unnamed and sharing one
+    transposed weight, one whose ``alpha`` keeps it float; ``a.w_Transposed`` is taken."""
+    rng = np.random.default_rng(11)
+
+    def w(name, *shape):
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    gemm = helper.make_node
+    nodes = [
+        gemm("Gemm", ["x", "a.w", "a.b"], ["h1"], "fc1", transB=1),
+        gemm("Relu", ["h1"], ["r1"], "relu1"),
+        gemm("Gemm", ["r1", "b.w", "b.b"], ["h2"], "fc2"),
+        gemm("Gemm", ["h2", "c.w"], ["y1"], transB=1),
+        gemm("Gemm", ["h2", "c.w"], ["y2"], transB=1),
+        gemm("Gemm", ["h2", "d.w"], ["y3"], "scaled", alpha=0.5),
+        gemm("ReduceSum", ["a.w"], ["a_sum"], "a_sum", keepdims=0),
+        gemm("Identity", ["y1"], ["a.w_Transposed"], "taken"),
+    ]
+    graph = helper.make_graph(
+        nodes, "gemms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 24])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in (
+            ("y2", ["batch", 8]), ("y3", ["batch", 8]), ("a_sum", []),
+            ("a.w_Transposed", ["batch", 8]))],
+        [w("a.w", 32, 24), w("a.b", 32), w("b.w", 32, 16), w("b.b", 16), w("c.w", 8, 16),
+         w("d.w", 16, 8)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8)
+
+
+@pytest.mark.parametrize("weight_type", ["int8", "uint8"])
+def test_gemms_are_quantized_as_quantize_dynamic_quantizes_them(tmp_path, weight_type):
+    """quantize_dynamic writes a Gemm as MatMul (+ Add) and quantizes it even when asked
+    for MatMul only; so does the pass, transposing a transB weight."""
+    (tmp_path / "src").mkdir()
+    src = tmp_path / "src" / "gemms.onnx"
+    onnx.save(gemm_net(), str(src))
+    expected = reference(src, tmp_path / "ort.onnx", weight_type)
+    actual = ours(src, tmp_path / "ours", weight_type)
+    integer = [n for n in actual.graph.node if n.op_type == "MatMulInteger"]
+    assert sorted(n.name for n in integer) == ["", "", "fc1_MatMul_quant", "fc2_MatMul_quant"]
+    assert [n.op_type for n in actual.graph.node if n.op_type == "Gemm"] == ["Gemm"]
+    assert sorted(map(canonical, actual.graph.node)) == sorted(map(canonical, expected.graph.node))
+    assert payloads(actual) == payloads(expected)
+    assert {"a.w", "a.w_Transposed_1_quantized", "c.w_Transposed_quantized"} <= set(
+        payloads(actual)) and "c.w" not in payloads(actual)
+    inputs = {"x": np.random.default_rng(2).standard_normal((3, 24)).astype(np.float32)}
+    got, want = run_onnxruntime(actual, inputs), run_onnxruntime(expected, inputs)
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
+
+
+
+@pytest.mark.parametrize("attributes, match", [
+    ((("transposed", "yes"), ("weight_type", "int8")), "transposed attribute"),
+    ((("transposed", "true"), ("weight_type", "int8"), ("axis", "0")), "do not fit"),
+])
+def test_a_recipe_with_a_bad_transposed_attribute_is_a_scenario_error(attributes, match):
+    from weightstore.catalogue.descriptors import DerivedWeightRecipe
+    from weightstore.scenarios.derive import compute
+
+    recipe = DerivedWeightRecipe("dynamic-int8-weight", ("w",), attributes)
+    with pytest.raises(ScenarioError, match=match):
+        compute(recipe, [np.ones((4, 3), np.float32)])

@@ -2,9 +2,11 @@
 payloads byte for byte, the same outputs, from records and derived payloads.
 
 The models: the tiny BERT-like encoder of examples/tiny_bert (built with onnx's helpers by
-tests/samples.py, not by an exporter), the Llama onnxruntime-genai's builder exported into
-examples/tiny_llm/fp32 (the exporter's transformer), and a small conv net with a MatMul
-and a Gemm head built here.
+tests/samples.py, not by an exporter), a random BERT exported by ``torch.onnx.export`` into
+examples/tiny_bert_export (a real exporter's transformer: generated weight names, shape
+logic around the MatMuls, a Gemm pooler), the Llama onnxruntime-genai's builder exported
+into examples/tiny_llm/fp32 (an LLM builder's transformer), and a small conv net with a
+MatMul and a Gemm head built here.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ quantizer = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 BERT = EXAMPLES / "tiny_bert" / "model.onnx"
+EXPORT = EXAMPLES / "tiny_bert_export" / "model.onnx"
 LLM = EXAMPLES / "tiny_llm" / "fp32" / "model.onnx"
-BLOCKS = {"tiny-bert": (32, 128), "tiny-llm": (16, 32), "convnet": (16, 64)}
+BLOCKS = {"tiny-bert": (32, 128), "tiny-bert-export": (32, 128), "tiny-llm": (16, 32),
+          "convnet": (16, 64)}
 
 
 def convnet() -> onnx.ModelProto:
@@ -73,7 +77,8 @@ def convnet() -> onnx.ModelProto:
 def sources(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("convnet")
     onnx.save(convnet(), str(folder / "convnet.onnx"))
-    return {"tiny-bert": BERT, "tiny-llm": LLM, "convnet": folder / "convnet.onnx"}
+    return {"tiny-bert": BERT, "tiny-bert-export": EXPORT, "tiny-llm": LLM,
+            "convnet": folder / "convnet.onnx"}
 
 
 def feed(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -83,6 +88,9 @@ def feed(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
         ids = rng.integers(0, 320, size=(1, 6), dtype=np.int64)
         return {"input_ids": ids, "attention_mask": np.ones((1, 6), dtype=np.int64),
                 **{i.name: past for i in model.graph.input if i.name.startswith("past")}}
+    if name == "tiny-bert-export":
+        return {"input_ids": rng.integers(0, 512, size=(2, 8), dtype=np.int64),
+                "attention_mask": np.ones((2, 8), dtype=np.int64)}
     if name == "convnet":
         return {"image": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
     return sample_inputs(model, seed=3)
@@ -164,7 +172,7 @@ def assert_same_outputs(name: str, mine: onnx.ModelProto, theirs: onnx.ModelProt
         np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize("name", ["tiny-bert", "tiny-llm", "convnet"])
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-bert-export", "tiny-llm", "convnet"])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("block", [0, 1])
@@ -174,8 +182,9 @@ def test_payloads_are_those_of_matmul_nbits_quantizer(sources, tmp_path, name, b
     mine = ours(sources[name], tmp_path / "m", params)
     theirs = reference(sources[name], params)
     count = assert_same_quantization(mine, theirs)
-    assert count == {"tiny-bert": 25, "tiny-llm": 11, "convnet": 1}[name]  # bert: the
-    # pooler's in an If branch
+    assert count == {"tiny-bert": 25, "tiny-bert-export": 12, "tiny-llm": 11,
+                     "convnet": 1}[name]  # bert: the pooler's in an If branch; the
+    # export: six weight MatMuls a layer (its pooler is a Gemm, left float)
     assert_same_outputs(name, mine, theirs)
 
 
@@ -333,10 +342,12 @@ def test_the_store_holds_the_fp32_payloads_and_the_quantized_ones_only(package, 
     assert stored - files == fp32 | keys(new.values())
 
 
-def test_the_int4_device_runs_as_the_quantizers_model(package, tmp_path, capsys):
-    _, built = package
-    theirs = reference(BERT, INT4)
-    inputs = sample_inputs(theirs, seed=5)
+def assert_int4_device_runs_as_the_quantizers_model(built, source: Path, inputs: dict,
+                                                    count: int, tmp_path, capsys) -> None:
+    """``weightstore run --device cpu-int4`` of the package and its resolved int4 scenario
+    give exactly the outputs of MatMulNBitsQuantizer's model of ``source``, reading only
+    the live bytes; replayed, the scenario is that model."""
+    theirs = reference(source, INT4)
     np.savez(tmp_path / "in.npz", **inputs)
     assert main(["run", str(built.path), "--device", "cpu-int4", "--inputs",
                  str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"),
@@ -350,11 +361,32 @@ def test_the_int4_device_runs_as_the_quantizers_model(package, tmp_path, capsys)
     with weightstore.resolve(built.path, scenario="int4") as resolved:
         session = weightstore.load(resolved)
         ops = [n.op_type for n in nodes(resolved.metadata_model)]
-        assert ops.count("MatMulNBits") == 25  # the attention's MatMuls read no weight
+        assert ops.count("MatMulNBits") == count
         for got, want in zip(session.run(None, inputs), expected, strict=True):
             np.testing.assert_array_equal(got, want)
     replayed = runnable_variant(built.path / "encoder.onnx", "int4")
     assert_same_quantization(replayed, theirs)
+
+
+def test_the_int4_device_runs_as_the_quantizers_model(package, tmp_path, capsys):
+    _, built = package
+    inputs = sample_inputs(onnx.load(str(BERT)), seed=5)
+    # 25: the attention's MatMuls read no weight
+    assert_int4_device_runs_as_the_quantizers_model(built, BERT, inputs, 25, tmp_path, capsys)
+
+
+def test_the_exporters_bert_builds_and_its_int4_device_runs_as_the_quantizers_model(
+        tmp_path, kernel_calls, capsys):
+    # torch.onnx.export's graph: weights under generated names, shape logic around them,
+    # a Gemm pooler (left float, as the quantizer leaves it)
+    source = copy_model(EXPORT, tmp_path / "src")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.format(source=source))
+    built = build(recipe, BuildOptions(store=str(tmp_path / "store"), jobs=1)).packages[0]
+    assert kernel_calls == [4] * 12
+    inputs = feed("tiny-bert-export", onnx.load(str(EXPORT)))
+    assert_int4_device_runs_as_the_quantizers_model(built, EXPORT, inputs, 12, tmp_path,
+                                                    capsys)
 
 
 def test_empty_weights_are_quantized_as_the_quantizer_does(tmp_path, capsys):

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+import pinned_env
+from pinned_env import run
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "examples" / "tiny_llm"
@@ -89,26 +90,6 @@ model, the tokenizer turns the text into tokens, and the generator picks the tok
 the highest score at every step. Every step reads what came before and writes what comes
 next. The fox and the dog read the same book, and the book was about a quick brown model.
 """
-
-
-def run(cmd: list[str], **kwargs) -> None:
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, **kwargs)
-
-
-def outside(args: argparse.Namespace) -> int:
-    """Create (or reuse) the environment, then run :func:`inside` in it."""
-    venv = Path(args.venv) if args.venv else Path(tempfile.mkdtemp(prefix="tiny-llm-venv-"))
-    python = venv / "bin" / "python"
-    try:
-        if not python.exists():
-            run([sys.executable, "-m", "venv", str(venv)])
-        run([str(python), "-m", "pip", "install", "-q", *PINS])
-        run([str(python), str(Path(__file__).resolve()), "--inside", "--out", str(args.out)])
-    finally:
-        if not args.venv:
-            shutil.rmtree(venv, ignore_errors=True)
-    return 0
 
 
 def train_tokenizer(hf: Path) -> None:
@@ -292,13 +273,7 @@ def inside(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="output folder")
-    parser.add_argument("--venv", help="the environment to create or reuse (kept)")
-    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    os.environ.setdefault("PYTHONHASHSEED", "0")
-    return inside(args) if args.inside else outside(args)
+    return pinned_env.main(__file__, __doc__, DEFAULT_OUT, PINS, inside, argv)
 
 
 if __name__ == "__main__":

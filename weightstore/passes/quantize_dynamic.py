@@ -19,11 +19,22 @@ Which MatMuls: those ``quantize_dynamic`` picks in the main graph (it leaves sub
 functions alone by default): a standard MatMul whose second input is a float32 or
 float16 initializer (not a Constant node, not an overridable graph input) and whose first
 input is computed (not an initializer). A weight whose name another graph of the model
-also defines is left alone. The ops ``quantize_dynamic`` also quantizes by default stay in
-float: Gather (embeddings), Conv, Attention, LSTM, EmbedLayerNormalization, and Gemm,
-which it turns into MatMul (+ Add) first. So the graph is ``quantize_dynamic(...,
-op_types_to_quantize=["MatMul"])``'s, node for node (up to their order) and payload for
-payload, for a model without Gemm. Needs ai.onnx opset 11 or later
+also defines is left alone.
+
+A Gemm is quantized too, as ``quantize_dynamic`` does even when asked for MatMul only (it
+turns every Gemm of ``alpha`` 1, ``beta`` 1 and ``transA`` 0 into a MatMul, plus an Add of
+its bias, before it quantizes): the same conditions on its inputs as a MatMul's, the
+MatMul named ``<gemm>_MatMul`` and writing ``<y>_MatMul`` when an Add ``<gemm>_Add`` of
+the bias follows. With ``transB`` 1 the weight quantized is the transposed one,
+``<w>_Transposed`` (``_Transposed_<k>`` when a name is taken): its quantized tensor is
+derived with ``transposed`` from ``<w>``, and ``<w>`` stays only while another node reads
+it. Any other Gemm stays a Gemm, as in ``quantize_dynamic``'s graph, except one of
+``alpha`` 1, ``beta`` 1 and ``transA`` 0 whose inputs do not qualify (a weight that is no
+initializer, say), which ``quantize_dynamic`` still writes as a float MatMul (and Add).
+The ops ``quantize_dynamic`` also quantizes by default stay in float: Gather
+(embeddings), Conv, Attention, LSTM, EmbedLayerNormalization. So the graph is
+``quantize_dynamic(..., op_types_to_quantize=["MatMul"])``'s, node for node (up to their
+order) and payload for payload, but for such unquantized Gemms. Needs ai.onnx opset 11 or later
 (``DynamicQuantizeLinear``).
 """
 
@@ -37,6 +48,7 @@ from ..errors import ScenarioError
 from ..recipe.pass_params import QuantizeDynamicParams
 from .analysis import (
     NameAllocator,
+    attribute,
     input_names,
     is_standard,
     model_names,
@@ -79,11 +91,23 @@ class QuantizeDynamic:
         return _Rewriter(model, self.params.weight_type, chosen).records()
 
 
+def _is_gemm(node: onnx.NodeProto) -> bool:
+    """A Gemm ``quantize_dynamic`` writes as MatMul (+ Add): alpha 1, beta 1, transA 0."""
+    return (is_standard(node, "Gemm") and len(node.input) in (2, 3)
+            and attribute(node, "alpha", 1.0) == 1.0 and attribute(node, "beta", 1.0) == 1.0
+            and attribute(node, "transA", 0) == 0)
+
+
+def _transposed(node: onnx.NodeProto) -> bool:
+    return is_standard(node, "Gemm") and attribute(node, "transB", 0) == 1
+
+
 def _quantizes(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], inputs: set[str],
                counts: dict[str, int]) -> bool:
-    if not is_standard(node, "MatMul") or len(node.input) != 2 or not node.output[0]:
+    matmul = is_standard(node, "MatMul") and len(node.input) == 2
+    if not (matmul or _is_gemm(node)) or not node.output[0]:
         return False
-    a, w = node.input
+    a, w = node.input[:2]
     weight = inits.get(w)
     return (bool(a) and a not in inits and weight is not None and w not in inputs
             and weight.data_type in FLOAT_TYPES and counts.get(w, 0) == 1)
@@ -103,6 +127,7 @@ class _Rewriter:
         self.inits = {t.name: t for t in self.g.initializer}
         self.activations: dict[str, tuple[str, str, str]] = {}  # x -> (q, scale, zero)
         self.weights: dict[str, tuple[str, str, str]] = {}  # w -> (q, scale, zero)
+        self.transposed: dict[str, tuple[str, str, str]] = {}  # w -> (q, scale, zero)
         self.products: dict[str, str] = {}  # unnamed scale product's node name -> output
         reads = readers(self.g)
         outputs = set(output_names(self.g))
@@ -121,6 +146,10 @@ class _Rewriter:
             others = [p for p in reads.get(w, ()) if p not in taken]
             if any(p < start or w not in self.g.node[p].input for p in others):
                 continue
+            transposed = any(_transposed(self.g.node[i]) for i in chosen
+                             if self.g.node[i].input[1] == w)
+            if transposed and (others or w in outputs):
+                continue  # the transposed copy is quantized; the others read ``w``
             self.removable.add(w)
             if others or w in outputs:
                 self.dequantized[w] = min(others, default=None)
@@ -138,11 +167,23 @@ class _Rewriter:
     def _name(self, wanted: str) -> str:
         return self.nodes.fresh(wanted) if wanted else ""
 
+    def _transposed_names(self, w: str) -> tuple[str, str, str]:
+        """``<w>_Transposed``'s quantized, scale and zero point names, onnxruntime's."""
+        suffixes = ("", "_quantized", "_scale", "_zero_point")
+        name, k = f"{w}_Transposed", 0
+        while any(name + s in self.values.taken for s in suffixes):
+            k += 1
+            name = f"{w}_Transposed_{k}"
+        return tuple(self.values.fresh(name + s) for s in suffixes[1:])
+
     def _record(self, position: int) -> LocalRewriting:
         node = self.g.node[position]
-        a, w = node.input
-        y = node.output[0]
+        a, w = node.input[:2]
         added: list[onnx.NodeProto] = []
+        gemm = is_standard(node, "Gemm")
+        name = f"{node.name}_MatMul" if gemm and node.name else node.name
+        bias = node.input[2:] and node.input[2]
+        y = self.values.fresh(f"{node.output[0]}_MatMul") if bias else node.output[0]
         tensors: list[onnx.TensorProto] = []
         derivations: dict[str, DerivedWeightRecipe] = {}
         if a not in self.activations:
@@ -152,14 +193,16 @@ class _Rewriter:
             added.append(helper.make_node("DynamicQuantizeLinear", [a],
                                           list(self.activations[a]),
                                           self._name(f"{a}_QuantizeLinear")))
-        if w not in self.weights:
-            self.weights[w] = names = (self.values.fresh(f"{w}_quantized"),
-                                       self.values.fresh(f"{w}_scale"),
-                                       self.values.fresh(f"{w}_zero_point"))
-            tensors, derivations = self._declare(self.inits[w], names)
+        transposed = _transposed(node)
+        weights = self.transposed if transposed else self.weights
+        if w not in weights:
+            weights[w] = names = self._transposed_names(w) if transposed else (
+                self.values.fresh(f"{w}_quantized"), self.values.fresh(f"{w}_scale"),
+                self.values.fresh(f"{w}_zero_point"))
+            tensors, derivations = self._declare(self.inits[w], names, transposed)
         qa, sa, za = self.activations[a]
-        qw, sw, zw = self.weights[w]
-        base = f"{node.name}_quant" if node.name else ""
+        qw, sw, zw = weights[w]
+        base = f"{name}_quant" if name else ""
         integer = self._name(base)
         product_out = self.values.fresh(f"{y}_output_quantized")
         added.append(helper.make_node("MatMulInteger", [qa, qw, za, zw], [product_out],
@@ -176,6 +219,9 @@ class _Rewriter:
                                           scales_name))
         added.append(helper.make_node("Mul", [cast_out, self.products[scales]], [y],
                                       self._name(f"{base}_output_scale_mul" if base else "")))
+        if bias:
+            added.append(helper.make_node("Add", [y, bias], [node.output[0]],
+                                          self._name(f"{node.name}_Add" if node.name else "")))
         drop = (w in self.removable and w not in self.dequantized
                 and self.last_reader[w] == position)
         return LocalRewriting(
@@ -188,13 +234,17 @@ class _Rewriter:
         )
 
     def _declare(self, weight: onnx.TensorProto, names: tuple[str, str, str],
+                 transposed: bool = False,
                  ) -> tuple[list[onnx.TensorProto], dict[str, DerivedWeightRecipe]]:
         qtype = WEIGHT_TYPES[self.weight_type]
         q, scale, zero = names
-        tensors = [without_payload(weight, q, qtype),
+        dims = list(reversed(weight.dims)) if transposed else None
+        tensors = [without_payload(weight, q, qtype, dims=dims),
                    without_payload(weight, scale, dims=()),
                    without_payload(weight, zero, qtype, dims=())]
         attributes = (("weight_type", self.weight_type),)
+        if transposed:
+            attributes = (("transposed", "true"), *attributes)
         operations = ("dynamic-int8-weight", "dynamic-int8-scale", "dynamic-int8-zero-point")
         return tensors, {name: DerivedWeightRecipe(op, (weight.name,), attributes)
                          for name, op in zip(names, operations, strict=True)}
