@@ -173,7 +173,7 @@ def test_package_of_a_newer_format_is_refused(pair_build):
 
 def test_family_example_writes_the_documented_bytes(tmp_path):
     """recipes/tiny-bert-family.yaml, built from a copy pointing at the example models:
-    the figures the README quotes for it."""
+    the figures the first-package tutorial quotes for it."""
     repo = Path(__file__).resolve().parents[1]
     text = (repo / "recipes" / "tiny-bert-family.yaml").read_text()
     text = text.replace("../examples/", f"{repo / 'examples'}/")
@@ -185,5 +185,5 @@ def test_family_example_writes_the_documented_bytes(tmp_path):
     assert totals["release"]["weight_file_bytes"] == 2_738_176
     assert totals["shared"]["weight_file_bytes"] == 1_615_872
     assert totals["shared"]["unique_payload_bytes"] == 1_615_872
-    readme = (repo / "README.md").read_text()
-    assert "2,738,176" in readme and "1,615,872" in readme
+    page = (repo / "docs" / "tutorials" / "first-package.md").read_text()
+    assert "2,738,176" in page and "1,615,872" in page
