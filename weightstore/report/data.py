@@ -3,9 +3,9 @@
 ``{"format_version": 1, "generator": "weightstore X.Y.Z", "target": {"kind", "name"},
 "views": {NAME: view data}}`` (docs/reference/formats/report-data.md). A release archive
 is read as ``unpack`` reads it (:func:`weightstore.packaging.unpack.unpack`: every member
-checked and verified against the summary) into a temp folder that is removed afterwards; the data names the
-target by its file name only, never by a path, so the same inputs give the same bytes
-wherever they lie.
+checked and verified against the summary) into a temp folder that is removed afterwards;
+the data names the target by its file name only, never by a path, so the same inputs give
+the same bytes wherever they lie.
 """
 
 from __future__ import annotations
