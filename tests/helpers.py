@@ -408,3 +408,20 @@ def relocated_away(record):
             ({**w, "offset": None} for w in m["external_weights"]),
             key=lambda w: (w["location"], w["id"], w["name"]))}
         for m in record["models"]]}
+
+
+def file_tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` by its relative POSIX path, with its bytes."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def manifest_of(ref: str) -> dict:
+    """The manifest a registry holds for the reference ``ref``."""
+    import json
+
+    from weightstore.registry.client import RegistryClient
+    from weightstore.registry.reference import parse_reference
+
+    parsed = parse_reference(ref)
+    return json.loads(RegistryClient(parsed.host).get_manifest(parsed)[0])

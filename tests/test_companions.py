@@ -20,7 +20,7 @@ from weightstore.recipe.companions import default_kind
 from weightstore.recipe.schema import parse_recipe_text
 from weightstore.store import WeightStore
 
-from .helpers import record_calls
+from .helpers import file_tree, record_calls
 from .registry_server import needs_registry, running_registry
 from .test_pinned_sources import served  # noqa: F401 (a fixture)
 
@@ -75,11 +75,6 @@ def opts(tmp_path: Path, store: str = "store", jobs: int = 2, **kwargs) -> Build
     return BuildOptions(store=str(tmp_path / store), jobs=jobs, **kwargs)
 
 
-def tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 EXPECTED = {**OPTIMUM, "labels.txt": CLASSIC["labels.txt"], "LICENSE": CLASSIC["LICENSE"],
             "docs/README.md": CLASSIC["README.md"]}
 
@@ -127,7 +122,7 @@ def test_a_package_without_companions_keeps_format_4(encoder_model, save_model, 
 
 def test_unchanged_is_up_to_date_an_edit_rebuilds(project, tmp_path):
     first = build(project, opts(tmp_path))
-    before = {p.layout: tree(p.path) for p in first.packages}
+    before = {p.layout: file_tree(p.path) for p in first.packages}
     again = build(project, opts(tmp_path))
     assert [p.status for p in again.packages] == ["up-to-date"] * 3
     (tmp_path / "hf" / "tokenizer_config.json").write_text('{"model_max_length": 64}')
@@ -139,7 +134,7 @@ def test_unchanged_is_up_to_date_an_edit_rebuilds(project, tmp_path):
     for p in rebuilt.packages:
         assert p.summary["fingerprint"] != first.packages[0].summary["fingerprint"]
         assert (p.path / "tokenizer_config.json").read_bytes() == b'{"model_max_length": 64}'
-        assert tree(p.path)["encoder.onnx"] == before[p.layout]["encoder.onnx"]
+        assert file_tree(p.path)["encoder.onnx"] == before[p.layout]["encoder.onnx"]
 
 
 def test_a_file_added_to_a_folder_rebuilds(project, tmp_path):
@@ -152,7 +147,7 @@ def test_a_file_added_to_a_folder_rebuilds(project, tmp_path):
 
 def test_an_action_cache_hit_materializes_them(project, tmp_path, monkeypatch):
     first = build(project, opts(tmp_path))
-    before = {p.layout: tree(p.path) for p in first.packages}
+    before = {p.layout: file_tree(p.path) for p in first.packages}
     for p in first.packages:
         if p.layout != "embedded":
             shutil.rmtree(p.path)
@@ -163,18 +158,18 @@ def test_an_action_cache_hit_materializes_them(project, tmp_path, monkeypatch):
     assert calls == []  # nothing converted: the store served every file
     assert [p.status for p in again.packages] == ["up-to-date", "built", "built"]
     for p in again.packages:
-        assert tree(p.path) == before[p.layout]
+        assert file_tree(p.path) == before[p.layout]
 
 
 def test_two_builds_are_byte_identical_fresh_or_warm_store(project, tmp_path):
     first = build(project, opts(tmp_path))
-    trees = {p.layout: tree(p.path) for p in first.packages}
+    trees = {p.layout: file_tree(p.path) for p in first.packages}
     shutil.rmtree(tmp_path / "out")
     warm = build(project, opts(tmp_path, force=True))  # converted again, store warm
-    assert {p.layout: tree(p.path) for p in warm.packages} == trees
+    assert {p.layout: file_tree(p.path) for p in warm.packages} == trees
     shutil.rmtree(tmp_path / "out")
     fresh = build(project, opts(tmp_path, store="other-store", jobs=1))
-    assert {p.layout: tree(p.path) for p in fresh.packages} == trees
+    assert {p.layout: file_tree(p.path) for p in fresh.packages} == trees
 
 
 def test_an_edited_companion_is_refused_as_an_edited_model(project, tmp_path, capsys):
@@ -511,7 +506,7 @@ def test_bundle_writes_a_complete_runtime_folder(runtime, tmp_path, capsys):
     out = tmp_path / "npu-folder"
     assert main(["bundle", str(folder), "npu", "--output", str(out)]) == 0
     assert "3 companion files" in capsys.readouterr().out
-    files = tree(out)
+    files = file_tree(out)
     assert files["genai_config.json"] == b'{"filename": "model.onnx", "npu": 1}'
     assert files["tokenizer.json"] == b'{"v": 1}' and files["npu_options.json"] == b"{}"
     assert {"model.onnx", "bundle.json", "decoder_weight_combined"} <= set(files)
@@ -596,12 +591,12 @@ def test_a_pinned_url_companion_is_fetched_once(served, encoder_model, save_mode
         assert {c["path"]: c["kind"] for c in p.summary["companions"]} == {
             "LICENSE": "doc", "legal/COPYING": "doc"}
     assert served["requests"] == ["/LICENSE"]  # once, for both entries and every layout
-    before = {p.layout: tree(p.path) for p in first.packages}
+    before = {p.layout: file_tree(p.path) for p in first.packages}
     licence.write_text("changed on the server\n")  # never fetched again: pinned
     assert [p.status for p in build(recipe, opts(tmp_path)).packages] == ["up-to-date"] * 3
     shutil.rmtree(first.packages[2].path)
     again = build(recipe, opts(tmp_path))  # from the store's action record
-    assert {p.layout: tree(p.path) for p in again.packages} == before
+    assert {p.layout: file_tree(p.path) for p in again.packages} == before
     assert served["requests"] == ["/LICENSE"]
     # a fresh store fetches, and the changed bytes are refused in one line
     assert main(["build", str(recipe), "--store", str(tmp_path / "fresh"), "--force"]) == 2
@@ -645,13 +640,13 @@ def test_a_build_cache_entry_covers_the_companions(project, tmp_path, monkeypatc
     with running_registry(tmp_path / "registry") as registry:
         repo = f"{registry.host}/cache/companions"
         first = build(project, opts(tmp_path, cache_to=repo, cache_key=str(key)))
-        trees = {p.layout: tree(p.path) for p in first.packages}
+        trees = {p.layout: file_tree(p.path) for p in first.packages}
         shutil.rmtree(tmp_path / "out")
         hit = build(project, opts(tmp_path, store="runner-b", cache_from=(repo,)))
     fetched = [p for p in hit.packages if p.cache == repo]
     assert {p.layout for p in fetched} == {"separate", "combined"}  # embedded: converted
     for p in hit.packages:
-        assert tree(p.path) == trees[p.layout]
+        assert file_tree(p.path) == trees[p.layout]
         assert verify_package(p.path, store=tmp_path / "runner-b").ok
     store = WeightStore(tmp_path / "runner-b")  # the pull put each file into the store
     assert len(store.locate(c["digest"] for c in first.packages[1].summary["companions"])) \

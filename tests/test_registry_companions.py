@@ -26,6 +26,7 @@ from weightstore.registry.push import bytes_pieces, push, upload_blob
 from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
+from .helpers import file_tree, manifest_of
 from .registry_proxy import Counter, misbehaving, relay
 from .registry_server import needs_registry, running_registry
 from .samples import make_encoder
@@ -143,16 +144,6 @@ def _summary(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
 
-def _manifest(ref: str) -> dict:
-    parsed = parse_reference(ref)
-    return json.loads(RegistryClient(parsed.host).get_manifest(parsed)[0])
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
-
-
 def _companions(package: Path) -> dict[str, dict]:
     """Every companion file the package holds (overrides at devices/<d>/<path>), with its
     summary entry."""
@@ -184,7 +175,7 @@ def test_each_companion_is_one_layer_of_its_kind(built, layout) -> None:
     assert (kinds["LICENSE"], kinds["README.md"], kinds["helper.py"], kinds["labels.csv"],
             kinds["adapter.safetensors"], kinds["tokenizer.json"]) == (
         "doc", "doc", "code", "dataset", "weights", "config")
-    layers = {x["annotations"][FILEPATH]: x for x in _manifest(built["refs"][layout])["layers"]}
+    layers = {x["annotations"][FILEPATH]: x for x in manifest_of(built["refs"][layout])["layers"]}
     for name, entry in companions.items():
         layer = layers[name]
         assert layer["mediaType"] == MEDIA[entry["kind"]], name
@@ -205,16 +196,17 @@ def test_identical_companions_are_one_blob_and_a_version_moves_only_its_changes(
     v1, v2 = built["v1"]["combined"], built["v2"]["combined"]
     ref = f"{built['host']}/comp/update"
     first = push(v1, f"{ref}:1.0.0", store=built["store"])
-    manifest = _manifest(f"{ref}:1.0.0")
+    manifest = manifest_of(f"{ref}:1.0.0")
     assert first.blobs == len({x["digest"] for x in manifest["layers"]}) + 1  # + config
     assert len(manifest["layers"]) > len({x["digest"] for x in manifest["layers"]})
     report = push(v2, f"{ref}:1.0.1", store=built["store"])
-    changed = sorted(name for name, data in _tree(v2).items() if _tree(v1).get(name) != data)
+    before = file_tree(v1)
+    changed = sorted(name for name, data in file_tree(v2).items() if before.get(name) != data)
     assert "README.md" in changed and all(
         n in ("README.md", "summary.json") or n.endswith("bundle.json") for n in changed)
     assert report.uploaded == len(changed) + 1  # the config
     assert report.uploaded_weight_bytes == 0 and report.hashed_bytes == 0
-    assert report.uploaded_bytes == sum(len(_tree(v2)[n]) for n in changed) + _manifest(
+    assert report.uploaded_bytes == sum(len(file_tree(v2)[n]) for n in changed) + manifest_of(
         f"{ref}:1.0.1")["config"]["size"]
 
 
@@ -222,11 +214,11 @@ def test_identical_companions_are_one_blob_and_a_version_moves_only_its_changes(
 
 def _check_generic(built, layout: str, pulled: Path, tmp_path: Path) -> None:
     package = built["v1"][layout]
-    tree = _tree(pulled)
+    tree = file_tree(pulled)
     for name in _companions(package):
         assert tree[name] == (package / name).read_bytes(), name
     assert main(["assemble", str(pulled), "--output", str(tmp_path / "pkg")]) == 0
-    assert _tree(tmp_path / "pkg") == _tree(package)
+    assert file_tree(tmp_path / "pkg") == file_tree(package)
     assert main(["verify", str(tmp_path / "pkg")]) == 0
 
 
@@ -271,7 +263,7 @@ def test_skopeo_copies_the_companions_to_an_oci_layout(built, layout, tmp_path) 
                                 capture_output=True, text=True).stdout.split()
         assert summed[0] == summed[2] == layer["digest"].split(":")[1], name
     assert main(["assemble", str(oci), "--output", str(tmp_path / "pkg")]) == 0
-    assert _tree(tmp_path / "pkg") == _tree(package)
+    assert file_tree(tmp_path / "pkg") == file_tree(package)
     assert main(["verify", str(tmp_path / "pkg")]) == 0
 
 
@@ -285,7 +277,7 @@ def test_pull_brings_the_companions_through_the_store(built, layout, tmp_path) -
     package = built["v1"][layout]
     store = WeightStore(tmp_path / "store")
     report = pull(built["refs"][layout], tmp_path / "out", store=store)
-    assert _tree(tmp_path / "out") == _tree(package)
+    assert file_tree(tmp_path / "out") == file_tree(package)
     assert main(["verify", str(tmp_path / "out"), "--store", str(store.root)]) == 0
     keys = {c["digest"] for c in _companions(package).values() if c["size"]}
     assert set(store.locate(sorted(keys))) == keys
@@ -297,7 +289,7 @@ def test_pull_brings_the_companions_through_the_store(built, layout, tmp_path) -
     update = pull(ref2, tmp_path / "out2", store=store)
     assert update.fetched == 1
     assert update.fetched_bytes == len((built["v2"][layout] / "README.md").read_bytes())
-    assert _tree(tmp_path / "out2") == _tree(built["v2"][layout])
+    assert file_tree(tmp_path / "out2") == file_tree(built["v2"][layout])
 
 
 def test_device_pull_gets_the_devices_companions_at_its_root(built, tmp_path) -> None:
@@ -320,8 +312,8 @@ def test_device_pull_gets_the_devices_companions_at_its_root(built, tmp_path) ->
         assert bundle["companions"] == entries and bundle["format_version"] == 3
         # what `weightstore bundle` writes for the device: the same record and files
         assemble_bundle(package, device, tmp_path / f"bundled-{device}")
-        bundled = _tree(tmp_path / f"bundled-{device}")
-        assert {n: _tree(out)[n] for n in bundled if n != "bundle.json"
+        bundled = file_tree(tmp_path / f"bundled-{device}")
+        assert {n: file_tree(out)[n] for n in bundled if n != "bundle.json"
                 and not n.startswith("pk.")} == {n: d for n, d in bundled.items()
                                                  if n != "bundle.json"
                                                  and not n.startswith("pk.")}
@@ -354,7 +346,7 @@ def test_small_blobs_download_alongside_the_big_ones(built, tmp_path) -> None:
     with misbehaving(built["host"], counter) as proxy:
         pull(ref.replace(built["host"], proxy), tmp_path / "out",
              store=WeightStore(tmp_path / "store"), jobs=1)
-    manifest = _manifest(ref)
+    manifest = manifest_of(ref)
     names = {x["digest"]: x.get("annotations", {}).get(FILEPATH, "") for x in
              manifest["layers"]}
     first = {n for n in names.values()  # the metadata, fetched before the payloads
@@ -367,7 +359,7 @@ def test_small_blobs_download_alongside_the_big_ones(built, tmp_path) -> None:
     assert max(fetched) in fetched[:2]
     assert fetched.index(min(fetched)) < len(fetched) // 4
     assert len(fetched) > 8
-    assert _tree(tmp_path / "out") == _tree(built["v1"]["separate"])
+    assert file_tree(tmp_path / "out") == file_tree(built["v1"]["separate"])
 
 
 def test_a_pulls_metadata_files_download_side_by_side(built, tmp_path) -> None:
@@ -379,7 +371,7 @@ def test_a_pulls_metadata_files_download_side_by_side(built, tmp_path) -> None:
 
     ref = built["refs"]["separate"]
     names = {x["digest"]: x.get("annotations", {}).get(FILEPATH, "")
-             for x in _manifest(ref)["layers"]}
+             for x in manifest_of(ref)["layers"]}
     metadata = {d for d, n in names.items() if n.endswith((".onnx", "bundle.json"))}
     assert len(metadata) >= 3
     lock, flying, most = threading.Lock(), [0], [0]
@@ -402,7 +394,7 @@ def test_a_pulls_metadata_files_download_side_by_side(built, tmp_path) -> None:
         pull(ref.replace(built["host"], proxy), tmp_path / "out",
              store=WeightStore(tmp_path / "store"))
     assert most[0] >= 2
-    assert _tree(tmp_path / "out") == _tree(built["v1"]["separate"])
+    assert file_tree(tmp_path / "out") == file_tree(built["v1"]["separate"])
 
 
 def test_a_pull_syncs_no_file_it_removes_at_once(built, tmp_path, monkeypatch) -> None:
@@ -422,7 +414,7 @@ def test_a_pull_syncs_no_file_it_removes_at_once(built, tmp_path, monkeypatch) -
     pull(built["refs"]["separate"], tmp_path / "out", store=WeightStore(tmp_path / "store"))
     assert not [p for p in synced if p.endswith("/.config")]
     assert [p for p in synced if p.endswith("/summary.json")]
-    assert _tree(tmp_path / "out") == _tree(built["v1"]["separate"])
+    assert file_tree(tmp_path / "out") == file_tree(built["v1"]["separate"])
 
 
 def test_a_registry_serving_other_bytes_for_a_companion_is_refused(built, tmp_path,
@@ -432,7 +424,7 @@ def test_a_registry_serving_other_bytes_for_a_companion_is_refused(built, tmp_pa
     bytes taken."""
     package = built["v1"]["separate"]
     ref = built["refs"]["separate"]
-    layers = {x["annotations"][FILEPATH]: x for x in _manifest(ref)["layers"]}
+    layers = {x["annotations"][FILEPATH]: x for x in manifest_of(ref)["layers"]}
     target = layers["tokenizer_config.json"]["digest"]
 
     def flip(handler, body: bytes) -> bool:
@@ -457,7 +449,7 @@ def test_a_registry_serving_other_bytes_for_a_companion_is_refused(built, tmp_pa
                         f'[[registry.mirror]]\nlocation = "{proxy}"\ninsecure = true\n')
         monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(conf))
         pull(ref, tmp_path / "mirrored", store=store)
-    assert _tree(tmp_path / "mirrored") == _tree(package)
+    assert file_tree(tmp_path / "mirrored") == file_tree(package)
 
 
 def test_a_manifest_naming_other_bytes_for_a_companion_is_refused(built, tmp_path) -> None:
@@ -466,7 +458,7 @@ def test_a_manifest_naming_other_bytes_for_a_companion_is_refused(built, tmp_pat
     package = built["v1"]["separate"]
     src = parse_reference(built["refs"]["separate"])
     client = RegistryClient(src.host, push=True)
-    manifest = _manifest(built["refs"]["separate"])
+    manifest = manifest_of(built["refs"]["separate"])
     layer = next(x for x in manifest["layers"]
                  if x["annotations"][FILEPATH] == "genai_config.json")
     evil = bytearray((package / "genai_config.json").read_bytes())
@@ -518,7 +510,7 @@ def test_a_modelpack_client_artifact_keeps_its_doc_config_and_code_files(registr
                              config=ModelTechnicalConfig(format="onnx"))
     ModelPackClient(insecure=True).push(ref, layers, config)
     assert main(["pull", ref, str(tmp_path / "out"), "--store", str(tmp_path / "store")]) == 0
-    assert _tree(tmp_path / "out") == _tree(src)
+    assert file_tree(tmp_path / "out") == file_tree(src)
     for name in kinds:
         digest = hashlib.sha256((src / name).read_bytes()).hexdigest()
         assert hashlib.sha256((tmp_path / "out" / name).read_bytes()).hexdigest() == digest
@@ -539,7 +531,7 @@ def test_an_oras_artifact_keeps_its_runtime_folder(registry, tmp_path, monkeypat
     monkeypatch.chdir(src)  # oras-py takes paths relative to the working folder
     OrasClient(insecure=True).push(target=ref, files=sorted(p.name for p in src.iterdir()))
     assert main(["pull", ref, str(tmp_path / "out"), "--store", str(tmp_path / "store")]) == 0
-    assert _tree(tmp_path / "out") == _tree(src)
+    assert file_tree(tmp_path / "out") == file_tree(src)
 
 
 # -- the build cache ----------------------------------------------------------------------------
@@ -594,7 +586,7 @@ def test_a_cache_entry_carries_the_companions(registry, tmp_path, monkeypatch) -
     fetched = build(recipe, BuildOptions(jobs=2, cache_from=(repo,)))
     assert [p.cache for p in fetched.packages] == [repo]
     (hit,) = fetched.packages
-    assert _tree(hit.path) == _tree(package.path)
+    assert file_tree(hit.path) == file_tree(package.path)
     store = WeightStore(recipe.parent / "store")
     keys = {c["digest"] for c in _companions(hit.path).values() if c["size"]}
     assert set(store.locate(sorted(keys))) == keys
@@ -602,7 +594,7 @@ def test_a_cache_entry_carries_the_companions(registry, tmp_path, monkeypatch) -
     shutil.rmtree(hit.path)
     again = build(recipe, BuildOptions(jobs=2))
     assert again.packages[0].cache is None
-    assert _tree(again.packages[0].path) == _tree(package.path)
+    assert file_tree(again.packages[0].path) == file_tree(package.path)
     # a companion edited: another action key, so the entry does not answer it
     other = _runner(tmp_path / "c", readme="Another card.\n")
     missed = build(other, BuildOptions(jobs=2, cache_from=(repo,)))
@@ -682,7 +674,7 @@ def test_a_variant_pull_refuses_a_model_the_summary_does_not_list(built, tmp_pat
     package = built["v1"]["separate"]
     src = parse_reference(built["refs"]["separate"])
     client = RegistryClient(src.host, push=True)
-    manifest = _manifest(built["refs"]["separate"])
+    manifest = manifest_of(built["refs"]["separate"])
     layer = next(x for x in manifest["layers"]
                  if x["annotations"][FILEPATH] == file)
     model = onnx.load(str(package / file), load_external_data=False)

@@ -25,7 +25,7 @@ from weightstore.registry.push import push
 from weightstore.registry.reference import parse_reference
 from weightstore.store import WeightStore
 
-from .helpers import empty_store, every_layout
+from .helpers import empty_store, every_layout, file_tree, manifest_of
 from .registry_formats import push_format1
 from .registry_server import needs_registry, running_registry
 from .samples import make_encoder, run_onnxruntime, sample_inputs
@@ -59,16 +59,6 @@ def built(tmp_path_factory: pytest.TempPathFactory):
                "packages": packages}
 
 
-def _manifest(ref: str) -> dict:
-    parsed = parse_reference(ref)
-    return json.loads(RegistryClient(parsed.host).get_manifest(parsed)[0])
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
-
-
 def _runs_as(folder: Path, package: Path, model: onnx.ModelProto) -> None:
     """The folder's models give the package's outputs, bit for bit, in onnxruntime."""
     inputs = sample_inputs(model, seed=5)
@@ -83,16 +73,16 @@ def _check_generic(built, layout: str, pulled: Path, tmp_path: Path) -> None:
     summary.json, each payload's own file), which ``weightstore assemble`` turns into
     the package, byte for byte."""
     package = built["packages"][layout]
-    manifest = _manifest(built["refs"][layout])
+    manifest = manifest_of(built["refs"][layout])
     paths = {layer["annotations"][FILEPATH] for layer in manifest["layers"]}
-    assert set(_tree(pulled)) == paths
+    assert set(file_tree(pulled)) == paths
     if layout in WHOLE:
-        assert _tree(pulled) == _tree(package)
+        assert file_tree(pulled) == file_tree(package)
         _runs_as(pulled, package, built["model"])
         return
     assert any(p.startswith("payloads/weight_") for p in paths)
     assert main(["assemble", str(pulled), "--output", str(tmp_path / "pkg")]) == 0
-    assert _tree(tmp_path / "pkg") == _tree(package)
+    assert file_tree(tmp_path / "pkg") == file_tree(package)
     _runs_as(tmp_path / "pkg", package, built["model"])
     assert main(["verify", str(tmp_path / "pkg")]) == 0
 
@@ -104,7 +94,7 @@ def test_every_layer_is_a_modelpack_file_and_the_config_validates(built, layout)
 
     ref = parse_reference(built["refs"][layout])
     client = RegistryClient(ref.host)
-    manifest = _manifest(built["refs"][layout])
+    manifest = manifest_of(built["refs"][layout])
     with client.open_blob(ref, manifest["config"]["digest"]) as resp:
         config = json.loads(resp.read(1 << 20))
     jsonschema.validate(config, CONFIG_SCHEMA, format_checker=jsonschema.FormatChecker())
@@ -126,7 +116,7 @@ def test_modelpack_client_pulls_the_package(built, layout, tmp_path) -> None:
     from modelpack_client import ModelPackClient
 
     result = ModelPackClient(insecure=True).pull(built["refs"][layout], tmp_path / "mp")
-    assert len(result.files) == len(_manifest(built["refs"][layout])["layers"])
+    assert len(result.files) == len(manifest_of(built["refs"][layout])["layers"])
     _check_generic(built, layout, tmp_path / "mp", tmp_path)
 
 
@@ -154,17 +144,17 @@ def test_assemble_takes_the_oci_layout_skopeo_writes(built, layout, tmp_path) ->
     package, byte for byte, with nothing laid out by hand."""
     oci = _skopeo(built["refs"][layout], tmp_path / "oci")
     assert sorted(os.listdir(oci)) == ["blobs", "index.json", "oci-layout"]
-    before = _tree(oci)
+    before = file_tree(oci)
     package = built["packages"][layout]
     assert main(["assemble", str(oci), "--output", str(tmp_path / "pkg")]) == 0
-    assert _tree(tmp_path / "pkg") == _tree(package)
+    assert file_tree(tmp_path / "pkg") == file_tree(package)
     _runs_as(tmp_path / "pkg", package, built["model"])
     assert main(["verify", str(tmp_path / "pkg")]) == 0
-    assert _tree(oci) == before  # the layout is only read
+    assert file_tree(oci) == before  # the layout is only read
     assert sorted(os.listdir(tmp_path)) == ["oci", "pkg"]  # no temp folder left
     # in place: the layout becomes the package
     assert main(["assemble", str(oci)]) == 0
-    assert _tree(oci) == _tree(package)
+    assert file_tree(oci) == file_tree(package)
     assert sorted(os.listdir(tmp_path)) == ["oci", "pkg"]
 
 
@@ -215,7 +205,7 @@ def test_a_damaged_oci_layout_is_one_line(built, flaw, tmp_path, capsys) -> None
         subprocess.run([SKOPEO, "--insecure-policy", "copy", "--quiet",
                         "--src-tls-verify=false", f"docker://{built['refs']['combined']}",
                         f"oci:{oci}:other"], check=True, capture_output=True, timeout=60)
-    before = _tree(oci)
+    before = file_tree(oci)
     capsys.readouterr()
     for argv in (["assemble", str(oci), "--output", str(tmp_path / "pkg")],
                  ["assemble", str(oci)]):
@@ -229,7 +219,7 @@ def test_a_damaged_oci_layout_is_one_line(built, flaw, tmp_path, capsys) -> None
                 "payloads-swapped": "does not match its key"}[flaw]
         assert want in err, err
         assert ".oci.layout." not in err, err  # the layout is named, not a temp folder
-        assert _tree(oci) == before and not (tmp_path / "pkg").exists()
+        assert file_tree(oci) == before and not (tmp_path / "pkg").exists()
         assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
@@ -271,12 +261,12 @@ def test_an_oci_layout_of_no_weightstore_package_says_so(tmp_path, kind, capsys)
                      {"data": b"onnx bytes", "mediaType": "application/vnd.oci.image.layer.v1.tar",
                       "notes": {TITLE: "model.onnx"}})
         want = "not a weightstore package: no summary.json among its layers"
-    before = _tree(oci)
+    before = file_tree(oci)
     assert main(["assemble", str(oci)]) == 2
     err = capsys.readouterr().err.strip()
     assert want in err and "\n" not in err, err
     assert f"folder={oci})" in err or kind == "container-image", err
-    assert _tree(oci) == before and sorted(os.listdir(tmp_path)) == ["oci"]
+    assert file_tree(oci) == before and sorted(os.listdir(tmp_path)) == ["oci"]
 
 
 def test_assemble_in_place(built, tmp_path, capsys) -> None:
@@ -285,28 +275,28 @@ def test_assemble_in_place(built, tmp_path, capsys) -> None:
     OrasClient(hostname=built["host"], insecure=True).pull(
         target=built["refs"]["split"], outdir=str(tmp_path / "dir"))
     assert main(["assemble", str(tmp_path / "dir")]) == 0
-    assert _tree(tmp_path / "dir") == _tree(built["packages"]["split"])
+    assert file_tree(tmp_path / "dir") == file_tree(built["packages"]["split"])
     assert [p.name for p in tmp_path.iterdir()] == ["dir"]  # no temp folder left
     capsys.readouterr()
     # a folder that already is the package assembles to itself
     assert main(["assemble", str(tmp_path / "dir"), "--json"]) == 0
-    assert _tree(tmp_path / "dir") == _tree(built["packages"]["split"])
+    assert file_tree(tmp_path / "dir") == file_tree(built["packages"]["split"])
     summary = json.loads((tmp_path / "dir" / "summary.json").read_bytes())
     report = json.loads(capsys.readouterr().out)
     assert report["payloads"] == summary["totals"]["unique_payloads"]
     assert report["weight_files"] == len(summary["files"])
-    assert report["files"] == len(_tree(tmp_path / "dir"))
+    assert report["files"] == len(file_tree(tmp_path / "dir"))
 
 
 @pytest.mark.parametrize("layout", ["combined", "separate"])
 def test_a_format1_artifact_still_pulls(built, layout, tmp_path) -> None:
     package = built["packages"][layout]
     ref, doc = push_format1(built["host"], f"interop/{layout}", "format1", package,
-                            _manifest(built["refs"][layout]))
+                            manifest_of(built["refs"][layout]))
     assert any(x["mediaType"] == "application/vnd.weightstore.assembly.v1+json"
                for x in doc["layers"])
     pull(ref, tmp_path / "out", store=WeightStore(tmp_path / "store"))
-    assert _tree(tmp_path / "out") == _tree(package)
+    assert file_tree(tmp_path / "out") == file_tree(package)
 
 
 def test_push_refuses_two_layers_with_one_path(built, tmp_path, capsys) -> None:

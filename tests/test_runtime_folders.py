@@ -15,6 +15,7 @@ import pytest
 
 from weightstore.cli import main
 
+from .helpers import file_tree
 from .registry_server import needs_registry, running_registry
 from .tiny_llm import TINY_LLM, assert_generates_as_builder
 
@@ -38,11 +39,6 @@ output: {out}
 """
 
 
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The builder's fp32 folder built by a recipe, each layout's package folder."""
@@ -61,7 +57,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_package_folder_is_the_builders_runtime_folder(built, layout) -> None:
     package = built[layout]
-    tree = _tree(package)
+    tree = file_tree(package)
     for name in COMPANIONS:  # the builder's own bytes, at the package root
         assert tree[name] == (TINY_LLM / "fp32" / name).read_bytes(), name
     summary = json.loads(tree["summary.json"])
@@ -89,12 +85,12 @@ def test_pulls_generate_as_the_builders_folder(built, tmp_path) -> None:
                      "--store", str(tmp_path / "fresh-store")]) == 0
         assert main(["pull", ref, str(tmp_path / "device"), "--device", "cpu",
                      "--store", str(tmp_path / "device-store")]) == 0
-    assert _tree(tmp_path / "oras") == _tree(package)
+    assert file_tree(tmp_path / "oras") == file_tree(package)
     assert_generates_as_builder(tmp_path / "oras")
-    assert _tree(tmp_path / "pulled") == _tree(package)
+    assert file_tree(tmp_path / "pulled") == file_tree(package)
     assert main(["verify", str(tmp_path / "pulled")]) == 0
     assert_generates_as_builder(tmp_path / "pulled")
-    device = _tree(tmp_path / "device")
+    device = file_tree(tmp_path / "device")
     for name in COMPANIONS:
         assert device[name] == (TINY_LLM / "fp32" / name).read_bytes(), name
     assert_generates_as_builder(tmp_path / "device")
@@ -107,5 +103,5 @@ def test_unpacked_release_generates_as_the_builders_folder(built, tmp_path) -> N
     archive = release / "tiny-llm-1.0.0-combined.tar.zst"
     assert main(["unpack", str(archive), str(tmp_path / "unpacked")]) == 0
     unpacked = tmp_path / "unpacked"
-    assert _tree(unpacked) == _tree(built["combined"])
+    assert file_tree(unpacked) == file_tree(built["combined"])
     assert_generates_as_builder(unpacked)

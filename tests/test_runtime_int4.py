@@ -28,18 +28,13 @@ from weightstore.cli import main
 from weightstore.registry.pull import pull
 from weightstore.store import WeightStore
 
-from .helpers import build_example
+from .helpers import build_example, file_tree
 from .registry_server import needs_registry, running_registry
 from .tiny_llm import TINY_LLM, assert_generates_as_builder
 
 DEVICE = "cpu-int4"
 COMPANIONS = ("genai_config.json", "tokenizer.json", "tokenizer_config.json")
 LIMIT = 1.1  # a device folder's weight bytes against its live bytes
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
 
 
 def _weights(path: Path) -> dict[str, bytes]:
@@ -80,7 +75,7 @@ def test_the_builders_int4_settings() -> None:
 
 def _is_the_builders_int4_folder(folder: Path, package: Path) -> None:
     """``folder`` runs as the builder's int4 export and carries its weights only."""
-    tree = _tree(folder)
+    tree = file_tree(folder)
     for name in COMPANIONS:
         assert tree[name] == (TINY_LLM / "fp32" / name).read_bytes(), name
     # the builder's int4 weights, byte for byte: the int4 matrices and the shared ones
@@ -110,7 +105,7 @@ def test_the_bundle_is_the_builders_int4_export(package, tmp_path, capsys) -> No
     capsys.readouterr()
     _is_the_builders_int4_folder(tmp_path / "a", folder)
     assert main(["bundle", str(folder), DEVICE, "--output", str(tmp_path / "b")]) == 0
-    assert _tree(tmp_path / "a") == _tree(tmp_path / "b")  # deterministic
+    assert file_tree(tmp_path / "a") == file_tree(tmp_path / "b")  # deterministic
 
 
 @needs_registry
@@ -125,12 +120,12 @@ def test_pull_device_is_the_builders_int4_export(package, tmp_path, capsys) -> N
                      "--store", str(tmp_path / "cli-store")]) == 0
     capsys.readouterr()
     _is_the_builders_int4_folder(tmp_path / "pulled", folder)
-    assert _tree(tmp_path / "cli") == _tree(tmp_path / "pulled")
+    assert file_tree(tmp_path / "cli") == file_tree(tmp_path / "pulled")
     assert main(["bundle", str(folder), DEVICE, "--output", str(tmp_path / "bundled")]) == 0
-    assert _tree(tmp_path / "pulled") == _tree(tmp_path / "bundled")
+    assert file_tree(tmp_path / "pulled") == file_tree(tmp_path / "bundled")
     # it downloads the folder's bytes and the package's metadata (manifest, summary, the
     # graph its records are in), not the fp32 matrices the int4 ones replaced
     fp32_matrices = sum(len(b) for n, b in _weights(TINY_LLM / "fp32" / "model.onnx").items()
                         if n.endswith(".MatMul.weight"))
-    pulled = sum(len(b) for b in _tree(tmp_path / "pulled").values())
+    pulled = sum(len(b) for b in file_tree(tmp_path / "pulled").values())
     assert report.received_bytes - pulled < fp32_matrices, (report.to_dict(), pulled)

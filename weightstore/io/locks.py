@@ -114,7 +114,7 @@ def file_lock(path: Path, timeout: float, error: type[WeightstoreError], what: s
             lock.acquire(timeout=0)
         except (Timeout, _Replaced):  # held, or its holder removed it: the one there now
             return None
-        except NotImplementedError:  # no flock here (module doc): filelock 3
+        except NotImplementedError:  # filelock's word for a file system without flock
             return False
         except OSError as exc:
             if exc.errno in _NO_FLOCK:  # no flock, and no soft lock with on_acquired
