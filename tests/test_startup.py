@@ -222,3 +222,30 @@ def test_a_double_dash_before_the_command_is_judged_against_every_command(capsys
 
     assert cli.main(["--", "build"]) == 2
     assert "'schema'" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["store", "stats", "--store", "nowhere"],
+                                  ["no-such-command"]])
+def test_the_process_freezes_the_collector_before_it_shuts_down(argv: list[str],
+                                                                tmp_path: Path) -> None:
+    """``python -m weightstore`` and the console script (both ``cli.run``) end with the
+    collector's objects frozen, so the interpreter's last collections do not walk them;
+    ``main()`` leaves the collector as it was. The exit code is the command's either way."""
+    probe = ("import atexit, gc, runpy, sys\n"
+             "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+             "sys.argv = ['weightstore', *{argv!r}]\n"
+             "{call}\n")
+    calls = {"process": "runpy.run_module('weightstore', run_name='__main__')",
+             "main": "from weightstore.cli import main\nsys.exit(main())"}
+    done = {name: subprocess.run([sys.executable, "-c", probe.format(argv=argv, call=call)],
+                                 cwd=tmp_path, capture_output=True, text=True,
+                                 env=os.environ.copy())
+            for name, call in calls.items()}
+    assert done["process"].stdout.splitlines()[-1] == "frozen True"
+    assert done["main"].stdout.splitlines()[-1] == "frozen False"
+    assert done["process"].returncode == done["main"].returncode
+    assert done["process"].returncode == (0 if argv == ["--version"] else 2) \
+        or argv[0] == "store"
+    scripts = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert 'weightstore = "weightstore.cli:run"' in scripts
