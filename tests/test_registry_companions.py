@@ -397,6 +397,48 @@ def test_a_pulls_metadata_files_download_side_by_side(built, tmp_path) -> None:
     assert file_tree(tmp_path / "out") == file_tree(built["v1"]["separate"])
 
 
+def test_a_pulls_config_summary_models_and_payloads_overlap(built, tmp_path) -> None:
+    """What does not wait for an answer does not queue behind it (on a registry far
+    away, each of those waits is a round trip): the config and the summary download side
+    by side, and a whole package's models beside its payloads. The registry, slowed
+    down, sees each pair in flight together; the pull is byte-identical."""
+    import threading
+    import time
+
+    ref = built["refs"]["separate"]
+    manifest = manifest_of(ref)
+    names = {x["digest"]: x.get("annotations", {}).get(FILEPATH, "")
+             for x in manifest["layers"]}
+    kinds = {manifest["config"]["digest"]: "config"}
+    for digest, name in names.items():
+        kinds[digest] = ("summary" if name == SUMMARY_NAME else
+                         "model" if name.endswith(".onnx") else
+                         "payload" if name.startswith("weight_") else "other")
+    lock, flying, together = threading.Lock(), set(), set()
+
+    def slow(handler, body: bytes) -> bool:
+        kind = kinds.get(handler.path.rsplit("/", 1)[-1])
+        if handler.command != "GET" or kind in (None, "other"):
+            return False
+        with lock:
+            together.update(frozenset({kind, other}) for other in flying if other != kind)
+            flying.add(kind)
+        time.sleep(0.3)
+        try:
+            relay(handler, built["host"], body)
+        finally:
+            with lock:
+                flying.discard(kind)
+        return True
+
+    with misbehaving(built["host"], slow) as proxy:
+        pull(ref.replace(built["host"], proxy), tmp_path / "out",
+             store=WeightStore(tmp_path / "store"))
+    assert frozenset({"config", "summary"}) in together
+    assert frozenset({"model", "payload"}) in together
+    assert file_tree(tmp_path / "out") == file_tree(built["v1"]["separate"])
+
+
 def test_a_pull_syncs_no_file_it_removes_at_once(built, tmp_path, monkeypatch) -> None:
     """The artifact's config blob is read and removed as soon as it is checked: it is
     not fsynced (a sync on the way to every pull's first byte), while every file the
