@@ -103,3 +103,110 @@ def test_an_onnx_without_the_generated_module_falls_back_to_importing_onnx(tmp_p
         "print(json.dumps({'onnx': loaded,\n"
         "                  'same': onnx_proto.ModelProto is onnx.ModelProto}))\n")
     assert found == {"onnx": True, "same": True}
+
+
+def _attribute_values() -> list[tuple[str, object]]:
+    tensor = onnx.helper.make_tensor("t", onnx.TensorProto.FLOAT, [2], [1.0, 2.5])
+    graph = onnx.helper.make_graph([], "g", [], [])
+    return [("i", 3), ("b", True), ("npi", np.int64(7)), ("f", 0.5), ("npf", np.float32(0.25)),
+            ("s", "text"), ("bs", b"\x00\xff"), ("t", tensor), ("g", graph),
+            ("ints", [1, 2, 3]), ("floats", [0.5, 1.5]), ("mixed", (1, 2.5)),
+            ("strings", ["a", b"b"]), ("tensors", [tensor]), ("graphs", [graph]),
+            ("tp", onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, [1]))]
+
+
+def test_nodes_are_onnx_helpers_byte_for_byte() -> None:
+    """``make_node`` and ``make_attribute`` write what onnx.helper writes (sorted
+    attributes, None left out, every value type), and ``attribute_value`` reads it back."""
+    for key, value in _attribute_values():
+        ours = onnx_proto.make_attribute(key, value)
+        assert ours.SerializeToString() == \
+            onnx.helper.make_attribute(key, value).SerializeToString(), key
+        theirs = onnx.helper.get_attribute_value(ours)
+        assert onnx_proto.attribute_value(ours) == theirs, key
+    attributes = dict(_attribute_values())
+    for kwargs in ({}, {"name": "n", "domain": "com.microsoft"}, {"name": "", "domain": ""}):
+        ours = onnx_proto.make_node("Op", ["a", "b"], ["c"], **kwargs, skipped=None,
+                                    **attributes)
+        theirs = onnx.helper.make_node("Op", ["a", "b"], ["c"], **kwargs, skipped=None,
+                                       **attributes)
+        assert ours.SerializeToString() == theirs.SerializeToString()
+    with pytest.raises(ValueError):
+        onnx_proto.make_attribute("empty", [])
+    with pytest.raises(TypeError):
+        onnx_proto.make_attribute("none", object())
+
+
+NATIVE = ["float32", "uint8", "int8", "uint16", "int16", "int32", "int64", "bool", "float16",
+          "float64", "uint32", "uint64", "complex64", "complex128"]
+
+
+@pytest.mark.parametrize("dtype", NATIVE)
+def test_arrays_are_onnx_numpy_helpers_byte_for_byte(dtype: str) -> None:
+    """numpy's own types, from raw data and from the typed fields, as onnx's numpy_helper
+    reads and writes them; the element type as onnx.helper maps it."""
+    from weightstore.io import onnx_arrays
+
+    values = (np.arange(-3, 9).reshape(3, 4) * 1.5).astype(dtype)
+    ours = onnx_arrays.from_array(values, "w")
+    assert ours.SerializeToString() == onnx.numpy_helper.from_array(values, "w").SerializeToString()
+    assert onnx_arrays.from_array(values).name == ""
+    assert onnx_arrays.np_dtype(ours.data_type) == onnx.helper.tensor_dtype_to_np_dtype(
+        ours.data_type)
+    typed = onnx.helper.make_tensor("w", ours.data_type, values.shape, values.flatten())
+    for tensor in (ours, typed):
+        got, expected = onnx_arrays.to_array(tensor), onnx.numpy_helper.to_array(tensor)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert got.tobytes() == expected.tobytes()
+
+
+def test_other_types_are_onnx_own() -> None:
+    """A type numpy lacks (bfloat16), strings and big-endian arrays go to onnx's functions
+    (which refuse the last)."""
+    from weightstore.io import onnx_arrays
+
+    bf16 = onnx.helper.make_tensor("b", onnx.TensorProto.BFLOAT16, [2], [1.0, 2.0])
+    assert onnx_arrays.to_array(bf16).tobytes() == onnx.numpy_helper.to_array(bf16).tobytes()
+    words = np.array(["a", "bc"], dtype=object)
+    assert onnx_arrays.from_array(words).SerializeToString() == \
+        onnx.numpy_helper.from_array(words).SerializeToString()
+    with pytest.raises(ValueError, match="into TensorProto element type"):
+        onnx_arrays.from_array(np.arange(4, dtype=">i4"))
+
+
+def test_the_checker_and_shape_inference_run_without_onnx_initialiser() -> None:
+    """onnx's C++ extension, loaded under its own name: the checker refuses what onnx's
+    refuses, shape inference infers what onnx's infers, and ``import onnx`` afterwards
+    finds the same extension."""
+    found = _fresh(
+        "import json, sys\n"
+        "from weightstore.io import onnx_native\n"
+        "from weightstore.io.onnx_proto import make_node, ModelProto, GraphProto, "
+        "ValueInfoProto, TypeProto, OperatorSetIdProto\n"
+        "def value(name):\n"
+        "    v = ValueInfoProto(name=name)\n"
+        "    v.type.tensor_type.elem_type = 1\n"
+        "    v.type.tensor_type.shape.dim.add().dim_value = 2\n"
+        "    return v\n"
+        "g = GraphProto(name='g', node=[make_node('Relu', ['x'], ['h']),\n"
+        "                               make_node('Relu', ['h'], ['y'])],\n"
+        "               input=[value('x')], output=[value('y')])\n"
+        "m = ModelProto(ir_version=10, graph=g, opset_import=[OperatorSetIdProto(version=17)])\n"
+        "onnx_native.check_model(m)\n"
+        "inferred = onnx_native.infer_shapes(m)\n"
+        "bad = ModelProto(); bad.CopyFrom(m); bad.graph.node[0].op_type = 'NoSuchOp'\n"
+        "try:\n"
+        "    onnx_native.check_model(bad); refused = False\n"
+        "except onnx_native.validation_error():\n"
+        "    refused = True\n"
+        "known = [onnx_native.has_schema('Relu'), onnx_native.has_schema('NoSuchOp'),\n"
+        "         onnx_native.has_schema('MatMulNBits', 'com.microsoft')]\n"
+        "before = sorted(k for k in ('onnx', 'numpy', 'ml_dtypes') if k in sys.modules)\n"
+        "import onnx\n"
+        "print(json.dumps({'before': before, 'refused': refused, 'known': known,\n"
+        "    'inferred': [v.name for v in inferred.graph.value_info],\n"
+        "    'same': onnx.checker.C is sys.modules['onnx.onnx_cpp2py_export'].checker,\n"
+        "    'theirs': onnx.shape_inference.infer_shapes(m).SerializeToString()\n"
+        "              == inferred.SerializeToString()}))\n")
+    assert found == {"before": [], "refused": True, "known": [True, False, False],
+                     "inferred": ["h"], "same": True, "theirs": True}

@@ -56,8 +56,10 @@ def walks(monkeypatch):
 
 @pytest.fixture
 def inferences(monkeypatch):
-    """onnx shape inference runs."""
-    return record_calls(monkeypatch, onnx.shape_inference, "infer_shapes")
+    """onnx shape inference runs (through its C++ extension)."""
+    from weightstore.io import onnx_native
+
+    return record_calls(monkeypatch, onnx_native, "infer_shapes")
 
 
 # -- one parse per model file --------------------------------------------------------------

@@ -35,6 +35,21 @@ def _imported(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY) -> s
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _build_imports(folder: Path, modules: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """``build recipe.yaml`` in a fresh process: its packages' statuses, and which of
+    ``modules`` it loaded."""
+    code = ("import sys, io, contextlib, json\n"
+            "from weightstore.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    assert main(['build', 'recipe.yaml', '--json']) == 0\n"
+            "print(json.dumps([p['status'] for p in json.loads(out.getvalue())['packages']]))\n"
+            f"print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
+                          text=True, check=True, env=os.environ.copy())
+    statuses, loaded = done.stdout.strip().splitlines()[-2:]
+    return json.loads(statuses), json.loads(loaded)
+
+
 @pytest.fixture
 def folder(tmp_path: Path, encoder_model: onnx.ModelProto) -> Path:
     onnx.save(encoder_model, tmp_path / "model.onnx")
@@ -64,21 +79,48 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
     assert any(n.op_type == "Constant" and n.attribute[0].t.int64_data
                for n in model.graph.node)  # a typed field is decoded
     (folder / "recipe.yaml").write_text(TWO_LAYOUTS)
-    code = ("import sys, io, contextlib, json\n"
-            "from weightstore.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-            "    assert main(['build', 'recipe.yaml', '--json']) == 0\n"
-            "print(json.dumps([p['status'] for p in json.loads(out.getvalue())['packages']]))\n"
-            "print(json.dumps(sorted(m for m in ('onnx', 'numpy', 'ml_dtypes', 'onnxruntime')\n"
-            "                        if m in sys.modules)))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
-                          text=True, check=True, env=os.environ.copy())
-    statuses, loaded = done.stdout.strip().splitlines()[-2:]
-    assert json.loads(statuses) == ["built", "built"]
-    assert json.loads(loaded) == []
+    statuses, loaded = _build_imports(folder, ("onnx", "numpy", "ml_dtypes", "onnxruntime"))
+    assert statuses == ["built", "built"]
+    assert loaded == []
     package = folder / "out" / "pkg" / "1.0.0"
     for layout in ("combined", "per-weight"):  # what it wrote is a model onnx accepts
         onnx.checker.check_model(str(package / layout / "encoder.onnx"))
+
+
+INT4 = """\
+package: pkg
+version: "1.0.0"
+models:
+  - name: encoder
+    source: model.onnx
+    scenarios:
+      - name: int4
+        passes: [{name: quantize-weights, bits: 4, block_size: 32, symmetric: true,
+                  accuracy_level: 4}]
+layouts:
+  - {name: combined, external_weight: combined}
+devices:
+  - {name: cpu}
+  - {name: cpu-int4, scenario: int4}
+output: out
+"""
+
+
+def test_a_cold_build_with_an_int4_scenario_does_not_run_onnx_initialiser(folder: Path,
+                                                                           ) -> None:
+    """A quantizing build needs onnx's message classes, its C++ checker and shape
+    inference, numpy and onnxruntime's kernels; onnx's package initialiser (ml_dtypes,
+    half a second and more) is none of these. The package it writes is what onnx and
+    onnxruntime accept."""
+    (folder / "recipe.yaml").write_text(INT4)
+    statuses, loaded = _build_imports(folder, ("onnx", "ml_dtypes", "onnx.helper",
+                                               "onnx.numpy_helper", "onnxruntime.quantization"))
+    assert statuses == ["built"]
+    assert loaded == []
+    package = folder / "out" / "pkg" / "1.0.0" / "combined"
+    onnx.checker.check_model(str(package / "encoder.onnx"))
+    summary = json.loads((package / "summary.json").read_text())
+    assert [d["scenario"] for d in summary["devices"]] == [None, "int4"]
 
 
 REGISTRY_ALLOWED: set[str] = set()  # neither onnx, numpy, protobuf nor requests/urllib3

@@ -113,7 +113,7 @@ def read_samples(path: Path, key: str) -> dict[str, Any]:
 def check_fit(model: Any, feed: Mapping[str, Any], path: Path, key: str) -> None:
     """Every input of ``model``'s graph has an array of its element type and shape (a
     symbolic dimension takes any size), and every array is an input."""
-    from onnx import helper
+    from ..io.onnx_arrays import np_dtype
 
     inits = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
@@ -133,7 +133,7 @@ def check_fit(model: Any, feed: Mapping[str, Any], path: Path, key: str) -> None
         tensor = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
             fail(f"input '{value.name}' is not a tensor")
-        expected = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        expected = np_dtype(tensor.elem_type)
         if array.dtype != expected:
             fail(f"input '{value.name}' is {expected}, the array {array.dtype}")
         if tensor.HasField("shape"):

@@ -13,8 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import onnx
-
+from ..io.onnx_proto import TensorProto
 from .payload import PayloadDescriptor, describe, read_payload
 from .reader import Catalogue
 from .schema import Path as TensorPath
@@ -78,7 +77,7 @@ class WeightDescriptor:
         p = self.payload
         out: dict[str, Any] = {
             "name": self.name,
-            "dtype": onnx.TensorProto.DataType.Name(self.element_type),
+            "dtype": TensorProto.DataType.Name(self.element_type),
             "shape": list(self.dims),
             "bytes": self.nbytes,
             "origin": self.origin.value,
@@ -88,7 +87,7 @@ class WeightDescriptor:
             "function": self.function,
             "path": path_str(self.path),
         }
-        if p is None and self.element_type == onnx.TensorProto.STRING:
+        if p is None and self.element_type == TensorProto.STRING:
             out["payload"] = {"file": None, "offset": None, "length": self.string_bytes,
                               "encoding": "string_data", "location": None, "checksum": None}
         elif p is not None:

@@ -16,18 +16,30 @@ the submodule itself); ``from onnx import onnx_ml_pb2`` and every class onnx exp
 unaffected. An onnx built without ONNX-ML types (no
 ``onnx_ml_pb2.py``, never the case for PyPI wheels) falls back to ``import onnx``.
 
-Modules that only handle messages import the names below; the rest of onnx (helpers,
-checker, shape inference, ``numpy_helper``) is imported inside the functions that call it.
+Modules that only handle messages import the names below, and build nodes with
+:func:`make_node` (``onnx.helper.make_node``'s messages, byte for byte, without
+``onnx.helper``, whose import loads numpy and ml_dtypes); arrays are
+:mod:`.onnx_arrays`', the checker and shape inference :mod:`.onnx_native`'s. What else
+needs onnx imports it inside the functions that call it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 _NAME = "onnx.onnx_ml_pb2"
+
+
+def onnx_folders() -> list[Path]:
+    """The folders of onnx's package, found without running its initialiser."""
+    spec = importlib.util.find_spec("onnx")
+    return [Path(f) for f in (spec.submodule_search_locations or [])] if spec else []
 
 
 def messages() -> ModuleType:
@@ -35,22 +47,26 @@ def messages() -> ModuleType:
     module = sys.modules.get(_NAME)
     if module is not None:
         return module
-    spec = importlib.util.find_spec("onnx")  # locates the package without running it
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = next((Path(f) / "onnx_ml_pb2.py" for f in folders
-                 if (Path(f) / "onnx_ml_pb2.py").is_file()), None)
+    path = next((f / "onnx_ml_pb2.py" for f in onnx_folders()
+                 if (f / "onnx_ml_pb2.py").is_file()), None)
     if path is None:
         import onnx
 
         return sys.modules.get(_NAME) or onnx.onnx_pb
-    file_spec = importlib.util.spec_from_file_location(_NAME, path)
+    return load_submodule(_NAME, path)
+
+
+def load_submodule(name: str, path: Path) -> ModuleType:
+    """The module of file ``path`` loaded as onnx's ``name`` and registered in
+    ``sys.modules``, without running the package's initialiser."""
+    file_spec = importlib.util.spec_from_file_location(name, path)
     assert file_spec is not None and file_spec.loader is not None
     module = importlib.util.module_from_spec(file_spec)
-    sys.modules[_NAME] = module
+    sys.modules[name] = module
     try:
         file_spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[_NAME]
+        del sys.modules[name]
         raise
     return module
 
@@ -68,6 +84,87 @@ TensorProto = _pb.TensorProto
 TypeProto = _pb.TypeProto
 ValueInfoProto = _pb.ValueInfoProto
 
+SparseTensorProto = _pb.SparseTensorProto
+
+
+_LISTS = ((numbers.Integral, AttributeProto.INTS, "ints"),
+          (numbers.Real, AttributeProto.FLOATS, "floats"),
+          ((str, bytes), AttributeProto.STRINGS, "strings"),
+          (TensorProto, AttributeProto.TENSORS, "tensors"),
+          (SparseTensorProto, AttributeProto.SPARSE_TENSORS, "sparse_tensors"),
+          (GraphProto, AttributeProto.GRAPHS, "graphs"),
+          (TypeProto, AttributeProto.TYPE_PROTOS, "type_protos"))
+_MESSAGES = ((TensorProto, AttributeProto.TENSOR, "t"),
+             (SparseTensorProto, AttributeProto.SPARSE_TENSOR, "sparse_tensor"),
+             (GraphProto, AttributeProto.GRAPH, "g"),
+             (TypeProto, AttributeProto.TYPE_PROTO, "tp"))
+
+
+def _utf8(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode("utf-8")
+
+
+def make_attribute(key: str, value: Any) -> AttributeProto:
+    """``onnx.helper.make_attribute(key, value)``: the type inferred from the value."""
+    attr = AttributeProto(name=key)
+    if isinstance(value, numbers.Integral):
+        attr.i, attr.type = int(value), AttributeProto.INT
+    elif isinstance(value, numbers.Real):
+        attr.f, attr.type = float(value), AttributeProto.FLOAT
+    elif isinstance(value, (str, bytes)):
+        attr.s, attr.type = _utf8(value), AttributeProto.STRING
+    elif message := next((m for m in _MESSAGES if isinstance(value, m[0])), None):
+        getattr(attr, message[2]).CopyFrom(value)
+        attr.type = message[1]
+    elif isinstance(value, Iterable):
+        values = list(value)
+        kinds = {type(v) for v in values}
+        found = next((m for m in _LISTS if values and all(issubclass(t, m[0]) for t in kinds)),
+                     None)
+        if found is None:
+            raise ValueError(f"cannot infer the type of attribute '{key}' from its values")
+        _, attr.type, field = found
+        getattr(attr, field).extend([_utf8(v) for v in values] if field == "strings"
+                                    else values)
+    else:
+        raise TypeError(f"{value!r} is not an accepted attribute value")
+    return attr
+
+
+def make_node(op_type: str, inputs: Sequence[str], outputs: Sequence[str],
+              name: str | None = None, domain: str | None = None,
+              **attributes: Any) -> NodeProto:
+    """``onnx.helper.make_node``: attributes sorted by name, None values left out."""
+    node = NodeProto(op_type=op_type, input=inputs, output=outputs)
+    if name:
+        node.name = name
+    if domain is not None:
+        node.domain = domain
+    node.attribute.extend(make_attribute(k, v) for k, v in sorted(attributes.items())
+                          if v is not None)
+    return node
+
+
+_VALUES = {AttributeProto.FLOAT: "f", AttributeProto.INT: "i", AttributeProto.STRING: "s",
+           **{kind: field for _, kind, field in _MESSAGES}}
+
+
+def attribute_value(attr: AttributeProto) -> Any:
+    """``onnx.helper.get_attribute_value``: the value (lists as lists), None when
+    undefined."""
+    if attr.ref_attr_name:
+        raise ValueError(f"cannot get the value of reference attribute '{attr.name}'")
+    if attr.type in _VALUES:
+        return getattr(attr, _VALUES[attr.type])
+    field = next((f for _, kind, f in _LISTS if kind == attr.type), None)
+    if field is not None:
+        return list(getattr(attr, field))
+    if attr.type == AttributeProto.UNDEFINED:
+        return None
+    raise ValueError(f"unsupported attribute type {attr.type} of '{attr.name}'")
+
+
 __all__ = ["AttributeProto", "FunctionProto", "GraphProto", "ModelProto", "NodeProto",
-           "OperatorSetIdProto", "StringStringEntryProto", "TensorProto", "TypeProto",
-           "ValueInfoProto", "messages"]
+           "OperatorSetIdProto", "SparseTensorProto", "StringStringEntryProto", "TensorProto",
+           "TypeProto", "ValueInfoProto", "attribute_value", "load_submodule", "make_attribute",
+           "make_node", "messages", "onnx_folders"]

@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import onnx
-
 from ..errors import IntegrityError, PackageError
 from ..io.digests import digest_bytes, digest_file, make_key
 from ..io.files import (
@@ -33,6 +31,7 @@ from ..io.files import (
     read_regular,
 )
 from ..io.models import save_model
+from ..io.onnx_proto import ModelProto
 from ..package.bundle_record import (
     BUNDLE_NAME,
     DEVICES,
@@ -74,7 +73,7 @@ def select_scenario(device: Device, scenarios: Sequence[tuple[str, Mapping[str, 
 
 
 def write_device(folder: Path, device: Device,
-                 models: Sequence[tuple[str, str, onnx.ModelProto, str | None,
+                 models: Sequence[tuple[str, str, ModelProto, str | None,
                                         Mapping[tuple[str, int], str]]],
                  algo: str, companions: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Write ``devices/<device>/`` in a package being built; returns its bundle record,
@@ -144,7 +143,7 @@ def assemble(package: str | os.PathLike[str], device: str,
         _check_source(package / f["name"], f["size"])
     tmp: Path | None = make_temp_dir(output.parent, f".{output.name}.")
     try:
-        models = [VariantModel(entry.get("name"), entry["file"], onnx.load_model_from_string(
+        models = [VariantModel(entry.get("name"), entry["file"], ModelProto.FromString(
                                sources[device_path(device, entry["file"])]),
                                entry["scenario"], store_keys_of(entry))
                   for entry in record["models"]]

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from ..errors import ResolutionError, ScenarioError, WeightstoreError
+from ..io.onnx_proto import ModelProto
 from ..package.bundle_record import read_bundle
 from ..package.summary import read_summary_file
 from ..resolve.files import file_problems
@@ -182,7 +181,7 @@ def companion_problems(folder: Path, companions: Sequence[dict[str, Any]], *, ve
     return problems
 
 
-def _live_entries(source: ModelSource, meta: onnx.ModelProto, file: str,
+def _live_entries(source: ModelSource, meta: ModelProto, file: str,
                   scenario: str | None, *,
                   final: bool = False) -> tuple[Sequence[ManifestEntry], list[str]]:
     """The external entries a model needs for ``scenario`` (``final``: the model is the

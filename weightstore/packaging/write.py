@@ -731,8 +731,7 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
     the summary records of the devices (their own companion files are written later)."""
     if not recipe.devices:
         return []
-    import onnx
-
+    from ..io.onnx_proto import ModelProto
     from .bundles import select_scenario, write_device
 
     offered = offered_scenarios(recipe, sources)
@@ -740,7 +739,7 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
     files = {m.name: m.file for m in summaries}
     models = []
     for s in sources:
-        model = onnx.load(str(folder / files[s.name]), load_external_data=False)
+        model = ModelProto.FromString((folder / files[s.name]).read_bytes())
         models.append((s.name, model, {sc.name for sc in s.scenarios}))
     out = []
     for device in recipe.devices:

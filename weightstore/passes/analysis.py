@@ -12,9 +12,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
+from ..io.onnx_arrays import from_array
+from ..io.onnx_proto import (
+    AttributeProto,
+    FunctionProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    attribute_value,
+)
 from .base import small_value
 from .graphpath import Container, function_hop, node_hop
 
@@ -31,17 +39,17 @@ class Scope:
 
     @property
     def is_function(self) -> bool:
-        return isinstance(self.container, onnx.FunctionProto)
+        return isinstance(self.container, FunctionProto)
 
 
-def node_subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
+def node_subgraphs(node: NodeProto) -> list[tuple[str, GraphProto]]:
     """(graph-path hop relative to the node's position, graph) for each subgraph; the hop
     is completed with the node's position by :func:`child_scopes`."""
-    out: list[tuple[str, onnx.GraphProto]] = []
+    out: list[tuple[str, GraphProto]] = []
     for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
+        if a.type == AttributeProto.GRAPH:
             out.append((a.name, a.g))
-        elif a.type == onnx.AttributeProto.GRAPHS:
+        elif a.type == AttributeProto.GRAPHS:
             out.extend((f"{a.name}:{k}", g) for k, g in enumerate(a.graphs))
     return out
 
@@ -57,7 +65,7 @@ def child_scopes(scope: Scope, index: int) -> list[Scope]:
     return out
 
 
-def iter_scopes(model: onnx.ModelProto, *, functions: bool = True) -> Iterator[Scope]:
+def iter_scopes(model: ModelProto, *, functions: bool = True) -> Iterator[Scope]:
     """Every graph, depth first (each graph before its subgraphs), then every function."""
     roots = [Scope((), model.graph)]
     if functions:
@@ -75,14 +83,14 @@ def iter_scopes(model: onnx.ModelProto, *, functions: bool = True) -> Iterator[S
 # -- names ----------------------------------------------------------------------------------
 
 def input_names(c: Container) -> list[str]:
-    return list(c.input) if isinstance(c, onnx.FunctionProto) else [i.name for i in c.input]
+    return list(c.input) if isinstance(c, FunctionProto) else [i.name for i in c.input]
 
 
 def output_names(c: Container) -> list[str]:
-    return list(c.output) if isinstance(c, onnx.FunctionProto) else [o.name for o in c.output]
+    return list(c.output) if isinstance(c, FunctionProto) else [o.name for o in c.output]
 
 
-def initializers(c: Container) -> dict[str, onnx.TensorProto]:
+def initializers(c: Container) -> dict[str, TensorProto]:
     return {t.name: t for t in getattr(c, "initializer", ())}
 
 
@@ -106,7 +114,7 @@ def free_names(g: Container) -> set[str]:
     return used - defined_names(g)
 
 
-def node_reads(node: onnx.NodeProto) -> set[str]:
+def node_reads(node: NodeProto) -> set[str]:
     """Names a node reads: its inputs and what its subgraphs capture."""
     out = {i for i in node.input if i}
     for _, g in node_subgraphs(node):
@@ -114,7 +122,7 @@ def node_reads(node: onnx.NodeProto) -> set[str]:
     return out
 
 
-def name_problem(model: onnx.ModelProto) -> tuple[str, str] | None:
+def name_problem(model: ModelProto) -> tuple[str, str] | None:
     """The first way the model's value names are not well formed, as (what, name): a value
     the main graph or a function reads that nothing defines, or a value a graph defines
     twice (two node outputs, or a node output named as an input or initializer). None
@@ -149,7 +157,7 @@ def producers(c: Container) -> dict[str, int]:
     return {o: i for i, n in enumerate(c.node) for o in n.output if o}
 
 
-def model_names(model: onnx.ModelProto) -> set[str]:
+def model_names(model: ModelProto) -> set[str]:
     """Every value name anywhere in the model, for choosing names that collide with none."""
     out: set[str] = set()
     for scope in iter_scopes(model):
@@ -162,11 +170,11 @@ def model_names(model: onnx.ModelProto) -> set[str]:
     return out
 
 
-def node_names(model: onnx.ModelProto) -> set[str]:
+def node_names(model: ModelProto) -> set[str]:
     return {n.name for s in iter_scopes(model) for n in s.container.node if n.name}
 
 
-def tensor_name_counts(model: onnx.ModelProto) -> dict[str, int]:
+def tensor_name_counts(model: ModelProto) -> dict[str, int]:
     """How many initializers and Constant tensors carry each value name, model-wide.
 
     A derived weight's sources are looked up by name in the base model, so a pass only
@@ -199,36 +207,36 @@ class NameAllocator:
 
 # -- facts about nodes and values -----------------------------------------------------------
 
-def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
+def opset_version(model: ModelProto, domain: str = "") -> int:
     """The model's opset for ``domain`` ("" and "ai.onnx" are the same); 0 if absent."""
     wanted = STANDARD_DOMAINS if domain in STANDARD_DOMAINS else (domain,)
     return max((o.version for o in model.opset_import if o.domain in wanted), default=0)
 
 
-def is_standard(node: onnx.NodeProto, op_type: str) -> bool:
+def is_standard(node: NodeProto, op_type: str) -> bool:
     return node.op_type == op_type and node.domain in STANDARD_DOMAINS
 
 
-def is_constant(node: onnx.NodeProto) -> bool:
+def is_constant(node: NodeProto) -> bool:
     return is_standard(node, "Constant")
 
 
-def attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
+def attribute(node: NodeProto, name: str, default: object = None) -> object:
     for a in node.attribute:
         if a.name == name:
-            return onnx.helper.get_attribute_value(a)
+            return attribute_value(a)
     return default
 
 
-def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+def constant_node_value(node: NodeProto) -> np.ndarray | None:
     """The value of a Constant node when it is small and inline; None otherwise."""
     for a in node.attribute:
-        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+        if a.name == "value" and a.type == AttributeProto.TENSOR:
             return small_value(a.t)
         if a.name in ("value_float", "value_int"):
-            return np.array(onnx.helper.get_attribute_value(a))
+            return np.array(attribute_value(a))
         if a.name in ("value_floats", "value_ints"):
-            return np.array(list(onnx.helper.get_attribute_value(a)))
+            return np.array(list(attribute_value(a)))
     return None
 
 
@@ -253,22 +261,22 @@ def known_value(scope: Scope | None, name: str) -> np.ndarray | None:
     return None
 
 
-def constant_weights(c: Container) -> dict[str, tuple[int, onnx.TensorProto]]:
+def constant_weights(c: Container) -> dict[str, tuple[int, TensorProto]]:
     """Value name -> (position, tensor) of the Constant nodes of ``c`` holding a tensor.
 
     Several exporters (Paddle2ONNX, older tf2onnx) keep weights in Constant nodes, often in
     typed fields (``float_data``): they are weights exactly as initializers are.
     """
-    out: dict[str, tuple[int, onnx.TensorProto]] = {}
+    out: dict[str, tuple[int, TensorProto]] = {}
     for i, node in enumerate(c.node):
         if is_constant(node) and len(node.output) == 1 and node.output[0]:
             for a in node.attribute:
-                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                if a.name == "value" and a.type == AttributeProto.TENSOR:
                     out[node.output[0]] = (i, a.t)
     return out
 
 
-def graph_weights(c: Container) -> Iterator[tuple[str, onnx.TensorProto, int | None]]:
+def graph_weights(c: Container) -> Iterator[tuple[str, TensorProto, int | None]]:
     """(value name, tensor, Constant node position or None) of every fixed weight of ``c``:
     initializers that are not graph inputs, then Constant-node tensors."""
     inputs = set(input_names(c))
@@ -279,7 +287,7 @@ def graph_weights(c: Container) -> Iterator[tuple[str, onnx.TensorProto, int | N
         yield name, t, i
 
 
-def weight(c: Container, name: str) -> onnx.TensorProto | None:
+def weight(c: Container, name: str) -> TensorProto | None:
     """The fixed weight ``name`` of ``c`` (an initializer that is not an overridable input,
     or a Constant node's tensor), as a declaration named after its value."""
     if name in input_names(c):
@@ -315,22 +323,22 @@ def removable_weights(c: Container, names: Iterable[str], removed: Iterable[int]
     return tuple(out), tuple(nodes)
 
 
-def without_payload(tensor: onnx.TensorProto, name: str | None = None,
+def without_payload(tensor: TensorProto, name: str | None = None,
                     data_type: int | None = None,
-                    dims: Iterable[int] | None = None) -> onnx.TensorProto:
+                    dims: Iterable[int] | None = None) -> TensorProto:
     """A declaration of a tensor: name, type and dims only (its bytes come from a recipe)."""
-    out = onnx.TensorProto(name=tensor.name if name is None else name,
+    out = TensorProto(name=tensor.name if name is None else name,
                            data_type=tensor.data_type if data_type is None else data_type)
     out.dims.extend(tensor.dims if dims is None else list(dims))
     return out
 
 
-def int64_initializer(name: str, values: Iterable[int]) -> onnx.TensorProto:
+def int64_initializer(name: str, values: Iterable[int]) -> TensorProto:
     """A small int64 vector, inline (split sizes and the like)."""
-    return numpy_helper.from_array(np.array(list(values), dtype=np.int64), name)
+    return from_array(np.array(list(values), dtype=np.int64), name)
 
 
-def per_graph(model: onnx.ModelProto, visit: Callable[..., list], *,
+def per_graph(model: ModelProto, visit: Callable[..., list], *,
               nodes: bool = False) -> list:
     """Records of ``visit(scope, name counts, value-name allocator)`` over every graph
     (not functions), in model order: the loop every graph-local pass shares. With

@@ -15,20 +15,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
+from ..io.onnx_arrays import to_array
+from ..io.onnx_proto import ModelProto, TensorProto
 from .rewriting import LocalRewriting, normalize
 
 
-def small_value(tensor: onnx.TensorProto) -> np.ndarray | None:
+def small_value(tensor: TensorProto) -> np.ndarray | None:
     """The value of a small inline tensor; None for an omitted or external payload."""
     if not has_payload(tensor):
         return None
-    return numpy_helper.to_array(tensor)
+    return to_array(tensor)
 
 
 @dataclass
@@ -47,7 +47,7 @@ class PassContext:
 class RewritePass(Protocol):
     name: str
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         """Records for one batch, in the coordinates of ``model``."""
         ...
 
@@ -57,10 +57,10 @@ class PassResult:
     """Records of every pass, in order, and the model they produce."""
 
     rewrites: list[LocalRewriting] = field(default_factory=list)
-    model: onnx.ModelProto | None = None
+    model: ModelProto | None = None
 
 
-def run_passes(model: onnx.ModelProto, passes: Sequence[RewritePass],
+def run_passes(model: ModelProto, passes: Sequence[RewritePass],
                ctx: PassContext | None = None) -> PassResult:
     """Run ``passes`` in order, each on the model the previous ones produced."""
     ctx = ctx or PassContext()

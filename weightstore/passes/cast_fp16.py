@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import math
 
-import onnx
-from onnx import TensorProto, helper
-
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..io.onnx_proto import ModelProto, NodeProto, TensorProto, make_node
 from ..recipe.pass_params import CastFP16Params
 from .analysis import (
     STANDARD_DOMAINS,
@@ -59,7 +57,7 @@ class CastFP16:
     def __init__(self, params: CastFP16Params | None = None) -> None:
         self.params = params or CastFP16Params()
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         return per_graph(model, self._graph, nodes=True)
 
     def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
@@ -84,7 +82,7 @@ class CastFP16:
                     or (len(t.dims) < 2 and math.prod(t.dims) < self.params.min_elements)):
                 continue
             half = values.fresh(f"{name}.fp16")
-            cast = helper.make_node("Cast", [half], [name], to=TensorProto.FLOAT,
+            cast = make_node("Cast", [half], [name], to=TensorProto.FLOAT,
                                     name=nodes.fresh(f"{name}.cast_fp32"))
             records.append(LocalRewriting(
                 operation_name=self.name,
@@ -100,7 +98,7 @@ class CastFP16:
         return records
 
 
-def _reads_data(node: onnx.NodeProto, position: int) -> bool:
+def _reads_data(node: NodeProto, position: int) -> bool:
     if node.domain not in STANDARD_DOMAINS or node.op_type not in DATA_INPUTS:
         return False
     allowed = DATA_INPUTS[node.op_type]

@@ -17,8 +17,7 @@ a dead node goes whole.
 
 from __future__ import annotations
 
-import onnx
-
+from ..io.onnx_proto import FunctionProto, ModelProto, NodeProto
 from .analysis import (
     Scope,
     child_scopes,
@@ -41,7 +40,7 @@ class Cleanup:
 
     name = "cleanup"
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         self._pure = set(PURE_DOMAINS) | {f.domain for f in model.functions}
         self._cache: dict[tuple[str, ...], tuple[set[int], set[str]]] = {}
         roots = [Scope((), model.graph)]
@@ -100,7 +99,7 @@ class Cleanup:
         return reads
 
 
-def prune(model: onnx.ModelProto) -> None:
+def prune(model: ModelProto) -> None:
     """Drop value_info of values that no longer exist and functions no longer called."""
     _prune_value_info(model.graph, set())
     for f in model.functions:
@@ -126,15 +125,15 @@ def _prune_value_info(c: Container, outer: set[str]) -> None:
             _prune_value_info(g, visible)
 
 
-def _function_key(f: onnx.FunctionProto) -> tuple[str, str, str]:
+def _function_key(f: FunctionProto) -> tuple[str, str, str]:
     return f.domain, f.name, getattr(f, "overload", "")
 
 
-def _node_key(node: onnx.NodeProto) -> tuple[str, str, str]:
+def _node_key(node: NodeProto) -> tuple[str, str, str]:
     return node.domain, node.op_type, getattr(node, "overload", "")
 
 
-def _called_functions(model: onnx.ModelProto) -> set[tuple[str, str, str]]:
+def _called_functions(model: ModelProto) -> set[tuple[str, str, str]]:
     """Functions reachable from the main graph, directly or through other functions."""
     by_key = {_function_key(f): f for f in model.functions}
     called: set[tuple[str, str, str]] = set()

@@ -14,10 +14,8 @@ Parameters no other node reads are removed in the same record (with their Consta
 
 from __future__ import annotations
 
-import onnx
-from onnx import TensorProto
-
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..io.onnx_proto import GraphProto, ModelProto, NodeProto, TensorProto
 from .analysis import (
     NameAllocator,
     Scope,
@@ -41,7 +39,7 @@ class FoldBatchNorm:
 
     name = "fold-batchnorm"
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         return per_graph(model, self._graph)
 
     def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
@@ -66,7 +64,7 @@ class FoldBatchNorm:
             eps = repr(float(attribute(bn, "epsilon", 1e-5)))  # type: ignore[arg-type]
             new_w = values.fresh(f"{w.name}.folded_bn")
             new_b = values.fresh(f"{w.name}.folded_bn_bias")
-            folded = onnx.NodeProto()
+            folded = NodeProto()
             folded.CopyFrom(conv)
             del folded.input[:]
             folded.input.extend([conv.input[0], new_w, new_b])
@@ -94,7 +92,7 @@ class FoldBatchNorm:
         return records
 
     @staticmethod
-    def _params(g: onnx.GraphProto, conv: onnx.NodeProto, bn: onnx.NodeProto,
+    def _params(g: GraphProto, conv: NodeProto, bn: NodeProto,
                 counts: dict[str, int]) -> tuple | None:
         """(W, conv bias or None, scale, beta, mean, var) when the pair folds, else None."""
         if (not is_standard(bn, "BatchNormalization") or len(bn.input) != 5

@@ -30,10 +30,15 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import onnx
-from onnx import helper
-
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..io.onnx_proto import (
+    AttributeProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    make_node,
+)
 from .analysis import (
     NameAllocator,
     Scope,
@@ -59,8 +64,8 @@ from .rewriting import LocalRewriting
 class _Inlined:
     """A branch flattened for its parent: nodes, initializers, renamed weights' origins."""
 
-    nodes: list[onnx.NodeProto] = field(default_factory=list)
-    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    nodes: list[NodeProto] = field(default_factory=list)
+    initializers: list[TensorProto] = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)  # new name -> name in the model
 
 
@@ -69,7 +74,7 @@ class FoldConstantIf:
 
     name = "fold-constant-if"
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         self._known = ctx.known or known_value
         self._model = model
         for cached in ("_counts", "_defs", "_names"):  # an instance may run again
@@ -115,7 +120,7 @@ class FoldConstantIf:
         nodes = inlined.nodes
         inits = inlined.initializers
         if scope.is_function:  # a function holds no initializers: they become Constants
-            nodes = [helper.make_node("Constant", [], [t.name], value=t) for t in inits]
+            nodes = [make_node("Constant", [], [t.name], value=t) for t in inits]
             nodes += inlined.nodes
             inits = []
         derivations = {new: DerivedWeightRecipe("copy", (old,))
@@ -134,7 +139,7 @@ class FoldConstantIf:
             derivations=derivations,
         )
 
-    def _weights_named(self, nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto],
+    def _weights_named(self, nodes: list[NodeProto], inits: list[TensorProto],
                        derivations: dict[str, DerivedWeightRecipe]) -> bool:
         """Is every omitted payload that moves either derived or uniquely named?"""
         tensors = [(t.name, t) for t in inits]
@@ -143,7 +148,7 @@ class FoldConstantIf:
         return all(has_payload(t) or name in derivations or self._counts.get(name, 0) == 1
                    for name, t in tensors)
 
-    def _choose(self, scope: Scope, node: onnx.NodeProto) -> onnx.GraphProto | None:
+    def _choose(self, scope: Scope, node: NodeProto) -> GraphProto | None:
         cond = self._known(scope, node.input[0]) if node.input else None
         if cond is None or cond.size != 1:
             return None
@@ -151,7 +156,7 @@ class FoldConstantIf:
         graphs = [g for hop, g in node_subgraphs(node) if hop == wanted]
         return graphs[0] if len(graphs) == 1 else None
 
-    def _inline(self, scope: Scope, node: onnx.NodeProto) -> _Inlined | None:
+    def _inline(self, scope: Scope, node: NodeProto) -> _Inlined | None:
         """The chosen branch of the If ``node`` (in ``scope``), ready for ``scope``."""
         branch = self._choose(scope, node)
         if (branch is None or branch.sparse_initializer or branch.input
@@ -193,7 +198,7 @@ class FoldConstantIf:
             t.name = renames.get(t.name, t.name)
             out.initializers.append(t)
         for inner, outer in copies:
-            out.nodes.append(helper.make_node("Identity", [renames.get(inner, inner)], [outer],
+            out.nodes.append(make_node("Identity", [renames.get(inner, inner)], [outer],
                                               name=self._names.fresh(f"{outer}.folded_if")))
         for old, new in renames.items():
             out.origin[new] = flat.origin.get(old, old)
@@ -210,7 +215,7 @@ def _copy(message):
     return out
 
 
-def _definition_counts(model: onnx.ModelProto) -> dict[str, int]:
+def _definition_counts(model: ModelProto) -> dict[str, int]:
     """How many places (inputs, initializers, node outputs of any graph) define each name."""
     counts: dict[str, int] = {}
     for scope in iter_scopes(model):
@@ -222,7 +227,7 @@ def _definition_counts(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-def _rename_node(node: onnx.NodeProto, renames: dict[str, str]) -> None:
+def _rename_node(node: NodeProto, renames: dict[str, str]) -> None:
     """Rename a node's inputs and outputs, and what its subgraphs read from outside."""
     for j, name in enumerate(node.input):
         node.input[j] = renames.get(name, name)
@@ -232,7 +237,7 @@ def _rename_node(node: onnx.NodeProto, renames: dict[str, str]) -> None:
         _rename_captures(g, renames)
 
 
-def _rename_captures(g: onnx.GraphProto, renames: dict[str, str]) -> None:
+def _rename_captures(g: GraphProto, renames: dict[str, str]) -> None:
     local = defined_names(g)
     visible = {k: v for k, v in renames.items() if k not in local}
     if not visible:
@@ -246,11 +251,11 @@ def _rename_captures(g: onnx.GraphProto, renames: dict[str, str]) -> None:
         o.name = visible.get(o.name, o.name)
 
 
-def _node_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+def _node_tensors(node: NodeProto) -> Iterator[tuple[str, TensorProto]]:
     """(value name, tensor) for a Constant node and every weight inside its subgraphs."""
     if is_constant(node) and node.output:
         for a in node.attribute:
-            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+            if a.name == "value" and a.type == AttributeProto.TENSOR:
                 yield node.output[0], a.t
     for _, g in node_subgraphs(node):
         for t in g.initializer:
@@ -259,7 +264,7 @@ def _node_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]
             yield from _node_tensors(inner)
 
 
-def _omitted(name: str, nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> bool:
+def _omitted(name: str, nodes: list[NodeProto], inits: list[TensorProto]) -> bool:
     """Does the moved weight ``name`` (initializer or top-level Constant) lack its payload?"""
     for t in inits:
         if t.name == name:

@@ -14,10 +14,8 @@ hold no initializers and so never match.
 
 from __future__ import annotations
 
-import onnx
-from onnx import TensorProto, helper
-
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..io.onnx_proto import ModelProto, TensorProto, make_node
 from .analysis import (
     NameAllocator,
     Scope,
@@ -44,7 +42,7 @@ class FuseQKV:
 
     name = "fuse-qkv"
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         values = NameAllocator(model_names(model))
         nodes = NameAllocator(node_names(model))
         counts = tensor_name_counts(model)
@@ -87,9 +85,9 @@ class FuseQKV:
                 split_inputs.append(split_name)
             else:
                 split_attrs["split"] = sizes
-            matmul = helper.make_node("MatMul", [first.input[0], fused], [fused_out],
+            matmul = make_node("MatMul", [first.input[0], fused], [fused_out],
                                       name=nodes.fresh(f"{base}.fused_qkv"))
-            split = helper.make_node("Split", split_inputs, [m.output[0] for m in matmuls],
+            split = make_node("Split", split_inputs, [m.output[0] for m in matmuls],
                                      name=nodes.fresh(f"{base}.fused_qkv_split"),
                                      **split_attrs)
             sources = tuple(m.input[1] for m in matmuls)

@@ -10,9 +10,8 @@ Gemms as its A or C input).
 
 from __future__ import annotations
 
-import onnx
-
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..io.onnx_proto import ModelProto, NodeProto
 from .analysis import (
     NameAllocator,
     Scope,
@@ -33,7 +32,7 @@ class GemmTransposeB:
 
     name = "gemm-transpose-b"
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         return per_graph(model, self._graph)
 
     def _graph(self, scope: Scope, counts: dict[str, int], values: NameAllocator,
@@ -62,7 +61,7 @@ class GemmTransposeB:
                 g, [b_name], positions, reads)
             for k, i in enumerate(positions):
                 first, last = k == 0, k == len(positions) - 1
-                gemm = onnx.NodeProto()
+                gemm = NodeProto()
                 gemm.CopyFrom(g.node[i])
                 gemm.input[1] = transposed
                 kept = [a for a in gemm.attribute if a.name != "transB"]

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import onnx
-
 from ..errors import ScenarioError
+from ..io.onnx_proto import AttributeProto, FunctionProto, GraphProto, ModelProto
 
-Container = onnx.GraphProto | onnx.FunctionProto
+Container = GraphProto | FunctionProto
 
 FUNCTION_PREFIX = "function:"
 
 
-def function_hop(function: onnx.FunctionProto) -> str:
+def function_hop(function: FunctionProto) -> str:
     return f"{FUNCTION_PREFIX}{function.domain}:{function.name}"
 
 
@@ -41,7 +40,7 @@ def parse_hop(hop: str) -> tuple[int, str, int | None]:
     raise ScenarioError("malformed graph path element", element=hop)
 
 
-def resolve(model: onnx.ModelProto, path: Sequence[str]) -> Container:
+def resolve(model: ModelProto, path: Sequence[str]) -> Container:
     """The graph or function that ``path`` names in ``model``."""
     container: Container = model.graph
     hops = list(path)
@@ -62,9 +61,9 @@ def resolve(model: onnx.ModelProto, path: Sequence[str]) -> Container:
             raise ScenarioError("graph path names an attribute that does not exist",
                                 graph_path="/".join(path), element=hop)
         attr = attrs[0]
-        if k is None and attr.type == onnx.AttributeProto.GRAPH:
+        if k is None and attr.type == AttributeProto.GRAPH:
             container = attr.g
-        elif k is not None and attr.type == onnx.AttributeProto.GRAPHS and 0 <= k < len(
+        elif k is not None and attr.type == AttributeProto.GRAPHS and 0 <= k < len(
                 attr.graphs):
             container = attr.graphs[k]
         else:

@@ -40,11 +40,9 @@ order) and payload for payload, but for such unquantized Gemms. Needs ai.onnx op
 
 from __future__ import annotations
 
-import onnx
-from onnx import TensorProto, helper
-
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..errors import ScenarioError
+from ..io.onnx_proto import ModelProto, NodeProto, TensorProto, make_node
 from ..recipe.pass_params import QuantizeDynamicParams
 from .analysis import (
     NameAllocator,
@@ -76,7 +74,7 @@ class QuantizeDynamic:
     def __init__(self, params: QuantizeDynamicParams | None = None) -> None:
         self.params = params or QuantizeDynamicParams()
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         g = model.graph
         inits = {t.name: t for t in g.initializer}
         inputs = set(input_names(g))
@@ -91,18 +89,18 @@ class QuantizeDynamic:
         return _Rewriter(model, self.params.weight_type, chosen).records()
 
 
-def _is_gemm(node: onnx.NodeProto) -> bool:
+def _is_gemm(node: NodeProto) -> bool:
     """A Gemm ``quantize_dynamic`` writes as MatMul (+ Add): alpha 1, beta 1, transA 0."""
     return (is_standard(node, "Gemm") and len(node.input) in (2, 3)
             and attribute(node, "alpha", 1.0) == 1.0 and attribute(node, "beta", 1.0) == 1.0
             and attribute(node, "transA", 0) == 0)
 
 
-def _transposed(node: onnx.NodeProto) -> bool:
+def _transposed(node: NodeProto) -> bool:
     return is_standard(node, "Gemm") and attribute(node, "transB", 0) == 1
 
 
-def _quantizes(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], inputs: set[str],
+def _quantizes(node: NodeProto, inits: dict[str, TensorProto], inputs: set[str],
                counts: dict[str, int]) -> bool:
     matmul = is_standard(node, "MatMul") and len(node.input) == 2
     if not (matmul or _is_gemm(node)) or not node.output[0]:
@@ -118,7 +116,7 @@ class _Rewriter:
     activation's DynamicQuantizeLinear, a weight's quantized tensors, an unnamed pair's
     scale product) is added by the first and read by the others."""
 
-    def __init__(self, model: onnx.ModelProto, weight_type: str, chosen: list[int]) -> None:
+    def __init__(self, model: ModelProto, weight_type: str, chosen: list[int]) -> None:
         self.g = model.graph
         self.weight_type = weight_type
         self.chosen = chosen
@@ -157,7 +155,7 @@ class _Rewriter:
     def records(self) -> list[LocalRewriting]:
         out = [self._record(i) for i in self.chosen]
         for w, before in self.dequantized.items():
-            dequantize = helper.make_node("DequantizeLinear", list(self.weights[w]), [w],
+            dequantize = make_node("DequantizeLinear", list(self.weights[w]), [w],
                                           self._name(f"{w}_DequantizeLinear"))
             out.append(LocalRewriting(operation_name=QuantizeDynamic.name,
                                       added_nodes=(dequantize,), insert_at=before,
@@ -179,18 +177,18 @@ class _Rewriter:
     def _record(self, position: int) -> LocalRewriting:
         node = self.g.node[position]
         a, w = node.input[:2]
-        added: list[onnx.NodeProto] = []
+        added: list[NodeProto] = []
         gemm = is_standard(node, "Gemm")
         name = f"{node.name}_MatMul" if gemm and node.name else node.name
         bias = node.input[2:] and node.input[2]
         y = self.values.fresh(f"{node.output[0]}_MatMul") if bias else node.output[0]
-        tensors: list[onnx.TensorProto] = []
+        tensors: list[TensorProto] = []
         derivations: dict[str, DerivedWeightRecipe] = {}
         if a not in self.activations:
             self.activations[a] = (self.values.fresh(f"{a}_quantized"),
                                    self.values.fresh(f"{a}_scale"),
                                    self.values.fresh(f"{a}_zero_point"))
-            added.append(helper.make_node("DynamicQuantizeLinear", [a],
+            added.append(make_node("DynamicQuantizeLinear", [a],
                                           list(self.activations[a]),
                                           self._name(f"{a}_QuantizeLinear")))
         transposed = _transposed(node)
@@ -205,22 +203,22 @@ class _Rewriter:
         base = f"{name}_quant" if name else ""
         integer = self._name(base)
         product_out = self.values.fresh(f"{y}_output_quantized")
-        added.append(helper.make_node("MatMulInteger", [qa, qw, za, zw], [product_out],
+        added.append(make_node("MatMulInteger", [qa, qw, za, zw], [product_out],
                                       integer))
         cast_out = self.values.fresh(f"{product_out}_cast_output")
-        added.append(helper.make_node("Cast", [product_out], [cast_out],
+        added.append(make_node("Cast", [product_out], [cast_out],
                                       self._name(f"{product_out}_cast"),
                                       to=self.inits[w].data_type))
         scales = f"{base}_scales_mul" if base else f"{sa}_{sw}_mul"
         if base or scales not in self.products:
             scales_name = self._name(scales)
             self.products[scales] = self.values.fresh(f"{scales_name}:0")
-            added.append(helper.make_node("Mul", [sa, sw], [self.products[scales]],
+            added.append(make_node("Mul", [sa, sw], [self.products[scales]],
                                           scales_name))
-        added.append(helper.make_node("Mul", [cast_out, self.products[scales]], [y],
+        added.append(make_node("Mul", [cast_out, self.products[scales]], [y],
                                       self._name(f"{base}_output_scale_mul" if base else "")))
         if bias:
-            added.append(helper.make_node("Add", [y, bias], [node.output[0]],
+            added.append(make_node("Add", [y, bias], [node.output[0]],
                                           self._name(f"{node.name}_Add" if node.name else "")))
         drop = (w in self.removable and w not in self.dequantized
                 and self.last_reader[w] == position)
@@ -233,9 +231,9 @@ class _Rewriter:
             derivations=derivations,
         )
 
-    def _declare(self, weight: onnx.TensorProto, names: tuple[str, str, str],
+    def _declare(self, weight: TensorProto, names: tuple[str, str, str],
                  transposed: bool = False,
-                 ) -> tuple[list[onnx.TensorProto], dict[str, DerivedWeightRecipe]]:
+                 ) -> tuple[list[TensorProto], dict[str, DerivedWeightRecipe]]:
         qtype = WEIGHT_TYPES[self.weight_type]
         q, scale, zero = names
         dims = list(reversed(weight.dims)) if transposed else None

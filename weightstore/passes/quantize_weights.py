@@ -32,10 +32,8 @@ from __future__ import annotations
 import math
 import re
 
-import onnx
-from onnx import TensorProto, helper
-
 from ..catalogue.descriptors import DerivedWeightRecipe
+from ..io.onnx_proto import ModelProto, NodeProto, TensorProto, make_node
 from ..recipe.pass_params import QuantizeWeightsParams
 from .analysis import (
     NameAllocator,
@@ -67,10 +65,10 @@ class QuantizeWeights:
         self._exclude = (re.compile(self.params.exclude)
                          if self.params.exclude is not None else None)
 
-    def __call__(self, model: onnx.ModelProto, ctx: PassContext) -> list[LocalRewriting]:
+    def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         return per_graph(model, self._graph, nodes=True)
 
-    def selects(self, node: onnx.NodeProto, b: onnx.TensorProto) -> bool:
+    def selects(self, node: NodeProto, b: TensorProto) -> bool:
         """Does this pass quantize ``node``, a MatMul reading the fixed weight ``b``?"""
         if self._nodes is not None and not self._nodes.search(node.name):
             return False
@@ -99,7 +97,7 @@ class QuantizeWeights:
             records += self._weight(scope, inits[b_name], positions, reads, values, nodes)
         return records
 
-    def _weight(self, scope: Scope, b: onnx.TensorProto, positions: list[int],
+    def _weight(self, scope: Scope, b: TensorProto, positions: list[int],
                 reads: dict[str, list[int]], values: NameAllocator, nodes: NameAllocator,
                 ) -> list[LocalRewriting]:
         """The records quantizing weight ``b`` for its MatMuls at ``positions``."""
@@ -132,7 +130,7 @@ class QuantizeWeights:
             first, last = number == 0, number == len(positions) - 1
             matmul = g.node[i]
             name = nodes.fresh(f"{matmul.name}_Q{p.bits}") if matmul.name else ""
-            quantized = helper.make_node(
+            quantized = make_node(
                 "MatMulNBits", [matmul.input[0], *names.values()], [matmul.output[0]],
                 name=name, domain=DOMAIN, **kwargs)
             records.append(LocalRewriting(

@@ -23,12 +23,18 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import onnx
-
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..errors import ScenarioError
 from ..io.files import parse_json
+from ..io.onnx_proto import (
+    AttributeProto,
+    FunctionProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+)
 from .graphpath import FUNCTION_PREFIX, Container, parse_hop, resolve
 
 DERIVATION_PREFIX = "weightstore.derivation:"
@@ -42,10 +48,10 @@ class LocalRewriting:
     operation_name: str
     graph_path: tuple[str, ...] = ()
     removed_nodes: tuple[int, ...] = ()
-    added_nodes: tuple[onnx.NodeProto, ...] = ()
+    added_nodes: tuple[NodeProto, ...] = ()
     insert_at: int | None = None  # batch position the added nodes go before (None: where
     #                               the first removed node was, or the end)
-    added_initializers: tuple[onnx.TensorProto, ...] = ()
+    added_initializers: tuple[TensorProto, ...] = ()
     removed_initializers: tuple[str, ...] = ()  # by name
     value_renames: Mapping[str, str] = field(default_factory=dict)  # consumer rewiring only
     derivations: Mapping[str, DerivedWeightRecipe] = field(default_factory=dict)
@@ -83,7 +89,7 @@ def _copy(message):
     return out
 
 
-def apply_record(model: onnx.ModelProto, record: pb.LocalRewritingProto) -> None:
+def apply_record(model: ModelProto, record: pb.LocalRewritingProto) -> None:
     """Apply one sequential transition to ``model`` in place (metadata only)."""
     g = resolve(model, record.graph_path)
     imports = opset_imports_of(record)
@@ -110,7 +116,7 @@ def opset_imports_of(record: pb.LocalRewritingProto) -> dict[str, int]:
     return out
 
 
-def _apply_nodes(g: Container, removed: list[int], added: list[onnx.NodeProto],
+def _apply_nodes(g: Container, removed: list[int], added: list[NodeProto],
                  positions: list[int]) -> None:
     n = len(g.node)
     if len(set(removed)) != len(removed):
@@ -134,8 +140,8 @@ def _apply_nodes(g: Container, removed: list[int], added: list[onnx.NodeProto],
 
 
 def _apply_initializers(g: Container, removed: list[int],
-                        added: list[onnx.TensorProto]) -> None:
-    if isinstance(g, onnx.FunctionProto):
+                        added: list[TensorProto]) -> None:
+    if isinstance(g, FunctionProto):
         if removed or added:
             raise ScenarioError("a function has no initializers")
         return
@@ -150,8 +156,8 @@ def _apply_initializers(g: Container, removed: list[int],
 
 # -- normalization ----------------------------------------------------------------------------
 
-def normalize(model: onnx.ModelProto, rewrites: Sequence[LocalRewriting],
-              ) -> tuple[list[pb.LocalRewritingProto], onnx.ModelProto]:
+def normalize(model: ModelProto, rewrites: Sequence[LocalRewriting],
+              ) -> tuple[list[pb.LocalRewritingProto], ModelProto]:
     """Sequential protos for ``rewrites`` and the model they produce (``model`` untouched).
 
     Every record is applied to a working copy as it is converted, so a record that does
@@ -195,7 +201,7 @@ def _current_path(path: tuple[str, ...], ids: dict[tuple[str, ...], list[tuple]]
     return out
 
 
-def _normalize_one(work: onnx.ModelProto, rw: LocalRewriting,
+def _normalize_one(work: ModelProto, rw: LocalRewriting,
                    ids: dict[tuple[str, ...], list[tuple]], index: int,
                    ) -> pb.LocalRewritingProto:
     path_now = _current_path(rw.graph_path, ids)
@@ -233,7 +239,7 @@ def _normalize_one(work: onnx.ModelProto, rw: LocalRewriting,
         anchor = len(new_ids)
     added_count = len(rw.added_nodes)
     new_ids[anchor:anchor] = [("added", index, j) for j in range(added_count)]
-    added_nodes: list[onnx.NodeProto] = list(rw.added_nodes)
+    added_nodes: list[NodeProto] = list(rw.added_nodes)
     added_positions = list(range(anchor, anchor + added_count))
     # sequentially, a rewired consumer is removed and added back at its own position
     removed_all = sorted(gone | set(rewired))
@@ -273,16 +279,16 @@ def _is_anchor(ident: tuple, pos: int, rw: LocalRewriting, first_removed: int | 
 
 
 def _rewire_consumers(g: Container, rw: LocalRewriting, removed: set[int],
-                      ) -> dict[int, onnx.NodeProto]:
+                      ) -> dict[int, NodeProto]:
     """Consumer rewiring as explicit replacements: position -> rewired copy of the node."""
     if not rw.value_renames:
         return {}
-    outputs = {o.name for o in g.output} if isinstance(g, onnx.GraphProto) else set(g.output)
-    inputs = ({i.name for i in g.input} if isinstance(g, onnx.GraphProto) else set(g.input))
+    outputs = {o.name for o in g.output} if isinstance(g, GraphProto) else set(g.output)
+    inputs = ({i.name for i in g.input} if isinstance(g, GraphProto) else set(g.input))
     inits = {t.name for t in getattr(g, "initializer", ())}
     produced_by_survivors = {o for i, n in enumerate(g.node) if i not in removed
                              for o in n.output}
-    rewired: dict[int, onnx.NodeProto] = {}
+    rewired: dict[int, NodeProto] = {}
     for old, new in _resolve_renames(rw.value_renames).items():
         if old in outputs:
             raise ScenarioError("rename would rename a graph output", value=old)
@@ -324,7 +330,7 @@ def _resolve_renames(renames: Mapping[str, str]) -> dict[str, str]:
 
 
 def _check_no_dangling(g: Container, rw: LocalRewriting, gone: set[int],
-                       rewired: Mapping[int, onnx.NodeProto]) -> None:
+                       rewired: Mapping[int, NodeProto]) -> None:
     """Refuse a record after which a node or graph output reads a value that only the
     record's removed nodes produced (a local check: what the record touches, not the
     whole graph)."""
@@ -334,7 +340,7 @@ def _check_no_dangling(g: Container, rw: LocalRewriting, gone: set[int],
     nodes = [rewired.get(pos, node) for pos, node in enumerate(g.node) if pos not in gone]
     nodes += rw.added_nodes
     lost -= {o for node in nodes for o in node.output}
-    if isinstance(g, onnx.GraphProto):
+    if isinstance(g, GraphProto):
         inputs, outputs = {i.name for i in g.input}, [o.name for o in g.output]
     else:
         inputs, outputs = set(g.input), list(g.output)
@@ -352,10 +358,10 @@ def _check_no_dangling(g: Container, rw: LocalRewriting, gone: set[int],
                                     node=node.name or node.op_type)
 
 
-def _captures(node: onnx.NodeProto, name: str) -> bool:
+def _captures(node: NodeProto, name: str) -> bool:
     """Does a subgraph of ``node`` read ``name`` from the enclosing scope?"""
-    stack = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-    stack += [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS
+    stack = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
+    stack += [g for a in node.attribute if a.type == AttributeProto.GRAPHS
               for g in a.graphs]
     while stack:
         graph = stack.pop()
@@ -364,8 +370,8 @@ def _captures(node: onnx.NodeProto, name: str) -> bool:
         for n in graph.node:
             if name in n.input and name not in defined:
                 return True
-            stack += [a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
-            stack += [sg for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS
+            stack += [a.g for a in n.attribute if a.type == AttributeProto.GRAPH]
+            stack += [sg for a in n.attribute if a.type == AttributeProto.GRAPHS
                       for sg in a.graphs]
         if any(o.name == name for o in graph.output) and name not in defined:
             return True

@@ -21,13 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import onnx
-
 from ..catalogue.payload import describe, expected_nbytes, external_entries
 from ..catalogue.reader import Catalogue
 from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites
 from ..convert.encoding import has_payload
 from ..errors import ResolutionError, ScenarioError
+from ..io.onnx_proto import ModelProto, TensorProto
 from ..passes.analysis import defined_names, node_subgraphs, output_names
 from ..passes.graphpath import Container
 from ..scenarios.resolve import live_payloads
@@ -65,9 +64,9 @@ def base_sources(catalogue: Catalogue) -> dict[str, list[WeightSource]]:
 def _site_source(site: TensorSite, catalogue: Catalogue | None) -> WeightSource | None:
     t = site.tensor
     dims = tuple(int(d) for d in t.dims)
-    if t.data_type == onnx.TensorProto.STRING:
+    if t.data_type == TensorProto.STRING:
         return None
-    if t.data_location == onnx.TensorProto.EXTERNAL:
+    if t.data_location == TensorProto.EXTERNAL:
         info = external_entries(t, site.where)
         length = info.length if info.length is not None else expected_nbytes(t.data_type,
                                                                              dims)
@@ -83,7 +82,7 @@ def _site_source(site: TensorSite, catalogue: Catalogue | None) -> WeightSource 
                                       spans=desc.spans), t.data_type, dims, site.where)
 
 
-def consumers(model: onnx.ModelProto, names: Collection[str] | None = None,
+def consumers(model: ModelProto, names: Collection[str] | None = None,
               ) -> dict[str, list[str]]:
     """Value name -> readable reasons it is live: the nodes that read it (only for
     ``names``, when given). What each subgraph captures is found once, innermost first."""
@@ -164,7 +163,7 @@ class _Builder:
         return tuple(sorted(out, key=lambda x: x.id))
 
 
-def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], *,
+def payload_closure(model: ModelProto, catalogue: Callable[[], Catalogue], *,
                     derivations: Mapping, scenario: str | None,
                     store_keys: Mapping[tuple[str, int], str] | None = None,
                     model_file: str | None = None,
@@ -249,7 +248,7 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
         t = site.tensor
         name = site.value_key(ambiguous)
         declared[name] = (t.data_type, tuple(int(d) for d in t.dims))
-        if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
+        if has_payload(t) or t.data_type == TensorProto.STRING:
             continue
         if not any(t.dims) and expected_nbytes(t.data_type, list(t.dims)) == 0:
             continue  # a genuinely empty tensor
@@ -262,7 +261,7 @@ def payload_closure(model: onnx.ModelProto, catalogue: Callable[[], Catalogue], 
     why = consumers(model, {name for _, name in live_sites} | set(external))
     for site, name in live_sites:
         reasons = why.get(name, []) or [f"live {site.role}"]
-        if site.tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if site.tensor.data_location == TensorProto.EXTERNAL:
             p = external[name]
             ws = WeightSource(PayloadSource(p.location, p.offset, p.length,
                                             checksum=p.checksum),

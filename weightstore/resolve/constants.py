@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from ..catalogue.schema import SMALL_VALUE_LIMIT
+from ..io import onnx_native
+from ..io.onnx_arrays import np_dtype
+from ..io.onnx_proto import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto
 from ..passes import graphpath
 from ..passes.analysis import (
     STANDARD_DOMAINS,
@@ -58,7 +59,7 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
                     "Multinomial", "Bernoulli", "Dropout"}
 
 Shapes = dict[str, tuple[int, ...] | None]
-Evaluator = Callable[[onnx.NodeProto, list[ValueResult], list[tuple[int, ...] | None]],
+Evaluator = Callable[[NodeProto, list[ValueResult], list[tuple[int, ...] | None]],
                      np.ndarray | None]
 
 
@@ -143,7 +144,7 @@ def _cast(node, results, shapes):
     v = _vals(results)
     if v is None:
         return None
-    return v[0].astype(helper.tensor_dtype_to_np_dtype(int(attribute(node, "to"))))  # type: ignore[arg-type]
+    return v[0].astype(np_dtype(int(attribute(node, "to"))))  # type: ignore[arg-type]
 
 
 def _elementwise(fn: Callable[..., np.ndarray]) -> Evaluator:
@@ -175,9 +176,9 @@ class _Graph:
     """What one graph defines, for lookups: value name -> its definition, where node
     outputs hide inputs and inputs hide initializers (an overridable initializer)."""
 
-    nodes: dict[str, onnx.NodeProto]
+    nodes: dict[str, NodeProto]
     inputs: frozenset[str]
-    initializers: dict[str, onnx.TensorProto]
+    initializers: dict[str, TensorProto]
     declared: Shapes  # fully static dims the graph itself declares
 
     def defines(self, name: str) -> bool:
@@ -195,13 +196,13 @@ class ConstantResults:
     The model must not change while the results are in use.
     """
 
-    def __init__(self, model: onnx.ModelProto, limit: int = SMALL_VALUE_LIMIT) -> None:
+    def __init__(self, model: ModelProto, limit: int = SMALL_VALUE_LIMIT) -> None:
         self._model = model
         self._limit = limit
         self._graphs: dict[tuple[str, ...], _Graph | None] = {}
         self._memo: dict[tuple[tuple[str, ...], str], ValueResult] = {}
         self._unknown: set[tuple[tuple[str, ...], str]] = set()  # known not to be known
-        self._inferred: onnx.ModelProto | None = None  # onnx's shape inference, once
+        self._inferred: ModelProto | None = None  # onnx's shape inference, once
         self._inferred_dims: dict[tuple[str, ...], Shapes] = {}
 
     def result(self, scope: Scope | None, name: str) -> ValueResult:
@@ -359,16 +360,16 @@ class ValueCounts(Mapping[str, int]):
         return len(self._get())
 
 
-def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto:
+def inferred_model(model: ModelProto) -> ModelProto:
     """``model`` with onnx's shape inference applied (types and dims only: payloads are
     not needed); the model itself when inference fails."""
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        return onnx_native.infer_shapes(model, data_prop=True)
     except Exception:
         return model
 
 
-def _static_dims(g: onnx.GraphProto) -> Shapes:
+def _static_dims(g: GraphProto) -> Shapes:
     """Value name -> fully static dims (or None) of what one graph declares."""
     table: Shapes = {}
     for vi in [*g.input, *g.value_info, *g.output]:
@@ -378,7 +379,7 @@ def _static_dims(g: onnx.GraphProto) -> Shapes:
     return table
 
 
-def _dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+def _dims(vi: ValueInfoProto) -> tuple[int, ...] | None:
     if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
         return None
     dims = []
@@ -389,12 +390,12 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
-def analyze(model: onnx.ModelProto, limit: int = SMALL_VALUE_LIMIT) -> ConstantResults:
+def analyze(model: ModelProto, limit: int = SMALL_VALUE_LIMIT) -> ConstantResults:
     """The constant results of ``model``'s graphs, each value classified when asked."""
     return ConstantResults(model, limit)
 
 
-def _decided(node: onnx.NodeProto) -> ValueResult | None:
+def _decided(node: NodeProto) -> ValueResult | None:
     """A node's result when it does not depend on its inputs' results."""
     if is_constant(node):
         value = constant_node_value(node)
@@ -405,7 +406,7 @@ def _decided(node: onnx.NodeProto) -> ValueResult | None:
     return None
 
 
-def _inputs_needed(node: onnx.NodeProto, results: ConstantResults,
+def _inputs_needed(node: NodeProto, results: ConstantResults,
                    scope: Scope) -> list[str]:
     """The inputs whose results decide ``node``'s: none for a Shape or Size whose input
     has static dims, nor for a node decided by itself."""
@@ -418,7 +419,7 @@ def _inputs_needed(node: onnx.NodeProto, results: ConstantResults,
     return [name for name in node.input if name]
 
 
-def _known_inputs(node: onnx.NodeProto) -> list[str]:
+def _known_inputs(node: NodeProto) -> list[str]:
     """The inputs whose values an evaluator needs: none for any other node (its value is
     never known but by itself), nor for a Shape or Size (their input's dims suffice)."""
     if (_decided(node) is not None or node.op_type in SHAPE_OPS or len(node.output) != 1
@@ -427,7 +428,7 @@ def _known_inputs(node: onnx.NodeProto) -> list[str]:
     return [name for name in node.input if name]
 
 
-def _known_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,
+def _known_result(scope: Scope, node: NodeProto, results: ConstantResults,
                   limit: int) -> ValueResult | None:
     """``node``'s result when it is known (or decided by the node alone); None when its
     value is not known (its inputs' results as :func:`_known_inputs` asked are settled)."""
@@ -459,7 +460,7 @@ def _known_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,
     return None
 
 
-def _node_result(scope: Scope, node: onnx.NodeProto, results: ConstantResults,
+def _node_result(scope: Scope, node: NodeProto, results: ConstantResults,
                  limit: int) -> ValueResult:
     decided = _decided(node)
     if decided is not None:

@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-import onnx
-
+from ..io.onnx_proto import ModelProto, NodeProto, TensorProto
 from ..passes.analysis import (
     STANDARD_DOMAINS,
     Scope,
@@ -33,7 +32,7 @@ from ..passes.analysis import (
 )
 from .prepared import PreparedRequirement
 
-FLOAT = onnx.TensorProto.FLOAT
+FLOAT = TensorProto.FLOAT
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class KernelCatalogue(Protocol):
     provider: str
     keeps_source: bool  # the runtime still reads a weight's source next to its packed form
 
-    def requests(self, node: onnx.NodeProto, weights: Mapping[str, WeightInfo],
+    def requests(self, node: NodeProto, weights: Mapping[str, WeightInfo],
                  ) -> list[tuple[int, tuple[tuple[str, str], ...]]]:
         """(input position, form) of each weight ``node`` wants prepared."""
         ...
@@ -66,7 +65,7 @@ class CpuKernels:
     provider = "CPUExecutionProvider"
     keeps_source = True
 
-    def requests(self, node: onnx.NodeProto, weights: Mapping[str, WeightInfo],
+    def requests(self, node: NodeProto, weights: Mapping[str, WeightInfo],
                  ) -> list[tuple[int, tuple[tuple[str, str], ...]]]:
         if node.domain not in STANDARD_DOMAINS or len(node.input) < 2:
             return []
@@ -125,7 +124,7 @@ def _weights(scope: Scope) -> dict[str, WeightInfo]:
     return out
 
 
-def select_kernels(model: onnx.ModelProto, device: str, kernels: KernelCatalogue,
+def select_kernels(model: ModelProto, device: str, kernels: KernelCatalogue,
                    ) -> tuple[dict[str, str], tuple[PreparedRequirement, ...]]:
     """Placement (node -> provider) and the deduplicated prepared requirements."""
     placement: dict[str, str] = {}

@@ -120,12 +120,12 @@ class ModelSource:
         Parsed once, when the source was opened; each call returns a copy the caller may
         transform.
         """
-        import onnx
+        from ..io.onnx_proto import ModelProto
 
         self._reopen()
         if self._metadata is None:  # a rebuilt source closed before it was opened
             raise ModelError("model source is closed", file=str(self.path))
-        out = onnx.ModelProto()
+        out = ModelProto()
         out.CopyFrom(self._metadata)
         return out
 

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import onnx
-
+from ..io.onnx_proto import ModelProto
 from ..passes.base import RewritePass
 from .constants import ConstantResults
 from .kernels import KernelCatalogue
@@ -22,7 +21,7 @@ class ResolutionState:
     """What the phases share while resolving (mutable until frozen)."""
 
     source: ModelSource
-    model: onnx.ModelProto  # the metadata model, transformed in place
+    model: ModelProto  # the metadata model, transformed in place
     scenario: str | None
     device: str
     kernels: KernelCatalogue

@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import onnx
-
+from ..io.onnx_proto import ModelProto
 from ..scenarios.api import strip_scenarios
 from .kernels import catalogue_for
 from .manifest import ManifestEntry, RequiredPayloadManifest
@@ -49,7 +48,7 @@ class Variant:
     """A scenario (or the default graph) of one model, resolved: its final graph and the
     payloads that graph needs."""
 
-    model: onnx.ModelProto  # the final graph, without scenario records
+    model: ModelProto  # the final graph, without scenario records
     scenario: str | None
     manifest: RequiredPayloadManifest
     transformations: TransformationReport
@@ -61,7 +60,7 @@ class Variant:
 
 
 def resolve_variant(source: ModelSource, scenario: str | None, *,
-                    model: onnx.ModelProto | None = None, final: bool = False) -> Variant:
+                    model: ModelProto | None = None, final: bool = False) -> Variant:
     """Resolve ``scenario`` (None: the default graph) of the model ``source`` opened.
 
     ``model`` is that file's graph already in hand (its metadata model, or the file parsed
@@ -78,7 +77,7 @@ def resolve_variant(source: ModelSource, scenario: str | None, *,
                    RequiredPayloadManifest(state.entries, state.load_derivations), report)
 
 
-def variant_graph(model: onnx.ModelProto, scenario: str | None) -> onnx.ModelProto:
+def variant_graph(model: ModelProto, scenario: str | None) -> ModelProto:
     """The final graph of ``scenario`` of a model in hand (no file behind it: a package
     model being planned, one just downloaded), by the same phases; its live payloads are
     then the graph's own external data (:func:`weightstore.scenarios.resolve.live_payloads`).
@@ -87,7 +86,7 @@ def variant_graph(model: onnx.ModelProto, scenario: str | None) -> onnx.ModelPro
     return state.model
 
 
-def _run(source: ModelSource | None, graph: onnx.ModelProto, scenario: str | None,
+def _run(source: ModelSource | None, graph: ModelProto, scenario: str | None,
          phases: tuple[Callable[[], Phase], ...], *, final: bool = False,
          ) -> tuple[ResolutionState, TransformationReport]:
     if scenario is None and not final:  # a replayed scenario's graph is stripped by replay

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import onnx
-
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.payload import expected_nbytes
 from ..catalogue.sites import iter_tensor_sites
 from ..convert.encoding import clear_payload, has_payload
 from ..errors import ScenarioError
+from ..io.onnx_native import check_model, has_schema, validation_error
+from ..io.onnx_proto import ModelProto, TensorProto
 from ..passes.analysis import STANDARD_DOMAINS, iter_scopes
 from ..passes.rewriting import LocalRewriting, apply_record, normalize
 from .digest import base_graph_digest
@@ -35,11 +35,11 @@ class AddModificationScenarioOptions:
     metadata: Mapping[str, str] = field(default_factory=dict)  # the scenario's own entries
 
 
-def scenario_names(model: onnx.ModelProto) -> list[str]:
+def scenario_names(model: ModelProto) -> list[str]:
     return [s.scenario for s in read_scenarios(model)]
 
 
-def find_scenario(model: onnx.ModelProto, name: str) -> pb.ModelModificationScenarioProto:
+def find_scenario(model: ModelProto, name: str) -> pb.ModelModificationScenarioProto:
     """The scenario called ``name``; unknown or ambiguous names are errors."""
     matches = [s for s in read_scenarios(model) if s.scenario == name]
     if not matches:
@@ -50,7 +50,7 @@ def find_scenario(model: onnx.ModelProto, name: str) -> pb.ModelModificationScen
     return matches[0]
 
 
-def add_modification_scenario(model: onnx.ModelProto, scenario: str,
+def add_modification_scenario(model: ModelProto, scenario: str,
                               rewrites: Sequence[LocalRewriting],
                               options: AddModificationScenarioOptions | None = None,
                               ) -> pb.ModelModificationScenarioProto:
@@ -89,9 +89,9 @@ def add_modification_scenario(model: onnx.ModelProto, scenario: str,
     return proto
 
 
-def prepare_records(base: onnx.ModelProto, scenario: str,
+def prepare_records(base: ModelProto, scenario: str,
                     rewrites: Sequence[LocalRewriting],
-                    ) -> tuple[list[pb.LocalRewritingProto], onnx.ModelProto]:
+                    ) -> tuple[list[pb.LocalRewritingProto], ModelProto]:
     """Normalize ``rewrites`` on ``base`` and check the result: (records, rewritten model)."""
     try:
         records, result = normalize(base, rewrites)
@@ -102,14 +102,14 @@ def prepare_records(base: onnx.ModelProto, scenario: str,
     return records, result
 
 
-def remove_modification_scenario(model: onnx.ModelProto, scenario: str) -> None:
+def remove_modification_scenario(model: ModelProto, scenario: str) -> None:
     find_scenario(model, scenario)
     write_scenarios(model, [s for s in read_scenarios(model) if s.scenario != scenario])
 
 
-def strip_scenarios(model: onnx.ModelProto) -> onnx.ModelProto:
+def strip_scenarios(model: ModelProto) -> ModelProto:
     """A copy of ``model`` without its scenarios (every other field kept)."""
-    out = onnx.ModelProto()
+    out = ModelProto()
     if all(f.field_number == FIELD for f in unknown_field_set(model)):
         for descriptor, value in model.ListFields():  # known fields only: no re-parse
             target = getattr(out, descriptor.name)
@@ -126,7 +126,7 @@ def strip_scenarios(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def check_scenarios(model: onnx.ModelProto) -> list[pb.ModelModificationScenarioProto]:
+def check_scenarios(model: ModelProto) -> list[pb.ModelModificationScenarioProto]:
     """All scenarios, after the checks that need no replay: names and versions."""
     scenarios = read_scenarios(model)
     seen: set[str] = set()
@@ -142,9 +142,9 @@ def check_scenarios(model: onnx.ModelProto) -> list[pb.ModelModificationScenario
     return scenarios
 
 
-def replay_modification_scenario(model: onnx.ModelProto,
+def replay_modification_scenario(model: ModelProto,
                                  scenario: str | pb.ModelModificationScenarioProto,
-                                 ) -> onnx.ModelProto:
+                                 ) -> ModelProto:
     """The model as ``scenario`` rewrites it, without scenarios, from metadata alone.
 
     Returns a whole ModelProto (its ``graph`` is the seed's replayed GraphProto) because
@@ -158,7 +158,7 @@ def replay_modification_scenario(model: onnx.ModelProto,
     return _apply_records(base, record)
 
 
-def verify_base(model: onnx.ModelProto, record: pb.ModelModificationScenarioProto, *,
+def verify_base(model: ModelProto, record: pb.ModelModificationScenarioProto, *,
                 stripped: bool = False) -> None:
     """Refuse a record whose version, algorithm or base graph digest does not fit ``model``
     (``stripped``: ``model`` is already a copy without scenarios)."""
@@ -175,8 +175,8 @@ def verify_base(model: onnx.ModelProto, record: pb.ModelModificationScenarioProt
                             "graph", scenario=name)
 
 
-def apply_scenario(model: onnx.ModelProto, record: pb.ModelModificationScenarioProto,
-                   ) -> onnx.ModelProto:
+def apply_scenario(model: ModelProto, record: pb.ModelModificationScenarioProto,
+                   ) -> ModelProto:
     """Apply a verified scenario's records to a copy of ``model`` (without scenarios).
 
     Callers verify the record first (:func:`verify_base`), possibly on another form of the
@@ -185,8 +185,8 @@ def apply_scenario(model: onnx.ModelProto, record: pb.ModelModificationScenarioP
     return _apply_records(strip_scenarios(model), record)
 
 
-def _apply_records(base: onnx.ModelProto, record: pb.ModelModificationScenarioProto,
-                   ) -> onnx.ModelProto:
+def _apply_records(base: ModelProto, record: pb.ModelModificationScenarioProto,
+                   ) -> ModelProto:
     for index, rewrite in enumerate(record.rewrites):
         try:
             apply_record(base, rewrite)
@@ -198,7 +198,7 @@ def _apply_records(base: onnx.ModelProto, record: pb.ModelModificationScenarioPr
     return base
 
 
-def rebase_scenarios(source: onnx.ModelProto, target: onnx.ModelProto) -> int:
+def rebase_scenarios(source: ModelProto, target: ModelProto) -> int:
     """Carry ``source``'s scenarios over to ``target``, the same graph in another form.
 
     Each scenario is verified against ``source`` first; its digest is then taken on
@@ -218,7 +218,7 @@ def rebase_scenarios(source: onnx.ModelProto, target: onnx.ModelProto) -> int:
     return len(rebased)
 
 
-def structural_check(model: onnx.ModelProto) -> None:
+def structural_check(model: ModelProto) -> None:
     """onnx's checker on a rewritten metadata model.
 
     The checker wants every tensor to hold its values, which a metadata model does not:
@@ -229,22 +229,22 @@ def structural_check(model: onnx.ModelProto) -> None:
     ``SimplifiedLayerNormalization``, which onnxruntime-genai's builder writes there) is
     judged like a node of any other domain: by its place in the graph only.
     """
-    probe = onnx.ModelProto()
+    probe = ModelProto()
     probe.CopyFrom(model)
     write_scenarios(probe, [])
     _unknown_standard_ops_apart(probe)
     for site in iter_tensor_sites(probe):
         t = site.tensor
-        if has_payload(t) or t.data_type in (onnx.TensorProto.STRING,
-                                             onnx.TensorProto.UNDEFINED):
+        if has_payload(t) or t.data_type in (TensorProto.STRING,
+                                             TensorProto.UNDEFINED):
             continue
         clear_payload(t)
         del t.dims[:]
         t.dims.append(1)
         t.raw_data = bytes(expected_nbytes(t.data_type, [1]) or 1)
     try:
-        onnx.checker.check_model(probe)
-    except onnx.checker.ValidationError as exc:
+        check_model(probe)
+    except validation_error() as exc:
         first = str(exc).strip().splitlines()[0]
         raise ScenarioError(f"rewritten graph fails onnx's checker: {first}") from None
 
@@ -252,13 +252,13 @@ def structural_check(model: onnx.ModelProto) -> None:
 UNCHECKED_DOMAIN = "weightstore.unchecked"
 
 
-def _unknown_standard_ops_apart(model: onnx.ModelProto) -> None:
+def _unknown_standard_ops_apart(model: ModelProto) -> None:
     """Move the standard-domain nodes whose operator onnx does not define to a domain of
     their own, which the checker does not judge by schema."""
     moved = False
     for scope in iter_scopes(model):
         for node in scope.container.node:
-            if node.domain in STANDARD_DOMAINS and not onnx.defs.has(node.op_type):
+            if node.domain in STANDARD_DOMAINS and not has_schema(node.op_type):
                 node.domain = UNCHECKED_DOMAIN
                 moved = True
     if moved:

@@ -44,13 +44,13 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..convert.encoding import clear_payload
 from ..errors import ScenarioError
 from ..io.files import parse_json
+from ..io.onnx_arrays import from_array, np_dtype, to_array
+from ..io.onnx_proto import AttributeProto, FunctionProto, GraphProto, ModelProto, TensorProto
 from ..passes.base import has_payload
 from .derive_dynamic import dynamic_int8
 
@@ -103,7 +103,7 @@ def _concat(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
 def _cast(recipe: DerivedWeightRecipe, src: list[np.ndarray]) -> np.ndarray:
     to = _int(_attrs(recipe, ("to",))["to"], "to", recipe)
     try:
-        dtype = helper.tensor_dtype_to_np_dtype(to)
+        dtype = np_dtype(to)
     except (KeyError, ValueError):
         raise ScenarioError("cast to an unknown onnx type", to=to) from None
     _check_range(recipe, src[0], np.dtype(dtype))
@@ -301,20 +301,20 @@ def compute(recipe: DerivedWeightRecipe,
 
 # -- filling a model ------------------------------------------------------------------------
 
-def _graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
-    stack: list[onnx.GraphProto | onnx.FunctionProto] = [model.graph, *model.functions]
+def _graphs(model: ModelProto) -> Iterator[GraphProto | FunctionProto]:
+    stack: list[GraphProto | FunctionProto] = [model.graph, *model.functions]
     while stack:
         g = stack.pop(0)
         yield g
         for node in g.node:
             for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
+                if a.type == AttributeProto.GRAPH:
                     stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
+                elif a.type == AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
 
 
-def _value_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+def _value_tensors(model: ModelProto) -> Iterator[tuple[str, TensorProto]]:
     """(value name, tensor) for every initializer and Constant ``value`` in every graph."""
     for g in _graphs(model):
         for t in getattr(g, "initializer", ()):
@@ -322,17 +322,17 @@ def _value_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorPro
         for node in g.node:
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
                 for a in node.attribute:
-                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    if a.name == "value" and a.type == AttributeProto.TENSOR:
                         yield node.output[0], a.t
 
 
-def base_values(model: onnx.ModelProto) -> SourceValue:
+def base_values(model: ModelProto) -> SourceValue:
     """A ``source_value`` reading ``model``'s initializers and Constant tensors by value name.
 
     A name that two different tensors carry (in different scopes) is refused when asked
     for, rather than answered with either of them.
     """
-    index: dict[str, list[onnx.TensorProto]] = {}
+    index: dict[str, list[TensorProto]] = {}
     for name, tensor in _value_tensors(model):
         index.setdefault(name, []).append(tensor)
 
@@ -345,31 +345,31 @@ def base_values(model: onnx.ModelProto) -> SourceValue:
                                 source=name, count=len(found))
         if not has_payload(found[0]):
             raise ScenarioError("the base model holds no payload for this weight", source=name)
-        return numpy_helper.to_array(found[0])
+        return to_array(found[0])
 
     return source_value
 
 
-def _fill(tensor: onnx.TensorProto, array: np.ndarray, name: str) -> None:
+def _fill(tensor: TensorProto, array: np.ndarray, name: str) -> None:
     expected = tuple(int(d) for d in tensor.dims)
     try:
-        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        dtype = np_dtype(tensor.data_type)
     except (KeyError, ValueError):
         raise ScenarioError("derived weight has an unsupported type", name=name,
                             data_type=tensor.data_type) from None
     if array.dtype != dtype:
         raise ScenarioError("derived weight type differs from its declaration", name=name,
-                            declared=onnx.TensorProto.DataType.Name(tensor.data_type),
+                            declared=TensorProto.DataType.Name(tensor.data_type),
                             computed=str(array.dtype))
     if tuple(array.shape) != expected:
         raise ScenarioError("derived weight shape differs from its declaration", name=name,
                             declared=list(expected), computed=list(array.shape))
-    encoded = numpy_helper.from_array(np.ascontiguousarray(array))
+    encoded = from_array(np.ascontiguousarray(array))
     clear_payload(tensor)
     tensor.raw_data = encoded.raw_data
 
 
-def materialize(model: onnx.ModelProto, derivations: Mapping[str, DerivedWeightRecipe],
+def materialize(model: ModelProto, derivations: Mapping[str, DerivedWeightRecipe],
                 source_value: SourceValue, *, strict: bool = True) -> None:
     """Give every omitted payload of ``model`` its bytes, in place.
 
@@ -382,7 +382,7 @@ def materialize(model: onnx.ModelProto, derivations: Mapping[str, DerivedWeightR
     With ``strict``, a recipe whose tensor is not in ``model`` and that no other recipe
     needs is an error: the records and the model disagree.
     """
-    targets: dict[str, list[onnx.TensorProto]] = {}
+    targets: dict[str, list[TensorProto]] = {}
     for name, tensor in _value_tensors(model):
         if not has_payload(tensor):
             targets.setdefault(name, []).append(tensor)

@@ -25,10 +25,11 @@ computation (``derive.JOINT``): a weight is quantized once for all three.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..errors import ScenarioError
+from ..io.onnx_arrays import np_dtype, to_array
+from ..io.onnx_proto import TensorProto
 
 WEIGHT_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 FLOAT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
@@ -68,12 +69,14 @@ def dynamic_int8(recipe: DerivedWeightRecipe, src: list[np.ndarray],
     except ImportError:
         raise ScenarioError("dynamic int8 weights are computed by onnxruntime: install it "
                             "(pip install 'weightstore[quantize]')") from None
+    from onnx import helper  # quant_utils has imported onnx
+
     qtype = WEIGHT_TYPES[weight_type]
     symmetric = qtype == TensorProto.INT8  # BaseQuantizer.is_weight_symmetric
     zero_point, scale, q = quantize_data(source.flatten(), qtype, symmetric,
                                          reduce_range=False, min_real_range=None)
-    weight = np.asarray(q, dtype=helper.tensor_dtype_to_np_dtype(qtype)).reshape(source.shape)
+    weight = np.asarray(q, dtype=np_dtype(qtype)).reshape(source.shape)
     scale_tensor = helper.make_tensor("scale", FLOAT_TYPES[source.dtype], [],
                                       scale.reshape((-1,)).tolist())
     zero_tensor = helper.make_tensor("zero_point", qtype, [], zero_point.reshape((-1,)).tolist())
-    return weight, numpy_helper.to_array(scale_tensor), numpy_helper.to_array(zero_tensor)
+    return weight, to_array(scale_tensor), to_array(zero_tensor)

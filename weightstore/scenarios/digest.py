@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import onnx
-
 from ..catalogue import typed_fields
 from ..catalogue.payload import expected_nbytes, external_info
 from ..catalogue.schema import PAYLOAD_FIELDS, SMALL_VALUE_LIMIT
@@ -34,6 +32,7 @@ from ..catalogue.sites import ATTRIBUTE_NAME_PREFIX, TensorSite, iter_tensor_sit
 from ..convert.encoding import has_payload
 from ..errors import ScenarioError
 from ..io.digests import ALGORITHMS, digest_bytes, new_hasher
+from ..io.onnx_proto import FunctionProto, GraphProto, ModelProto, TensorProto
 
 PayloadIdentity = Callable[[TensorSite], str]
 _PAYLOAD_NAMES = frozenset(PAYLOAD_FIELDS.values())
@@ -48,22 +47,22 @@ def default_payload_identity(site: TensorSite) -> str:
     return _identity(site.tensor, site.where)
 
 
-def _identity(tensor: onnx.TensorProto, where: str) -> str:
+def _identity(tensor: TensorProto, where: str) -> str:
     checksum = external_info(tensor).get("checksum")
     if checksum:
         return checksum
-    if tensor.data_type == onnx.TensorProto.STRING:
+    if tensor.data_type == TensorProto.STRING:
         return "strings"  # string_data stays in the digested graph itself
     dims = tuple(tensor.dims)
     nbytes = expected_nbytes(tensor.data_type, dims) if all(d >= 0 for d in dims) else None
-    external = tensor.data_location == onnx.TensorProto.EXTERNAL
+    external = tensor.data_location == TensorProto.EXTERNAL
     if nbytes is not None and 0 < nbytes <= SMALL_VALUE_LIMIT and not external:
         # small values are metadata: passes decide on them (an If condition, a shape)
         if not has_payload(tensor):
             raise ScenarioError("a small tensor's value is missing: digest the metadata "
                                 "model with small values inline", where=where,
                                 name=tensor.name)
-        values = onnx.TensorProto()
+        values = TensorProto()
         values.CopyFrom(tensor)
         for field, _ in values.ListFields():
             if field.name not in _PAYLOAD_NAMES:
@@ -72,9 +71,9 @@ def _identity(tensor: onnx.TensorProto, where: str) -> str:
     return f"size:{'unknown' if nbytes is None else nbytes}"
 
 
-def _tensors(view: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+def _tensors(view: ModelProto) -> Iterator[TensorProto]:
     """Every tensor of the view, in the catalogue's structural order (a lean walk)."""
-    def graph(g: onnx.GraphProto | onnx.FunctionProto) -> Iterator[onnx.TensorProto]:
+    def graph(g: GraphProto | FunctionProto) -> Iterator[TensorProto]:
         for node in g.node:
             for attr in node.attribute:
                 if attr.HasField("t"):
@@ -90,7 +89,7 @@ def _tensors(view: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
                 for sp in attr.sparse_tensors:
                     yield sp.values
                     yield sp.indices
-        if isinstance(g, onnx.GraphProto):
+        if isinstance(g, GraphProto):
             yield from g.initializer
             for sp in g.sparse_initializer:
                 yield sp.values
@@ -102,14 +101,14 @@ def _tensors(view: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
         yield from graph(f)
 
 
-def _payload_free_view(model: onnx.ModelProto) -> onnx.ModelProto:
+def _payload_free_view(model: ModelProto) -> ModelProto:
     """A ModelProto holding only the covered fields, at their original field numbers.
 
     Keeping ``graph`` and ``functions`` at their own numbers gives every tensor the same
     structural path as in ``model`` (paths count occurrences per field, so leaving training
     info out shifts nothing).
     """
-    view = onnx.ModelProto()
+    view = ModelProto()
     if model.HasField("graph"):
         view.graph.CopyFrom(model.graph)
     view.functions.extend(model.functions)
@@ -118,7 +117,7 @@ def _payload_free_view(model: onnx.ModelProto) -> onnx.ModelProto:
     return view
 
 
-def base_graph_digest(model: onnx.ModelProto,
+def base_graph_digest(model: ModelProto,
                       payload_identity: PayloadIdentity | None = None,
                       algo: str = "blake3") -> bytes:
     """Raw digest (32 bytes) of ``model``'s base graph, as described in the module doc.
@@ -158,11 +157,11 @@ def base_graph_digest(model: onnx.ModelProto,
     return bytes.fromhex(hasher.hexdigest())
 
 
-def _stays_inline(tensor: onnx.TensorProto) -> bool:
+def _stays_inline(tensor: TensorProto) -> bool:
     """A small inline value, or strings: digested as serialized, with the graph."""
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+    if tensor.data_location == TensorProto.EXTERNAL:
         return False
-    if tensor.data_type == onnx.TensorProto.STRING:
+    if tensor.data_type == TensorProto.STRING:
         return True
     dims = list(tensor.dims)
     nbytes = expected_nbytes(tensor.data_type, dims) if all(d >= 0 for d in dims) else None
@@ -170,17 +169,17 @@ def _stays_inline(tensor: onnx.TensorProto) -> bool:
         nbytes == 0 or has_payload(tensor) or _missing(tensor))
 
 
-def _as_raw(tensor: onnx.TensorProto) -> None:
+def _as_raw(tensor: TensorProto) -> None:
     """Typed fields to raw little-endian bytes (bit-exact), so the encoding a tool chose
     (onnx stores ``float_data`` as ``raw_data`` when it externalizes) does not count."""
     tensor.ClearField("data_location")  # DEFAULT, set or not: physical, not covered
     tensor.ClearField("external_data")
-    if tensor.raw_data or tensor.data_type == onnx.TensorProto.STRING:
+    if tensor.raw_data or tensor.data_type == TensorProto.STRING:
         return
     for name in _TYPED:
         values = getattr(tensor, name)
         if len(values):
-            fragment = onnx.TensorProto()
+            fragment = TensorProto()
             getattr(fragment, name).extend(values)
             raw = typed_fields.decode(fragment.SerializeToString(), name, tensor.data_type,
                                       list(tensor.dims), where=tensor.name)
@@ -189,12 +188,12 @@ def _as_raw(tensor: onnx.TensorProto) -> None:
             return
 
 
-def _missing(tensor: onnx.TensorProto) -> bool:
+def _missing(tensor: TensorProto) -> bool:
     raise ScenarioError("a small tensor's value is missing: digest the metadata model with "
                         "small values inline", name=tensor.name)
 
 
-def _clear_payload(tensor: onnx.TensorProto) -> None:
+def _clear_payload(tensor: TensorProto) -> None:
     for name in PAYLOAD_FIELDS.values():
         tensor.ClearField(name)
     tensor.ClearField("external_data")

@@ -13,13 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.reader import read_catalogue
 from ..catalogue.schema import SMALL_VALUE_LIMIT
 from ..convert.weights import ModelWeights
 from ..io.files import check_outputs
+from ..io.onnx_proto import TensorProto
 from ..passes.rewriting import derivations_of
 from .api import (
     AddModificationScenarioOptions,
@@ -104,7 +103,7 @@ def _record(r: pb.LocalRewritingProto) -> dict[str, Any]:
                          "position": p}
                         for n, p in zip(r.added_nodes, r.added_nodes_positions, strict=False)],
         "added_initializers": [
-            {"name": t.name, "dtype": onnx.TensorProto.DataType.Name(t.data_type),
+            {"name": t.name, "dtype": TensorProto.DataType.Name(t.data_type),
              "shape": list(t.dims),
              "derived": ({"operation": derived[t.name].operation,
                           "sources": list(derived[t.name].sources)}

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
 from .._proto import weightstore_pb2 as pb
 from ..catalogue.locations import resolve_location
@@ -36,6 +34,8 @@ from ..convert.weights import ModelWeights
 from ..errors import ScenarioError, WeightstoreError
 from ..io.digests import digest_bytes, make_key, split_key
 from ..io.files import parse_json
+from ..io.onnx_arrays import from_array, np_dtype, to_array
+from ..io.onnx_proto import ModelProto, NodeProto, TensorProto
 from ..passes.base import run_passes
 from ..passes.cleanup import Cleanup, prune
 from ..passes.rewriting import derivations_of
@@ -88,7 +88,7 @@ class AddedWeight:
             exc.context.setdefault("weight", self.name)
             raise
 
-    def tensor_in(self, record: pb.LocalRewritingProto) -> onnx.TensorProto:
+    def tensor_in(self, record: pb.LocalRewritingProto) -> TensorProto:
         return _follow(record, self.kind, self.index)
 
 
@@ -133,7 +133,7 @@ def check_name(name: str, where: str) -> None:
                             model=where)
 
 
-def _node_tensors(node: onnx.NodeProto, path: tuple):
+def _node_tensors(node: NodeProto, path: tuple):
     """(path, value name, tensor) for every tensor inside ``node``, subgraphs included.
 
     A path step is ``(attribute name, k)`` then ``("i", j)`` for a graph's initializer or
@@ -162,7 +162,7 @@ def _added_tensors(records: Sequence[pb.LocalRewritingProto]):
                 yield r, "node", (k, *path), name, t
 
 
-def _follow(record: pb.LocalRewritingProto, kind: str, index: tuple) -> onnx.TensorProto:
+def _follow(record: pb.LocalRewritingProto, kind: str, index: tuple) -> TensorProto:
     if kind == "initializer":
         return record.added_initializers[index[0]]
     node = record.added_nodes[index[0]]
@@ -219,13 +219,13 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
                         value_name in shapes, _bytes_of(t, value_name, value, mw.base_dir))
             for r, kind, index, value_name, t in _added_tensors(records)
             if value_name in live and (kind == "initializer" or not has_payload(t))
-            and t.data_type != onnx.TensorProto.STRING]
+            and t.data_type != TensorProto.STRING]
         out.append(PackagedScenario(name, records, added, requires, passes))
     return out
 
 
-def _final_variant(base: onnx.ModelProto, name: str,
-                   records: Sequence[pb.LocalRewritingProto]) -> onnx.ModelProto:
+def _final_variant(base: ModelProto, name: str,
+                   records: Sequence[pb.LocalRewritingProto]) -> ModelProto:
     """The scenario replayed and cleaned up: the weights its records must carry.
 
     These are the first two phases of every resolution (replay, cleanup), on the same
@@ -244,12 +244,12 @@ def _final_variant(base: onnx.ModelProto, name: str,
     return cleaned
 
 
-def _bytes_of(tensor: onnx.TensorProto, name: str, value: Callable[[str], np.ndarray],
+def _bytes_of(tensor: TensorProto, name: str, value: Callable[[str], np.ndarray],
               base_dir: Path) -> Callable[[], bytes]:
     if has_payload(tensor):
-        data = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+        data = from_array(to_array(tensor)).raw_data
         return lambda: data
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:  # a source scenario's stored bytes
+    if tensor.data_location == TensorProto.EXTERNAL:  # a source scenario's stored bytes
         def stored() -> bytes:
             info = external_entries(tensor, name)
             path = resolve_location(base_dir, info.location, where=name)
@@ -260,11 +260,11 @@ def _bytes_of(tensor: onnx.TensorProto, name: str, value: Callable[[str], np.nda
 
     def compute() -> bytes:
         array = np.asarray(value(name))  # a scalar stays 0-d
-        expected = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        expected = np_dtype(tensor.data_type)
         if array.dtype != expected or tuple(array.shape) != tuple(tensor.dims):
             raise ScenarioError("computed weight differs from its declaration",
                                 name=name, dtype=str(array.dtype), shape=list(array.shape))
-        return numpy_helper.from_array(array).raw_data
+        return from_array(array).raw_data
 
     return compute
 
@@ -313,7 +313,7 @@ def externalized(weight: AddedWeight, threshold: int, embedded: bool) -> bool:
     return not embedded and not weight.shape_input and weight.size >= threshold
 
 
-def attach(model: onnx.ModelProto, scenarios: Sequence[PackagedScenario],
+def attach(model: ModelProto, scenarios: Sequence[PackagedScenario],
            place: Callable[[AddedWeight], tuple[str, int] | None],
            read: Callable[[AddedWeight], bytes]) -> None:
     """Store the scenarios in a packaged model, their added weights placed or inline.
@@ -338,7 +338,7 @@ def attach(model: onnx.ModelProto, scenarios: Sequence[PackagedScenario],
         listed = {(w.record, w.kind, w.index) for w in scenario.added}
         for r, kind, index, _, tensor in _added_tensors(proto.rewrites):
             if (r, kind, index) not in listed and tensor.data_location == \
-                    onnx.TensorProto.EXTERNAL:
+                    TensorProto.EXTERNAL:
                 clear_payload(tensor)  # dead in the scenario: never read, not packaged
         for weight in scenario.added:
             tensor = weight.tensor_in(proto.rewrites[weight.record])

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import onnx
-
 from ..catalogue.payload import expected_nbytes, external_entries
 from ..catalogue.sites import TensorSite, ambiguous_names, iter_tensor_sites, value_key
 from ..errors import ScenarioError
+from ..io.onnx_proto import ModelProto, TensorProto
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class LivePayload:
     dims: tuple[int, ...] = ()
 
 
-def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
+def live_payloads(resolved: ModelProto, scenario: str | None = None, *,
                   sites: Iterable[TensorSite] | None = None,
                   ambiguous: frozenset[str] | None = None) -> list[LivePayload]:
     """Every external payload of a resolved variant, in structural order.
@@ -50,7 +49,7 @@ def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
     out = _file_constants(resolved, scenario, ambiguous)
     for site in sites:
         t = site.tensor
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        if t.data_location != TensorProto.EXTERNAL:
             continue
         info = external_entries(t, site.where)
         name = site.value_key(ambiguous)
@@ -66,13 +65,13 @@ def live_payloads(resolved: onnx.ModelProto, scenario: str | None = None, *,
     return out
 
 
-def live_value_names(resolved: onnx.ModelProto) -> set[str]:
+def live_value_names(resolved: ModelProto) -> set[str]:
     """Names of the weights (initializers, Constant values) a resolved variant keeps."""
     return {site.value_name for site in iter_tensor_sites(resolved)
             if site.role in ("initializer", "constant") and site.value_name}
 
 
-def _file_constants(resolved: onnx.ModelProto, scenario: str | None,
+def _file_constants(resolved: ModelProto, scenario: str | None,
                     ambiguous: frozenset[str]) -> list[LivePayload]:
     """The payloads of FileConstant nodes (the file-constant form) of a resolved model:
     each needs a ``location`` and a range its fixed-size type and shape fill exactly."""

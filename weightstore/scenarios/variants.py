@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from ..catalogue.metadata import metadata_model
 from ..catalogue.payload import describe, read_payload
@@ -24,6 +22,8 @@ from ..catalogue.sites import ATTRIBUTE_NAME_PREFIX, iter_tensor_sites
 from ..convert.inline import check_digest
 from ..convert.weights import ModelWeights
 from ..errors import ScenarioError
+from ..io.onnx_arrays import to_array
+from ..io.onnx_proto import ModelProto, TensorProto
 from ..passes.base import run_passes
 from ..passes.rewriting import LocalRewriting
 from .api import strip_scenarios
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ..recipe.pass_params import PassStep
 
 
-def metadata_of(path: str | os.PathLike[str]) -> onnx.ModelProto:
+def metadata_of(path: str | os.PathLike[str]) -> ModelProto:
     """A model file's metadata model: structure and small values, weights omitted.
 
     Opens no external data file: resolution must not depend on files a variant does not
@@ -43,7 +43,7 @@ def metadata_of(path: str | os.PathLike[str]) -> onnx.ModelProto:
 
 
 def scenario_rewrites(mw: ModelWeights, passes: Sequence[PassStep],
-                      ) -> tuple[list[LocalRewriting], onnx.ModelProto]:
+                      ) -> tuple[list[LocalRewriting], ModelProto]:
     """Run the passes (``(name, parameters)`` each) on the model's metadata: their
     records, and that metadata."""
     from ..passes.registry import get_pass  # the passes and their parameters' models
@@ -80,7 +80,7 @@ def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np
             raise ScenarioError("the base model holds no payload for this weight", source=name)
         data = read_payload(desc, catalogue)
         check_digest(data, desc.checksum, where=site.where)
-        return numpy_helper.to_array(onnx.TensorProto(
+        return to_array(TensorProto(
             data_type=site.tensor.data_type, dims=list(site.tensor.dims), raw_data=data))
 
     return value
