@@ -200,6 +200,38 @@ def test_a_pull_from_a_plain_loopback_registry_loads_no_trust_store(folder: Path
 
 
 @needs_registry
+def test_a_registries_conf_of_comments_only_loads_no_toml_parser(folder: Path,
+                                                                  monkeypatch) -> None:
+    """Distributions ship ``/etc/containers/registries.conf`` as comments only (skopeo's
+    and podman's packages do): a pull that reads it loads no TOML parser for it. A
+    comment holding a control character, which TOML refuses, is still parsed (and
+    refused) as TOML."""
+    from weightstore.builder.run import build
+    from weightstore.cli import main
+    from weightstore.errors import RegistryError
+    from weightstore.registry.mirrors import read_mirrors
+
+    conf = folder / "registries.conf"
+    conf.write_text("# For more information on this configuration file, see\n"
+                    "# containers-registries.conf(5).\n#\n"
+                    "# unqualified-search-registries = [\"example.com\"]\n\n"
+                    "\t# [[registry]]\r\n#\tlocation = \"example.com\"\n")
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(conf))
+    (folder / "recipe.yaml").write_text(TWO_LAYOUTS)
+    package = build(folder / "recipe.yaml").packages[0].path
+    with running_registry(folder / "registry") as server:
+        ref = f"{server.host}/startup/conf:1"
+        assert main(["push", str(package), ref, "--store", os.environ["WEIGHTSTORE_DIR"]]) == 0
+        assert _imported(["pull", ref, str(folder / "pulled"), "--store",
+                          str(folder / "new")], folder, ("tomllib", "tomli")) == set()
+    assert (folder / "pulled" / "summary.json").is_file()
+    assert read_mirrors(conf) == []
+    conf.write_bytes(b"# a comment\x7f TOML refuses\n")
+    with pytest.raises(RegistryError, match=r"registries\.conf does not parse"):
+        read_mirrors(conf)
+
+
+@needs_registry
 def test_a_pull_of_a_foreign_artifact_imports_neither_onnx_nor_numpy(folder: Path) -> None:
     """The generic pull of what another client pushed (a file layer and a folder as a
     tar+gzip layer, by oras-py) moves and unpacks files: no model is read."""

@@ -177,9 +177,11 @@ def assemble(store: WeightStore, folder: Path, files: Iterable[WeightFile], *,
     the store waits for its future (and raises what it raises), so copies overlap the
     downloads while every piece is still re-hashed against its key.
     """
+    files = list(files)
+    if not files:  # a pull whose downloads wrote every file: nothing to locate or load
+        return {}
     from ..layout.writer import FileRange
 
-    files = list(files)
     objects = store.locate({p.key for f in files for p in f.pieces})
 
     def locate(key: str) -> FileRange:

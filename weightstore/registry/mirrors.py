@@ -92,6 +92,8 @@ def config_path() -> Path | None:
 
 
 def _toml(data: bytes, path: Path) -> dict[str, Any]:
+    if _comments_only(data):  # as distributions ship the file: no parser to load
+        return {}
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - the conditional dependency of Python 3.10
@@ -101,6 +103,14 @@ def _toml(data: bytes, path: Path) -> dict[str, Any]:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise RegistryError(f"registries.conf does not parse: {exc}",
                             file=str(path)) from None
+
+
+def _comments_only(data: bytes) -> bool:
+    """Is ``data`` blank lines and ``#`` comments of printable ASCII (TOML's empty
+    document, which needs no parser)?"""
+    return all(not line.strip() or (line.lstrip().startswith(b"#") and line.isascii()
+                                    and all(32 <= c < 127 or c == 9 for c in line))
+               for line in data.splitlines())
 
 
 def read_mirrors(path: Path) -> list[Mirror]:
