@@ -187,6 +187,34 @@ def test_adopt_renames_a_verified_temp_file_once(tmp_path: Path) -> None:
     assert store.verify().ok
 
 
+def test_a_blob_still_missing_is_told_without_the_index(tmp_path: Path,
+                                                      monkeypatch) -> None:
+    """What a pull asks of each blob once it holds its partial file: a key whose
+    per-weight object is not there is still missing, without a read of the index (a
+    transaction on a connection of the download's own thread); one another pull adopted
+    meanwhile (its per-weight file there) is looked up, and found."""
+    from weightstore.store import BytesPayload, WeightStore
+
+    store = WeightStore(tmp_path / "store")
+    brought, absent = BytesPayload.of(os.urandom(3000)), BytesPayload.of(os.urandom(2000))
+    store.put([BytesPayload.of(b"x" * 10)], kind="separate")
+    tmp = store.root / ".pull-other.tmp"
+    tmp.write_bytes(brought.data)
+    store.adopt(brought.key, tmp)  # another pull's
+    looked: list[object] = []
+    real = type(store.index).locate
+
+    def locate(self, keys, conn=None):
+        if conn is None:  # a lookup of its own (it then goes on with a snapshot)
+            looked.append(sorted(keys))
+        return real(self, keys, conn)
+
+    monkeypatch.setattr(type(store.index), "locate", locate)
+    assert store.still_missing([absent]) == [absent.key] and looked == []
+    assert store.still_missing([absent, brought]) == [absent.key]
+    assert looked == [[brought.key]]
+
+
 def test_blobs_finishing_together_are_adopted_in_one_transaction(tmp_path: Path) -> None:
     import threading
 

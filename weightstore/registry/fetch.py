@@ -214,7 +214,7 @@ def _fetch_payload(client: RegistryClient, ref: Reference, store: WeightStore, k
     tmp = _blob_temp(store, desc)
     # two pulls of one blob into one store take turns on its partial file
     with _blob_lock(store, tmp):
-        if not store.missing_settled([FilePayload(key=key, size=desc["size"], path="")]):
+        if not store.still_missing([FilePayload(key=key, size=desc["size"], path="")]):
             tmp.unlink()  # the other one brought it
             return 0, None
         try:

@@ -453,19 +453,24 @@ class Store:
         present = self._present(self.index.locate(wanted), wanted)
         return [key for key in wanted if key not in present]
 
-    def missing_settled(self, payloads: Iterable[PayloadSource]) -> list[str]:
-        """:meth:`missing`, with any adoption in flight seen committed: an adoption renames
-        its file into place before its transaction commits, so a key missing whose
-        per-weight object is already in place is looked up again once the index's write
-        lock has been had (that commit done). For a pull that just took the partial file
-        of a blob another pull renamed into the store."""
+    def still_missing(self, payloads: Iterable[PayloadSource]) -> list[str]:
+        """Of ``payloads``, found missing by an earlier :meth:`missing`, the keys still
+        missing now: what a pull asks once it holds a blob's partial file. Another pull
+        brings a blob as a per-weight object, renamed into place before its transaction
+        commits: a key whose per-weight file is not there is still missing, with no look
+        at the index; one whose file is there is looked up once the index's write lock
+        has been had (that commit done). A build that put a key into a combined file
+        meanwhile is not seen: the key is downloaded once more, and its adoption finds it
+        present (:meth:`adopt_many`)."""
         payloads = list(payloads)
-        missing = self.missing(payloads)
-        if any(os.path.lexists(self.root / separate_file_name(k)) for k in missing):
-            with self.index.writing():
-                pass
-            missing = self.missing(payloads)
-        return missing
+        placed = [p for p in payloads
+                  if os.path.lexists(self.root / separate_file_name(p.key))]
+        if not placed:
+            return [p.key for p in payloads]
+        with self.index.writing():
+            pass
+        found = set(p.key for p in placed) - set(self.missing(placed))
+        return [p.key for p in payloads if p.key not in found]
 
     def lookup(self, key: str) -> StoredObject | None:
         """Where the object of ``key`` lies (file, offset, size), or None."""
