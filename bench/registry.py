@@ -21,7 +21,10 @@ Figures (medians of ``--runs`` interleaved runs; the machine is shared, so they 
   copying the same artifact in the same round: ``skopeo copy docker://... oci:DIR`` for a
   pull (into an empty store), ``skopeo copy oci:DIR docker://...`` for a push (into a
   fresh registry). Target: pull <= 1.3x skopeo, push <= 1.0x skopeo. Skipped, with a
-  message, where skopeo is not installed.
+  message, where skopeo is not installed. Beside them, for scale, ``pull_floor.py``: a
+  Python process that only downloads the same blobs (``http.client``, sha256, fsync, as
+  skopeo's copy does: no store, no package folder), the floor any pull in Python stands
+  on.
 - pulls through a pull-through cache (distribution's ``proxy`` mode, a second registry in
   front of the origin) named the origin's mirror in ``registries.conf``, the separate
   layout of the same package: what the origin served (requests, bytes, blob GETs, behind
@@ -55,6 +58,7 @@ sys.path.insert(0, str(harness.REPO))
 from tests.registry_server import BINARY, RegistryServer
 
 SKOPEO = shutil.which("skopeo")
+FLOOR = Path(__file__).with_name("pull_floor.py")
 
 RECIPE = """\
 package: {package}
@@ -296,7 +300,7 @@ def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
     store = workdir / "mini-store"
     weights = {layout: len(json.loads((folder / "summary.json").read_text())["models"][0]
                            ["external_weights"]) for layout, folder in packages.items()}
-    names = ("pull", "skopeo-pull", "push", "skopeo-push")
+    names = ("pull", "skopeo-pull", "python-floor", "push", "skopeo-push")
     times: dict[str, dict[str, list[float]]] = {
         layout: {n: [] for n in names} for layout in packages}
     cpu: dict[str, dict[str, list[float]]] = {
@@ -316,7 +320,9 @@ def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
                 pulls = [("pull", _weightstore("pull", ref, str(run_dir / "pulled"), "--store",
                                                  str(run_dir / "pull-store"))),
                          ("skopeo-pull", _skopeo("--src-tls-verify=false", f"docker://{ref}",
-                                                 f"oci:{oci}"))]
+                                                 f"oci:{oci}")),
+                         ("python-floor", [sys.executable, str(FLOOR), ref,
+                                           str(run_dir / "floor")])]
                 for name, argv in pulls if i % 2 == 0 else pulls[::-1]:
                     wall, used = _timed(argv, workdir, name)
                     times[layout][name].append(wall)
@@ -349,6 +355,9 @@ def peer_runs(workdir: Path, size_mb: int, runs: int) -> dict[str, Any]:
             "push_vs_skopeo": {k: m["push"] / m["skopeo-push"] for k, m in med.items()},
             "pull_cpu_vs_skopeo": {k: m["pull"] / m["skopeo-pull"]
                                    for k, m in med_cpu.items()},
+            "floor_vs_skopeo": {k: m["python-floor"] / m["skopeo-pull"]
+                                for k, m in med.items()},
+            "pull_vs_floor": {k: m["pull"] / m["python-floor"] for k, m in med.items()},
             "push_cpu_vs_skopeo": {k: m["push"] / m["skopeo-push"]
                                    for k, m in med_cpu.items()},
             "skopeo": subprocess.run([SKOPEO, "--version"], capture_output=True, text=True,
@@ -364,6 +373,10 @@ def peer_targets(p: dict[str, Any]) -> list[harness.Target]:
                                1.0),
                 harness.Target(f"{layout}: pull CPU / skopeo pull CPU",
                                p["pull_cpu_vs_skopeo"][layout], None),
+                harness.Target(f"{layout}: python floor / skopeo pull",
+                               p["floor_vs_skopeo"][layout], None),
+                harness.Target(f"{layout}: pull / python floor", p["pull_vs_floor"][layout],
+                               None),
                 harness.Target(f"{layout}: push CPU / skopeo push CPU",
                                p["push_cpu_vs_skopeo"][layout], None))]
 
