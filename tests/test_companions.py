@@ -205,6 +205,12 @@ RECIPE_HEAD = ('package: pkg\nversion: "1"\nmodels: [{name: encoder, source: m.o
     ("{source: a.json, path: summary.json}", "files[0].path", "keeps for itself"),
     ("{source: a.json, path: devices/cpu/a.json}", "files[0].path", "keeps for itself"),
     ("{source: a.json, path: payloads/a.json}", "files[0].path", "keeps for itself"),
+    # a reserved file as a folder, and in another case (one file on macOS and Windows)
+    ("{source: a.json, path: bundle.json/x}", "files[0].path", "keeps for itself"),
+    ("{source: a.json, path: Summary.JSON}", "files[0].path", "keeps for itself"),
+    ("{source: a.json, path: Devices/cpu/a.json}", "files[0].path", "keeps for itself"),
+    ("{source: a.json, path: 'WEIGHT_" + "A" * 64 + "'}", "files[0].path", "weight file"),
+    ("{source: a.json, path: X_Weight_Combined}", "files[0].path", "weight file"),
     ("{source: a.json, path: encoder.onnx}", "files[0].path", "collides with 'encoder.onnx'"),
     ("{source: a.json, path: encoder.onnx/x}", "files[0].path", "collides"),
     ("{source: x/encoder_weight_combined}", "files[0].source", "weight file"),
@@ -839,3 +845,20 @@ def test_check_of_a_device_verifies_the_companions_its_runtime_opens(runtime, tm
     assert check_package(folder, device="cpu", verify=True).ok
     (out / "tokenizer.json").unlink()
     assert "companion file tokenizer.json is missing" in check_package(out).problems
+
+
+def test_colliding_judges_each_path_against_the_taken_and_the_earlier_ones():
+    """The one pass a build makes over a folder's thousands of files: each path against
+    the models' files (``taken``, not judged among themselves) and the paths before it,
+    as :func:`collision` judges one path."""
+    from weightstore.recipe.companions import colliding, collision
+
+    models = ["encoder.onnx", "encoder.onnx", "sub/m.onnx"]
+    assert colliding(["a", "b/c", "d"], models) is None
+    assert colliding(["a", "Encoder.ONNX"], models) == (1, "encoder.onnx")
+    assert colliding(["a", "sub"], models) == (1, "sub/m.onnx")
+    assert colliding(["x/y", "X"], models) == (1, "x/y")
+    assert colliding(["x", "x/y"]) == (1, "x")
+    paths = [f"f{i}/g" for i in range(3000)] + ["F2999"]
+    assert colliding(paths, models) == (3000, "f2999/g")
+    assert collision("F2999", paths[:3000]) == "f2999/g"

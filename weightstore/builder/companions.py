@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
 from ..package.summary import CompanionEntry
-from ..recipe.companions import collision, default_kind, path_problem, source_files
+from ..recipe.companions import (
+    colliding,
+    collision,
+    default_kind,
+    path_problem,
+    source_files,
+)
 
 if TYPE_CHECKING:
     from ..package.fingerprint import FileDigests
@@ -84,13 +90,16 @@ def _entries(loaded: LoadedRecipe, entries: Sequence[CompanionFile], at: str,
             problem = path_problem(path)
             if problem is not None:
                 raise RecipeError(f"{problem}, got {path!r}", file=where, key=key)
-            other = collision(path, [*models, *(c.path for c in out)])
-            if other is not None:
-                raise RecipeError(f"companion path '{path}' collides with '{other}' in the "
-                                  "package", file=where, key=key)
             out.append(Companion(path, entry.kind or default_kind(path), file, device,
                                  None if isinstance(entry.source, str) else entry.source,
                                  key))
+    # each path against the models' files and every earlier one, in one pass (a folder
+    # source may give thousands)
+    hit = colliding((c.path for c in out), models)
+    if hit is not None:
+        c = out[hit[0]]
+        raise RecipeError(f"companion path '{c.path}' collides with '{hit[1]}' in the "
+                          "package", file=where, key=c.key)
     return sorted(out, key=lambda c: c.path)
 
 

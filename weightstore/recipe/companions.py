@@ -62,14 +62,17 @@ def path_problem(path: object) -> str | None:
     relative '/'-separated path, normalised (no ``.``, ``..`` or empty component), no
     backslash or NUL, no hidden component (temp files and locks are hidden), and none of
     the names a package keeps for itself (``summary.json``, ``bundle.json``,
-    ``devices/``, ``payloads/``, ``prepared/``) or gives its weight files
-    (``weight_<hex>``, ``*_weight_combined``)."""
+    ``devices/``, ``payloads/``, ``prepared/``: neither as a file nor as a folder) or
+    gives its weight files (``weight_<hex>``, ``*_weight_combined``), in any case."""
     if not is_relative_inside(path, hidden=False):
         return _outside(path)
     parts = path.split("/")
-    if path in RESERVED_NAMES or parts[0] in RESERVED_FOLDERS:
+    # case-folded: on the case-insensitive file systems of macOS and Windows,
+    # ``Summary.json`` is ``summary.json``
+    first, last = parts[0].casefold(), parts[-1].casefold()
+    if first in RESERVED_NAMES or first in RESERVED_FOLDERS:
         return f"'{parts[0]}' is a name the package keeps for itself"
-    if _SEPARATE.fullmatch(parts[-1]) or parts[0].endswith(_COMBINED_SUFFIX):
+    if _SEPARATE.fullmatch(last) or first.endswith(_COMBINED_SUFFIX):
         return "a companion path may not take a weight file's name"
     return None
 
@@ -101,23 +104,32 @@ def collision(path: str, taken: Iterable[str]) -> str | None:
     return None
 
 
-def colliding(paths: Iterable[str]) -> tuple[int, str] | None:
+def colliding(paths: Iterable[str], taken: Iterable[str] = ()) -> tuple[int, str] | None:
     """The index of the first of ``paths`` that collides (as :func:`collision` tells) with
-    an earlier one, and that one; None when none does. In time linear in the paths' parts
-    (a summary may list thousands)."""
+    one of ``taken`` or an earlier one of ``paths``, and that one; None when none does.
+    ``taken`` are not judged among themselves. In time linear in the paths' parts (a
+    summary may list thousands, a folder source give them)."""
     files: dict[str, str] = {}  # case-folded path -> path
     folders: dict[str, str] = {}  # case-folded folder -> a path below it
+
+    def add(path: str) -> None:
+        folded = path.casefold()
+        files[folded] = path
+        parts = folded.split("/")
+        for f in range(1, len(parts)):
+            folders.setdefault("/".join(parts[:f]), path)
+
+    for path in taken:
+        add(path)
     for i, path in enumerate(paths):
         folded = path.casefold()
         parts = folded.split("/")
-        above = ("/".join(parts[:i]) for i in range(1, len(parts)))
+        above = ("/".join(parts[:n]) for n in range(1, len(parts)))
         other = files.get(folded) or folders.get(folded) or next(
             (files[f] for f in above if f in files), None)
         if other is not None:
             return i, other
-        files[folded] = path
-        for f in range(1, len(parts)):
-            folders.setdefault("/".join(parts[:f]), path)
+        add(path)
     return None
 
 
