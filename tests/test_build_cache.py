@@ -522,3 +522,31 @@ def test_seven_writers_of_one_record_at_once_all_store_it(registry, keys):
         for t in threads:
             t.join()
     assert failures == []
+
+
+def test_an_embedded_layout_is_fetched_as_every_other(encoder_model, tmp_path, registry,
+                                                      keys, monkeypatch):
+    """An ``embedded`` layout (its weights inside the model file) has an entry like every
+    layout: a runner that converted it stores it, another fetches it byte-identical
+    instead of converting it again (the cache held it and was never asked)."""
+    repo = f"{registry.host}/cache/embedded-{tmp_path.name[-12:].lower()}"
+    checkouts = []
+    for name in ("a", "b"):
+        recipe = make_checkout(tmp_path / name, encoder_model)
+        recipe.write_text(recipe.read_text().replace(
+            "  - {name: separate, external_weight: separate, size_threshold: 1024}",
+            "  - {name: inline, external_weight: embedded}"))
+        checkouts.append(recipe)
+    built = build(checkouts[0], BuildOptions(jobs=2, cache_to=repo,
+                                             cache_key=str(keys["ci"][0])))
+    assert [p.layout for p in built.packages] == ["combined", "inline"]
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, keys["ci"][1].text)
+    fetched = build(checkouts[1], BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.cache for p in fetched.packages] == [repo, repo]
+    for a, b in zip(built.packages, fetched.packages, strict=True):
+        assert _tree(a.path) == _tree(b.path)
+    # fetched, it is proven the build as a converted one is, and up to date after
+    store = checkouts[1].parent / "store"
+    assert main(["verify", str(fetched.packages[1].path), "--store", str(store)]) == 0
+    again = build(checkouts[1], BuildOptions(jobs=2, cache_from=(repo,)))
+    assert [p.status for p in again.packages] == ["up-to-date", "up-to-date"]

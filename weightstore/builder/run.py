@@ -587,8 +587,9 @@ def _writes_cache(options: BuildOptions | None, configured: Any = None) -> bool:
 def _fetched(cache: Any, store_root: Path, layout: Layout, target: Path, fingerprint: str,
              options: BuildOptions, result: BuildResult) -> bool:
     """Publish a missing package folder from the build cache (its signed entry, pulled
-    by the digest it signs); False on any miss."""
-    if target.exists() or layout.external_weight == "embedded":
+    by the digest it signs); False on any miss. An ``embedded`` layout too: its entry is
+    its folder, as every layout's (the store cannot materialize it; a cache can)."""
+    if target.exists():
         return False
     from ..caches import build_actions
     from ..package.summary import read_summary_file
