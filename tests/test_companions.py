@@ -650,7 +650,8 @@ def test_a_build_cache_entry_covers_the_companions(project, tmp_path, monkeypatc
         shutil.rmtree(tmp_path / "out")
         hit = build(project, opts(tmp_path, store="runner-b", cache_from=(repo,)))
     fetched = [p for p in hit.packages if p.cache == repo]
-    assert {p.layout for p in fetched} == {"separate", "combined"}  # embedded: converted
+    # every layout, embedded included (its entry is the folder itself)
+    assert {p.layout for p in fetched} == {"separate", "combined", "embedded"}
     for p in hit.packages:
         assert file_tree(p.path) == trees[p.layout]
         assert verify_package(p.path, store=tmp_path / "runner-b").ok
