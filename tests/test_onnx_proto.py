@@ -137,6 +137,27 @@ def test_nodes_are_onnx_helpers_byte_for_byte() -> None:
         onnx_proto.make_attribute("none", object())
 
 
+@pytest.mark.parametrize(("value", "kwargs"), [
+    ([], {"attr_type": onnx.AttributeProto.INTS}),
+    ([2, 3], {"attr_type": onnx.AttributeProto.INTS}),
+    ([1, 2], {"attr_type": onnx.AttributeProto.FLOATS}), (["a"], {"doc_string": "said"}),
+    ("text", {"doc_string": "", "attr_type": onnx.AttributeProto.STRING}),
+])
+def test_attributes_of_a_given_type_and_doc_string_are_onnx_helpers(value, kwargs) -> None:
+    """The type an empty list cannot tell is given (a FileConstant's ``shape`` of a
+    scalar), and a doc string is kept, as onnx.helper does."""
+    assert onnx_proto.make_attribute("a", value, **kwargs).SerializeToString() == \
+        onnx.helper.make_attribute("a", value, **kwargs).SerializeToString()
+
+
+def test_an_attribute_of_another_type_than_given_is_refused_as_onnx_refuses_it() -> None:
+    for value in (1, "text"):
+        with pytest.raises(TypeError):
+            onnx.helper.make_attribute("a", value, attr_type=onnx.AttributeProto.FLOAT)
+        with pytest.raises(TypeError, match="attribute 'a' is of type"):
+            onnx_proto.make_attribute("a", value, attr_type=onnx.AttributeProto.FLOAT)
+
+
 NATIVE = ["float32", "uint8", "int8", "uint16", "int16", "int32", "int64", "bool", "float16",
           "float64", "uint32", "uint64", "complex64", "complex128"]
 
@@ -210,3 +231,18 @@ def test_the_checker_and_shape_inference_run_without_onnx_initialiser() -> None:
         "              == inferred.SerializeToString()}))\n")
     assert found == {"before": [], "refused": True, "known": [True, False, False],
                      "inferred": ["h"], "same": True, "theirs": True}
+
+
+def test_models_parse_as_onnx_parses_them(encoder_model: onnx.ModelProto) -> None:
+    """``parse_model`` is ``onnx.load_model_from_string``: the same message from the same
+    bytes, and the same refusal of what is not bytes."""
+    data = encoder_model.SerializeToString()
+    ours = onnx_proto.parse_model(data)
+    assert type(ours) is onnx.ModelProto
+    assert ours.SerializeToString() == onnx.load_model_from_string(data).SerializeToString()
+    for wrong in (memoryview(data), bytearray(data), "text"):
+        with pytest.raises(TypeError) as theirs:
+            onnx.load_model_from_string(wrong)
+        with pytest.raises(TypeError) as raised:
+            onnx_proto.parse_model(wrong)
+        assert str(raised.value) == str(theirs.value)

@@ -208,7 +208,9 @@ FRESH = textwrap.dedent("""
     out = session.run(None, feed)
     np.save(sys.argv[3], out[0])
     assert resolved.payload_manifest.active_bytes == report.live_bytes  # unpickled now
-    print(json.dumps({"onnx": "onnx" in sys.modules, "record": report.from_record,
+    print(json.dumps({"onnx": "onnx" in sys.modules,
+                      "messages": "onnx.onnx_ml_pb2" in sys.modules,
+                      "record": report.from_record,
                       "read": report.read_bytes, "analyses": analyses}))
 """)
 
@@ -233,10 +235,12 @@ def test_a_fresh_process_loads_from_records_without_onnx(package, tmp_path):
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         np.testing.assert_array_equal(np.load(out), expected)
-    assert runs[0]["onnx"] and not runs[0]["record"]
-    # nor the manifest's types until something asks for the manifest
+    # the first resolves through onnx's messages (never its initialiser); the second
+    # loads neither, nor the manifest's types until something asks for the manifest
+    assert runs[0]["messages"] and not runs[0]["onnx"] and not runs[0]["record"]
     live = full.payload_manifest.active_bytes
-    assert runs[1] == {"onnx": False, "record": True, "read": live, "analyses": False}
+    assert runs[1] == {"onnx": False, "messages": False, "record": True, "read": live,
+                       "analyses": False}
     assert model.graph.node  # the resolution the records stand for
 
 

@@ -35,19 +35,35 @@ def _imported(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY) -> s
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _succeeds(argv: list[str], folder: Path, modules: tuple[str, ...]) -> tuple[str, list[str]]:
+    """A ``weightstore`` command that must succeed, in a fresh process: what it printed,
+    and which of ``modules`` it loaded."""
+    return _fresh(f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+                  f"    assert main({argv!r}) == 0\n", folder, modules)
+
+
+def _fresh(code: str, folder: Path, modules: tuple[str, ...]) -> tuple[str, list[str]]:
+    """``code`` (with ``main``, ``weightstore``, ``io`` and ``contextlib`` at hand; what it
+    leaves in ``out`` is returned) in a fresh process, and which of ``modules`` it loaded."""
+    code = ("import sys, io, contextlib, json\n"
+            "import weightstore\n"
+            "from weightstore.cli import main\n"
+            "out = io.StringIO()\n"
+            f"{code}"
+            "print(json.dumps(out.getvalue()))\n"
+            f"print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
+                          text=True, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr
+    printed, loaded = done.stdout.strip().splitlines()[-2:]
+    return json.loads(printed), json.loads(loaded)
+
+
 def _build_imports(folder: Path, modules: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """``build recipe.yaml`` in a fresh process: its packages' statuses, and which of
     ``modules`` it loaded."""
-    code = ("import sys, io, contextlib, json\n"
-            "from weightstore.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-            "    assert main(['build', 'recipe.yaml', '--json']) == 0\n"
-            "print(json.dumps([p['status'] for p in json.loads(out.getvalue())['packages']]))\n"
-            f"print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
-                          text=True, check=True, env=os.environ.copy())
-    statuses, loaded = done.stdout.strip().splitlines()[-2:]
-    return json.loads(statuses), json.loads(loaded)
+    out, loaded = _succeeds(["build", "recipe.yaml", "--json"], folder, modules)
+    return [p["status"] for p in json.loads(out)["packages"]], loaded
 
 
 @pytest.fixture
@@ -87,6 +103,8 @@ def test_a_cold_build_into_external_data_imports_neither_onnx_nor_numpy(folder: 
         onnx.checker.check_model(str(package / layout / "encoder.onnx"))
 
 
+ONNX_INITIALISER = ("onnx", "ml_dtypes", "onnx.helper", "onnx.numpy_helper")
+
 INT4 = """\
 package: pkg
 version: "1.0.0"
@@ -113,14 +131,90 @@ def test_a_cold_build_with_an_int4_scenario_does_not_run_onnx_initialiser(folder
     half a second and more) is none of these. The package it writes is what onnx and
     onnxruntime accept."""
     (folder / "recipe.yaml").write_text(INT4)
-    statuses, loaded = _build_imports(folder, ("onnx", "ml_dtypes", "onnx.helper",
-                                               "onnx.numpy_helper", "onnxruntime.quantization"))
+    statuses, loaded = _build_imports(folder, (*ONNX_INITIALISER, "onnxruntime.quantization"))
     assert statuses == ["built"]
     assert loaded == []
     package = folder / "out" / "pkg" / "1.0.0" / "combined"
     onnx.checker.check_model(str(package / "encoder.onnx"))
     summary = json.loads((package / "summary.json").read_text())
     assert [d["scenario"] for d in summary["devices"]] == [None, "int4"]
+
+
+# the int4 package, with a float16 device too
+DEVICES = INT4.replace("    scenarios:\n", "    scenarios:\n"
+                       "      - {name: half, passes: [cast-fp16, cleanup]}\n").replace(
+    "  - {name: cpu}\n", "  - {name: cpu}\n  - {name: npu, scenario: half}\n")
+
+
+@pytest.fixture
+def devices(folder: Path, encoder_model: onnx.ModelProto) -> Path:
+    """A package of three devices (the default graph, a float16 scenario, an int4 one),
+    and sample inputs beside it."""
+    import numpy as np
+
+    from weightstore.builder.run import build
+
+    from .samples import sample_inputs
+
+    (folder / "recipe.yaml").write_text(DEVICES)
+    np.savez(folder / "inputs.npz", **sample_inputs(encoder_model, seed=3))
+    return build(folder / "recipe.yaml").packages[0].path
+
+
+def test_resolve_bundle_prepare_and_run_do_not_run_onnx_initialiser(folder: Path,
+                                                                     devices: Path) -> None:
+    """The deploy side reads metadata, replays scenarios (float16 casts, int4 blocks),
+    writes device folders and hands onnxruntime serialized models: onnx's message classes,
+    its C++ extension and numpy are all it needs, never onnx's initialiser (ml_dtypes, half
+    a second and more)."""
+    package = str(devices)
+    for argv in (["resolve", package, "--json"], ["resolve", "model.onnx", "--json"],
+                 *(["resolve", package, "--device", d, "--json"] for d in ("npu", "cpu-int4")),
+                 ["check", package, "--device", "npu", "--verify"],
+                 ["bundle", package, "npu", "--output", "npu"],
+                 ["bundle", package, "cpu-int4", "--output", "int4"],
+                 ["resolve", "int4", "--json"],
+                 ["prepare", package, "--device", "cpu"],
+                 *(["run", package, "--device", d, "--inputs", "inputs.npz", "--output",
+                    f"{d}.npz"] for d in ("cpu", "npu", "cpu-int4")),
+                 ["run", "npu", "--inputs", "inputs.npz"]):
+        assert _succeeds(argv, folder, ONNX_INITIALISER)[1] == [], argv
+    assert sorted(p.name for p in folder.glob("*.npz")) == ["cpu-int4.npz", "cpu.npz",
+                                                            "inputs.npz", "npu.npz"]
+
+
+def test_weightstore_load_does_not_run_onnx_initialiser(folder: Path, devices: Path) -> None:
+    """``weightstore.load`` of each device, in place (its recorded plan the second time),
+    through private files, and from prepared weights, imports no more of onnx than its
+    messages and extension."""
+    assert _succeeds(["prepare", str(devices), "--device", "cpu"], folder, ())
+    code = ("import numpy as np\n"
+            "inputs = dict(np.load('inputs.npz'))\n"
+            "for device in ('cpu', 'npu', 'cpu-int4'):\n"
+            "    for in_place in (True, True, False):\n"
+            f"        resolved = weightstore.resolve({str(devices)!r}, device=device)\n"
+            "        session = weightstore.load(resolved, in_place=in_place)\n"
+            "        outputs = session.run(None, inputs)\n"
+            "        out.write(f'{device} {outputs[0].shape}\\n')\n")
+    printed, loaded = _fresh(code, folder, ONNX_INITIALISER)
+    assert loaded == []
+    assert printed.splitlines() == [f"{d} (2, 8, 64)" for d in ("cpu", "npu", "cpu-int4")
+                                    for _ in range(3)]
+
+
+def test_a_file_constant_package_loads_without_onnx_initialiser(folder: Path) -> None:
+    """GE's form (FileConstant nodes) is read through onnx's messages too: its nodes'
+    attributes, and the Constants they become for onnxruntime."""
+    from .helpers import file_constant_package
+
+    version = file_constant_package(folder, folder / "model.onnx")
+    code = ("for layout in ('ge', 'ge-separate'):\n"
+            f"    resolved = weightstore.resolve({str(version)!r} + '/' + layout, device='npu')\n"
+            "    session = weightstore.load(resolved)\n"
+            "    out.write(f'{layout} {len(session.get_outputs())}\\n')\n")
+    printed, loaded = _fresh(code, folder, ONNX_INITIALISER)
+    assert loaded == []
+    assert printed.splitlines() == ["ge 2", "ge-separate 2"]
 
 
 REGISTRY_ALLOWED: set[str] = set()  # neither onnx, numpy, protobuf nor requests/urllib3
@@ -131,7 +225,7 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
     """A registry command moves files and checks digests: onnx's initialiser (its C++
     extension, numpy, ml_dtypes) took most of a pull's start-up though nothing in a whole
     pull or a push reads a model. Only --device and --scenario, which resolve a graph,
-    load onnx."""
+    load onnx's messages (and never its initialiser)."""
     from weightstore.builder.run import build
 
     (folder / "recipe.yaml").write_text(TWO_LAYOUTS)  # combined and separate
@@ -148,6 +242,23 @@ def test_push_and_pull_import_neither_onnx_nor_numpy(folder: Path) -> None:
                                  folder) <= REGISTRY_ALLOWED
                 assert (out / "summary.json").read_bytes() == \
                     (package / "summary.json").read_bytes()
+
+
+@needs_registry
+def test_a_device_or_scenario_pull_does_not_run_onnx_initialiser(folder: Path,
+                                                                 devices: Path) -> None:
+    """``pull --device`` and ``--scenario`` resolve the variant's graph and write its
+    folder: onnx's messages and extension, never its initialiser."""
+    store = os.environ["WEIGHTSTORE_DIR"]
+    with running_registry(folder / "registry") as server:
+        ref = f"{server.host}/startup/devices:1"
+        assert _succeeds(["push", str(devices), ref, "--store", store], folder, ())
+        for option, name in (("--device", "npu"), ("--device", "cpu-int4"),
+                             ("--scenario", "half")):
+            out = folder / f"pulled-{name}"
+            assert _succeeds(["pull", ref, str(out), option, name, "--store",
+                              str(folder / f"store-{name}")], folder, ONNX_INITIALISER)[1] == []
+            assert (out / "encoder.onnx").is_file()
 
 
 @needs_registry

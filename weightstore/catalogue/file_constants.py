@@ -8,9 +8,7 @@ and rewriting them is :mod:`weightstore.convert.file_constant`'s.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..io.onnx_proto import NodeProto, TensorProto
+from ..io.onnx_proto import NodeProto, TensorProto, attribute_value
 from .payload import external_entries
 
 DOMAIN = "weightstore"
@@ -28,14 +26,6 @@ def is_any_file_constant(node: NodeProto) -> bool:
     return node.op_type == OP_TYPE
 
 
-def helper_module() -> Any:
-    """``onnx.helper``, imported on first use: only FileConstant nodes need it, and a build
-    that writes none skips importing onnx (:mod:`weightstore.io.onnx_proto`)."""
-    from onnx import helper
-
-    return helper
-
-
 def attribute_text(value: object) -> str:
     """An attribute's string value (onnx gives bytes)."""
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -45,7 +35,7 @@ def file_constant_attributes(node: NodeProto) -> dict[str, object]:
     """A FileConstant node's attributes, with GE's ONNX form folded in: GE's parser takes
     ``dtype``, ``shape`` and ``location``/``offset``/``length`` from a ``value`` tensor
     with external data; attributes set on the node itself win."""
-    attrs = {a.name: helper_module().get_attribute_value(a) for a in node.attribute}
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
     value = attrs.get("value")
     if isinstance(value, TensorProto):
         attrs.setdefault("dtype", value.data_type)

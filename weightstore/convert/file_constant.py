@@ -19,14 +19,22 @@ from ..catalogue.file_constants import (
     OPSET_VERSION,
     attribute_text,
     file_constant_attributes,
-    helper_module,
     is_any_file_constant,
     is_file_constant,
 )
 from ..catalogue.graphs import function_label, iter_containers, iter_scoped_containers
 from ..catalogue.payload import expected_nbytes
 from ..errors import ConversionError
-from ..io.onnx_proto import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto
+from ..io.onnx_proto import (
+    AttributeProto,
+    FunctionProto,
+    ModelProto,
+    NodeProto,
+    OperatorSetIdProto,
+    TensorProto,
+    make_attribute,
+    make_node,
+)
 from .encoding import set_external, set_payload
 from .placement import ExternalTensor
 
@@ -60,8 +68,8 @@ def _attributes(ext: ExternalTensor) -> dict[str, object]:
 
 def _make_attributes(ext: ExternalTensor) -> list[AttributeProto]:
     return [
-        helper_module().make_attribute(k, v, attr_type=AttributeProto.INTS) if k == "shape"
-        else helper_module().make_attribute(k, v)
+        make_attribute(k, v, attr_type=AttributeProto.INTS) if k == "shape"
+        else make_attribute(k, v)
         for k, v in _attributes(ext).items()
     ]
 
@@ -74,7 +82,7 @@ def can_hold(ext_site_tensor: TensorProto) -> bool:
 
 def _import_domain(opsets) -> None:
     if not any(o.domain == DOMAIN for o in opsets):
-        opsets.append(helper_module().make_opsetid(DOMAIN, OPSET_VERSION))
+        opsets.append(OperatorSetIdProto(domain=DOMAIN, version=OPSET_VERSION))
 
 
 def apply_file_constant(model: ModelProto, tensors: Sequence[ExternalTensor]) -> None:
@@ -105,8 +113,8 @@ def apply_file_constant(model: ModelProto, tensors: Sequence[ExternalTensor]) ->
                        key=lambda e: e.site.index)
         new_nodes = []
         for e in inits:
-            node = helper_module().make_node(OP_TYPE, [], [e.site.tensor.name],
-                                             name=e.site.tensor.name, domain=DOMAIN)
+            node = make_node(OP_TYPE, [], [e.site.tensor.name], name=e.site.tensor.name,
+                             domain=DOMAIN)
             node.attribute.extend(_make_attributes(e))
             new_nodes.append(node)
         for e in reversed(inits):
@@ -208,7 +216,7 @@ def to_constant(node: NodeProto, attrs: dict[str, object],
         node.domain = attribute_text(attrs["constant_domain"])
     else:
         node.ClearField("domain")
-    node.attribute.append(helper_module().make_attribute(
+    node.attribute.append(make_attribute(
         "value", tensor, doc_string=attribute_text(attrs["value_doc_string"])
         if "value_doc_string" in attrs else None))
     return node.attribute[0].t

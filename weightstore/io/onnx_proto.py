@@ -16,7 +16,9 @@ the submodule itself); ``from onnx import onnx_ml_pb2`` and every class onnx exp
 unaffected. An onnx built without ONNX-ML types (no
 ``onnx_ml_pb2.py``, never the case for PyPI wheels) falls back to ``import onnx``.
 
-Modules that only handle messages import the names below, and build nodes with
+Modules that only handle messages import the names below, parse a model's bytes with
+:func:`parse_model` (``onnx.load_model_from_string``) and a model file's with
+:func:`read_model`, and build nodes with
 :func:`make_node` (``onnx.helper.make_node``'s messages, byte for byte, without
 ``onnx.helper``, whose import loads numpy and ml_dtypes); arrays are
 :mod:`.onnx_arrays`', the checker and shape inference :mod:`.onnx_native`'s. What else
@@ -87,6 +89,27 @@ ValueInfoProto = _pb.ValueInfoProto
 SparseTensorProto = _pb.SparseTensorProto
 
 
+def parse_model(data: bytes) -> ModelProto:
+    """``onnx.load_model_from_string(data)``: the model the bytes hold, every byte
+    consumed."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"Parameter 'serialized' must be bytes, but got type: {type(data)}")
+    model = ModelProto()
+    decoded = model.ParseFromString(data)
+    if decoded is not None and decoded != len(data):
+        from google.protobuf.message import DecodeError
+
+        raise DecodeError(f"Protobuf decoding consumed too few bytes: {decoded} out of "
+                          f"{len(data)}")
+    return model
+
+
+def read_model(path: str | Path) -> ModelProto:
+    """``onnx.load(path, load_external_data=False)``: the model file parsed, its
+    external data left unread."""
+    return parse_model(Path(path).read_bytes())
+
+
 _LISTS = ((numbers.Integral, AttributeProto.INTS, "ints"),
           (numbers.Real, AttributeProto.FLOATS, "floats"),
           ((str, bytes), AttributeProto.STRINGS, "strings"),
@@ -104,9 +127,13 @@ def _utf8(value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode("utf-8")
 
 
-def make_attribute(key: str, value: Any) -> AttributeProto:
-    """``onnx.helper.make_attribute(key, value)``: the type inferred from the value."""
+def make_attribute(key: str, value: Any, doc_string: str | None = None,
+                   attr_type: int | None = None) -> AttributeProto:
+    """``onnx.helper.make_attribute(key, value, doc_string, attr_type)``: the type inferred
+    from the value, or ``attr_type`` (which an empty list needs)."""
     attr = AttributeProto(name=key)
+    if doc_string:
+        attr.doc_string = doc_string
     if isinstance(value, numbers.Integral):
         attr.i, attr.type = int(value), AttributeProto.INT
     elif isinstance(value, numbers.Real):
@@ -119,7 +146,8 @@ def make_attribute(key: str, value: Any) -> AttributeProto:
     elif isinstance(value, Iterable):
         values = list(value)
         kinds = {type(v) for v in values}
-        found = next((m for m in _LISTS if values and all(issubclass(t, m[0]) for t in kinds)),
+        found = next((m for m in _LISTS if (m[1] == attr_type if attr_type is not None else
+                                            values and all(issubclass(t, m[0]) for t in kinds))),
                      None)
         if found is None:
             raise ValueError(f"cannot infer the type of attribute '{key}' from its values")
@@ -128,6 +156,8 @@ def make_attribute(key: str, value: Any) -> AttributeProto:
                                     else values)
     else:
         raise TypeError(f"{value!r} is not an accepted attribute value")
+    if attr_type is not None and attr.type != attr_type:
+        raise TypeError(f"attribute '{key}' is of type {attr.type}, not {attr_type}")
     return attr
 
 
@@ -167,4 +197,4 @@ def attribute_value(attr: AttributeProto) -> Any:
 __all__ = ["AttributeProto", "FunctionProto", "GraphProto", "ModelProto", "NodeProto",
            "OperatorSetIdProto", "SparseTensorProto", "StringStringEntryProto", "TensorProto",
            "TypeProto", "ValueInfoProto", "attribute_value", "load_submodule", "make_attribute",
-           "make_node", "messages", "onnx_folders"]
+           "make_node", "messages", "onnx_folders", "parse_model", "read_model"]

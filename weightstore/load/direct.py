@@ -34,8 +34,7 @@ from .reader import Reader
 from .runtime import LoadReport
 
 if TYPE_CHECKING:
-    import onnx
-
+    from ..io.onnx_proto import ModelProto
     from ..resolve.model import ResolvedModel
 
 INLINE_LIMIT = 8 << 20  # bytes of live payloads carried inline in the model handed over
@@ -69,7 +68,7 @@ def direct_ranges(resolved: ResolvedModel) -> dict[str, tuple[str, int]] | None:
     return None if rest > INLINE_LIMIT else where
 
 
-def direct_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
+def direct_session(ort: Any, resolved: ResolvedModel, model: ModelProto, *,
                    reader: Reader | None, jobs: int, providers: Sequence[str],
                    session_options: Any, report: LoadReport,
                    plan_key: str | None) -> Any | None:

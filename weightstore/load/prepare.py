@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from ..catalogue.graphs import iter_containers, iter_nodes
 from ..catalogue.payload import external_entries
 from ..catalogue.schema import SMALL_VALUE_LIMIT
@@ -39,6 +37,7 @@ from ..errors import PackageError
 from ..io.digests import digest_bytes, make_key
 from ..io.files import atomic_write_bytes
 from ..io.models import save_model
+from ..io.onnx_proto import GraphProto, ModelProto, TensorProto, read_model
 from ..resolve.packing_probe import packing_reused
 from ..resolve.prepared import PreparedOptions
 from ..resolve.prepared_record import FORMAT_VERSION, VALUE_PREFIX, record_paths, sign_record
@@ -95,13 +94,13 @@ def _ort_optimize(source: Path, out: Path, level: str) -> None:
     ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
 
 
-def _keep_last_duplicates(model: onnx.ModelProto) -> None:
+def _keep_last_duplicates(model: ModelProto) -> None:
     """Keep one initializer of each name in every graph, the last, as onnxruntime reads
     them: onnxruntime before 1.31 saves each initializer of a subgraph twice (in an If's
     branch, say: the first copy without its prepacked entries), and refuses to load what
     it saved ("initializer name is not unique")."""
     for graph, _ in iter_containers(model):
-        if not isinstance(graph, onnx.GraphProto):
+        if not isinstance(graph, GraphProto):
             continue
         last = {t.name: i for i, t in enumerate(graph.initializer)}
         if len(last) == len(graph.initializer):
@@ -162,7 +161,7 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
                 (tmp / name).write_bytes(view)
             save_model(graph, tmp / "source.onnx")
             _ort_optimize(tmp / "source.onnx", tmp / "prepared.onnx", optimization_level)
-            companion = onnx.load(str(tmp / "prepared.onnx"), load_external_data=False)
+            companion = read_model(tmp / "prepared.onnx")
             _keep_last_duplicates(companion)
             blob = (tmp / "prepared.data").read_bytes() if (
                 tmp / "prepared.data").exists() else b""
@@ -171,7 +170,7 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
         payloads, objects, runtime_values = [], [], {}
         for site in iter_tensor_sites(companion):
             t = site.tensor
-            if t.data_location != onnx.TensorProto.EXTERNAL:
+            if t.data_location != TensorProto.EXTERNAL:
                 continue
             name = site.value_name or t.name
             parsed = external_entries(t, name)
@@ -181,7 +180,7 @@ def prepare(package: str | os.PathLike[str], *, model: str | None = None,
             entries = list(parsed.prepacked)
             if digest_of.get(name) != key and length <= SMALL_VALUE_LIMIT and not entries:
                 del t.external_data[:]  # a small value: part of the companion's metadata
-                t.data_location = onnx.TensorProto.DEFAULT
+                t.data_location = TensorProto.DEFAULT
                 t.raw_data = own
                 continue
             if digest_of.get(name) != key:  # not a portable weight: the runtime made it

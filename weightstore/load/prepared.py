@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import onnx
-
 from ..catalogue.payload import external_info
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import LoadError
+from ..io.onnx_proto import ModelProto, TensorProto, parse_model
 from ..resolve.model import ResolvedModel
 from ..resolve.prepared_record import VALUE_PREFIX
 from .executor import execute, reading_store
@@ -63,7 +62,7 @@ def _prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | Non
                 return None
             where = {e: slots[i] + off for i, run in enumerate(plan.runs)
                      for e, off, _ in run.entries}
-            companion = _point(onnx.load_from_string(resolved.prepared_graph), manifest,
+            companion = _point(parse_model(resolved.prepared_graph), manifest,
                                where, mapped.path.name)
             mapped.release()  # onnxruntime maps the pages; ours would count them twice
             model_path = mapped.folder / "prepared.onnx"
@@ -79,8 +78,8 @@ def _prepared_session(ort: Any, resolved: ResolvedModel, *, reader: Reader | Non
             reader.close()  # type: ignore[union-attr]
 
 
-def _point(companion: onnx.ModelProto, manifest: Any, where: dict[str, int],
-           data: str) -> onnx.ModelProto:
+def _point(companion: ModelProto, manifest: Any, where: dict[str, int],
+           data: str) -> ModelProto:
     """Point the companion's tensors and packed entries at their slots in the data file."""
     by_value: dict[str, tuple[int, int]] = {}
     by_key: dict[str, tuple[int, int]] = {}
@@ -93,7 +92,7 @@ def _point(companion: onnx.ModelProto, manifest: Any, where: dict[str, int],
                 by_value.setdefault(v, place)
     for site in iter_tensor_sites(companion):
         t = site.tensor
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        if t.data_location != TensorProto.EXTERNAL:
             continue
         info = external_info(t)
         value = info.get("location", "").removeprefix(VALUE_PREFIX)

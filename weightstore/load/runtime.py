@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LoadError
 
 if TYPE_CHECKING:
-    import onnx
+    from ..io.onnx_proto import TensorProto
 
 
 @dataclass
@@ -57,13 +57,13 @@ def create_session(ort: Any, path: Path | bytes, options: Any, providers: Sequen
         report.runtime_seconds += time.perf_counter() - start
 
 
-def point_at(tensor: onnx.TensorProto, name: str, offset: int, length: int,
+def point_at(tensor: TensorProto, name: str, offset: int, length: int,
              extra: Sequence[tuple[str, str]] = ()) -> None:
     """Make ``tensor``'s payload ``length`` bytes of file ``name`` at ``offset``."""
-    import onnx
+    from ..io.onnx_proto import TensorProto
 
     del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", name), ("offset", str(offset)), ("length", str(length)),
                        *extra):
         entry = tensor.external_data.add()

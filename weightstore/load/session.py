@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from ..catalogue.descriptors import DerivedWeightRecipe
 from ..catalogue.payload import external_entries
@@ -37,6 +35,8 @@ from ..convert.file_constant import (
 )
 from ..errors import IntegrityError, LoadError
 from ..io.digests import FILE_CHECKSUM, digest_file
+from ..io.onnx_arrays import np_dtype
+from ..io.onnx_proto import AttributeProto, ModelProto, TensorProto
 from ..passes.analysis import is_constant, iter_scopes
 from ..resolve.manifest import ACTIVE, STORE_ONLY, ManifestEntry
 from ..resolve.model import ResolvedModel
@@ -54,17 +54,17 @@ MEMORY_PREFIX = "weightstore-memory-"
 def _array(entry: ManifestEntry, value: str, data: memoryview) -> np.ndarray:
     """The bytes as ``value`` holds them (an entry's values may differ in type)."""
     dtype, dims = entry.value_type(value)
-    return np.frombuffer(data, dtype=helper.tensor_dtype_to_np_dtype(dtype)).reshape(dims)
+    return np.frombuffer(data, dtype=np_dtype(dtype)).reshape(dims)
 
 
-def _constants_to_initializers(model: onnx.ModelProto) -> None:
+def _constants_to_initializers(model: ModelProto) -> None:
     """onnxruntime's checker wants a Constant node's external data in a real file: a main
     graph Constant whose payload is omitted becomes an initializer (same value name)."""
     g = model.graph
     kept = []
     for node in g.node:
         t = next((a.t for a in node.attribute if a.name == "value"
-                  and a.type == onnx.AttributeProto.TENSOR), None)
+                  and a.type == AttributeProto.TENSOR), None)
         if is_constant(node) and t is not None and not has_payload(t) and len(node.output) == 1:
             init = g.initializer.add()
             init.CopyFrom(t)
@@ -88,7 +88,7 @@ class ActiveBytes:
     files: list[MappedData] = field(default_factory=list)
 
 
-def packed_only(resolved: ResolvedModel, model: onnx.ModelProto) -> set[str]:
+def packed_only(resolved: ResolvedModel, model: ModelProto) -> set[str]:
     """Values every consumer of which pre-packs them (per the kernel catalogue):
     onnxruntime drops such a weight once packed, so holding it for later loads would keep
     a second copy for the session's lifetime."""
@@ -214,7 +214,7 @@ def _read_active(resolved: ResolvedModel, *, buffers: Mapping[str, memoryview],
     return out
 
 
-def runnable_model(resolved: ResolvedModel) -> onnx.ModelProto:
+def runnable_model(resolved: ResolvedModel) -> ModelProto:
     """The resolved graph as onnxruntime runs it: our FileConstant nodes as the Constant
     nodes they stand for (payloads still to bind); a FileConstant node of another tool
     (GE) is refused."""
@@ -230,7 +230,7 @@ def runnable_model(resolved: ResolvedModel) -> onnx.ModelProto:
     return model
 
 
-def declared_file_sha1(model: onnx.ModelProto, folder: Path | None) -> dict[str, str]:
+def declared_file_sha1(model: ModelProto, folder: Path | None) -> dict[str, str]:
     """onnx.proto's external-data ``checksum`` each file of ``model`` is declared to have
     (the SHA-1 of the whole file), by its location relative to the model's folder; two
     tensors declaring different ones for one file are refused. A model of a package
@@ -238,7 +238,7 @@ def declared_file_sha1(model: onnx.ModelProto, folder: Path | None) -> dict[str,
     out: dict[str, str] = {}
     for site in iter_tensor_sites(model):
         t = site.tensor
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        if t.data_location != TensorProto.EXTERNAL:
             continue
         info = external_entries(t, site.where)
         if info.file_sha1 is None:
@@ -253,7 +253,7 @@ def declared_file_sha1(model: onnx.ModelProto, folder: Path | None) -> dict[str,
     return out
 
 
-def check_file_sha1(model: onnx.ModelProto, folder: Path | None, where: str) -> int:
+def check_file_sha1(model: ModelProto, folder: Path | None, where: str) -> int:
     """Refuse a file whose SHA-1 is not the one ``model`` declares for it
     (:func:`declared_file_sha1`); the bytes read."""
     read = 0
@@ -268,7 +268,7 @@ def check_file_sha1(model: onnx.ModelProto, folder: Path | None, where: str) -> 
     return read
 
 
-def copied_session(ort: Any, resolved: ResolvedModel, model: onnx.ModelProto, *,
+def copied_session(ort: Any, resolved: ResolvedModel, model: ModelProto, *,
                    buffers: Mapping[str, Any] | None, reader: Reader | None, jobs: int,
                    manager: WeightManager, providers: Sequence[str], session_options: Any,
                    report: LoadReport) -> Any:
@@ -319,7 +319,7 @@ def _release(manager: WeightManager, held: list[str], values: list[Any]) -> None
     values.clear()
 
 
-def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
+def bind_payloads(model: ModelProto, resolved: ResolvedModel,
                   data: Mapping[str, memoryview], views: Mapping[str, memoryview],
                   where: Mapping[str, tuple[str, int]] | None = None,
                   spill: Callable[[memoryview], tuple[str, int]] | None = None, *,
@@ -358,7 +358,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
     for site in sites:
         t = site.tensor
         name = site.value_key(ambiguous)
-        if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
+        if has_payload(t) or t.data_type == TensorProto.STRING:
             continue
         e = by_value.get(name)
         if e is not None and (site.value_name or t.name) in shape_inputs:
@@ -377,7 +377,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
         elif name in recipes:
             array = np.ascontiguousarray(derived(name))
             file, payload = f"{MEMORY_PREFIX}derived-{len(files)}", memoryview(array).cast("B")
-        elif t.data_location == onnx.TensorProto.EXTERNAL or any(t.dims):
+        elif t.data_location == TensorProto.EXTERNAL or any(t.dims):
             raise LoadError("a live weight has no manifest entry", initializer=name)
         else:
             continue
@@ -393,7 +393,7 @@ def bind_payloads(model: onnx.ModelProto, resolved: ResolvedModel,
     return files
 
 
-def _inline(tensor: onnx.TensorProto, payload: memoryview) -> None:
+def _inline(tensor: TensorProto, payload: memoryview) -> None:
     tensor.ClearField("external_data")
-    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.data_location = TensorProto.DEFAULT
     tensor.raw_data = bytes(payload)

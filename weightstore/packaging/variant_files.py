@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from ..catalogue.payload import external_entries
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import PackageError
 from ..io.digests import digest_file, make_key
 from ..io.models import save_model
+from ..io.onnx_proto import ModelProto, TensorProto, make_attribute
 from ..package.assembly import Piece, WeightFile, plan_live
 from ..package.bundle_record import model_entry
 from ..scenarios.resolve import live_payloads
@@ -38,7 +37,7 @@ class VariantModel:
 
     name: str | None
     file: str
-    model: onnx.ModelProto
+    model: ModelProto
     scenario: str | None
     keys: Mapping[tuple[str, int], str]
 
@@ -82,7 +81,7 @@ def write_models(folder: Path, models: Sequence[VariantModel], alignment: int,
             keys[(p.location, new)] = key
             pieces[p.location].add(Piece(key, new, p.length))
             sources.setdefault(key, (p.location, p.offset))
-        model = onnx.ModelProto()
+        model = ModelProto()
         model.CopyFrom(m.model)
         relocate(model, moved)
         path = folder / m.file
@@ -97,13 +96,13 @@ def write_models(folder: Path, models: Sequence[VariantModel], alignment: int,
     return VariantFiles(entries, files, sources)
 
 
-def relocate(model: onnx.ModelProto, moved: Mapping[tuple[str, int], int]) -> None:
+def relocate(model: ModelProto, moved: Mapping[tuple[str, int], int]) -> None:
     """Point ``model``'s external tensors and FileConstant nodes at the new offsets
     ``moved`` gives their ranges (by location and old offset). A whole-file SHA-1 an
     external tensor declares is dropped: it was the package file's."""
     for site in iter_tensor_sites(model):
         t = site.tensor
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        if t.data_location != TensorProto.EXTERNAL:
             continue
         info = external_entries(t, site.where)
         offset = moved[(info.location, info.offset)]
@@ -120,7 +119,7 @@ def relocate(model: onnx.ModelProto, moved: Mapping[tuple[str, int], int]) -> No
     _relocate_file_constants(model, moved)
 
 
-def _relocate_file_constants(model: onnx.ModelProto,
+def _relocate_file_constants(model: ModelProto,
                              moved: Mapping[tuple[str, int], int]) -> None:
     from ..catalogue.graphs import iter_scoped_containers
     from ..convert.file_constant import (
@@ -145,4 +144,4 @@ def _relocate_file_constants(model: onnx.ModelProto,
                     break
             else:
                 if new:
-                    node.attribute.append(onnx.helper.make_attribute("offset", new))
+                    node.attribute.append(make_attribute("offset", new))

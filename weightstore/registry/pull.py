@@ -70,8 +70,8 @@ from .client import MAX_DOCUMENT, RegistryClient, Transport
 from .mirrors import reading_client
 from .reference import Reference, parse_reference
 
-if TYPE_CHECKING:  # onnx loads only when --device or --scenario resolves a graph
-    import onnx
+if TYPE_CHECKING:  # onnx's messages load only when --device or --scenario resolves a graph
+    from ..io.onnx_proto import ModelProto
 
 from .fetch import (
     PullReport,
@@ -218,19 +218,19 @@ def _check_listed(summary: dict[str, Any], names: list[str], taken: dict[str, st
                                  actual=taken.get(name))
 
 
-def _load_model(path: Path, ref: Reference) -> onnx.ModelProto:
+def _load_model(path: Path, ref: Reference) -> ModelProto:
     """A model file of the artifact, parsed; a malformed one is a typed error."""
-    import onnx
     from google.protobuf.message import DecodeError
 
     from ..catalogue.utf8 import check_message
+    from ..io.onnx_proto import ModelProto, parse_model
 
     try:
         data = path.read_bytes()
         # before parsing: protobuf's pure-Python parser (protobuf 3) refuses such a string
         # itself, naming neither the field nor the offset
-        check_message(memoryview(data), 0, len(data), onnx.ModelProto.DESCRIPTOR)
-        return onnx.load_from_string(data)
+        check_message(memoryview(data), 0, len(data), ModelProto.DESCRIPTOR)
+        return parse_model(data)
     except ModelError as exc:  # a string that is not UTF-8, as every reader refuses it
         raise RegistryError(f"malformed model artifact: {exc.message}", reference=str(ref),
                             file=path.name, **exc.context) from None

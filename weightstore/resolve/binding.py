@@ -6,10 +6,9 @@ import functools
 import platform
 from typing import TYPE_CHECKING
 
-import onnx
-
 from ..catalogue.payload import external_entries
 from ..catalogue.sites import ambiguous_names, iter_tensor_sites
+from ..io.onnx_proto import TensorProto
 from .prepared import (
     CHEAPER,
     DERIVED,
@@ -77,7 +76,7 @@ def value_digests(state: ResolutionState) -> dict[str, str]:
     for site in sites:
         t = site.tensor
         name = site.value_name or t.name
-        if t.data_location != onnx.TensorProto.EXTERNAL or name in ambiguous:
+        if t.data_location != TensorProto.EXTERNAL or name in ambiguous:
             continue
         info = external_entries(t, site.where)
         key = (state.source.store_keys or {}).get((info.location, info.offset))

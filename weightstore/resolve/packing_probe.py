@@ -28,23 +28,39 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from ..catalogue.payload import external_entries, external_info
+from ..io.models import save_model
+from ..io.onnx_arrays import from_array
+from ..io.onnx_proto import (
+    GraphProto,
+    ModelProto,
+    OperatorSetIdProto,
+    TensorProto,
+    ValueInfoProto,
+    make_node,
+    read_model,
+)
 
 SIZE = 64
 
 
-def _model() -> onnx.ModelProto:
+def _value(name: str) -> ValueInfoProto:
+    """A float [1, SIZE] input or output."""
+    value = ValueInfoProto(name=name)
+    value.type.tensor_type.elem_type = TensorProto.FLOAT
+    for size in (1, SIZE):
+        value.type.tensor_type.shape.dim.add().dim_value = size
+    return value
+
+
+def _model() -> ModelProto:
     w = np.arange(SIZE * SIZE, dtype=np.float32).reshape(SIZE, SIZE) / (SIZE * SIZE)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SIZE])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SIZE])],
-        initializer=[numpy_helper.from_array(w, "w")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                             ir_version=8)
+    graph = GraphProto(name="probe", node=[make_node("MatMul", ["x", "w"], ["y"])],
+                       input=[_value("x")], output=[_value("y")],
+                       initializer=[from_array(w, "w")])
+    return ModelProto(ir_version=8, graph=graph,
+                      opset_import=[OperatorSetIdProto(domain="", version=17)])
 
 
 def _options(ort: Any) -> Any:
@@ -63,7 +79,7 @@ def packing_reused() -> bool | None:
     x = np.ones((1, SIZE), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="weightstore-probe-") as tmp:
         folder = Path(tmp)
-        onnx.save(_model(), str(folder / "plain.onnx"))
+        save_model(_model(), folder / "plain.onnx")
         so = _options(ort)
         so.optimized_model_filepath = str(folder / "packed.onnx")
         for key, value in (("session.save_external_prepacked_constant_initializers", "1"),
@@ -75,7 +91,7 @@ def packing_reused() -> bool | None:
         plain = ort.InferenceSession(str(folder / "plain.onnx"), so,
                                      providers=["CPUExecutionProvider"])
         packed_from = plain.run(None, {"x": x})[0]
-        saved = onnx.load(str(folder / "packed.onnx"), load_external_data=False)
+        saved = read_model(folder / "packed.onnx")
         source = next((t for t in saved.graph.initializer
                        if any(k.startswith("prepacked") for k in external_info(t))), None)
         if source is None:

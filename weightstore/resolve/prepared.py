@@ -61,9 +61,9 @@ class PreparedRequirement:
 
 
 def _dtype_name(dtype: int) -> str:
-    import onnx  # the names of onnx's data types (only when described)
+    from ..io.onnx_proto import TensorProto  # only when described
 
-    return onnx.TensorProto.DataType.Name(dtype)
+    return TensorProto.DataType.Name(dtype)
 
 
 @dataclass(frozen=True)

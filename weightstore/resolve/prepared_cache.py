@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from ..catalogue.sites import iter_tensor_sites
 from ..errors import IntegrityError, PackageError
 from ..io.digests import ALGORITHMS, digest_bytes
 from ..io.files import parse_json, read_record_bytes, read_regular
+from ..io.onnx_proto import ModelProto, TensorProto, parse_model
 from .closure import WeightSource
 from .locator import StoreLocator
 from .manifest import PayloadSource
@@ -49,7 +48,7 @@ class PreparedRecord:
     unproven: str | None = None  # why its MAC does not hold; None: proven
     path: Path | None = None  # the record's own file
 
-    def companion(self, packed: Collection[str] | None = None) -> onnx.ModelProto:
+    def companion(self, packed: Collection[str] | None = None) -> ModelProto:
         """The companion graph, checked against its digest (it is what the runtime runs);
         with ``packed`` (store keys), only the ``prepacked_N`` entries of those packed
         payloads are kept (the others are not read)."""
@@ -60,7 +59,7 @@ class PreparedRecord:
                 raise IntegrityError("the prepared companion graph does not match its "
                                      "record; run weightstore prepare again",
                                      file=str(self.graph_path), expected=self.graph_key)
-        model = onnx.load_from_string(data)
+        model = parse_model(data)
         if packed is None:
             return model
         for site in iter_tensor_sites(model):
@@ -119,5 +118,5 @@ class RecordCache:
             return None
         return WeightSource(PayloadSource("", 0, int(obj["length"]), checksum=obj["store_key"],
                                           store_key=obj["store_key"]),
-                            onnx.TensorProto.UINT8, (int(obj["length"]),),
+                            TensorProto.UINT8, (int(obj["length"]),),
                             f"prepared {obj['identity']}")

@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from ..catalogue.payload import describe, read_payload
 from ..catalogue.sites import ambiguous_names, iter_tensor_sites, unname_attribute_tensors
@@ -23,6 +21,8 @@ from ..convert.encoding import has_payload, set_payload
 from ..convert.external_data import ENCODINGS_KEY, pop_metadata
 from ..convert.inline import check_digest
 from ..io.models import save_model
+from ..io.onnx_arrays import from_array
+from ..io.onnx_proto import ModelProto, TensorProto
 from ..passes.rewriting import derivations_of
 from ..scenarios.api import find_scenario
 from ..scenarios.derive import resolver
@@ -32,7 +32,7 @@ from .source import ModelSource, record_beside, record_key, store_keys_of
 from .variant import variant_graph
 
 
-def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx.ModelProto:
+def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> ModelProto:
     """The model (or one of its scenarios) with every live payload inline.
 
     Each live tensor without its value gets it: from its own external data when the model
@@ -55,17 +55,17 @@ def runnable_variant(path: str | os.PathLike[str], scenario: str | None) -> onnx
         ambiguous = ambiguous_names(resolved, sites)
         for site in sites:
             t = site.tensor
-            if has_payload(t) or t.data_type == onnx.TensorProto.STRING:
+            if has_payload(t) or t.data_type == TensorProto.STRING:
                 continue
             name = site.value_key(ambiguous)
-            if t.data_location == onnx.TensorProto.EXTERNAL:
+            if t.data_location == TensorProto.EXTERNAL:
                 desc = describe(site, source.catalogue, path.parent)
                 data = read_payload(desc, source.catalogue)
                 key = record_key(keys, desc.location, desc.offset, desc.checksum,
                                  model=str(path), where=site.where)
                 check_digest(data, desc.checksum or key, where=site.where, scenario=scenario)
             else:
-                data = numpy_helper.from_array(np.ascontiguousarray(value(name))).raw_data
+                data = from_array(np.ascontiguousarray(value(name))).raw_data
             set_payload(t, data)
     # the typed encodings an earlier conversion recorded describe external tensors by
     # structural path: none is external now, and a replay moved the paths
