@@ -125,7 +125,9 @@ def test_nodes_are_onnx_helpers_byte_for_byte() -> None:
         theirs = onnx.helper.get_attribute_value(ours)
         assert onnx_proto.attribute_value(ours) == theirs, key
     attributes = dict(_attribute_values())
-    for kwargs in ({}, {"name": "n", "domain": "com.microsoft"}, {"name": "", "domain": ""}):
+    for kwargs in ({}, {"name": "n", "domain": "com.microsoft"}, {"name": "", "domain": ""},
+                   {"doc_string": "said", "overload": "v2", "domain": "local"},
+                   {"doc_string": ""}):
         ours = onnx_proto.make_node("Op", ["a", "b"], ["c"], **kwargs, skipped=None,
                                     **attributes)
         theirs = onnx.helper.make_node("Op", ["a", "b"], ["c"], **kwargs, skipped=None,

@@ -20,7 +20,6 @@ from ..errors import RecipeError
 from ..package.summary import CompanionEntry
 from ..recipe.companions import (
     colliding,
-    collision,
     default_kind,
     path_problem,
     source_files,
@@ -63,11 +62,13 @@ def companion_files(loaded: LoadedRecipe) -> list[Companion]:
     top = [c.path for c in out]
     for i, device in enumerate(recipe.devices):
         own = _entries(loaded, device.files, f"devices[{i}].files", device.name, models)
-        for c in own:  # the same path replaces; one a folder of the other cannot be
-            other = collision(c.path, [p for p in top if p != c.path])
-            if other is not None:
-                raise RecipeError(f"companion path '{c.path}' collides with '{other}' in "
-                                  "the device's folder", file=str(loaded.path), key=c.key)
+        # the same path replaces; one a folder of the other cannot be (one pass)
+        replaced = {c.path for c in own}
+        hit = colliding((c.path for c in own), [p for p in top if p not in replaced])
+        if hit is not None:
+            c = own[hit[0]]
+            raise RecipeError(f"companion path '{c.path}' collides with '{hit[1]}' in "
+                              "the device's folder", file=str(loaded.path), key=c.key)
         out += own
     return out
 

@@ -162,14 +162,20 @@ def make_attribute(key: str, value: Any, doc_string: str | None = None,
 
 
 def make_node(op_type: str, inputs: Sequence[str], outputs: Sequence[str],
-              name: str | None = None, domain: str | None = None,
+              name: str | None = None, doc_string: str | None = None,
+              domain: str | None = None, overload: str | None = None,
               **attributes: Any) -> NodeProto:
-    """``onnx.helper.make_node``: attributes sorted by name, None values left out."""
+    """``onnx.helper.make_node``, its parameters in its order: attributes sorted by name,
+    None values left out."""
     node = NodeProto(op_type=op_type, input=inputs, output=outputs)
     if name:
         node.name = name
+    if doc_string:
+        node.doc_string = doc_string
     if domain is not None:
         node.domain = domain
+    if overload is not None:
+        node.overload = overload
     node.attribute.extend(make_attribute(k, v) for k, v in sorted(attributes.items())
                           if v is not None)
     return node

@@ -31,7 +31,7 @@ from ..io.files import (
     read_regular,
 )
 from ..io.models import save_model
-from ..io.onnx_proto import ModelProto
+from ..io.onnx_proto import ModelProto, parse_model
 from ..package.bundle_record import (
     BUNDLE_NAME,
     DEVICES,
@@ -143,7 +143,7 @@ def assemble(package: str | os.PathLike[str], device: str,
         _check_source(package / f["name"], f["size"])
     tmp: Path | None = make_temp_dir(output.parent, f".{output.name}.")
     try:
-        models = [VariantModel(entry.get("name"), entry["file"], ModelProto.FromString(
+        models = [VariantModel(entry.get("name"), entry["file"], parse_model(
                                sources[device_path(device, entry["file"])]),
                                entry["scenario"], store_keys_of(entry))
                   for entry in record["models"]]

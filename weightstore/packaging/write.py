@@ -731,7 +731,7 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
     the summary records of the devices (their own companion files are written later)."""
     if not recipe.devices:
         return []
-    from ..io.onnx_proto import ModelProto
+    from ..io.onnx_proto import read_model
     from .bundles import select_scenario, write_device
 
     offered = offered_scenarios(recipe, sources)
@@ -739,7 +739,7 @@ def _write_devices(folder: Path, recipe: Recipe, sources: list[Source],
     files = {m.name: m.file for m in summaries}
     models = []
     for s in sources:
-        model = ModelProto.FromString((folder / files[s.name]).read_bytes())
+        model = read_model(folder / files[s.name])
         models.append((s.name, model, {sc.name for sc in s.scenarios}))
     out = []
     for device in recipe.devices:

@@ -106,11 +106,15 @@ def _toml(data: bytes, path: Path) -> dict[str, Any]:
 
 
 def _comments_only(data: bytes) -> bool:
-    """Is ``data`` blank lines and ``#`` comments of printable ASCII (TOML's empty
-    document, which needs no parser)?"""
-    return all(not line.strip() or (line.lstrip().startswith(b"#") and line.isascii()
-                                    and all(32 <= c < 127 or c == 9 for c in line))
-               for line in data.splitlines())
+    """Is ``data`` TOML's empty document: lines (LF or CRLF) that are blank (spaces and
+    tabs) or a ``#`` comment of printable ASCII and tabs? Anything else, a lone CR or a
+    form feed included, goes to the parser, which judges it."""
+    for line in data.split(b"\n"):
+        line = line.removesuffix(b"\r").lstrip(b" \t")
+        if line and not (line.startswith(b"#")
+                         and all(32 <= c < 127 or c == 9 for c in line)):
+            return False
+    return True
 
 
 def read_mirrors(path: Path) -> list[Mirror]:

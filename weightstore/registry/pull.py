@@ -31,7 +31,7 @@ scenario; it is then a complete runtime folder.
 from __future__ import annotations
 
 import os
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,26 +118,25 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
     parsed = parse_manifest(data, str(ref))
     out = output_folder(ref, output, force)
     report = PullReport(str(ref), manifest_digest, str(out))
-    # metadata downloads run beside what does not need them: the config and the summary
-    # beside each other and the store's lease (a first pull creates the store), a whole
-    # package's models beside its payloads; leaving the block waits for every one of them
-    # before the stage is removed
+    # the config and the summary download side by side, the summary beside the store's
+    # lease too (a first pull creates the store); both are documents of bounded size, so
+    # an error waits for the other at most that long before the stage is removed
     with staged_output(out, store, force) as stage, ThreadPoolExecutor(2) as beside:
         config = beside.submit(blob_bytes, client, ref, parsed.config, stage / ".config")
         summary_read = beside.submit(_read_summary, client, ref, parsed, stage, report)
+        _check_config(config.result(), parsed, str(ref))
+        (stage / ".config").unlink()
+        legacy = None
+        if parsed.assembly is not None:  # a format 1 artifact: its own record
+            legacy = parse_assembly(blob_bytes(client, ref, parsed.assembly,
+                                               stage / ".assembly"), parsed, str(ref))
+            (stage / ".assembly").unlink()
         with store.leased():
-            _check_config(config.result(), parsed, str(ref))
-            (stage / ".config").unlink()
-            legacy = None
-            if parsed.assembly is not None:  # a format 1 artifact: its own record
-                legacy = parse_assembly(blob_bytes(client, ref, parsed.assembly,
-                                                   stage / ".assembly"), parsed, str(ref))
-                (stage / ".assembly").unlink()
             summary = summary_read.result()
             files = summary_assembly(summary, parsed, str(ref)) if legacy is None else legacy
             check_declared_sizes(parsed, files, summary, str(ref))
             plan = _plan_variant(client, ref, parsed, files, summary, stage, report,
-                                 device=device, scenario=scenario, beside=beside)
+                                 device=device, scenario=scenario)
             hashed = fetch_and_assemble(client, ref, store,
                                         {**plan.companion_layers, **parsed.payloads},
                                         plan.wanted, report, jobs, progress, plan.folder,
@@ -147,8 +146,7 @@ def pull(reference: str, output: str | os.PathLike[str] | None = None, *,
             digests.remember(store, sha256=hashed, host=ref.host, repository=ref.repository,
                              digests=[d["digest"] for d in parsed.payloads.values()])
             if plan.summary is not None:
-                known = {**plan.metadata.result(), **plan.known}
-                _check_contents(plan.folder, plan.summary, plan.files, known, ref)
+                _check_contents(plan.folder, plan.summary, plan.files, plan.known, ref)
             publish_dir(plan.folder, out, replace=force, over_empty=True)
             if plan.summary is not None:
                 _register(store, out, plan.summary, plan.wanted)
@@ -245,8 +243,7 @@ class _Plan:
     """What a pull writes: the folder to publish, its weight files, the payloads it
     needs (key -> size, companion files' included), its companion files (each one payload,
     fetched by the layer ``companion_layers`` names for its key), and for a whole package
-    its summary, the digests its companion files will have, and its metadata files'
-    download (``metadata``: their digests, taken as they arrive, in the algorithm of the
+    its summary and the digests of the files downloaded whole (in the algorithm of the
     summary's ``contents``)."""
 
     folder: Path
@@ -256,7 +253,6 @@ class _Plan:
     known: dict[str, str] = field(default_factory=dict)
     companions: list[WeightFile] = field(default_factory=list)
     companion_layers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    metadata: Future[dict[str, str]] | None = None
 
 
 def _companions(entries: dict[str, Any], layers: dict[str, dict[str, Any]],
@@ -368,22 +364,19 @@ def check_declared_sizes(parsed: ParsedArtifact, files: list[WeightFile],
 
 def _plan_variant(client: RegistryClient, ref: Reference, parsed: ParsedArtifact,
                   files: list[WeightFile], summary: dict[str, Any], stage: Path,
-                  report: PullReport, *, device: str | None, scenario: str | None,
-                  beside: Executor) -> _Plan:
+                  report: PullReport, *, device: str | None, scenario: str | None) -> _Plan:
     """Fetch the metadata the output needs and decide which payloads it needs. A whole
-    package is assembled in ``stage`` itself, a variant in a folder inside it. A whole
-    package's metadata files download on ``beside`` while its payloads do (its plan's
-    ``metadata``); a variant's models are read here, to resolve it."""
+    package is assembled in ``stage`` itself, a variant in a folder inside it."""
     every, layers = _companion_layers(summary, parsed, ref)
     if device is None and scenario is None:
         algo = contents_algo(summary)
         companions, by_key, written = _companions(every, layers, ref)
-        metadata = beside.submit(_download_files, client, ref, parsed,
-                                 sorted(set(parsed.files) - {SUMMARY_NAME} - set(every)),
-                                 stage, report, also=algo)
+        known = _download_files(client, ref, parsed,
+                                sorted(set(parsed.files) - {SUMMARY_NAME} - set(every)),
+                                stage, report, also=algo)
         wanted = {p.key: p.size for f in files + companions for p in f.pieces}
-        return _Plan(stage, files, _count(wanted, report), summary, written, companions,
-                     by_key, metadata)
+        return _Plan(stage, files, _count(wanted, report), summary, {**known, **written},
+                     companions, by_key)
     from ..package.bundle_record import BUNDLE_NAME, device_record, render_record
     from ..package.summary import layout_alignment
     from ..packaging.variant_files import VariantModel, write_models

@@ -110,18 +110,18 @@ class ResolvedModel:
     @property
     def metadata_model(self) -> onnx.ModelProto:
         """A copy of the resolved graph (payloads omitted): editing it changes nothing."""
-        from ..io.onnx_proto import ModelProto
+        from ..io.onnx_proto import parse_model
 
-        return ModelProto.FromString(self.model_bytes)
+        return parse_model(self.model_bytes)
 
     def frozen_model(self) -> onnx.ModelProto:
         """The resolved graph, after checking it is still the one the manifest is for."""
         if graph_digest(self.model_bytes) != self.graph_digest:
             raise ResolutionError("the resolved graph changed after it was frozen",
                                   scenario=self.selected_scenario or "(default)")
-        from ..io.onnx_proto import ModelProto
+        from ..io.onnx_proto import parse_model
 
-        return ModelProto.FromString(self.model_bytes)
+        return parse_model(self.model_bytes)
 
     def without_prepared(self) -> ResolvedModel:
         """This resolution with its prepared objects given up: packed and runtime-made
