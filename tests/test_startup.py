@@ -78,8 +78,8 @@ def folder(tmp_path: Path, encoder_model: onnx.ModelProto) -> Path:
     (["push", "--help"], set()),
     (["pull", "--help"], set()),
     (["store", "stats", "--store", "nowhere"], set()),
-    (["inspect", "model.onnx"], {"numpy", "onnx", "google.protobuf"}),
-    (["scenario", "list", "model.onnx"], {"numpy", "onnx", "google.protobuf"}),
+    (["inspect", "model.onnx"], {"numpy", "google.protobuf"}),
+    (["scenario", "list", "model.onnx"], {"numpy", "google.protobuf"}),
 ])
 def test_command_imports_only_what_it_needs(folder: Path, argv: list[str],
                                             allowed: set[str]) -> None:
@@ -215,6 +215,42 @@ def test_a_file_constant_package_loads_without_onnx_initialiser(folder: Path) ->
     printed, loaded = _fresh(code, folder, ONNX_INITIALISER)
     assert loaded == []
     assert printed.splitlines() == ["ge 2", "ge-separate 2"]
+
+
+def test_inspect_scenario_and_convert_do_not_run_onnx_initialiser(folder: Path) -> None:
+    """Inspecting a model, listing, showing, adding and removing its scenarios and
+    converting it between its forms read and write onnx's messages and arrays of numpy's
+    own types: onnx's initialiser (ml_dtypes, half a second and more) is none of these."""
+    (folder / "ge").mkdir()
+    for argv in (["inspect", "model.onnx"], ["inspect", "model.onnx", "--json"],
+                 ["convert", "to-file-constant", "model.onnx", "ge/ge.onnx", "--threshold",
+                  "0"],
+                 ["inspect", "ge/ge.onnx"],
+                 ["convert", "to-inline", "ge/ge.onnx", "ge-inline.onnx"],
+                 ["scenario", "add", "model.onnx", "half", "--passes", "cast-fp16,cleanup"],
+                 ["scenario", "add", "model.onnx", "int4", "--passes",
+                  '[{"name": "quantize-weights", "bits": 4, "block_size": 32}]'],
+                 ["scenario", "list", "model.onnx"], ["scenario", "list", "model.onnx", "--json"],
+                 ["scenario", "show", "model.onnx", "half"],
+                 ["scenario", "show", "model.onnx", "int4", "--json"],
+                 ["scenario", "remove", "model.onnx", "int4"],
+                 ["convert", "to-external", "model.onnx", "external.onnx", "--threshold", "0"],
+                 ["inspect", "external.onnx"],
+                 ["scenario", "list", "external.onnx"],
+                 ["convert", "to-inline", "external.onnx", "inline.onnx"]):
+        assert _succeeds(argv, folder, ONNX_INITIALISER)[1] == [], argv
+    code = ("weightstore.inspect('ge/ge.onnx')\n"
+            "weightstore.add_scenario('inline.onnx', 'again', ['cast-fp16'])\n"
+            "out.write(str([s['name'] for s in weightstore.list_scenarios('inline.onnx')]))\n"
+            "weightstore.show_scenario('inline.onnx', 'again')\n"
+            "weightstore.remove_scenario('inline.onnx', 'again')\n"
+            "weightstore.convert_to_external('inline.onnx', 'api.onnx', threshold=0)\n"
+            "weightstore.convert_to_inline('api.onnx', 'api-inline.onnx')\n")
+    printed, loaded = _fresh(code, folder, ONNX_INITIALISER)
+    assert loaded == []
+    assert printed == "['half', 'again']"
+    assert (onnx.load(str(folder / "api-inline.onnx")).graph ==
+            onnx.load(str(folder / "inline.onnx")).graph)
 
 
 REGISTRY_ALLOWED: set[str] = set()  # neither onnx, numpy, protobuf nor requests/urllib3

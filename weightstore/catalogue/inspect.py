@@ -6,9 +6,8 @@ import os
 from collections import Counter
 from typing import Any
 
-import onnx
-
 from ..errors import ModelError
+from ..io.onnx_proto import FunctionProto, ModelProto, TensorProto
 from ..lazy import make_callable
 from .descriptors import weight_descriptors
 from .element_types import expected_nbytes
@@ -37,7 +36,7 @@ def inspect_model(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def _file_constants(model: onnx.ModelProto) -> list[dict[str, Any]]:
+def _file_constants(model: ModelProto) -> list[dict[str, Any]]:
     """One entry per FileConstant node, from its attributes (a node holding GE's
     ``value`` tensor is listed by that tensor)."""
     from .file_constants import (
@@ -66,14 +65,14 @@ def _file_constants(model: onnx.ModelProto) -> list[dict[str, Any]]:
                                  "usable", where=where) from None
             location = attrs.get("location", attrs.get("file_path"))
             file_id = attrs.get("file_id")
-            name = onnx.TensorProto.DataType.Name(dtype) \
-                if dtype in onnx.TensorProto.DataType.values() else str(dtype)
+            name = TensorProto.DataType.Name(dtype) \
+                if dtype in TensorProto.DataType.values() else str(dtype)
             out.append({
                 "name": node.output[0] if node.output else node.name, "dtype": name,
                 "shape": shape, "bytes": length, "origin": "portable",
                 "role": "file-constant", "where": where, "scope": [scope],
                 "function": (f"{container.domain}:{container.name}"
-                             if isinstance(container, onnx.FunctionProto) else None),
+                             if isinstance(container, FunctionProto) else None),
                 "path": None,
                 "payload": {
                     "file": attribute_text(location) if location is not None else None,

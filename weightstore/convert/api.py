@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
 from ..catalogue.descriptors import weight_descriptors
 from ..catalogue.reader import read_catalogue
 from ..catalogue.schema import SMALL_VALUE_LIMIT
@@ -19,6 +17,7 @@ from ..errors import ConversionError, WeightstoreError
 from ..io.digests import FILE_CHECKSUM, digest_bytes, digest_file
 from ..io.files import alignment_problem, check_outputs
 from ..io.models import save_model
+from ..io.onnx_proto import ModelProto
 from ..layout.plan import plan_layout
 from ..layout.writer import FileRange, write_plan
 from ..progress import Progress
@@ -57,7 +56,7 @@ class ConvertReport:
         }
 
 
-def _check_scenarios(model: onnx.ModelProto, src: Path, dst: Path, form: str) -> None:
+def _check_scenarios(model: ModelProto, src: Path, dst: Path, form: str) -> None:
     """Scenarios survive a change of form, not a change of graph or of folder."""
     if not read_scenarios(model):
         return
@@ -207,7 +206,7 @@ def convert_to_inline(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
         reads += file_constant_reads(catalogue.model)
         total = sum(length for _, _, length in reads)
         with Progress("reading", total, enabled=progress) as bar:
-            model: onnx.ModelProto = inline_model(catalogue, value_bins=bins,
+            model: ModelProto = inline_model(catalogue, value_bins=bins,
                                                   progress=bar.advance)
         rebase_scenarios(source_meta, model)
     save_model(model, dst)

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import onnx
+    from ..io.onnx_proto import ModelProto
 
 
-def files_read(src: Path, metadata: onnx.ModelProto, data_files: Iterable[Path]) -> set[Path]:
+def files_read(src: Path, metadata: ModelProto, data_files: Iterable[Path]) -> set[Path]:
     """Every file reading ``src`` (whose metadata model is given) may open."""
     from ..catalogue.locations import resolve_location
 
@@ -22,7 +22,7 @@ def files_read(src: Path, metadata: onnx.ModelProto, data_files: Iterable[Path])
     return out
 
 
-def scenario_locations(model: onnx.ModelProto) -> set[str]:
+def scenario_locations(model: ModelProto) -> set[str]:
     """External locations used by the scenarios' added weights (relative to the model)."""
     from .storage import read_scenarios
 
