@@ -665,6 +665,38 @@ def test_a_waiting_writer_names_the_holder_every_ten_seconds(
     assert err.count("waiting") >= 2
 
 
+def test_a_file_system_without_flock_takes_no_lock_and_goes_on(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """``flock`` refused with ENOSYS, as some network file systems do: filelock 3 says so
+    by raising NotImplementedError, filelock 4 falls back to its soft lock; either way a
+    lock is taken or gone without, never an error, and the work under it goes on
+    (correctness comes from temp + rename: :mod:`weightstore.io.locks`). A pull's
+    partial-file lock likewise. Run at filelock's declared floor too (``.ci/run``)."""
+    import errno
+    import fcntl
+
+    from weightstore.io.locks import file_lock, partial_file_lock
+    from weightstore.store import BytesPayload
+
+    attempts: list[int] = []
+
+    def no_flock(fd: int, operation: int) -> None:
+        attempts.append(operation)
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    for _ in range(2):  # taken (or gone without) and let go, twice
+        with file_lock(tmp_path / "x.lock", 1, StoreError, "test"):
+            pass
+    partial = tmp_path / ".pull-x.tmp"
+    with partial_file_lock(partial, 1, StoreError, "download"):
+        partial.write_bytes(b"kept")
+    assert attempts  # flock was asked, and refused
+    store = WeightStore(tmp_path / "store")
+    (obj,) = store.put([BytesPayload.of(b"w" * 64)], kind="separate").objects.values()
+    assert store.read(obj) == b"w" * 64 and store.verify().ok
+
+
 _TAKE_TURNS = """
 import sys, time
 from pathlib import Path
