@@ -234,6 +234,51 @@ def constant_if_model() -> tuple[onnx.ModelProto, list[Inputs]]:
     return _model(graph), [{"x": x, "flag": np.array(True)}, {"x": x, "flag": np.array(False)}]
 
 
+def captured_weights_model() -> tuple[onnx.ModelProto, list[Inputs]]:
+    """Every weight in the main graph, read from the branches of an If, as torch's dynamo
+    exporter writes a model with control flow (silero-vad's op 18 export): a conv kernel
+    and a matrix both branches read, a matrix a nested If reads two levels down, a matrix
+    one branch also reads as a non-data input (Max), and a small bias."""
+    hidden, f = 32, TensorProto.FLOAT
+
+    def out(name: str) -> onnx.ValueInfoProto:  # a matrix of any shape
+        return _vi(name, f, [f"{name}_rows", f"{name}_columns"])
+
+    nested_then = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "deep.weight"], ["d_then"])],
+        "nested_then", [], [out("d_then")])
+    nested_else = helper.make_graph([helper.make_node("Neg", ["h"], ["d_else"])],
+                                    "nested_else", [], [out("d_else")])
+    then_branch = helper.make_graph(
+        [helper.make_node("Conv", ["image", "conv.weight", "conv.bias"], ["c"], pads=[1, 1]),
+         helper.make_node("Flatten", ["c"], ["flat"]),
+         helper.make_node("MatMul", ["flat", "shared.weight"], ["h"]),
+         helper.make_node("If", ["flag"], ["d"], then_branch=nested_then,
+                          else_branch=nested_else),
+         helper.make_node("Mul", ["d", "mixed.weight"], ["y_then"])],
+        "then", [], [out("y_then")])
+    else_branch = helper.make_graph(
+        [helper.make_node("Conv", ["image", "conv.weight", "conv.bias"], ["c2"],
+                          pads=[1, 1]),
+         helper.make_node("Flatten", ["c2"], ["flat2"]),
+         helper.make_node("MatMul", ["flat2", "shared.weight"], ["h2"]),
+         helper.make_node("Max", ["h2", "mixed.weight"], ["y_else"])],
+        "else", [], [out("y_else")])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["y"], then_branch=then_branch,
+                          else_branch=else_branch)],
+        "captured",
+        [_vi("image", f, [1, 2, hidden // 2]), _vi("flag", TensorProto.BOOL, [])],
+        [out("y")],
+        initializer=[_init("conv.weight", [2, 2, 3]), _init("conv.bias", [2]),
+                     _init("shared.weight", [hidden, hidden]),
+                     _init("deep.weight", [hidden, hidden]),
+                     _init("mixed.weight", [hidden, hidden])])
+    image = _rand([1, 2, hidden // 2])
+    return _model(graph), [{"image": image, "flag": np.array(True)},
+                           {"image": image, "flag": np.array(False)}]
+
+
 def dead_code_model() -> tuple[onnx.ModelProto, list[Inputs]]:
     """Dead chains, unused initializers, a dead node whose subgraph captures a weight, a
     live If whose branch holds dead nodes, a function only a dead node calls, stale

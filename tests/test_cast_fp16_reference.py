@@ -116,3 +116,21 @@ def test_the_one_rule_that_differs_is_the_converters_raising_of_tiny_values(tmp_
     assert mine[0, :5].tolist() == [0.0, -0.0, 0.0, -5.960464477539063e-08,
                                     5.960464477539063e-08]
     np.testing.assert_array_equal(mine, values.astype(np.float16))
+
+
+def test_weights_the_branches_read_from_the_main_graph_are_the_converters_bytes(tmp_path):
+    """torch's dynamo export of a model with control flow keeps its weights in the main
+    graph, read from an If's branches: those the pass casts (every read numeric data) hold
+    the bytes the converter gives them."""
+    from .passes_models import captured_weights_model
+
+    model, _ = captured_weights_model()
+    path = tmp_path / "captured.onnx"
+    onnx.save(model, str(path))
+    weightstore.add_scenario(path, "h", ["cast-fp16"])
+    mine = _cast_weights(runnable_variant(path, "h"))
+    theirs = _converted(model)
+    assert sorted(mine) == ["conv.weight", "deep.weight", "shared.weight"]
+    for w in mine:
+        assert mine[w].shape == theirs[w].shape, w
+        assert (mine[w].view(np.uint16) == theirs[w].view(np.uint16)).all(), w

@@ -141,6 +141,30 @@ def test_cast_fp16_mlp() -> None:
         assert rel < 1e-2
 
 
+def test_cast_fp16_casts_the_main_graphs_weights_its_subgraphs_read() -> None:
+    """A weight of the main graph read from an If's branches (and a nested If's) is cast
+    when every read of it is numeric data; the Cast comes before the If, which reads its
+    output under the weight's name. A weight one branch reads as a non-data input stays
+    float32."""
+    model, inputs = pm.captured_weights_model()
+    records, full = rewrite(model, ["cast-fp16"])
+    converted = {r.removed_initializers[0] for r in records}
+    assert converted == {"conv.weight", "shared.weight", "deep.weight"}
+    assert all(r.graph_path == () and r.insert_at == 0 for r in records)
+    assert ops(full) == ["Cast"] * 3 + ["If"]
+    inits = {t.name: t.data_type for t in full.graph.initializer}
+    assert {inits[f"{n}.fp16"] for n in converted} == {TensorProto.FLOAT16}
+    assert inits["mixed.weight"] == inits["conv.bias"] == TensorProto.FLOAT
+    assert not any(n.op_type == "Cast" for g in (subgraph(full.graph.node[-1], "then_branch"),
+                                                 subgraph(full.graph.node[-1], "else_branch"))
+                   for n in g.node)
+    for feed in inputs:
+        for expected, actual in zip(run_onnxruntime(model, feed), run_onnxruntime(full, feed),
+                                    strict=True):
+            assert np.abs(actual - expected).max() <= 1e-2 * np.abs(expected).max()
+            assert not np.array_equal(actual, expected)  # float16 weights, both branches
+
+
 # -- gemm-transpose-b -------------------------------------------------------------------------
 
 def test_gemm_transpose_b() -> None:
@@ -633,7 +657,14 @@ def test_passes_on_corpus(path: Path) -> None:
         feed = None
     for name in PASSES:
         _, full = rewrite(model, [name])
-        if feed is not None:
-            tolerance = ({"rtol": LOSSY[name], "atol": LOSSY[name] / 10} if name in LOSSY
-                         else EXACT)
-            assert_same_outputs(model, full, [feed], **tolerance)
+        if feed is None:
+            continue
+        if name not in LOSSY:
+            assert_same_outputs(model, full, [feed], **EXACT)
+            continue
+        # a lossy pass's error scales with the output, not with each element: float16
+        # weights move a value near zero (an RNN state) by as much as a large one
+        for e, a in zip(run_onnxruntime(model, feed), run_onnxruntime(full, feed),
+                        strict=True):
+            assert e.shape == a.shape and e.dtype == a.dtype
+            assert np.abs(a - e).max() <= LOSSY[name] * np.abs(e).max(), name

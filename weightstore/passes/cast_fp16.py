@@ -8,9 +8,17 @@ value is renamed. The float32 initializer goes in the same record.
 Which weights: float32 initializers and Constant-node tensors of at least 2 dims or at least
 ``min_elements`` elements (its parameter, 1024 by default: matrices, embeddings, conv
 kernels are the bytes that matter; biases and norm scales stay exact), that are not graph
-inputs or outputs, not captured by a subgraph, and read only where a value is numeric data
-(:data:`DATA_INPUTS`), never as a threshold, an index or a shape. Runs in every graph;
-functions hold no initializers.
+inputs or outputs, and read only where a value is numeric data (:data:`DATA_INPUTS`),
+never as a threshold, an index or a shape. Runs in every graph; functions hold no
+initializers.
+
+Reads from subgraphs count like the graph's own: torch's dynamo exporter puts every weight
+of a model with data-dependent control flow in the main graph, read from the branches of
+an ``If`` (silero-vad's op 18 export reads all 30 of its weights that way). Such a weight
+is cast when every read of it, in every subgraph that captures it at any depth, is a
+numeric-data read; the ``Cast`` goes in the weight's own graph, before the first node
+that reads or captures it, and the subgraphs read its output under the original name.
+A subgraph that passes the weight through as one of its outputs keeps it float32.
 """
 
 from __future__ import annotations
@@ -18,13 +26,13 @@ from __future__ import annotations
 import math
 
 from ..catalogue.descriptors import DerivedWeightRecipe
-from ..io.onnx_proto import ModelProto, NodeProto, TensorProto, make_node
+from ..io.onnx_proto import GraphProto, ModelProto, NodeProto, TensorProto, make_node
 from ..recipe.pass_params import CastFP16Params
 from .analysis import (
     STANDARD_DOMAINS,
     NameAllocator,
     Scope,
-    free_names,
+    defined_names,
     graph_weights,
     input_names,
     node_subgraphs,
@@ -64,16 +72,18 @@ class CastFP16:
                nodes: NameAllocator) -> list[LocalRewriting]:
         g = scope.container
         data_readers: dict[str, list[int]] = {}
-        # graph inputs and outputs, names read as non-data, names captured by subgraphs
+        # graph inputs and outputs, names read as non-data here or in a subgraph
         keep = set(input_names(g)) | set(output_names(g))
         for i, node in enumerate(g.node):
-            for j, name in enumerate(node.input):
-                if name and _reads_data(node, j):
+            reads = [(name, _reads_data(node, j)) for j, name in enumerate(node.input)]
+            for _, sub in node_subgraphs(node):
+                data, other = _captured_reads(sub)
+                reads += [(name, True) for name in data] + [(name, False) for name in other]
+            for name, numeric in reads:
+                if name and numeric:
                     data_readers.setdefault(name, []).append(i)
                 elif name:
                     keep.add(name)
-            for _, sub in node_subgraphs(node):
-                keep |= free_names(sub)
         records = []
         for name, t, constant in graph_weights(g):
             users = data_readers.get(name, [])
@@ -96,6 +106,23 @@ class CastFP16:
                     "cast", (name,), (("to", str(TensorProto.FLOAT16)),))},
             ))
         return records
+
+
+def _captured_reads(g: GraphProto) -> tuple[set[str], set[str]]:
+    """The names subgraph ``g`` reads from enclosing graphs, its nested subgraphs
+    included: (those read only as numeric data, every other)."""
+    data: set[str] = set()
+    other = set(output_names(g))  # passed through: not a read this pass can follow
+    for node in g.node:
+        for j, name in enumerate(node.input):
+            if name:
+                (data if _reads_data(node, j) else other).add(name)
+        for _, sub in node_subgraphs(node):
+            inner_data, inner_other = _captured_reads(sub)
+            data |= inner_data
+            other |= inner_other
+    own = defined_names(g)
+    return data - other - own, other - own
 
 
 def _reads_data(node: NodeProto, position: int) -> bool:
