@@ -277,3 +277,32 @@ def test_derived_weights_heal_into_a_sibling_when_their_combined_file_is_no_file
     build(recipe, BuildOptions(store=str(root), jobs=2, force=True))
     assert tree(tmp_path / "out") == before
     assert (root / "encoder.1_weight_combined").is_file()
+
+
+def test_a_pass_that_finds_nothing_to_rewrite_is_reported(tmp_path, capsys):
+    """quantize-weights on a conv net (no MatMul): the build says so on stderr, naming
+    the model, the scenario and the pass, and builds. A pass that rewrote something is
+    not reported, nor cleanup finding the graph clean."""
+    from weightstore.cli import main
+
+    from .passes_models import conv_bn_model
+
+    src = tmp_path / "net.onnx"
+    onnx.save(conv_bn_model()[0], str(src))
+    recipe = write_recipe(tmp_path, {"net": src}, COMBINED)
+    recipe.write_text(recipe.read_text().replace(
+        f"  - {{name: net, source: {src}}}\n",
+        f"  - name: net\n    source: {src}\n    scenarios:\n"
+        "      - {name: q4, passes: [{name: quantize-weights, bits: 4}]}\n"
+        "      - {name: half, passes: [cast-fp16, cleanup]}\n"
+        "      - {name: folded, passes: [fold-batchnorm, quantize-weights, cleanup]}\n"))
+    capsys.readouterr()
+    assert main(["build", str(recipe), "-q"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "weightstore: warning: model 'net', scenario 'q4': quantize-weights found nothing "
+        "to rewrite; the scenario is the base graph",
+        "weightstore: warning: model 'net', scenario 'folded': quantize-weights found "
+        "nothing to rewrite"]
+    package = tmp_path / "out" / "pkg" / "1.0.0" / "combined"
+    assert scenario_names(onnx.load(str(package / "net.onnx"), load_external_data=False)) \
+        == ["q4", "half", "folded"]

@@ -519,6 +519,7 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
 
                 with s.weights.opened():
                     s.scenarios = prepare_scenarios(s.weights, entry.scenarios)
+                _warn_idle(s.name, s.scenarios)
         store = WeightStore(store_root)
         # the samples read and checked before anything is stored
         measure = None if options.dry_run else accuracy_gate(loaded, sources, digests)
@@ -697,6 +698,21 @@ def _ensure_root(store_root: Path, target: Path, summary: dict[str, Any]) -> Non
         register_root(WeightStore(store_root), target, summary)
     except (StoreError, KeyError, TypeError):
         pass  # a store that cannot take it costs only gc's protection, never the build
+
+
+def _warn_idle(model: str, scenarios: list) -> None:
+    """One stderr line per scenario of the recipe with a pass that found nothing to
+    rewrite (cast-fp16 on a model without float32 matrices, quantize-weights without a
+    MatMul): the build goes on, the scenario holds what the other passes did, and a
+    scenario of no record at all runs the base graph on its devices."""
+    for scenario in scenarios:
+        if not scenario.idle:
+            continue
+        passes = ", ".join(dict.fromkeys(scenario.idle))
+        print(f"weightstore: warning: model '{model}', scenario '{scenario.name}': "
+              f"{passes} found nothing to rewrite"
+              + ("; the scenario is the base graph" if not scenario.records else ""),
+              file=sys.stderr, flush=True)
 
 
 def _check_devices(loaded: LoadedRecipe, sources: list) -> None:

@@ -45,6 +45,11 @@ class PassContext:
 
 
 class RewritePass(Protocol):
+    """A pass. One whose class sets ``may_find_nothing`` (cleanup, which removes what
+    others leave) is not reported when it returns no record; any other is
+    (:attr:`PassResult.idle`): a pass asked for that finds nothing to rewrite is a
+    scenario the recipe's author did not get."""
+
     name: str
 
     def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
@@ -58,6 +63,7 @@ class PassResult:
 
     rewrites: list[LocalRewriting] = field(default_factory=list)
     model: ModelProto | None = None
+    idle: list[str] = field(default_factory=list)  # passes that found nothing to rewrite
 
 
 def run_passes(model: ModelProto, passes: Sequence[RewritePass],
@@ -70,6 +76,8 @@ def run_passes(model: ModelProto, passes: Sequence[RewritePass],
         records = [_in_batch(r, number) for r in rewrite_pass(current, ctx)]
         if records:
             _, current = normalize(current, records)
+        elif not getattr(rewrite_pass, "may_find_nothing", False):
+            result.idle.append(rewrite_pass.name)
         result.rewrites.extend(records)
     result.model = current
     return result

@@ -39,6 +39,7 @@ class Cleanup:
     """The ``cleanup`` pass."""
 
     name = "cleanup"
+    may_find_nothing = True  # a graph the passes before it left clean
 
     def __call__(self, model: ModelProto, ctx: PassContext) -> list[LocalRewriting]:
         self._pure = set(PURE_DOMAINS) | {f.domain for f in model.functions}

@@ -62,7 +62,7 @@ def add_scenario(model: PathLike, name: str,
     steps = steps_of(passes)
     out = output_path(model, output, replaces_input=True)
     with ModelWeights.open(model) as mw:
-        rewrites, _ = scenario_rewrites(mw, steps)
+        rewrites, _ = scenario_rewrites(mw, steps)  # the command prints the records' count
         meta = mw.metadata_model(SMALL_VALUE_LIMIT)
         check_scenarios(meta)
         add_modification_scenario(meta, name, rewrites, AddModificationScenarioOptions(

@@ -99,6 +99,7 @@ class PackagedScenario:
     added: list[AddedWeight]  # live ones only: a weight a later record drops is not stored
     requires: dict = field(default_factory=dict)  # device capabilities, for 'auto' devices
     passes: str | None = None  # its passes entry's text (recorded_passes), None if none
+    idle: tuple[str, ...] = ()  # the recipe's passes that found nothing to rewrite
 
     @property
     def digest(self) -> str:
@@ -188,24 +189,25 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
     stay inline in every layout, so every variant loads in onnxruntime.
     """
     meta = mw.metadata_model(SMALL_VALUE_LIMIT)
-    plans: list[tuple[str, list[pb.LocalRewritingProto], dict, str | None]] = []
+    plans: list[tuple[str, list[pb.LocalRewritingProto], dict, str | None, list[str]]] = []
     for record in check_scenarios(meta):
         check_name(record.scenario, str(mw.catalogue.source))
         verify_base(meta, record)
         plans.append((record.scenario, list(record.rewrites), _requires_of(record),
-                      passes_text(record)))
+                      passes_text(record), []))
     base = strip_scenarios(meta)
     for entry in entries:
         if any(plan[0] == entry.name for plan in plans):
             raise ScenarioError("the source model already holds a scenario of this name",
                                 scenario=entry.name, model=str(mw.catalogue.source))
         steps = entry.steps()
-        rewrites, _ = scenario_rewrites(mw, steps)
+        rewrites, idle = scenario_rewrites(mw, steps)
         records, _ = prepare_records(base, entry.name, rewrites)
-        plans.append((entry.name, records, dict(entry.requires), passes_entry(steps)[1]))
+        plans.append((entry.name, records, dict(entry.requires), passes_entry(steps)[1],
+                      idle))
     values = catalogue_values(mw.catalogue, mw.base_dir)
     out = []
-    for name, records, requires, passes in plans:
+    for name, records, requires, passes, idle in plans:
         final = _final_variant(base, name, records)
         shapes = shape_input_names(final)
         mw.shape_names = mw.shape_names | shapes
@@ -220,7 +222,7 @@ def prepare_scenarios(mw: ModelWeights, entries: Sequence[ScenarioEntry],
             for r, kind, index, value_name, t in _added_tensors(records)
             if value_name in live and (kind == "initializer" or not has_payload(t))
             and t.data_type != TensorProto.STRING]
-        out.append(PackagedScenario(name, records, added, requires, passes))
+        out.append(PackagedScenario(name, records, added, requires, passes, tuple(idle)))
     return out
 
 

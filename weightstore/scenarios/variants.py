@@ -43,15 +43,16 @@ def metadata_of(path: str | os.PathLike[str]) -> ModelProto:
 
 
 def scenario_rewrites(mw: ModelWeights, passes: Sequence[PassStep],
-                      ) -> tuple[list[LocalRewriting], ModelProto]:
+                      ) -> tuple[list[LocalRewriting], list[str]]:
     """Run the passes (``(name, parameters)`` each) on the model's metadata: their
-    records, and that metadata."""
+    records, and the passes that found nothing to rewrite (:attr:`PassResult.idle`)."""
     from ..passes.registry import get_pass  # the passes and their parameters' models
 
     if not passes:
         raise ScenarioError("a scenario needs at least one pass")
     base = strip_scenarios(mw.metadata_model(SMALL_VALUE_LIMIT))
-    return run_passes(base, [get_pass(name, params) for name, params in passes]).rewrites, base
+    result = run_passes(base, [get_pass(name, params) for name, params in passes])
+    return result.rewrites, result.idle
 
 
 def catalogue_values(catalogue: Catalogue, base_dir: Path) -> Callable[[str], np.ndarray]:
