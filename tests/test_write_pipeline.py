@@ -122,3 +122,33 @@ def test_a_blob_waiting_for_its_store_commit_holds_no_download(
     assert (tmp_path / "pulled" / "summary.json").read_bytes() == \
         (package / "summary.json").read_bytes()
     assert store.verify().ok
+
+
+@pytest.mark.parametrize("block", [512, 1024, 4096])
+def test_a_gap_is_written_where_it_holds_a_whole_block_of_the_file_system(block):
+    """Padding is judged against the file system's block, not a fixed 4 KiB: on 1 KiB
+    blocks a 2 KiB gap can be a hole, and a gap that holds no aligned block never is."""
+    assert writer.spans_block(0, block, block)
+    assert not writer.spans_block(1, block + 1, block)  # straddles two blocks
+    assert writer.spans_block(1, 2 * block, block)
+    assert not writer.spans_block(block - 1, 2 * block - 1, block)
+    assert writer.spans_block(3 * block, 4 * block, block)
+    assert not writer.spans_block(5, 5, block)
+
+
+def test_the_block_of_a_written_file_is_the_file_systems_own(tmp_path: Path) -> None:
+    """What a file's gaps are judged against: its file system's fundamental block, at
+    most 4 KiB; then a written file is dense, with a payload placed between padding that
+    straddles blocks and padding that spans them."""
+    with open(tmp_path / "f", "wb") as f:
+        block = writer.hole_block(f.fileno())
+        assert block == min(os.fstatvfs(f.fileno()).f_frsize, writer.HOLE_BLOCK)
+    data = os.urandom(100)
+    key = BytesPayload.of(data).key
+    plan = LayoutPlan("combined", 1, (PlannedFile("w", 5 * block + 300, (
+        PlannedPayload(key, 100, "w", 3 * block + 7),)),))
+    writer.write_plan(plan, tmp_path / "out", lambda key: data)
+    written = (tmp_path / "out" / "w").read_bytes()
+    assert written == bytes(3 * block + 7) + data + bytes(2 * block + 193)
+    st = (tmp_path / "out" / "w").stat()
+    assert st.st_blocks * 512 >= st.st_size

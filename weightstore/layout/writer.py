@@ -118,18 +118,36 @@ def _write_batch(files: Sequence[PlannedFile], folder: Path, locate: PayloadLoca
             if (digest := future.result()) is not None}
 
 
-HOLE_MIN = 4096  # a gap this long may cover a whole block: a hole unless written
+HOLE_BLOCK = 4096  # the largest block a gap is judged against (ext4, XFS, btrfs, tmpfs)
 _ZEROS = bytes(1 << 20)
+
+
+def hole_block(fd: int) -> int:
+    """The block size a hole in ``fd``'s file system would span: its fundamental block
+    (``f_frsize``: 1 KiB on a small ext4, 512 bytes on some), at most :data:`HOLE_BLOCK`
+    (a larger block only leaves fewer gaps that could be holes)."""
+    try:
+        found = os.fstatvfs(fd).f_frsize
+    except OSError:
+        found = 0
+    return min(found, HOLE_BLOCK) if found > 0 else 512
+
+
+def spans_block(start: int, end: int, block: int) -> bool:
+    """Does the gap ``[start, end)`` hold a whole ``block``-aligned block, which the file
+    system would leave a hole unless it is written?"""
+    return -(-start // block) * block + block <= end
 
 
 def _fill_gaps(fd: int, f: PlannedFile, path: Path) -> None:
     """Write zeros into the gaps of ``f`` (between its payloads and after the last) that
-    could leave a hole; shorter ones share a block with a payload's bytes."""
+    could leave a hole; the others share each of their blocks with a payload's bytes."""
+    block = hole_block(fd)
     pos = 0
     for start, end in [*((p.offset, p.offset + p.size)
                          for p in sorted(f.payloads, key=lambda p: p.offset)),
                        (f.size, f.size)]:
-        if start - pos >= HOLE_MIN:
+        if spans_block(pos, start, block):
             for at in range(pos, start, len(_ZEROS)):
                 try:
                     write_all(fd, memoryview(_ZEROS)[:min(start - at, len(_ZEROS))], at)
