@@ -1,7 +1,7 @@
 """Benchmark ``weightstore release`` against a release engineer's tar + zstd pipeline.
 
-Usage: ``python bench/release.py [--size-mb 1024] [--runs 3] [--level 3] [--workdir DIR]
-[--keep] [--json]``
+Usage: ``python bench/release.py [--size-mb 1024] [--runs 3] [--level 3] [--verify]
+[--workdir DIR] [--keep] [--json]``
 
 A ``--size-mb`` model (``make_large_model``: float32 tables) is generated once and built
 into a combined package (untimed). Then, each in a fresh process, runs interleaved, one
@@ -26,6 +26,17 @@ gives the median of the per-round ratios (each round runs the variants back to b
 load that changes between rounds cancels out) and the ratio of CPU times (user + system,
 from ``wait4``), which the load disturbs least. A measurement, not a gate:
 the exit code is 0 whatever the figures (2 when a measured command fails).
+
+``--verify`` measures ``weightstore release --verify`` instead, on signed releases of two
+packages built from one ``--size-mb`` model (default 400 MB here): one with companion
+files (a small LLM's tokenizer folder, about 2 MB in ten files, as ``bench/companions.py``
+makes it), whose subjects ``--verify`` checks inside the archive, and the same package
+without them, where ``--verify`` reads no archive member (what it cost before companions
+were checked). Beside them, what a user would run instead on the archive with companions:
+``sha256sum -c SHA256SUMS`` in the release folder, ``zstd -t`` of the archive, and GNU
+tar's ``tar --zstd -tf`` (list) and ``-xf`` (extract into an empty folder). Target:
+verify with companions / verify without <= 1.15 (medians; the per-round ratios and the CPU
+ratio beside it).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import build as build_bench  # bench/build.py: the model generator and its recip
 import harness
 from harness import MB, Process, Target
 
+NAME = 13  # width of the variant column
 PIPELINE = ("tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - -C {parent}"
             " {name} | zstd -T0 -{level} -q -o {out}")
 
@@ -129,19 +141,99 @@ def make_variants(workdir: Path, recipe: Path, level: int) -> tuple[list[Variant
     return variants, archive
 
 
-def run_all(size_mb: int, runs: int, level: int, workdir: Path) -> dict[str, Any]:
-    _, recipe = build_bench.make_inputs(workdir, size_mb, "chain")
-    variants, archive = make_variants(workdir, recipe, level)
-    order = sorted(variants, key=lambda v: v.name != "release")  # unpack needs the archive
+def verify_variants(workdir: Path, size_mb: int, level: int) -> tuple[list[Variant], Path]:
+    """The signed releases (built once, untimed) and the commands timed on them; the
+    archive with companions."""
+    from companions import CARD, tokenizer_folder, write_recipe  # bench/companions.py
+
+    model, _ = build_bench.make_inputs(workdir, size_mb, "chain")
+    ws = [sys.executable, "-m", "weightstore"]
+    key = workdir / "release.pem"
+    if not key.exists():
+        harness.run_process([*ws, "key", "generate", str(key)], workdir, "setup-key")
+    public = harness.run_process([*ws, "key", "public", str(key)], workdir,
+                                 "setup-public").output.strip()
+    releases = {}
+    for name in ("with", "without"):
+        folder = workdir / f"verify-{name}"
+        releases[name] = folder / "out" / "releases" / "chain-1.0.0"
+        if (releases[name] / "release.intoto.jsonl").exists():
+            continue
+        files = None
+        if name == "with":
+            files = folder / "hf"
+            tokenizer_folder(files, CARD)
+        recipe = write_recipe(folder, model, "1.0.0", files)
+        harness.log(f"building and releasing the package {name} companions (untimed) ...")
+        harness.run_process([*ws, "release", str(recipe), "--sign", str(key), "--level",
+                             str(level)], workdir, f"setup-release-{name}")
+    archive = releases["with"] / "chain-1.0.0-release.tar.zst"
+    extracted = workdir / "extracted"
+
+    def empty_folder() -> None:
+        _rm(extracted)
+        extracted.mkdir()
+
+    variants = [Variant("verify", [*ws, "release", "--verify", str(releases["with"]), "--key",
+                                   public]),
+                Variant("verify-plain", [*ws, "release", "--verify", str(releases["without"]),
+                                         "--key", public])]
+    missing = missing_tools()
+    if missing:
+        harness.log(f"skipping GNU tar and zstd: {', '.join(missing)} not found (Debian: "
+                    "apt-get install -y tar zstd)")
+    else:
+        variants += [
+            Variant("zstd -t", ["zstd", "-t", "-q", str(archive)]),
+            Variant("tar -tf", ["bash", "-c", f"tar --zstd -tf {archive} > /dev/null"]),
+            Variant("tar -xf", ["tar", "--zstd", "-xf", str(archive), "-C", str(extracted)],
+                    empty_folder)]
+    if shutil.which("sha256sum") is not None:
+        variants.append(Variant("sha256sum", ["bash", "-c", f"cd {releases['with']} && "
+                                              "sha256sum -c --quiet SHA256SUMS"]))
+    return variants, archive
+
+
+def run_rounds(variants: list[Variant], runs: int, workdir: Path) -> None:
+    """One untimed warm-up round, then ``runs`` timed ones, the variants in order in each
+    (after each one's set-up and a sync, untimed)."""
     for i in range(runs + 1):
         harness.log("warm-up (untimed)" if i == 0 else f"round {i}/{runs}")
-        for v in order:
+        for v in variants:
             if v.before:
                 v.before()
             os.sync()
-            run = harness.run_process(v.argv, workdir, v.name, merge_stderr=True)
+            run = harness.run_process(v.argv, workdir, v.name.replace(" ", ""),
+                                      merge_stderr=True)
             if i:
                 v.runs.append(run)
+
+
+def run_verify(size_mb: int, runs: int, level: int, workdir: Path) -> dict[str, Any]:
+    variants, archive = verify_variants(workdir, size_mb, level)
+    run_rounds(variants, runs, workdir)
+    by = {v.name: v for v in variants}
+    verify, plain = by["verify"], by["verify-plain"]
+    found = [Target("verify / verify without companions", verify.median() / plain.median(),
+                    1.15),
+             Target("  per-round ratios, median", paired(verify, plain), None),
+             Target("  CPU time (user + system)", verify.cpu_median() / plain.cpu_median(),
+                    None)]
+    found += [Target(f"verify / {v.name}", verify.median() / v.median(), None)
+              for v in variants if v.name not in ("verify", "verify-plain")]
+    package = archive.parent.parent.parent / "chain" / "1.0.0" / "release"
+    raw = sum(p.stat().st_size for p in package.rglob("*") if p.is_file())
+    return {"size_mb": size_mb, "level": level, "runs": runs, "cpus": os.cpu_count(),
+            "variants": {v.name: v.figures() for v in variants},
+            "sizes": {"package_bytes": raw, "archive_bytes": archive.stat().st_size},
+            "targets": found, "missing": missing_tools()}
+
+
+def run_all(size_mb: int, runs: int, level: int, workdir: Path) -> dict[str, Any]:
+    _, recipe = build_bench.make_inputs(workdir, size_mb, "chain")
+    variants, archive = make_variants(workdir, recipe, level)
+    # unpack needs the archive
+    run_rounds(sorted(variants, key=lambda v: v.name != "release"), runs, workdir)
     by = {v.name: v for v in variants}
     package = archive.parent.parent / "out"
     raw = sum(p.stat().st_size for p in package.rglob("*") if p.is_file())
@@ -180,27 +272,33 @@ def report(r: dict[str, Any]) -> str:
              + (f", pipeline {s['pipeline_bytes'] / MB:.1f} MB (ratio "
                 f"{s['pipeline_bytes'] / s['package_bytes']:.4f})" if "pipeline_bytes" in s
                 else ""), "",
-             f"{'variant':<10}{'median s':>10}  {'runs s':<{width}}{'CPU s':>8}"
+             f"{'variant':<{NAME}}{'median s':>10}  {'runs s':<{width}}{'CPU s':>8}"
              f"{'peak RSS MB':>13}"]
     for name, f in r["variants"].items():
         times = " ".join(f"{t:.2f}" for t in f["times_s"])
-        lines.append(f"{name:<10}{f['median_s']:>10.3f}  {times:<{width}}"
+        lines.append(f"{name:<{NAME}}{f['median_s']:>10.3f}  {times:<{width}}"
                      f"{f['median_cpu_s']:>8.2f}{f['max_peak_rss_bytes'] / MB:>13.1f}")
     if r["missing"]:
         lines.append(f"tar+zstd skipped: {', '.join(r['missing'])} not found")
-    lines += ["", *harness.target_table(r["targets"], "figure", 28, 9)]
+    lines += ["", *harness.target_table(r["targets"], "figure", 36, 9)]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size-mb", type=int, default=1024, help="weights in MB (default 1024)")
+    p.add_argument("--size-mb", type=int, default=None,
+                   help="weights in MB (default 1024; 400 with --verify)")
     p.add_argument("--runs", type=int, default=3, help="timed runs per variant (default 3)")
     p.add_argument("--level", type=int, default=3, help="zstd level for both (default 3)")
+    p.add_argument("--verify", action="store_true",
+                   help="time release --verify (with and without companion files) against "
+                        "sha256sum -c, zstd -t and GNU tar -tf/-xf")
     harness.add_common_arguments(p, "the model, package and archives")
     args = p.parse_args(argv)
+    run = run_verify if args.verify else run_all
+    size = args.size_mb or (400 if args.verify else 1024)
     result = harness.in_workdir(args.workdir, args.keep,
-                                lambda w: run_all(args.size_mb, args.runs, args.level, w))
+                                lambda w: run(size, args.runs, args.level, w))
     if result is None:
         return 2
     if args.json:

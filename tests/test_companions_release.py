@@ -253,3 +253,148 @@ def test_diff_names_companions_added_removed_and_changed(versions, form, capsys)
     assert "~ companion genai_config.json on device cpu (config, " in text
     assert main(["diff", sides[0], sides[0], "--json"]) == 0
     capsys.readouterr()
+
+
+def _members(archive: Path) -> list[str]:
+    """The archive's members in order, as GNU tar lists them (folders end in /)."""
+    listed = subprocess.run(["tar", "--zstd", "-tf", str(archive)], check=True,
+                            capture_output=True, text=True).stdout
+    return listed.splitlines()
+
+
+@gnu
+def test_archives_hold_the_companions_before_the_weights(versions):
+    """Archive format 2: the top folder, summary.json, then every companion file (a
+    device's own version too) with its folders, then the rest, each part sorted by path
+    components and every folder before its files, so that reaching the companions
+    decompresses a few kB, not the weights (one zstd frame). GNU tar lists them so."""
+    _, result = versions[1]
+    companions = ["LICENSE", "devices/", "devices/cpu/", "devices/cpu/genai_config.json",
+                  "extra/", "extra/blob.bin", "extra/merges.txt", "genai_config.json",
+                  "tokenizer.json"]
+    for archive in result.archives:
+        root = archive.file_name.removesuffix(SUFFIX)
+        names = [n.removeprefix(f"{root}/")
+                 for n in _members(result.output / archive.file_name)]
+        assert names[:2 + len(companions)] == ["", "summary.json", *companions], names
+        rest = names[2 + len(companions):]
+        assert "encoder.onnx" in rest and rest == sorted(rest, key=lambda n: n.split("/"))
+        for i, name in enumerate(names[1:], 1):  # every folder before its files
+            parent = name.rstrip("/").rpartition("/")[0]
+            assert not parent or f"{parent}/" in names[1:i], name
+
+
+def test_verify_decompresses_an_archive_only_up_to_its_companions(versions):
+    """The companions are read as unpack reads them (each checked against the summary and
+    hashed with SHA-256), and the reading stops after the last of them: nothing of the
+    weights is decompressed."""
+    from weightstore.packaging.unpack import read_archive
+
+    _, result = versions[1]
+    archive = next(a for a in result.archives if a.layout == "combined")
+    sources = companion_sources(1)
+    read = read_archive(result.output / archive.file_name, sha256_of=set(sources),
+                        until=set(sources))
+    assert not read.whole
+    assert read.sha256 == {p: _sha256(d) for p, d in sources.items()}
+    assert read.bytes == sum(len(d) for d in sources.values())
+    whole = read_archive(result.output / archive.file_name, sha256_of=set(sources))
+    assert whole.whole and whole.bytes > 10 * read.bytes and whole.sha256 == read.sha256
+
+
+def _resign(folder: Path, key_path: Path) -> None:
+    """Make ``folder``'s release.json, SHA256SUMS and signature name its archives' bytes as
+    they now are (what a signer of a damaged archive would publish)."""
+    from weightstore.release.attestation import attestation
+    from weightstore.signing.keys import load_private
+
+    doc = json.loads((folder / "release.json").read_text())
+    sums = []
+    for subject in doc["subject"]:
+        if subject["name"].endswith(SUFFIX):
+            subject["digest"]["sha256"] = _sha256((folder / subject["name"]).read_bytes())
+            sums.append(f"{subject['digest']['sha256']}  {subject['name']}\n")
+    provenance = json.dumps(doc).encode()
+    (folder / "release.json").write_bytes(provenance)
+    (folder / "SHA256SUMS").write_text("".join(sorted(sums, key=lambda s: s.split("  ")[1])))
+    (folder / ATTESTATION_NAME).write_bytes(attestation(provenance,
+                                                        load_private(key_path)))
+
+
+@pytest.mark.parametrize("signed_so", [False, True])
+def test_release_verify_refuses_a_damaged_companion_in_one_line(versions, tmp_path, capsys,
+                                                                signed_so):
+    """One byte of a companion flipped in an archive: the archive's SHA-256 is not the
+    signed one; and where the damaged archive was signed so (its release.json, SHA256SUMS
+    and signature made again), its companion is not what its summary says. Either way one
+    line names it and --verify fails."""
+    _, result = versions[1]
+    copy = tmp_path / "copy"
+    shutil.copytree(result.output, copy)
+    archive = next(a for a in result.archives if a.layout == "combined").file_name
+    _edit_member(copy / archive, "tokenizer.json", copy / archive)
+    if signed_so:
+        _resign(copy, versions["key_path"])
+    assert main(["release", "--verify", str(copy), "--key", versions["key"].text]) == 1
+    out, err = capsys.readouterr()
+    assert err == "" and out.count("\n") == 1, out
+    if signed_so:
+        assert out.startswith(f"problem: {archive}: archive member differs from its summary "
+                              f"(archive={copy / archive}, member=pkg-1.0.0-combined/"
+                              "tokenizer.json, expected=blake3:"), out
+    else:
+        assert out == f"problem: {archive}: its SHA-256 is not the one the provenance signs\n"
+    assert main(["unpack", str(copy / archive), str(tmp_path / "unpacked")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tokenizer.json" in err
+
+
+def test_archives_of_format_1_are_read_and_checked_as_they_were_made(versions, tmp_path,
+                                                                     capsys):
+    """A release made before the companions came first (archive format 1: every path in
+    one sorted order; release.json without an archive format) still verifies, unpacks and
+    passes --check (rebuilt in its own format); format 2 is named in release.json."""
+    from weightstore.packaging.unpack import read_archive
+    from weightstore.signing.keys import load_private
+
+    recipe, result = versions[1]
+    doc = json.loads((result.output / "release.json").read_text())
+    assert doc["predicate"]["buildDefinition"]["internalParameters"]["archive_format"] == 2
+    work = tmp_path / "v1"
+    shutil.copytree(recipe.parent, work, ignore=shutil.ignore_patterns("store", "releases"))
+    old = release(work / recipe.name, ReleaseOptions(
+        jobs=2, archive_format=1, signer=load_private(versions["key_path"])))
+    doc = json.loads((old.output / "release.json").read_text())
+    assert "archive_format" not in doc["predicate"]["buildDefinition"]["internalParameters"]
+    sources = companion_sources(1)
+    for archive in old.archives:
+        path = old.output / archive.file_name
+        dest = tmp_path / archive.layout  # every listed file unpacked and checked
+        assert main(["unpack", str(path), str(dest)]) == 0
+        assert all((dest / p).read_bytes() == d for p, d in sources.items())
+        members = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes())
+        with tarfile.open(fileobj=io.BytesIO(members), mode="r:") as tf:
+            order = [m.name.split("/", 1)[1] for m in tf.getmembers()[2:]]
+        assert order == sorted(order, key=lambda n: n.split("/")), order  # format 1
+        assert order.index("tokenizer.json") > order.index("encoder.onnx")
+        assert read_archive(path, sha256_of=set(sources), until=set(sources)).sha256 == {
+            p: _sha256(d) for p, d in sources.items()}
+    check = verify_release(old.output, [versions["key"]])
+    assert check.ok, check.problems
+    assert main(["release", "--check", str(work / recipe.name)]) == 0, capsys.readouterr()
+    capsys.readouterr()
+
+
+def test_check_refuses_an_archive_format_it_does_not_write(versions, tmp_path, capsys):
+    recipe, _ = versions[1]
+    work = tmp_path / "v1"
+    shutil.copytree(recipe.parent, work, ignore=shutil.ignore_patterns("store"))
+    provenance = work / "out" / "releases" / "pkg-1.0.0" / "release.json"
+    doc = json.loads(provenance.read_text())
+    doc["predicate"]["buildDefinition"]["internalParameters"]["archive_format"] = 3
+    provenance.write_text(json.dumps(doc))
+    assert main(["release", "--check", str(work / recipe.name)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("weightstore: error: the release's archive format is not one this "
+                   f"version writes (folder={provenance.parent}, archive_format=3, "
+                   "known=1 to 2)\n")

@@ -70,6 +70,7 @@ class ArchiveRead:
     summary: dict[str, Any]
     files: int = 0
     bytes: int = 0
+    whole: bool = True  # False: read only up to the files asked for (``until``)
     kept: dict[str, bytes] = field(default_factory=dict)  # path in the package -> data
     sha256: dict[str, str] = field(default_factory=dict)  # path in the package -> hex
     companions: set[str] = field(default_factory=set)  # kept for keep_companions
@@ -108,7 +109,7 @@ def read_archive(archive: Path, *, into: Path | None = None,
                  keep: Callable[[str], bool] = lambda path: False,
                  hashed: bool = True, sha256_of: Collection[str] = (),
                  keep_companions: Callable[[dict[str, Any]], Collection[str]] | None = None,
-                 ) -> ArchiveRead:
+                 until: Collection[str] | None = None) -> ArchiveRead:
     """Read a release archive whole, refusing it as the module's text says: every member
     checked before a byte of it is used, every file's bytes hashed on the way and
     compared with the summary's digest, and nothing after the tar's end. ``into``: write
@@ -117,11 +118,16 @@ def read_archive(archive: Path, *, into: Path | None = None,
     --no-verify``) compares no digest: every other check still holds. ``sha256_of``: the
     files whose SHA-256 to take too (``release --verify`` checks companions by it).
     ``keep_companions(summary)``: more files to keep, chosen once the summary is read
-    (the companion files a reader shows; listed in ``companions`` too)."""
+    (the companion files a reader shows; listed in ``companions`` too). ``until``: stop
+    once every one of these files the summary lists has been read (each checked as
+    always, and every member before it): the archive is one zstd frame, so what comes
+    after them is never decompressed (``whole`` is False then, ``files`` 0; a file the
+    summary does not list is not looked for)."""
     expected: dict[str, dict[str, Any]] | None = None
     read: ArchiveRead | None = None
     folders: set[str] = set()
     seen: set[str] = set()
+    pending: set[str] = set()  # the files of ``until`` not read yet
     root: str | None = None
     with open_archive(archive) as tf:
         for member in tf:
@@ -162,6 +168,11 @@ def read_archive(archive: Path, *, into: Path | None = None,
                 expected = {c["path"]: c for c in summary["contents"]}
                 folders = {str(p) for c in expected for p in Path(c).parents} - {"."}
                 read = ArchiveRead(summary)
+                if until is not None:
+                    pending = set(until) & set(expected)
+                    if not pending:
+                        read.whole = False
+                        return read
                 if keep_companions is not None:
                     read.companions = set(keep_companions(summary))
                 if into is not None:
@@ -196,6 +207,11 @@ def read_archive(archive: Path, *, into: Path | None = None,
                 for _ in chunks:
                     pass
             read.bytes += member.size
+            if until is not None:
+                pending.discard(rel)
+                if not pending:  # the rest of the frame is never decompressed
+                    read.whole = False
+                    return read
         read_trailer(tf)
     if read is None or expected is None:
         raise PackageError("refusing archive: no package summary in it", archive=str(archive))

@@ -44,7 +44,7 @@ from ..package.summary import SUMMARY_NAME
 from ..packaging.companion_files import companion_files
 from ..packaging.inventory import read_summary_bytes, verified_package
 from ..packaging.unpack import SUFFIX, archive_root
-from .archive import plan_archive, source_date_epoch, write_archive
+from .archive import ARCHIVE_FORMAT, plan_archive, source_date_epoch, write_archive
 from .attestation import ATTESTATION_NAME
 from .compression import Compression
 from .provenance import (
@@ -87,6 +87,8 @@ class ReleaseOptions:
     # sign release.json into release.intoto.jsonl (a weightstore.signing.keys.PrivateKey)
     signer: Any = None
     force: bool = False  # replace a release of another date (SOURCE_DATE_EPOCH) in output
+    # the archives' member order (.archive); an older one only to check a release made so
+    archive_format: int = ARCHIVE_FORMAT
 
 
 @dataclass
@@ -203,7 +205,8 @@ def _write_release(packages: Sequence[_Package], output: Path, options: ReleaseO
         doc = statement(package=package, version=version, archives=records,
                         summaries=[p.summary for p in packages], epoch=epoch,
                         compression=options.compression.to_dict(), recipe=recipe,
-                        versions=tool_versions(), reports=reports if options.report else None)
+                        versions=tool_versions(), reports=reports if options.report else None,
+                        archive_format=options.archive_format)
         with atomic_writer(tmp / SUMS_NAME) as f:
             f.write(render_sums([*records, *reports]))
         provenance = render_statement(doc)
@@ -264,7 +267,7 @@ def _write_archive(p: _Package, folder: Path, epoch: int, options: ReleaseOption
                    ) -> ArchiveRecord:
     from ..progress import Progress
 
-    plan = plan_archive(p.summary, len(p.summary_bytes), epoch)
+    plan = plan_archive(p.summary, len(p.summary_bytes), epoch, options.archive_format)
     total = sum(e.size for e in plan.entries if not e.is_dir and e.source != SUMMARY_NAME)
     with (atomic_writer(folder / plan.file_name) as f,
           Progress(f"archiving {p.summary['layout']['name']}", total,
@@ -429,11 +432,12 @@ def _refuse_unwritten(folder: Path, archives: Sequence[str]) -> None:
                            files=", ".join(extra))
 
 
-def _published_parameters(folder: Path) -> Any:
-    """The external parameters of the release.json in ``folder`` (None when it has none)."""
+def _published_parameters(folder: Path, kind: str = "externalParameters") -> Any:
+    """The external (or internal) parameters of the release.json in ``folder`` (None when
+    it has none)."""
     try:
         return parse_json(read_regular(folder / PROVENANCE_NAME))[
-            "predicate"]["buildDefinition"]["externalParameters"]
+            "predicate"]["buildDefinition"][kind]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -458,18 +462,27 @@ def _refuse_another_date(folder: Path, epoch: int, force: bool) -> None:
 
 
 def _published_settings(folder: Path, options: ReleaseOptions) -> ReleaseOptions:
-    """The epoch, compression and reports the published release was made with (from its
-    release.json), so that the check asks whether the sources give these bytes."""
+    """The epoch, compression, reports and archive format the published release was made
+    with (from its release.json), so that the check asks whether the sources give these
+    bytes."""
     params = _published_parameters(folder)
+    internal = _published_parameters(folder, "internalParameters")
     try:
         compression = Compression(int(params["compression"]["level"]),
                                   bool(params["compression"]["long_distance"]))
         epoch = int(params["source_date_epoch"])
         report = params.get("report") is True
+        # not recorded: format 1, or archives without companions (the same in every format)
+        archive_format = internal.get("archive_format", 1)
     except (ValueError, KeyError, TypeError, AttributeError):
         return options  # unreadable: the comparison will name release.json
+    if type(archive_format) is not int or not 1 <= archive_format <= ARCHIVE_FORMAT:
+        raise PackageError("the release's archive format is not one this version writes",
+                           folder=str(folder), archive_format=archive_format,
+                           known=f"1 to {ARCHIVE_FORMAT}")
     return dataclasses.replace(options, compression=compression, report=report,
-                               epoch=options.epoch if options.epoch is not None else epoch)
+                               epoch=options.epoch if options.epoch is not None else epoch,
+                               archive_format=archive_format)
 
 
 def _first_difference(published: Path, rebuilt: Path) -> str | None:

@@ -1,13 +1,22 @@
 """Deterministic ``<package>-<version>-<layout>.tar.zst`` archives of package folders.
 
-Archive layout (one top folder, entries in this fixed order)::
+Archive layout, format 2 (one top folder, entries in this fixed order)::
 
     <package>-<version>-<layout>/                 folder, 0755
     <package>-<version>-<layout>/summary.json     first file: readers learn every size and
                                                   digest before any payload byte
-    <package>-<version>-<layout>/<path>           every other file and folder of the
-                                                  summary's ``contents``, sorted by path
+    <package>-<version>-<layout>/<path>           the companion files (configs, tokenizers,
+                                                  docs) and their folders, sorted by path
                                                   components, each folder before its files
+    <package>-<version>-<layout>/<path>           every other file and folder of the
+                                                  summary's ``contents``, sorted so
+
+The archive is one zstd frame, so reaching a member means decompressing every byte before
+it: the companions come before the weights so that a reader of the companions alone
+(``release --verify``) stops after a few MB. Format 1 sorted every path in one order;
+its archives are read as format 2's are (readers go by the summary, not by the order),
+and written only to check a release published so (``release --check``). A package
+without companion files has the same archive in both formats.
 
 Every header is ustar (PAX extended headers only for paths over 100 bytes or non-ASCII):
 mtime from ``SOURCE_DATE_EPOCH``, uid/gid 0, empty user and group names, mode 0644 for
@@ -33,10 +42,12 @@ from ..errors import IntegrityError, PackageError
 from ..io.digests import make_key, new_hasher
 from ..io.files import open_regular
 from ..package.summary import SUMMARY_NAME
+from ..packaging.companion_files import companion_files
 from ..packaging.unpack import SUFFIX, archive_root
 from .compression import Compression
 from .zstd_frame import Frame, Sink
 
+ARCHIVE_FORMAT = 2  # companion files first (1: every path in one sorted order)
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip can hold
 BLOCK = 512
 RECORD = 20 * BLOCK
@@ -85,7 +96,8 @@ class ArchivePlan:
         return _padded_to(size + 2 * BLOCK, RECORD)
 
 
-def plan_archive(summary: Mapping[str, Any], summary_size: int, mtime: int) -> ArchivePlan:
+def plan_archive(summary: Mapping[str, Any], summary_size: int, mtime: int,
+                 archive_format: int = ARCHIVE_FORMAT) -> ArchivePlan:
     """The archive of a package, from its summary alone (no I/O)."""
     root = archive_root(summary)
     contents: Sequence[Mapping[str, Any]] = summary["contents"]
@@ -93,6 +105,11 @@ def plan_archive(summary: Mapping[str, Any], summary_size: int, mtime: int) -> A
     for c in contents:
         folders.update(PurePosixPath(c["path"]).parents)
     folders.discard(PurePosixPath("."))
+    first: set[PurePosixPath] = set()  # the companions and their folders (format 2)
+    if archive_format >= 2:
+        for c in companion_files(summary):
+            first.add(PurePosixPath(c.file))
+            first.update(PurePosixPath(c.file).parents)
     items: list[tuple[tuple[str, ...], ArchiveEntry]] = [
         (PurePosixPath(c["path"]).parts,
          ArchiveEntry(f"{root}/{c['path']}", c["path"], c["size"], c["digest"]))
@@ -101,9 +118,11 @@ def plan_archive(summary: Mapping[str, Any], summary_size: int, mtime: int) -> A
     names = [parts for parts, _ in items]
     if len(set(names)) != len(names) or (SUMMARY_NAME,) in names:
         raise PackageError("package contents list a path twice", package=root)
+    # a folder holding a companion comes with them, so every folder precedes its files
+    items.sort(key=lambda item: (PurePosixPath(*item[0]) not in first, item[0]))
     entries = (ArchiveEntry(root, None),
                ArchiveEntry(f"{root}/{SUMMARY_NAME}", SUMMARY_NAME, summary_size),
-               *(e for _, e in sorted(items, key=lambda item: item[0])))
+               *(e for _, e in items))
     return ArchivePlan(f"{root}{SUFFIX}", root, mtime, entries)
 
 

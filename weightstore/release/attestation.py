@@ -8,7 +8,9 @@ order: the envelope's signature by one of the keys; that its payload is ``releas
 every subject of the Statement against the SHA-256 of the regular file of that name in
 ``DIR`` (a link, even to the right bytes, is not one), and every companion file's subject
 (``<top folder>/<path>``) against that file in the archive of that top folder, read as
-``unpack`` reads it; that ``DIR`` holds nothing else (no file, folder, link or FIFO) but
+``unpack`` reads it from the start up to the last companion (they come before the
+weights, which are not decompressed: the archive's signed SHA-256 covers them); that
+``DIR`` holds nothing else (no file, folder, link or FIFO) but
 ``SHA256SUMS``, ``release.json`` and the attestation; and that ``SHA256SUMS`` is exactly
 what release writes of the subjects that are files of ``DIR`` (not the companions inside
 archives, which their archive's line covers), so that no line ``sha256sum -c`` would
@@ -152,14 +154,16 @@ def _split_subjects(subjects: dict[str, str]) -> tuple[dict[str, str],
 
 
 def _member_problems(archive: Path, expected: dict[str, str]) -> list[str]:
-    """The companion subjects of ``archive`` its files do not match (the archive read as
-    ``unpack`` reads it: a member its summary does not hold is refused there)."""
+    """The companion subjects of ``archive`` its files do not match: the archive read as
+    ``unpack`` reads it (a member its summary does not hold is refused there) up to the
+    last of them, which is near its start (the companions come before the weights), and no
+    further: its own SHA-256, already matched, vouches for the rest of its bytes."""
     from ..errors import IntegrityError, PackageError
     from ..packaging.unpack import read_archive
 
     root = archive.name.removesuffix(SUFFIX)
     try:
-        found = read_archive(archive, sha256_of=set(expected)).sha256
+        found = read_archive(archive, sha256_of=set(expected), until=set(expected)).sha256
     except (PackageError, IntegrityError) as exc:
         return [f"{archive.name}: {exc}"]
     return [f"{root}/{path}: " + ("its SHA-256 is not the one the provenance signs"

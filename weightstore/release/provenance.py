@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..version import __version__
+from .archive import ARCHIVE_FORMAT
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -97,11 +98,16 @@ def statement(*, package: str, version: str, archives: Sequence[ArchiveRecord],
               summaries: Sequence[Mapping[str, Any]], epoch: int,
               compression: Mapping[str, Any], recipe: tuple[str, str] | None,
               versions: Mapping[str, str],
-              reports: Sequence[FileRecord] | None = None) -> dict[str, Any]:
+              reports: Sequence[FileRecord] | None = None,
+              archive_format: int = ARCHIVE_FORMAT) -> dict[str, Any]:
     """The Statement (pure). ``recipe``: ``(file name, sha256 hex)`` when released from a
     recipe; a package folder alone does not know its recipe's bytes. ``reports``: the
     layouts' HTML reports when the release writes them (subjects too, and
-    ``"report": true`` among the parameters); None leaves both out."""
+    ``"report": true`` among the parameters); None leaves both out. ``archive_format``
+    (:mod:`.archive`) is recorded where it shapes the archives: when they hold companion
+    files (without them, every format gives the same bytes, and release.json stays what it
+    was before companions existed); format 1, which had no such record, is written as it
+    was."""
     dependencies: list[dict[str, Any]] = []
     if recipe is not None:
         dependencies.append({"name": f"recipe/{recipe[0]}", "digest": {"sha256": recipe[1]}})
@@ -148,6 +154,9 @@ def statement(*, package: str, version: str, archives: Sequence[ArchiveRecord],
     }
     if reports is not None:
         doc["predicate"]["buildDefinition"]["externalParameters"]["report"] = True
+    if archive_format > 1 and any(a.companions for a in archives):
+        doc["predicate"]["buildDefinition"]["internalParameters"]["archive_format"] = (
+            archive_format)
     return doc
 
 
