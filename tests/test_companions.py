@@ -498,8 +498,11 @@ def test_a_device_replaces_and_adds_companions(runtime, tmp_path):
     record = json.loads((folder / "devices" / "npu" / "bundle.json").read_text())
     assert record["format_version"] == 3 and record["companions"] == devices["npu"]["companions"]
     assert verify_package(folder, store=tmp_path / "store").ok
-    # an embedded layout has no device folders: the package's own files only
-    assert not (result.packages[1].path / "devices").exists()
+    # an embedded layout's package holds the device's own files as every layout's does
+    embedded = result.packages[1].path
+    assert (embedded / "devices" / "npu" / "genai_config.json").read_bytes() == own.read_bytes()
+    assert result.packages[1].summary["devices"] == summary["devices"]
+    assert verify_package(embedded, store=tmp_path / "store").ok
     # an edited device file rebuilds
     (tmp_path / "npu" / "npu_options.json").write_text('{"x": 1}')
     with pytest.raises(PackageError) as caught:
@@ -696,7 +699,9 @@ def test_a_device_alone_may_have_companions(encoder_model, save_model, tmp_path,
     summary = first.packages[0].summary
     assert summary["format_version"] == 5 and "companions" not in summary
     assert summary["devices"][0]["companions"][0]["path"] == "options.json"
-    assert first.packages[1].summary["format_version"] == 4  # embedded: no device folders
+    embedded = first.packages[1]  # an embedded layout's devices have their files too
+    assert embedded.summary["format_version"] == 5
+    assert (embedded.path / "devices" / "npu" / "options.json").read_bytes() == b"{}"
     assert verify_package(first.packages[0].path, store=tmp_path / "store").ok
     assert [p.status for p in build(recipe, opts(tmp_path)).packages] == ["up-to-date"] * 2
     (tmp_path / "npu" / "options.json").write_text('{"a": 1}')

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -395,7 +395,12 @@ def _up_to_date(loaded: LoadedRecipe, layout: Layout, target: Path, summary: dic
         return False  # a source that cannot be hashed: the build reports it, as on a first build
     if _fingerprint(loaded, layout, identities, companions) != summary.get("fingerprint"):
         return False
-    return _intact(target, summary, digests, store_root)
+    return _intact(target, summary, digests, store_root, _device_names(loaded.recipe))
+
+
+def _device_names(recipe: Recipe) -> list[str]:
+    """The devices every package of ``recipe`` lists, by name, in order."""
+    return [d.name for d in recipe.devices]
 
 
 PROVEN = "proven"  # the store's record names this summary, and the files agree with it
@@ -406,21 +411,24 @@ OLDER_FORMAT = "older format"  # intact, but this version writes the build other
 
 
 def _intact(target: Path, summary: dict[str, Any], digests: FileDigests,
-            store_root: Path) -> bool:
+            store_root: Path, devices: Sequence[str] | None = None) -> bool:
     """The folder is the build, proven (:func:`_proof`)."""
-    return _proof(target, summary, digests, store_root) == PROVEN
+    return _proof(target, summary, digests, store_root, devices) == PROVEN
 
 
 def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
-           store_root: Path) -> str:
+           store_root: Path, devices: Sequence[str] | None = None) -> str:
     """What the store proves about the folder: :data:`PROVEN`, the store's MAC'd action
     record names this very summary (:mod:`weightstore.packaging.proof`) and every file the summary
     lists is there with its digest (through the stat cache: a file rewritten since it was
     last hashed is hashed again, so a change is never missed); :data:`UNRECORDED` or
     :data:`OTHER_SUMMARY`, the files agree with the summary but the store does not prove
     that summary is the build's (the build rebuilds it); :data:`OLDER_FORMAT`, the files
-    agree with a summary of an older package format, which this version writes otherwise
-    (rewritten without a word: it is the same build); :data:`DAMAGED` otherwise."""
+    agree with a summary of an older package format, which this version writes otherwise,
+    or one that does not list the recipe's ``devices`` (names, in order: the fingerprint
+    covers them, so only an earlier version, which wrote no devices into an embedded
+    layout's package, left them out; None: not asked) (rewritten without a word: it is
+    the same build); :data:`DAMAGED` otherwise."""
     from ..packaging.inventory import verify_package
 
     version = summary.get("format_version")
@@ -436,9 +444,10 @@ def _proof(target: Path, summary: dict[str, Any], digests: FileDigests,
         return DAMAGED
     try:
         written = written_format_version(summary)
+        listed = [d["name"] for d in summary.get("devices", [])]
     except (KeyError, TypeError, AttributeError):
         return DAMAGED
-    if version < written:
+    if version < written or (devices is not None and listed != list(devices)):
         return OLDER_FORMAT
     if any(p.kind == "build" for p in report.problems):
         return OTHER_SUMMARY
@@ -484,7 +493,8 @@ def _build_pending(loaded: LoadedRecipe, pending: list[tuple[Layout, Path, dict 
             fp = _fingerprint(loaded, layout, identities, companions)
             if existing is not None and not options.force:
                 _refuse(target, existing, fp, layout, identities, loaded.recipe, companions,
-                        proof=_same_build_proof(target, existing, fp, digests, store_root))
+                        proof=_same_build_proof(target, existing, fp, digests, store_root,
+                                                  _device_names(loaded.recipe)))
             todo.append((layout, target, fp))
         if not options.force and not options.dry_run:
             todo = [t for t in todo if not _materialized(store_root, *t, options, result)]
@@ -640,7 +650,8 @@ def _fill_and_write(loaded: LoadedRecipe, todo: list[tuple[Layout, Path, str]],
             existing = _existing_summary(target, options.force)
             proof = None
             if existing is not None and not options.force:
-                proof = _same_build_proof(target, existing, fp, digests, store.root)
+                proof = _same_build_proof(target, existing, fp, digests, store.root,
+                                          _device_names(recipe))
                 if proof == PROVEN:
                     result.packages.append(
                         PackageResult(layout.name, target, "up-to-date", existing))
@@ -759,11 +770,13 @@ def _pinned_identity(entry: ModelEntry, samples: str | None) -> dict[str, Any]:
 
 
 def _same_build_proof(target: Path, existing: dict[str, Any], fingerprint: str,
-                      digests: FileDigests, store_root: Path) -> str | None:
-    """:func:`_proof` of a folder holding this build's fingerprint; None for another."""
+                      digests: FileDigests, store_root: Path,
+                      devices: Sequence[str]) -> str | None:
+    """:func:`_proof` of a folder holding this build's fingerprint (and ``devices``);
+    None for another."""
     if existing.get("fingerprint") != fingerprint:
         return None
-    return _proof(target, existing, digests, store_root)
+    return _proof(target, existing, digests, store_root, devices)
 
 
 def _refuse(target: Path, existing: dict[str, Any], fingerprint: str,
@@ -889,10 +902,10 @@ def _set_changed(before: list[dict[str, Any]], now: list[Companion], of: str) ->
 
 def _devices_changed(existing: dict[str, Any], layout: Layout, recipe: Recipe,
                      unsure: list[str]) -> list[str]:
-    """Device changes the summary shows (it lists no devices for an embedded layout); the
-    settings it does not record go to ``unsure``."""
+    """Device changes the summary shows (an embedded layout's, when an earlier version
+    wrote it, lists none); the settings it does not record go to ``unsure``."""
     now = [d.name for d in recipe.devices]
-    if layout.external_weight == "embedded":
+    if layout.external_weight == "embedded" and not existing.get("devices"):
         if now:
             unsure.append("devices")
         return []

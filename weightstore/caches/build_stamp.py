@@ -40,7 +40,9 @@ from ..store.location import user_cache_dir
 from ..store.mac import entry_mac, verify_mac
 from ..version import __version__
 
-FORMAT_VERSION = 3  # 3: the companion files' sources (``companions``)
+# 3: the companion files' sources (``companions``); 4: written only by a build whose
+# embedded layouts' packages list their devices (a stamp of before proves one without)
+FORMAT_VERSION = 4
 FOLDER = "build-stamps"
 
 

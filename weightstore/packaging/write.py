@@ -192,14 +192,10 @@ class PackageCompanions:
                   **{c.path: c for c in self.devices.get(device, ())}}
         return [merged[p] for p in sorted(merged)]
 
-    def placed(self, with_devices: bool) -> list[tuple[str, CompanionEntry]]:
-        """``(path in the package, entry)`` of every file (``with_devices``: the devices'
-        own too, which only layouts with device folders hold)."""
-        out = [(c.path, c) for c in self.top]
-        if with_devices:
-            out += [(device_path(d, c.path), c) for d, cs in self.devices.items()
-                    for c in cs]
-        return out
+    def placed(self) -> list[tuple[str, CompanionEntry]]:
+        """``(path in the package, entry)`` of every file, the devices' own included."""
+        return [(c.path, c) for c in self.top] + [
+            (device_path(d, c.path), c) for d, cs in self.devices.items() for c in cs]
 
 
 def _write_companions(store: WeightStore, folder: Path,
@@ -552,11 +548,11 @@ def write_package(recipe: Recipe, layout: Layout, target: Path, fingerprint: str
             with s.weights.opened():
                 models.append(_write_model(tmp, s, files[s.name], ws, maps.get(s.name, {}),
                                            layout, read_added, written, recipe.store.hash))
-        with_devices = layout.external_weight != "embedded"
-        devices = _write_devices(tmp, recipe, sources, models, companions) if with_devices \
-            else []
+        # every layout records its devices; an embedded one's device models hold their
+        # live weights inline, as its models do
+        devices = _write_devices(tmp, recipe, sources, models, companions)
         if companions:
-            written.update(_write_companions(store, tmp, companions.placed(with_devices),
+            written.update(_write_companions(store, tmp, companions.placed(),
                                              plan, recipe.store.hash, jobs))
         from .inventory import package_contents
 

@@ -469,7 +469,8 @@ class Recipe(_Model):
     devices: list[Device] = Field(
         default_factory=list,
         description="Deployment targets: each gets a devices/<name>/ folder in every package "
-                    "with the models it runs and the weight files they need."
+                    "with the models it runs and the weight files they need (an embedded "
+                    "layout's device models hold their live weights inline)."
     )
     files: list[CompanionFile] = Field(
         default_factory=list,
