@@ -183,7 +183,9 @@ def render_cli() -> str:
     out += [_text(parser.description or ""), ""]
     out += ["Every command takes `-q`/`--quiet` and `-v`/`--verbose` before or after its name, "
             "and `--help`. An error prints one line and exits with code 2; a check that finds "
-            "a problem exits with code 1.", ""]
+            "a problem exits with code 1. A warning, a library's too, is one line "
+            "(`weightstore: warning: ...`) and the command goes on; with `-v`, a Python "
+            "warning keeps Python's form (source file and line).", ""]
     out += ["```text", _synopsis(parser), "```", ""]
     out += _table(parser)
     out += ["| command | what it does |", "|---|---|"]

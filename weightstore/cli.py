@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from .errors import WeightstoreError
@@ -660,6 +660,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if quiet:
                 sink = stack.enter_context(open(os.devnull, "w"))
                 stack.enter_context(contextlib.redirect_stdout(sink))
+            if not args.verbose:
+                stack.enter_context(_warnings_in_one_line())
             return COMMANDS[args.command](args)
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly
         _silence_stdout()
@@ -669,6 +671,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (WeightstoreError, ValueError, OSError) as exc:
         return _report(exc, args)
+
+
+@contextlib.contextmanager
+def _warnings_in_one_line() -> Iterator[None]:
+    """A library's Python warning (filelock falling back to its soft lock on a file system
+    without ``flock``, a deprecation) is one stderr line like every other message,
+    ``weightstore: warning: <text>``, instead of Python's source path and line of code
+    (``-v`` keeps those)."""
+    import warnings
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        print(f"weightstore: warning: {_one_line(str(message))}", file=sys.stderr,
+              flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def _report(exc: Exception, args: argparse.Namespace) -> int:
