@@ -142,7 +142,13 @@ def test_an_embedded_device_model_holds_only_its_live_weights(built, device):
 def test_check_resolve_and_bundle_an_embedded_device(built, tmp_path, capsys, device):
     _, _, packages, inputs = built
     package = str(packages["embedded"])
+    capsys.readouterr()
     assert main(["check", package, "--device", device]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"encoder.onnx: scenario {DEVICES[device] or '(default)'}, every live weight inside "
+        "the model (no weight file)", "ok"]
+    assert main(["check", str(packages["separate"]), "--device", device]) == 0
+    assert " live weights in weight files (" in capsys.readouterr().out
     assert main(["check", package, "--device", device, "--verify"]) == 0
     assert main(["resolve", package, "--device", device]) == 0
     capsys.readouterr()

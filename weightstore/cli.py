@@ -550,9 +550,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(f"problem: {problem}", file=_failures(args))
         for m in report.models:
-            print(f"{m['file']}: scenario {m['scenario'] or '(default)'}, "
-                  f"{m['live_weights']} live weights ({_mb(m['live_bytes'])}) in "
-                  f"{', '.join(m['files']) or 'no files'}")
+            where = (f"{m['live_weights']} live weights in weight files "
+                     f"({_mb(m['live_bytes'])}): {', '.join(m['files'])}" if m["files"]
+                     else "every live weight inside the model (no weight file)")
+            print(f"{m['file']}: scenario {m['scenario'] or '(default)'}, {where}")
         print("ok" if report.ok else f"{len(report.problems)} problem(s)")
     return EXIT_OK if report.ok else EXIT_FAILED
 
