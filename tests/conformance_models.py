@@ -405,7 +405,7 @@ def matrix_model(*, runnable_only: bool = False) -> onnx.ModelProto:
                                                     helper.make_opsetid("local.fn", 1)],
                               functions=[local_function(n), reshape_function()],
                               producer_name="conformance",
-                              doc_string="every tensor shape")
+                              doc_string="every tensor shape", ir_version=8)
     helper.set_model_props(model, {"exporter": "conformance", "ü key": "ü value"})
     if not runnable_only:
         model.training_info.append(training_info(n))
@@ -474,7 +474,7 @@ def external_source(folder: Path) -> Path:
     graph = helper.make_graph(nodes, "external", [], outputs, all_tensors)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid("local.ext", 1)],
-                              functions=[function])
+                              functions=[function], ir_version=8)
     path = folder / "external.onnx"
     path.write_bytes(model.SerializeToString())
     return path

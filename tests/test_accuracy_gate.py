@@ -197,7 +197,7 @@ def test_a_missed_cosine_bound_names_the_cosine(tmp_path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
         [numpy_helper.from_array(weight, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(helper.make_model_gen_version(graph, opset_imports=[helper.make_opsetid("", 17)]),
               str(tmp_path / "tiny.onnx"))
     np.savez(tmp_path / "x.npz", x=rng.standard_normal((4, 64)).astype(np.float32))
     (tmp_path / "recipe.yaml").write_text(

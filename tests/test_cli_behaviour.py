@@ -86,7 +86,8 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
     nodes = [helper.make_node("Identity", [t.name], [f"y{i}"]) for i, t in enumerate(inits)]
     outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4])
             for i in range(len(inits))]
-    model = helper.make_model(helper.make_graph(nodes, "g", [], outs, inits))
+    model = helper.make_model_gen_version(helper.make_graph(nodes, "g", [], outs, inits),
+                                          opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "many.onnx"
     onnx.save(model, str(path))
     proc = subprocess.Popen([sys.executable, "-m", "weightstore", "inspect", str(path),
@@ -556,7 +557,7 @@ def test_error_lines_escape_what_they_quote(tmp_path):
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(helper.make_model_gen_version(graph, opset_imports=[helper.make_opsetid("", 17)]),
               tmp_path / "m.onnx")
     np.savez(tmp_path / "in.npz", x=np.zeros(3, np.float32))  # onnxruntime: [2] expected
     res = _run("run", str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "in.npz"))

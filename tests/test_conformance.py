@@ -354,7 +354,8 @@ def test_typed_value_out_of_range_is_refused(tmp_path, data_type, value):
         [onnx.helper.make_node("Identity", ["odd"], ["y"])], "g", [],
         [onnx.helper.make_tensor_value_info("y", data_type, (count,))], [tensor])
     src = tmp_path / "m.onnx"
-    src.write_bytes(onnx.helper.make_model(graph).SerializeToString())
+    src.write_bytes(onnx.helper.make_model_gen_version(
+        graph, opset_imports=[onnx.helper.make_opsetid("", 17)]).SerializeToString())
     with pytest.raises(ModelError, match="outside") as info:
         convert_to_external(src, tmp_path / "x.onnx", threshold=0, jobs=1)
     assert info.value.context["tensor"] == "graph 'g' initializer 'odd'"

@@ -9,6 +9,7 @@ one page.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import stat
 from pathlib import Path
@@ -34,12 +35,17 @@ def run_page(page: Page, root: Path) -> None:
     runnable = [b for b in page.blocks if b.not_run is None]
     if not runnable:
         return
+    registry = needs_registry(page)
+    if registry and BINARY is None:
+        pytest.skip(f"{page.name} pushes to a registry: {SKIP_REASON}")
+    if any("import onnxruntime_genai" in b.text for b in runnable) \
+            and importlib.util.find_spec("onnxruntime_genai") is None:
+        pytest.skip(f"{page.name} opens a folder with onnxruntime-genai: the genai extra is "
+                    "not installed (onnxruntime-genai 0.18 needs Python 3.11)")
     with contextlib.ExitStack() as stack:
         box = make_sandbox(root)
         stack.callback(box.close)
-        if needs_registry(page):
-            if BINARY is None:
-                pytest.skip(f"{page.name} pushes to a registry: {SKIP_REASON}")
+        if registry:
             server = stack.enter_context(running_registry(root / "registry"))
             box.env["REGISTRY"] = server.host
         for block in runnable:

@@ -28,7 +28,7 @@ def _model(node: onnx.NodeProto, folder: Path, name: str = "ge.onnx") -> Path:
     graph = helper.make_graph(
         [node, helper.make_node("Identity", [node.output[0]], ["y"])], "g", [],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model_gen_version(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = folder / name
     path.write_bytes(model.SerializeToString())
     return path

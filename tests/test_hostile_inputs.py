@@ -49,7 +49,7 @@ def _model(inits: list[TensorProto], *, outputs: list[str] | None = None) -> onn
     outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
             for i in range(len(names))]
     graph = helper.make_graph(nodes, "g", [], outs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model_gen_version(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _external(folder: Path, checksum: str | None) -> Path:
@@ -188,7 +188,8 @@ def test_a_constant_with_typed_values_and_stray_external_entries_is_refused(tmp_
     graph = helper.make_graph([node], "g", [],
                               [helper.make_tensor_value_info("W", TensorProto.FLOAT, [300])])
     src = tmp_path / "m.onnx"
-    src.write_bytes(helper.make_model(graph).SerializeToString())
+    src.write_bytes(helper.make_model_gen_version(
+        graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     recipe = write_recipe(tmp_path, {"m": src}, LAYOUT)
     for action in (lambda: build(recipe, BuildOptions(store=str(tmp_path / "store"))),
                    lambda: convert_to_inline(src, tmp_path / "i.onnx")):
@@ -244,7 +245,8 @@ def test_a_typed_value_its_type_cannot_hold_fails_though_it_stays_inline(
         [helper.make_node("Identity", ["W"], ["y"])], "g", [],
         [helper.make_tensor_value_info("y", elem, [values])], [weight])
     model = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    onnx.save(helper.make_model_gen_version(
+        graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     np.savez(tmp_path / "in.npz")
     recipe = write_recipe(tmp_path, {"m": model},
                           "\n  - {name: c, external_weight: combined, "
@@ -258,7 +260,8 @@ def test_a_typed_value_its_type_cannot_hold_fails_though_it_stays_inline(
         assert re.search(f"(tensor=graph 'g' initializer 'W'|where=W), value={bad}\\)",
                          err), err
     graph.initializer[0].int32_data[0] = 1  # the same model, every value in range
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    onnx.save(helper.make_model_gen_version(
+        graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     assert main(["-q", "build", str(recipe), "--store", str(tmp_path / "s")]) == 0
     assert main(["-q", "run", str(model), "--inputs", str(tmp_path / "in.npz")]) == 0
 
@@ -274,7 +277,8 @@ def test_no_output_option_replaces_a_fifo_or_a_device(encoder_model, save_model,
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    onnx.save(helper.make_model_gen_version(
+        graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     np.savez(tmp_path / "in.npz", x=np.zeros(2, np.float32))
     store = tmp_path / "s"
     recipe = write_recipe(tmp_path, {"e": save_model(encoder_model, "e.onnx")}, LAYOUT)

@@ -434,7 +434,7 @@ def _function_model(domain: str, clash: bool) -> tuple[onnx.ModelProto, dict]:
         "x", onnx.TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info(
             "y", onnx.TensorProto.FLOAT, [1, 4])], inits)
     model = helper.make_model(graph, functions=[lin], opset_imports=[
-        *opset, helper.make_opsetid(domain, 1)])
+        *opset, helper.make_opsetid(domain, 1)], ir_version=8)
     return model, {"x": rng.standard_normal((1, 4)).astype(np.float32)}
 
 
@@ -508,7 +508,7 @@ def _sibling_model(kind: str) -> tuple[onnx.ModelProto, list[dict]]:
             helper.make_node("Loop", ["trips", "", "a"], ["y"], body=body(3.0))],
             "g", [info("x"), info("trips", onnx.TensorProto.INT64, ())], [info("y")])
         feeds = [{"x": np.arange(n, dtype=np.float32), "trips": np.array(2, np.int64)}]
-    return helper.make_model(graph, opset_imports=opset), feeds
+    return helper.make_model(graph, opset_imports=opset, ir_version=8), feeds
 
 
 @pytest.mark.parametrize("form", ["external-data", "file-constant"])
@@ -558,7 +558,7 @@ def _module_function_model() -> tuple[onnx.ModelProto, dict]:
         "x", onnx.TensorProto.FLOAT, [2, n])], [helper.make_tensor_value_info(
             "y", onnx.TensorProto.FLOAT, [2, n])], inits)
     model = helper.make_model(graph, functions=[linear], opset_imports=[
-        *opset, helper.make_opsetid("torch_modules", 1)])
+        *opset, helper.make_opsetid("torch_modules", 1)], ir_version=8)
     onnx.checker.check_model(model)
     return model, {"x": rng.standard_normal((2, n)).astype(np.float32)}
 

@@ -70,7 +70,7 @@ def convnet() -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
         [init("conv.w", 48, 3, 3, 3), init("conv.b", 48), init("fc.w", 48, 96),
          init("fc.b", 96), init("head.w", 10, 96), init("head.b", 10)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model_gen_version(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +205,8 @@ def test_a_float16_weight_keeps_float16_scales(tmp_path, bits):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 40])], [weight])
     src = tmp_path / "src" / "half.onnx"
     src.parent.mkdir()
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    onnx.save(helper.make_model_gen_version(graph,
+                                            opset_imports=[helper.make_opsetid("", 17)]), src)
     params = {"bits": bits, "block_size": 32, "symmetric": False}
     mine, theirs = ours(src, tmp_path / "m", params), reference(src, params)
     assert assert_same_quantization(mine, theirs) == 1

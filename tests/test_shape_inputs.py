@@ -36,7 +36,7 @@ def _model(nodes: list[onnx.NodeProto], functions: list[onnx.FunctionProto],
            initializers: list[onnx.TensorProto], inputs: list[onnx.ValueInfoProto],
            outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "main", inputs, outputs, initializers)
-    model = helper.make_model(graph, opset_imports=OPSETS, functions=functions)
+    model = helper.make_model(graph, opset_imports=OPSETS, functions=functions, ir_version=8)
     model.ir_version = 10
     return model
 
@@ -276,7 +276,7 @@ def test_split_to_sequence_sizes_stay_inline(tmp_path):
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(np.array([2, 4], dtype=np.int64), "sizes"),
          numpy_helper.from_array(np.array(1, dtype=np.int64), "at")])
-    model = helper.make_model(graph, opset_imports=BODY_OPSETS)
+    model = helper.make_model(graph, opset_imports=BODY_OPSETS, ir_version=8)
     assert "sizes" in shape_input_names(model)
     src, out = tmp_path / "m.onnx", tmp_path / "x.onnx"
     onnx.save(model, str(src))
@@ -318,7 +318,7 @@ def _shape_arithmetic_model() -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "main", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 6])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=BODY_OPSETS)
+    model = helper.make_model(graph, opset_imports=BODY_OPSETS, ir_version=8)
     model.ir_version = 9
     return model
 
