@@ -504,3 +504,25 @@ def test_a_load_whose_file_a_compaction_took_after_it_was_located_reads_again(
     assert len(planned) == raced + 2 * once  # not again: the index still places it there
     store.index.close()
 
+
+
+def test_sqlites_error_is_judged_by_its_text_where_python_gives_no_code(tmp_path) -> None:
+    """Python 3.10's sqlite3 errors carry no ``sqlite_errorcode``: a full disk, an I/O
+    error and a locked file are then known by SQLite's own text for them, so a full disk
+    is still said to be one, not damage (an error raised here carries no code either)."""
+    import sqlite3
+
+    from weightstore.store.index import index_failure, primary_code
+
+    full = sqlite3.OperationalError("database or disk is full")
+    assert primary_code(full) == 13
+    assert primary_code(sqlite3.OperationalError("disk I/O error")) == 10
+    assert primary_code(sqlite3.OperationalError("database is locked")) == 5
+    assert primary_code(sqlite3.DatabaseError("file is not a database")) is None
+    assert primary_code(OSError(28, "No space left on device")) is None
+    index = tmp_path / "index.sqlite"
+    assert "disk is full" in str(index_failure(full, "write", index, damage=True))
+    assert "damaged" in str(index_failure(sqlite3.DatabaseError("file is not a database"),
+                                          "read", index, damage=True))
+    assert "damaged" not in str(index_failure(sqlite3.OperationalError("database is locked"),
+                                              "read", index, damage=True))

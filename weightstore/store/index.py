@@ -260,13 +260,33 @@ SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes: the OS failed, not t
 OS_FAILURES = frozenset({5, 6, 7, 8, 14, 15, 22, 23})
 
 
+# SQLite's own text of each primary result code above (sqlite3_errstr), for Python 3.10,
+# whose exceptions carry no ``sqlite_errorcode`` (added in 3.11)
+_ERROR_TEXTS = {"database is locked": 5, "database table is locked": 6, "out of memory": 7,
+                "attempt to write a readonly database": 8, "disk I/O error": SQLITE_IOERR,
+                "database or disk is full": SQLITE_FULL,
+                "unable to open database file": 14, "locking protocol": 15,
+                "large file support is disabled": 22, "authorization denied": 23}
+
+
+def primary_code(exc: BaseException) -> int | None:
+    """SQLite's primary result code of ``exc`` (None for another error): the exception's
+    ``sqlite_errorcode`` where Python gives it, else read from SQLite's text for it."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = getattr(exc, "sqlite_errorcode", None)
+    if type(code) is int:
+        return code & 0xFF
+    return _ERROR_TEXTS.get(str(exc))
+
+
 def not_damage(exc: BaseException) -> bool:
     """Did ``exc`` come from SQLite failing to read or write (an I/O error, a full
     disk: an index that opens fine once there is space), rather than from the file?"""
     cause = exc.__cause__
-    code = getattr(cause, "sqlite_errorcode", None)
-    if isinstance(cause, sqlite3.Error) and type(code) is int:
-        return code & 0xFF in (SQLITE_IOERR, SQLITE_FULL)
+    code = primary_code(cause) if cause is not None else None
+    if code is not None:
+        return code in (SQLITE_IOERR, SQLITE_FULL)
     return isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS
 
 
@@ -291,8 +311,7 @@ def index_failure(exc: BaseException, doing: str, index: Path, *,
     error on an all but full file system), an I/O error is never called damage; with
     ``damage`` (opening or reading the file), what SQLite finds wrong in it is. Raise it
     ``from exc``: :func:`not_damage` reads the cause."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    primary = code & 0xFF if type(code) is int else None
+    primary = primary_code(exc)
     io_error = primary == SQLITE_IOERR or (isinstance(exc, OSError)
                                            and exc.errno in WRITE_ERRNOS)
     if primary == SQLITE_FULL or (io_error and disk_is_full(index.parent)):
