@@ -33,7 +33,23 @@ from weightstore.errors import ModelError
 from weightstore.packaging.check import check_package
 
 from . import conformance_models as cm
-from .samples import run_onnxruntime
+from .samples import run_onnxruntime as _run_onnxruntime
+
+
+def run_onnxruntime(model, feeds):
+    """onnxruntime's outputs of ``model``; where the installed onnxruntime does not run the
+    matrix's opset (onnxruntime 1.23, the newest for Python 3.10, stops at opset 23) the
+    test skips, saying so, once every check before it has passed."""
+    import onnxruntime
+
+    try:
+        return _run_onnxruntime(model, feeds)
+    except onnxruntime.capi.onnxruntime_pybind11_state.Fail as exc:
+        if f"Opset {cm.OPSET} is under development" in str(exc):
+            pytest.skip(f"onnxruntime {onnxruntime.__version__} does not run opset "
+                        f"{cm.OPSET}, the element-type matrix's")
+        raise
+
 
 LAYOUTS = """
   - {name: embedded, external_weight: embedded}
