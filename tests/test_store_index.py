@@ -733,8 +733,9 @@ def test_a_new_stores_index_writes_one_rollback_journal(tmp_path: Path) -> None:
 @needs_strace
 def test_a_lease_waits_for_no_disk_sync(tmp_path: Path) -> None:
     """A lease's rows die with its process, so opening and closing one commits without
-    waiting for the disk (two syncs on every build and pull); a write that records
-    where bytes live still syncs, and the lease is gone once its block ends."""
+    waiting for the disk (two syncs fewer on each build and pull; a process whose first
+    write starts a new journal still pays SQLite's sync of its header); a write that
+    records where bytes live still syncs, and the lease is gone once its block ends."""
     WeightStore(tmp_path / "store").put(payloads(("a", 700)), kind="separate")
     # the second lease of the process is traced: the first write of a process may start a
     # new journal, whose header SQLite syncs once (when the put's connection was closed,
